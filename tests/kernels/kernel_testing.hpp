@@ -1,0 +1,104 @@
+#pragma once
+// Helpers shared by the host kernel tests (tests/kernels/*.cpp): seeded random
+// inputs, NaN poisoning, and the float64 central finite-difference check.
+
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "tessera/core/numeric.hpp"
+
+namespace tessera::testing {
+
+/// Uniform random values in [lo, hi), rounded to T (so a bf16 test's float64
+/// reference sees exactly the rounded inputs).
+template <class T>
+std::vector<T> random_vector(std::size_t n, std::mt19937_64& rng, double lo = -1.0,
+                             double hi = 1.0) {
+  std::uniform_real_distribution<double> d(lo, hi);
+  std::vector<T> v(n);
+  for (auto& x : v) x = to<T>(d(rng));
+  return v;
+}
+
+/// Exact widening of any storage type to double.
+template <class T>
+double as_double(T x) {
+  if constexpr (std::is_same_v<T, double>) return x;
+  else return static_cast<double>(to<float>(x));
+}
+template <class T>
+std::vector<double> to_double(const std::vector<T>& v) {
+  std::vector<double> r(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) r[i] = as_double(v[i]);
+  return r;
+}
+
+template <class T>
+T nan_value() {
+  if constexpr (std::is_same_v<T, bf16>) return bf16::from_bits(0x7fc0);
+  else return std::numeric_limits<T>::quiet_NaN();
+}
+
+/// Fills `v` with NaN so that an element the kernel forgets to write shows.
+template <class T>
+void poison(std::vector<T>& v) {
+  std::fill(v.begin(), v.end(), nan_value<T>());
+}
+
+/// Index of the first NaN in v, or -1 if every element was written.
+template <class T>
+std::int64_t first_nan(const std::vector<T>& v) {
+  for (std::size_t i = 0; i < v.size(); ++i)
+    if (std::isnan(as_double(v[i]))) return static_cast<std::int64_t>(i);
+  return -1;
+}
+
+/// Float64 central finite differences of the scalar `loss()` with respect to
+/// every element of `x` (modified in place and restored), compared with
+/// `analytic`. Step h = 1e-6 * max(1, |x_i|). Error of element i is
+/// |numeric - analytic| / max(|analytic|, rms(analytic)): relative, except that
+/// an element far below the gradient's typical size is measured against that
+/// size (its finite difference is limited by the loss's absolute rounding,
+/// about 1e-16 |L| / h). Returns the largest error.
+inline double fd_max_error(std::vector<double>& x, const std::function<double()>& loss,
+                           const std::vector<double>& analytic) {
+  REQUIRE(x.size() == analytic.size());
+  double ss = 0;
+  for (double g : analytic) ss += g * g;
+  const double rms = std::sqrt(ss / std::max<std::size_t>(1, analytic.size()));
+  double worst = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const double xi = x[i];
+    const double h = 1e-6 * std::max(1.0, std::fabs(xi));
+    x[i] = xi + h;
+    const double lp = loss();
+    x[i] = xi - h;
+    const double lm = loss();
+    x[i] = xi;
+    const double num = (lp - lm) / (2 * h);
+    const double den = std::max({std::fabs(analytic[i]), rms, 1e-300});
+    worst = std::max(worst, std::fabs(num - analytic[i]) / den);
+  }
+  return worst;
+}
+
+/// sum_i w[i] * out[i] in double.
+template <class T>
+double weighted_sum(const std::vector<T>& out, const std::vector<double>& w) {
+  double s = 0;
+  for (std::size_t i = 0; i < out.size(); ++i) s += w[i] * as_double(out[i]);
+  return s;
+}
+
+/// Unit roundoff of float32 (2^-24) and bf16 (2^-8), for tolerances.
+inline constexpr double u_f32 = 5.9604644775390625e-08;
+inline constexpr double u_bf16 = 0.00390625;
+
+}  // namespace tessera::testing

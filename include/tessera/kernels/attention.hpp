@@ -1,0 +1,359 @@
+#pragma once
+/// \file attention.hpp
+/// Causal self-attention with grouped-query heads on the host, tiled with an
+/// online softmax (FlashAttention-2): the S x S score matrix is never built;
+/// each thread works on one Bq x Bk tile at a time.
+///
+/// Gradient contract (llm.c): activation gradients are written (`=`):
+/// attention_backward writes dq, dk and dv. Attention has no parameters.
+///
+/// Layout: row-major, q and out (B, S, nh, hd), k and v (B, S, nkv, hd),
+/// lse (B, nh, S). S is the sequence length (DESIGN.md's "T (or S)"; the name
+/// T is taken by the storage type). Query head h reads key/value head
+/// h / (nh / nkv).
+///
+/// Determinism: every output element is reduced by one thread in a fixed
+/// order that does not depend on the schedule, so results are bit-for-bit
+/// reproducible and independent of the OpenMP thread count.
+///
+/// Source: Tri Dao, "FlashAttention-2: Faster Attention with Better
+/// Parallelism and Work Partitioning", 2023, Algorithm 1 (forward) and
+/// Algorithm 2 (backward). The arithmetic shared with the CUDA kernels is in
+/// kernels/detail/attention.hpp.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
+
+#include "tessera/core/backend.hpp"
+#include "tessera/core/error.hpp"
+#include "tessera/core/memory.hpp"
+#include "tessera/core/numeric.hpp"
+#include "tessera/core/tensor.hpp"
+#include "tessera/kernels/detail/attention.hpp"
+
+namespace tessera::kernels {
+
+/// Tile sizes of the host attention kernels, in rows: `q` query rows (Bq) and
+/// `k` key rows (Bk) per tile. Values, not template parameters (STYLE.md).
+/// Both must be >= 1; a tile larger than S is clamped to S.
+struct attention_tiles {
+  std::int64_t q = 64;
+  std::int64_t k = 64;
+};
+
+namespace detail {
+
+inline void attention_check_sizes(const char* fn, std::int64_t B, std::int64_t S, std::int64_t nh,
+                                  std::int64_t nkv, std::int64_t hd, attention_tiles tiles) {
+  TESSERA_THROW_IF(B <= 0 || S <= 0 || nh <= 0 || nkv <= 0 || hd <= 0, config_error, fn,
+                   ": every size must be >= 1, got B=", B, " S=", S, " nh=", nh, " nkv=", nkv,
+                   " hd=", hd);
+  TESSERA_THROW_IF(nh % nkv != 0, config_error, fn, ": nkv=", nkv, " does not divide nh=", nh,
+                   " (grouped-query attention needs nh to be a multiple of nkv)");
+  TESSERA_THROW_IF(tiles.q <= 0 || tiles.k <= 0, config_error, fn,
+                   ": attention tile sizes must be >= 1, got q=", tiles.q, " k=", tiles.k);
+}
+
+inline int attention_max_threads() {
+#if defined(_OPENMP)
+  return omp_get_max_threads();
+#else
+  return 1;
+#endif
+}
+
+inline int attention_thread_id() {
+#if defined(_OPENMP)
+  return omp_get_thread_num();
+#else
+  return 0;
+#endif
+}
+
+/// Copies `rows` rows of length hd, `stride` elements apart, from `src` into
+/// the dense tile `dst` (rows x hd), converting to the accumulation type.
+template <class A, class U>
+inline void attention_load_tile(A* dst, const U* src, std::int64_t rows, std::int64_t stride,
+                                std::int64_t hd) {
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t d = 0; d < hd; ++d) dst[r * hd + d] = to<A>(src[r * stride + d]);
+}
+
+}  // namespace detail
+
+/// Causal self-attention forward: out = softmax(q k^T / sqrt(hd) + causal mask) v,
+/// per batch row b and query head h, with key/value head h / (nh / nkv).
+///
+/// - `out` (B, S, nh, hd), T: written.
+/// - `lse` (B, nh, S), accum_t<T>: written; natural-log log-sum-exp of each row's
+///   scaled scores (what attention_backward needs besides q, k, v, out).
+/// - `q` (B, S, nh, hd); `k`, `v` (B, S, nkv, hd); T in {float, double, bf16}.
+/// - Arithmetic in accum_t<T>; a bf16 output is rounded once, at the store.
+/// - Scratch: one tile set per OpenMP thread, (2 Bq hd + 2 Bk hd + Bq Bk + 2 Bq)
+///   elements of accum_t<T>, allocated once per call from `mr`; no O(S^2) memory.
+/// - Parallel over (b, h, query tile); deterministic, thread-count independent.
+/// - Aliasing: out and lse must not overlap the inputs.
+/// - Throws config_error (before any write) if a size is <= 0, nkv does not
+///   divide nh, or a tile size is <= 0; tessera::error if `mr` cannot allocate.
+/// - Source: FlashAttention-2 (Dao 2023), Algorithm 1.
+template <class T>
+void attention_forward(T* out, accum_t<T>* lse, const T* q, const T* k, const T* v, std::int64_t B,
+                       std::int64_t S, std::int64_t nh, std::int64_t nkv, std::int64_t hd,
+                       attention_tiles tiles = {}, memory_resource& mr = host::default_resource()) {
+  using A = accum_t<T>;
+  detail::attention_check_sizes("attention_forward", B, S, nh, nkv, hd, tiles);
+  const std::int64_t Bq = std::min(tiles.q, S), Bk = std::min(tiles.k, S);
+  const std::int64_t nqt = (S + Bq - 1) / Bq;
+  const std::int64_t qstride = nh * hd, kstride = nkv * hd;  // elements between rows t, t+1
+  const A scale = A(1) / std::sqrt(static_cast<A>(hd));
+
+  // Per-thread tiles: Q (Bq, hd), O accumulator (Bq, hd), K and V (Bk, hd),
+  // P (Bq, Bk), running max m and sum l (Bq).
+  const std::int64_t per_thread = 2 * Bq * hd + 2 * Bk * hd + Bq * Bk + 2 * Bq;
+  tensor<A> scratch(shape{detail::attention_max_threads() * per_thread}, mr);
+  A* const ws_base = scratch.data();
+
+  const std::int64_t items = B * nh * nqt;
+#pragma omp parallel for schedule(dynamic, 1)
+  for (std::int64_t it = 0; it < items; ++it) {
+    // Longest query tiles (the last ones, under the causal mask) first.
+    const std::int64_t iq = nqt - 1 - it % nqt;
+    const std::int64_t h = (it / nqt) % nh;
+    const std::int64_t b = it / (nqt * nh);
+    const std::int64_t g = detail::attention_kv_head(h, nh, nkv);
+    const std::int64_t t0 = iq * Bq, t1 = std::min(t0 + Bq, S), nq = t1 - t0;
+
+    A* ws = ws_base + detail::attention_thread_id() * per_thread;
+    A* Qt = ws;
+    A* Ot = Qt + Bq * hd;
+    A* Kt = Ot + Bq * hd;
+    A* Vt = Kt + Bk * hd;
+    A* Pt = Vt + Bk * hd;
+    A* m = Pt + Bq * Bk;
+    A* l = m + Bq;
+
+    const T* qb = q + (b * S * nh + h) * hd;  // row t at qb + t * qstride
+    const T* kb = k + (b * S * nkv + g) * hd;
+    const T* vb = v + (b * S * nkv + g) * hd;
+    detail::attention_load_tile(Qt, qb + t0 * qstride, nq, qstride, hd);
+    for (std::int64_t r = 0; r < nq; ++r) {
+      m[r] = detail::attention_neg_inf<A>();
+      l[r] = 0;
+    }
+    std::fill(Ot, Ot + nq * hd, A(0));
+
+    // Key tiles that hold at least one key s <= t1 - 1.
+    for (std::int64_t k0 = 0; k0 < t1; k0 += Bk) {
+      const std::int64_t nk = std::min(k0 + Bk, t1) - k0;
+      detail::attention_load_tile(Kt, kb + k0 * kstride, nk, kstride, hd);
+      detail::attention_load_tile(Vt, vb + k0 * kstride, nk, kstride, hd);
+      for (std::int64_t r = 0; r < nq; ++r) {
+        const std::int64_t t = t0 + r;
+        if (t < k0) continue;                              // fully masked row of this tile
+        const std::int64_t ne = std::min(nk, t - k0 + 1);  // causal: keys s <= t
+        A* p = Pt + r * Bk;
+        A mx = detail::attention_neg_inf<A>();
+        for (std::int64_t c = 0; c < ne; ++c) {
+          p[c] = scale * detail::attention_dot(Qt + r * hd, Kt + c * hd, hd);
+          mx = std::max(mx, p[c]);
+        }
+        const A alpha = detail::online_softmax_rescale(m[r], mx);
+        A rowsum = 0;
+        for (std::int64_t c = 0; c < ne; ++c) {
+          p[c] = detail::attention_prob(p[c], m[r]);
+          rowsum += p[c];
+        }
+        l[r] = l[r] * alpha + rowsum;
+        A* o = Ot + r * hd;
+        for (std::int64_t d = 0; d < hd; ++d) o[d] *= alpha;
+        for (std::int64_t c = 0; c < ne; ++c) detail::attention_axpy(o, p[c], Vt + c * hd, hd);
+      }
+    }
+
+    T* ob = out + (b * S * nh + h) * hd;
+    A* lse_b = lse + (b * nh + h) * S;
+    for (std::int64_t r = 0; r < nq; ++r) {
+      const A inv = A(1) / l[r];
+      for (std::int64_t d = 0; d < hd; ++d)
+        ob[(t0 + r) * qstride + d] = to<T>(Ot[r * hd + d] * inv);
+      lse_b[t0 + r] = detail::attention_lse(m[r], l[r]);
+    }
+  }
+}
+
+/// Causal self-attention backward, recomputing the probabilities tile by tile
+/// from `lse` (the S x S matrix is never stored).
+///
+/// - `dq` (B, S, nh, hd), `dk`, `dv` (B, S, nkv, hd), G: written (`=`); dk and dv
+///   are summed over the nh / nkv query heads that share a key/value head.
+/// - `dout` (B, S, nh, hd), G: gradient of the loss with respect to `out`.
+/// - `q`, `k`, `v`, `out`, `lse`: as given to and returned by attention_forward
+///   (same sizes and tiles not required: any tiles give the same function).
+/// - G must be accum_t<T> (double for double, float otherwise).
+/// - Two passes after D = rowsum(dout * out): dk, dv parallel over
+///   (b, kv head, key tile), each accumulating over its query heads and query
+///   tiles in a fixed order; then dq parallel over (b, head, query tile).
+///   Deterministic and thread-count independent; scores are recomputed in both
+///   passes (about 2x the forward's score work) instead of reduced with atomics.
+/// - Scratch from `mr`: D, B nh S elements of accum_t<T> (linear in S), plus per
+///   OpenMP thread (3 Bq hd + 4 Bk hd) elements; no O(S^2) memory.
+/// - Aliasing: the outputs must not overlap each other or the inputs.
+/// - Throws config_error (before any write) on the same conditions as
+///   attention_forward; tessera::error if `mr` cannot allocate.
+/// - Source: FlashAttention-2 (Dao 2023), Algorithm 2.
+template <class T, class G>
+void attention_backward(G* dq, G* dk, G* dv, const G* dout, const T* q, const T* k, const T* v,
+                        const T* out, const accum_t<T>* lse, std::int64_t B, std::int64_t S,
+                        std::int64_t nh, std::int64_t nkv, std::int64_t hd,
+                        attention_tiles tiles = {},
+                        memory_resource& mr = host::default_resource()) {
+  using A = accum_t<T>;
+  static_assert(std::is_same_v<G, A>,
+                "attention_backward: the gradient type G must be accum_t<T> (double for double "
+                "storage, float for float and bf16)");
+  detail::attention_check_sizes("attention_backward", B, S, nh, nkv, hd, tiles);
+  const std::int64_t Bq = std::min(tiles.q, S), Bk = std::min(tiles.k, S);
+  const std::int64_t nqt = (S + Bq - 1) / Bq, nkt = (S + Bk - 1) / Bk;
+  const std::int64_t group = nh / nkv;
+  const std::int64_t qstride = nh * hd, kstride = nkv * hd;
+  const A scale = A(1) / std::sqrt(static_cast<A>(hd));
+
+  // D[b, h, t] = sum_d dout[b, t, h, d] * out[b, t, h, d]  (FA-2 Algorithm 2, line 4).
+  tensor<A> Dbuf(shape{B * nh * S}, mr);
+  A* const D = Dbuf.data();
+#pragma omp parallel for schedule(static)
+  for (std::int64_t row = 0; row < B * nh * S; ++row) {
+    const std::int64_t t = row % S, h = (row / S) % nh, b = row / (S * nh);
+    const std::int64_t off = ((b * S + t) * nh + h) * hd;
+    A s = 0;
+    for (std::int64_t d = 0; d < hd; ++d) s += to<A>(dout[off + d]) * to<A>(out[off + d]);
+    D[row] = s;
+  }
+
+  // Per-thread tiles: Q, dO, dQ (Bq, hd); K, V, dK, dV (Bk, hd).
+  const std::int64_t per_thread = 3 * Bq * hd + 4 * Bk * hd;
+  tensor<A> scratch(shape{detail::attention_max_threads() * per_thread}, mr);
+  A* const ws_base = scratch.data();
+
+  // Pass 1: dk, dv for one (b, kv head g, key tile) per work item.
+  const std::int64_t kv_items = B * nkv * nkt;
+#pragma omp parallel for schedule(dynamic, 1)
+  for (std::int64_t it = 0; it < kv_items; ++it) {
+    const std::int64_t ik = it % nkt;  // early key tiles see the most queries: first
+    const std::int64_t g = (it / nkt) % nkv;
+    const std::int64_t b = it / (nkt * nkv);
+    const std::int64_t s0 = ik * Bk, nk = std::min(s0 + Bk, S) - s0;
+
+    A* ws = ws_base + detail::attention_thread_id() * per_thread;
+    A* Qt = ws;
+    A* dOt = Qt + Bq * hd;
+    A* Kt = dOt + 2 * Bq * hd;  // skip the dQ tile, unused here
+    A* Vt = Kt + Bk * hd;
+    A* dKt = Vt + Bk * hd;
+    A* dVt = dKt + Bk * hd;
+
+    const T* kb = k + (b * S * nkv + g) * hd;
+    const T* vb = v + (b * S * nkv + g) * hd;
+    detail::attention_load_tile(Kt, kb + s0 * kstride, nk, kstride, hd);
+    detail::attention_load_tile(Vt, vb + s0 * kstride, nk, kstride, hd);
+    std::fill(dKt, dKt + nk * hd, A(0));
+    std::fill(dVt, dVt + nk * hd, A(0));
+
+    for (std::int64_t h = g * group; h < (g + 1) * group; ++h) {
+      const T* qb = q + (b * S * nh + h) * hd;
+      const G* dob = dout + (b * S * nh + h) * hd;
+      const A* lse_b = lse + (b * nh + h) * S;
+      const A* D_b = D + (b * nh + h) * S;
+      // Query tiles holding a row t >= s0.
+      for (std::int64_t iq = s0 / Bq; iq < nqt; ++iq) {
+        const std::int64_t t0 = iq * Bq, nq = std::min(t0 + Bq, S) - t0;
+        detail::attention_load_tile(Qt, qb + t0 * qstride, nq, qstride, hd);
+        detail::attention_load_tile(dOt, dob + t0 * qstride, nq, qstride, hd);
+        for (std::int64_t r = 0; r < nq; ++r) {
+          const std::int64_t t = t0 + r;
+          if (t < s0) continue;
+          const std::int64_t ne = std::min(nk, t - s0 + 1);
+          const A* qr = Qt + r * hd;
+          const A* dor = dOt + r * hd;
+          for (std::int64_t c = 0; c < ne; ++c) {
+            const A s = scale * detail::attention_dot(qr, Kt + c * hd, hd);
+            const A p = detail::attention_prob(s, lse_b[t]);
+            const A dp = detail::attention_dot(dor, Vt + c * hd, hd);
+            const A ds = detail::attention_dscore(p, dp, D_b[t]);
+            detail::attention_axpy(dVt + c * hd, p, dor, hd);          // dV += P^T dO
+            detail::attention_axpy(dKt + c * hd, scale * ds, qr, hd);  // dK += dS^T Q
+          }
+        }
+      }
+    }
+
+    G* dkb = dk + (b * S * nkv + g) * hd;
+    G* dvb = dv + (b * S * nkv + g) * hd;
+    for (std::int64_t c = 0; c < nk; ++c)
+      for (std::int64_t d = 0; d < hd; ++d) {
+        dkb[(s0 + c) * kstride + d] = to<G>(dKt[c * hd + d]);
+        dvb[(s0 + c) * kstride + d] = to<G>(dVt[c * hd + d]);
+      }
+  }
+
+  // Pass 2: dq for one (b, head h, query tile) per work item.
+  const std::int64_t q_items = B * nh * nqt;
+#pragma omp parallel for schedule(dynamic, 1)
+  for (std::int64_t it = 0; it < q_items; ++it) {
+    const std::int64_t iq = nqt - 1 - it % nqt;
+    const std::int64_t h = (it / nqt) % nh;
+    const std::int64_t b = it / (nqt * nh);
+    const std::int64_t g = detail::attention_kv_head(h, nh, nkv);
+    const std::int64_t t0 = iq * Bq, t1 = std::min(t0 + Bq, S), nq = t1 - t0;
+
+    A* ws = ws_base + detail::attention_thread_id() * per_thread;
+    A* Qt = ws;
+    A* dOt = Qt + Bq * hd;
+    A* dQt = dOt + Bq * hd;
+    A* Kt = dQt + Bq * hd;
+    A* Vt = Kt + Bk * hd;
+
+    const T* qb = q + (b * S * nh + h) * hd;
+    const G* dob = dout + (b * S * nh + h) * hd;
+    const T* kb = k + (b * S * nkv + g) * hd;
+    const T* vb = v + (b * S * nkv + g) * hd;
+    const A* lse_b = lse + (b * nh + h) * S;
+    const A* D_b = D + (b * nh + h) * S;
+    detail::attention_load_tile(Qt, qb + t0 * qstride, nq, qstride, hd);
+    detail::attention_load_tile(dOt, dob + t0 * qstride, nq, qstride, hd);
+    std::fill(dQt, dQt + nq * hd, A(0));
+
+    for (std::int64_t k0 = 0; k0 < t1; k0 += Bk) {
+      const std::int64_t nk = std::min(k0 + Bk, t1) - k0;
+      detail::attention_load_tile(Kt, kb + k0 * kstride, nk, kstride, hd);
+      detail::attention_load_tile(Vt, vb + k0 * kstride, nk, kstride, hd);
+      for (std::int64_t r = 0; r < nq; ++r) {
+        const std::int64_t t = t0 + r;
+        if (t < k0) continue;
+        const std::int64_t ne = std::min(nk, t - k0 + 1);
+        const A* qr = Qt + r * hd;
+        const A* dor = dOt + r * hd;
+        A* dqr = dQt + r * hd;
+        for (std::int64_t c = 0; c < ne; ++c) {
+          const A s = scale * detail::attention_dot(qr, Kt + c * hd, hd);
+          const A p = detail::attention_prob(s, lse_b[t]);
+          const A dp = detail::attention_dot(dor, Vt + c * hd, hd);
+          const A ds = detail::attention_dscore(p, dp, D_b[t]);
+          detail::attention_axpy(dqr, scale * ds, Kt + c * hd, hd);  // dQ += dS K
+        }
+      }
+    }
+
+    G* dqb = dq + (b * S * nh + h) * hd;
+    for (std::int64_t r = 0; r < nq; ++r)
+      for (std::int64_t d = 0; d < hd; ++d) dqb[(t0 + r) * qstride + d] = to<G>(dQt[r * hd + d]);
+  }
+}
+
+}  // namespace tessera::kernels

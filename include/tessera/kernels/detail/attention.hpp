@@ -1,0 +1,79 @@
+#pragma once
+/// \file detail/attention.hpp
+/// Per-element arithmetic of tiled causal attention, shared by the host loops
+/// (kernels/attention.hpp) and the CUDA kernels. Every function is
+/// TESSERA_HOST_DEVICE and nvcc-clean; `A` is the accumulation type
+/// (accum_t<T>: float or double).
+///
+/// Source: FlashAttention-2 (Dao 2023), Algorithm 1 (forward, online softmax
+/// of Milakov and Gimelshein 2018) and Algorithm 2 (backward).
+
+#include <cmath>
+#include <cstdint>
+
+#include "tessera/core/config.hpp"
+
+namespace tessera::kernels::detail {
+
+/// -infinity in `A`: the running max of a row before it has seen a score.
+template <class A>
+TESSERA_HOST_DEVICE inline A attention_neg_inf() {
+  return static_cast<A>(-INFINITY);
+}
+
+/// Key/value head used by query head `h` when `nh` query heads share `nkv`
+/// key/value heads (grouped-query attention; nkv divides nh).
+TESSERA_HOST_DEVICE inline std::int64_t attention_kv_head(std::int64_t h, std::int64_t nh,
+                                                          std::int64_t nkv) {
+  return h / (nh / nkv);
+}
+
+/// Online-softmax step (FA-2 Algorithm 1, line 8): raises the running max `m`
+/// of a row to include `tile_max` and returns the factor exp(m_old - m_new)
+/// by which the running sum and output accumulator must be rescaled.
+/// Returns 1 while the row has seen nothing but -inf.
+template <class A>
+TESSERA_HOST_DEVICE inline A online_softmax_rescale(A& m, A tile_max) {
+  const A m_new = m > tile_max ? m : tile_max;
+  if (m_new == attention_neg_inf<A>()) return A(1);
+  const A alpha = std::exp(m - m_new);  // exp(-inf) == 0 on the first tile
+  m = m_new;
+  return alpha;
+}
+
+/// Unnormalised probability of a scaled score `s` under running max `m`,
+/// or the normalised probability when `m` is the row's log-sum-exp
+/// (FA-2 Algorithm 2, line 11: P = exp(S - L)).
+template <class A>
+TESSERA_HOST_DEVICE inline A attention_prob(A s, A m) {
+  return std::exp(s - m);
+}
+
+/// Log-sum-exp of a row from its running max and sum (FA-2 Algorithm 1, line 13).
+template <class A>
+TESSERA_HOST_DEVICE inline A attention_lse(A m, A l) {
+  return m + std::log(l);
+}
+
+/// Gradient of a (scaled) score: dS = P * (dP - D), D = rowsum(dO * O)
+/// (FA-2 Algorithm 2, line 14; softmax backward).
+template <class A>
+TESSERA_HOST_DEVICE inline A attention_dscore(A p, A dp, A d_row) {
+  return p * (dp - d_row);
+}
+
+/// Dot product of two rows of length n (a tile-sized inner product).
+template <class A>
+TESSERA_HOST_DEVICE inline A attention_dot(const A* a, const A* b, std::int64_t n) {
+  A s = 0;
+  for (std::int64_t i = 0; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+/// y += alpha * x over a row of length n.
+template <class A>
+TESSERA_HOST_DEVICE inline void attention_axpy(A* y, A alpha, const A* x, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
+}
+
+}  // namespace tessera::kernels::detail

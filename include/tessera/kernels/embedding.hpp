@@ -1,0 +1,82 @@
+#pragma once
+/// \file embedding.hpp
+/// Token embedding lookup (forward) and its scatter-add (backward), host.
+///
+/// Gradient contract (llm.c): parameter gradients accumulate (`+=`:
+/// `embedding_backward` adds into dwte). There is no activation gradient
+/// (tokens are integers).
+///
+/// Determinism: the backward is parallel over disjoint column blocks of H;
+/// within a column every row of dout is added in increasing token position n,
+/// so dwte is bit-for-bit the same for any thread count.
+
+#include <cstdint>
+#include <type_traits>
+
+#include "tessera/core/error.hpp"
+#include "tessera/core/numeric.hpp"
+
+namespace tessera::kernels {
+
+namespace detail {
+/// Throws config_error naming the first token outside [0, V), its position
+/// and V. Checked before anything is written.
+inline void check_tokens(const char* who, const std::int32_t* tokens, std::int64_t N,
+                         std::int64_t V) {
+  TESSERA_THROW_IF(N < 0 || V <= 0, config_error, who, ": bad sizes N=", N, " V=", V);
+  for (std::int64_t n = 0; n < N; ++n) {
+    const std::int64_t t = tokens[n];
+    TESSERA_THROW_IF(t < 0 || t >= V, config_error, who, ": token id ", t, " at position ", n,
+                     " is outside the vocabulary [0, V=", V, ")");
+  }
+}
+}  // namespace detail
+
+/// Embedding forward: out(N,H) = wte[tokens[n], :] for n in [0, N).
+/// - `tokens` (N) int32, `wte` (V,H), `out` (N,H); T in {float, double, bf16}
+///   (a copy: exact). `out` is written (=) and must not alias `wte`.
+/// - Throws config_error naming the token, its position and V if any token is
+///   < 0 or >= V, or for N < 0, V <= 0, H < 0; nothing is written then.
+/// Source: llm.c encoder_forward (without the position embedding).
+template <class T>
+void embedding_forward(T* out, const std::int32_t* tokens, const T* wte, std::int64_t N,
+                       std::int64_t V, std::int64_t H) {
+  TESSERA_THROW_IF(H < 0, config_error, "embedding_forward: negative H=", H);
+  detail::check_tokens("embedding_forward", tokens, N, V);
+#pragma omp parallel for schedule(static)
+  for (std::int64_t n = 0; n < N; ++n) {
+    const T* src = wte + static_cast<std::int64_t>(tokens[n]) * H;
+    T* dst = out + n * H;
+    for (std::int64_t h = 0; h < H; ++h) dst[h] = src[h];
+  }
+}
+
+/// Embedding backward: dwte(V,H) += scatter-add of dout rows,
+/// dwte[tokens[n], :] += dout[n, :] for n = 0, 1, ..., N-1 in that order.
+/// - `dout` (N,H), `dwte` (V,H), G in {float, double} (the gradient type).
+/// - Parameter gradient: accumulates. Deterministic and independent of the
+///   thread count (parallel over column blocks of H, rows in order of n).
+/// - Throws config_error as `embedding_forward`, before anything is written.
+/// Source: llm.c encoder_backward.
+template <class G>
+void embedding_backward(G* dwte, const G* dout, const std::int32_t* tokens, std::int64_t N,
+                        std::int64_t V, std::int64_t H) {
+  static_assert(std::is_same_v<G, float> || std::is_same_v<G, double>,
+                "tessera::kernels::embedding_backward: G must be float or double");
+  TESSERA_THROW_IF(H < 0, config_error, "embedding_backward: negative H=", H);
+  detail::check_tokens("embedding_backward", tokens, N, V);
+  constexpr std::int64_t block = 64;  // columns per task: one or two cache lines per row
+  const std::int64_t n_blocks = (H + block - 1) / block;
+#pragma omp parallel for schedule(static)
+  for (std::int64_t b = 0; b < n_blocks; ++b) {
+    const std::int64_t h0 = b * block;
+    const std::int64_t h1 = h0 + block < H ? h0 + block : H;
+    for (std::int64_t n = 0; n < N; ++n) {
+      const G* src = dout + n * H;
+      G* dst = dwte + static_cast<std::int64_t>(tokens[n]) * H;
+      for (std::int64_t h = h0; h < h1; ++h) dst[h] += src[h];
+    }
+  }
+}
+
+}  // namespace tessera::kernels

@@ -1,0 +1,28 @@
+#pragma once
+/// \file detail/rope.hpp
+/// Per-pair rotary position embedding arithmetic (Llama "rotate half"
+/// convention), shared by the host loop and the CUDA kernel. For a head
+/// vector x of size hd, pair i (0 <= i < hd/2) is (x[i], x[i + hd/2]) and is
+/// rotated by angle pos * theta^(-2i/hd):
+///   forward   y1 = x1 cos - x2 sin,   y2 = x2 cos + x1 sin
+///   backward  the transpose: dx1 = dy1 cos + dy2 sin,  dx2 = dy2 cos - dy1 sin
+/// Source: Su et al., "RoFormer", 2021, eq. 34; the half-split pairing of
+/// Hugging Face's LlamaRotaryEmbedding / rotate_half.
+
+#include "tessera/core/config.hpp"
+
+namespace tessera::kernels::detail {
+
+template <class A>
+TESSERA_HOST_DEVICE inline void rope_rotate(A x1, A x2, A c, A s, A& y1, A& y2) {
+  y1 = x1 * c - x2 * s;
+  y2 = x2 * c + x1 * s;
+}
+
+template <class A>
+TESSERA_HOST_DEVICE inline void rope_rotate_transpose(A dy1, A dy2, A c, A s, A& dx1, A& dx2) {
+  dx1 = dy1 * c + dy2 * s;
+  dx2 = dy2 * c - dy1 * s;
+}
+
+}  // namespace tessera::kernels::detail

@@ -42,6 +42,29 @@ TESSERA_HOST_DEVICE inline float bits_float(std::uint32_t u) {
 #endif
 }
 
+/// double -> float rounded to odd: truncate toward zero, then set the last
+/// bit if anything was cut off. Rounding that float once more to nearest even
+/// in a format with at most 22 significant bits (bf16: 8, fp16: 11) gives the
+/// correctly rounded result of the double (Boldo and Melquiond, "Emulation of
+/// FMA and correctly rounded sums: proved algorithms using rounding to odd",
+/// IEEE TC 2008, Theorem 1), where rounding to nearest twice would not (a
+/// double just above a midpoint would land on it and tie to even). NaN and
+/// infinities pass through.
+TESSERA_HOST_DEVICE inline float double_to_float_round_odd(double d) {
+#if defined(__CUDA_ARCH__)
+  float f = __double2float_rz(d);
+  if (static_cast<double>(f) != d && d == d) f = __uint_as_float(__float_as_uint(f) | 1u);
+  return f;
+#else
+  const float f = static_cast<float>(d);  // nearest even
+  const double back = static_cast<double>(f);
+  if (back == d || d != d) return f;  // exact (incl. +-inf, +-0), or NaN
+  std::uint32_t u = float_bits(f);
+  if (d > 0 ? back > d : back < d) --u;  // rounded away from zero: one step back (inf -> max)
+  return bits_float(u | 1u);             // inexact: sticky bit
+#endif
+}
+
 /// float -> bf16 bits, round to nearest even. NaN -> quiet NaN, sign kept.
 TESSERA_HOST_DEVICE inline std::uint16_t float_to_bf16_bits(float f) {
   std::uint32_t u = float_bits(f);
@@ -109,7 +132,8 @@ struct bf16 {
   std::uint16_t bits;
   bf16() = default;
   TESSERA_HOST_DEVICE explicit bf16(float f) : bits(detail::float_to_bf16_bits(f)) {}
-  TESSERA_HOST_DEVICE explicit bf16(double d) : bf16(static_cast<float>(d)) {}
+  /// Rounds once, to nearest even (not twice through float).
+  TESSERA_HOST_DEVICE explicit bf16(double d) : bf16(detail::double_to_float_round_odd(d)) {}
   TESSERA_HOST_DEVICE explicit operator float() const { return detail::bf16_bits_to_float(bits); }
   TESSERA_HOST_DEVICE static bf16 from_bits(std::uint16_t b) {
     bf16 r;
@@ -123,7 +147,8 @@ struct fp16 {
   std::uint16_t bits;
   fp16() = default;
   TESSERA_HOST_DEVICE explicit fp16(float f) : bits(detail::float_to_fp16_bits(f)) {}
-  TESSERA_HOST_DEVICE explicit fp16(double d) : fp16(static_cast<float>(d)) {}
+  /// Rounds once, to nearest even (not twice through float).
+  TESSERA_HOST_DEVICE explicit fp16(double d) : fp16(detail::double_to_float_round_odd(d)) {}
   TESSERA_HOST_DEVICE explicit operator float() const { return detail::fp16_bits_to_float(bits); }
   TESSERA_HOST_DEVICE static fp16 from_bits(std::uint16_t b) {
     fp16 r;
@@ -152,7 +177,12 @@ TESSERA_HOST_DEVICE inline To to(From x) {
   } else if constexpr (is_half_v<From>) {
     return static_cast<To>(static_cast<float>(x));
   } else if constexpr (is_half_v<To>) {
-    return To(static_cast<float>(x));
+    // A float rounds once; any other source goes through double (exact for
+    // double and for integers up to 2^53) and the single-rounding double path.
+    if constexpr (std::is_same_v<From, float>)
+      return To(x);
+    else
+      return To(static_cast<double>(x));
   } else {
     return static_cast<To>(x);
   }

@@ -5,8 +5,8 @@
 
 #include "tessera/kernels/embedding.hpp"
 
-#include <catch2/catch.hpp>
 #include <omp.h>
+#include <catch2/catch.hpp>
 
 #include <cstring>
 #include <random>

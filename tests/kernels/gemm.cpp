@@ -128,11 +128,21 @@ TEST_CASE("gemm double matches a float64 triple loop", "[kernels][gemm]") {
 TEST_CASE("gemm bf16 matches float64 on the same rounded inputs", "[kernels][gemm]") {
   // float32 accumulation: (K+2) 2^-24 of the absolute-value sum; bf16 output:
   // one rounding, 2^-8 relative.
-  SECTION("bf16 x bf16 -> bf16") { check_all<bf16, bf16, bf16>(u_bf16, u_f32); }
-  SECTION("bf16 x bf16 -> float") { check_all<bf16, bf16, float>(0.0, u_f32); }
-  SECTION("float x bf16 -> float (dinp = dout . W)") { check_all<float, bf16, float>(0.0, u_f32); }
-  SECTION("bf16 x float -> float") { check_all<bf16, float, float>(0.0, u_f32); }
-  SECTION("float x float -> bf16") { check_all<float, float, bf16>(u_bf16, u_f32); }
+  SECTION("bf16 x bf16 -> bf16") {
+    check_all<bf16, bf16, bf16>(u_bf16, u_f32);
+  }
+  SECTION("bf16 x bf16 -> float") {
+    check_all<bf16, bf16, float>(0.0, u_f32);
+  }
+  SECTION("float x bf16 -> float (dinp = dout . W)") {
+    check_all<float, bf16, float>(0.0, u_f32);
+  }
+  SECTION("bf16 x float -> float") {
+    check_all<bf16, float, float>(0.0, u_f32);
+  }
+  SECTION("float x float -> bf16") {
+    check_all<float, float, bf16>(u_bf16, u_f32);
+  }
 }
 
 TEST_CASE("gemm with a double operand computes in double", "[kernels][gemm]") {
@@ -147,17 +157,17 @@ TEST_CASE("gemm rejects bad sizes and leading dimensions", "[kernels][gemm]") {
   CHECK_THROWS_AS(gemm<float>(transpose::no, transpose::no, -1, 2, 2, 1, a.data(), 2, b.data(), 2,
                               0, c.data(), 2),
                   config_error);
-  CHECK_THROWS_AS(gemm<float>(transpose::no, transpose::no, 3, 4, 5, 1, a.data(), 4, b.data(), 4,
-                              0, c.data(), 4),
+  CHECK_THROWS_AS(gemm<float>(transpose::no, transpose::no, 3, 4, 5, 1, a.data(), 4, b.data(), 4, 0,
+                              c.data(), 4),
                   config_error);  // lda=4 < K=5
-  CHECK_THROWS_AS(gemm<float>(transpose::yes, transpose::no, 3, 4, 5, 1, a.data(), 2, b.data(),
-                              4, 0, c.data(), 4),
+  CHECK_THROWS_AS(gemm<float>(transpose::yes, transpose::no, 3, 4, 5, 1, a.data(), 2, b.data(), 4,
+                              0, c.data(), 4),
                   config_error);  // A^T stored K x M: lda=2 < M=3
-  CHECK_THROWS_AS(gemm<float>(transpose::no, transpose::no, 3, 4, 5, 1, a.data(), 5, b.data(), 4,
-                              0, c.data(), 3),
+  CHECK_THROWS_AS(gemm<float>(transpose::no, transpose::no, 3, 4, 5, 1, a.data(), 5, b.data(), 4, 0,
+                              c.data(), 3),
                   config_error);  // ldc=3 < N=4
-  CHECK_THROWS_WITH(gemm<float>(transpose::no, transpose::no, 3, 4, 5, 1, a.data(), 4, b.data(),
-                                4, 0, c.data(), 4),
+  CHECK_THROWS_WITH(gemm<float>(transpose::no, transpose::no, 3, 4, 5, 1, a.data(), 4, b.data(), 4,
+                                0, c.data(), 4),
                     Catch::Contains("lda=4"));
 }
 
@@ -197,7 +207,8 @@ void check_linear_forward(double rel_out, double rel_acc_per_k) {
   const auto ref = reference(transpose::no, transpose::yes, M, N, K, 1.0, to_double(inp), K,
                              to_double(w), K, 0.0, std::vector<double>(M * N), N);
   for (std::size_t i = 0; i < out.size(); ++i) {
-    const double tol = rel_out * std::fabs(ref.c[i]) + (1 + rel_out) * rel_acc_per_k * (K + 1) * ref.scale[i];
+    const double tol =
+        rel_out * std::fabs(ref.c[i]) + (1 + rel_out) * rel_acc_per_k * (K + 1) * ref.scale[i];
     REQUIRE(std::fabs(as_double(out[i]) - ref.c[i]) <= tol);
   }
 }

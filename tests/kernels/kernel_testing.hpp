@@ -30,8 +30,10 @@ std::vector<T> random_vector(std::size_t n, std::mt19937_64& rng, double lo = -1
 /// Exact widening of any storage type to double.
 template <class T>
 double as_double(T x) {
-  if constexpr (std::is_same_v<T, double>) return x;
-  else return static_cast<double>(to<float>(x));
+  if constexpr (std::is_same_v<T, double>)
+    return x;
+  else
+    return static_cast<double>(to<float>(x));
 }
 template <class T>
 std::vector<double> to_double(const std::vector<T>& v) {
@@ -42,8 +44,10 @@ std::vector<double> to_double(const std::vector<T>& v) {
 
 template <class T>
 T nan_value() {
-  if constexpr (std::is_same_v<T, bf16>) return bf16::from_bits(0x7fc0);
-  else return std::numeric_limits<T>::quiet_NaN();
+  if constexpr (std::is_same_v<T, bf16>)
+    return bf16::from_bits(0x7fc0);
+  else
+    return std::numeric_limits<T>::quiet_NaN();
 }
 
 /// Fills `v` with NaN so that an element the kernel forgets to write shows.

@@ -5,8 +5,8 @@
 
 #include "tessera/kernels/rmsnorm.hpp"
 
-#include <catch2/catch.hpp>
 #include <omp.h>
+#include <catch2/catch.hpp>
 
 #include <cmath>
 #include <cstring>
@@ -30,7 +30,8 @@ fwd_ref reference(const std::vector<double>& x, const std::vector<double>& w, st
   fwd_ref r{std::vector<double>(N * H), std::vector<double>(N)};
   for (std::int64_t n = 0; n < N; ++n) {
     long double ss = 0;
-    for (std::int64_t h = 0; h < H; ++h) ss += static_cast<long double>(x[n * H + h]) * x[n * H + h];
+    for (std::int64_t h = 0; h < H; ++h)
+      ss += static_cast<long double>(x[n * H + h]) * x[n * H + h];
     const double rstd = static_cast<double>(1.0L / std::sqrt(ss / H + eps));
     r.rstd[n] = rstd;
     for (std::int64_t h = 0; h < H; ++h) r.out[n * H + h] = w[h] * x[n * H + h] * rstd;
@@ -67,8 +68,12 @@ TEST_CASE("rmsnorm_forward matches a float64 reference", "[kernels][rmsnorm]") {
   // Accumulation-type error: the sum of H squares (positive terms, (H-1) u),
   // the mean, eps, sqrt and reciprocal (about H/2 + 3 u on rstd), then two
   // products: under (H + 8) u relative. H = 131.
-  SECTION("double") { check_forward<double>(0.0, 139 * 1.1102230246251565e-16); }
-  SECTION("float") { check_forward<float>(0.0, 139 * u_f32); }
+  SECTION("double") {
+    check_forward<double>(0.0, 139 * 1.1102230246251565e-16);
+  }
+  SECTION("float") {
+    check_forward<float>(0.0, 139 * u_f32);
+  }
   SECTION("bf16 on the same rounded inputs") {
     check_forward<bf16>(u_bf16, 139 * u_f32);  // + one bf16 rounding of out
   }
@@ -177,7 +182,7 @@ TEST_CASE("rmsnorm rejects bad sizes and eps", "[kernels][rmsnorm]") {
                   config_error);
   CHECK_THROWS_AS(rmsnorm_forward(a.data(), r.data(), a.data(), a.data(), 2, 4, -1.0),
                   config_error);
-  CHECK_THROWS_AS(rmsnorm_backward(a.data(), a.data(), a.data(), a.data(), a.data(), r.data(), -1,
-                                   4),
-                  config_error);
+  CHECK_THROWS_AS(
+      rmsnorm_backward(a.data(), a.data(), a.data(), a.data(), a.data(), r.data(), -1, 4),
+      config_error);
 }

@@ -26,8 +26,8 @@ TEST_CASE("rope_table is accurate at long positions", "[kernels][rope]") {
     double worst = 0;
     for (std::int64_t t = 0; t < T; ++t)
       for (std::int64_t i = 0; i < half; ++i) {
-        const long double f = std::pow(static_cast<long double>(theta),
-                                       -2.0L * static_cast<long double>(i) / hd);
+        const long double f =
+            std::pow(static_cast<long double>(theta), -2.0L * static_cast<long double>(i) / hd);
         const long double a = static_cast<long double>(t) * f;
         worst = std::max(worst, static_cast<double>(std::fabs(c[t * half + i] - std::cos(a))));
         worst = std::max(worst, static_cast<double>(std::fabs(s[t * half + i] - std::sin(a))));
@@ -101,9 +101,15 @@ void check_forward(double rel_out, double u_acc) {
 }  // namespace
 
 TEST_CASE("rope_forward matches the rotate-half reference", "[kernels][rope]") {
-  SECTION("double") { check_forward<double>(0.0, 1.1102230246251565e-16); }
-  SECTION("float") { check_forward<float>(0.0, u_f32); }
-  SECTION("bf16 on the same rounded inputs") { check_forward<bf16>(u_bf16, u_f32); }
+  SECTION("double") {
+    check_forward<double>(0.0, 1.1102230246251565e-16);
+  }
+  SECTION("float") {
+    check_forward<float>(0.0, u_f32);
+  }
+  SECTION("bf16 on the same rounded inputs") {
+    check_forward<bf16>(u_bf16, u_f32);
+  }
   SECTION("pairs are (i, i + hd/2) and t = 0 is the identity") {
     const std::int64_t T = 2, hd = 4;
     std::vector<float> c(T * 2), s(T * 2);

@@ -18,7 +18,9 @@ using namespace tessera::kernels;
 using namespace tessera::testing;
 
 namespace {
-long double silu_ref(long double g) { return g / (1.0L + std::exp(-g)); }
+long double silu_ref(long double g) {
+  return g / (1.0L + std::exp(-g));
+}
 
 // expf (< 1 ulp in glibc), 1 + e, the division and the product with up: each
 // one rounding of the accumulation type, and a relative error in exp(-g)
@@ -42,9 +44,15 @@ void check_forward(double rel_out, double u_acc) {
 }  // namespace
 
 TEST_CASE("swiglu_forward matches a float64 reference", "[kernels][swiglu]") {
-  SECTION("double") { check_forward<double>(0.0, 1.1102230246251565e-16); }
-  SECTION("float") { check_forward<float>(0.0, u_f32); }
-  SECTION("bf16 on the same rounded inputs") { check_forward<bf16>(u_bf16, u_f32); }
+  SECTION("double") {
+    check_forward<double>(0.0, 1.1102230246251565e-16);
+  }
+  SECTION("float") {
+    check_forward<float>(0.0, u_f32);
+  }
+  SECTION("bf16 on the same rounded inputs") {
+    check_forward<bf16>(u_bf16, u_f32);
+  }
 }
 
 TEST_CASE("swiglu_backward matches float64 finite differences", "[kernels][swiglu]") {

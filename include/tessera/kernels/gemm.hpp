@@ -73,7 +73,7 @@ struct gemm_workspace {
     s.capacity = 0;
   }
 
-private:
+ private:
   struct storage {
     std::unique_ptr<T[]> data;
     std::size_t capacity = 0;
@@ -84,22 +84,23 @@ private:
   }
 };
 
-inline CBLAS_TRANSPOSE cblas_op(transpose t) { return t == transpose::yes ? CblasTrans : CblasNoTrans; }
+inline CBLAS_TRANSPOSE cblas_op(transpose t) {
+  return t == transpose::yes ? CblasTrans : CblasNoTrans;
+}
 
 /// Checks sizes and leading dimensions against the BLAS rules (row-major) and
 /// the 32-bit `blasint` range; throws config_error naming the value.
 inline void check_gemm_args(transpose ta, transpose tb, std::int64_t M, std::int64_t N,
-                            std::int64_t K, std::int64_t lda, std::int64_t ldb,
-                            std::int64_t ldc) {
+                            std::int64_t K, std::int64_t lda, std::int64_t ldb, std::int64_t ldc) {
   TESSERA_THROW_IF(M < 0 || N < 0 || K < 0, config_error, "gemm: negative size M=", M, " N=", N,
                    " K=", K);
   const std::int64_t a_cols = ta == transpose::no ? K : M;
   const std::int64_t b_cols = tb == transpose::no ? N : K;
   auto max1 = [](std::int64_t x) { return x > 1 ? x : std::int64_t{1}; };
-  TESSERA_THROW_IF(lda < max1(a_cols), config_error, "gemm: lda=", lda,
-                   " is below the row length ", max1(a_cols), " of op(A)'s storage");
-  TESSERA_THROW_IF(ldb < max1(b_cols), config_error, "gemm: ldb=", ldb,
-                   " is below the row length ", max1(b_cols), " of op(B)'s storage");
+  TESSERA_THROW_IF(lda < max1(a_cols), config_error, "gemm: lda=", lda, " is below the row length ",
+                   max1(a_cols), " of op(A)'s storage");
+  TESSERA_THROW_IF(ldb < max1(b_cols), config_error, "gemm: ldb=", ldb, " is below the row length ",
+                   max1(b_cols), " of op(B)'s storage");
   TESSERA_THROW_IF(ldc < max1(N), config_error, "gemm: ldc=", ldc, " is below N=", max1(N));
   const std::int64_t lim = INT_MAX;
   TESSERA_THROW_IF(M > lim || N > lim || K > lim || lda > lim || ldb > lim || ldc > lim,
@@ -123,18 +124,18 @@ void convert_block(To* dst, std::int64_t ld_dst, const From* src, std::int64_t l
 }
 
 template <class T>
-void blas_gemm(transpose ta, transpose tb, std::int64_t M, std::int64_t N, std::int64_t K,
-               T alpha, const T* A, std::int64_t lda, const T* B, std::int64_t ldb, T beta, T* C,
+void blas_gemm(transpose ta, transpose tb, std::int64_t M, std::int64_t N, std::int64_t K, T alpha,
+               const T* A, std::int64_t lda, const T* B, std::int64_t ldb, T beta, T* C,
                std::int64_t ldc) {
   if constexpr (std::is_same_v<T, float>) {
-    cblas_sgemm(CblasRowMajor, cblas_op(ta), cblas_op(tb), static_cast<int>(M),
-                static_cast<int>(N), static_cast<int>(K), alpha, A, static_cast<int>(lda), B,
-                static_cast<int>(ldb), beta, C, static_cast<int>(ldc));
+    cblas_sgemm(CblasRowMajor, cblas_op(ta), cblas_op(tb), static_cast<int>(M), static_cast<int>(N),
+                static_cast<int>(K), alpha, A, static_cast<int>(lda), B, static_cast<int>(ldb),
+                beta, C, static_cast<int>(ldc));
   } else {
     static_assert(std::is_same_v<T, double>);
-    cblas_dgemm(CblasRowMajor, cblas_op(ta), cblas_op(tb), static_cast<int>(M),
-                static_cast<int>(N), static_cast<int>(K), alpha, A, static_cast<int>(lda), B,
-                static_cast<int>(ldb), beta, C, static_cast<int>(ldc));
+    cblas_dgemm(CblasRowMajor, cblas_op(ta), cblas_op(tb), static_cast<int>(M), static_cast<int>(N),
+                static_cast<int>(K), alpha, A, static_cast<int>(lda), B, static_cast<int>(ldb),
+                beta, C, static_cast<int>(ldc));
   }
 }
 
@@ -160,10 +161,10 @@ template <class TA, class TB, class TC>
 void gemm_mixed(transpose ta, transpose tb, std::int64_t M, std::int64_t N, std::int64_t K,
                 gemm_compute_t<TA, TB, TC> alpha, const TA* A, std::int64_t lda, const TB* B,
                 std::int64_t ldb, gemm_compute_t<TA, TB, TC> beta, TC* C, std::int64_t ldc) {
-  static_assert(detail::is_gemm_type_v<TA> && detail::is_gemm_type_v<TB> &&
-                    detail::is_gemm_type_v<TC>,
-                "tessera::kernels::gemm: element types must be float, double or bf16; convert "
-                "other types first");
+  static_assert(
+      detail::is_gemm_type_v<TA> && detail::is_gemm_type_v<TB> && detail::is_gemm_type_v<TC>,
+      "tessera::kernels::gemm: element types must be float, double or bf16; convert "
+      "other types first");
   using Acc = gemm_compute_t<TA, TB, TC>;
   detail::check_gemm_args(ta, tb, M, N, K, lda, ldb, ldc);
   if (M == 0 || N == 0) return;
@@ -219,10 +220,10 @@ void gemm(transpose ta, transpose tb, std::int64_t M, std::int64_t N, std::int64
 /// with a bf16 B, as in dinp = dout(float) * W(bf16)): forwards to
 /// `gemm_mixed<TA, TB, TC>`, which documents it.
 template <class TA, class TB, class TC>
-  requires(!(std::is_same_v<TA, TB> && std::is_same_v<TB, TC>))
-void gemm(transpose ta, transpose tb, std::int64_t M, std::int64_t N, std::int64_t K,
-          gemm_compute_t<TA, TB, TC> alpha, const TA* A, std::int64_t lda, const TB* B,
-          std::int64_t ldb, gemm_compute_t<TA, TB, TC> beta, TC* C, std::int64_t ldc) {
+requires(!(std::is_same_v<TA, TB> && std::is_same_v<TB, TC>)) void gemm(
+    transpose ta, transpose tb, std::int64_t M, std::int64_t N, std::int64_t K,
+    gemm_compute_t<TA, TB, TC> alpha, const TA* A, std::int64_t lda, const TB* B, std::int64_t ldb,
+    gemm_compute_t<TA, TB, TC> beta, TC* C, std::int64_t ldc) {
   gemm_mixed<TA, TB, TC>(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
@@ -272,8 +273,8 @@ void linear_forward(T* out, const T* inp, const T* weight, std::int64_t M, std::
 /// type, G = accum_t<T> the gradient type. `dinp` must not alias the inputs.
 /// Throws as `gemm`. FLOPs: gemm_flops(M, K, N). Source: llm.c matmul_backward.
 template <class T, class G>
-void linear_backward_input(G* dinp, const G* dout, const T* weight, std::int64_t M,
-                           std::int64_t N, std::int64_t K, bool accumulate = false) {
+void linear_backward_input(G* dinp, const G* dout, const T* weight, std::int64_t M, std::int64_t N,
+                           std::int64_t K, bool accumulate = false) {
   detail::check_linear_types<T, G>();
   gemm(transpose::no, transpose::no, M, K, N, G(1), dout, N, weight, K, accumulate ? G(1) : G(0),
        dinp, K);
@@ -285,8 +286,8 @@ void linear_backward_input(G* dinp, const G* dout, const T* weight, std::int64_t
 /// a fixed thread count). Throws as `gemm`. FLOPs: gemm_flops(N, K, M).
 /// Source: llm.c matmul_backward.
 template <class T, class G>
-void linear_backward_weight(G* dweight, const G* dout, const T* inp, std::int64_t M,
-                            std::int64_t N, std::int64_t K) {
+void linear_backward_weight(G* dweight, const G* dout, const T* inp, std::int64_t M, std::int64_t N,
+                            std::int64_t K) {
   detail::check_linear_types<T, G>();
   gemm(transpose::yes, transpose::no, N, K, M, G(1), dout, N, inp, K, G(1), dweight, K);
 }

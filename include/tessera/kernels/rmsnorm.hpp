@@ -86,8 +86,8 @@ void rmsnorm_backward(G* dinp, G* dweight, const G* dout, const T* inp, const T*
     for (std::int64_t h = 0; h < H; ++h) dot += to<A>(weight[h]) * dy[h] * (to<A>(x[h]) * r);
     const A mean = dot / a_H;
     for (std::int64_t h = 0; h < H; ++h) {
-      const A g = detail::rmsnorm_dx(static_cast<A>(dy[h]), to<A>(weight[h]), to<A>(x[h]) * r, r,
-                                     mean);
+      const A g =
+          detail::rmsnorm_dx(static_cast<A>(dy[h]), to<A>(weight[h]), to<A>(x[h]) * r, r, mean);
       dx[h] = accumulate_dinp ? dx[h] + g : g;
     }
   }

@@ -46,7 +46,8 @@ inline void rope_table(float* cos, float* sin, std::int64_t T, std::int64_t hd, 
 #pragma omp parallel for schedule(static)
   for (std::int64_t t = 0; t < T; ++t) {
     for (std::int64_t i = 0; i < half; ++i) {
-      const double inv_freq = std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(hd));
+      const double inv_freq =
+          std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(hd));
       const double angle = static_cast<double>(t) * inv_freq;
       cos[t * half + i] = static_cast<float>(std::cos(angle));
       sin[t * half + i] = static_cast<float>(std::sin(angle));
@@ -105,8 +106,8 @@ void rope_backward(G* dx, const float* cos, const float* sin, std::int64_t B, st
       G* v = dx + (bt * nh + h) * hd;
       for (std::int64_t i = 0; i < half; ++i) {
         G d1, d2;
-        detail::rope_rotate_transpose(v[i], v[i + half], static_cast<G>(c[i]),
-                                      static_cast<G>(s[i]), d1, d2);
+        detail::rope_rotate_transpose(v[i], v[i + half], static_cast<G>(c[i]), static_cast<G>(s[i]),
+                                      d1, d2);
         v[i] = d1;
         v[i + half] = d2;
       }

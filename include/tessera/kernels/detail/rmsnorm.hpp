@@ -14,8 +14,12 @@
 
 namespace tessera::kernels::detail {
 
-TESSERA_HOST_DEVICE inline float rmsnorm_sqrt(float x) { return sqrtf(x); }
-TESSERA_HOST_DEVICE inline double rmsnorm_sqrt(double x) { return sqrt(x); }
+TESSERA_HOST_DEVICE inline float rmsnorm_sqrt(float x) {
+  return sqrtf(x);
+}
+TESSERA_HOST_DEVICE inline double rmsnorm_sqrt(double x) {
+  return sqrt(x);
+}
 
 /// 1 / sqrt(sum_sq / H + eps): the saved reciprocal RMS of one row. Both the
 /// division and the square root are correctly rounded on host and device.

@@ -13,8 +13,12 @@
 
 namespace tessera::kernels::detail {
 
-TESSERA_HOST_DEVICE inline float swiglu_exp(float x) { return expf(x); }
-TESSERA_HOST_DEVICE inline double swiglu_exp(double x) { return exp(x); }
+TESSERA_HOST_DEVICE inline float swiglu_exp(float x) {
+  return expf(x);
+}
+TESSERA_HOST_DEVICE inline double swiglu_exp(double x) {
+  return exp(x);
+}
 
 /// silu(g) = g / (1 + exp(-g)). For g -> -inf, exp overflows to inf and the
 /// result is -0 (the limit); no NaN for finite g.

@@ -2,6 +2,7 @@
 # package config, so a consumer's find_package(tessera) finds them too.
 find_package(OpenMP REQUIRED COMPONENTS CXX)
 find_package(MPI QUIET COMPONENTS CXX)
+find_package(nlohmann_json 3 REQUIRED)
 
 # The CBLAS: OpenBLAS (Debian's libopenblas-dev). We link libopenblas itself,
 # not the reference libblas alternative, and include <cblas.h>.

@@ -1,0 +1,111 @@
+#pragma once
+/// \file kernels/blas.hpp
+/// What the host BLAS is and how fast it runs on this machine.
+///
+/// Debian's OpenBLAS 0.3.21 can misidentify a recent core (as "Prescott")
+/// and then runs sgemm about 10x slow (~30 against ~280 GFLOP/s on our CPUs;
+/// DESIGN.md, "Dependencies"). OpenBLAS reads OPENBLAS_CORETYPE when the
+/// library loads, so the fix must happen before that: ensure_fast_blas()
+/// re-executes the program with the core type set, once, and otherwise warns.
+
+#include <cblas.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <vector>
+
+extern "C" char* openblas_get_corename(void);
+extern "C" int openblas_get_num_threads(void);
+extern "C" void openblas_set_num_threads(int);
+
+namespace tessera::kernels {
+
+/// The core OpenBLAS selected ("Haswell", "SkylakeX", "Prescott", ...).
+inline std::string blas_core_name() {
+  const char* n = openblas_get_corename();
+  return n ? std::string(n) : std::string("unknown");
+}
+
+/// Threads OpenBLAS uses.
+inline int blas_threads() { return openblas_get_num_threads(); }
+
+/// True if /proc/cpuinfo lists the flag (e.g. "avx2", "avx512f").
+inline bool cpu_has_flag(const std::string& flag) {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("flags", 0) == 0) return (line + " ").find(" " + flag + " ") != std::string::npos;
+  }
+  return false;
+}
+
+/// The OPENBLAS_CORETYPE that fits this CPU ("SKYLAKEX" with AVX-512,
+/// "HASWELL" with AVX2, "" if neither).
+inline std::string preferred_core_type() {
+  if (cpu_has_flag("avx512f") && cpu_has_flag("avx512bw")) return "SKYLAKEX";
+  if (cpu_has_flag("avx2") && cpu_has_flag("fma")) return "HASWELL";
+  return "";
+}
+
+/// True if OpenBLAS chose a core older than the CPU supports (a ~10x slow sgemm).
+inline bool blas_core_is_stale() {
+  const std::string core = blas_core_name();
+  static const char* old_cores[] = {"Prescott", "Core2", "Penryn", "Dunnington", "Nehalem",
+                                    "Atom", "Katmai", "Coppermine", "Northwood", "Banias",
+                                    "Opteron", "Barcelona", "Generic", "unknown"};
+  bool old = false;
+  for (const char* c : old_cores) old = old || core == c;
+  return old && !preferred_core_type().empty();
+}
+
+/// Call first thing in main(). If OpenBLAS picked a stale core and
+/// OPENBLAS_CORETYPE is unset, sets it to the preferred core and re-executes
+/// the program (same argv) so the library loads with it; if that is not
+/// possible, prints a loud warning to stderr. Returns a one-line description
+/// of the BLAS for logs.
+inline std::string ensure_fast_blas(char** argv) {
+  if (blas_core_is_stale()) {
+    const char* set = std::getenv("OPENBLAS_CORETYPE");
+    const std::string want = preferred_core_type();
+    if (set == nullptr && argv != nullptr) {
+      ::setenv("OPENBLAS_CORETYPE", want.c_str(), 1);
+      std::fprintf(stderr, "tessera: OpenBLAS chose core '%s' on a CPU with %s; re-running with "
+                   "OPENBLAS_CORETYPE=%s\n", blas_core_name().c_str(),
+                   want == "SKYLAKEX" ? "AVX-512" : "AVX2", want.c_str());
+      std::fflush(stderr);
+      ::execv("/proc/self/exe", argv);  // returns only on failure
+    }
+    std::fprintf(stderr,
+                 "tessera: WARNING: OpenBLAS uses core '%s' but this CPU supports %s: sgemm will "
+                 "run about 10x slow. Set OPENBLAS_CORETYPE=%s before starting.\n",
+                 blas_core_name().c_str(), want.c_str(), want.c_str());
+  }
+  return "OpenBLAS core " + blas_core_name() + ", " + std::to_string(blas_threads()) + " threads";
+}
+
+/// Measures this machine's sgemm rate in FLOP/s: the best of `reps` runs of
+/// an n x n x n product (2 n^3 FLOPs each). Used as the peak for MFU on the
+/// host. Takes about reps * 2n^3 / rate seconds (~0.1 s for n = 1024).
+inline double measure_sgemm_flops(int n = 1024, int reps = 5) {
+  std::vector<float> a(static_cast<std::size_t>(n) * n), b(a.size()), c(a.size());
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    a[i] = static_cast<float>((i * 7) % 13) * 0.01f;
+    b[i] = static_cast<float>((i * 5) % 11) * 0.01f;
+  }
+  double best = 0;
+  for (int r = 0; r < reps + 1; ++r) {
+    auto t0 = std::chrono::steady_clock::now();
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n,
+                0.0f, c.data(), n);
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (r > 0) best = std::max(best, 2.0 * n * n * static_cast<double>(n) / s);  // first is warm-up
+  }
+  return best;
+}
+
+}  // namespace tessera::kernels

@@ -1,0 +1,50 @@
+#pragma once
+/// \file kernels/detail/adamw.hpp
+/// Per-element AdamW arithmetic shared by the host loop and the CUDA kernel.
+
+#include <cmath>
+
+#include "tessera/core/config.hpp"
+
+namespace tessera::kernels::detail {
+
+/// Hyper-parameters of one AdamW step, with the bias corrections folded in.
+/// `grad_scale` multiplies the gradient first (gradient clipping, 1/loss scale).
+template <class A>
+struct adamw_step_params {
+  A lr;            ///< learning rate of this step
+  A beta1, beta2;  ///< moment decay rates
+  A eps;           ///< added to sqrt(v_hat), as PyTorch does
+  A weight_decay;  ///< decoupled decay coefficient (applied as p -= lr * wd * p)
+  A bias_correction1;  ///< 1 - beta1^t
+  A bias_correction2;  ///< 1 - beta2^t
+  A grad_scale;        ///< gradient multiplier (clip coefficient)
+};
+
+/// One AdamW update of a single element (Loshchilov & Hutter 2019, Algorithm 2,
+/// in PyTorch's form): decay first, then the Adam step with
+/// eps added to sqrt(v / (1 - beta2^t)). `decay` selects whether weight decay
+/// applies to this element. Updates p, m, v in place.
+template <class A>
+TESSERA_HOST_DEVICE inline void adamw_update(A& p, A& m, A& v, A g,
+                                             const adamw_step_params<A>& s, bool decay) {
+  g *= s.grad_scale;
+  if (decay) p -= s.lr * s.weight_decay * p;
+  m = s.beta1 * m + (A(1) - s.beta1) * g;
+  v = s.beta2 * v + (A(1) - s.beta2) * g * g;
+  A m_hat = m / s.bias_correction1;
+  A v_hat = v / s.bias_correction2;
+  p -= s.lr * m_hat / (sqrt(v_hat) + s.eps);
+}
+
+/// SGD with momentum (PyTorch's form, dampening 0): buf = mu * buf + g; p -= lr * buf.
+template <class A>
+TESSERA_HOST_DEVICE inline void sgd_update(A& p, A& buf, A g, A lr, A momentum, A weight_decay,
+                                           A grad_scale, bool decay) {
+  g *= grad_scale;
+  if (decay) g += weight_decay * p;
+  buf = momentum * buf + g;
+  p -= lr * buf;
+}
+
+}  // namespace tessera::kernels::detail

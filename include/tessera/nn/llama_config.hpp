@@ -1,0 +1,93 @@
+#pragma once
+/// \file nn/llama_config.hpp
+/// Model dimensions of a Llama-family decoder and the presets.
+///
+/// Letters: H = dim, L = n_layers, nh = n_heads, nkv = n_kv_heads,
+/// hd = H / nh, F = ffn_dim, V = vocab.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tessera/core/error.hpp"
+
+namespace tessera::nn {
+
+/// Sizes of a Llama model. Run-time values (DESIGN.md, principle 3).
+struct llama_config {
+  std::string name = "custom";
+  std::int64_t dim = 0;         ///< H, the model (hidden) dimension
+  std::int64_t n_layers = 0;    ///< L, transformer blocks
+  std::int64_t n_heads = 0;     ///< nh, query heads
+  std::int64_t n_kv_heads = 0;  ///< nkv, key/value heads (GQA when < nh)
+  std::int64_t ffn_dim = 0;     ///< F, SwiGLU hidden dimension
+  std::int64_t vocab = 0;       ///< V
+  std::int64_t max_seq = 0;     ///< longest sequence the RoPE tables cover
+  double rope_theta = 10000.0;  ///< RoPE base
+  double norm_eps = 1e-5;       ///< RMSNorm epsilon
+
+  std::int64_t head_dim() const { return n_heads > 0 ? dim / n_heads : 0; }
+  std::int64_t kv_dim() const { return n_kv_heads * head_dim(); }
+
+  /// Throws config_error naming the values if a size is not positive, nh does
+  /// not divide H, nkv does not divide nh, or hd is odd (RoPE pairs dims).
+  void validate() const {
+    auto pos = [&](std::int64_t v, const char* what) {
+      TESSERA_THROW_IF(v <= 0, config_error, what, "=", v, " must be >= 1 (model '", name, "')");
+    };
+    pos(dim, "dim");
+    pos(n_layers, "n_layers");
+    pos(n_heads, "n_heads");
+    pos(n_kv_heads, "n_kv_heads");
+    pos(ffn_dim, "ffn_dim");
+    pos(vocab, "vocab");
+    pos(max_seq, "max_seq");
+    TESSERA_THROW_IF(dim % n_heads != 0, config_error, "n_heads=", n_heads,
+                     " does not divide dim=", dim, " (model '", name, "')");
+    TESSERA_THROW_IF(n_heads % n_kv_heads != 0, config_error, "n_kv_heads=", n_kv_heads,
+                     " does not divide n_heads=", n_heads, " (model '", name, "')");
+    TESSERA_THROW_IF(head_dim() % 2 != 0, config_error, "head_dim=", head_dim(),
+                     " must be even for RoPE (dim=", dim, ", n_heads=", n_heads, ")");
+    TESSERA_THROW_IF(rope_theta <= 1.0, config_error, "rope_theta=", rope_theta, " must be > 1");
+    TESSERA_THROW_IF(!(norm_eps > 0), config_error, "norm_eps=", norm_eps, " must be > 0");
+  }
+
+  /// Parameters of one transformer block: 2 norms, wq, wk, wv, wo, and the
+  /// three SwiGLU matrices.
+  std::int64_t block_params() const {
+    return 2 * dim + dim * dim + 2 * kv_dim() * dim + dim * dim + 3 * dim * ffn_dim;
+  }
+  /// All parameters: embedding (V, H), L blocks, final norm (H), LM head (V, H) (untied).
+  std::int64_t num_params() const { return 2 * vocab * dim + n_layers * block_params() + dim; }
+
+  /// Test preset: small enough for float64 finite differences, with GQA.
+  static llama_config tiny() {
+    return {"tiny", 16, 2, 4, 2, 24, 32, 64, 10000.0, 1e-5};
+  }
+  /// Trains on two CPU cores in minutes on the bundled corpus (byte vocabulary).
+  static llama_config small() {
+    return {"small", 256, 4, 8, 4, 704, 256, 256, 10000.0, 1e-5};
+  }
+  /// Llama 2 7B (Touvron et al. 2023): H 4096, L 32, nh 32, F 11008, V 32000, theta 1e4.
+  static llama_config llama2_7b() {
+    return {"llama2_7b", 4096, 32, 32, 32, 11008, 32000, 4096, 10000.0, 1e-5};
+  }
+  /// Llama 3 8B (Meta 2024): H 4096, L 32, nh 32, nkv 8, F 14336, V 128256, theta 5e5.
+  static llama_config llama3_8b() {
+    return {"llama3_8b", 4096, 32, 32, 8, 14336, 128256, 8192, 500000.0, 1e-5};
+  }
+  /// Names accepted by from_name().
+  static std::vector<std::string> preset_names() {
+    return {"tiny", "small", "llama2_7b", "llama3_8b"};
+  }
+  /// Looks up a preset; throws config_error listing the valid names.
+  static llama_config from_name(const std::string& n) {
+    if (n == "tiny") return tiny();
+    if (n == "small") return small();
+    if (n == "llama2_7b") return llama2_7b();
+    if (n == "llama3_8b") return llama3_8b();
+    throw config_error("unknown preset '" + n + "' (valid: tiny, small, llama2_7b, llama3_8b)");
+  }
+};
+
+}  // namespace tessera::nn

@@ -1,0 +1,74 @@
+#pragma once
+/// \file nn/param_layout.hpp
+/// Where each parameter tensor lives in the flat parameter buffer
+/// (DESIGN.md, principle 4). Gradients, master weights and optimizer state
+/// use the same offsets, so one range of the flat buffer names the same
+/// elements in all of them.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tessera/core/error.hpp"
+#include "tessera/core/tensor.hpp"
+#include "tessera/optim/param_range.hpp"
+
+namespace tessera::nn {
+
+/// One parameter tensor inside the flat buffer.
+struct param_entry {
+  std::string name;          ///< e.g. "blocks.3.attn.wq"
+  tessera::shape shp;        ///< its shape
+  std::int64_t offset = 0;   ///< first element in the flat buffer
+  std::int64_t numel = 0;    ///< elements
+  bool decay = true;         ///< weight decay applies (false for norms and 1-D tensors)
+  int block = -1;            ///< transformer block index, -1 outside the blocks
+};
+
+/// Ordered list of parameters with offsets aligned to `align` elements.
+class param_layout {
+public:
+  /// Alignment of every tensor's first element, in elements (64 bytes of float32).
+  static constexpr std::int64_t align = 16;
+
+  /// Appends a tensor. 1-D tensors never decay (norm gains, biases).
+  param_entry& add(std::string name, tessera::shape s, bool decay, int block) {
+    param_entry e;
+    e.name = std::move(name);
+    e.shp = s;
+    e.offset = (total_ + align - 1) / align * align;
+    e.numel = s.numel();
+    e.decay = decay && s.rank >= 2;
+    e.block = block;
+    total_ = e.offset + e.numel;
+    entries_.push_back(e);
+    return entries_.back();
+  }
+  /// Elements of the flat buffer (including alignment padding).
+  std::int64_t total() const { return total_; }
+  /// Real parameters (excluding padding).
+  std::int64_t num_params() const {
+    std::int64_t n = 0;
+    for (const auto& e : entries_) n += e.numel;
+    return n;
+  }
+  const std::vector<param_entry>& entries() const { return entries_; }
+  /// Entry by name; throws tessera::error if absent.
+  const param_entry& at(const std::string& name) const {
+    for (const auto& e : entries_)
+      if (e.name == name) return e;
+    throw error("no parameter named '" + name + "'");
+  }
+  /// Decay-flagged ranges for the optimizer, in flat-buffer offsets.
+  std::vector<optim::param_range> ranges() const {
+    std::vector<optim::param_range> r;
+    for (const auto& e : entries_) r.push_back({e.offset, e.offset + e.numel, e.decay});
+    return r;
+  }
+
+private:
+  std::vector<param_entry> entries_;
+  std::int64_t total_ = 0;
+};
+
+}  // namespace tessera::nn

@@ -342,5 +342,25 @@ inline std::string describe_op(op_kind k, std::uint64_t seq, std::size_t n, dtyp
              " bytes", extra.empty() ? "" : ", ", extra, ")");
 }
 
+/// The operation being executed, for message headers and error messages.
+struct op_ctx {
+  op_kind k = op_kind::barrier;
+  std::uint64_t seq = 0;  // collective sequence number, or the rank's p2p number
+  std::size_t n = 0;      // elements (per rank chunk for reduce_scatter/all_gather)
+  dtype dt = dtype::none;
+  std::string extra;  // "sum", "root 0", "peer 3"
+  std::chrono::milliseconds timeout{};
+  bool collective = true;
+  int tag = 0;
+};
+
+/// An op_ctx as error messages name it: "all_reduce #3 (n=1001 float, 4004
+/// bytes, sum)" or "recv #0 (p2p, tag 42, n=13 double, 104 bytes, peer 1)".
+inline std::string describe(const op_ctx& c) {
+  if (c.collective) return describe_op(c.k, c.seq, c.n, c.dt, c.extra);
+  return str(to_string(c.k), " #", c.seq, " (p2p, tag ", c.tag, ", n=", c.n, " ", to_string(c.dt),
+             ", ", c.n * dtype_bytes(c.dt), " bytes, ", c.extra, ")");
+}
+
 }  // namespace detail
 }  // namespace tessera::comm

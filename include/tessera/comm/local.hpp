@@ -111,18 +111,6 @@ struct local_group {
         posted(box.size()) {}
 };
 
-/// The operation being executed, for headers and error messages.
-struct op_ctx {
-  op_kind k = op_kind::barrier;
-  std::uint64_t seq = 0;
-  std::size_t n = 0;
-  dtype dt = dtype::none;
-  std::string extra;
-  std::chrono::milliseconds timeout{};
-  bool collective = true;
-  int tag = 0;
-};
-
 /// Completion state of an asynchronous local operation.
 struct local_async_state {
   std::mutex m;
@@ -407,13 +395,7 @@ class local_communicator {
         s += detail::str(" (world rank ", wr, ")");
       return s;
     }
-    [[nodiscard]] std::string what(const detail::op_ctx& c) const {
-      std::string s = detail::describe_op(c.k, c.seq, c.n, c.dt, c.extra);
-      if (!c.collective)
-        s = detail::str(to_string(c.k), " #", c.seq, " (p2p, tag ", c.tag, ", n=", c.n, " ",
-                        to_string(c.dt), ", ", c.n * dtype_bytes(c.dt), " bytes)");
-      return s;
-    }
+    [[nodiscard]] static std::string what(const detail::op_ctx& c) { return detail::describe(c); }
     [[nodiscard]] comm_stats snapshot() const {
       comm_stats s;
       op_counter* o[] = {&s.all_reduce, &s.reduce_scatter, &s.all_gather, &s.broadcast,

@@ -121,6 +121,7 @@ class collective_log {
         }
       }
     }
+    while (!where.empty() && (where.back() == ' ' || where.back() == ';')) where.pop_back();
     throw comm_error(str("rank ", rank, " of ", size,
                          ": verify_collective_hash: ranks issued different collectives, first "
                          "divergence ",

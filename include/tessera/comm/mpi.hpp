@@ -1,0 +1,525 @@
+#pragma once
+/// \file mpi.hpp
+/// `mpi_communicator`: ranks are MPI processes (one machine or many). Built
+/// only with TESSERA_HAS_MPI (link `tessera::mpi`).
+///
+/// Collectives are MPI's nonblocking calls (MPI_Iallreduce,
+/// MPI_Ireduce_scatter_block, MPI_Iallgather, MPI_Ibcast, MPI_Ibarrier,
+/// MPI_Isend, MPI_Irecv); a blocking operation is its nonblocking form
+/// followed by wait(), and wait() polls MPI_Test until the request completes
+/// or `timeout` has passed since wait() was called. So every operation,
+/// blocking or not, times out with comm_error naming the rank, the operation,
+/// its sequence number, the count and the bytes. Every MPI return code is
+/// checked (the communicator's error handler is MPI_ERRORS_RETURN) and turned
+/// into comm_error naming the call and the code.
+///
+/// Bytes are counted with the ring formulas of communicator.hpp (what the
+/// ring algorithm sends), whatever algorithm Open MPI picks underneath.
+///
+/// Failure under MPI: a collective that timed out is still pending inside
+/// MPI and cannot be cancelled; the communicator is broken afterwards (later
+/// operations throw at once). A program should then end the job with
+/// `mpi_abort(message)`. A process that dies usually makes mpirun abort the
+/// whole job; MPI does not tell the survivors which rank is missing from a
+/// collective, so a collective timeout names the operation but not the
+/// absent rank (use debug mode and `verify_collective_hash()` to find a rank
+/// that issued different collectives). A timed-out receive names its peer.
+///
+/// Determinism: results are identical run to run for the same process
+/// count, sizes and Open MPI configuration; summation order is MPI's, not the
+/// local ring's, so `sum` of floats may differ from local_communicator in the
+/// last bits.
+
+#if defined(TESSERA_HAS_MPI) && TESSERA_HAS_MPI
+
+#include <mpi.h>
+
+#include <chrono>
+#include <climits>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tessera/comm/communicator.hpp"
+#include "tessera/comm/detail/collective_log.hpp"
+
+namespace tessera::comm {
+
+namespace detail {
+
+template <comm_element T>
+inline MPI_Datatype mpi_type() {
+  if constexpr (std::same_as<T, float>)
+    return MPI_FLOAT;
+  else if constexpr (std::same_as<T, double>)
+    return MPI_DOUBLE;
+  else if constexpr (std::same_as<T, std::int32_t>)
+    return MPI_INT32_T;
+  else if constexpr (std::same_as<T, std::int64_t>)
+    return MPI_INT64_T;
+  else
+    return MPI_UINT64_T;
+}
+inline MPI_Op mpi_op(reduce_op op) {
+  return op == reduce_op::sum ? MPI_SUM : MPI_MAX;
+}
+
+/// "MPI_ERR_TRUNCATE: message truncated" for an MPI error code.
+inline std::string mpi_error_string(int code) {
+  char buf[MPI_MAX_ERROR_STRING] = {};
+  int len = 0;
+  if (MPI_Error_string(code, buf, &len) != MPI_SUCCESS) return "unknown MPI error";
+  return std::string(buf, static_cast<std::size_t>(len));
+}
+
+/// Throws comm_error naming the MPI call and its code unless rc is MPI_SUCCESS.
+inline void mpi_check(int rc, const char* call, const std::string& context) {
+  if (rc != MPI_SUCCESS)
+    throw comm_error(
+        str(context, ": ", call, " failed with code ", rc, " (", mpi_error_string(rc), ")"));
+}
+
+/// The state of one mpi_communicator, on the heap so requests can point at it.
+struct mpi_comm_state {
+  MPI_Comm comm = MPI_COMM_NULL;
+  int rank = 0, size = 1, world_rank = 0, world_size = 1;
+  comm_options opt;
+  std::uint64_t coll_seq = 0, p2p_seq = 0;
+  comm_stats stats;
+  collective_log log;
+  std::string broken;
+
+  [[nodiscard]] std::string who() const {
+    std::string s = str("rank ", rank, " of ", size);
+    if (world_size != size || world_rank != rank) s += str(" (world rank ", world_rank, ")");
+    return s;
+  }
+  [[nodiscard]] std::string context(const op_ctx& c) const { return who() + ": " + describe(c); }
+};
+
+/// One pending MPI operation.
+struct mpi_pending {
+  mpi_comm_state* st = nullptr;
+  op_ctx c;
+  MPI_Request req = MPI_REQUEST_NULL;
+  bool done = false;
+  std::string err;
+  std::vector<std::byte> tmp;         // staging for in-place reduce_scatter
+  std::function<void()> on_complete;  // copies out of tmp; checks recv counts
+  MPI_Status status{};
+};
+
+}  // namespace detail
+
+/// RAII MPI initialisation: calls MPI_Init_thread(required) unless MPI is
+/// already initialised, and MPI_Finalize in the destructor if it did the
+/// initialisation (and MPI is not finalised yet). Create one in main before
+/// any mpi_communicator; destroy communicators first.
+class mpi_environment {
+ public:
+  /// Throws comm_error if MPI_Init_thread fails or provides less than
+  /// `required` (default MPI_THREAD_SERIALIZED: one thread calls MPI at a
+  /// time, which is all mpi_communicator needs).
+  explicit mpi_environment(int* argc = nullptr, char*** argv = nullptr,
+                           int required = MPI_THREAD_SERIALIZED) {
+    int inited = 0;
+    MPI_Initialized(&inited);
+    if (!inited) {
+      detail::mpi_check(MPI_Init_thread(argc, argv, required, &provided_), "MPI_Init_thread",
+                        "mpi_environment");
+      owns_ = true;
+    } else {
+      MPI_Query_thread(&provided_);
+    }
+    TESSERA_THROW_IF(provided_ < required, comm_error,
+                     "mpi_environment: MPI provides thread level ", provided_, " < required ",
+                     required);
+  }
+  mpi_environment(const mpi_environment&) = delete;
+  mpi_environment& operator=(const mpi_environment&) = delete;
+  ~mpi_environment() {
+    int fin = 0;
+    MPI_Finalized(&fin);
+    if (owns_ && !fin) MPI_Finalize();
+  }
+  /// The thread level MPI provides.
+  [[nodiscard]] int thread_level() const { return provided_; }
+  /// True if this object initialised MPI (and will finalise it).
+  [[nodiscard]] bool owns() const { return owns_; }
+
+ private:
+  int provided_ = 0;
+  bool owns_ = false;
+};
+
+/// Prints `message` to stderr and ends the whole job with MPI_Abort(code).
+/// For a program's main after an unrecoverable comm_error (library code
+/// never calls it).
+[[noreturn]] inline void mpi_abort(const std::string& message, int code = 1) noexcept {
+  int rank = -1, inited = 0;
+  MPI_Initialized(&inited);
+  if (inited) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  std::fprintf(stderr, "tessera: aborting the MPI job from world rank %d: %s\n", rank,
+               message.c_str());
+  std::fflush(stderr);
+  if (inited) MPI_Abort(MPI_COMM_WORLD, code);
+  std::abort();
+}
+
+/// Handle of an asynchronous mpi_communicator operation (`comm_request`).
+/// wait() polls MPI_Test until completion or timeout (comm_error); test()
+/// calls MPI_Test once. The buffers must stay alive until wait() returns; a
+/// handle destroyed before completion waits for it (errors are dropped).
+/// A handle must not outlive its communicator.
+class mpi_request {
+ public:
+  mpi_request() = default;
+  explicit mpi_request(std::unique_ptr<detail::mpi_pending> p) : p_(std::move(p)) {}
+  mpi_request(mpi_request&&) noexcept = default;
+  mpi_request& operator=(mpi_request&& o) noexcept {
+    if (this != &o) {
+      drain();
+      p_ = std::move(o.p_);
+    }
+    return *this;
+  }
+  ~mpi_request() { drain(); }
+
+  /// Blocks until the operation completed; throws comm_error on timeout or
+  /// an MPI error. Calling it again returns (or rethrows) at once.
+  void wait() {
+    if (!p_) return;
+    auto& p = *p_;
+    if (!p.done) {
+      const auto deadline = std::chrono::steady_clock::now() + p.c.timeout;
+      for (unsigned spins = 0;; ++spins) {
+        if (poll()) break;
+        if (std::chrono::steady_clock::now() >= deadline) {
+          fail(detail::str(p.st->context(p.c), " timed out after ", p.c.timeout.count(), " ms",
+                           p.c.collective ? "; missing: " : " waiting for rank ",
+                           p.c.collective ? missing() : std::to_string(peer())));
+          break;
+        }
+        if (spins > 1000)
+          std::this_thread::sleep_for(std::chrono::microseconds(20));
+        else
+          std::this_thread::yield();
+      }
+    }
+    if (!p.err.empty()) throw comm_error(p.err);
+  }
+  /// True once the operation finished (successfully or not); never blocks.
+  [[nodiscard]] bool test() {
+    if (!p_) return true;
+    if (!p_->done) poll();
+    return p_->done;
+  }
+
+ private:
+  int peer() const {
+    const auto pos = p_->c.extra.find("peer ");
+    return pos == std::string::npos ? -1 : std::atoi(p_->c.extra.c_str() + pos + 5);
+  }
+  std::string missing() const {
+    return detail::str(
+        "MPI does not report which of the other ", p_->st->size - 1,
+        " ranks has not entered it (use set_debug(true) and verify_collective_hash(), or "
+        "look for the rank whose log stops before this operation)");
+  }
+  void fail(std::string msg) {
+    p_->done = true;
+    p_->err = msg;
+    if (p_->st->broken.empty()) p_->st->broken = std::move(msg);
+  }
+  /// One MPI_Test; on completion runs on_complete. Returns done.
+  bool poll() {
+    auto& p = *p_;
+    int flag = 0;
+    const int rc = MPI_Test(&p.req, &flag, &p.status);
+    if (rc != MPI_SUCCESS) {
+      fail(detail::str(p.st->context(p.c), ": MPI_Test failed with code ", rc, " (",
+                       detail::mpi_error_string(rc), ")"));
+      return true;
+    }
+    if (!flag) return false;
+    p.done = true;
+    if (p.on_complete) {
+      try {
+        p.on_complete();
+      } catch (const comm_error& e) {
+        fail(e.what());
+      }
+    }
+    return true;
+  }
+  void drain() noexcept {
+    if (p_ && !p_->done) {
+      try {
+        wait();
+      } catch (...) {
+      }
+    }
+  }
+  std::unique_ptr<detail::mpi_pending> p_;
+};
+
+/// One rank of an MPI communicator: models `communicator`. Owns a duplicate
+/// of the MPI communicator it wraps (so its traffic never matches the
+/// caller's), freed in the destructor. Move-only; one thread at a time.
+class mpi_communicator {
+ public:
+  /// Wraps a duplicate of `comm` (collective over comm: MPI_Comm_dup).
+  /// Precondition: MPI is initialised (mpi_environment). Throws comm_error.
+  explicit mpi_communicator(MPI_Comm comm = MPI_COMM_WORLD, comm_options opt = {})
+      : s_(std::make_unique<detail::mpi_comm_state>()) {
+    MPI_Comm dup = MPI_COMM_NULL;
+    detail::mpi_check(MPI_Comm_dup(comm, &dup), "MPI_Comm_dup", "mpi_communicator");
+    adopt(dup, opt);
+  }
+  mpi_communicator(mpi_communicator&&) noexcept = default;
+  mpi_communicator& operator=(mpi_communicator&&) noexcept = default;
+  ~mpi_communicator() {
+    if (!s_ || s_->comm == MPI_COMM_NULL) return;
+    int fin = 0;
+    MPI_Finalized(&fin);
+    if (!fin) MPI_Comm_free(&s_->comm);  // pending operations complete first (MPI rule)
+  }
+
+  [[nodiscard]] int rank() const { return s_->rank; }         ///< this rank in [0, size())
+  [[nodiscard]] int size() const { return s_->size; }         ///< ranks in the group
+  [[nodiscard]] MPI_Comm native() const { return s_->comm; }  ///< the owned MPI_Comm
+  /// Bytes sent (ring formulas) and calls issued, per operation.
+  [[nodiscard]] comm_stats stats() const { return s_->stats; }
+  /// Total bytes this rank sent since the last reset.
+  [[nodiscard]] std::uint64_t bytes_sent() const { return s_->stats.bytes_sent(); }
+  /// Zeroes the counters.
+  void reset_stats() { s_->stats = {}; }
+  /// Sets the timeout of operations issued from now on.
+  void set_timeout(std::chrono::milliseconds t) { s_->opt.timeout = t; }
+  /// The current timeout.
+  [[nodiscard]] std::chrono::milliseconds timeout() const { return s_->opt.timeout; }
+  /// Turns the collective-hash debug mode on or off (every rank alike).
+  void set_debug(bool on) {
+    s_->opt.debug = on;
+    s_->log.configure(on, s_->opt.history);
+  }
+
+  /// In-place all-reduce of buf[0, n) with `op` (MPI_Iallreduce, MPI_IN_PLACE);
+  /// counts ring_all_reduce_bytes(n, sizeof(T), N, rank). Any n <= INT_MAX.
+  template <comm_element T>
+  void all_reduce(T* buf, std::size_t n, reduce_op op) {
+    iall_reduce(buf, n, op).wait();
+  }
+  /// Asynchronous all_reduce.
+  template <comm_element T>
+  mpi_request iall_reduce(T* buf, std::size_t n, reduce_op op) {
+    auto p = issue(op_kind::all_reduce, n, dtype_of<T>(), to_string(op),
+                   ring_all_reduce_bytes(n, sizeof(T), size(), rank()));
+    detail::mpi_check(MPI_Iallreduce(MPI_IN_PLACE, buf, count(n, p->c), detail::mpi_type<T>(),
+                                     detail::mpi_op(op), s_->comm, &p->req),
+                      "MPI_Iallreduce", s_->context(p->c));
+    return mpi_request(std::move(p));
+  }
+
+  /// recv[0, chunk) = op over ranks of send[rank*chunk, (rank+1)*chunk)
+  /// (MPI_Ireduce_scatter_block); send holds size()*chunk elements. recv may
+  /// be send + rank*chunk (staged through a temporary); no other overlap.
+  /// Counts (N-1)*chunk*sizeof(T) bytes. Callers pad to equal chunks.
+  template <comm_element T>
+  void reduce_scatter(const T* send, T* recv, std::size_t chunk, reduce_op op) {
+    ireduce_scatter(send, recv, chunk, op).wait();
+  }
+  /// Asynchronous reduce_scatter.
+  template <comm_element T>
+  mpi_request ireduce_scatter(const T* send, T* recv, std::size_t chunk, reduce_op op) {
+    auto p = issue(op_kind::reduce_scatter, chunk, dtype_of<T>(), to_string(op),
+                   ring_scatter_gather_bytes(chunk, sizeof(T), size()));
+    T* out = recv;
+    if (recv == send + static_cast<std::size_t>(rank()) * chunk && chunk) {
+      p->tmp.resize(chunk * sizeof(T));
+      out = reinterpret_cast<T*>(p->tmp.data());
+      p->on_complete = [recv, out, chunk] { std::memcpy(recv, out, chunk * sizeof(T)); };
+    }
+    detail::mpi_check(
+        MPI_Ireduce_scatter_block(send, out, count(chunk, p->c), detail::mpi_type<T>(),
+                                  detail::mpi_op(op), s_->comm, &p->req),
+        "MPI_Ireduce_scatter_block", s_->context(p->c));
+    return mpi_request(std::move(p));
+  }
+
+  /// recv[r*chunk, (r+1)*chunk) = send of rank r (MPI_Iallgather); send may be
+  /// recv + rank*chunk (MPI_IN_PLACE). Counts (N-1)*chunk*sizeof(T) bytes.
+  template <comm_element T>
+  void all_gather(const T* send, T* recv, std::size_t chunk) {
+    iall_gather(send, recv, chunk).wait();
+  }
+  /// Asynchronous all_gather.
+  template <comm_element T>
+  mpi_request iall_gather(const T* send, T* recv, std::size_t chunk) {
+    auto p = issue(op_kind::all_gather, chunk, dtype_of<T>(), {},
+                   ring_scatter_gather_bytes(chunk, sizeof(T), size()));
+    const bool in_place = send == recv + static_cast<std::size_t>(rank()) * chunk;
+    const int cnt = count(chunk, p->c);
+    detail::mpi_check(MPI_Iallgather(in_place ? MPI_IN_PLACE : send, cnt, detail::mpi_type<T>(),
+                                     recv, cnt, detail::mpi_type<T>(), s_->comm, &p->req),
+                      "MPI_Iallgather", s_->context(p->c));
+    return mpi_request(std::move(p));
+  }
+
+  /// Copies root's buf[0, n) to every rank (MPI_Ibcast); counts
+  /// chain_broadcast_bytes(n, sizeof(T), N, rank, root).
+  template <comm_element T>
+  void broadcast(T* buf, std::size_t n, int root) {
+    ibroadcast(buf, n, root).wait();
+  }
+  /// Asynchronous broadcast.
+  template <comm_element T>
+  mpi_request ibroadcast(T* buf, std::size_t n, int root) {
+    check_peer(root, "broadcast root");
+    auto p = issue(op_kind::broadcast, n, dtype_of<T>(), detail::str("root ", root),
+                   chain_broadcast_bytes(n, sizeof(T), size(), rank(), root));
+    detail::mpi_check(
+        MPI_Ibcast(buf, count(n, p->c), detail::mpi_type<T>(), root, s_->comm, &p->req),
+        "MPI_Ibcast", s_->context(p->c));
+    return mpi_request(std::move(p));
+  }
+
+  /// Sends buf[0, n) to `peer` with `tag` (MPI_Isend + wait: may wait for the
+  /// receiver, so it can time out). Counts n*sizeof(T) bytes.
+  template <comm_element T>
+  void send(const T* buf, std::size_t n, int peer, int tag) {
+    isend(buf, n, peer, tag).wait();
+  }
+  /// Asynchronous send.
+  template <comm_element T>
+  mpi_request isend(const T* buf, std::size_t n, int peer, int tag) {
+    check_peer(peer, "send peer");
+    auto p = issue_p2p(op_kind::send, n, dtype_of<T>(), peer, tag, n * sizeof(T));
+    detail::mpi_check(
+        MPI_Isend(buf, count(n, p->c), detail::mpi_type<T>(), peer, tag, s_->comm, &p->req),
+        "MPI_Isend", s_->context(p->c));
+    return mpi_request(std::move(p));
+  }
+  /// Receives exactly n elements from `peer` with `tag`; comm_error if the
+  /// message holds another count, on timeout, or on an MPI error.
+  template <comm_element T>
+  void recv(T* buf, std::size_t n, int peer, int tag) {
+    irecv(buf, n, peer, tag).wait();
+  }
+  /// Asynchronous recv.
+  template <comm_element T>
+  mpi_request irecv(T* buf, std::size_t n, int peer, int tag) {
+    check_peer(peer, "recv peer");
+    auto p = issue_p2p(op_kind::recv, n, dtype_of<T>(), peer, tag, 0);
+    detail::mpi_pending* raw = p.get();
+    p->on_complete = [raw, n] {
+      int got = 0;
+      MPI_Get_count(&raw->status, detail::mpi_type<T>(), &got);
+      TESSERA_THROW_IF(static_cast<std::size_t>(got) != n, comm_error, raw->st->context(raw->c),
+                       ": received ", got, " elements, expected ", n);
+    };
+    detail::mpi_check(
+        MPI_Irecv(buf, count(n, p->c), detail::mpi_type<T>(), peer, tag, s_->comm, &p->req),
+        "MPI_Irecv", s_->context(p->c));
+    return mpi_request(std::move(p));
+  }
+
+  /// Returns once every rank entered (MPI_Ibarrier + wait). Counts 0 bytes.
+  void barrier() { ibarrier().wait(); }
+  /// Asynchronous barrier.
+  mpi_request ibarrier() {
+    auto p = issue(op_kind::barrier, 0, dtype::none, {}, 0);
+    detail::mpi_check(MPI_Ibarrier(s_->comm, &p->req), "MPI_Ibarrier", s_->context(p->c));
+    return mpi_request(std::move(p));
+  }
+
+  /// Collective (MPI_Comm_split, blocking, no timeout): ranks with the same
+  /// color (>= 0) form a new communicator ranked by (key, rank). Counts the
+  /// ring all-gather of 2 int64 per rank, like local_communicator. The new
+  /// communicator inherits timeout and debug settings.
+  mpi_communicator split(int color, int key) {
+    TESSERA_THROW_IF(color < 0, config_error, s_->who(), ": split color ", color, " must be >= 0");
+    auto p = issue(op_kind::split, 2, dtype::i64, detail::str("color ", color, ", key ", key),
+                   ring_scatter_gather_bytes(2, 8, size()));
+    p->done = true;
+    MPI_Comm sub = MPI_COMM_NULL;
+    detail::mpi_check(MPI_Comm_split(s_->comm, color, key, &sub), "MPI_Comm_split",
+                      s_->context(p->c));
+    return mpi_communicator(sub, s_->opt, adopt_tag{});
+  }
+
+  /// Debug mode: all-gathers every rank's (count, hash) of the collectives
+  /// issued; throws comm_error naming the first divergent collective
+  /// (sequence number, each rank's description); config_error if debug mode
+  /// is off.
+  void verify_collective_hash() {
+    s_->log.verify(rank(), size(),
+                   [this](const std::uint64_t* snd, std::uint64_t* rcv, std::size_t w) {
+                     all_gather(snd, rcv, w);
+                   });
+  }
+
+ private:
+  struct adopt_tag {};
+  mpi_communicator(MPI_Comm owned, comm_options opt, adopt_tag)
+      : s_(std::make_unique<detail::mpi_comm_state>()) {
+    adopt(owned, opt);
+  }
+  void adopt(MPI_Comm c, comm_options opt) {
+    s_->comm = c;
+    s_->opt = opt;
+    s_->log.configure(opt.debug, opt.history);
+    detail::mpi_check(MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler",
+                      "mpi_communicator");
+    MPI_Comm_rank(c, &s_->rank);
+    MPI_Comm_size(c, &s_->size);
+    MPI_Comm_rank(MPI_COMM_WORLD, &s_->world_rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &s_->world_size);
+  }
+  void check_peer(int peer, const char* what) const {
+    TESSERA_THROW_IF(peer < 0 || peer >= size(), config_error, s_->who(), ": ", what, " ", peer,
+                     " is not in [0, ", size(), ")");
+  }
+  int count(std::size_t n, const detail::op_ctx& c) const {
+    TESSERA_THROW_IF(n > static_cast<std::size_t>(INT_MAX), config_error, s_->context(c),
+                     ": MPI counts are int; split the buffer into pieces of <= ", INT_MAX,
+                     " elements");
+    return static_cast<int>(n);
+  }
+  std::unique_ptr<detail::mpi_pending> make(detail::op_ctx c, std::uint64_t bytes) {
+    auto& ctr = s_->stats.of(c.k);
+    ++ctr.calls;
+    ctr.bytes += bytes;
+    TESSERA_THROW_IF(
+        !s_->broken.empty(), comm_error, s_->context(c),
+        ": this communicator is broken by an earlier error: ", s_->broken.substr(0, 400));
+    auto p = std::make_unique<detail::mpi_pending>();
+    p->st = s_.get();
+    p->c = std::move(c);
+    return p;
+  }
+  std::unique_ptr<detail::mpi_pending> issue(op_kind k, std::size_t n, dtype d, std::string extra,
+                                             std::uint64_t bytes) {
+    detail::op_ctx c{k, s_->coll_seq++, n, d, std::move(extra), s_->opt.timeout, true, 0};
+    s_->log.record(c.seq, k, size(), n, d, c.extra);
+    return make(std::move(c), bytes);
+  }
+  std::unique_ptr<detail::mpi_pending> issue_p2p(op_kind k, std::size_t n, dtype d, int peer,
+                                                 int tag, std::uint64_t bytes) {
+    detail::op_ctx c{k,  s_->p2p_seq++, n, d, detail::str("peer ", peer), s_->opt.timeout, false,
+                     tag};
+    return make(std::move(c), bytes);
+  }
+
+  std::unique_ptr<detail::mpi_comm_state> s_;
+};
+
+static_assert(check_communicator<mpi_communicator>());
+
+}  // namespace tessera::comm
+
+#endif  // TESSERA_HAS_MPI

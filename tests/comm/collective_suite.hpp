@@ -283,6 +283,13 @@ void async_forms(Comm& c, bool ring_order) {
   h2.wait();
   h1.wait();
   check(h1.test() && h6.test(), "rank ", r, ": test() false after wait()");
+  // A blocking collective issued while an asynchronous one is pending runs
+  // after it, on every rank alike.
+  std::vector<double> d1(33, 1.0), d2(5, 2.0);
+  auto h7 = c.iall_reduce(d1.data(), d1.size(), reduce_op::sum);
+  c.all_reduce(d2.data(), d2.size(), reduce_op::sum);
+  h7.wait();
+  check(d1[32] == N && d2[4] == 2.0 * N, "rank ", r, ": mixed async/blocking order wrong");
   for (std::size_t i = 0; i < n; ++i) {
     check(close(a[i], ref[i], tolerance<float>(N), ring_order), "rank ", r,
           ": iall_reduce differs from all_reduce at ", i);

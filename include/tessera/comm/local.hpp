@@ -848,8 +848,10 @@ class local_world {
   }
 
   /// Runs fn(local_communicator&) on n threads, one per rank, joins them and
-  /// rethrows the first exception any rank threw (the others, which then
-  /// fail with comm_error naming that rank, are dropped).
+  /// rethrows the first exception any rank threw (a rank's own exception is
+  /// recorded before its peers can see it fail, so the root cause wins over
+  /// the comm_errors it causes on other ranks, which are dropped). A rank
+  /// that throws is marked failed; peers waiting on it fail at once.
   template <class Fn>
   static void run(int n, Fn&& fn, comm_options opt = {}) {
     local_world w(n, opt);
@@ -859,20 +861,25 @@ class local_world {
     threads.reserve(static_cast<std::size_t>(n));
     for (int r = 0; r < n; ++r) {
       threads.emplace_back([&, r] {
+        // Record before marking the rank failed: a peer can only fail
+        // because of this rank after that, so a root cause comes first.
+        auto keep = [&] {
+          std::lock_guard lk(m);
+          if (!first) first = std::current_exception();
+        };
         try {
           local_communicator c = w.communicator(r);
           try {
             fn(c);
           } catch (const std::exception& ex) {
+            keep();
             w.mark_failed(r, ex.what());
-            throw;
           } catch (...) {
+            keep();
             w.mark_failed(r, "unknown exception");
-            throw;
           }
         } catch (...) {
-          std::lock_guard lk(m);
-          if (!first) first = std::current_exception();
+          keep();
         }
       });
     }

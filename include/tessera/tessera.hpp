@@ -1,12 +1,35 @@
 #pragma once
 /// \file tessera.hpp
 /// The umbrella header: every public tessera header for the host backend.
-/// CUDA-only headers (tessera/core/cuda.hpp, kernels/cuda/*.cuh) are included
-/// separately under nvcc.
+/// CUDA-only headers (kernels/cuda/*.cuh) are included separately under nvcc.
 
 #include "tessera/core/backend.hpp"
 #include "tessera/core/config.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/memory.hpp"
 #include "tessera/core/numeric.hpp"
+#include "tessera/core/random.hpp"
 #include "tessera/core/tensor.hpp"
+#include "tessera/data/sampler.hpp"
+#include "tessera/data/token_file.hpp"
+#include "tessera/data/tokenizer.hpp"
+#include "tessera/kernels/attention.hpp"
+#include "tessera/kernels/blas.hpp"
+#include "tessera/kernels/cross_entropy.hpp"
+#include "tessera/kernels/elementwise.hpp"
+#include "tessera/kernels/embedding.hpp"
+#include "tessera/kernels/gemm.hpp"
+#include "tessera/kernels/rmsnorm.hpp"
+#include "tessera/kernels/rope.hpp"
+#include "tessera/kernels/swiglu.hpp"
+#include "tessera/nn/llama.hpp"
+#include "tessera/nn/llama_config.hpp"
+#include "tessera/nn/param_layout.hpp"
+#include "tessera/optim/adamw.hpp"
+#include "tessera/optim/clip.hpp"
+#include "tessera/optim/param_range.hpp"
+#include "tessera/optim/schedule.hpp"
+#include "tessera/precision/policy.hpp"
+#include "tessera/train/checkpoint.hpp"
+#include "tessera/train/metrics.hpp"
+#include "tessera/train/trainer.hpp"

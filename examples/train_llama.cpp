@@ -1,0 +1,272 @@
+// train_llama: the main job. Trains a Llama on a token file (or UTF-8 text,
+// byte-tokenized on the fly) on the host backend, evaluates on the held-out
+// split, writes step logs, a JSONL metrics file and checkpoints, and prints
+// a sample at the end. With no arguments it trains the `small` preset on the
+// bundled corpus (data/fortunes.txt).
+//
+//   build/host/examples/train_llama                       # the main job
+//   build/host/examples/train_llama --preset tiny --steps 50 --out runs/tiny
+//   build/host/examples/train_llama --resume runs/tiny    # continue exactly
+//
+// Exit status: 0 on success, 2 on bad input (one-line error naming the value
+// and the limit; nothing partial left behind), 1 on any other failure.
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tessera/data/token_file.hpp"
+#include "tessera/data/tokenizer.hpp"
+#include "tessera/kernels/blas.hpp"
+#include "tessera/nn/llama_config.hpp"
+#include "tessera/train/trainer.hpp"
+
+#ifndef TESSERA_SOURCE_DIR
+#define TESSERA_SOURCE_DIR "."
+#endif
+
+namespace fs = std::filesystem;
+using namespace tessera;
+
+namespace {
+
+struct options {
+  std::string preset = "small";
+  std::string data = std::string(TESSERA_SOURCE_DIR) + "/data/fortunes.txt";
+  std::string precision = "fp32";
+  std::string out = "runs/main";
+  std::string resume;
+  train::train_config cfg;
+  std::int64_t checkpoint_every = 100;
+  std::int64_t sample_bytes = 300;
+  std::optional<double> baseline;
+  bool no_baseline = false;
+  std::string prompt = "The ";
+  int dp = 1;
+};
+
+// Files and folders this run created, removed again if it fails on bad input.
+struct created_paths {
+  std::vector<fs::path> paths;
+  bool keep = false;
+  ~created_paths() {
+    if (keep) return;
+    std::error_code ec;
+    for (auto it = paths.rbegin(); it != paths.rend(); ++it) fs::remove(*it, ec);
+  }
+};
+
+bool is_token_file(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  char m[8] = {};
+  in.read(m, 8);
+  return in.gcount() == 8 && std::string(m, 8) == data::token_file_magic;
+}
+
+// Returns a token file path for `data`: the file itself, or (for text) a
+// byte-tokenized copy in the output folder, made once.
+fs::path prepare_tokens(const fs::path& data, const fs::path& out, created_paths& created) {
+  std::error_code ec;
+  TESSERA_THROW_IF(!fs::exists(data, ec), io_error, "data file '", data.string(), "' does not exist");
+  TESSERA_THROW_IF(fs::is_directory(data, ec), io_error, "data path '", data.string(),
+                   "' is a directory, not a file");
+  std::ifstream probe(data, std::ios::binary);
+  TESSERA_THROW_IF(!probe, io_error, "data file '", data.string(), "' is not readable");
+  if (is_token_file(data)) return data;
+  const fs::path tok = out / (data.stem().string() + ".tok");
+  if (fs::exists(tok) && fs::last_write_time(tok) >= fs::last_write_time(data)) return tok;
+  std::string text((std::istreambuf_iterator<char>(probe)), std::istreambuf_iterator<char>());
+  TESSERA_THROW_IF(text.empty(), io_error, "data file '", data.string(), "' is empty");
+  auto tokens = data::byte_tokenizer::encode(text);
+  data::write_token_file(tok, tokens, data::byte_tokenizer::vocab_size, data::token_dtype::u16);
+  created.paths.push_back(tok);
+  return tok;
+}
+
+std::optional<double> compute_baseline(const fs::path& tok) {
+  const std::string script = std::string(TESSERA_SOURCE_DIR) + "/scripts/ngram_baseline.py";
+  if (!fs::exists(script)) return std::nullopt;
+  const std::string cmd = "python3 '" + script + "' --json '" + tok.string() + "' 2>/dev/null";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (!p) return std::nullopt;
+  std::string outp;
+  char buf[512];
+  while (std::fgets(buf, sizeof buf, p)) outp += buf;
+  ::pclose(p);
+  auto nl = outp.find_last_of('{');
+  if (nl == std::string::npos) return std::nullopt;
+  auto j = nlohmann::json::parse(outp.substr(nl), nullptr, false);
+  if (j.is_discarded() || !j.contains("val_nats_per_byte")) return std::nullopt;
+  return j["val_nats_per_byte"].get<double>();
+}
+
+template <precision::policy P>
+int run(options& o, const fs::path& tok_path, created_paths& created) {
+  data::token_file data(tok_path);
+  nn::llama_config mc = nn::llama_config::from_name(o.preset);
+  train::trainer<P> tr(mc, o.cfg, data);  // validates everything before any output
+
+  const fs::path out(o.out);
+  const fs::path ckpt = out / "checkpoint.bin";
+  const fs::path metrics_path = out / "metrics.jsonl";
+  if (!o.resume.empty()) {
+    const fs::path from = fs::path(o.resume) / "checkpoint.bin";
+    tr.load_checkpoint(from);
+    train::jsonl_writer::truncate_after(metrics_path, tr.step());
+  } else {
+    std::error_code ec;
+    fs::remove(metrics_path, ec);
+  }
+  created.keep = true;  // inputs are valid: from here on, outputs are kept
+
+  const std::string blas = kernels::blas_core_name();
+  const double peak = kernels::measure_sgemm_flops();
+  tr.set_peak_flops(peak);
+  if (!o.no_baseline && !o.baseline) o.baseline = compute_baseline(tok_path);
+
+  const auto& c = tr.model().config();
+  std::printf("train_llama: model %s (dim %lld, layers %lld, heads %lld/%lld kv, ffn %lld, vocab %lld) "
+              "%.2fM params, precision %s\n",
+              c.name.c_str(), (long long)c.dim, (long long)c.n_layers, (long long)c.n_heads,
+              (long long)c.n_kv_heads, (long long)c.ffn_dim, (long long)c.vocab,
+              tr.model().num_params() / 1e6, P::name);
+  std::printf("train_llama: data %s (%llu tokens, train %llu, val %llu)\n", tok_path.c_str(),
+              (unsigned long long)data.size(), (unsigned long long)data.split().train.size(),
+              (unsigned long long)data.split().val.size());
+  std::printf("train_llama: G=%lld sequences/step, B=%lld, T=%lld, %lld micro-batches/step, "
+              "%lld steps, lr %.1e, warmup %lld\n",
+              (long long)o.cfg.global_batch, (long long)o.cfg.micro_batch, (long long)o.cfg.seq,
+              (long long)o.cfg.accum_steps(), (long long)o.cfg.steps, o.cfg.lr,
+              (long long)o.cfg.warmup);
+  std::printf("train_llama: BLAS %s, %d threads, measured sgemm peak %.1f GFLOP/s (MFU is against it)\n",
+              blas.c_str(), kernels::blas_threads(), peak / 1e9);
+  if (o.baseline) std::printf("train_llama: 4-gram Kneser-Ney baseline on val: %.4f nats/byte\n", *o.baseline);
+  if (tr.step() > 0) std::printf("train_llama: resumed from step %lld\n", (long long)tr.step());
+  std::fflush(stdout);
+
+  train::jsonl_writer metrics(metrics_path);
+  const bool tty = train::stdout_is_terminal();
+  const auto t_start = std::chrono::steady_clock::now();
+  std::optional<double> last_val;
+  while (tr.step() < o.cfg.steps) {
+    train::step_metrics m = tr.train_step();
+    const bool eval_now = m.step == o.cfg.steps || (o.cfg.eval_every > 0 && m.step % o.cfg.eval_every == 0);
+    if (eval_now) last_val = m.val_loss = tr.evaluate();
+    nlohmann::json j = m.to_json();
+    if (o.baseline) j["baseline_4gram"] = *o.baseline;
+    metrics.write(j);
+    const std::string line = train::format_step(m, o.cfg.steps, o.baseline);
+    if (tty) {
+      std::printf("\r\033[K%s", train::progress_bar(m.step, o.cfg.steps, line).c_str());
+      if (eval_now) std::printf("\n");
+    } else {
+      std::printf("%s\n", line.c_str());
+    }
+    std::fflush(stdout);
+    if ((o.checkpoint_every > 0 && m.step % o.checkpoint_every == 0) || m.step == o.cfg.steps)
+      tr.save_checkpoint(ckpt);
+  }
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+  if (tty) std::printf("\n");
+  std::printf("train_llama: done, %lld steps in %.1f s", (long long)o.cfg.steps, secs);
+  if (last_val) std::printf(", final val loss %.4f nats/byte", *last_val);
+  if (last_val && o.baseline)
+    std::printf(" (4-gram %.4f: %s)", *o.baseline, *last_val < *o.baseline ? "beaten" : "NOT beaten");
+  std::printf("\ntrain_llama: checkpoint %s, metrics %s\n", ckpt.c_str(), metrics_path.c_str());
+  if (o.sample_bytes > 0) {
+    auto ids = data::byte_tokenizer::encode(o.prompt);
+    std::vector<std::int32_t> prompt(ids.begin(), ids.end());
+    auto outp = tr.generate(prompt, o.sample_bytes, 0.8, o.cfg.seed);
+    std::vector<std::uint32_t> u(outp.begin(), outp.end());
+    std::printf("---- sample (temperature 0.8) ----\n%s\n----\n", data::byte_tokenizer::decode(u).c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  kernels::ensure_fast_blas(argv);
+  options o;
+  o.cfg.steps = 600;
+  o.cfg.global_batch = 16;
+  o.cfg.micro_batch = 16;
+  o.cfg.seq = 128;
+  o.cfg.lr = 1e-3;
+  o.cfg.warmup = 30;
+  o.cfg.eval_every = 100;
+  o.cfg.eval_windows = 512;
+  o.cfg.adamw.weight_decay = 0.1;
+  o.cfg.adamw.beta2 = 0.99;
+
+  CLI::App app{"train_llama: train a Llama on a token file or UTF-8 text (host backend)"};
+  app.add_option("--preset", o.preset, "model preset: tiny, small, llama2_7b, llama3_8b")->capture_default_str();
+  app.add_option("--data", o.data, "token file, or UTF-8 text to byte-tokenize")->capture_default_str();
+  app.add_option("--steps", o.cfg.steps, "optimizer steps")->capture_default_str();
+  app.add_option("--seed", o.cfg.seed, "seed of weights and data order")->capture_default_str();
+  app.add_option("--precision", o.precision, "fp32, bf16 (bf16_mixed) or fp64")->capture_default_str();
+  app.add_option("--global-batch", o.cfg.global_batch, "G: sequences per optimizer step")->capture_default_str();
+  app.add_option("--micro-batch", o.cfg.micro_batch, "B: sequences per forward")->capture_default_str();
+  app.add_option("--seq", o.cfg.seq, "T: tokens per sequence")->capture_default_str();
+  app.add_option("--lr", o.cfg.lr, "peak learning rate")->capture_default_str();
+  app.add_option("--min-lr-ratio", o.cfg.min_lr_ratio, "final lr / peak lr")->capture_default_str();
+  app.add_option("--warmup", o.cfg.warmup, "linear warmup steps")->capture_default_str();
+  app.add_option("--weight-decay", o.cfg.adamw.weight_decay, "AdamW decoupled weight decay")->capture_default_str();
+  app.add_option("--grad-clip", o.cfg.grad_clip, "max global gradient norm (0: off)")->capture_default_str();
+  app.add_option("--eval-every", o.cfg.eval_every, "evaluate every N steps (0: only at the end)")->capture_default_str();
+  app.add_option("--eval-windows", o.cfg.eval_windows, "validation windows per evaluation (0: all)")->capture_default_str();
+  app.add_option("--checkpoint-every", o.checkpoint_every, "save a checkpoint every N steps (and at the end)")->capture_default_str();
+  app.add_option("--out", o.out, "output folder: checkpoint.bin, metrics.jsonl")->capture_default_str();
+  app.add_option("--resume", o.resume, "folder whose checkpoint.bin to continue from");
+  app.add_option("--dp", o.dp, "data-parallel degree (this build: 1)")->capture_default_str();
+  app.add_option("--sample-bytes", o.sample_bytes, "bytes to generate at the end (0: none)")->capture_default_str();
+  app.add_option("--prompt", o.prompt, "prompt of the sample")->capture_default_str();
+  app.add_option("--baseline", o.baseline, "4-gram baseline in nats/byte to print beside val loss");
+  app.add_flag("--no-baseline", o.no_baseline, "do not run scripts/ngram_baseline.py");
+  app.add_option("--ce-chunk", o.cfg.ce_chunk, "token rows per LM-head/cross-entropy chunk")->capture_default_str();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "train_llama: error: %s\n", e.what());
+    return 2;
+  }
+  created_paths created;
+  try {
+    TESSERA_THROW_IF(o.dp != 1, config_error, "dp=", o.dp, " is not supported by this build (max 1)");
+    if (!o.resume.empty() && o.out == "runs/main") o.out = o.resume;
+    const fs::path out(o.out);
+    std::error_code ec;
+    if (!fs::exists(out)) {
+      fs::create_directories(out, ec);
+      TESSERA_THROW_IF(ec, io_error, "cannot create output folder '", out.string(), "': ", ec.message());
+      created.paths.push_back(out);
+    }
+    TESSERA_THROW_IF(::access(out.c_str(), W_OK) != 0, io_error, "output folder '", out.string(),
+                     "' is not writable");
+    const fs::path tok = prepare_tokens(o.data, out, created);
+    if (o.precision == "fp32") return run<precision::fp32>(o, tok, created);
+    if (o.precision == "bf16" || o.precision == "bf16_mixed") return run<precision::bf16_mixed>(o, tok, created);
+    if (o.precision == "fp64") return run<precision::fp64>(o, tok, created);
+    throw config_error("unknown precision '" + o.precision + "' (valid: fp32, bf16, fp64)");
+  } catch (const config_error& e) {
+    std::fprintf(stderr, "train_llama: error: %s\n", e.what());
+    return 2;
+  } catch (const io_error& e) {
+    std::fprintf(stderr, "train_llama: error: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "train_llama: failed: %s\n", e.what());
+    return 1;
+  }
+}

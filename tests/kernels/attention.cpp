@@ -206,8 +206,15 @@ TEST_CASE("attention backward equals central finite differences in float64",
     auto r = run_attention<double>(q, k, v, w, d, c.tiles);
 
     // dL/dx_i ~ sum(w * (out(x + e) - out(x - e))) / 2e; truncation O(e^2) ~ 1e-10.
+    // Thousands of tiny forwards: run them on one thread, so that a loaded
+    // machine does not make each parallel region's barrier spin (the kernel's
+    // result does not depend on the thread count).
     const double eps = 1e-5;
     auto fd = [&](std::vector<double>& x) {
+#if defined(_OPENMP)
+      const int nt = omp_get_max_threads();
+      omp_set_num_threads(1);
+#endif
       std::vector<double> g(x.size());
       for (std::size_t i = 0; i < x.size(); ++i) {
         const double x0 = x[i];
@@ -220,6 +227,9 @@ TEST_CASE("attention backward equals central finite differences in float64",
         for (std::size_t j = 0; j < w.size(); ++j) diff += w[j] * (plus.out[j] - minus.out[j]);
         g[i] = diff / (2 * eps);
       }
+#if defined(_OPENMP)
+      omp_set_num_threads(nt);
+#endif
       return g;
     };
     // Relative to the largest gradient entry; tolerance 1e-6 covers the O(e^2)

@@ -60,6 +60,18 @@ inline void attention_check_sizes(const char* fn, std::int64_t B, std::int64_t S
                    ": attention tile sizes must be >= 1, got q=", tiles.q, " k=", tiles.k);
 }
 
+/// Problems with fewer score-times-hd terms than this (B nh S^2 hd) run on the
+/// calling thread: an OpenMP parallel region costs microseconds (far more on
+/// a loaded machine, where the team's barrier spins), more than such a
+/// problem's work. The result does not depend on it.
+inline constexpr double attention_parallel_min_work = double(1 << 17);
+
+inline bool attention_parallel(std::int64_t B, std::int64_t S, std::int64_t nh, std::int64_t hd) {
+  return static_cast<double>(B) * static_cast<double>(nh) * static_cast<double>(S) *
+             static_cast<double>(S) * static_cast<double>(hd) >=
+         attention_parallel_min_work;
+}
+
 inline int attention_max_threads() {
 #if defined(_OPENMP)
   return omp_get_max_threads();
@@ -83,6 +95,16 @@ inline void attention_load_tile(A* dst, const U* src, std::int64_t rows, std::in
                                 std::int64_t hd) {
   for (std::int64_t r = 0; r < rows; ++r)
     for (std::int64_t d = 0; d < hd; ++d) dst[r * hd + d] = to<A>(src[r * stride + d]);
+}
+
+/// Copies `rows` rows of length hd, `stride` elements apart, from `src` into
+/// the transposed tile `dst` (hd x ld, row d holds element d of every row),
+/// converting to the accumulation type.
+template <class A, class U>
+inline void attention_load_tile_transposed(A* dst, std::int64_t ld, const U* src, std::int64_t rows,
+                                           std::int64_t stride, std::int64_t hd) {
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t d = 0; d < hd; ++d) dst[d * ld + r] = to<A>(src[r * stride + d]);
 }
 
 }  // namespace detail
@@ -112,15 +134,16 @@ void attention_forward(T* out, accum_t<T>* lse, const T* q, const T* k, const T*
   const std::int64_t nqt = (S + Bq - 1) / Bq;
   const std::int64_t qstride = nh * hd, kstride = nkv * hd;  // elements between rows t, t+1
   const A scale = A(1) / std::sqrt(static_cast<A>(hd));
+  const bool parallel = detail::attention_parallel(B, S, nh, hd);
 
-  // Per-thread tiles: Q (Bq, hd), O accumulator (Bq, hd), K and V (Bk, hd),
+  // Per-thread tiles: Q (Bq, hd), O accumulator (Bq, hd), K^T (hd, Bk), V (Bk, hd),
   // P (Bq, Bk), running max m and sum l (Bq).
   const std::int64_t per_thread = 2 * Bq * hd + 2 * Bk * hd + Bq * Bk + 2 * Bq;
   tensor<A> scratch(shape{detail::attention_max_threads() * per_thread}, mr);
   A* const ws_base = scratch.data();
 
   const std::int64_t items = B * nh * nqt;
-#pragma omp parallel for schedule(dynamic, 1)
+#pragma omp parallel for schedule(dynamic, 1) if (parallel)
   for (std::int64_t it = 0; it < items; ++it) {
     // Longest query tiles (the last ones, under the causal mask) first.
     const std::int64_t iq = nqt - 1 - it % nqt;
@@ -132,8 +155,8 @@ void attention_forward(T* out, accum_t<T>* lse, const T* q, const T* k, const T*
     A* ws = ws_base + detail::attention_thread_id() * per_thread;
     A* Qt = ws;
     A* Ot = Qt + Bq * hd;
-    A* Kt = Ot + Bq * hd;
-    A* Vt = Kt + Bk * hd;
+    A* KT = Ot + Bq * hd;
+    A* Vt = KT + Bk * hd;
     A* Pt = Vt + Bk * hd;
     A* m = Pt + Bq * Bk;
     A* l = m + Bq;
@@ -151,16 +174,17 @@ void attention_forward(T* out, accum_t<T>* lse, const T* q, const T* k, const T*
     // Key tiles that hold at least one key s <= t1 - 1.
     for (std::int64_t k0 = 0; k0 < t1; k0 += Bk) {
       const std::int64_t nk = std::min(k0 + Bk, t1) - k0;
-      detail::attention_load_tile(Kt, kb + k0 * kstride, nk, kstride, hd);
+      detail::attention_load_tile_transposed(KT, Bk, kb + k0 * kstride, nk, kstride, hd);
       detail::attention_load_tile(Vt, vb + k0 * kstride, nk, kstride, hd);
       for (std::int64_t r = 0; r < nq; ++r) {
         const std::int64_t t = t0 + r;
         if (t < k0) continue;                              // fully masked row of this tile
         const std::int64_t ne = std::min(nk, t - k0 + 1);  // causal: keys s <= t
         A* p = Pt + r * Bk;
+        detail::attention_row_scores(p, Qt + r * hd, KT, Bk, ne, hd);  // q_t . k_s
         A mx = detail::attention_neg_inf<A>();
         for (std::int64_t c = 0; c < ne; ++c) {
-          p[c] = scale * detail::attention_dot(Qt + r * hd, Kt + c * hd, hd);
+          p[c] *= scale;
           mx = std::max(mx, p[c]);
         }
         const A alpha = detail::online_softmax_rescale(m[r], mx);
@@ -171,6 +195,7 @@ void attention_forward(T* out, accum_t<T>* lse, const T* q, const T* k, const T*
         }
         l[r] = l[r] * alpha + rowsum;
         A* o = Ot + r * hd;
+        TESSERA_ATTENTION_SIMD
         for (std::int64_t d = 0; d < hd; ++d) o[d] *= alpha;
         for (std::int64_t c = 0; c < ne; ++c) detail::attention_axpy(o, p[c], Vt + c * hd, hd);
       }
@@ -202,7 +227,7 @@ void attention_forward(T* out, accum_t<T>* lse, const T* q, const T* k, const T*
 ///   Deterministic and thread-count independent; scores are recomputed in both
 ///   passes (about 2x the forward's score work) instead of reduced with atomics.
 /// - Scratch from `mr`: D, B nh S elements of accum_t<T> (linear in S), plus per
-///   OpenMP thread (3 Bq hd + 4 Bk hd) elements; no O(S^2) memory.
+///   OpenMP thread (3 Bq hd + 5 Bk hd + 2 Bk) elements; no O(S^2) memory.
 /// - Aliasing: the outputs must not overlap each other or the inputs.
 /// - Throws config_error (before any write) on the same conditions as
 ///   attention_forward; tessera::error if `mr` cannot allocate.
@@ -223,11 +248,12 @@ void attention_backward(G* dq, G* dk, G* dv, const G* dout, const T* q, const T*
   const std::int64_t group = nh / nkv;
   const std::int64_t qstride = nh * hd, kstride = nkv * hd;
   const A scale = A(1) / std::sqrt(static_cast<A>(hd));
+  const bool parallel = detail::attention_parallel(B, S, nh, hd);
 
   // D[b, h, t] = sum_d dout[b, t, h, d] * out[b, t, h, d]  (FA-2 Algorithm 2, line 4).
   tensor<A> Dbuf(shape{B * nh * S}, mr);
   A* const D = Dbuf.data();
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (parallel)
   for (std::int64_t row = 0; row < B * nh * S; ++row) {
     const std::int64_t t = row % S, h = (row / S) % nh, b = row / (S * nh);
     const std::int64_t off = ((b * S + t) * nh + h) * hd;
@@ -236,34 +262,46 @@ void attention_backward(G* dq, G* dk, G* dv, const G* dout, const T* q, const T*
     D[row] = s;
   }
 
-  // Per-thread tiles: Q, dO, dQ (Bq, hd); K, V, dK, dV (Bk, hd).
-  const std::int64_t per_thread = 3 * Bq * hd + 4 * Bk * hd;
+  // Per-thread tiles: Q, dO, dQ (Bq, hd); K^T, V^T (hd, Bk); K, dK, dV (Bk, hd);
+  // one row of scores and one of dP (Bk).
+  const std::int64_t per_thread = 3 * Bq * hd + 5 * Bk * hd + 2 * Bk;
   tensor<A> scratch(shape{detail::attention_max_threads() * per_thread}, mr);
   A* const ws_base = scratch.data();
+  struct tiles_t {
+    A *Qt, *dOt, *dQt, *KT, *VT, *Kt, *dKt, *dVt, *srow, *dprow;
+  };
+  auto thread_tiles = [&]() {
+    A* ws = ws_base + detail::attention_thread_id() * per_thread;
+    tiles_t w;
+    w.Qt = ws;
+    w.dOt = w.Qt + Bq * hd;
+    w.dQt = w.dOt + Bq * hd;
+    w.KT = w.dQt + Bq * hd;
+    w.VT = w.KT + Bk * hd;
+    w.Kt = w.VT + Bk * hd;
+    w.dKt = w.Kt + Bk * hd;
+    w.dVt = w.dKt + Bk * hd;
+    w.srow = w.dVt + Bk * hd;
+    w.dprow = w.srow + Bk;
+    return w;
+  };
 
   // Pass 1: dk, dv for one (b, kv head g, key tile) per work item.
   const std::int64_t kv_items = B * nkv * nkt;
-#pragma omp parallel for schedule(dynamic, 1)
+#pragma omp parallel for schedule(dynamic, 1) if (parallel)
   for (std::int64_t it = 0; it < kv_items; ++it) {
     const std::int64_t ik = it % nkt;  // early key tiles see the most queries: first
     const std::int64_t g = (it / nkt) % nkv;
     const std::int64_t b = it / (nkt * nkv);
     const std::int64_t s0 = ik * Bk, nk = std::min(s0 + Bk, S) - s0;
-
-    A* ws = ws_base + detail::attention_thread_id() * per_thread;
-    A* Qt = ws;
-    A* dOt = Qt + Bq * hd;
-    A* Kt = dOt + 2 * Bq * hd;  // skip the dQ tile, unused here
-    A* Vt = Kt + Bk * hd;
-    A* dKt = Vt + Bk * hd;
-    A* dVt = dKt + Bk * hd;
+    const tiles_t w = thread_tiles();
 
     const T* kb = k + (b * S * nkv + g) * hd;
     const T* vb = v + (b * S * nkv + g) * hd;
-    detail::attention_load_tile(Kt, kb + s0 * kstride, nk, kstride, hd);
-    detail::attention_load_tile(Vt, vb + s0 * kstride, nk, kstride, hd);
-    std::fill(dKt, dKt + nk * hd, A(0));
-    std::fill(dVt, dVt + nk * hd, A(0));
+    detail::attention_load_tile_transposed(w.KT, Bk, kb + s0 * kstride, nk, kstride, hd);
+    detail::attention_load_tile_transposed(w.VT, Bk, vb + s0 * kstride, nk, kstride, hd);
+    std::fill(w.dKt, w.dKt + nk * hd, A(0));
+    std::fill(w.dVt, w.dVt + nk * hd, A(0));
 
     for (std::int64_t h = g * group; h < (g + 1) * group; ++h) {
       const T* qb = q + (b * S * nh + h) * hd;
@@ -273,21 +311,21 @@ void attention_backward(G* dq, G* dk, G* dv, const G* dout, const T* q, const T*
       // Query tiles holding a row t >= s0.
       for (std::int64_t iq = s0 / Bq; iq < nqt; ++iq) {
         const std::int64_t t0 = iq * Bq, nq = std::min(t0 + Bq, S) - t0;
-        detail::attention_load_tile(Qt, qb + t0 * qstride, nq, qstride, hd);
-        detail::attention_load_tile(dOt, dob + t0 * qstride, nq, qstride, hd);
+        detail::attention_load_tile(w.Qt, qb + t0 * qstride, nq, qstride, hd);
+        detail::attention_load_tile(w.dOt, dob + t0 * qstride, nq, qstride, hd);
         for (std::int64_t r = 0; r < nq; ++r) {
           const std::int64_t t = t0 + r;
           if (t < s0) continue;
           const std::int64_t ne = std::min(nk, t - s0 + 1);
-          const A* qr = Qt + r * hd;
-          const A* dor = dOt + r * hd;
+          const A* qr = w.Qt + r * hd;
+          const A* dor = w.dOt + r * hd;
+          detail::attention_row_scores(w.srow, qr, w.KT, Bk, ne, hd);    // q_t . k_s
+          detail::attention_row_scores(w.dprow, dor, w.VT, Bk, ne, hd);  // dP = dO_t . v_s
           for (std::int64_t c = 0; c < ne; ++c) {
-            const A s = scale * detail::attention_dot(qr, Kt + c * hd, hd);
-            const A p = detail::attention_prob(s, lse_b[t]);
-            const A dp = detail::attention_dot(dor, Vt + c * hd, hd);
-            const A ds = detail::attention_dscore(p, dp, D_b[t]);
-            detail::attention_axpy(dVt + c * hd, p, dor, hd);          // dV += P^T dO
-            detail::attention_axpy(dKt + c * hd, scale * ds, qr, hd);  // dK += dS^T Q
+            const A p = detail::attention_prob(scale * w.srow[c], lse_b[t]);
+            const A ds = detail::attention_dscore(p, w.dprow[c], D_b[t]);
+            detail::attention_axpy(w.dVt + c * hd, p, dor, hd);          // dV += P^T dO
+            detail::attention_axpy(w.dKt + c * hd, scale * ds, qr, hd);  // dK += dS^T Q
           }
         }
       }
@@ -297,27 +335,21 @@ void attention_backward(G* dq, G* dk, G* dv, const G* dout, const T* q, const T*
     G* dvb = dv + (b * S * nkv + g) * hd;
     for (std::int64_t c = 0; c < nk; ++c)
       for (std::int64_t d = 0; d < hd; ++d) {
-        dkb[(s0 + c) * kstride + d] = to<G>(dKt[c * hd + d]);
-        dvb[(s0 + c) * kstride + d] = to<G>(dVt[c * hd + d]);
+        dkb[(s0 + c) * kstride + d] = to<G>(w.dKt[c * hd + d]);
+        dvb[(s0 + c) * kstride + d] = to<G>(w.dVt[c * hd + d]);
       }
   }
 
   // Pass 2: dq for one (b, head h, query tile) per work item.
   const std::int64_t q_items = B * nh * nqt;
-#pragma omp parallel for schedule(dynamic, 1)
+#pragma omp parallel for schedule(dynamic, 1) if (parallel)
   for (std::int64_t it = 0; it < q_items; ++it) {
     const std::int64_t iq = nqt - 1 - it % nqt;
     const std::int64_t h = (it / nqt) % nh;
     const std::int64_t b = it / (nqt * nh);
     const std::int64_t g = detail::attention_kv_head(h, nh, nkv);
     const std::int64_t t0 = iq * Bq, t1 = std::min(t0 + Bq, S), nq = t1 - t0;
-
-    A* ws = ws_base + detail::attention_thread_id() * per_thread;
-    A* Qt = ws;
-    A* dOt = Qt + Bq * hd;
-    A* dQt = dOt + Bq * hd;
-    A* Kt = dQt + Bq * hd;
-    A* Vt = Kt + Bk * hd;
+    const tiles_t w = thread_tiles();
 
     const T* qb = q + (b * S * nh + h) * hd;
     const G* dob = dout + (b * S * nh + h) * hd;
@@ -325,34 +357,33 @@ void attention_backward(G* dq, G* dk, G* dv, const G* dout, const T* q, const T*
     const T* vb = v + (b * S * nkv + g) * hd;
     const A* lse_b = lse + (b * nh + h) * S;
     const A* D_b = D + (b * nh + h) * S;
-    detail::attention_load_tile(Qt, qb + t0 * qstride, nq, qstride, hd);
-    detail::attention_load_tile(dOt, dob + t0 * qstride, nq, qstride, hd);
-    std::fill(dQt, dQt + nq * hd, A(0));
+    detail::attention_load_tile(w.Qt, qb + t0 * qstride, nq, qstride, hd);
+    detail::attention_load_tile(w.dOt, dob + t0 * qstride, nq, qstride, hd);
+    std::fill(w.dQt, w.dQt + nq * hd, A(0));
 
     for (std::int64_t k0 = 0; k0 < t1; k0 += Bk) {
       const std::int64_t nk = std::min(k0 + Bk, t1) - k0;
-      detail::attention_load_tile(Kt, kb + k0 * kstride, nk, kstride, hd);
-      detail::attention_load_tile(Vt, vb + k0 * kstride, nk, kstride, hd);
+      detail::attention_load_tile_transposed(w.KT, Bk, kb + k0 * kstride, nk, kstride, hd);
+      detail::attention_load_tile_transposed(w.VT, Bk, vb + k0 * kstride, nk, kstride, hd);
+      detail::attention_load_tile(w.Kt, kb + k0 * kstride, nk, kstride, hd);
       for (std::int64_t r = 0; r < nq; ++r) {
         const std::int64_t t = t0 + r;
         if (t < k0) continue;
         const std::int64_t ne = std::min(nk, t - k0 + 1);
-        const A* qr = Qt + r * hd;
-        const A* dor = dOt + r * hd;
-        A* dqr = dQt + r * hd;
+        A* dqr = w.dQt + r * hd;
+        detail::attention_row_scores(w.srow, w.Qt + r * hd, w.KT, Bk, ne, hd);
+        detail::attention_row_scores(w.dprow, w.dOt + r * hd, w.VT, Bk, ne, hd);
         for (std::int64_t c = 0; c < ne; ++c) {
-          const A s = scale * detail::attention_dot(qr, Kt + c * hd, hd);
-          const A p = detail::attention_prob(s, lse_b[t]);
-          const A dp = detail::attention_dot(dor, Vt + c * hd, hd);
-          const A ds = detail::attention_dscore(p, dp, D_b[t]);
-          detail::attention_axpy(dqr, scale * ds, Kt + c * hd, hd);  // dQ += dS K
+          const A p = detail::attention_prob(scale * w.srow[c], lse_b[t]);
+          const A ds = detail::attention_dscore(p, w.dprow[c], D_b[t]);
+          detail::attention_axpy(dqr, scale * ds, w.Kt + c * hd, hd);  // dQ += dS K
         }
       }
     }
 
     G* dqb = dq + (b * S * nh + h) * hd;
     for (std::int64_t r = 0; r < nq; ++r)
-      for (std::int64_t d = 0; d < hd; ++d) dqb[(t0 + r) * qstride + d] = to<G>(dQt[r * hd + d]);
+      for (std::int64_t d = 0; d < hd; ++d) dqb[(t0 + r) * qstride + d] = to<G>(w.dQt[r * hd + d]);
   }
 }
 

@@ -13,6 +13,17 @@
 
 #include "tessera/core/config.hpp"
 
+/// Asks the host compiler to vectorise the loop that follows (OpenMP simd):
+/// the library builds at -O2, where GCC's cheap cost model leaves these
+/// tile loops scalar (measured 5x slower on the attention forward). Only on
+/// loops without a reduction, so the result does not depend on the vector
+/// width. Empty in device code and without OpenMP.
+#if defined(_OPENMP) && !defined(__CUDA_ARCH__)
+#define TESSERA_ATTENTION_SIMD _Pragma("omp simd")
+#else
+#define TESSERA_ATTENTION_SIMD
+#endif
+
 namespace tessera::kernels::detail {
 
 /// -infinity in `A`: the running max of a row before it has seen a score.
@@ -70,9 +81,26 @@ TESSERA_HOST_DEVICE inline A attention_dot(const A* a, const A* b, std::int64_t 
   return s;
 }
 
-/// y += alpha * x over a row of length n.
+/// s[c] = sum_d a[d] * bt[d * ldb + c] for c < n: one row of length hd times a
+/// transposed (hd, ldb) tile. Each s[c] sums over d in order, as a dot product
+/// would, but the inner loop runs over c, so it vectorises without reassociation.
+template <class A>
+TESSERA_HOST_DEVICE inline void attention_row_scores(A* s, const A* a, const A* bt,
+                                                     std::int64_t ldb, std::int64_t n,
+                                                     std::int64_t hd) {
+  for (std::int64_t c = 0; c < n; ++c) s[c] = 0;
+  for (std::int64_t d = 0; d < hd; ++d) {
+    const A ad = a[d];
+    const A* b = bt + d * ldb;
+    TESSERA_ATTENTION_SIMD
+    for (std::int64_t c = 0; c < n; ++c) s[c] += ad * b[c];
+  }
+}
+
+/// y += alpha * x over a row of length n (y and x must not overlap).
 template <class A>
 TESSERA_HOST_DEVICE inline void attention_axpy(A* y, A alpha, const A* x, std::int64_t n) {
+  TESSERA_ATTENTION_SIMD
   for (std::int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
 }
 

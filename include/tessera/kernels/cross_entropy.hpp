@@ -1,0 +1,246 @@
+#pragma once
+/// \file cross_entropy.hpp
+/// The LM head fused with the next-token cross-entropy, in chunks of tokens,
+/// so that the full (B*S, V) logits never exist: per chunk the logits, the
+/// softmax, the loss, the logit gradient and the two GEMMs of the backward
+/// run on a (chunk, V) scratch block, and the block is reused.
+///
+/// Gradient contract (llm.c): the parameter gradient dwlm accumulates (`+=`),
+/// the activation gradient dx is written (`=`).
+///
+/// Layout: row-major. x (B, S, H), wlm (V, H) (PyTorch's nn.Linear(H, V)
+/// weight), tokens (B, S + 1): the window of S inputs plus the last target.
+/// S is the sequence length (DESIGN.md's "T (or S)"; the name T is taken by
+/// the storage type).
+///
+/// Source: llm.c's fused classifier (`fused_classifier_kernel`, train_gpt2.cu)
+/// and Liger-kernel's fused linear cross-entropy (chunking over tokens). The
+/// per-element arithmetic is in kernels/detail/cross_entropy.hpp.
+
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+
+#include "tessera/core/backend.hpp"
+#include "tessera/core/error.hpp"
+#include "tessera/core/memory.hpp"
+#include "tessera/core/numeric.hpp"
+#include "tessera/core/tensor.hpp"
+#include "tessera/kernels/detail/cross_entropy.hpp"
+#include "tessera/kernels/gemm.hpp"
+
+namespace tessera::kernels {
+
+/// What lm_head_cross_entropy returns: the SUM of -log p(target) over the
+/// scored positions (natural log, in double) and how many were scored. The
+/// caller divides by the global count of scored tokens (all micro-batches
+/// and ranks of the step), so the mean is over the global batch.
+struct ce_result {
+  double loss_sum = 0;
+  std::int64_t scored = 0;
+};
+
+/// Elements of the bf16 -> float conversion block of wlm (rows of H): 2^18
+/// floats, 1 MiB. Only bf16 storage converts; float and double pass wlm to
+/// the BLAS as it is.
+inline constexpr std::int64_t ce_wlm_block_elems = std::int64_t{1} << 18;
+
+/// Loops over fewer elements than this run on the calling thread: an OpenMP
+/// parallel region costs microseconds (far more on a loaded machine, where
+/// the team's barrier spins), more than the work of a small chunk. The
+/// result does not depend on it (one thread per row either way).
+inline constexpr std::int64_t ce_parallel_min_elems = std::int64_t{1} << 15;
+
+/// LM head + softmax cross-entropy over the next token, fused and chunked.
+///
+/// - `x` (B, S, H), T: final-normed hidden states. `wlm` (V, H), T.
+/// - `tokens` (B, S + 1), int32: position (b, t) is scored against
+///   tokens[b*(S+1) + t + 1] unless that equals `ignore_index`.
+/// - Returns ce_result{sum over scored positions of -log softmax(x wlm^T)[target],
+///   number scored}; the loss is accumulated per row in accum_t<T> and summed in
+///   double in row order.
+/// - If `dx` != nullptr (training), `dwlm` must be non-null too:
+///   `dx` (B, S, H), G: written, grad_scale * d(loss_sum)/dx; rows of ignored
+///   positions are exactly 0. `dwlm` (V, H), G: accumulated (+=),
+///   grad_scale * d(loss_sum)/dwlm. Both null: forward only (evaluation).
+/// - G must be accum_t<T> (double for double, float for float and bf16).
+/// - `chunk` >= 1 token rows per step. Scratch from `mr`: chunk*V elements of
+///   accum_t<T> (the logits block, overwritten by its gradient) + chunk doubles;
+///   for bf16 also chunk*H floats (x converted) and min(V, ce_wlm_block_elems/H)*H
+///   floats (a block of wlm converted). Independent of B*S.
+/// - GEMMs via kernels::gemm (CBLAS), from serial code; softmax rows in
+///   parallel, one thread per row. Deterministic for a fixed thread count.
+/// - Throws config_error before any write if a size or `chunk` is < 1, if only
+///   one of dx and dwlm is given, or if a target other than ignore_index lies
+///   outside [0, V) (naming the value, the position and V); tessera::error if
+///   `mr` cannot allocate.
+/// - Aliasing: dx and dwlm must not overlap each other or the inputs.
+/// - Source: llm.c fused classifier; Liger-kernel fused linear cross-entropy.
+template <class T, class G>
+ce_result lm_head_cross_entropy(const T* x, const T* wlm, const std::int32_t* tokens,
+                                std::int64_t B, std::int64_t S, std::int64_t H, std::int64_t V,
+                                std::int64_t chunk, G* dx, G* dwlm, accum_t<T> grad_scale,
+                                std::int32_t ignore_index = -100,
+                                memory_resource& mr = host::default_resource()) {
+  using A = accum_t<T>;
+  static_assert(std::is_same_v<G, A>,
+                "lm_head_cross_entropy: the gradient type G must be accum_t<T> (double for "
+                "double storage, float for float and bf16)");
+  constexpr bool convert = !std::is_same_v<T, A>;  // bf16: convert blocks to float for the BLAS
+
+  TESSERA_THROW_IF(B <= 0 || S <= 0 || H <= 0 || V <= 0, config_error,
+                   "lm_head_cross_entropy: every size must be >= 1, got B=", B, " S=", S, " H=", H,
+                   " V=", V);
+  TESSERA_THROW_IF(chunk <= 0, config_error, "lm_head_cross_entropy: chunk=", chunk,
+                   " must be >= 1 token rows");
+  TESSERA_THROW_IF((dx == nullptr) != (dwlm == nullptr), config_error,
+                   "lm_head_cross_entropy: pass both dx and dwlm (training) or neither "
+                   "(evaluation); got dx ",
+                   dx ? "set" : "null", ", dwlm ", dwlm ? "set" : "null");
+  const bool grad = dx != nullptr;
+  auto target_of = [&](std::int64_t row) {  // row = b*S + t
+    return tokens[(row / S) * (S + 1) + row % S + 1];
+  };
+
+  ce_result res;
+  const std::int64_t N = B * S;
+  for (std::int64_t row = 0; row < N; ++row) {
+    const std::int32_t y = target_of(row);
+    if (y == ignore_index) continue;
+    TESSERA_THROW_IF(y < 0 || y >= V, config_error, "lm_head_cross_entropy: target token ", y,
+                     " at position (b=", row / S, ", t=", row % S, ") (tokens index ",
+                     (row / S) * (S + 1) + row % S + 1, ") is outside the vocabulary [0, V=", V,
+                     "); use ignore_index=", ignore_index, " to skip a position");
+    ++res.scored;
+  }
+
+  const std::int64_t C = std::min(chunk, N);
+  tensor<A> logits_buf(shape{C * V}, mr);  // (C, V) logits, then their gradient
+  tensor<double> loss_buf(shape{C}, mr);   // per-row loss of the chunk
+  A* const L = logits_buf.data();
+  double* const row_loss = loss_buf.data();
+  const std::int64_t Vb =
+      convert ? std::min(V, std::max<std::int64_t>(1, ce_wlm_block_elems / H)) : V;
+  tensor<A> xbuf, wbuf;
+  if constexpr (convert) {
+    xbuf = tensor<A>(shape{C * H}, mr);
+    wbuf = tensor<A>(shape{Vb * H}, mr);
+  }
+  // Converts rows [v0, v0 + vb) of wlm into wbuf (bf16 only).
+  auto convert_wlm_block = [&](std::int64_t v0, std::int64_t vb) {
+    A* w = wbuf.data();
+#pragma omp parallel for schedule(static) if (vb * H >= ce_parallel_min_elems)
+    for (std::int64_t i = 0; i < vb * H; ++i) w[i] = to<A>(wlm[v0 * H + i]);
+  };
+
+  for (std::int64_t r0 = 0; r0 < N; r0 += C) {
+    const std::int64_t c = std::min(C, N - r0);
+    std::int64_t chunk_scored = 0;
+    for (std::int64_t i = 0; i < c; ++i) chunk_scored += target_of(r0 + i) != ignore_index;
+    if (chunk_scored == 0) {  // nothing to score: dx rows are 0, dwlm unchanged
+      if (grad) std::fill(dx + r0 * H, dx + (r0 + c) * H, G(0));
+      continue;
+    }
+
+    // x chunk (c, H) in A.
+    const A* xa = nullptr;
+    if constexpr (convert) {
+      A* xc = xbuf.data();
+      const T* xs = x + r0 * H;
+#pragma omp parallel for schedule(static) if (c * H >= ce_parallel_min_elems)
+      for (std::int64_t i = 0; i < c * H; ++i) xc[i] = to<A>(xs[i]);
+      xa = xc;
+    } else {
+      xa = x + r0 * H;
+    }
+
+    // logits (c, V) = x_chunk (c, H) * wlm (V, H)^T
+    if constexpr (convert) {
+      for (std::int64_t v0 = 0; v0 < V; v0 += Vb) {
+        const std::int64_t vb = std::min(Vb, V - v0);
+        convert_wlm_block(v0, vb);
+        gemm<A>(transpose::no, transpose::yes, c, vb, H, A(1), xa, H, wbuf.data(), H, A(0), L + v0,
+                V);
+      }
+    } else {
+      gemm<A>(transpose::no, transpose::yes, c, V, H, A(1), xa, H, wlm, H, A(0), L, V);
+    }
+
+    // Softmax, loss and (training) dlogits = (softmax - onehot) * grad_scale, row by row.
+#pragma omp parallel for schedule(static) if (c * V >= ce_parallel_min_elems)
+    for (std::int64_t i = 0; i < c; ++i) {
+      A* z = L + i * V;
+      const std::int32_t y = target_of(r0 + i);
+      if (y == ignore_index) {
+        row_loss[i] = 0;
+        if (grad) std::fill(z, z + V, A(0));
+        continue;
+      }
+      A mx = z[0];
+      for (std::int64_t v = 1; v < V; ++v) mx = std::max(mx, z[v]);
+      const A zy = z[y];
+      A sum = 0;
+      for (std::int64_t v = 0; v < V; ++v) {
+        z[v] = detail::ce_exp(z[v], mx);
+        sum += z[v];
+      }
+      row_loss[i] = static_cast<double>(detail::ce_row_loss(mx, sum, zy));
+      if (grad) {
+        const A inv = A(1) / sum;
+        for (std::int64_t v = 0; v < V; ++v)
+          z[v] = detail::ce_dlogit(z[v], inv, v == y, grad_scale);
+      }
+    }
+    for (std::int64_t i = 0; i < c; ++i) res.loss_sum += row_loss[i];  // fixed order
+    if (!grad) continue;
+
+    // dx_chunk (c, H) = dlogits (c, V) * wlm (V, H);  dwlm (V, H) += dlogits^T * x_chunk.
+    G* dxc = dx + r0 * H;
+    if constexpr (convert) {
+      for (std::int64_t v0 = 0; v0 < V; v0 += Vb) {
+        const std::int64_t vb = std::min(Vb, V - v0);
+        convert_wlm_block(v0, vb);
+        gemm<A>(transpose::no, transpose::no, c, H, vb, A(1), L + v0, V, wbuf.data(), H,
+                v0 == 0 ? A(0) : A(1), dxc, H);
+        gemm<A>(transpose::yes, transpose::no, vb, H, c, A(1), L + v0, V, xa, H, A(1),
+                dwlm + v0 * H, H);
+      }
+    } else {
+      gemm<A>(transpose::no, transpose::no, c, H, V, A(1), L, V, wlm, H, A(0), dxc, H);
+      gemm<A>(transpose::yes, transpose::no, V, H, c, A(1), L, V, xa, H, A(1), dwlm, H);
+    }
+    // Ignored rows: exactly zero, whatever the BLAS made of 0 * wlm.
+    for (std::int64_t i = 0; i < c; ++i)
+      if (target_of(r0 + i) == ignore_index) std::fill(dxc + i * H, dxc + (i + 1) * H, G(0));
+  }
+  return res;
+}
+
+/// Logits of one token row for sampling at generation time:
+/// logits[v] = sum_h x_row[h] * wlm[v, h].
+///
+/// - `logits` (V), float: written. `x_row` (H), `wlm` (V, H), T in
+///   {float, double, bf16}; computed in accum_t<T>, stored as float.
+/// - float: one GEMM (M = 1) through kernels::gemm; double and bf16: a
+///   parallel loop over v (a GEMV reads wlm once either way; converting wlm
+///   for the BLAS would cost V*H floats of memory). No scratch.
+/// - Throws config_error if H or V is < 1.
+template <class T>
+void lm_head_logits(float* logits, const T* x_row, const T* wlm, std::int64_t H, std::int64_t V) {
+  using A = accum_t<T>;
+  TESSERA_THROW_IF(H <= 0 || V <= 0, config_error, "lm_head_logits: H=", H, " and V=", V,
+                   " must be >= 1");
+  if constexpr (std::is_same_v<T, float>) {
+    gemm<float>(transpose::no, transpose::yes, 1, V, H, 1.0f, x_row, H, wlm, H, 0.0f, logits, V);
+  } else {
+#pragma omp parallel for schedule(static) if (V * H >= ce_parallel_min_elems)
+    for (std::int64_t v = 0; v < V; ++v) {
+      const T* w = wlm + v * H;
+      A acc = 0;
+      for (std::int64_t h = 0; h < H; ++h) acc += to<A>(x_row[h]) * to<A>(w[h]);
+      logits[v] = static_cast<float>(acc);
+    }
+  }
+}
+
+}  // namespace tessera::kernels

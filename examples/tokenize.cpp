@@ -102,7 +102,8 @@ int run(const std::vector<std::string>& inputs, const std::string& out_path, boo
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"Byte-level tokenize UTF-8 text files into a tessera token file (uint16, vocab 256)"};
+  CLI::App app{
+      "Byte-level tokenize UTF-8 text files into a tessera token file (uint16, vocab 256)"};
   std::vector<std::string> inputs;
   std::string out_path;
   bool append_eot = false;

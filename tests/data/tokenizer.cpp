@@ -23,9 +23,9 @@ TEST_CASE("byte tokenizer: one token per UTF-8 byte", "[data]") {
 
 TEST_CASE("byte tokenizer round trips UTF-8 text and arbitrary bytes", "[data]") {
   const std::string text =
-      "The quick brown fox — naïve café, Straße, Ελληνικά, 日本語, emoji 🦊.\n\tTabs, \\ "
-      "and "
-      "\"quotes\".";
+      "The quick brown fox — naïve café, Straße,\n"
+      "Ελληνικά, 日本語, emoji 🦊.\n"
+      "\tTabs, \\ and \"quotes\".";
   CHECK(byte_tokenizer::decode(byte_tokenizer::encode(text)) == text);
   CHECK(byte_tokenizer::encode("").empty());
 

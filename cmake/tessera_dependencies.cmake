@@ -4,23 +4,34 @@ find_package(OpenMP REQUIRED COMPONENTS CXX)
 find_package(MPI QUIET COMPONENTS CXX)
 find_package(nlohmann_json 3 REQUIRED)
 
-# The CBLAS: OpenBLAS (Debian's libopenblas-dev). We link libopenblas itself,
-# not the reference libblas alternative, and include <cblas.h>.
-if(NOT TARGET tessera_blas_found)
+# The CBLAS: OpenBLAS, the OpenMP build (Debian's libopenblas-openmp-dev).
+# tessera's kernels run on OpenMP; the pthreads build of OpenBLAS keeps a
+# second thread pool whose idle threads spin in sched_yield while OpenMP
+# regions run (and OpenMP's spin while BLAS runs): measured on 2 cores, a
+# `small` training step took 2.5x longer with it. The OpenMP build shares
+# libgomp's pool. We link its libopenblas by full path (the build gets an
+# RPATH to its folder, so Debian's libopenblas.so.0 alternative, which may
+# point at the pthreads build, is not what loads).
+if(NOT TESSERA_OPENBLAS_LIBRARY)
   find_library(TESSERA_OPENBLAS_LIBRARY NAMES openblas
-    PATHS /usr/lib/x86_64-linux-gnu/openblas-pthread /usr/lib/x86_64-linux-gnu)
+    PATHS /usr/lib/x86_64-linux-gnu/openblas-openmp /usr/lib/aarch64-linux-gnu/openblas-openmp
+    NO_DEFAULT_PATH)
   find_path(TESSERA_CBLAS_INCLUDE_DIR NAMES cblas.h
-    PATHS /usr/include/x86_64-linux-gnu/openblas-pthread /usr/include/x86_64-linux-gnu /usr/include/openblas)
-  if(NOT TESSERA_OPENBLAS_LIBRARY OR NOT TESSERA_CBLAS_INCLUDE_DIR)
-    message(FATAL_ERROR "tessera: OpenBLAS not found (library '${TESSERA_OPENBLAS_LIBRARY}', "
-      "cblas.h '${TESSERA_CBLAS_INCLUDE_DIR}'). On Debian: apt-get install libopenblas-dev")
-  endif()
+    PATHS /usr/include/x86_64-linux-gnu/openblas-openmp /usr/include/aarch64-linux-gnu/openblas-openmp
+    NO_DEFAULT_PATH)
+endif()
+if(NOT TESSERA_OPENBLAS_LIBRARY OR NOT TESSERA_CBLAS_INCLUDE_DIR)
+  message(FATAL_ERROR "tessera: the OpenMP build of OpenBLAS was not found (library "
+    "'${TESSERA_OPENBLAS_LIBRARY}', cblas.h '${TESSERA_CBLAS_INCLUDE_DIR}'). "
+    "On Debian: apt-get install libopenblas-openmp-dev")
 endif()
 
 macro(tessera_add_blas_target)
   if(NOT TARGET tessera_blas)
     add_library(tessera_blas INTERFACE)
-    target_link_libraries(tessera_blas INTERFACE ${TESSERA_OPENBLAS_LIBRARY})
+    get_filename_component(_tessera_blas_dir ${TESSERA_OPENBLAS_LIBRARY} DIRECTORY)
+    target_link_libraries(tessera_blas INTERFACE ${TESSERA_OPENBLAS_LIBRARY}
+      "-Wl,-rpath,${_tessera_blas_dir}")
     target_include_directories(tessera_blas SYSTEM INTERFACE ${TESSERA_CBLAS_INCLUDE_DIR})
   endif()
 endmacro()

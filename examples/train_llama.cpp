@@ -52,6 +52,8 @@ struct options {
   bool no_baseline = false;
   std::string prompt = "The ";
   int dp = 1;
+  // Overrides of the preset's sizes (0: keep the preset's value).
+  std::int64_t dim = 0, layers = 0, heads = 0, kv_heads = 0, ffn = 0;
 };
 
 // Files and folders this run created, removed again if it fails on bad input.
@@ -113,6 +115,11 @@ template <precision::policy P>
 int run(options& o, const fs::path& tok_path, created_paths& created) {
   data::token_file data(tok_path);
   nn::llama_config mc = nn::llama_config::from_name(o.preset);
+  if (o.dim) mc.dim = o.dim;
+  if (o.layers) mc.n_layers = o.layers;
+  if (o.heads) mc.n_heads = o.heads;
+  if (o.kv_heads) mc.n_kv_heads = o.kv_heads;
+  if (o.ffn) mc.ffn_dim = o.ffn;
   train::trainer<P> tr(mc, o.cfg, data);  // validates everything before any output
 
   const fs::path out(o.out);
@@ -210,6 +217,11 @@ int main(int argc, char** argv) {
 
   CLI::App app{"train_llama: train a Llama on a token file or UTF-8 text (host backend)"};
   app.add_option("--preset", o.preset, "model preset: tiny, small, llama2_7b, llama3_8b")->capture_default_str();
+  app.add_option("--dim", o.dim, "override the preset's model dimension H");
+  app.add_option("--layers", o.layers, "override the preset's number of blocks L");
+  app.add_option("--heads", o.heads, "override the preset's query heads nh");
+  app.add_option("--kv-heads", o.kv_heads, "override the preset's key/value heads nkv");
+  app.add_option("--ffn", o.ffn, "override the preset's SwiGLU dimension F");
   app.add_option("--data", o.data, "token file, or UTF-8 text to byte-tokenize")->capture_default_str();
   app.add_option("--steps", o.cfg.steps, "optimizer steps")->capture_default_str();
   app.add_option("--seed", o.cfg.seed, "seed of weights and data order")->capture_default_str();

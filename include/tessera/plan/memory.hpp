@@ -1,0 +1,404 @@
+#pragma once
+/// \file plan/memory.hpp
+/// The memory planner (DESIGN.md, principle 5, "Every byte is accounted"):
+/// per-rank bytes of weights, gradients, master weights, optimizer state,
+/// RoPE tables, the ZeRO-3 gathered block, and the activations of one
+/// micro-batch, computed from the same parameter layout and the same saved
+/// set the model really allocates. tests/plan/memory.cpp holds these numbers
+/// against a host_memory_resource around a real model and optimizer.
+///
+/// Model state follows ZeRO (Rajbhandari et al. 2020, "ZeRO: Memory
+/// Optimizations Toward Training Trillion Parameter Models", section 5):
+/// stage 1 shards the optimizer state (and master weights), stage 2 also the
+/// gradients, stage 3 also the weights. A shard is ceil(flat / dp) elements of
+/// the flat buffer padded to a multiple of dp (DESIGN.md, principle 4).
+/// seeds/004 ("Where the memory goes", training_memory_gib) is the 16 bytes
+/// per parameter special case: dtype_sizes::seed004().
+///
+/// All figures are bytes unless a name says otherwise; GiB = 2^30 bytes.
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "tessera/comm/communicator.hpp"
+#include "tessera/core/error.hpp"
+#include "tessera/kernels/attention.hpp"
+#include "tessera/kernels/cross_entropy.hpp"
+#include "tessera/nn/llama.hpp"
+#include "tessera/nn/llama_config.hpp"
+#include "tessera/precision/policy.hpp"
+
+namespace tessera::plan {
+
+/// Bytes in one GiB (2^30), the unit seeds/004 reports in.
+inline constexpr double gib = 1073741824.0;
+
+/// Bytes per element of each buffer kind: the run-time image of a precision
+/// policy (precision/policy.hpp), so that a plan can be made for any policy
+/// chosen on a command line.
+struct dtype_sizes {
+  std::string name = "fp32";  ///< for tables and logs
+  std::size_t param = 4;      ///< weights and saved activations (param_type)
+  std::size_t grad = 4;       ///< parameter and activation gradients (grad_type)
+  std::size_t master = 4;     ///< master weights and optimizer moments (master_type)
+  std::size_t accum = 4;      ///< rstd, lse, CE logits, attention scratch (accum_type)
+  bool master_copy = false;   ///< a master copy is kept: param_type != master_type
+
+  /// Sizes of policy `P` (exact: sizeof of each type, master_copy as optim::adamw decides it).
+  template <precision::policy P>
+  static dtype_sizes of() {
+    return {P::name,
+            sizeof(typename P::param_type),
+            sizeof(typename P::grad_type),
+            sizeof(typename P::master_type),
+            sizeof(typename P::accum_type),
+            !std::is_same_v<typename P::param_type, typename P::master_type>};
+  }
+  /// seeds/004's "mixed precision Adam": 2-byte weights, 2-byte gradients,
+  /// 12 bytes of float32 optimizer state (master weights, two moments): 16
+  /// bytes per parameter. (tessera's bf16_mixed keeps float32 gradients: 18.)
+  static dtype_sizes seed004() { return {"seed004", 2, 2, 4, 4, true}; }
+  /// Names accepted by from_name().
+  static std::vector<std::string> names() { return {"fp32", "fp64", "bf16_mixed", "seed004"}; }
+  /// Looks up "fp32", "fp64", "bf16_mixed" or "seed004"; throws config_error listing them.
+  static dtype_sizes from_name(const std::string& n) {
+    if (n == "fp32") return of<precision::fp32>();
+    if (n == "fp64") return of<precision::fp64>();
+    if (n == "bf16_mixed") return of<precision::bf16_mixed>();
+    if (n == "seed004") return seed004();
+    throw config_error("unknown precision '" + n + "' (valid: fp32, fp64, bf16_mixed, seed004)");
+  }
+};
+
+/// Optimizer state shape: `moments` tensors of master_type per parameter
+/// (AdamW: first and second moments, Loshchilov & Hutter 2019), plus the
+/// master copy when dtype_sizes::master_copy. Matches optim::adamw's
+/// state_bytes_per_param = (master_copy ? 3 : 2) * sizeof(master_type).
+struct optimizer_spec {
+  std::string name = "adamw";  ///< for tables
+  int moments = 2;             ///< state tensors per parameter besides the master copy
+  /// AdamW: two moments.
+  static optimizer_spec adamw() { return {"adamw", 2}; }
+};
+
+/// Data-parallel sharding strategy: ZeRO stage 0 (plain data parallel) to 3
+/// over `dp` ranks.
+struct sharding {
+  int zero = 0;      ///< ZeRO stage, 0..3
+  int dp = 1;        ///< data-parallel degree (ranks sharing the model state), >= 1
+  int prefetch = 1;  ///< ZeRO-3: gather units held beyond the one in use (prefetched)
+  /// Throws config_error naming the value if zero is outside 0..3, dp < 1 or prefetch < 0.
+  void validate() const {
+    TESSERA_THROW_IF(zero < 0 || zero > 3, config_error, "zero stage ", zero, " must be 0..3");
+    TESSERA_THROW_IF(dp < 1, config_error, "dp=", dp, " must be >= 1");
+    TESSERA_THROW_IF(prefetch < 0, config_error, "prefetch=", prefetch, " must be >= 0");
+  }
+};
+
+/// Persistent per-rank model state, in bytes (and element counts).
+struct state_plan {
+  std::int64_t num_params = 0;    ///< real parameters
+  std::int64_t flat_elems = 0;    ///< flat buffer, with the layout's alignment padding
+  std::int64_t padded_elems = 0;  ///< flat_elems rounded up to a multiple of dp
+  std::int64_t shard_elems = 0;   ///< padded_elems / dp: one rank's ZeRO shard
+  std::int64_t gather_unit_elems =
+      0;                      ///< largest ZeRO-3 gather unit (a block, the embedding or the head)
+  std::uint64_t weights = 0;  ///< parameters in param_type (a shard under ZeRO-3)
+  std::uint64_t grads = 0;    ///< gradients in grad_type (a shard under ZeRO-2/3)
+  std::uint64_t master = 0;  ///< master weights (a shard under ZeRO-1/2/3; 0 without a master copy)
+  std::uint64_t optimizer = 0;    ///< optimizer moments (a shard under ZeRO-1/2/3)
+  std::uint64_t rope_tables = 0;  ///< RoPE cos and sin tables, (max_seq, hd/2) float32 each
+  /// ZeRO-3 transient: (1 + prefetch) gathered units in param_type plus one
+  /// unit's unsharded gradient in grad_type before its reduce-scatter; 0 below stage 3.
+  std::uint64_t gathered = 0;
+
+  /// Weights + gradients + master + optimizer: what seeds/004's training_memory_gib counts.
+  std::uint64_t model_state() const { return weights + grads + master + optimizer; }
+  /// model_state() + RoPE tables: allocated for as long as model and optimizer live.
+  std::uint64_t persistent() const { return model_state() + rope_tables; }
+  /// persistent() + the ZeRO-3 gathered units.
+  std::uint64_t total() const { return persistent() + gathered; }
+};
+
+namespace detail {
+// Fills the byte fields of `s` from its element counts (shared by both plan_state overloads).
+inline void fill_state_bytes(state_plan& s, const dtype_sizes& d, const optimizer_spec& o,
+                             const sharding& sh) {
+  sh.validate();
+  s.padded_elems =
+      static_cast<std::int64_t>(comm::padded_count(static_cast<std::size_t>(s.flat_elems), sh.dp));
+  s.shard_elems = s.padded_elems / sh.dp;
+  // Replicated buffers are the model's flat buffer at stage 0; at stages 1-2
+  // they are the destination of an all-gather of equal chunks: padded.
+  const auto replicated = static_cast<std::uint64_t>(sh.zero == 0 ? s.flat_elems : s.padded_elems);
+  const auto shard = static_cast<std::uint64_t>(s.shard_elems);
+  s.weights = (sh.zero >= 3 ? shard : replicated) * d.param;
+  s.grads = (sh.zero >= 2 ? shard : replicated) * d.grad;
+  const std::uint64_t opt_elems = sh.zero >= 1 ? shard : replicated;
+  s.master = d.master_copy ? opt_elems * d.master : 0;
+  s.optimizer = opt_elems * d.master * static_cast<std::uint64_t>(o.moments);
+}
+}  // namespace detail
+
+/// Per-rank model state of `c` laid out by nn::make_llama_layout (alignment
+/// padding included), with the RoPE tables the model allocates and, under
+/// ZeRO-3, the gathered units. Throws config_error for an invalid config or sharding.
+inline state_plan plan_state(const nn::llama_config& c, const dtype_sizes& d,
+                             const optimizer_spec& o, const sharding& sh) {
+  const nn::param_layout layout = nn::make_llama_layout(c);
+  state_plan s;
+  s.num_params = layout.num_params();
+  s.flat_elems = layout.total();
+  detail::fill_state_bytes(s, d, o, sh);
+  s.rope_tables = 2 * static_cast<std::uint64_t>(c.max_seq * (c.head_dim() / 2)) * sizeof(float);
+  // Gather units are nn::llama's segments: the embedding, each block, the
+  // head (final norm + LM head); a segment runs from its first tensor to the
+  // next segment's first tensor (alignment padding included).
+  std::vector<std::int64_t> begins;
+  int unit = -2;
+  for (const auto& e : layout.entries()) {
+    const int u = e.block >= 0 ? e.block : (unit >= 0 ? static_cast<int>(c.n_layers) : -1);
+    if (u != unit) begins.push_back(e.offset);
+    unit = u;
+  }
+  begins.push_back(layout.total());
+  for (std::size_t i = 0; i + 1 < begins.size(); ++i)
+    s.gather_unit_elems = std::max(s.gather_unit_elems, begins[i + 1] - begins[i]);
+  if (sh.zero >= 3) {
+    const auto unit = static_cast<std::uint64_t>(s.gather_unit_elems);
+    s.gathered = static_cast<std::uint64_t>(1 + sh.prefetch) * unit * d.param + unit * d.grad;
+  }
+  return s;
+}
+
+/// Per-rank model state for a bare parameter count (seeds/004 style: no
+/// layout padding, no RoPE tables, no gathered units). Throws config_error
+/// if num_params < 1 or the sharding is invalid.
+inline state_plan plan_state(std::int64_t num_params, const dtype_sizes& d, const optimizer_spec& o,
+                             const sharding& sh) {
+  TESSERA_THROW_IF(num_params < 1, config_error, "num_params=", num_params, " must be >= 1");
+  state_plan s;
+  s.num_params = s.flat_elems = num_params;
+  detail::fill_state_bytes(s, d, o, sh);
+  return s;
+}
+
+/// seeds/004's training_memory_gib, transcribed: per-GPU GiB of model state
+/// for bf16 mixed-precision Adam (2 + 2 + 12 bytes per parameter), the
+/// optimizer term divided by `gpus` from ZeRO stage 1, gradients from 2,
+/// weights from 3. Throws config_error as the seed raises ValueError.
+inline double seed004_training_memory_gib(double params, int gpus, int zero_stage) {
+  TESSERA_THROW_IF(zero_stage < 0 || zero_stage > 3 || gpus < 1, config_error,
+                   "need zero_stage in 0..3 and gpus >= 1, got ", zero_stage, ", ", gpus);
+  double weights = 2.0, grads = 2.0, optimiser = 12.0;
+  if (zero_stage >= 1) optimiser /= gpus;
+  if (zero_stage >= 2) grads /= gpus;
+  if (zero_stage >= 3) weights /= gpus;
+  return params * (weights + grads + optimiser) / gib;
+}
+
+/// Bytes nn::llama's forward saves for backward per token, for sizes `d`:
+/// per block (6H + 2 KV + 3F) param_type elements (x_in, xn1, q, att, x_mid,
+/// xn2; k, v; gate, up, h) and (2 + nh) accum_type (rstd1, rstd2, lse), plus
+/// the final norm's input and output (2H param_type), its rstd (accum_type)
+/// and the token id (int32). Equals llama<P>::saved_bytes_per_token()
+/// (checked in tests/plan/memory.cpp for every policy).
+inline std::int64_t saved_bytes_per_token(const nn::llama_config& c, const dtype_sizes& d) {
+  const std::int64_t H = c.dim, F = c.ffn_dim, KV = c.kv_dim();
+  const auto P = static_cast<std::int64_t>(d.param), A = static_cast<std::int64_t>(d.accum);
+  const std::int64_t per_block = P * (6 * H + 2 * KV + 3 * F) + A * (2 + c.n_heads);
+  return c.n_layers * per_block + P * 2 * H + A + static_cast<std::int64_t>(sizeof(std::int32_t));
+}
+
+/// Shape of one micro-batch and the model options that size its workspaces.
+struct activation_options {
+  std::int64_t micro_batch = 1;  ///< B, sequences per micro-batch
+  std::int64_t seq = 0;          ///< T, tokens per sequence (0: the config's max_seq)
+  nn::llama_options model{};     ///< ce_chunk and attention tiles, as given to nn::llama
+  int threads = 1;               ///< OpenMP threads (attention scratch is per thread)
+};
+
+/// Activation bytes of one forward_backward of nn::llama on a micro-batch.
+struct activation_plan {
+  std::int64_t tokens = 0;  ///< N = B T
+  std::uint64_t saved = 0;  ///< what forward keeps for backward: saved_bytes_per_token N
+  std::uint64_t forward_temporaries = 0;  ///< the (N, H) output projection buffer of forward
+  std::uint64_t logits_workspace =
+      0;  ///< fused CE: chunk V accum + chunk doubles (+ bf16 conversion blocks)
+  std::uint64_t backward_temporaries =
+      0;  ///< dx, dres, dxn, datt, dq (N,H), dk, dv (N,KV), dh, dgate, dup (N,F) in grad_type
+  std::uint64_t attention_scratch =
+      0;                   ///< largest attention workspace (backward: D + per-thread tiles)
+  std::uint64_t peak = 0;  ///< max over the phases of forward_backward of the live bytes
+  /// Host backend only, outside the memory resource: bf16 GEMM conversion
+  /// buffers (kernels::gemm_workspace_bytes after one step); not in peak.
+  std::uint64_t host_gemm_workspace = 0;
+  /// Korthikanti et al. 2022 (seeds/001, "Phase 1"): 34 s b h bytes per layer
+  /// for a standard 16-bit transformer without recomputation, L layers. For
+  /// comparison only: our block saves a different set (SwiGLU's three F-wide
+  /// tensors, q/k/v after RoPE, no dropout masks, lse instead of scores).
+  std::uint64_t korthikanti_34sbh = 0;
+};
+
+/// Activation bytes of one micro-batch, phase by phase as nn::llama
+/// allocates them (forward, the fused LM head + cross-entropy, the start of
+/// backward, the last block's attention backward). Throws config_error for
+/// an invalid config, B or T < 1 or T > max_seq.
+inline activation_plan plan_activations(const nn::llama_config& c, const dtype_sizes& d,
+                                        const activation_options& o) {
+  c.validate();
+  const std::int64_t B = o.micro_batch, T = o.seq > 0 ? o.seq : c.max_seq;
+  TESSERA_THROW_IF(B < 1, config_error, "micro-batch B=", B, " must be >= 1");
+  TESSERA_THROW_IF(T > c.max_seq, config_error, "sequence length T=", T,
+                   " exceeds the model's max_seq=", c.max_seq);
+  TESSERA_THROW_IF(o.threads < 1, config_error, "threads=", o.threads, " must be >= 1");
+  const std::uint64_t N = static_cast<std::uint64_t>(B * T), H = static_cast<std::uint64_t>(c.dim),
+                      F = static_cast<std::uint64_t>(c.ffn_dim),
+                      KV = static_cast<std::uint64_t>(c.kv_dim()),
+                      nh = static_cast<std::uint64_t>(c.n_heads),
+                      hd = static_cast<std::uint64_t>(c.head_dim()),
+                      V = static_cast<std::uint64_t>(c.vocab);
+  const std::uint64_t P = d.param, G = d.grad, A = d.accum,
+                      thr = static_cast<std::uint64_t>(o.threads);
+  activation_plan a;
+  a.tokens = B * T;
+  a.saved = static_cast<std::uint64_t>(saved_bytes_per_token(c, d)) * N;
+  // The MLP half of one block's record (x_mid, xn2; gate, up, h; rstd2):
+  // backward frees it before the block's attention backward.
+  const std::uint64_t rec_mlp = N * (P * (2 * H + 3 * F) + A);
+  const std::uint64_t fin = N * (P * 2 * H + A);  // final_in, final_xn, final_rstd
+  const std::uint64_t records = a.saved - fin;    // ids + every block record
+  a.forward_temporaries = N * H * P;
+  const auto tq = static_cast<std::uint64_t>(std::min(o.model.tiles.q, T)),
+             tk = static_cast<std::uint64_t>(std::min(o.model.tiles.k, T));
+  const std::uint64_t attn_fwd = thr * (2 * tq * hd + 2 * tk * hd + tq * tk + 2 * tq) * A;
+  const std::uint64_t attn_bwd =
+      N * nh * A + thr * (3 * tq * hd + 5 * tk * hd + 2 * tk) * A;  // D (B nh T) + tiles
+  a.attention_scratch = std::max(attn_fwd, attn_bwd);
+  const auto C = static_cast<std::uint64_t>(std::min<std::int64_t>(o.model.ce_chunk, B * T));
+  a.logits_workspace = C * V * A + C * sizeof(double);
+  if (P != A) {  // 16-bit storage: x rows and a block of wlm converted to accum_type
+    const std::uint64_t Vb = std::min<std::uint64_t>(
+        V, std::max<std::uint64_t>(1, static_cast<std::uint64_t>(kernels::ce_wlm_block_elems) / H));
+    a.logits_workspace += C * H * A + Vb * H * A;
+  }
+  const std::uint64_t dxf = N * H * G, dres = N * H * G;
+  const std::uint64_t loop_temps =
+      N * G * (3 * H + 2 * KV + 3 * F);  // dxn, datt, dq, dk, dv, dh, dgate, dup
+  a.backward_temporaries = dxf + dres + loop_temps;
+  const std::uint64_t phases[] = {
+      // forward, last block's attention: all records but the last's MLP half, proj, scratch
+      records - rec_mlp + a.forward_temporaries + attn_fwd,
+      a.saved + a.forward_temporaries,                   // forward, after the final norm
+      a.saved + dxf + a.logits_workspace,                // fused LM head + cross-entropy
+      a.saved + dxf + dres,                              // final norm backward
+      records + dres + loop_temps,                       // backward temporaries allocated
+      records - rec_mlp + dres + loop_temps + attn_bwd,  // last block's attention backward
+  };
+  a.peak = *std::max_element(std::begin(phases), std::end(phases));
+  if (P != A) {  // gemm_mixed converts bf16 A, B and C operands into per-slot float buffers
+    const std::uint64_t act = N * std::max(H, F);
+    a.host_gemm_workspace = A * (act + std::max(F * H, act) + act);
+  }
+  a.korthikanti_34sbh = 34 * N * H * static_cast<std::uint64_t>(c.n_layers);
+  return a;
+}
+
+/// A complete per-rank memory plan: model state and one micro-batch's activations.
+struct memory_plan {
+  std::string model;   ///< preset name
+  dtype_sizes dtypes;  ///< precision
+  optimizer_spec optimizer;
+  sharding strategy;
+  activation_options shape;
+  state_plan state;
+  activation_plan activations;
+
+  /// Predicted per-rank peak: state.total() + activations.peak.
+  std::uint64_t total() const { return state.total() + activations.peak; }
+
+  /// Rows (label, bytes) in table order.
+  std::vector<std::pair<std::string, std::uint64_t>> rows() const {
+    return {{"weights", state.weights},
+            {"gradients", state.grads},
+            {"master weights", state.master},
+            {"optimizer state", state.optimizer},
+            {"rope tables", state.rope_tables},
+            {"zero-3 gathered", state.gathered},
+            {"activations (saved)", activations.saved},
+            {"logits workspace", activations.logits_workspace},
+            {"activation peak", activations.peak},
+            {"total", total()}};
+  }
+  /// Fixed-width text table: item, bytes, GiB; then the 34sbh comparison line.
+  std::string to_table() const {
+    std::string s;
+    char line[160];
+    std::snprintf(
+        line, sizeof line, "%s %s, %s, zero-%d, dp=%d, B=%lld, T=%lld (per rank)\n", model.c_str(),
+        dtypes.name.c_str(), optimizer.name.c_str(), strategy.zero, strategy.dp,
+        static_cast<long long>(shape.micro_batch),
+        static_cast<long long>(activations.tokens / std::max<std::int64_t>(1, shape.micro_batch)));
+    s += line;
+    for (const auto& [k, v] : rows()) {
+      if (k == "activation peak" || k == "total") s += std::string(56, '-') + "\n";
+      std::snprintf(line, sizeof line, "  %-22s %18llu B %10.2f GiB\n", k.c_str(),
+                    static_cast<unsigned long long>(v), static_cast<double>(v) / gib);
+      s += line;
+    }
+    std::snprintf(line, sizeof line,
+                  "  (activation peak includes backward temporaries %.2f GiB; Korthikanti 34sbh "
+                  "estimate %.2f GiB)\n",
+                  static_cast<double>(activations.backward_temporaries) / gib,
+                  static_cast<double>(activations.korthikanti_34sbh) / gib);
+    s += line;
+    return s;
+  }
+  /// Every field, in bytes, as JSON.
+  nlohmann::json to_json() const {
+    nlohmann::json j;
+    j["model"] = model;
+    j["precision"] = dtypes.name;
+    j["optimizer"] = optimizer.name;
+    j["zero"] = strategy.zero;
+    j["dp"] = strategy.dp;
+    j["micro_batch"] = shape.micro_batch;
+    j["tokens"] = activations.tokens;
+    j["num_params"] = state.num_params;
+    j["flat_elems"] = state.flat_elems;
+    j["shard_elems"] = state.shard_elems;
+    j["state"] = {{"weights", state.weights},
+                  {"grads", state.grads},
+                  {"master", state.master},
+                  {"optimizer", state.optimizer},
+                  {"rope_tables", state.rope_tables},
+                  {"gathered", state.gathered},
+                  {"model_state", state.model_state()},
+                  {"total", state.total()}};
+    j["activations"] = {{"saved", activations.saved},
+                        {"forward_temporaries", activations.forward_temporaries},
+                        {"logits_workspace", activations.logits_workspace},
+                        {"backward_temporaries", activations.backward_temporaries},
+                        {"attention_scratch", activations.attention_scratch},
+                        {"peak", activations.peak},
+                        {"host_gemm_workspace", activations.host_gemm_workspace},
+                        {"korthikanti_34sbh", activations.korthikanti_34sbh}};
+    j["total"] = total();
+    return j;
+  }
+};
+
+/// Plans model state and one micro-batch's activations for `c`. Throws
+/// config_error for an invalid config, sharding or micro-batch shape.
+inline memory_plan plan_memory(const nn::llama_config& c, const dtype_sizes& d,
+                               const optimizer_spec& o, const sharding& sh,
+                               const activation_options& a) {
+  memory_plan m{c.name, d, o, sh, a, plan_state(c, d, o, sh), plan_activations(c, d, a)};
+  return m;
+}
+
+}  // namespace tessera::plan

@@ -1,0 +1,197 @@
+#pragma once
+/// \file plan/step.hpp
+/// Per-step costs of a data-parallel training step (DESIGN.md, principle 5):
+/// model FLOPs (train::flops_per_token, and seeds/003-004's 6ND), MFU from a
+/// step time and a peak, and the bytes one rank sends per optimizer step for
+/// ZeRO stages 0..3 with the ring algorithm (comm/communicator.hpp).
+///
+/// Communication per optimizer step, Psi = flat gradient elements, N = dp,
+/// k = micro-batches per rank per step (gradient accumulation). ZeRO paper
+/// (Rajbhandari et al. 2020, section 7): stages 1-2 move what data parallel
+/// moves, stage 3 1.5x.
+///
+///   zero 0  all_reduce(gradients)                  2(N-1)/N Psi, reduction dtype
+///   zero 1  reduce_scatter(gradients) once         (N-1)/N Psi, reduction dtype
+///           all_gather(updated parameters) once    (N-1)/N Psi, parameter dtype
+///   zero 2  as zero 1, but the reduce_scatter runs every micro-batch (the
+///           gradient is a shard: it cannot accumulate unreduced), k times
+///   zero 3  all_gather(parameters) for forward and again for backward, and
+///           reduce_scatter(gradients), every micro-batch: 3(N-1)/N Psi per
+///           micro-batch when the dtypes match
+///
+/// With parameter dtype == reduction dtype and k = 1, zero 1 and 2 equal zero
+/// 0's 2(N-1)/N Psi bytes and zero 3 is 1.5 times it (seeds/004, section 5).
+
+#include <cstdint>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "tessera/comm/communicator.hpp"
+#include "tessera/nn/llama_config.hpp"
+#include "tessera/plan/memory.hpp"
+#include "tessera/train/trainer.hpp"
+
+namespace tessera::plan {
+
+/// One collective of the step, as rank `rank` sees it.
+struct collective_traffic {
+  comm::op_kind op = comm::op_kind::all_reduce;  ///< the collective
+  std::string what;                              ///< "gradients", "parameters (forward)", ...
+  std::int64_t elems = 0;            ///< all_reduce: n; reduce_scatter / all_gather: chunk per rank
+  std::size_t elem_bytes = 0;        ///< bytes per element on the wire
+  std::int64_t calls = 0;            ///< calls per optimizer step
+  std::uint64_t bytes_per_call = 0;  ///< bytes this rank sends per call (ring formulas)
+  /// Bytes this rank sends per optimizer step.
+  std::uint64_t bytes() const { return static_cast<std::uint64_t>(calls) * bytes_per_call; }
+};
+
+/// Communication options: wire dtypes and accumulation.
+struct comm_options {
+  std::size_t reduce_bytes = 4;    ///< gradient reduction dtype (float32 by default)
+  std::size_t param_bytes = 2;     ///< parameter all-gather dtype (bf16 by default)
+  std::int64_t micro_batches = 1;  ///< k, micro-batches per rank per optimizer step
+  int rank =
+      0;  ///< the rank whose bytes are counted (all_reduce is uneven when N does not divide n)
+};
+
+/// Bytes one rank sends per optimizer step.
+struct comm_plan {
+  int zero = 0;                                 ///< ZeRO stage
+  int dp = 1;                                   ///< ranks
+  std::vector<collective_traffic> collectives;  ///< in step order
+  /// Sum over collectives.
+  std::uint64_t bytes_per_step() const {
+    std::uint64_t b = 0;
+    for (const auto& c : collectives) b += c.bytes();
+    return b;
+  }
+};
+
+/// Communication of one optimizer step over a flat buffer of `flat_elems`
+/// elements (padded to a multiple of dp for the sharded collectives).
+/// Throws config_error for an invalid sharding, flat_elems < 1,
+/// micro_batches < 1 or a rank outside [0, dp).
+inline comm_plan plan_comm(std::int64_t flat_elems, const sharding& sh,
+                           const comm_options& o = {}) {
+  sh.validate();
+  TESSERA_THROW_IF(flat_elems < 1, config_error, "flat_elems=", flat_elems, " must be >= 1");
+  TESSERA_THROW_IF(o.micro_batches < 1, config_error, "micro_batches=", o.micro_batches,
+                   " must be >= 1");
+  TESSERA_THROW_IF(o.rank < 0 || o.rank >= sh.dp, config_error, "rank=", o.rank,
+                   " is outside [0, dp=", sh.dp, ")");
+  comm_plan p{sh.zero, sh.dp, {}};
+  const int N = sh.dp;
+  const auto n = static_cast<std::size_t>(flat_elems);
+  const std::size_t chunk = comm::padded_count(n, N) / static_cast<std::size_t>(N);
+  const std::int64_t k = o.micro_batches;
+  auto scatter_gather = [&](comm::op_kind op, const char* what, std::size_t eb,
+                            std::int64_t calls) {
+    p.collectives.push_back({op, what, static_cast<std::int64_t>(chunk), eb, calls,
+                             comm::ring_scatter_gather_bytes(chunk, eb, N)});
+  };
+  using comm::op_kind;
+  switch (sh.zero) {
+    case 0:
+      p.collectives.push_back({op_kind::all_reduce, "gradients", flat_elems, o.reduce_bytes, 1,
+                               comm::ring_all_reduce_bytes(n, o.reduce_bytes, N, o.rank)});
+      break;
+    case 1:
+    case 2:
+      scatter_gather(op_kind::reduce_scatter, "gradients", o.reduce_bytes, sh.zero == 1 ? 1 : k);
+      scatter_gather(op_kind::all_gather, "parameters", o.param_bytes, 1);
+      break;
+    default:
+      scatter_gather(op_kind::all_gather, "parameters (forward)", o.param_bytes, k);
+      scatter_gather(op_kind::all_gather, "parameters (backward)", o.param_bytes, k);
+      scatter_gather(op_kind::reduce_scatter, "gradients", o.reduce_bytes, k);
+      break;
+  }
+  return p;
+}
+
+/// plan_comm over the flat buffer of nn::make_llama_layout(c) (alignment padding included).
+inline comm_plan plan_comm(const nn::llama_config& c, const sharding& sh,
+                           const comm_options& o = {}) {
+  return plan_comm(nn::make_llama_layout(c).total(), sh, o);
+}
+
+/// Model FLOPs of one optimizer step.
+struct flops_plan {
+  std::int64_t tokens_per_rank = 0;  ///< B T k
+  std::int64_t tokens_global = 0;    ///< B T k dp
+  double flops_per_token = 0;        ///< train::flops_per_token(c, T): 6 N_matmul + 6 L H T
+  double flops_per_rank = 0;         ///< flops_per_token * tokens_per_rank
+  double six_nd = 0;  ///< 6 N D over the global batch (seeds/003, /004; Kaplan et al. 2020)
+  /// Model FLOPs utilisation of one rank: flops_per_rank / (step_seconds peak_flops),
+  /// peak_flops per device (FLOP/s). 0 when either is not positive.
+  double mfu(double step_seconds, double peak_flops) const {
+    return step_seconds > 0 && peak_flops > 0 ? flops_per_rank / (step_seconds * peak_flops) : 0.0;
+  }
+  /// Seconds per step at utilisation `mfu` of `peak_flops` per device.
+  double step_seconds(double peak_flops, double mfu) const {
+    return flops_per_rank / (peak_flops * mfu);
+  }
+};
+
+/// FLOPs of one optimizer step: B sequences of T tokens, k micro-batches,
+/// dp ranks. N in 6ND is llama_config::num_params() (embedding included, as
+/// the seeds count it). Throws config_error for a size < 1.
+inline flops_plan plan_flops(const nn::llama_config& c, std::int64_t micro_batch, std::int64_t seq,
+                             std::int64_t micro_batches = 1, int dp = 1) {
+  TESSERA_THROW_IF(micro_batch < 1 || seq < 1 || micro_batches < 1 || dp < 1, config_error,
+                   "plan_flops: B=", micro_batch, " T=", seq, " micro_batches=", micro_batches,
+                   " dp=", dp, " must all be >= 1");
+  flops_plan f;
+  f.tokens_per_rank = micro_batch * seq * micro_batches;
+  f.tokens_global = f.tokens_per_rank * dp;
+  f.flops_per_token = train::flops_per_token(c, seq);
+  f.flops_per_rank = f.flops_per_token * static_cast<double>(f.tokens_per_rank);
+  f.six_nd = 6.0 * static_cast<double>(c.num_params()) * static_cast<double>(f.tokens_global);
+  return f;
+}
+
+/// The comm plan as JSON: per collective op, what, elems, bytes; and the total.
+inline nlohmann::json to_json(const comm_plan& p) {
+  nlohmann::json j;
+  j["zero"] = p.zero;
+  j["dp"] = p.dp;
+  j["collectives"] = nlohmann::json::array();
+  for (const auto& c : p.collectives)
+    j["collectives"].push_back({{"op", comm::to_string(c.op)},
+                                {"what", c.what},
+                                {"elems", c.elems},
+                                {"elem_bytes", c.elem_bytes},
+                                {"calls", c.calls},
+                                {"bytes", c.bytes()}});
+  j["bytes_per_step"] = p.bytes_per_step();
+  return j;
+}
+
+/// The FLOPs plan as JSON.
+inline nlohmann::json to_json(const flops_plan& f) {
+  return {{"tokens_per_rank", f.tokens_per_rank},
+          {"tokens_global", f.tokens_global},
+          {"flops_per_token", f.flops_per_token},
+          {"flops_per_rank", f.flops_per_rank},
+          {"six_nd", f.six_nd}};
+}
+
+/// Fixed-width text: one line per collective, then the total.
+inline std::string to_table(const comm_plan& p) {
+  std::string s;
+  char line[200];
+  for (const auto& c : p.collectives) {
+    std::snprintf(line, sizeof line, "  %-15s %-22s x%-3lld %16llu B %9.2f GiB\n",
+                  comm::to_string(c.op), c.what.c_str(), static_cast<long long>(c.calls),
+                  static_cast<unsigned long long>(c.bytes()), static_cast<double>(c.bytes()) / gib);
+    s += line;
+  }
+  std::snprintf(line, sizeof line, "  %-42s %16llu B %9.2f GiB\n", "total sent per rank per step",
+                static_cast<unsigned long long>(p.bytes_per_step()),
+                static_cast<double>(p.bytes_per_step()) / gib);
+  return s + line;
+}
+
+}  // namespace tessera::plan

@@ -11,13 +11,18 @@
 /// needs in an activation record per block, and backward() frees each record
 /// as soon as it has consumed it, so activation memory is countable.
 ///
-/// Block (pre-norm, Touvron et al. 2023):
-///   xn1 = rmsnorm(x);  q,k,v = xn1 Wq^T, xn1 Wk^T, xn1 Wv^T;  rope(q, k)
-///   a = causal_attention(q, k, v);  x' = x + a Wo^T
-///   xn2 = rmsnorm(x');  h = silu(xn2 Wg^T) * (xn2 Wu^T);  y = x' + h Wd^T
-/// Model: embedding -> L blocks -> final rmsnorm -> LM head + cross-entropy
-/// (fused, chunked over tokens).
+/// Model: embedding -> L blocks (nn/transformer_block.hpp) -> final rmsnorm
+/// -> LM head + cross-entropy (fused, chunked over tokens).
+///
+/// Segments and hooks (nn/segment_hooks.hpp): the flat buffer is tiled by
+/// segments -1 (embedding), 0..L-1 (blocks), L (final norm + LM head). The
+/// model reads segment s's parameters from `segment_params(s)`, which is the
+/// segment's place in the flat buffer unless a strategy points it elsewhere
+/// (set_segment_params; ZeRO-3 points it at a gathered copy and builds the
+/// model with `llama_options::external_params`, so no full parameter buffer
+/// exists). Gradients always go to the flat gradient buffer.
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -27,16 +32,14 @@
 #include "tessera/core/numeric.hpp"
 #include "tessera/core/random.hpp"
 #include "tessera/core/tensor.hpp"
-#include "tessera/kernels/attention.hpp"
 #include "tessera/kernels/cross_entropy.hpp"
-#include "tessera/kernels/elementwise.hpp"
 #include "tessera/kernels/embedding.hpp"
-#include "tessera/kernels/gemm.hpp"
 #include "tessera/kernels/rmsnorm.hpp"
 #include "tessera/kernels/rope.hpp"
-#include "tessera/kernels/swiglu.hpp"
 #include "tessera/nn/llama_config.hpp"
 #include "tessera/nn/param_layout.hpp"
+#include "tessera/nn/segment_hooks.hpp"
+#include "tessera/nn/transformer_block.hpp"
 #include "tessera/precision/policy.hpp"
 
 namespace tessera::nn {
@@ -67,31 +70,47 @@ inline param_layout make_llama_layout(const llama_config& c) {
 
 /// Options of a model instance that are not model sizes.
 struct llama_options {
-  std::int64_t ce_chunk = 256;        ///< token rows per LM-head/cross-entropy chunk
-  kernels::attention_tiles tiles{};   ///< attention tile sizes
-  std::int32_t ignore_index = -100;   ///< target id that is not scored
+  std::int64_t ce_chunk = 256;       ///< token rows per LM-head/cross-entropy chunk
+  kernels::attention_tiles tiles{};  ///< attention tile sizes
+  std::int32_t ignore_index = -100;  ///< target id that is not scored
+  /// Do not allocate the flat parameter buffer: params() is null and a
+  /// strategy must point every segment at its parameters
+  /// (set_segment_params) before the model reads them (ZeRO-3).
+  bool external_params = false;
 };
 
 /// Llama model over flat parameter (`param_type`) and gradient (`grad_type`)
 /// buffers, with precision policy `P`. Not thread-safe; one instance per rank.
 template <precision::policy P>
 class llama {
-public:
+ public:
   using Param = typename P::param_type;
   using Grad = typename P::grad_type;
   using Acc = typename P::accum_type;
 
-  /// Allocates parameters and gradients (uninitialised; call init_weights)
-  /// and the RoPE tables from `mr`. Throws config_error for an invalid config.
+  /// Allocates parameters (unless opt.external_params) and gradients
+  /// (uninitialised; call init_weights) and the RoPE tables from `mr`.
+  /// Throws config_error for an invalid config.
   explicit llama(llama_config cfg, llama_options opt = {},
                  memory_resource& mr = host::default_resource())
       : cfg_(std::move(cfg)), opt_(opt), layout_(make_llama_layout(cfg_)), mr_(&mr) {
     TESSERA_THROW_IF(opt_.ce_chunk < 1, config_error, "ce_chunk=", opt_.ce_chunk, " must be >= 1");
-    params_ = tensor<Param>(shape{layout_.total()}, mr);
+    const int L = static_cast<int>(cfg_.n_layers);
+    seg_begin_.push_back(0);
+    for (int l = 0; l < L; ++l)
+      seg_begin_.push_back(layout_.at("blocks." + std::to_string(l) + ".attn_norm").offset);
+    seg_begin_.push_back(layout_.at("final_norm").offset);
+    seg_begin_.push_back(layout_.total());
+    for (int l = 0; l < L; ++l) blocks_.push_back(block_offsets::of(layout_, l, segment_begin(l)));
+    if (!opt_.external_params) {
+      params_ = tensor<Param>(shape{layout_.total()}, mr);
+      params_.zero();
+    }
     grads_ = tensor<Grad>(shape{layout_.total()}, mr);
-    params_.zero();
     grads_.zero();
-    for (int l = 0; l < static_cast<int>(cfg_.n_layers); ++l) blocks_.push_back(find_block_offsets(l));
+    seg_params_.assign(static_cast<std::size_t>(L + 2), nullptr);
+    if (!opt_.external_params)
+      for (int s = -1; s <= L; ++s) set_segment_params(s, params_.data() + segment_begin(s));
     const std::int64_t half = cfg_.head_dim() / 2;
     rope_cos_ = tensor<float>(shape{cfg_.max_seq, half}, mr);
     rope_sin_ = tensor<float>(shape{cfg_.max_seq, half}, mr);
@@ -101,7 +120,8 @@ public:
 
   const llama_config& config() const { return cfg_; }
   const param_layout& layout() const { return layout_; }
-  /// Flat parameter buffer, (layout().total()) elements of param_type.
+  /// Flat parameter buffer, (layout().total()) elements of param_type;
+  /// nullptr with llama_options::external_params.
   Param* params() { return params_.data(); }
   const Param* params() const { return params_.data(); }
   /// Flat gradient buffer, same offsets, grad_type.
@@ -112,23 +132,56 @@ public:
   const float* rope_cos() const { return rope_cos_.data(); }
   const float* rope_sin() const { return rope_sin_.data(); }
 
+  /// Segments: -1 embedding, 0..L-1 blocks, L head (nn/segment_hooks.hpp).
+  int first_segment() const { return -1; }
+  int last_segment() const { return static_cast<int>(cfg_.n_layers); }
+  /// Flat offset of segment s's first element; segment s is
+  /// [segment_begin(s), segment_end(s)), and the segments tile [0, total()).
+  std::int64_t segment_begin(int s) const { return seg_begin_[seg(s)]; }
+  std::int64_t segment_end(int s) const { return seg_begin_[seg(s) + 1]; }
+  /// Where the model reads segment s's parameters: `p` holds
+  /// segment_end(s) - segment_begin(s) elements in flat-buffer order. Not
+  /// owned; must stay valid and unchanged while the model reads it.
+  void set_segment_params(int s, const Param* p) { seg_params_[seg(s)] = p; }
+  const Param* segment_params(int s) const { return seg_params_[seg(s)]; }
+  /// Installs per-segment hooks (nullptr: none). Not owned.
+  void set_hooks(segment_hooks* h) { hooks_ = h; }
+
   /// Deterministic initialisation from `seed`: matrices ~ N(0, 0.02^2), the
   /// residual output projections (wo, w_down) scaled by 1/sqrt(2L) (GPT-2,
   /// Radford et al. 2019), norm gains 1. Each tensor draws from its own
   /// stream (seed, tensor index), so the values do not depend on the layout.
+  /// Throws config_error with external_params (use init_weights_range).
   void init_weights(std::uint64_t seed) {
+    TESSERA_THROW_IF(params_.empty(), config_error,
+                     "init_weights: the model has external parameters; use init_weights_range");
+    init_weights_range(seed, 0, layout_.total(), params_.data());
+  }
+
+  /// The same values as init_weights(seed), for flat elements [lo, hi) only:
+  /// out[i - lo] for i in [lo, hi); alignment padding is set to 0. A shard
+  /// under ZeRO initialises itself without building the full buffer.
+  /// Precondition: 0 <= lo <= hi <= layout().total(); out holds hi - lo.
+  void init_weights_range(std::uint64_t seed, std::int64_t lo, std::int64_t hi, Param* out) const {
+    TESSERA_EXPECTS(0 <= lo && lo <= hi && hi <= layout_.total(), "init range outside the buffer");
+    for (std::int64_t i = lo; i < hi; ++i) out[i - lo] = to<Param>(0.0);
     const double std0 = 0.02;
     const double out_scale = 1.0 / std::sqrt(2.0 * static_cast<double>(cfg_.n_layers));
     std::uint64_t idx = 0;
     for (const auto& e : layout_.entries()) {
-      rng r(mix64(seed) ^ mix64(++idx * 0x9e3779b97f4a7c15ull));
-      Param* p = params_.data() + e.offset;
+      ++idx;
+      const std::int64_t b = std::max(lo, e.offset), en = std::min(hi, e.offset + e.numel);
+      if (b >= en) continue;
       if (e.shp.rank == 1) {
-        for (std::int64_t i = 0; i < e.numel; ++i) p[i] = to<Param>(1.0);
-      } else {
-        const bool is_out = e.name.ends_with("attn.wo") || e.name.ends_with("mlp.w_down");
-        const double s = is_out ? std0 * out_scale : std0;
-        for (std::int64_t i = 0; i < e.numel; ++i) p[i] = to<Param>(s * r.normal());
+        for (std::int64_t i = b; i < en; ++i) out[i - lo] = to<Param>(1.0);
+        continue;
+      }
+      rng r(mix64(seed) ^ mix64(idx * 0x9e3779b97f4a7c15ull));
+      const bool is_out = e.name.ends_with("attn.wo") || e.name.ends_with("mlp.w_down");
+      const double s = is_out ? std0 * out_scale : std0;
+      for (std::int64_t i = e.offset; i < en; ++i) {
+        const double z = r.normal();
+        if (i >= b) out[i - lo] = to<Param>(s * z);
       }
     }
   }
@@ -151,8 +204,8 @@ public:
     const std::int64_t H = cfg_.dim, N = B * T;
     tensor<Grad> dx(shape{N, H}, *mr_);
     kernels::ce_result r = kernels::lm_head_cross_entropy<Param, Grad>(
-        final_xn_.data(), param("lm_head"), tokens, B, T, H, cfg_.vocab, opt_.ce_chunk, dx.data(),
-        grad("lm_head"), grad_scale, opt_.ignore_index, *mr_);
+        final_xn_.data(), head_param("lm_head"), tokens, B, T, H, cfg_.vocab, opt_.ce_chunk,
+        dx.data(), grad("lm_head"), grad_scale, opt_.ignore_index, *mr_);
     backward(dx);
     return r;
   }
@@ -162,8 +215,9 @@ public:
   kernels::ce_result forward_loss(const std::int32_t* tokens, std::int64_t B, std::int64_t T) {
     forward(tokens, B, T, /*windows=*/true);
     kernels::ce_result r = kernels::lm_head_cross_entropy<Param, Grad>(
-        final_xn_.data(), param("lm_head"), tokens, B, T, cfg_.dim, cfg_.vocab, opt_.ce_chunk,
+        final_xn_.data(), head_param("lm_head"), tokens, B, T, cfg_.dim, cfg_.vocab, opt_.ce_chunk,
         static_cast<Grad*>(nullptr), static_cast<Grad*>(nullptr), Acc(0), opt_.ignore_index, *mr_);
+    hook(&segment_hooks::after_forward, last_segment());
     clear_activations();
     return r;
   }
@@ -172,8 +226,9 @@ public:
   /// generation. Throws config_error if T > max_seq or an id is outside [0, V).
   void next_token_logits(const std::int32_t* ids, std::int64_t T, float* logits) {
     forward(ids, 1, T, /*windows=*/false);
-    kernels::lm_head_logits<Param>(logits, final_xn_.data() + (T - 1) * cfg_.dim, param("lm_head"),
-                                cfg_.dim, cfg_.vocab);
+    kernels::lm_head_logits<Param>(logits, final_xn_.data() + (T - 1) * cfg_.dim,
+                                   head_param("lm_head"), cfg_.dim, cfg_.vocab);
+    hook(&segment_hooks::after_forward, last_segment());
     clear_activations();
   }
 
@@ -181,48 +236,43 @@ public:
   /// final norm), as this implementation stores them. The planner's formula.
   std::int64_t saved_bytes_per_token() const {
     const std::int64_t H = cfg_.dim, F = cfg_.ffn_dim, KV = cfg_.kv_dim();
-    const std::int64_t per_block = static_cast<std::int64_t>(sizeof(Param)) * (6 * H + 2 * KV + 3 * F) +
-                                   static_cast<std::int64_t>(sizeof(Acc)) * (2 + cfg_.n_heads);
-    return cfg_.n_layers * per_block +
-           static_cast<std::int64_t>(sizeof(Param)) * 2 * H + static_cast<std::int64_t>(sizeof(Acc)) +
-           static_cast<std::int64_t>(sizeof(std::int32_t));
+    const std::int64_t per_block =
+        static_cast<std::int64_t>(sizeof(Param)) * (6 * H + 2 * KV + 3 * F) +
+        static_cast<std::int64_t>(sizeof(Acc)) * (2 + cfg_.n_heads);
+    return cfg_.n_layers * per_block + static_cast<std::int64_t>(sizeof(Param)) * 2 * H +
+           static_cast<std::int64_t>(sizeof(Acc)) + static_cast<std::int64_t>(sizeof(std::int32_t));
   }
 
-  /// Pointer to parameter `name` inside the flat buffer.
-  Param* param(const std::string& name) { return params_.data() + layout_.at(name).offset; }
+  /// Pointer to parameter `name` inside the flat buffer. Throws config_error
+  /// with external_params.
+  Param* param(const std::string& name) {
+    TESSERA_THROW_IF(params_.empty(), config_error, "param('", name,
+                     "'): the model has external parameters (ZeRO-3); no flat buffer");
+    return params_.data() + layout_.at(name).offset;
+  }
   /// Pointer to the gradient of `name` inside the flat gradient buffer.
   Grad* grad(const std::string& name) { return grads_.data() + layout_.at(name).offset; }
 
-private:
-  // What one block's forward saves for its backward (shapes per token row).
-  struct block_record {
-    tensor<Param> x_in;    // (N, H) block input (residual stream)
-    tensor<Acc> rstd1;   // (N)
-    tensor<Param> xn1;     // (N, H)
-    tensor<Param> q;       // (N, nh*hd) after RoPE
-    tensor<Param> k, v;    // (N, nkv*hd), k after RoPE
-    tensor<Param> att;     // (N, nh*hd) attention output
-    tensor<Acc> lse;     // (B, nh, T)
-    tensor<Param> x_mid;   // (N, H) after the attention residual
-    tensor<Acc> rstd2;   // (N)
-    tensor<Param> xn2;     // (N, H)
-    tensor<Param> gate;    // (N, F)
-    tensor<Param> up;      // (N, F)
-    tensor<Param> h;       // (N, F) silu(gate) * up
-  };
-  struct block_ptrs {
-    std::int64_t attn_norm, wq, wk, wv, wo, mlp_norm, w_gate, w_up, w_down;
-  };
-
-  const block_ptrs& block_offsets(int l) const { return blocks_[static_cast<std::size_t>(l)]; }
-
-  block_ptrs find_block_offsets(int l) const {
-    const std::string b = "blocks." + std::to_string(l) + ".";
-    return {layout_.at(b + "attn_norm").offset, layout_.at(b + "attn.wq").offset,
-            layout_.at(b + "attn.wk").offset,   layout_.at(b + "attn.wv").offset,
-            layout_.at(b + "attn.wo").offset,   layout_.at(b + "mlp_norm").offset,
-            layout_.at(b + "mlp.w_gate").offset, layout_.at(b + "mlp.w_up").offset,
-            layout_.at(b + "mlp.w_down").offset};
+ private:
+  std::size_t seg(int s) const {
+    TESSERA_EXPECTS(s >= -1 && s <= static_cast<int>(cfg_.n_layers), "segment id out of range");
+    return static_cast<std::size_t>(s + 1);
+  }
+  void hook(void (segment_hooks::*fn)(int), int s) {
+    if (hooks_) (hooks_->*fn)(s);
+  }
+  // Parameter `name` of the embedding or head segment, via the segment table.
+  const Param* head_param(const std::string& name) const {
+    const std::int64_t off = layout_.at(name).offset;
+    const int s = off < segment_begin(0) ? -1 : last_segment();
+    const Param* base = segment_params(s);
+    TESSERA_THROW_IF(base == nullptr, error, "segment ", s, " has no parameters set (", name, ")");
+    return base + (off - segment_begin(s));
+  }
+  const Param* block_params(int l) const {
+    const Param* p = segment_params(l);
+    TESSERA_THROW_IF(p == nullptr, error, "segment ", l, " (block ", l, ") has no parameters set");
+    return p;
   }
 
   void check_shapes(std::int64_t B, std::int64_t T) const {
@@ -240,16 +290,20 @@ private:
     ids_.release();
   }
 
+  block_dims dims() const {
+    return block_dims::of(cfg_, B_, T_len_, opt_.tiles, rope_cos_.data(), rope_sin_.data(), *mr_);
+  }
+
   // Runs embedding, the blocks and the final norm, saving what backward needs.
   // windows: tokens is (B, T+1) and inputs are the first T of each row;
-  // otherwise tokens is (B, T) of inputs.
+  // otherwise tokens is (B, T) of inputs. Leaves the head segment acquired
+  // (before_forward(L) called); the caller ends it.
   void forward(const std::int32_t* tokens, std::int64_t B, std::int64_t T, bool windows) {
     check_shapes(B, T);
     clear_activations();
     B_ = B;
     T_len_ = T;
-    const std::int64_t N = B * T, H = cfg_.dim, F = cfg_.ffn_dim, KV = cfg_.kv_dim();
-    const std::int64_t nh = cfg_.n_heads, nkv = cfg_.n_kv_heads, hd = cfg_.head_dim();
+    const std::int64_t N = B * T, H = cfg_.dim;
     ids_ = tensor<std::int32_t>(shape{N}, *mr_);
     const std::int64_t stride = windows ? T + 1 : T;
     // An input equal to ignore_index is padding: it embeds to zeros and its
@@ -266,126 +320,72 @@ private:
       }
 
     tensor<Param> x(shape{N, H}, *mr_);
-    kernels::embedding_forward<Param>(x.data(), ids_.data(), param("embedding"), N, cfg_.vocab, H);
+    hook(&segment_hooks::before_forward, -1);
+    kernels::embedding_forward<Param>(x.data(), ids_.data(), head_param("embedding"), N, cfg_.vocab,
+                                      H);
+    hook(&segment_hooks::after_forward, -1);
     for (std::int64_t row : pad_rows_)
       for (std::int64_t i = 0; i < H; ++i) x[row * H + i] = to<Param>(0.0);
     tensor<Param> proj(shape{N, H}, *mr_);
+    const block_dims d = dims();
     records_.resize(static_cast<std::size_t>(cfg_.n_layers));
     for (int l = 0; l < static_cast<int>(cfg_.n_layers); ++l) {
-      const block_ptrs& o = block_offsets(l);
-      const Param* p = params_.data();
-      block_record& r = records_[static_cast<std::size_t>(l)];
-      r.x_in = std::move(x);
-      r.rstd1 = tensor<Acc>(shape{N}, *mr_);
-      r.xn1 = tensor<Param>(shape{N, H}, *mr_);
-      kernels::rmsnorm_forward<Param>(r.xn1.data(), r.rstd1.data(), r.x_in.data(), p + o.attn_norm, N,
-                                  H, cfg_.norm_eps);
-      r.q = tensor<Param>(shape{N, H}, *mr_);
-      r.k = tensor<Param>(shape{N, KV}, *mr_);
-      r.v = tensor<Param>(shape{N, KV}, *mr_);
-      kernels::linear_forward<Param>(r.q.data(), r.xn1.data(), p + o.wq, N, H, H);
-      kernels::linear_forward<Param>(r.k.data(), r.xn1.data(), p + o.wk, N, KV, H);
-      kernels::linear_forward<Param>(r.v.data(), r.xn1.data(), p + o.wv, N, KV, H);
-      kernels::rope_forward<Param>(r.q.data(), rope_cos_.data(), rope_sin_.data(), B, T, nh, hd);
-      kernels::rope_forward<Param>(r.k.data(), rope_cos_.data(), rope_sin_.data(), B, T, nkv, hd);
-      r.att = tensor<Param>(shape{N, H}, *mr_);
-      r.lse = tensor<Acc>(shape{B, nh, T}, *mr_);
-      kernels::attention_forward<Param>(r.att.data(), r.lse.data(), r.q.data(), r.k.data(), r.v.data(),
-                                    B, T, nh, nkv, hd, opt_.tiles, *mr_);
-      kernels::linear_forward<Param>(proj.data(), r.att.data(), p + o.wo, N, H, H);
-      r.x_mid = tensor<Param>(shape{N, H}, *mr_);
-      kernels::residual_add<Param>(r.x_mid.data(), r.x_in.data(), proj.data(), N * H);
-      r.rstd2 = tensor<Acc>(shape{N}, *mr_);
-      r.xn2 = tensor<Param>(shape{N, H}, *mr_);
-      kernels::rmsnorm_forward<Param>(r.xn2.data(), r.rstd2.data(), r.x_mid.data(), p + o.mlp_norm, N,
-                                  H, cfg_.norm_eps);
-      r.gate = tensor<Param>(shape{N, F}, *mr_);
-      r.up = tensor<Param>(shape{N, F}, *mr_);
-      r.h = tensor<Param>(shape{N, F}, *mr_);
-      kernels::linear_forward<Param>(r.gate.data(), r.xn2.data(), p + o.w_gate, N, F, H);
-      kernels::linear_forward<Param>(r.up.data(), r.xn2.data(), p + o.w_up, N, F, H);
-      kernels::swiglu_forward<Param>(r.h.data(), r.gate.data(), r.up.data(), N * F);
-      kernels::linear_forward<Param>(proj.data(), r.h.data(), p + o.w_down, N, H, F);
-      x = tensor<Param>(shape{N, H}, *mr_);
-      kernels::residual_add<Param>(x.data(), r.x_mid.data(), proj.data(), N * H);
+      hook(&segment_hooks::before_forward, l);
+      block_forward<P>(records_[static_cast<std::size_t>(l)], x, block_params(l),
+                       blocks_[static_cast<std::size_t>(l)], d, proj);
+      hook(&segment_hooks::after_forward, l);
     }
+    hook(&segment_hooks::before_forward, last_segment());
     final_in_ = std::move(x);
     final_rstd_ = tensor<Acc>(shape{N}, *mr_);
     final_xn_ = tensor<Param>(shape{N, H}, *mr_);
     kernels::rmsnorm_forward<Param>(final_xn_.data(), final_rstd_.data(), final_in_.data(),
-                                param("final_norm"), N, H, cfg_.norm_eps);
+                                    head_param("final_norm"), N, H, cfg_.norm_eps);
   }
 
   // Consumes the records in reverse. dxf: (N, H) gradient of the final norm's output.
   void backward(tensor<Grad>& dxf) {
-    const std::int64_t B = B_, T = T_len_, N = B * T, H = cfg_.dim, F = cfg_.ffn_dim,
-                       KV = cfg_.kv_dim();
-    const std::int64_t nh = cfg_.n_heads, nkv = cfg_.n_kv_heads, hd = cfg_.head_dim();
+    const std::int64_t N = B_ * T_len_, H = cfg_.dim;
     tensor<Grad> dres(shape{N, H}, *mr_);  // gradient of the residual stream
-    kernels::rmsnorm_backward<Param, Grad>(dres.data(), grad("final_norm"), dxf.data(), final_in_.data(),
-                                    param("final_norm"), final_rstd_.data(), N, H, false);
+    kernels::rmsnorm_backward<Param, Grad>(dres.data(), grad("final_norm"), dxf.data(),
+                                           final_in_.data(), head_param("final_norm"),
+                                           final_rstd_.data(), N, H, false);
     final_in_.release();
     final_xn_.release();
     final_rstd_.release();
     dxf.release();
-    tensor<Grad> dxn(shape{N, H}, *mr_), datt(shape{N, H}, *mr_);
-    tensor<Grad> dq(shape{N, H}, *mr_), dk(shape{N, KV}, *mr_), dv(shape{N, KV}, *mr_);
-    tensor<Grad> dh(shape{N, F}, *mr_), dgate(shape{N, F}, *mr_), dup(shape{N, F}, *mr_);
+    hook(&segment_hooks::after_backward, last_segment());
+    const block_dims d = dims();
+    block_grad_scratch<P> scratch(d);
     for (int l = static_cast<int>(cfg_.n_layers) - 1; l >= 0; --l) {
-      const block_ptrs& o = block_offsets(l);
-      const Param* p = params_.data();
-      Grad* g = grads_.data();
-      block_record& r = records_[static_cast<std::size_t>(l)];
-      // MLP: y = x_mid + h Wd^T
-      kernels::linear_backward_input<Param, Grad>(dh.data(), dres.data(), p + o.w_down, N, H, F);
-      kernels::linear_backward_weight<Param, Grad>(g + o.w_down, dres.data(), r.h.data(), N, H, F);
-      kernels::swiglu_backward<Param, Grad>(dgate.data(), dup.data(), dh.data(), r.gate.data(),
-                                     r.up.data(), N * F);
-      kernels::linear_backward_input<Param, Grad>(dxn.data(), dgate.data(), p + o.w_gate, N, F, H);
-      kernels::linear_backward_input<Param, Grad>(dxn.data(), dup.data(), p + o.w_up, N, F, H, true);
-      kernels::linear_backward_weight<Param, Grad>(g + o.w_gate, dgate.data(), r.xn2.data(), N, F, H);
-      kernels::linear_backward_weight<Param, Grad>(g + o.w_up, dup.data(), r.xn2.data(), N, F, H);
-      kernels::rmsnorm_backward<Param, Grad>(dres.data(), g + o.mlp_norm, dxn.data(), r.x_mid.data(),
-                                      p + o.mlp_norm, r.rstd2.data(), N, H, true);
-      r.h.release();
-      r.gate.release();
-      r.up.release();
-      r.xn2.release();
-      r.x_mid.release();
-      r.rstd2.release();
-      // Attention: x_mid = x_in + att Wo^T
-      kernels::linear_backward_input<Param, Grad>(datt.data(), dres.data(), p + o.wo, N, H, H);
-      kernels::linear_backward_weight<Param, Grad>(g + o.wo, dres.data(), r.att.data(), N, H, H);
-      kernels::attention_backward<Param, Grad>(dq.data(), dk.data(), dv.data(), datt.data(), r.q.data(),
-                                        r.k.data(), r.v.data(), r.att.data(), r.lse.data(), B, T,
-                                        nh, nkv, hd, opt_.tiles, *mr_);
-      kernels::rope_backward<Grad>(dq.data(), rope_cos_.data(), rope_sin_.data(), B, T, nh, hd);
-      kernels::rope_backward<Grad>(dk.data(), rope_cos_.data(), rope_sin_.data(), B, T, nkv, hd);
-      kernels::linear_backward_input<Param, Grad>(dxn.data(), dq.data(), p + o.wq, N, H, H);
-      kernels::linear_backward_input<Param, Grad>(dxn.data(), dk.data(), p + o.wk, N, KV, H, true);
-      kernels::linear_backward_input<Param, Grad>(dxn.data(), dv.data(), p + o.wv, N, KV, H, true);
-      kernels::linear_backward_weight<Param, Grad>(g + o.wq, dq.data(), r.xn1.data(), N, H, H);
-      kernels::linear_backward_weight<Param, Grad>(g + o.wk, dk.data(), r.xn1.data(), N, KV, H);
-      kernels::linear_backward_weight<Param, Grad>(g + o.wv, dv.data(), r.xn1.data(), N, KV, H);
-      kernels::rmsnorm_backward<Param, Grad>(dres.data(), g + o.attn_norm, dxn.data(), r.x_in.data(),
-                                      p + o.attn_norm, r.rstd1.data(), N, H, true);
+      hook(&segment_hooks::before_backward, l);
+      block_backward<P>(records_[static_cast<std::size_t>(l)], dres, block_params(l),
+                        grads_.data() + segment_begin(l), blocks_[static_cast<std::size_t>(l)], d,
+                        scratch);
       records_.pop_back();
+      hook(&segment_hooks::after_backward, l);
     }
+    hook(&segment_hooks::before_backward, -1);
     for (std::int64_t row : pad_rows_)
       for (std::int64_t i = 0; i < H; ++i) dres[row * H + i] = Grad(0);
-    kernels::embedding_backward<Grad>(grad("embedding"), dres.data(), ids_.data(), N, cfg_.vocab, H);
+    kernels::embedding_backward<Grad>(grad("embedding"), dres.data(), ids_.data(), N, cfg_.vocab,
+                                      H);
     ids_.release();
+    hook(&segment_hooks::after_backward, -1);
   }
 
   llama_config cfg_;
   llama_options opt_;
   param_layout layout_;
   memory_resource* mr_;
-  tensor<Param> params_;
-  tensor<Grad> grads_;
+  tensor<Param> params_;  // (total) flat parameters; empty with external_params
+  tensor<Grad> grads_;    // (total) flat gradients
   tensor<float> rope_cos_, rope_sin_;
-  std::vector<block_ptrs> blocks_;  // offsets of each block's tensors
-  std::vector<block_record> records_;
+  std::vector<std::int64_t> seg_begin_;   // L+3 boundaries: segment s is [s+1], [s+2]
+  std::vector<const Param*> seg_params_;  // L+2: where segment s's parameters are read
+  segment_hooks* hooks_ = nullptr;
+  std::vector<block_offsets> blocks_;  // offsets of each block's tensors in its segment
+  std::vector<block_record<P>> records_;
   tensor<Param> final_in_, final_xn_;
   tensor<Acc> final_rstd_;
   tensor<std::int32_t> ids_;

@@ -1,0 +1,54 @@
+#pragma once
+/// \file nn/segment_hooks.hpp
+/// Segments of a model and the hooks a sharding strategy uses to act per
+/// segment (DESIGN.md, "One step": gradient buckets reduced while earlier
+/// layers still compute; ZeRO-3 parameters gathered per block).
+///
+/// A segment is a contiguous range of the flat parameter buffer that one
+/// stage of the forward pass reads: the embedding (segment -1), transformer
+/// block l (segment l, 0 <= l < L), and the head (segment L: final norm and
+/// LM head). Segments tile the flat buffer in order -1, 0, ..., L, with the
+/// layout's alignment padding counted in the segment before it.
+///
+/// Call order (nn::llama). forward_backward, for one micro-batch:
+///
+///   before_forward(-1) after_forward(-1) ... before_forward(L-1) after_forward(L-1)
+///   before_forward(L)  [final norm, LM head + cross-entropy and their backward]
+///   after_backward(L)
+///   before_backward(L-1) after_backward(L-1) ... before_backward(-1) after_backward(-1)
+///
+/// The head's forward and backward are fused (the chunked LM head computes
+/// its gradient as it goes), so within forward_backward the head gets
+/// before_forward and after_backward only. forward_loss and next_token_logits
+/// call before_forward(s), after_forward(s) for s = -1 .. L.
+///
+/// What a strategy may do in each (seed 004, "ZeRO and FSDP"):
+///   before_*(s): make segment s's parameters readable and point the model at
+///                them (llama::set_segment_params); ZeRO-3 all-gathers here.
+///   after_forward(s): the parameters of s are not needed until its backward
+///                (ZeRO-3 frees its gathered copy).
+///   after_backward(s): every gradient of segment s for this micro-batch is
+///                in the gradient buffer; a bucket whose segments are all
+///                done may start its reduction while earlier segments still
+///                compute.
+/// Hooks run on the calling thread, between kernels; they must not touch
+/// activation memory. An exception thrown by a hook propagates out of the
+/// model call (the model's saved activations are then cleared on the next call).
+
+namespace tessera::nn {
+
+/// Per-segment hooks (all no-ops by default). Segment ids: -1 embedding,
+/// 0..L-1 blocks, L head. Not owned by the model; must outlive its use.
+struct segment_hooks {
+  virtual ~segment_hooks() = default;
+  /// Before segment s's parameters are read by a forward pass.
+  virtual void before_forward(int s) { (void)s; }
+  /// After segment s's forward pass read its parameters for the last time.
+  virtual void after_forward(int s) { (void)s; }
+  /// Before segment s's parameters are read by its backward pass.
+  virtual void before_backward(int s) { (void)s; }
+  /// After segment s's backward pass: its parameter gradients are complete.
+  virtual void after_backward(int s) { (void)s; }
+};
+
+}  // namespace tessera::nn

@@ -1,0 +1,179 @@
+// plan: what one training step of a Llama costs per rank before anything
+// runs (DESIGN.md, principle 5). Prints the per-rank bytes (weights,
+// gradients, master weights, optimizer state, RoPE tables, ZeRO-3 gathered
+// units, saved activations, logits workspace, activation peak, total), the
+// model FLOPs per step, the bytes each rank sends per step, and whether it
+// fits the device memory with the margin. --seed004 prints seeds/004's
+// ZeRO table (16 bytes per parameter, 7B and the real llama2_7b count).
+//
+// clang-format off
+//   build/host/examples/plan --preset llama2_7b --precision bf16_mixed --dp 8 --zero 3 --micro-batch 1 --seq 4096
+//   build/host/examples/plan --seed004
+//   build/host/examples/plan --preset llama3_8b --zero 1 --json
+// clang-format on
+//
+// Exit status: 0 when it fits (or with --seed004), 1 when it does not fit,
+// 2 on bad input (one-line error naming the value).
+
+#include <CLI/CLI.hpp>
+#include <cmath>
+#include <cstdio>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "tessera/nn/llama_config.hpp"
+#include "tessera/plan/memory.hpp"
+#include "tessera/plan/step.hpp"
+
+using namespace tessera;
+
+namespace {
+
+struct options {
+  std::string preset = "llama2_7b";
+  std::string precision = "bf16_mixed";
+  int dp = 8, zero = 3, prefetch = 1;
+  std::int64_t micro_batch = 1, seq = 4096, micro_batches = 1, ce_chunk = 256;
+  int threads = 1;
+  std::size_t reduce_bytes = 4;
+  double memory_gib = 141.0;   // one H200
+  double peak_tflops = 989.0;  // H200 dense bf16 (NVIDIA datasheet, without sparsity)
+  double step_seconds = 0;     // optional: measured step time, for MFU
+  bool json = false, seed004 = false;
+};
+
+// seeds/004's table: model state per GPU for 7B on 8 GPUs, ZeRO 0..3.
+int print_seed004() {
+  const auto d = plan::dtype_sizes::seed004();
+  const auto real = nn::llama_config::llama2_7b();
+  std::printf("seeds/004 model state per GPU, 8 GPUs, mixed-precision Adam (16 bytes/param)\n");
+  std::printf("  %-8s %14s %14s %22s\n", "stage", "N = 7e9", "seed formula",
+              "llama2_7b (N = real)");
+  const char* names[] = {"DP", "ZeRO-1", "ZeRO-2", "ZeRO-3"};
+  for (int z = 0; z <= 3; ++z) {
+    const double a = static_cast<double>(
+        plan::plan_state(7'000'000'000, d, plan::optimizer_spec::adamw(), {z, 8}).model_state());
+    const double b = static_cast<double>(
+        plan::plan_state(real, d, plan::optimizer_spec::adamw(), {z, 8}).model_state());
+    const double seed = plan::seed004_training_memory_gib(7e9, 8, z);
+    if (std::abs(a / plan::gib - seed) > 1e-9 * seed) {  // the planner must reproduce the seed
+      std::fprintf(stderr, "plan: planner %.6f GiB != seed %.6f GiB at zero %d\n", a / plan::gib,
+                   seed, z);
+      return 1;
+    }
+    std::printf("  %-8s %10.2f GiB %10.2f GiB %18.2f GiB\n", names[z], a / plan::gib, seed,
+                b / plan::gib);
+  }
+  std::printf("  (llama2_7b has %lld parameters; activations come on top)\n",
+              static_cast<long long>(real.num_params()));
+  return 0;
+}
+
+int run(const options& o) {
+  const auto cfg = nn::llama_config::from_name(o.preset);
+  const auto d = plan::dtype_sizes::from_name(o.precision == "bf16" ? "bf16_mixed" : o.precision);
+  const plan::sharding sh{o.zero, o.dp, o.prefetch};
+  sh.validate();
+  TESSERA_THROW_IF(o.micro_batches < 1, config_error, "micro-batches=", o.micro_batches,
+                   " must be >= 1");
+  TESSERA_THROW_IF(o.reduce_bytes != 2 && o.reduce_bytes != 4 && o.reduce_bytes != 8, config_error,
+                   "reduce-bytes=", o.reduce_bytes, " must be 2, 4 or 8");
+  TESSERA_THROW_IF(!(o.memory_gib > 0), config_error, "memory-gib=", o.memory_gib, " must be > 0");
+  plan::activation_options ao{o.micro_batch, o.seq, {}, o.threads};
+  ao.model.ce_chunk = o.ce_chunk;
+  TESSERA_THROW_IF(o.ce_chunk < 1, config_error, "ce-chunk=", o.ce_chunk, " must be >= 1");
+  TESSERA_THROW_IF(o.seq < 1, config_error, "sequence length T=", o.seq, " must be >= 1");
+  const auto mem = plan::plan_memory(cfg, d, plan::optimizer_spec::adamw(), sh, ao);
+  const auto comm = plan::plan_comm(cfg, sh, {o.reduce_bytes, d.param, o.micro_batches, 0});
+  const auto flops = plan::plan_flops(cfg, o.micro_batch, o.seq, o.micro_batches, o.dp);
+
+  // Check before reporting: the rows add up to the total.
+  std::uint64_t sum = 0;
+  for (const auto& [k, v] : mem.rows())
+    if (k != "activations (saved)" && k != "logits workspace" && k != "total") sum += v;
+  TESSERA_THROW_IF(sum != mem.total(), error, "plan rows sum to ", sum, " != total ", mem.total());
+
+  const double capacity = o.memory_gib * plan::gib;
+  const double margin = capacity - static_cast<double>(mem.total());
+  const bool fits = margin >= 0;
+  const double peak = o.peak_tflops * 1e12;
+  if (o.json) {
+    nlohmann::json j = mem.to_json();
+    j["comm"] = plan::to_json(comm);
+    j["flops"] = plan::to_json(flops);
+    j["memory_gib"] = o.memory_gib;
+    j["fits"] = fits;
+    j["margin_bytes"] = margin;
+    if (o.step_seconds > 0) j["mfu"] = flops.mfu(o.step_seconds, peak);
+    std::cout << j.dump(2) << "\n";
+    return fits ? 0 : 1;
+  }
+  std::printf("%s", mem.to_table().c_str());
+  std::printf(
+      "\nFLOPs per step (per rank, %lld tokens): %.4g model FLOPs (%.4g per token); "
+      "6ND over %lld global tokens: %.4g\n",
+      static_cast<long long>(flops.tokens_per_rank), flops.flops_per_rank, flops.flops_per_token,
+      static_cast<long long>(flops.tokens_global), flops.six_nd);
+  std::printf("  at %.0f TFLOP/s peak and 40%% MFU: %.3f s per step\n", o.peak_tflops,
+              flops.step_seconds(peak, 0.40));
+  if (o.step_seconds > 0)
+    std::printf("  measured %.3f s per step: MFU %.1f%%\n", o.step_seconds,
+                100.0 * flops.mfu(o.step_seconds, peak));
+  std::printf(
+      "\nCommunication per step (zero-%d, dp=%d, ring, %zu-byte reduction, %zu-byte "
+      "parameters):\n%s",
+      o.zero, o.dp, o.reduce_bytes, d.param, plan::to_table(comm).c_str());
+  std::printf("\nMemory: %.2f GiB of %.2f GiB: %s, margin %.2f GiB\n",
+              static_cast<double>(mem.total()) / plan::gib, o.memory_gib,
+              fits ? "fits" : "DOES NOT FIT", margin / plan::gib);
+  return fits ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  options o;
+  CLI::App app{"plan: per-rank memory, FLOPs and communication of a Llama training step"};
+  app.add_option("--preset", o.preset, "tiny, small, llama2_7b, llama3_8b")->capture_default_str();
+  app.add_option("--precision", o.precision, "fp32, fp64, bf16_mixed, seed004")
+      ->capture_default_str();
+  app.add_option("--dp", o.dp, "data-parallel ranks")->capture_default_str();
+  app.add_option("--zero", o.zero, "ZeRO stage 0..3")->capture_default_str();
+  app.add_option("--prefetch", o.prefetch, "ZeRO-3 units gathered ahead")->capture_default_str();
+  app.add_option("--micro-batch", o.micro_batch, "sequences per micro-batch (B)")
+      ->capture_default_str();
+  app.add_option("--seq", o.seq, "tokens per sequence (T)")->capture_default_str();
+  app.add_option("--micro-batches", o.micro_batches, "micro-batches per rank per step")
+      ->capture_default_str();
+  app.add_option("--ce-chunk", o.ce_chunk, "token rows per LM-head/CE chunk")
+      ->capture_default_str();
+  app.add_option("--threads", o.threads, "threads (attention scratch is per thread)")
+      ->capture_default_str();
+  app.add_option("--reduce-bytes", o.reduce_bytes, "bytes per element of the gradient reduction")
+      ->capture_default_str();
+  app.add_option("--memory-gib", o.memory_gib, "device memory in GiB (141: one H200)")
+      ->capture_default_str();
+  app.add_option("--peak-tflops", o.peak_tflops, "peak TFLOP/s per device")->capture_default_str();
+  app.add_option("--step-seconds", o.step_seconds, "measured step time, for MFU");
+  app.add_flag("--json", o.json, "print JSON instead of tables");
+  app.add_flag("--seed004", o.seed004, "print seeds/004's ZeRO table and exit");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "plan: error: %s\n", e.what());
+    return 2;
+  }
+  try {
+    if (o.seed004) return print_seed004();
+    return run(o);
+  } catch (const config_error& e) {
+    std::fprintf(stderr, "plan: error: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "plan: failed: %s\n", e.what());
+    return 1;
+  }
+}

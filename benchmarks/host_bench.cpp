@@ -85,7 +85,7 @@ void bench_linear(std::vector<row>& rows, const std::string& tag, std::int64_t M
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::string blas = kernels::ensure_fast_blas(argv);
+  const std::string blas = kernels::check_blas_core(argv);
   std::string json_path = "host_bench.json";
   int reps = 3;
   bool skip_7b = false;
@@ -157,6 +157,7 @@ int main(int argc, char** argv) {
     tc.micro_batch = 16;
     tc.seq = 128;
     tc.eval_windows = 1;
+    tc.warmup = 1;
     train::trainer<precision::fp32> tr(sm, tc, f);
     tr.set_peak_flops(peak);
     auto first = tr.train_step();  // warm-up

@@ -19,7 +19,7 @@
 using namespace tessera;
 
 int main(int argc, char** argv) {
-  kernels::ensure_fast_blas(argv);
+  kernels::check_blas_core(argv);
   const std::string text_path = argc > 1 ? argv[1] : TESSERA_SOURCE_DIR "/data/fortunes.txt";
   std::ifstream in(text_path, std::ios::binary);
   std::string text((std::istreambuf_iterator<char>(in)), {});

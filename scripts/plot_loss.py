@@ -55,6 +55,8 @@ def read_metrics(path):
             if isinstance(rec.get("loss"), (int, float)) and math.isfinite(rec["loss"]):
                 steps.append(s)
                 loss.append(rec["loss"])
+            if isinstance(rec.get("baseline_4gram"), (int, float)):
+                read_metrics.baseline = rec["baseline_4gram"]
             if isinstance(rec.get("val_loss"), (int, float)) and math.isfinite(rec["val_loss"]):
                 val_steps.append(s)
                 val_loss.append(rec["val_loss"])
@@ -89,7 +91,12 @@ def main():
     if baseline is not None and label is None:
         label = f"n-gram baseline ({baseline:.3f})"
 
+    read_metrics.baseline = None
     steps, loss, val_steps, val_loss = read_metrics(args.metrics)
+    if baseline is None and read_metrics.baseline is not None:
+        # train_llama records the 4-gram baseline in each metrics line
+        baseline = read_metrics.baseline
+        label = label or f"4-gram Kneser-Ney baseline ({baseline:.3f})"
 
     try:
         import matplotlib

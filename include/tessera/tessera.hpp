@@ -1,8 +1,12 @@
 #pragma once
 /// \file tessera.hpp
 /// The umbrella header: every public tessera header for the host backend.
-/// CUDA-only headers (kernels/cuda/*.cuh) are included separately under nvcc.
+/// CUDA-only headers (kernels/cuda/*.cuh) are included separately under nvcc,
+/// and tessera/comm/mpi.hpp with the tessera::mpi target.
 
+#include "tessera/comm/communicator.hpp"
+#include "tessera/comm/device_mesh.hpp"
+#include "tessera/comm/local.hpp"
 #include "tessera/core/backend.hpp"
 #include "tessera/core/config.hpp"
 #include "tessera/core/error.hpp"
@@ -29,6 +33,8 @@
 #include "tessera/optim/clip.hpp"
 #include "tessera/optim/param_range.hpp"
 #include "tessera/optim/schedule.hpp"
+#include "tessera/plan/memory.hpp"
+#include "tessera/plan/step.hpp"
 #include "tessera/precision/policy.hpp"
 #include "tessera/train/checkpoint.hpp"
 #include "tessera/train/metrics.hpp"

@@ -47,8 +47,17 @@ TEST_CASE("llama gradient equals central finite differences (float64)", "[nn][fd
   std::int64_t nkv, T;
   std::tie(nkv, T) = GENERATE(table<std::int64_t, std::int64_t>({{2, 7}, {1, 13}, {4, 9}, {2, 13}}));
   // Tiny shapes: one thread avoids fork/join overhead dominating ~30k forwards.
-  omp_set_num_threads(1);
-  openblas_set_num_threads(1);
+  struct one_thread {
+    int omp = omp_get_max_threads(), blas = openblas_get_num_threads();
+    one_thread() {
+      omp_set_num_threads(1);
+      openblas_set_num_threads(1);
+    }
+    ~one_thread() {
+      omp_set_num_threads(omp);
+      openblas_set_num_threads(blas);
+    }
+  } guard;
   const std::int64_t B = 2;
   nn::llama_options opt;
   opt.tiles = {4, 3};
@@ -153,7 +162,10 @@ TEST_CASE("RoPE tables of a bf16 model are float32 and accurate at position 8191
       worst = std::max(worst, (double)std::abs(m.rope_sin()[8191 * half + i] - std::sin(ang)));
     }
     INFO("theta " << theta << " worst error " << worst);
-    CHECK(worst < 5e-4);
+    // The requirement is 5e-4 (what float32 angles would give at t=8191:
+    // 8191 * 2^-24 ~ 4.9e-4). Angles in double and one float32 rounding of
+    // cos/sin give ~3e-8, so hold the tables to 1e-6.
+    CHECK(worst < 1e-6);
   }
 }
 

@@ -2,7 +2,10 @@
 // from a checkpoint, accumulation invariance, and config errors.
 #include <catch2/catch.hpp>
 
+#include <unistd.h>
+
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -22,10 +25,20 @@ fs::path make_corpus(const std::string& name, std::size_t bytes = 20000) {
     s = mix64(s);
     text += words[s % 10];
   }
-  auto p = fs::temp_directory_path() / ("tessera_test_" + name + ".tok");
+  auto p = fs::temp_directory_path() /
+           ("tessera_test_" + name + "_" + std::to_string(::getpid()) + ".tok");
   data::write_token_file(p, data::byte_tokenizer::encode(text), 256, data::token_dtype::u16);
   return p;
 }
+
+// Removes the file when the test case ends, pass or fail.
+struct temp_file {
+  fs::path path;
+  ~temp_file() {
+    std::error_code ec;
+    fs::remove(path, ec);
+  }
+};
 
 nn::llama_config model() {
   auto c = nn::llama_config::tiny();
@@ -48,7 +61,8 @@ train::train_config tcfg() {
 }  // namespace
 
 TEST_CASE("two runs with the same seed replay bit for bit", "[train][determinism]") {
-  auto path = make_corpus("replay");
+  temp_file corpus{make_corpus("replay")};
+  const fs::path& path = corpus.path;
   data::token_file f(path);
   train::trainer<precision::fp32> a(model(), tcfg(), f), b(model(), tcfg(), f);
   for (int s = 0; s < 4; ++s) {
@@ -61,9 +75,10 @@ TEST_CASE("two runs with the same seed replay bit for bit", "[train][determinism
 }
 
 TEST_CASE("a run resumed from a checkpoint continues exactly", "[train][checkpoint]") {
-  auto path = make_corpus("resume");
+  temp_file corpus{make_corpus("resume")};
+  const fs::path& path = corpus.path;
   data::token_file f(path);
-  auto ck = fs::temp_directory_path() / "tessera_test_resume.ckpt";
+  auto ck = fs::temp_directory_path() / ("tessera_test_resume_" + std::to_string(::getpid()) + ".ckpt");
   std::vector<double> full;
   {
     train::trainer<precision::bf16_mixed> t(model(), tcfg(), f);
@@ -94,7 +109,8 @@ TEST_CASE("a run resumed from a checkpoint continues exactly", "[train][checkpoi
 }
 
 TEST_CASE("the loss curve does not depend on the micro-batch size (float64)", "[train][accumulation]") {
-  auto path = make_corpus("accum");
+  temp_file corpus{make_corpus("accum")};
+  const fs::path& path = corpus.path;
   data::token_file f(path);
   auto c1 = tcfg(), c2 = tcfg();
   c1.micro_batch = 4;  // one micro-batch per step
@@ -108,7 +124,8 @@ TEST_CASE("the loss curve does not depend on the micro-batch size (float64)", "[
 }
 
 TEST_CASE("trainer rejects inconsistent settings naming the numbers", "[train][errors]") {
-  auto path = make_corpus("errors", 2000);
+  temp_file corpus{make_corpus("errors", 2000)};
+  const fs::path& path = corpus.path;
   data::token_file f(path);
   auto c = tcfg();
   c.global_batch = 6;

@@ -50,6 +50,9 @@ public:
 class host_memory_resource final : public memory_resource {
 public:
   void* allocate(std::size_t bytes, std::size_t alignment = 64) override {
+    TESSERA_THROW_IF(alignment < sizeof(void*) || alignment > 4096 || (alignment & (alignment - 1)),
+                     config_error, "alignment ", alignment,
+                     " must be a power of two between ", sizeof(void*), " and 4096");
     std::size_t rounded = round_up(std::max<std::size_t>(bytes, 1), alignment);
     void* p = std::aligned_alloc(alignment, rounded);
     TESSERA_THROW_IF(p == nullptr, error, "host allocation of ", bytes, " bytes failed (",

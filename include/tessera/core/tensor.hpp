@@ -8,6 +8,8 @@
 /// Layout is row-major (last dimension contiguous) unless strides say otherwise.
 
 #include <array>
+#include <cstring>
+#include <type_traits>
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
@@ -29,10 +31,10 @@ struct shape {
 
   shape() = default;
   shape(std::initializer_list<std::int64_t> d) {
-    TESSERA_CHECK(static_cast<int>(d.size()) <= max_rank, "shape rank ", d.size(), " exceeds ",
-                  max_rank);
+    TESSERA_THROW_IF(static_cast<int>(d.size()) > max_rank, config_error, "shape rank ", d.size(),
+                     " exceeds ", max_rank);
     for (auto x : d) {
-      TESSERA_CHECK(x >= 0, "shape dimension ", x, " is negative");
+      TESSERA_THROW_IF(x < 0, config_error, "shape dimension ", x, " is negative");
       dims[rank++] = x;
     }
   }

@@ -5,7 +5,7 @@
 /// Debian's OpenBLAS 0.3.21 can misidentify a recent core (as "Prescott")
 /// and then runs sgemm about 10x slow (~30 against ~280 GFLOP/s on our CPUs;
 /// DESIGN.md, "Dependencies"). OpenBLAS reads OPENBLAS_CORETYPE when the
-/// library loads, so the fix must happen before that: ensure_fast_blas()
+/// library loads, so the fix must happen before that: check_blas_core()
 /// re-executes the program with the core type set, once, and otherwise warns.
 
 #include <cblas.h>
@@ -68,7 +68,7 @@ inline bool blas_core_is_stale() {
 /// the program (same argv) so the library loads with it; if that is not
 /// possible, prints a loud warning to stderr. Returns a one-line description
 /// of the BLAS for logs.
-inline std::string ensure_fast_blas(char** argv) {
+inline std::string check_blas_core(char** argv) {
   if (blas_core_is_stale()) {
     const char* set = std::getenv("OPENBLAS_CORETYPE");
     const std::string want = preferred_core_type();

@@ -17,9 +17,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <iosfwd>
-#include <istream>
-#include <ostream>
 #include <type_traits>
 #include <vector>
 
@@ -64,7 +61,7 @@ public:
         memory_resource& mr = host::default_resource())
       : cfg_(cfg), begin_(begin), end_(end), ranges_(clip_ranges(ranges, begin, end)) {
     cfg_.validate();
-    TESSERA_THROW_IF(end < begin, config_error, "optimizer range [", begin, ", ", end, ") is empty");
+    TESSERA_THROW_IF(end < begin, config_error, "optimizer range [", begin, ", ", end, ") has end < begin");
     const std::int64_t n = end - begin;
     m_ = tensor<Master>(shape{n}, mr);
     v_ = tensor<Master>(shape{n}, mr);
@@ -82,12 +79,17 @@ public:
     if constexpr (has_master) {
       for (std::int64_t i = begin_; i < end_; ++i) master_[i - begin_] = to<Master>(params[i]);
     }
+    master_ready_ = true;
   }
 
   /// One step over the owned elements: grads (flat buffer start) are scaled by
   /// `grad_scale` (the clip coefficient), parameters updated in place, and,
   /// when a master copy is kept, params[i] = round(master[i]).
+  /// Throws tessera::error if the master weights were never initialised
+  /// (init_master or load), which would write zeros into the parameters.
   void step(Param* params, const Grad* grads, double lr, double grad_scale = 1.0) {
+    TESSERA_THROW_IF(has_master && !master_ready_, error,
+                     "adamw::step: master weights not initialised; call init_master(params) first");
     ++t_;
     kernels::detail::adamw_step_params<Master> s{
         static_cast<Master>(lr),
@@ -128,26 +130,27 @@ public:
   const Master* exp_avg_sq() const { return v_.data(); }
   const Master* master() const { return has_master ? master_.data() : nullptr; }
 
-  /// Writes the step count and every state buffer (raw little-endian bytes).
-  void save(std::ostream& os) const {
-    os.write(reinterpret_cast<const char*>(&t_), sizeof(t_));
-    os.write(reinterpret_cast<const char*>(m_.data()), static_cast<std::streamsize>(m_.bytes()));
-    os.write(reinterpret_cast<const char*>(v_.data()), static_cast<std::streamsize>(v_.bytes()));
-    if constexpr (has_master)
-      os.write(reinterpret_cast<const char*>(master_.data()),
-               static_cast<std::streamsize>(master_.bytes()));
+  /// Writes the step count and every state buffer (raw little-endian bytes,
+  /// serialized_bytes() in all) through `w.write(const void*, bytes)`.
+  template <class Writer>
+  void save(Writer& w) const {
+    w.write(&t_, sizeof(t_));
+    w.write(m_.data(), m_.bytes());
+    w.write(v_.data(), v_.bytes());
+    if constexpr (has_master) w.write(master_.data(), master_.bytes());
   }
-  /// Reads what save() wrote; throws io_error if the stream ends early.
-  void load(std::istream& is) {
-    auto rd = [&](void* p, std::size_t n, const char* what) {
-      is.read(reinterpret_cast<char*>(p), static_cast<std::streamsize>(n));
-      TESSERA_THROW_IF(!is || static_cast<std::size_t>(is.gcount()) != n, io_error,
-                       "checkpoint truncated while reading optimizer ", what, " (", n, " bytes)");
+  /// Restores what save() wrote from `p`, which holds serialized_bytes() bytes
+  /// (the caller checks the size before calling).
+  void load(const char* p) {
+    auto rd = [&](void* dst, std::size_t n) {
+      std::memcpy(dst, p, n);
+      p += n;
     };
-    rd(&t_, sizeof(t_), "step count");
-    rd(m_.data(), m_.bytes(), "first moments");
-    rd(v_.data(), v_.bytes(), "second moments");
-    if constexpr (has_master) rd(master_.data(), master_.bytes(), "master weights");
+    rd(&t_, sizeof(t_));
+    rd(m_.data(), m_.bytes());
+    rd(v_.data(), v_.bytes());
+    if constexpr (has_master) rd(master_.data(), master_.bytes());
+    master_ready_ = true;
   }
   /// Bytes save() writes.
   std::size_t serialized_bytes() const { return sizeof(t_) + state_bytes(); }
@@ -158,6 +161,7 @@ private:
   std::vector<param_range> ranges_;
   tensor<Master> m_, v_, master_;
   std::int64_t t_ = 0;
+  bool master_ready_ = !has_master;
 };
 
 }  // namespace tessera::optim

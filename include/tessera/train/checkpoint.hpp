@@ -1,21 +1,27 @@
 #pragma once
 /// \file train/checkpoint.hpp
 /// The checkpoint file of one rank: a header, JSON metadata, raw buffers and
-/// a checksum. Written to a temporary name and renamed, so a run killed while
-/// saving leaves the previous checkpoint intact.
+/// a checksum. Written to a temporary name (unique per process and thread),
+/// flushed to disk and renamed, so a run killed while saving leaves the
+/// previous checkpoint intact.
 ///
 /// Layout (little-endian):
 ///   magic "TSRACKP1" (8 bytes) | u32 version = 1 | u32 reserved | u64 json bytes
 ///   | json (UTF-8) | u64 payload bytes | payload | u64 FNV-1a-64 of the payload
 
+#include <fcntl.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
+#include <functional>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -26,7 +32,8 @@ namespace tessera::train {
 inline constexpr char checkpoint_magic[9] = "TSRACKP1";
 inline constexpr std::uint32_t checkpoint_version = 1;
 
-/// FNV-1a 64-bit hash of bytes (detects truncation and corruption, not tampering).
+/// FNV-1a 64-bit hash of bytes, continuing from `h` (detects truncation and
+/// corruption, not tampering).
 inline std::uint64_t fnv1a64(const char* p, std::size_t n, std::uint64_t h = 1469598103934665603ull) {
   for (std::size_t i = 0; i < n; ++i) {
     h ^= static_cast<unsigned char>(p[i]);
@@ -35,36 +42,87 @@ inline std::uint64_t fnv1a64(const char* p, std::size_t n, std::uint64_t h = 146
   return h;
 }
 
-/// Writes metadata and payload to `path` atomically (temp file, then rename).
-/// Throws io_error naming the path if any write fails.
-inline void write_checkpoint(const std::filesystem::path& path, const nlohmann::json& meta,
-                             const std::string& payload) {
-  const std::string js = meta.dump();
-  const std::string tmp = path.string() + ".tmp." + std::to_string(::getpid());
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    TESSERA_THROW_IF(!out, io_error, "cannot create checkpoint '", tmp, "': ", std::strerror(errno));
-    auto put64 = [&](std::uint64_t v) { out.write(reinterpret_cast<const char*>(&v), 8); };
-    auto put32 = [&](std::uint32_t v) { out.write(reinterpret_cast<const char*>(&v), 4); };
-    out.write(checkpoint_magic, 8);
-    put32(checkpoint_version);
-    put32(0);
-    put64(js.size());
-    out.write(js.data(), static_cast<std::streamsize>(js.size()));
-    put64(payload.size());
-    out.write(payload.data(), static_cast<std::streamsize>(payload.size()));
-    put64(fnv1a64(payload.data(), payload.size()));
-    out.flush();
-    TESSERA_THROW_IF(!out, io_error, "writing checkpoint '", tmp, "' failed: ", std::strerror(errno));
+/// Streams the payload of a checkpoint to disk, hashing as it goes, so no
+/// in-memory copy of the state is made.
+class checkpoint_writer {
+public:
+  /// Writes `bytes` of `p`. Throws io_error on a failed write.
+  void write(const void* p, std::size_t bytes) {
+    const char* c = static_cast<const char*>(p);
+    hash_ = fnv1a64(c, bytes, hash_);
+    written_ += bytes;
+    out_->write(c, static_cast<std::streamsize>(bytes));
+    TESSERA_THROW_IF(!*out_, io_error, "writing checkpoint '", path_, "' failed: ", std::strerror(errno));
   }
-  std::filesystem::rename(tmp, path);
+  std::uint64_t written() const { return written_; }
+
+private:
+  friend void write_checkpoint(const std::filesystem::path&, const nlohmann::json&, std::uint64_t,
+                               const std::function<void(checkpoint_writer&)>&);
+  checkpoint_writer(std::ofstream& out, std::string path) : out_(&out), path_(std::move(path)) {}
+  std::ofstream* out_;
+  std::string path_;
+  std::uint64_t hash_ = 1469598103934665603ull;
+  std::uint64_t written_ = 0;
+};
+
+/// Writes a checkpoint to `path` atomically: metadata, then `payload_bytes`
+/// bytes produced by `fill` (which must write exactly that many), then the
+/// checksum; the temporary file is fsync'ed, renamed over `path`, and the
+/// folder fsync'ed. On any failure the temporary file is removed and io_error
+/// names the path and the reason; `path` is left as it was.
+inline void write_checkpoint(const std::filesystem::path& path, const nlohmann::json& meta,
+                             std::uint64_t payload_bytes,
+                             const std::function<void(checkpoint_writer&)>& fill) {
+  const std::string js = meta.dump();
+  const std::string tmp = path.string() + ".tmp." + std::to_string(::getpid()) + "." +
+                          std::to_string(std::hash<std::thread::id>{}(std::this_thread::get_id()));
+  try {
+    {
+      std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+      TESSERA_THROW_IF(!out, io_error, "cannot create checkpoint '", tmp, "': ", std::strerror(errno));
+      auto put64 = [&](std::uint64_t v) { out.write(reinterpret_cast<const char*>(&v), 8); };
+      auto put32 = [&](std::uint32_t v) { out.write(reinterpret_cast<const char*>(&v), 4); };
+      out.write(checkpoint_magic, 8);
+      put32(checkpoint_version);
+      put32(0);
+      put64(js.size());
+      out.write(js.data(), static_cast<std::streamsize>(js.size()));
+      put64(payload_bytes);
+      checkpoint_writer w(out, tmp);
+      fill(w);
+      TESSERA_THROW_IF(w.written() != payload_bytes, io_error, "checkpoint '", tmp, "': wrote ",
+                       w.written(), " payload bytes, announced ", payload_bytes);
+      put64(w.hash_);
+      out.flush();
+      TESSERA_THROW_IF(!out, io_error, "writing checkpoint '", tmp, "' failed: ", std::strerror(errno));
+    }
+    const int fd = ::open(tmp.c_str(), O_RDONLY);
+    TESSERA_THROW_IF(fd < 0 || ::fsync(fd) != 0, io_error, "cannot flush checkpoint '", tmp,
+                     "' to disk: ", std::strerror(errno));
+    ::close(fd);
+    std::error_code ec;
+    std::filesystem::rename(tmp, path, ec);
+    TESSERA_THROW_IF(ec, io_error, "cannot rename '", tmp, "' to '", path.string(), "': ", ec.message());
+    const auto dir = path.has_parent_path() ? path.parent_path() : std::filesystem::path(".");
+    const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+    if (dfd >= 0) {
+      ::fsync(dfd);
+      ::close(dfd);
+    }
+  } catch (...) {
+    std::error_code ec;
+    std::filesystem::remove(tmp, ec);
+    throw;
+  }
 }
 
 /// Reads a checkpoint written by write_checkpoint. Throws io_error naming the
 /// path and the problem: missing, wrong magic, unsupported version, truncated,
-/// or checksum mismatch.
+/// or checksum mismatch. The whole file is read and verified before the
+/// caller touches any state.
 inline void read_checkpoint(const std::filesystem::path& path, nlohmann::json& meta,
-                            std::string& payload) {
+                            std::vector<char>& payload) {
   std::ifstream in(path, std::ios::binary);
   TESSERA_THROW_IF(!in, io_error, "cannot open checkpoint '", path.string(), "': ", std::strerror(errno));
   char magic[8];
@@ -78,15 +136,16 @@ inline void read_checkpoint(const std::filesystem::path& path, nlohmann::json& m
   TESSERA_THROW_IF(!in || version != checkpoint_version, io_error, "checkpoint '", path.string(),
                    "' has version ", version, "; this build reads version ", checkpoint_version);
   in.read(reinterpret_cast<char*>(&jn), 8);
-  TESSERA_THROW_IF(!in || jn > (1ull << 30), io_error, "checkpoint '", path.string(),
-                   "' is truncated or corrupt (metadata size ", jn, ")");
+  const auto fsize = std::filesystem::file_size(path);
+  TESSERA_THROW_IF(!in || jn > fsize, io_error, "checkpoint '", path.string(),
+                   "' is truncated or corrupt (metadata size ", jn, ", file ", fsize, " bytes)");
   std::string js(jn, '\0');
   in.read(js.data(), static_cast<std::streamsize>(jn));
   in.read(reinterpret_cast<char*>(&pn), 8);
   TESSERA_THROW_IF(!in, io_error, "checkpoint '", path.string(), "' is truncated (in the header)");
-  const auto fsize = std::filesystem::file_size(path);
-  TESSERA_THROW_IF(fsize != 8 + 4 + 4 + 8 + jn + 8 + pn + 8, io_error, "checkpoint '", path.string(),
-                   "' is truncated: ", fsize, " bytes, header says ", 8 + 4 + 4 + 8 + jn + 8 + pn + 8);
+  const std::uint64_t expect = 8 + 4 + 4 + 8 + jn + 8 + pn + 8;
+  TESSERA_THROW_IF(fsize != expect, io_error, "checkpoint '", path.string(), "' is truncated: ",
+                   fsize, " bytes, header says ", expect);
   payload.assign(pn, '\0');
   in.read(payload.data(), static_cast<std::streamsize>(pn));
   in.read(reinterpret_cast<char*>(&hash), 8);
@@ -94,8 +153,8 @@ inline void read_checkpoint(const std::filesystem::path& path, nlohmann::json& m
   TESSERA_THROW_IF(hash != fnv1a64(payload.data(), payload.size()), io_error, "checkpoint '",
                    path.string(), "' is corrupt (checksum mismatch)");
   meta = nlohmann::json::parse(js, nullptr, false);
-  TESSERA_THROW_IF(meta.is_discarded(), io_error, "checkpoint '", path.string(),
-                   "' has unreadable metadata");
+  TESSERA_THROW_IF(meta.is_discarded() || !meta.is_object(), io_error, "checkpoint '",
+                   path.string(), "' has unreadable metadata");
 }
 
 }  // namespace tessera::train

@@ -11,7 +11,9 @@
 ///   1 / scored so the step's loss is the mean over every scored token) ->
 ///   global gradient norm -> clip -> AdamW -> metrics.
 
+#include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
@@ -73,7 +75,12 @@ struct train_config {
     TESSERA_THROW_IF(warmup < 0, config_error, "warmup=", warmup, " must be >= 0");
     TESSERA_THROW_IF(eval_every < 0, config_error, "eval_every=", eval_every, " must be >= 0");
     TESSERA_THROW_IF(ce_chunk < 1, config_error, "ce_chunk=", ce_chunk, " must be >= 1");
+    TESSERA_THROW_IF(!(min_lr_ratio >= 0 && min_lr_ratio <= 1), config_error, "min_lr_ratio=",
+                     min_lr_ratio, " must be in [0, 1]");
+    TESSERA_THROW_IF(warmup >= steps && steps > 1, config_error, "warmup=", warmup,
+                     " must be below steps=", steps);
     adamw.validate();
+    schedule().validate();
   }
   optim::warmup_cosine schedule() const { return {lr, lr * min_lr_ratio, warmup, steps}; }
 };
@@ -148,7 +155,8 @@ public:
       for (std::int64_t b = 0; b < B; ++b)
         for (std::int64_t t = 1; t <= T; ++t) scored += tok[b * (T + 1) + t] != ignore_index;
     }
-    TESSERA_THROW_IF(scored == 0, error, "step ", step_, " has no scored tokens");
+    TESSERA_THROW_IF(scored == 0, config_error, "step ", step_,
+                     " has no scored tokens (every target is ignore_index)");
     model_.zero_grad();
     double loss_sum = 0;
     const auto scale = static_cast<typename P::accum_type>(1.0 / static_cast<double>(scored));
@@ -178,14 +186,17 @@ public:
     return m;
   }
 
-  /// Mean loss (nats per token) over the fixed validation windows.
-  double evaluate() {
+  /// Mean loss (nats per token) over the first `windows` fixed validation
+  /// windows (-1: the configured eval_windows; 0: every window of the split,
+  /// the whole held-out range).
+  double evaluate(std::int64_t windows = -1) {
     const std::int64_t B = cfg_.micro_batch, T = cfg_.seq;
+    const data::val_windows val = windows < 0 ? val_ : data::val_windows(*data_, split_.val, T, windows);
     std::vector<std::int32_t> buf(static_cast<std::size_t>(B * (T + 1)));
     double sum = 0;
     std::int64_t n = 0;
-    for (std::int64_t k = 0; k < val_.batches(B); ++k) {
-      const std::int64_t rows = val_.fill(k, B, buf.data());
+    for (std::int64_t k = 0; k < val.batches(B); ++k) {
+      const std::int64_t rows = val.fill(k, B, buf.data());
       auto r = model_.forward_loss(buf.data(), rows, T);
       sum += r.loss_sum;
       n += r.scored;
@@ -193,12 +204,14 @@ public:
     return n ? sum / static_cast<double>(n) : std::nan("");
   }
 
-  /// Samples `n` bytes after `prompt` (token ids) with temperature sampling
-  /// (top-k 0 = full distribution), deterministic in `seed`. The context is
-  /// the last max_seq (or seq) tokens.
+  /// Samples `n` tokens after `prompt` (token ids) from the full softmax at
+  /// `temperature`, deterministic in `seed`. The context is the last
+  /// min(max_seq, seq) tokens. Throws config_error for an empty prompt or a
+  /// temperature that is not > 0.
   std::vector<std::int32_t> generate(std::vector<std::int32_t> prompt, std::int64_t n,
                                      double temperature, std::uint64_t seed) {
     TESSERA_THROW_IF(prompt.empty(), config_error, "generation needs a non-empty prompt");
+    TESSERA_THROW_IF(!(temperature > 0), config_error, "temperature=", temperature, " must be > 0");
     const std::int64_t V = model_.config().vocab;
     const std::int64_t ctx = std::min(model_.config().max_seq, cfg_.seq);
     std::vector<float> logits(static_cast<std::size_t>(V));
@@ -226,33 +239,40 @@ public:
   }
 
   /// Writes model, master weights, optimizer state, step, schedule and data
-  /// position to `path` (temp file, then rename).
+  /// position to `path` (streamed to a temporary file, fsync'ed, renamed).
+  /// Throws io_error if the file cannot be written.
   void save_checkpoint(const std::filesystem::path& path) const {
-    std::ostringstream os(std::ios::binary);
-    os.write(reinterpret_cast<const char*>(model_.params()),
-             static_cast<std::streamsize>(sizeof(Param) * model_.layout().total()));
-    opt_.save(os);
-    write_checkpoint(path, metadata(), os.str());
+    const std::uint64_t pbytes = sizeof(Param) * static_cast<std::uint64_t>(model_.layout().total());
+    write_checkpoint(path, metadata(), pbytes + opt_.serialized_bytes(), [&](checkpoint_writer& w) {
+      w.write(model_.params(), pbytes);
+      opt_.save(w);
+    });
   }
 
-  /// Restores what save_checkpoint wrote. Throws io_error for a missing,
-  /// foreign, truncated or corrupt file, and config_error if the checkpoint's
-  /// model, precision or batch settings differ from this run's (naming both).
+  /// Restores what save_checkpoint wrote. The file is read and verified
+  /// whole before any state changes. Throws io_error for a missing, foreign,
+  /// truncated or corrupt file, and config_error if the checkpoint's model,
+  /// precision, optimizer or schedule settings differ from this run's
+  /// (naming the field and both values).
   void load_checkpoint(const std::filesystem::path& path) {
     nlohmann::json meta;
-    std::string payload;
+    std::vector<char> payload;
     read_checkpoint(path, meta, payload);
     const nlohmann::json mine = metadata();
-    for (const char* k : {"model", "precision", "global_batch", "micro_batch", "seq", "seed",
-                          "flat_elements", "steps", "lr", "warmup"}) {
-      TESSERA_THROW_IF(meta[k] != mine[k], config_error, "checkpoint '", path.string(), "' has ", k,
-                       "=", meta[k].dump(), " but this run has ", k, "=", mine[k].dump());
+    for (const auto& [k, v] : mine.items()) {
+      if (k == "step" || k == "data_position" || k == "schedule_position") continue;
+      TESSERA_THROW_IF(!meta.contains(k) || meta[k] != v, config_error, "checkpoint '",
+                       path.string(), "' has ", k, "=", meta.contains(k) ? meta[k].dump() : "(missing)",
+                       " but this run has ", k, "=", v.dump());
     }
-    std::istringstream is(payload, std::ios::binary);
-    is.read(reinterpret_cast<char*>(model_.params()),
-            static_cast<std::streamsize>(sizeof(Param) * model_.layout().total()));
-    TESSERA_THROW_IF(!is, io_error, "checkpoint '", path.string(), "' is truncated (parameters)");
-    opt_.load(is);
+    TESSERA_THROW_IF(!meta.contains("step") || !meta["step"].is_number_integer(), io_error,
+                     "checkpoint '", path.string(), "' has no integer step");
+    const std::uint64_t pbytes = sizeof(Param) * static_cast<std::uint64_t>(model_.layout().total());
+    TESSERA_THROW_IF(payload.size() != pbytes + opt_.serialized_bytes(), io_error, "checkpoint '",
+                     path.string(), "' holds ", payload.size(), " payload bytes; this model needs ",
+                     pbytes + opt_.serialized_bytes());
+    std::memcpy(model_.params(), payload.data(), pbytes);
+    opt_.load(payload.data() + pbytes);
     step_ = meta["step"].get<std::int64_t>();
   }
 
@@ -263,6 +283,8 @@ private:
                                     const data::token_file& d) {
     c.validate();
     cfg.validate();
+    TESSERA_THROW_IF(cfg.dp != 1, config_error, "dp=", cfg.dp,
+                     " needs a communicator; train::trainer is single-rank (dp=1)");
     TESSERA_THROW_IF(cfg.seq > c.max_seq, config_error, "sequence length T=", cfg.seq,
                      " exceeds the model's max_seq=", c.max_seq, " (preset '", c.name, "')");
     TESSERA_THROW_IF(d.vocab() > static_cast<std::uint64_t>(c.vocab), config_error,
@@ -280,8 +302,13 @@ private:
             {"optimizer", optimizer_type::name},
             {"step", step_},
             {"data_position", {{"step", step_}, {"sampler", "window_start(seed, step, g)"}}},
-            {"rng", {{"seed", cfg_.seed}}},
-            {"schedule", {{"name", "warmup_cosine"}, {"position", step_}}},
+            {"schedule_position", step_},
+            {"rng", {{"seed", cfg_.seed}, {"generator", "mix64 counter (stateless)"}}},
+            {"schedule", {{"name", "warmup_cosine"}, {"min_lr_ratio", cfg_.min_lr_ratio}}},
+            {"adamw", {{"beta1", cfg_.adamw.beta1}, {"beta2", cfg_.adamw.beta2},
+                       {"eps", cfg_.adamw.eps}, {"weight_decay", cfg_.adamw.weight_decay}}},
+            {"grad_clip", cfg_.grad_clip},
+            {"ce_chunk", cfg_.ce_chunk},
             {"global_batch", cfg_.global_batch},
             {"micro_batch", cfg_.micro_batch},
             {"seq", cfg_.seq},

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Bad input to train_llama and tokenize ends with a one-line error naming the
+# value and the limit, exit status 2, and no output left behind.
+#   tests/train/cli_errors.sh build/host/examples/train_llama build/host/examples/tokenize
+set -uo pipefail
+train=${1:?}; tok=${2:?}
+root=$(cd "$(dirname "$0")/../.." && pwd)
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+printf 'far too short' > "$work/short.txt"
+fail=0
+# expect <name> <pattern> <command...>: exit 2, one stderr line matching, no $work/out
+expect() {
+  local name=$1 pat=$2; shift 2
+  "$@" > "$work/stdout" 2> "$work/stderr"
+  local rc=$?
+  local nl; nl=$(wc -l < "$work/stderr")
+  if [ $rc -ne 2 ] || [ "$nl" -ne 1 ] || ! grep -q -- "$pat" "$work/stderr" || [ -e "$work/out" ] || [ -e "$work/out.tok" ]; then
+    echo "FAIL $name: rc=$rc lines=$nl stderr: $(cat "$work/stderr")"; fail=1
+  else
+    echo "ok   $name: $(cat "$work/stderr")"
+  fi
+  rm -rf "$work/out" "$work/out.tok"
+}
+common=(--out "$work/out" --no-baseline --sample-bytes 0 --steps 2)
+expect "missing data" "does not exist" "$train" --data "$work/nope.txt" "${common[@]}"
+expect "directory as data" "is a directory" "$train" --data "$work" "${common[@]}"
+expect "corpus smaller than a window" "smaller than one window" "$train" --data "$work/short.txt" "${common[@]}"
+expect "heads do not divide dim" "n_heads=3 does not divide dim=128" "$train" --heads 3 "${common[@]}"
+expect "nkv does not divide nh" "n_kv_heads=3 does not divide n_heads=4" "$train" --kv-heads 3 "${common[@]}"
+expect "micro-batch of zero" "B=0" "$train" --micro-batch 0 "${common[@]}"
+expect "global batch of zero" "G=0" "$train" --global-batch 0 "${common[@]}"
+expect "G not divisible by B" "not divisible" "$train" --global-batch 12 --micro-batch 8 "${common[@]}"
+expect "seq beyond max_seq" "max_seq" "$train" --seq 4096 "${common[@]}"
+expect "unknown preset" "unknown preset" "$train" --preset huge "${common[@]}"
+expect "unknown precision" "unknown precision" "$train" --precision fp8 "${common[@]}"
+expect "bad flag" "error" "$train" --no-such-flag "${common[@]}"
+expect "foreign checkpoint" "not a tessera checkpoint" bash -c "mkdir -p '$work/ck' && echo junk > '$work/ck/checkpoint.bin' && '$train' --resume '$work/ck' --out '$work/out' --no-baseline --sample-bytes 0 --steps 2"
+expect "tokenize: missing input" "" "$tok" "$work/nope.txt" -o "$work/out.tok"
+expect "tokenize: empty input" "empty" bash -c ": > '$work/empty.txt'; '$tok' '$work/empty.txt' -o '$work/out.tok'"
+exit $fail

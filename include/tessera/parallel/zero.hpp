@@ -1,0 +1,479 @@
+#pragma once
+/// \file parallel/zero.hpp
+/// `data_parallel<P, Sharding, Comm>`: the data-parallel engine of one rank,
+/// under a sharding strategy `zero<0..3>` (parallel/sharding.hpp). It owns
+/// what the strategy shards (optimizer state, reduced gradients, parameter
+/// shards), hooks into the model per segment (nn/segment_hooks.hpp), and
+/// runs the collectives.
+///
+/// One optimizer step (the trainer drives it; seeds/004 "Data parallelism"
+/// and "Sharding: ZeRO and FSDP"; Rajbhandari et al. 2020):
+///
+///   begin_step(); for a in 0..A-1: begin_micro_batch(a, sync = a == A-1);
+///   model.forward_backward(...)  -- gradients accumulate locally; on the
+///       last micro-batch only, each bucket's reduction starts (async) as
+///       soon as backward has produced all of its gradients, while earlier
+///       segments still compute (no_sync on the first A-1 micro-batches);
+///   finish_gradients()           -- waits for every reduction (the
+///       optimizer waits only for the last one);
+///   grad_norm_squared()          -- over every shard and rank, each element
+///       once (one float64 all_reduce);
+///   step(lr, clip)               -- AdamW on the owned elements, then
+///       ZeRO-1/2 all-gather the updated parameters.
+///
+/// What each stage keeps per rank (Psi = parameters, padded per bucket;
+/// R = reduce_type_t<P>):
+///
+///   zero<0>: full parameters, full optimizer state (master weights and
+///            moments), full gradients, a persistent padded staging buffer
+///            (Psi R); each bucket is all-reduced.
+///   zero<1>: full parameters and gradients, optimizer state and a Param
+///            copy of the shard (Psi/N), reduced-gradient shard (Psi/N R),
+///            persistent staging; buckets are reduce-scattered, the updated
+///            shard all-gathered.
+///   zero<2>: as zero<1>, but each bucket's staging buffer lives only from its
+///            reduction's start to finish_gradients().
+///   zero<3>: as zero<2>, and no full parameter buffer: every segment (one
+///            bucket each) is all-gathered before its forward and again
+///            before its backward, freed after use, the next segment's gather
+///            issued before the current one computes (prefetch).
+///   Under accumulation the local gradient buffer is full size on every
+///   stage (it sums the window's micro-batches before the one reduction).
+///
+/// Communication per optimizer step and rank, ring formulas of
+/// comm/communicator.hpp, N ranks, P_k padded bucket sizes, A micro-batches:
+///   zero<0>:   sum_k 2(N-1)/N P_k sizeof(R)                 (all_reduce)
+///   zero<1,2>: sum_k (N-1)/N P_k (sizeof(R) + sizeof(Param)) (RS + AG)
+///   zero<3>:   sum_k (N-1)/N P_k sizeof(R) + (N-1)/N sizeof(Param) *
+///              (A (2 Psi_pad - P_head))                     (RS + AG fwd, bwd)
+/// (the head's forward and backward are fused, so it is gathered once per
+/// micro-batch), plus three 1-element all_reduces (scored tokens, loss,
+/// norm). With R = Param = float32 and A = 1, ZeRO-1/2 equal zero<0> and
+/// ZeRO-3 is 1.5x it less the head's second gather (ZeRO paper, section 7).
+///
+/// Determinism: the same sizes, ranks and communicator give the same bits.
+/// Under local_communicator, all_reduce and reduce_scatter add each element
+/// in the same ring order (the buckets are padded to equal chunks), the norm
+/// is summed over the same chunks in the same order, and AdamW is
+/// element-wise, so zero<0..3> agree bit for bit when their buckets agree
+/// (zero<3> uses one bucket per segment: give the others a bucket size
+/// below the smallest segment to compare).
+///
+/// Thread-safety: one engine per rank, used from that rank's thread.
+
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "tessera/comm/communicator.hpp"
+#include "tessera/core/error.hpp"
+#include "tessera/core/numeric.hpp"
+#include "tessera/core/tensor.hpp"
+#include "tessera/nn/llama.hpp"
+#include "tessera/nn/segment_hooks.hpp"
+#include "tessera/optim/adamw.hpp"
+#include "tessera/optim/clip.hpp"
+#include "tessera/parallel/buckets.hpp"
+#include "tessera/parallel/sharding.hpp"
+#include "tessera/precision/policy.hpp"
+
+namespace tessera::parallel {
+
+/// Run-time settings of the data-parallel engine.
+struct data_parallel_options {
+  /// Bucket capacity in bytes of the reduce type (default 25 MB, as DDP).
+  /// Ignored by zero<3>, which reduces and gathers per segment.
+  std::int64_t bucket_bytes = default_bucket_bytes;
+  /// zero<3>: issue the next segment's all-gather before the current
+  /// segment computes.
+  bool prefetch = true;
+  /// Throws config_error if bucket_bytes < 1.
+  void validate() const {
+    TESSERA_THROW_IF(bucket_bytes < 1, config_error, "bucket_bytes=", bucket_bytes,
+                     " must be >= 1");
+  }
+};
+
+/// One bucket reduction, as issued: which bucket, in which micro-batch of the
+/// step, and after which segment's backward (the overlap: a bucket issued
+/// after segment s > -1 overlaps the backward of segments below s).
+struct reduction_event {
+  int bucket = 0;
+  std::int64_t micro_batch = 0;
+  int after_segment = 0;
+};
+
+/// The data-parallel engine of one rank (file comment). `P` precision
+/// policy, `S` sharding strategy (zero<0..3>), `C` communicator over the dp
+/// ranks. Holds references to the model and the communicator (not owned).
+template <precision::policy P, sharding_strategy S, comm::communicator C>
+class data_parallel final : public nn::segment_hooks {
+ public:
+  using Param = typename P::param_type;
+  using Grad = typename P::grad_type;
+  using Master = typename P::master_type;
+  using Reduce = reduce_type_t<P>;
+  using model_type = nn::llama<P>;
+  /// AdamW over the whole flat buffer (zero<0>) or over this rank's shard.
+  using optimizer_type =
+      optim::adamw<Param, std::conditional_t<S::shards_optimizer_state, Reduce, Grad>, Master>;
+  static_assert(comm::comm_element<Reduce>,
+                "reduce_type_t<P> must be a comm_element (float or double)");
+  static_assert(comm::comm_element<Param> || sizeof(Param) == 2,
+                "parameters are all-gathered as themselves or, 2-byte types, as 32-bit words");
+
+  /// Builds the buckets and the shard of rank comm.rank() of comm.size(),
+  /// allocates what the stage keeps (now, so the memory floor is visible
+  /// before step 0), installs itself as the model's hooks, and initialises
+  /// the optimizer (and, under zero<3>, the parameter shard from `seed`).
+  /// Preconditions: under zero<0..2> the model's weights are initialised,
+  /// the same on every rank (init_weights(seed)); under zero<3> the model was
+  /// built with llama_options::external_params. Throws config_error naming
+  /// the values if the model's parameter storage does not match the stage.
+  data_parallel(model_type& model, C& comm, optim::adamw_config adamw, std::uint64_t seed,
+                data_parallel_options opt = {}, memory_resource& mr = host::default_resource())
+      : model_(&model),
+        comm_(&comm),
+        opt_(checked(opt, model)),
+        mr_(&mr),
+        plan_(segments(model), comm.size(), comm.rank(),
+              std::max<std::int64_t>(1, opt.bucket_bytes / std::int64_t{sizeof(Reduce)}),
+              S::shards_parameters),
+        adamw_(make_optimizer(adamw)) {
+    const std::size_t nb = plan_.size();
+    reductions_.assign(nb, 0);
+    if constexpr (!S::shards_gradients) {
+      staging_ = tensor<Reduce>(shape{plan_.staging_size()}, mr);
+      staging_.zero();
+    } else {
+      transient_.resize(nb);
+    }
+    if constexpr (S::shards_optimizer_state) {
+      shard_grads_ = tensor<Reduce>(shape{plan_.shard_size()}, mr);
+      shard_grads_.zero();
+      shard_params_ = tensor<Param>(shape{plan_.shard_size()}, mr);
+      for (std::int64_t i = 0; i < plan_.shard_size(); ++i) shard_params_[i] = to<Param>(0.0);
+      for (std::size_t k = 0; k < nb; ++k) {
+        const auto [lo, hi] = plan_.owned(k);
+        Param* dst = shard_params_.data() + plan_.buckets()[k].shard_offset;
+        if constexpr (S::shards_parameters)
+          model.init_weights_range(seed, lo, hi, dst);
+        else
+          for (std::int64_t i = lo; i < hi; ++i) dst[i - lo] = model.params()[i];
+      }
+      adamw_.init_master(shard_params_.data());
+    } else {
+      adamw_.init_master(model.params());
+    }
+    if constexpr (S::shards_parameters) gathered_.resize(nb);
+    model.set_hooks(this);
+  }
+  ~data_parallel() override {
+    drain();
+    if (model_) model_->set_hooks(nullptr);
+  }
+  data_parallel(const data_parallel&) = delete;
+  data_parallel& operator=(const data_parallel&) = delete;
+
+  const bucket_plan& plan() const { return plan_; }
+  optimizer_type& optimizer() { return adamw_; }
+  const optimizer_type& optimizer() const { return adamw_; }
+  C& communicator() { return *comm_; }
+  /// This rank's parameter shard (shard-local order, plan().shard_size()
+  /// elements); null under zero<0>.
+  const Param* shard_params() const { return shard_params_.data(); }
+  /// Bucket reductions issued since construction, per bucket.
+  const std::vector<std::int64_t>& reductions_per_bucket() const { return reductions_; }
+  /// The bucket reductions of the current (or last) step, in issue order.
+  const std::vector<reduction_event>& reductions_this_step() const { return events_; }
+  /// Bytes this engine keeps allocated between steps (staging, reduced
+  /// gradient shard, parameter shard, optimizer state).
+  std::size_t persistent_bytes() const {
+    return staging_.bytes() + shard_grads_.bytes() + shard_params_.bytes() + adamw_.state_bytes();
+  }
+
+  /// Starts an optimizer step: clears the step's reduction log.
+  void begin_step() {
+    TESSERA_THROW_IF(!pending_.empty(), error, "begin_step: ", pending_.size(),
+                     " reductions of the previous step were never waited for");
+    events_.clear();
+  }
+  /// Before micro-batch `a` (0-based) of the step's forward_backward:
+  /// `sync` (true only on the window's last micro-batch) lets buckets reduce
+  /// as their gradients complete; otherwise gradients only accumulate.
+  void begin_micro_batch(std::int64_t a, bool sync) {
+    micro_ = a;
+    sync_ = sync;
+    backward_follows_ = true;
+  }
+  /// Before a forward-only pass (evaluation, generation): no reductions;
+  /// zero<3> gathers forward only.
+  void begin_forward_only() {
+    sync_ = false;
+    backward_follows_ = false;
+  }
+
+  /// Waits for every bucket reduction of the step (in issue order).
+  /// zero<0> copies the all-reduced buckets back into the model's gradient
+  /// buffer; zero<2,3> free the transient staging buffers. Throws
+  /// tessera::error if not every bucket was reduced exactly once (the model
+  /// ran without this engine's hooks, or no micro-batch had sync set), and
+  /// comm_error from a failed collective.
+  void finish_gradients() {
+    drain();
+    TESSERA_THROW_IF(events_.size() != plan_.size(), error, "finish_gradients: ", events_.size(),
+                     " bucket reductions this step, expected exactly ", plan_.size(),
+                     " (one per bucket; was begin_micro_batch(a, sync=true) called on the last "
+                     "micro-batch, with this engine as the model's hooks?)");
+    if constexpr (!S::shards_optimizer_state) {
+      Grad* g = model_->grads();
+      for (const bucket& b : plan_.buckets()) {
+        const Reduce* src = staging_.data() + b.staging_offset;
+        for (std::int64_t i = 0; i < b.numel(); ++i) g[b.begin + i] = to<Grad>(src[i]);
+      }
+    }
+    if constexpr (S::shards_gradients)
+      for (auto& t : transient_) t.release();
+  }
+
+  /// Sum of squares of the reduced gradient over every element of every
+  /// shard on every rank, each element once (padding is zero), in float64:
+  /// each rank sums its chunks (optim::grad_sum_squares per chunk, in bucket
+  /// order), then one all_reduce. Collective. Call after finish_gradients().
+  double grad_norm_squared() {
+    double local = 0;
+    for (const bucket& b : plan_.buckets())
+      local += optim::grad_sum_squares(reduced_chunk(b), b.chunk);
+    comm_->all_reduce(&local, 1, comm::reduce_op::sum);
+    return local;
+  }
+
+  /// AdamW on the owned elements with the clip coefficient `clip`; zero<1,2>
+  /// then all-gather the updated shards into every rank's full parameters
+  /// (in Param, the compute dtype). Collective for zero<1,2>.
+  void step(double lr, double clip) {
+    if constexpr (!S::shards_optimizer_state) {
+      adamw_.step(model_->params(), model_->grads(), lr, clip);
+    } else {
+      adamw_.step(shard_params_.data(), shard_grads_.data(), lr, clip);
+      if constexpr (!S::shards_parameters) gather_all_params();
+    }
+  }
+
+  /// Writes the full parameters of this rank into out[0, layout().total())
+  /// (zero<3>: all-gathers every segment; collective). For checkpoints and tests.
+  void full_params(Param* out) {
+    if constexpr (S::shards_parameters) {
+      for (int s = model_->first_segment(); s <= model_->last_segment(); ++s) {
+        acquire(s);
+        const Param* p = model_->segment_params(s);
+        std::memcpy(static_cast<void*>(out + model_->segment_begin(s)), p,
+                    sizeof(Param) * static_cast<std::size_t>(model_->segment_end(s) -
+                                                             model_->segment_begin(s)));
+        release(s);
+      }
+    } else {
+      std::memcpy(static_cast<void*>(out), model_->params(),
+                  sizeof(Param) * static_cast<std::size_t>(model_->layout().total()));
+    }
+  }
+
+  // ---- segment hooks (nn/segment_hooks.hpp) ----
+  void before_forward(int s) override {
+    if constexpr (S::shards_parameters) {
+      acquire(s);
+      if (opt_.prefetch) {
+        if (s < model_->last_segment())
+          issue_gather(s + 1);
+        else if (backward_follows_ && s - 1 >= model_->first_segment())
+          issue_gather(s - 1);
+      }
+    }
+    poll();
+  }
+  void after_forward(int s) override {
+    if constexpr (S::shards_parameters) release(s);
+    poll();
+  }
+  void before_backward(int s) override {
+    if constexpr (S::shards_parameters) {
+      acquire(s);
+      if (opt_.prefetch && s - 1 >= model_->first_segment()) issue_gather(s - 1);
+    }
+    poll();
+  }
+  void after_backward(int s) override {
+    if constexpr (S::shards_parameters) release(s);
+    if (sync_) {
+      const int k = plan_.bucket_of_segment(s);
+      if (plan_.buckets()[static_cast<std::size_t>(k)].first_segment == s) launch(k, s);
+    }
+    poll();
+  }
+
+ private:
+  using request = decltype(std::declval<C&>().iall_reduce(static_cast<float*>(nullptr),
+                                                          std::size_t{0}, comm::reduce_op::sum));
+  struct gathered_segment {
+    tensor<Param> buf;  // (padded) the segment in flat order, then padding
+    std::optional<request> req;
+    bool ready = false;
+  };
+
+  static data_parallel_options checked(data_parallel_options o, const model_type& m) {
+    o.validate();
+    TESSERA_THROW_IF(S::shards_parameters && m.params() != nullptr, config_error, S::name,
+                     " shards the parameters: build the model with "
+                     "llama_options::external_params = true");
+    TESSERA_THROW_IF(!S::shards_parameters && m.params() == nullptr, config_error, S::name,
+                     " needs the model's full parameter buffer (external_params = false)");
+    return o;
+  }
+  static std::vector<segment_range> segments(const model_type& m) {
+    std::vector<segment_range> v;
+    for (int s = m.first_segment(); s <= m.last_segment(); ++s)
+      v.push_back({s, m.segment_begin(s), m.segment_end(s)});
+    return v;
+  }
+  optimizer_type make_optimizer(const optim::adamw_config& cfg) const {
+    if constexpr (S::shards_optimizer_state)
+      return optimizer_type(cfg, 0, plan_.shard_size(),
+                            plan_.shard_ranges(model_->layout().ranges()), *mr_);
+    else
+      return optimizer_type(cfg, 0, model_->layout().total(), model_->layout().ranges(), *mr_);
+  }
+
+  // This rank's reduced chunk of bucket b.
+  const Reduce* reduced_chunk(const bucket& b) const {
+    if constexpr (S::shards_optimizer_state)
+      return shard_grads_.data() + b.shard_offset;
+    else
+      return staging_.data() + b.staging_offset + plan_.rank() * b.chunk;
+  }
+
+  // Copies bucket k's local gradients into its padded staging buffer and
+  // starts its reduction.
+  void launch(int k, int after_segment) {
+    const bucket& b = plan_.buckets()[static_cast<std::size_t>(k)];
+    Reduce* buf;
+    if constexpr (S::shards_gradients) {
+      auto& t = transient_[static_cast<std::size_t>(k)];
+      t = tensor<Reduce>(shape{b.padded}, *mr_);
+      buf = t.data();
+    } else {
+      buf = staging_.data() + b.staging_offset;
+    }
+    const Grad* g = model_->grads() + b.begin;
+    if constexpr (std::is_same_v<Grad, Reduce>)
+      std::memcpy(buf, g, sizeof(Reduce) * static_cast<std::size_t>(b.numel()));
+    else
+      for (std::int64_t i = 0; i < b.numel(); ++i) buf[i] = to<Reduce>(g[i]);
+    for (std::int64_t i = b.numel(); i < b.padded; ++i) buf[i] = Reduce(0);
+    if constexpr (S::shards_optimizer_state)
+      pending_.push_back(comm_->ireduce_scatter(buf, shard_grads_.data() + b.shard_offset,
+                                                static_cast<std::size_t>(b.chunk),
+                                                comm::reduce_op::sum));
+    else
+      pending_.push_back(
+          comm_->iall_reduce(buf, static_cast<std::size_t>(b.padded), comm::reduce_op::sum));
+    ++reductions_[static_cast<std::size_t>(k)];
+    events_.push_back({k, micro_, after_segment});
+  }
+
+  // Lets the communicator progress (MPI advances nonblocking collectives
+  // only inside MPI calls).
+  void poll() {
+    for (auto& r : pending_) (void)r.test();
+  }
+  void drain() {
+    while (!pending_.empty()) {
+      request r = std::move(pending_.front());
+      pending_.pop_front();
+      r.wait();
+    }
+  }
+
+  template <class T>
+  request gather_chunks(const T* send, T* recv, std::int64_t chunk) {
+    if constexpr (comm::comm_element<T>) {
+      return comm_->iall_gather(send, recv, static_cast<std::size_t>(chunk));
+    } else {
+      static_assert(sizeof(T) == 2 && chunk_align % 2 == 0);
+      return comm_->iall_gather(reinterpret_cast<const std::int32_t*>(send),
+                                reinterpret_cast<std::int32_t*>(recv),
+                                static_cast<std::size_t>(chunk / 2));
+    }
+  }
+
+  // zero<1,2>: all-gather every updated shard into the full parameters.
+  void gather_all_params() {
+    tensor<Param> all(shape{plan_.staging_size()}, *mr_);
+    std::vector<request> reqs;
+    for (const bucket& b : plan_.buckets())
+      reqs.push_back(gather_chunks(shard_params_.data() + b.shard_offset,
+                                   all.data() + b.staging_offset, b.chunk));
+    Param* p = model_->params();
+    for (std::size_t k = 0; k < reqs.size(); ++k) {
+      reqs[k].wait();
+      const bucket& b = plan_.buckets()[k];
+      std::memcpy(static_cast<void*>(p + b.begin), all.data() + b.staging_offset,
+                  sizeof(Param) * static_cast<std::size_t>(b.numel()));
+    }
+  }
+
+  // zero<3>: segment s is bucket bucket_of_segment(s).
+  gathered_segment& slot(int s) {
+    return gathered_[static_cast<std::size_t>(plan_.bucket_of_segment(s))];
+  }
+  void issue_gather(int s) {
+    gathered_segment& g = slot(s);
+    if (g.req || g.ready) return;
+    const bucket& b = plan_.buckets()[static_cast<std::size_t>(plan_.bucket_of_segment(s))];
+    g.buf = tensor<Param>(shape{b.padded}, *mr_);
+    g.req.emplace(gather_chunks(shard_params_.data() + b.shard_offset, g.buf.data(), b.chunk));
+  }
+  void acquire(int s) {
+    issue_gather(s);
+    gathered_segment& g = slot(s);
+    if (!g.ready) {
+      g.req->wait();
+      g.req.reset();
+      g.ready = true;
+    }
+    model_->set_segment_params(s, g.buf.data());
+  }
+  void release(int s) {
+    gathered_segment& g = slot(s);
+    if (g.req) {  // a prefetch still in flight: its buffer must outlive it
+      g.req->wait();
+      g.req.reset();
+    }
+    g.ready = false;
+    g.buf.release();
+    model_->set_segment_params(s, nullptr);
+  }
+
+  model_type* model_;
+  C* comm_;
+  data_parallel_options opt_;
+  memory_resource* mr_;
+  bucket_plan plan_;
+  optimizer_type adamw_;
+  tensor<Reduce> staging_;                  // zero<0,1>: (staging_size) padded buckets
+  std::vector<tensor<Reduce>> transient_;   // zero<2,3>: bucket k's staging while it reduces
+  tensor<Reduce> shard_grads_;              // zero>=1: (shard_size) reduced gradient shard
+  tensor<Param> shard_params_;              // zero>=1: (shard_size) parameter shard
+  std::vector<gathered_segment> gathered_;  // zero<3>: per bucket (= segment)
+  std::deque<request> pending_;
+  std::vector<std::int64_t> reductions_;
+  std::vector<reduction_event> events_;
+  std::int64_t micro_ = 0;
+  bool sync_ = false;
+  bool backward_follows_ = false;
+};
+
+}  // namespace tessera::parallel

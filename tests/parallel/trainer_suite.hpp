@@ -94,6 +94,9 @@ void matches_single_rank(Comm& c) {
   const double e1 = one.evaluate(), e2 = many.evaluate();
   check(std::abs(e1 - e2) <= 1e-12 * e1, "rank ", c.rank(), " ", S::name, ": eval ", e2,
         " vs 1-rank ", e1);
+  const double a1 = one.evaluate(0), a2 = many.evaluate(0);  // the whole held-out split
+  check(std::abs(a1 - a2) <= 1e-12 * a1, "rank ", c.rank(), " ", S::name, ": full eval ", a2,
+        " vs 1-rank ", a1);
   const auto g1 = one.generate({65, 66}, 8, 0.8, 3), g2 = many.generate({65, 66}, 8, 0.8, 3);
   check(g1 == g2, "rank ", c.rank(), " ", S::name, ": generated tokens differ");
 }

@@ -140,20 +140,23 @@ class data_parallel_trainer {
     return m;
   }
 
-  /// Mean loss (nats per token) over the fixed validation windows, split
-  /// across the ranks by batch (batch j to rank j mod dp; a rank without a
-  /// batch in the last round repeats batch 0 and discards it, so every rank
-  /// runs the same forwards, which zero<3>'s gathers need). Collective; the
-  /// same value on every rank, equal to the 1-rank figure up to the order
-  /// of the float64 sum.
-  double evaluate() {
+  /// Mean loss (nats per token) over the first `windows` fixed validation
+  /// windows (-1: the configured eval_windows; 0: every window of the split),
+  /// as train::trainer::evaluate, split across the ranks by batch (batch j to
+  /// rank j mod dp; a rank without a batch in the last round repeats batch 0
+  /// and discards it, so every rank runs the same forwards, which zero<3>'s
+  /// gathers need). Collective; the same value on every rank, equal to the
+  /// 1-rank figure up to the order of the float64 sum.
+  double evaluate(std::int64_t windows = -1) {
     const std::int64_t B = cfg_.micro_batch, T = cfg_.seq, dp = comm_->size();
+    const data::val_windows val =
+        windows < 0 ? val_ : data::val_windows(*data_, split_.val, T, windows);
     std::vector<std::int32_t> buf(static_cast<std::size_t>(B * (T + 1)));
     double sum[2] = {0, 0};  // loss sum, scored
-    const std::int64_t nb = val_.batches(B), rounds = (nb + dp - 1) / dp;
+    const std::int64_t nb = val.batches(B), rounds = (nb + dp - 1) / dp;
     for (std::int64_t j = 0; j < rounds; ++j) {
       const std::int64_t k = j * dp + rank();
-      const std::int64_t rows = val_.fill(k < nb ? k : 0, B, buf.data());
+      const std::int64_t rows = val.fill(k < nb ? k : 0, B, buf.data());
       engine_.begin_forward_only();
       auto r = model_.forward_loss(buf.data(), rows, T);
       if (k < nb) {

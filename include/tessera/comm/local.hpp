@@ -217,7 +217,7 @@ class local_communicator {
   template <comm_element T>
   local_request iall_reduce(T* buf, std::size_t n, reduce_op op) {
     auto c = issue(op_kind::all_reduce, n, dtype_of<T>(), to_string(op));
-    return submit(c, [this, buf, n, op, c] { e_->ring_all_reduce(buf, n, op, c); });
+    return submit(c, [e = e_.get(), buf, n, op, c] { e->ring_all_reduce(buf, n, op, c); });
   }
 
   /// recv[0, chunk) = op over ranks of send[rank*chunk, (rank+1)*chunk);
@@ -234,7 +234,7 @@ class local_communicator {
   local_request ireduce_scatter(const T* send, T* recv, std::size_t chunk, reduce_op op) {
     auto c = issue(op_kind::reduce_scatter, chunk, dtype_of<T>(), to_string(op));
     return submit(
-        c, [this, send, recv, chunk, op, c] { e_->ring_reduce_scatter(send, recv, chunk, op, c); });
+        c, [e = e_.get(), send, recv, chunk, op, c] { e->ring_reduce_scatter(send, recv, chunk, op, c); });
   }
 
   /// recv[r*chunk, (r+1)*chunk) = send of rank r, for every r; recv holds
@@ -249,7 +249,7 @@ class local_communicator {
   template <comm_element T>
   local_request iall_gather(const T* send, T* recv, std::size_t chunk) {
     auto c = issue(op_kind::all_gather, chunk, dtype_of<T>(), {});
-    return submit(c, [this, send, recv, chunk, c] { e_->ring_all_gather(send, recv, chunk, c); });
+    return submit(c, [e = e_.get(), send, recv, chunk, c] { e->ring_all_gather(send, recv, chunk, c); });
   }
 
   /// Copies root's buf[0, n) into every rank's buf (chain root -> root+1 ->
@@ -265,7 +265,7 @@ class local_communicator {
   local_request ibroadcast(T* buf, std::size_t n, int root) {
     check_peer(root, "broadcast root");
     auto c = issue(op_kind::broadcast, n, dtype_of<T>(), detail::str("root ", root));
-    return submit(c, [this, buf, n, root, c] { e_->chain_broadcast(buf, n, root, c); });
+    return submit(c, [e = e_.get(), buf, n, root, c] { e->chain_broadcast(buf, n, root, c); });
   }
 
   /// Sends buf[0, n) to `peer` with `tag`. Buffered: copies and returns at
@@ -317,7 +317,7 @@ class local_communicator {
   /// Asynchronous barrier.
   local_request ibarrier() {
     auto c = issue(op_kind::barrier, 0, dtype::none, {});
-    return submit(c, [this, c] { e_->dissemination_barrier(c); });
+    return submit(c, [e = e_.get(), c] { e->dissemination_barrier(c); });
   }
 
   /// Collective: ranks with the same `color` (>= 0) form a new communicator,

@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -65,7 +66,7 @@ inline std::string format_bytes(double b) {
 }
 
 /// The step log line: every field named, e.g.
-/// `step 120/1000 loss 2.4100 val 2.4700 (4-gram 2.10) lr 3.00e-04 norm 0.512 tok/s 12345 mfu 23.1% mem 12.3MiB peak 45.6MiB`
+/// `step 120/1000 loss 2.4100 val 2.4700 (4-gram 2.1000) lr 3.00e-04 norm 0.512 tok/s 12345 mfu 23.1% mem 12.3MiB peak 45.6MiB`
 inline std::string format_step(const step_metrics& m, std::int64_t total_steps,
                                std::optional<double> baseline = std::nullopt) {
   char buf[512];
@@ -90,13 +91,16 @@ inline std::string format_step(const step_metrics& m, std::int64_t total_steps,
 }
 
 /// A one-line progress bar for a terminal: `[#####.....] 120/1000 loss 2.41 ...`.
+/// A step outside [0, total] shows an empty or a full bar.
 inline std::string progress_bar(std::int64_t step, std::int64_t total, const std::string& tail,
                                 int width = 30) {
+  width = std::max(width, 0);
   const double f = total > 0 ? static_cast<double>(step) / static_cast<double>(total) : 1.0;
-  const int filled = static_cast<int>(std::lround(f * width));
-  std::string bar = "[" + std::string(static_cast<std::size_t>(filled), '#') +
-                    std::string(static_cast<std::size_t>(width - filled), '.') + "] ";
-  return bar + tail;
+  const int filled = static_cast<int>(std::lround(std::clamp(f, 0.0, 1.0) * width));
+  std::string bar = "[";
+  bar.append(static_cast<std::size_t>(filled), '#');
+  bar.append(static_cast<std::size_t>(width - filled), '.');
+  return bar.append("] ").append(tail);
 }
 
 /// True when standard output is a terminal (progress bar) rather than a file or pipe.

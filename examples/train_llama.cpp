@@ -8,14 +8,25 @@
 //   build/host/examples/train_llama --preset tiny --steps 50 --out runs/tiny
 //   build/host/examples/train_llama --resume runs/tiny    # continue exactly
 //
+// Data parallel (docs/parallel.md): --dp N ranks, --zero {0,1,2,3} the ZeRO
+// stage, --comm local (ranks are threads of this process) or mpi (ranks are
+// the processes of mpirun; the default when launched by mpirun). The global
+// batch --global-batch stays the sequences per optimizer step whatever dp is.
+//
+//   build/host/examples/train_llama --steps 50 --dp 4 --zero 2            # 4 threads
+//   OMP_NUM_THREADS=1 mpirun -np 4 build/host/examples/train_llama --steps 50 --dp 4 --zero 3
+//
 // Exit status: 0 on success, 2 on bad input (one-line error naming the value
 // and the limit; nothing partial left behind), 1 on any other failure.
 
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <omp.h>
+
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -29,6 +40,11 @@
 #include "tessera/kernels/blas.hpp"
 #include "tessera/nn/llama_config.hpp"
 #include "tessera/train/trainer.hpp"
+#include "tessera/comm/local.hpp"
+#include "tessera/parallel/data_parallel_trainer.hpp"
+#if defined(TESSERA_HAS_MPI) && TESSERA_HAS_MPI
+#include "tessera/comm/mpi.hpp"
+#endif
 
 #ifndef TESSERA_SOURCE_DIR
 #define TESSERA_SOURCE_DIR "."
@@ -52,6 +68,8 @@ struct options {
   bool no_baseline = false;
   std::string prompt = "The ";
   int dp = 1;
+  int zero = 0;              // ZeRO stage of the data-parallel path
+  std::string comm = "auto";  // local, mpi, or auto (mpi under mpirun, else local)
   // Overrides of the preset's sizes (0: keep the preset's value).
   std::int64_t dim = 0, layers = 0, heads = 0, kv_heads = 0, ffn = 0;
 };
@@ -212,6 +230,162 @@ int run(options& o, const fs::path& tok_path, created_paths& created) {
   return 0;
 }
 
+// ---- Data parallel: --dp N --zero {0,1,2,3} --comm {local,mpi} ----------------------------
+// One rank of the run: rank 0 prints, writes the metrics and the checkpoint
+// (zero 0; sharded stages write none and say so); every rank trains.
+
+// True when this process was started by mpirun / srun (an MPI launcher).
+bool launched_by_mpi() {
+  return std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") ||
+         std::getenv("PMIX_RANK");
+}
+
+template <precision::policy P, class S, class Comm>
+int run_dp_rank(options& o, const fs::path& tok_path, created_paths& created, Comm& comm,
+                double peak) {
+  const bool lead = comm.rank() == 0;
+  data::token_file data(tok_path);
+  nn::llama_config mc = nn::llama_config::from_name(o.preset);
+  if (o.dim) mc.dim = o.dim;
+  if (o.layers) mc.n_layers = o.layers;
+  if (o.heads) mc.n_heads = o.heads;
+  if (o.kv_heads) mc.n_kv_heads = o.kv_heads;
+  if (o.ffn) mc.ffn_dim = o.ffn;
+  o.cfg.dp = o.dp;
+  // Validates everything (dp against the world size, G against dp x B) before any output.
+  parallel::data_parallel_trainer<P, S, Comm> tr(mc, o.cfg, data, comm);
+  const fs::path out(o.out);
+  const fs::path ckpt = out / "checkpoint.bin";
+  const fs::path metrics_path = out / "metrics.jsonl";
+  if (!o.resume.empty()) tr.load_checkpoint(fs::path(o.resume) / "checkpoint.bin");
+  comm.barrier();
+  std::optional<train::jsonl_writer> metrics;
+  if (lead) {
+    if (!o.resume.empty()) {
+      train::jsonl_writer::truncate_after(metrics_path, tr.step());
+    } else {
+      std::error_code ec;
+      fs::remove(metrics_path, ec);
+    }
+    created.keep = true;
+    if (!o.no_baseline && !o.baseline) o.baseline = compute_baseline(tok_path);
+    const auto& c = tr.model().config();
+    std::printf("train_llama: model %s (dim %lld, layers %lld, heads %lld/%lld kv, ffn %lld, vocab "
+                "%lld) %.2fM params, precision %s\n",
+                c.name.c_str(), (long long)c.dim, (long long)c.n_layers, (long long)c.n_heads,
+                (long long)c.n_kv_heads, (long long)c.ffn_dim, (long long)c.vocab,
+                tr.model().num_params() / 1e6, P::name);
+    std::printf("train_llama: data parallel dp=%d, %s, %s communicator, %zu gradient buckets\n",
+                comm.size(), S::name, o.comm.c_str(), tr.engine().plan().size());
+    std::printf("train_llama: G=%lld sequences/step = dp %d x %lld micro-batches x B=%lld, T=%lld, "
+                "%lld steps, lr %.1e, warmup %lld\n",
+                (long long)o.cfg.global_batch, comm.size(), (long long)o.cfg.accum_steps(),
+                (long long)o.cfg.micro_batch, (long long)o.cfg.seq, (long long)o.cfg.steps,
+                o.cfg.lr, (long long)o.cfg.warmup);
+    if (S::shards_optimizer_state)
+      std::printf("train_llama: %s: no checkpoints are written (sharded checkpoints are not "
+                  "supported yet; use --zero 0 to checkpoint)\n",
+                  S::name);
+    if (tr.step() > 0) std::printf("train_llama: resumed from step %lld\n", (long long)tr.step());
+    std::fflush(stdout);
+    metrics.emplace(metrics_path);
+  }
+  tr.set_peak_flops(peak);
+  const bool tty = lead && train::stdout_is_terminal();
+  const auto t_start = std::chrono::steady_clock::now();
+  std::optional<double> last_val;
+  while (tr.step() < o.cfg.steps) {
+    train::step_metrics m = tr.train_step();
+    const bool last = m.step == o.cfg.steps;
+    const bool eval_now = last || (o.cfg.eval_every > 0 && m.step % o.cfg.eval_every == 0);
+    if (eval_now) last_val = m.val_loss = tr.evaluate(last ? 0 : -1);
+    if (lead) {
+      nlohmann::json j = m.to_json();
+      j["dp"] = comm.size();
+      j["zero"] = S::stage;
+      if (o.baseline) j["baseline_4gram"] = *o.baseline;
+      metrics->write(j);
+      const std::string line = train::format_step(m, o.cfg.steps, o.baseline);
+      if (tty) {
+        std::printf("\r\033[K%s", train::progress_bar(m.step, o.cfg.steps, line).c_str());
+        if (eval_now) std::printf("\n");
+      } else {
+        std::printf("%s\n", line.c_str());
+      }
+      std::fflush(stdout);
+    }
+    if (!S::shards_optimizer_state &&
+        ((o.checkpoint_every > 0 && m.step % o.checkpoint_every == 0) || last))
+      tr.save_checkpoint(ckpt);
+  }
+  const double secs =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+  if (lead) {
+    if (tty) std::printf("\n");
+    std::printf("train_llama: done, %lld steps in %.1f s", (long long)o.cfg.steps, secs);
+    if (last_val) std::printf(", final val loss %.4f nats/byte (whole held-out split)", *last_val);
+    if (last_val && o.baseline)
+      std::printf(" (4-gram %.4f: %s)", *o.baseline,
+                  *last_val < *o.baseline ? "beaten" : "NOT beaten");
+    std::printf("\ntrain_llama: %s%s, metrics %s\n",
+                S::shards_optimizer_state ? "no checkpoint" : "checkpoint ",
+                S::shards_optimizer_state ? "" : ckpt.c_str(), metrics_path.c_str());
+  }
+  if (o.sample_bytes > 0) {  // every rank generates (zero 3 gathers), rank 0 prints
+    auto ids = data::byte_tokenizer::encode(o.prompt);
+    std::vector<std::int32_t> prompt(ids.begin(), ids.end());
+    auto outp = tr.generate(prompt, o.sample_bytes, 0.8, o.cfg.seed);
+    std::vector<std::uint32_t> u(outp.begin(), outp.end());
+    if (lead)
+      std::printf("---- sample (temperature 0.8) ----\n%s\n----\n",
+                  data::byte_tokenizer::decode(u).c_str());
+  }
+  return 0;
+}
+
+template <precision::policy P, class S>
+int run_dp_comm(options& o, const fs::path& tok, created_paths& created) {
+  if (o.comm == "local") {
+    // Ranks are threads: each gets its share of the OpenMP threads.
+    const int per_rank = std::max(1, omp_get_max_threads() / o.dp);
+    const double peak = kernels::measure_sgemm_flops() / o.dp;
+    int rc = 0;
+    comm::local_world::run(o.dp, [&](comm::local_communicator& c) {
+      omp_set_num_threads(per_rank);
+      const int r = run_dp_rank<P, S>(o, tok, created, c, peak);
+      if (c.rank() == 0) rc = r;
+    });
+    return rc;
+  }
+#if defined(TESSERA_HAS_MPI) && TESSERA_HAS_MPI
+  if (o.comm == "mpi") {
+    comm::mpi_environment env;
+    comm::mpi_communicator c(MPI_COMM_WORLD);
+    double peak = c.rank() == 0 ? kernels::measure_sgemm_flops() : 0.0;
+    c.broadcast(&peak, 1, 0);
+    return run_dp_rank<P, S>(o, tok, created, c, peak);
+  }
+  throw config_error("--comm '" + o.comm + "' is not one of local, mpi");
+#else
+  throw config_error("--comm '" + o.comm + "': this build has no MPI (valid: local)");
+#endif
+}
+
+template <precision::policy P>
+int run_dp(options& o, const fs::path& tok, created_paths& created) {
+  switch (o.zero) {
+    case 0:
+      return run_dp_comm<P, parallel::zero<0>>(o, tok, created);
+    case 1:
+      return run_dp_comm<P, parallel::zero<1>>(o, tok, created);
+    case 2:
+      return run_dp_comm<P, parallel::zero<2>>(o, tok, created);
+    case 3:
+      return run_dp_comm<P, parallel::zero<3>>(o, tok, created);
+  }
+  throw config_error("--zero " + std::to_string(o.zero) + " is not a ZeRO stage (valid: 0, 1, 2, 3)");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -254,7 +428,9 @@ int main(int argc, char** argv) {
   app.add_option("--checkpoint-every", o.checkpoint_every, "save a checkpoint every N steps (and at the end)")->capture_default_str();
   app.add_option("--out", o.out, "output folder: checkpoint.bin, metrics.jsonl")->capture_default_str();
   app.add_option("--resume", o.resume, "folder whose checkpoint.bin to continue from");
-  app.add_option("--dp", o.dp, "data-parallel degree (this build: 1)")->capture_default_str();
+  app.add_option("--dp", o.dp, "data-parallel ranks (threads with --comm local, processes under mpirun)")->capture_default_str();
+  app.add_option("--zero", o.zero, "ZeRO stage of data parallelism: 0, 1, 2 or 3")->capture_default_str();
+  app.add_option("--comm", o.comm, "communicator: local (threads), mpi, or auto (mpi under mpirun)")->capture_default_str();
   app.add_option("--sample-bytes", o.sample_bytes, "bytes to generate at the end (0: none)")->capture_default_str();
   app.add_option("--prompt", o.prompt, "prompt of the sample")->capture_default_str();
   app.add_option("--baseline", o.baseline, "4-gram baseline in nats/byte to print beside val loss");
@@ -273,7 +449,13 @@ int main(int argc, char** argv) {
   if (app.count("--warmup") == 0 && o.cfg.warmup >= o.cfg.steps) o.cfg.warmup = o.cfg.steps / 10;
   created_paths created;
   try {
-    TESSERA_THROW_IF(o.dp != 1, config_error, "dp=", o.dp, " is not supported by this build (max 1)");
+    TESSERA_THROW_IF(o.dp < 1, config_error, "dp=", o.dp, " must be >= 1");
+    TESSERA_THROW_IF(o.zero < 0 || o.zero > 3, config_error, "--zero ", o.zero,
+                     " is not a ZeRO stage (valid: 0, 1, 2, 3)");
+    if (o.comm == "auto") o.comm = launched_by_mpi() ? "mpi" : "local";
+    // The data-parallel path: any of --dp > 1, --zero, --comm, or mpirun.
+    const bool parallel_path = o.dp > 1 || app.count("--zero") > 0 || app.count("--comm") > 0 ||
+                               o.comm == "mpi";
     if (!o.resume.empty() && o.out == "runs/main") o.out = o.resume;
     const fs::path out(o.out);
     std::error_code ec;
@@ -285,6 +467,13 @@ int main(int argc, char** argv) {
     TESSERA_THROW_IF(::access(out.c_str(), W_OK) != 0, io_error, "output folder '", out.string(),
                      "' is not writable");
     const fs::path tok = prepare_tokens(o.data, out, created);
+    if (parallel_path) {
+      if (o.precision == "fp32") return run_dp<precision::fp32>(o, tok, created);
+      if (o.precision == "bf16" || o.precision == "bf16_mixed")
+        return run_dp<precision::bf16_mixed>(o, tok, created);
+      if (o.precision == "fp64") return run_dp<precision::fp64>(o, tok, created);
+      throw config_error("unknown precision '" + o.precision + "' (valid: fp32, bf16, fp64)");
+    }
     if (o.precision == "fp32") return run<precision::fp32>(o, tok, created);
     if (o.precision == "bf16" || o.precision == "bf16_mixed") return run<precision::bf16_mixed>(o, tok, created);
     if (o.precision == "fp64") return run<precision::fp64>(o, tok, created);

@@ -13,8 +13,8 @@
 // the processes of mpirun; the default when launched by mpirun). The global
 // batch --global-batch stays the sequences per optimizer step whatever dp is.
 //
-//   build/host/examples/train_llama --steps 50 --dp 4 --zero 2            # 4 threads
-//   OMP_NUM_THREADS=1 mpirun -np 4 build/host/examples/train_llama --steps 50 --dp 4 --zero 3
+//   build/host/examples/train_llama --steps 50 --dp 4 --micro-batch 4 --zero 2   # threads
+//   OMP_NUM_THREADS=1 mpirun -np 4 build/host/examples/train_llama --steps 50 --dp 4 --micro-batch 4 --zero 3
 //
 // Exit status: 0 on success, 2 on bad input (one-line error naming the value
 // and the limit; nothing partial left behind), 1 on any other failure.

@@ -35,6 +35,10 @@ TEST_CASE("mpi zero<0..3> match the 1-rank run (float32)", "[mpi][zero]") {
   auto c = world();
   REQUIRE_NOTHROW(zero_suite::stages_match_single_rank<tessera::precision::fp32>(c, false));
 }
+TEST_CASE("mpi bf16_mixed stages stay within bf16 rounding of 1 rank", "[mpi][zero][bf16]") {
+  auto c = world();
+  REQUIRE_NOTHROW(zero_suite::bf16_stages_agree(c, false));
+}
 TEST_CASE("mpi communicated bytes per step follow the formulas", "[mpi][zero][bytes]") {
   auto c = world();
   REQUIRE_NOTHROW(zero_suite::comm_bytes_per_step(c));

@@ -56,6 +56,11 @@ TEST_CASE("zero<0..3> match the 1-rank run and each other bit for bit (float32)"
   });
 }
 
+TEST_CASE("bf16_mixed: zero<0,1,3> agree bit for bit and stay within bf16 rounding of 1 rank",
+          "[parallel][zero][bf16]") {
+  for_dp([](local_communicator& c) { zero_suite::bf16_stages_agree(c, true); });
+}
+
 TEST_CASE("communicated bytes per step: zero<1,2> equal zero<0>, zero<3> its formula",
           "[parallel][zero][bytes]") {
   for_dp([](local_communicator& c) {

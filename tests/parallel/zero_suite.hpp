@@ -276,6 +276,33 @@ void stages_match_single_rank(Comm& c, bool bitwise) {
   }
 }
 
+/// bf16_mixed (bf16 parameters all-gathered as 32-bit words, float32
+/// gradients, reductions and master weights): with the same buckets the
+/// four stages agree bit for bit (`bitwise`), and all stay within bf16
+/// rounding of the 1-rank run (2^-7 relative to the largest parameter: a
+/// different summation order can move a parameter by one bf16 ulp).
+template <class Comm>
+void bf16_stages_agree(Comm& c, bool bitwise) {
+  using P = precision::bf16_mixed;
+  setup st;
+  calibrate<precision::fp32>(st);
+  st.bucket_bytes = 1;
+  const auto ref = reference<P>(st, c.size());
+  const auto z0 = run_dp<P, parallel::zero<0>>(c, st);
+  const auto z1 = run_dp<P, parallel::zero<1>>(c, st);
+  const auto z3 = run_dp<P, parallel::zero<3>>(c, st);
+  for (const auto* z : {&z0, &z1, &z3}) {
+    const double d = rel_max_diff(z->params, ref);
+    check(d <= 0x1p-7, "rank ", c.rank(), " of ", c.size(),
+          ": bf16 parameters differ from the 1-rank run by ", d);
+    if (bitwise) {
+      const std::size_t i = first_bit_difference(z->params, z0.params);
+      check(i == z0.params.size(), "rank ", c.rank(), " of ", c.size(),
+            ": bf16 stage differs from zero<0> at element ", i);
+    }
+  }
+}
+
 /// Bytes per step and rank, float32, A = 1: zero<1> and zero<2> equal
 /// zero<0>; zero<3> equals the ring formula of parallel/zero.hpp (the head,
 /// whose forward and backward are fused, gathered once per micro-batch).

@@ -63,6 +63,7 @@ struct bucket {
   std::int64_t padded = 0;          ///< dp * chunk >= end - begin
   std::int64_t shard_offset = 0;    ///< this chunk in the shard-local buffer
   std::int64_t staging_offset = 0;  ///< this bucket in the padded staging buffer
+  /// Real (unpadded) elements of the bucket.
   std::int64_t numel() const { return end - begin; }
 };
 
@@ -128,10 +129,13 @@ class bucket_plan {
     staging_size_ = staging;
   }
 
+  /// Data-parallel degree (ranks sharing every bucket).
   int dp() const { return dp_; }
+  /// This rank, in [0, dp()).
   int rank() const { return rank_; }
   /// Buckets in reduction order (bucket 0 holds the highest segments).
   const std::vector<bucket>& buckets() const { return buckets_; }
+  /// Number of buckets.
   std::size_t size() const { return buckets_.size(); }
   /// Index of the bucket holding segment `id`.
   int bucket_of_segment(int id) const {

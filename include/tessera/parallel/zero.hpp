@@ -172,16 +172,28 @@ class data_parallel final : public nn::segment_hooks {
     if constexpr (S::shards_parameters) gathered_.resize(nb);
     model.set_hooks(this);
   }
+  /// Waits for any collective still in flight (its buffers are about to be
+  /// freed) and uninstalls the hooks. Errors of those collectives are
+  /// dropped here: they were or will be reported by the peers.
   ~data_parallel() override {
-    drain();
-    if (model_) model_->set_hooks(nullptr);
+    try {
+      drain();
+      for (auto& g : gathered_)
+        if (g.req) g.req->wait();
+    } catch (...) {
+    }
+    model_->set_hooks(nullptr);
   }
   data_parallel(const data_parallel&) = delete;
   data_parallel& operator=(const data_parallel&) = delete;
 
+  /// The buckets and this rank's shard.
   const bucket_plan& plan() const { return plan_; }
+  /// The optimizer: over the whole flat buffer (zero<0>) or this rank's
+  /// shard-local buffer (zero<1..3>, plan().shard_ranges offsets).
   optimizer_type& optimizer() { return adamw_; }
   const optimizer_type& optimizer() const { return adamw_; }
+  /// The communicator over the dp ranks (not owned).
   C& communicator() { return *comm_; }
   /// This rank's parameter shard (shard-local order, plan().shard_size()
   /// elements); null under zero<0>.

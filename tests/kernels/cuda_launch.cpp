@@ -1,0 +1,85 @@
+// Launch configurations of the CUDA kernels (include/tessera/kernels/cuda/launch.hpp),
+// checked on the host for the Llama-2 7B shapes: grids within the hardware
+// limits, shared memory under 48 KiB (no opt-in needed, far below sm_90's
+// 227 KiB), scratch sizes, and the device-independent partitions that make
+// the reductions deterministic. No CUDA headers or runtime needed.
+#include <catch2/catch.hpp>
+
+#include <tessera/kernels/cuda/launch.hpp>
+
+namespace kc = tessera::kernels::cuda;
+
+namespace {
+// Llama-2 7B (DESIGN.md, "Model presets"): micro-batch 16 x 4096 tokens.
+constexpr std::int64_t H = 4096, F = 11008, V = 32000, N = 16 * 4096;
+constexpr std::int64_t params_7b = 6738415616;  // Llama-2 7B parameter count
+}  // namespace
+
+TEST_CASE("cuda launch: every 7B configuration is within the hardware limits",
+          "[kernels][cuda_launch]") {
+  const kc::launch_config all[] = {
+      kc::rmsnorm_row_config(N, H),         kc::rmsnorm_dweight_partial_config(N, H),
+      kc::rmsnorm_dweight_reduce_config(H), kc::elementwise_config(N * F, 8),
+      kc::elementwise_config(params_7b, 1), kc::grad_norm_partial_config(params_7b),
+      kc::embedding_forward_config(N, H),   kc::embedding_backward_config(N, V, H),
+  };
+  for (const auto& c : all) {
+    CHECK(c.valid());
+    CHECK(c.smem <= kc::launch_limits::max_smem_sm90);
+    CHECK(c.smem <= kc::launch_limits::max_smem_sm80);
+    CHECK(c.smem <= kc::launch_limits::default_smem);
+  }
+  static_assert(kc::rmsnorm_row_config(N, H).valid(), "usable in constant expressions");
+}
+
+TEST_CASE("cuda launch: RMSNorm rows, dweight chunks and scratch", "[kernels][cuda_launch]") {
+  const auto r = kc::rmsnorm_row_config(N, H);
+  CHECK(r.grid_x == N);
+  CHECK(r.block == 256);
+  const auto p = kc::rmsnorm_dweight_partial_config(N, H);
+  CHECK(p.grid_x == N / 256);  // 256 chunks of 256 rows
+  CHECK(p.grid_y == H / 256);
+  CHECK(p.scratch_bytes == static_cast<std::size_t>(256 * H * 4));  // 4 MiB
+  CHECK(kc::rmsnorm_backward_scratch_bytes(N, H) == p.scratch_bytes);
+  CHECK(kc::rmsnorm_dweight_reduce_config(H).grid_x == 16);
+  // Rows beyond the grid limit are taken by the grid-stride loop.
+  CHECK(kc::rmsnorm_row_config(std::int64_t(1) << 33, 8).grid_x == kc::launch_limits::max_grid_x);
+  // Odd sizes: one partial chunk, one partial column block.
+  const auto o = kc::rmsnorm_dweight_partial_config(257, 300);
+  CHECK(o.grid_x == 2);
+  CHECK(o.grid_y == 2);
+  CHECK(kc::rmsnorm_row_config(0, 4).grid_x == 1);
+  CHECK_THROWS_AS(kc::rmsnorm_row_config(4, 0), tessera::config_error);
+}
+
+TEST_CASE("cuda launch: element-wise grids cap and loop for 7B-sized buffers",
+          "[kernels][cuda_launch]") {
+  const auto s = kc::elementwise_config(N * F, 8);  // SwiGLU over (B*T, F) bf16, 8 per access
+  CHECK(s.grid_x == (N * F + 2047) / 2048);
+  CHECK(s.grid_x <= kc::elementwise_max_blocks);
+  const auto a = kc::elementwise_config(params_7b, 1);  // AdamW over every parameter
+  CHECK(a.grid_x == kc::elementwise_max_blocks);        // capped: threads loop, 64-bit indices
+  CHECK(kc::elementwise_config(0, 4).grid_x == 1);
+  CHECK_THROWS_AS(kc::elementwise_config(-1, 4), tessera::config_error);
+}
+
+TEST_CASE("cuda launch: the gradient-norm partition depends on n only", "[kernels][cuda_launch]") {
+  const auto g = kc::grad_norm_partial_config(params_7b);
+  CHECK(g.grid_x == kc::grad_norm_max_blocks);
+  CHECK(g.scratch_bytes == 1024 * sizeof(double));
+  CHECK(kc::grad_sum_squares_scratch_bytes(params_7b) == 8192);
+  CHECK(kc::grad_norm_partial_config(1).grid_x == 1);
+  CHECK(kc::grad_norm_partial_config(2048 * 3 + 1).grid_x == 4);
+}
+
+TEST_CASE("cuda launch: embedding backward owns disjoint vocabulary rows",
+          "[kernels][cuda_launch]") {
+  const auto e = kc::embedding_backward_config(N, V, H);
+  CHECK(e.grid_x * kc::embedding_backward_rows >= V);
+  CHECK((e.grid_x - 1) * kc::embedding_backward_rows < V);
+  CHECK(e.grid_x == 500);
+  CHECK(e.grid_y == 4);
+  CHECK(e.smem <= 6 * 1024);
+  CHECK(kc::embedding_forward_config(N, H).grid_x == N);
+  CHECK_THROWS_AS(kc::embedding_backward_config(N, 0, H), tessera::config_error);
+}

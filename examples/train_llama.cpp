@@ -70,6 +70,7 @@ struct options {
   int dp = 1;
   int zero = 0;              // ZeRO stage of the data-parallel path
   std::string comm = "auto";  // local, mpi, or auto (mpi under mpirun, else local)
+  double bucket_mb = 25;      // gradient bucket size of the data-parallel path
   // Overrides of the preset's sizes (0: keep the preset's value).
   std::int64_t dim = 0, layers = 0, heads = 0, kv_heads = 0, ffn = 0;
 };
@@ -253,7 +254,9 @@ int run_dp_rank(options& o, const fs::path& tok_path, created_paths& created, Co
   if (o.ffn) mc.ffn_dim = o.ffn;
   o.cfg.dp = o.dp;
   // Validates everything (dp against the world size, G against dp x B) before any output.
-  parallel::data_parallel_trainer<P, S, Comm> tr(mc, o.cfg, data, comm);
+  parallel::data_parallel_options dpo;
+  dpo.bucket_bytes = static_cast<std::int64_t>(o.bucket_mb * 1e6);
+  parallel::data_parallel_trainer<P, S, Comm> tr(mc, o.cfg, data, comm, dpo);
   const fs::path out(o.out);
   const fs::path ckpt = out / "checkpoint.bin";
   const fs::path metrics_path = out / "metrics.jsonl";
@@ -430,6 +433,7 @@ int main(int argc, char** argv) {
   app.add_option("--resume", o.resume, "folder whose checkpoint.bin to continue from");
   app.add_option("--dp", o.dp, "data-parallel ranks (threads with --comm local, processes under mpirun)")->capture_default_str();
   app.add_option("--zero", o.zero, "ZeRO stage of data parallelism: 0, 1, 2 or 3")->capture_default_str();
+  app.add_option("--bucket-mb", o.bucket_mb, "gradient bucket size in MB (data parallel; zero 3 uses one per block)")->capture_default_str();
   app.add_option("--comm", o.comm, "communicator: local (threads), mpi, or auto (mpi under mpirun)")->capture_default_str();
   app.add_option("--sample-bytes", o.sample_bytes, "bytes to generate at the end (0: none)")->capture_default_str();
   app.add_option("--prompt", o.prompt, "prompt of the sample")->capture_default_str();

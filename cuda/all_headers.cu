@@ -2,6 +2,17 @@
 // shared TESSERA_HOST_DEVICE arithmetic and the host headers stay nvcc-clean.
 #include <tessera/tessera.hpp>
 
+// The CUDA-only headers (not in the umbrella header): the backend, the
+// cuBLASLt wrapper and the kernels (cuda/kernels.cu instantiates those).
+#include <tessera/core/cuda.hpp>
+#include <tessera/kernels/cuda/adamw.cuh>
+#include <tessera/kernels/cuda/elementwise.cuh>
+#include <tessera/kernels/cuda/embedding.cuh>
+#include <tessera/kernels/cuda/gemm.cuh>
+#include <tessera/kernels/cuda/grad_norm.cuh>
+#include <tessera/kernels/cuda/rmsnorm.cuh>
+#include <tessera/kernels/cuda/swiglu.cuh>
+
 namespace {
 __global__ void tessera_bf16_roundtrip(const float* in, float* out, int n) {
   int i = blockIdx.x * blockDim.x + threadIdx.x;

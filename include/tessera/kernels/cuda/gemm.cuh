@@ -1,0 +1,254 @@
+#pragma once
+/// \file kernels/cuda/gemm.cuh
+/// GEMMs on the GPU through cuBLASLt, row-major, and the three linear-layer
+/// products. Host code only (no kernels of ours): any C++ compiler may
+/// include it with the CUDA headers; link tessera::cuda (cudart, cublasLt).
+///
+/// Row-major to column-major: a row-major C(M,N) occupies the same bytes as
+/// the column-major C^T(N,M), and C^T = op(B)^T op(A)^T, so each call asks
+/// cuBLASLt for m = N, n = M with the operands swapped (B first, then A) and
+/// the transpose flags kept; leading dimensions are unchanged.
+///
+/// Precision: bf16 (or float) operands, float32 accumulation
+/// (CUBLAS_COMPUTE_32F, float alpha and beta), output bf16 (rounded once) or
+/// float32. Float operands compute in full float32 (no TF32).
+///
+/// Gradient contract (llm.c): linear_backward_weight accumulates (beta = 1);
+/// linear_backward_input writes (beta = 0) unless `accumulate`.
+
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <tuple>
+#include <type_traits>
+
+#include "tessera/core/cuda.hpp"
+#include "tessera/core/numeric.hpp"
+#include "tessera/kernels/gemm.hpp"
+
+namespace tessera::kernels::cuda {
+
+namespace detail {
+
+template <class T>
+constexpr cudaDataType_t cuda_data_type() {
+  if constexpr (std::is_same_v<T, bf16>)
+    return CUDA_R_16BF;
+  else if constexpr (std::is_same_v<T, fp16>)
+    return CUDA_R_16F;
+  else {
+    static_assert(std::is_same_v<T, float>, "cuBLASLt GEMM types: bf16, fp16 or float");
+    return CUDA_R_32F;
+  }
+}
+
+/// Largest power of two <= 16 dividing the address (cuBLASLt's alignment preference).
+inline std::uint32_t pointer_alignment(const void* p) {
+  const auto a = reinterpret_cast<std::uintptr_t>(p);
+  std::uint32_t r = 16;
+  while (r > 1 && a % r) r /= 2;
+  return r;
+}
+
+}  // namespace detail
+
+/// A cuBLASLt handle, a device workspace, and a cache of matmul plans (the
+/// descriptors and the heuristic's algorithm per shape, types, transposes
+/// and pointer alignments), created once and reused by every GEMM.
+/// Not thread-safe, and its workspace serves one stream at a time: give each
+/// stream that runs GEMMs concurrently its own context.
+class cublaslt_context {
+ public:
+  /// Creates the handle on the current device and takes `workspace_bytes`
+  /// (default 32 MiB, NVIDIA's recommendation for Hopper) from `mr` (the
+  /// current device's caching allocator by default, so it is counted).
+  /// Throws cuda_error if cuBLASLt or the allocation fails.
+  explicit cublaslt_context(std::size_t workspace_bytes = std::size_t(32) << 20,
+                            memory_resource& mr = ::tessera::cuda::default_resource())
+      : mr_(&mr), workspace_bytes_(workspace_bytes) {
+    TESSERA_CUBLAS_CHECK(cublasLtCreate(&handle_));
+    if (workspace_bytes_) {
+      try {
+        workspace_ = mr_->allocate(workspace_bytes_, 256);
+      } catch (...) {
+        cublasLtDestroy(handle_);
+        throw;
+      }
+    }
+  }
+  cublaslt_context(const cublaslt_context&) = delete;
+  cublaslt_context& operator=(const cublaslt_context&) = delete;
+  ~cublaslt_context() {
+    plans_.clear();
+    if (workspace_) mr_->deallocate(workspace_, workspace_bytes_);
+    if (handle_) cublasLtDestroy(handle_);
+  }
+
+  cublasLtHandle_t handle() const { return handle_; }
+  void* workspace() const { return workspace_; }
+  std::size_t workspace_bytes() const { return workspace_bytes_; }
+  /// Number of distinct GEMM plans built so far (one heuristic query each).
+  std::size_t cached_plans() const { return plans_.size(); }
+
+  /// Row-major C(M,N) = alpha * op(A)(M,K) * op(B)(K,N) + beta * C on
+  /// `stream`, as kernels::gemm on the host (same transposes and leading
+  /// dimensions: op(A) is A stored M x K, lda >= K, or A^T stored K x M,
+  /// lda >= M; likewise B; ldc >= N).
+  /// - TAB (A and B) in {bf16, fp16, float}; TC in {bf16, float}, float when
+  ///   TAB is float. Accumulation in float32; a bf16 C is rounded once.
+  /// - beta == 0 does not read C. C must not alias A or B.
+  /// - Throws config_error for M, N < 0, K < 1 (cuBLASLt has no k = 0
+  ///   matmul), or a leading dimension below its rule; cuda_error naming the
+  ///   call and status if cuBLASLt has no algorithm or fails.
+  /// Nothing is synchronised.
+  template <class TAB, class TC>
+  void gemm(transpose ta, transpose tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha,
+            const TAB* d_A, std::int64_t lda, const TAB* d_B, std::int64_t ldb, float beta, TC* d_C,
+            std::int64_t ldc, cudaStream_t stream) {
+    static_assert(std::is_same_v<TC, bf16> || std::is_same_v<TC, float>,
+                  "tessera::kernels::cuda::gemm: C must be bf16 or float");
+    static_assert(!std::is_same_v<TAB, float> || std::is_same_v<TC, float>,
+                  "tessera::kernels::cuda::gemm: float operands need a float C");
+    kernels::detail::check_gemm_args(ta, tb, M, N, K, lda, ldb, ldc);
+    TESSERA_THROW_IF(K < 1, config_error, "gemm (cuda): K=", K,
+                     " must be >= 1 (cuBLASLt has no k = 0 matmul)");
+    if (M == 0 || N == 0) return;
+    const plan_key key{static_cast<int>(ta),
+                       static_cast<int>(tb),
+                       M,
+                       N,
+                       K,
+                       lda,
+                       ldb,
+                       ldc,
+                       static_cast<int>(detail::cuda_data_type<TAB>()),
+                       static_cast<int>(detail::cuda_data_type<TC>()),
+                       detail::pointer_alignment(d_A),
+                       detail::pointer_alignment(d_B),
+                       detail::pointer_alignment(d_C)};
+    auto it = plans_.find(key);
+    if (it == plans_.end()) it = plans_.emplace(key, make_plan<TAB, TC>(key)).first;
+    const plan& p = *it->second;
+    // Column-major: D^T(N,M) = op(B)^T op(A)^T + beta C^T: B is cuBLASLt's "A".
+    TESSERA_CUBLAS_CHECK(cublasLtMatmul(handle_, p.desc, &alpha, d_B, p.b_layout, d_A, p.a_layout,
+                                        &beta, d_C, p.c_layout, d_C, p.c_layout, &p.algo,
+                                        workspace_, workspace_bytes_, stream));
+  }
+
+ private:
+  using plan_key =
+      std::tuple<int, int, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
+                 std::int64_t, int, int, std::uint32_t, std::uint32_t, std::uint32_t>;
+  struct plan {
+    cublasLtMatmulDesc_t desc = nullptr;
+    cublasLtMatrixLayout_t a_layout = nullptr, b_layout = nullptr, c_layout = nullptr;
+    cublasLtMatmulAlgo_t algo{};
+    plan() = default;
+    plan(const plan&) = delete;
+    plan& operator=(const plan&) = delete;
+    ~plan() {
+      if (c_layout) cublasLtMatrixLayoutDestroy(c_layout);
+      if (b_layout) cublasLtMatrixLayoutDestroy(b_layout);
+      if (a_layout) cublasLtMatrixLayoutDestroy(a_layout);
+      if (desc) cublasLtMatmulDescDestroy(desc);
+    }
+  };
+
+  template <class TAB, class TC>
+  std::unique_ptr<plan> make_plan(const plan_key& k) {
+    const auto [ta_i, tb_i, M, N, K, lda, ldb, ldc, ab_type, c_type, al_a, al_b, al_c] = k;
+    const bool ta = ta_i != 0, tb = tb_i != 0;
+    auto p = std::make_unique<plan>();
+    TESSERA_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    // cuBLASLt's first operand is our B, its second our A (file comment).
+    const cublasOperation_t op_first = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const cublasOperation_t op_second = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+    TESSERA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA,
+                                                        &op_first, sizeof(op_first)));
+    TESSERA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB,
+                                                        &op_second, sizeof(op_second)));
+    const auto ab = static_cast<cudaDataType_t>(ab_type);
+    // Stored column-major shapes: B is N x K (or K x N when transposed), A is
+    // K x M (or M x K), C is N x M.
+    TESSERA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b_layout, ab, tb ? K : N, tb ? N : K, ldb));
+    TESSERA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a_layout, ab, ta ? M : K, ta ? K : M, lda));
+    TESSERA_CUBLAS_CHECK(
+        cublasLtMatrixLayoutCreate(&p->c_layout, static_cast<cudaDataType_t>(c_type), N, M, ldc));
+
+    cublasLtMatmulPreference_t pref = nullptr;
+    TESSERA_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    std::unique_ptr<std::remove_pointer_t<cublasLtMatmulPreference_t>,
+                    decltype(&cublasLtMatmulPreferenceDestroy)>
+        pref_guard(pref, &cublasLtMatmulPreferenceDestroy);
+    const std::size_t ws = workspace_bytes_;
+    TESSERA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+    TESSERA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_b, sizeof(al_b)));
+    TESSERA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_a, sizeof(al_a)));
+    TESSERA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof(al_c)));
+    TESSERA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof(al_c)));
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    TESSERA_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(handle_, p->desc, p->b_layout, p->a_layout,
+                                                        p->c_layout, p->c_layout, pref, 1, &result,
+                                                        &found));
+    if (found == 0)
+      throw cuda_error(
+          ::tessera::detail::str("gemm (cuda): cuBLASLt found no algorithm for M=", M, " N=", N,
+                                 " K=", K, " lda=", lda, " ldb=", ldb, " ldc=", ldc, " A/B ",
+                                 dtype_name<TAB>(), ", C ", dtype_name<TC>(), ", alignments ", al_a,
+                                 "/", al_b, "/", al_c, " bytes"),
+          static_cast<int>(CUBLAS_STATUS_NOT_SUPPORTED));
+    p->algo = result.algo;
+    return p;
+  }
+
+  cublasLtHandle_t handle_ = nullptr;
+  memory_resource* mr_;
+  void* workspace_ = nullptr;
+  std::size_t workspace_bytes_;
+  std::map<plan_key, std::unique_ptr<plan>> plans_;
+};
+
+/// Linear forward, no bias: out(M,N) = inp(M,K) * weight(N,K)^T (weight as
+/// PyTorch's nn.Linear: out_features x in_features). bf16 operands, float32
+/// accumulation, TC in {bf16, float}; out is written. Throws as
+/// cublaslt_context::gemm. FLOPs: gemm_flops(M, N, K). Source: llm.c matmul_forward.
+template <class TC>
+void linear_forward(cublaslt_context& ctx, TC* d_out, const bf16* d_inp, const bf16* d_weight,
+                    std::int64_t M, std::int64_t N, std::int64_t K, cudaStream_t stream) {
+  ctx.gemm(transpose::no, transpose::yes, M, N, K, 1.0f, d_inp, K, d_weight, K, 0.0f, d_out, N,
+           stream);
+}
+
+/// Linear backward to the input: dinp(M,K) = dout(M,N) * weight(N,K), written
+/// (or added, beta = 1, when `accumulate`). bf16 operands, TC in {bf16,
+/// float}. Throws as cublaslt_context::gemm. FLOPs: gemm_flops(M, K, N).
+template <class TC>
+void linear_backward_input(cublaslt_context& ctx, TC* d_dinp, const bf16* d_dout,
+                           const bf16* d_weight, std::int64_t M, std::int64_t N, std::int64_t K,
+                           cudaStream_t stream, bool accumulate = false) {
+  ctx.gemm(transpose::no, transpose::no, M, K, N, 1.0f, d_dout, N, d_weight, K,
+           accumulate ? 1.0f : 0.0f, d_dinp, K, stream);
+}
+
+/// Linear backward to the weight: dweight(N,K) += dout(M,N)^T * inp(M,K)
+/// (parameter gradient: accumulates, beta = 1), float32 dweight, bf16
+/// operands, the reduction over M in float32 inside cuBLASLt. Throws as
+/// cublaslt_context::gemm. FLOPs: gemm_flops(N, K, M).
+inline void linear_backward_weight(cublaslt_context& ctx, float* d_dweight, const bf16* d_dout,
+                                   const bf16* d_inp, std::int64_t M, std::int64_t N,
+                                   std::int64_t K, cudaStream_t stream) {
+  ctx.gemm(transpose::yes, transpose::no, N, K, M, 1.0f, d_dout, N, d_inp, K, 1.0f, d_dweight, K,
+           stream);
+}
+
+}  // namespace tessera::kernels::cuda

@@ -1,0 +1,222 @@
+#pragma once
+/// \file kernels/cuda/kernels.hpp
+/// Declarations of the CUDA kernel launchers, for host code compiled by a
+/// plain C++ compiler. The definitions are in kernels/cuda/*.cuh (nvcc);
+/// cuda/kernels.cu instantiates them for the types listed at the bottom
+/// (target tessera::cuda_kernels), and `extern template` here stops any other
+/// translation unit from instantiating them again.
+///
+/// Common rules (every launcher):
+/// - All pointers are device pointers (`d_`), row-major, contiguous.
+/// - Work is queued on `stream`; nothing synchronises the host. A bad launch
+///   configuration throws tessera::cuda_error at the call; a fault inside
+///   the kernel surfaces at the next synchronisation.
+/// - Sizes are checked on the host first (config_error naming the value).
+/// - Arithmetic is in float32 (the accumulation type of float and bf16), by
+///   the same TESSERA_HOST_DEVICE functions as the host kernels
+///   (kernels/detail/), so results match the host to float rounding.
+/// - Gradient contract (llm.c): parameter gradients accumulate (`+=`),
+///   activation gradients are written (`=`).
+/// - Deterministic: no float atomics; each reduction's order depends on the
+///   sizes only (kernels/cuda/launch.hpp), so a run repeats bit for bit.
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "tessera/core/numeric.hpp"
+#include "tessera/kernels/detail/adamw.hpp"
+
+namespace tessera::kernels::cuda {
+
+// ---- RMSNorm (kernels/cuda/rmsnorm.cuh) ------------------------------------------------------
+
+/// RMSNorm forward, as the host kernels::rmsnorm_forward:
+/// rstd[n] = 1 / sqrt(mean_h(inp[n,h]^2) + eps), out[n,h] = weight[h] * inp[n,h] * rstd[n].
+/// - `d_inp`, `d_out` (N,H) and `d_weight` (H) of T in {float, bf16};
+///   `d_rstd` (N) float32, saved for the backward. `d_out` may alias `d_inp`.
+/// - One block of 256 threads per row, CUB block reduction; 16-byte loads
+///   when H and every pointer allow it.
+/// - Throws config_error for N < 0, H < 1 or eps < 0.
+/// Source: Zhang and Sennrich, "Root Mean Square Layer Normalization", 2019.
+template <class T>
+void rmsnorm_forward(T* d_out, float* d_rstd, const T* d_inp, const T* d_weight, std::int64_t N,
+                     std::int64_t H, double eps, cudaStream_t stream);
+
+/// RMSNorm backward, as the host kernels::rmsnorm_backward (xhat = inp * rstd):
+/// dinp[n,:] = rstd[n] * (weight * dout - xhat * mean_h(weight * dout * xhat))
+/// (written, or added when `accumulate_dinp`), dweight[h] += sum_n dout[n,h] xhat[n,h].
+/// - `d_inp` (N,H), `d_weight` (H) of T in {float, bf16}; `d_dout`, `d_dinp`
+///   (N,H) of G in {float, bf16} (G = float when T = float); `d_dweight` (H)
+///   and `d_rstd` (N) float32.
+/// - `d_scratch`: at least rmsnorm_backward_scratch_bytes(N, H) bytes
+///   (launch.hpp): per-chunk dweight partial sums, added in chunk order, so
+///   dweight is deterministic. `d_dinp` must not alias `d_dout` or `d_inp`.
+/// - Throws config_error for bad sizes or a scratch buffer too small.
+template <class T, class G>
+void rmsnorm_backward(G* d_dinp, float* d_dweight, const G* d_dout, const T* d_inp,
+                      const T* d_weight, const float* d_rstd, std::int64_t N, std::int64_t H,
+                      void* d_scratch, std::size_t scratch_bytes, cudaStream_t stream,
+                      bool accumulate_dinp = false);
+
+// ---- SwiGLU (kernels/cuda/swiglu.cuh) --------------------------------------------------------
+
+/// SwiGLU forward, as kernels::swiglu_forward: out = silu(gate) * up.
+/// n elements of T in {float, bf16}; `d_out` may alias `d_gate` or `d_up`.
+/// Throws config_error for n < 0. Source: Shazeer 2020, eq. 6.
+template <class T>
+void swiglu_forward(T* d_out, const T* d_gate, const T* d_up, std::int64_t n, cudaStream_t stream);
+
+/// SwiGLU backward, as kernels::swiglu_backward: dgate = dout * up * silu'(gate),
+/// dup = dout * silu(gate), both written. `d_gate`, `d_up` of T, `d_dout`,
+/// `d_dgate`, `d_dup` of G in {float, bf16} (G = float when T = float); the
+/// outputs may alias `d_dout` but not each other. Throws config_error for n < 0.
+template <class T, class G>
+void swiglu_backward(G* d_dgate, G* d_dup, const G* d_dout, const T* d_gate, const T* d_up,
+                     std::int64_t n, cudaStream_t stream);
+
+// ---- embedding (kernels/cuda/embedding.cuh) --------------------------------------------------
+
+/// Embedding forward, as kernels::embedding_forward: out[n,:] = wte[tokens[n],:].
+/// - `d_tokens` (N) int32, `d_wte` (V,H), `d_out` (N,H) of T in {float, bf16}.
+/// - Tokens are not validated on the device (that would need a host sync):
+///   the caller guarantees 0 <= tokens[n] < V (the data loader checks); a row
+///   whose token is out of range is written as zeros, never read out of bounds.
+/// - Throws config_error for N < 0, V < 1 or H < 0.
+template <class T>
+void embedding_forward(T* d_out, const std::int32_t* d_tokens, const T* d_wte, std::int64_t N,
+                       std::int64_t V, std::int64_t H, cudaStream_t stream);
+
+/// Embedding backward, as kernels::embedding_backward:
+/// dwte[tokens[n], :] += dout[n, :] for n = 0..N-1, in that order.
+/// - `d_dout` (N,H) of G in {float, bf16}, `d_dwte` (V,H) float32 (accumulates).
+/// - Deterministic without atomics: each block owns 64 vocabulary rows and a
+///   column block of dwte, and adds the matching dout rows in increasing n, so
+///   the result is bit-for-bit the host's. Out-of-range tokens are ignored.
+/// - Throws config_error for N < 0, V < 1 or H < 0.
+template <class G>
+void embedding_backward(float* d_dwte, const G* d_dout, const std::int32_t* d_tokens,
+                        std::int64_t N, std::int64_t V, std::int64_t H, cudaStream_t stream);
+
+// ---- casts (kernels/cuda/elementwise.cuh) ----------------------------------------------------
+
+/// out[i] = To(in[i]) for i < n, rounding to nearest even for bf16 (the same
+/// bits as the host kernels::cast). Instantiated for float <-> bf16.
+/// Throws config_error for n < 0.
+template <class To, class From>
+void cast(To* d_out, const From* d_in, std::int64_t n, cudaStream_t stream);
+
+// ---- global gradient norm (kernels/cuda/grad_norm.cuh) ---------------------------------------
+
+/// Sum of squares of g[0, n) in float64: `*d_out` = sum (or `*d_out` += sum
+/// when `accumulate`, to cover several flat buffers in a fixed order).
+/// - `d_g` of G in {float, bf16}; `d_out` one double on the device.
+/// - `d_scratch`: at least grad_sum_squares_scratch_bytes(n) bytes.
+/// - Deterministic: the partition into at most 1024 partial sums and their
+///   tree depend only on n. Agrees with the host optim::grad_sum_squares to
+///   float64 rounding (1e-12 relative), not bit for bit (another order).
+/// - Throws config_error for n < 0 or a scratch buffer too small.
+template <class G>
+void grad_sum_squares(double* d_out, const G* d_g, std::int64_t n, void* d_scratch,
+                      std::size_t scratch_bytes, cudaStream_t stream, bool accumulate = false);
+
+/// `*d_coef` = optim::clip_coefficient(sqrt(*d_sum_squares), max_norm) as a
+/// float, on the device (no host sync): min(1, max_norm / (norm + 1e-6)),
+/// 1 when max_norm <= 0, NaN when the norm is not finite. F is float (a
+/// template only so that one instantiation in cuda/kernels.cu serves all).
+template <class F>
+void clip_coefficient(F* d_coef, const double* d_sum_squares, double max_norm, cudaStream_t stream);
+
+// ---- AdamW (kernels/cuda/adamw.cuh) ----------------------------------------------------------
+
+/// A range [begin, end) of the optimizer's elements (offsets from its first
+/// element) and whether weight decay applies there (optim::param_range).
+struct adamw_segment {
+  std::int64_t begin;
+  std::int64_t end;
+  std::int32_t decay;
+};
+
+/// One AdamW step over a flat buffer in one launch (multi-tensor), as the
+/// host optim::adamw::step: per element kernels::detail::adamw_update on the
+/// float32 master weight (or the float parameter itself), then the parameter
+/// is written back rounded, in the same pass.
+/// - `d_params`, `d_grads`, `d_master`, `d_m`, `d_v`: n elements from the
+///   optimizer's first element. Param in {float, bf16}, Grad in {float,
+///   bf16}. When Param is float there is no master copy and `d_master` must
+///   be nullptr; otherwise it is required.
+/// - `d_segments` (device, `num_segments`, sorted and disjoint, within
+///   [0, n)): only their elements are updated, with their decay flag.
+/// - `step`: the step's hyper-parameters with bias corrections (as the host
+///   builds them). If `d_grad_scale` is not null, the float it points to
+///   (e.g. clip_coefficient's output) multiplies step.grad_scale on the
+///   device, so clipping needs no host sync.
+/// - Throws config_error for n < 0, num_segments < 0, or a master pointer
+///   that does not match Param.
+/// Source: Loshchilov & Hutter, ICLR 2019, Algorithm 2 (torch.optim.AdamW form).
+template <class Param, class Grad>
+void adamw_step(Param* d_params, float* d_master, float* d_m, float* d_v, const Grad* d_grads,
+                std::int64_t n, const adamw_segment* d_segments, int num_segments,
+                const kernels::detail::adamw_step_params<float>& step, const float* d_grad_scale,
+                cudaStream_t stream);
+
+// ---- the instantiations cuda/kernels.cu provides ---------------------------------------------
+
+// clang-format off
+#define TESSERA_CUDA_KERNEL_INSTANTIATIONS(X)                                                       \
+  X void rmsnorm_forward<float>(float*, float*, const float*, const float*, std::int64_t,          \
+                                std::int64_t, double, cudaStream_t);                                \
+  X void rmsnorm_forward<bf16>(bf16*, float*, const bf16*, const bf16*, std::int64_t, std::int64_t, \
+                               double, cudaStream_t);                                               \
+  X void rmsnorm_backward<float, float>(float*, float*, const float*, const float*, const float*,  \
+                                        const float*, std::int64_t, std::int64_t, void*,            \
+                                        std::size_t, cudaStream_t, bool);                           \
+  X void rmsnorm_backward<bf16, float>(float*, float*, const float*, const bf16*, const bf16*,     \
+                                       const float*, std::int64_t, std::int64_t, void*,             \
+                                       std::size_t, cudaStream_t, bool);                            \
+  X void rmsnorm_backward<bf16, bf16>(bf16*, float*, const bf16*, const bf16*, const bf16*,        \
+                                      const float*, std::int64_t, std::int64_t, void*,              \
+                                      std::size_t, cudaStream_t, bool);                             \
+  X void swiglu_forward<float>(float*, const float*, const float*, std::int64_t, cudaStream_t);   \
+  X void swiglu_forward<bf16>(bf16*, const bf16*, const bf16*, std::int64_t, cudaStream_t);        \
+  X void swiglu_backward<float, float>(float*, float*, const float*, const float*, const float*,   \
+                                       std::int64_t, cudaStream_t);                                 \
+  X void swiglu_backward<bf16, float>(float*, float*, const float*, const bf16*, const bf16*,      \
+                                      std::int64_t, cudaStream_t);                                  \
+  X void swiglu_backward<bf16, bf16>(bf16*, bf16*, const bf16*, const bf16*, const bf16*,          \
+                                     std::int64_t, cudaStream_t);                                   \
+  X void embedding_forward<float>(float*, const std::int32_t*, const float*, std::int64_t,        \
+                                  std::int64_t, std::int64_t, cudaStream_t);                        \
+  X void embedding_forward<bf16>(bf16*, const std::int32_t*, const bf16*, std::int64_t,           \
+                                 std::int64_t, std::int64_t, cudaStream_t);                         \
+  X void embedding_backward<float>(float*, const float*, const std::int32_t*, std::int64_t,       \
+                                   std::int64_t, std::int64_t, cudaStream_t);                       \
+  X void embedding_backward<bf16>(float*, const bf16*, const std::int32_t*, std::int64_t,         \
+                                  std::int64_t, std::int64_t, cudaStream_t);                        \
+  X void cast<bf16, float>(bf16*, const float*, std::int64_t, cudaStream_t);                       \
+  X void cast<float, bf16>(float*, const bf16*, std::int64_t, cudaStream_t);                       \
+  X void grad_sum_squares<float>(double*, const float*, std::int64_t, void*, std::size_t,         \
+                                 cudaStream_t, bool);                                               \
+  X void grad_sum_squares<bf16>(double*, const bf16*, std::int64_t, void*, std::size_t,           \
+                                cudaStream_t, bool);                                                \
+  X void clip_coefficient<float>(float*, const double*, double, cudaStream_t);                     \
+  X void adamw_step<float, float>(float*, float*, float*, float*, const float*, std::int64_t,      \
+                                  const adamw_segment*, int,                                        \
+                                  const kernels::detail::adamw_step_params<float>&, const float*,  \
+                                  cudaStream_t);                                                    \
+  X void adamw_step<bf16, float>(bf16*, float*, float*, float*, const float*, std::int64_t,        \
+                                 const adamw_segment*, int,                                         \
+                                 const kernels::detail::adamw_step_params<float>&, const float*,   \
+                                 cudaStream_t);                                                     \
+  X void adamw_step<bf16, bf16>(bf16*, float*, float*, float*, const bf16*, std::int64_t,          \
+                                const adamw_segment*, int,                                          \
+                                const kernels::detail::adamw_step_params<float>&, const float*,    \
+                                cudaStream_t);
+// clang-format on
+
+#if !defined(TESSERA_CUDA_KERNELS_INSTANTIATING)
+TESSERA_CUDA_KERNEL_INSTANTIATIONS(extern template)
+#endif
+
+}  // namespace tessera::kernels::cuda

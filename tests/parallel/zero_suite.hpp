@@ -173,6 +173,10 @@ dp_result<typename P::param_type> run_dp(Comm& c, const setup& st) {
     eng.finish_gradients();
     const double norm = std::sqrt(eng.grad_norm_squared());
     eng.step(st.lr(s), optim::clip_coefficient(norm, st.max_norm));
+    if constexpr (S::shards_parameters)  // each block freed after use, the next one prefetched
+      check(eng.segments_held() == 0 && eng.max_segments_held() == 2, "rank ", r,
+            ": zero<3> holds ", eng.segments_held(), " gathered segments after the step, at most ",
+            eng.max_segments_held(), " at once (expected 0 and 2)");
     const auto after = c.stats();
     out.bytes_per_step.push_back(after.bytes_sent() - before.bytes_sent());
     // One reduction per bucket, on the last micro-batch, right after the

@@ -202,6 +202,12 @@ class data_parallel final : public nn::segment_hooks {
   const std::vector<std::int64_t>& reductions_per_bucket() const { return reductions_; }
   /// The bucket reductions of the current (or last) step, in issue order.
   const std::vector<reduction_event>& reductions_this_step() const { return events_; }
+  /// zero<3>: segments whose gathered parameters are allocated now (0
+  /// between passes: every gathered block is freed after use).
+  std::size_t segments_held() const { return held_; }
+  /// zero<3>: the most segments held at once since begin_step(): 2 with
+  /// prefetch (the one computing and the next one arriving), 1 without.
+  std::size_t max_segments_held() const { return max_held_; }
   /// Bytes this engine keeps allocated between steps (staging, reduced
   /// gradient shard, parameter shard, optimizer state).
   std::size_t persistent_bytes() const {
@@ -213,6 +219,7 @@ class data_parallel final : public nn::segment_hooks {
     TESSERA_THROW_IF(!pending_.empty(), error, "begin_step: ", pending_.size(),
                      " reductions of the previous step were never waited for");
     events_.clear();
+    max_held_ = held_;
   }
   /// Before micro-batch `a` (0-based) of the step's forward_backward:
   /// `sync` (true only on the window's last micro-batch) lets buckets reduce
@@ -446,6 +453,7 @@ class data_parallel final : public nn::segment_hooks {
     if (g.req || g.ready) return;
     const bucket& b = plan_.buckets()[static_cast<std::size_t>(plan_.bucket_of_segment(s))];
     g.buf = tensor<Param>(shape{b.padded}, *mr_);
+    max_held_ = std::max(max_held_, ++held_);
     g.req.emplace(gather_chunks(shard_params_.data() + b.shard_offset, g.buf.data(), b.chunk));
   }
   void acquire(int s) {
@@ -465,6 +473,7 @@ class data_parallel final : public nn::segment_hooks {
       g.req.reset();
     }
     g.ready = false;
+    if (!g.buf.empty()) --held_;
     g.buf.release();
     model_->set_segment_params(s, nullptr);
   }
@@ -483,6 +492,7 @@ class data_parallel final : public nn::segment_hooks {
   std::deque<request> pending_;
   std::vector<std::int64_t> reductions_;
   std::vector<reduction_event> events_;
+  std::size_t held_ = 0, max_held_ = 0;  // zero<3>: gathered segments allocated
   std::int64_t micro_ = 0;
   bool sync_ = false;
   bool backward_follows_ = false;

@@ -119,6 +119,8 @@ struct caching_stats {
   std::size_t system_frees = 0;    ///< segments ever returned (count)
   std::size_t oom_retries = 0;     ///< times the cache was emptied to retry a refused segment
   std::size_t bad_frees = 0;       ///< deallocate() calls with an unknown pointer (count)
+  std::size_t event_failures =
+      0;  ///< events that could not be recorded (those blocks are never reused)
 };
 
 /// Kind of one event-log entry.
@@ -173,9 +175,15 @@ class caching_allocator : public memory_resource {
   /// Returns every segment to the system (live blocks included: their owners
   /// must not use them after this).
   ~caching_allocator() override {
-    for (auto& pe : pending_) sys_.wait_event(pe.event), sys_.destroy_event(pe.event);
+    try {
+      for (auto& pe : pending_) sys_.wait_event(pe.event), sys_.destroy_event(pe.event);
+    } catch (...) {  // a failing device at exit: the segments go back below anyway
+    }
     for (block* seg : segments_) {
-      sys_.deallocate(seg->ptr, seg->segment_size);
+      try {
+        sys_.deallocate(seg->ptr, seg->segment_size);
+      } catch (...) {
+      }
       for (block* b = seg; b;) {
         block* n = b->next;
         delete b;
@@ -239,8 +247,15 @@ class caching_allocator : public memory_resource {
     // Used on other streams: reusable only once their work up to now is done.
     pending_bytes_ += b->size;
     for (stream_id s : b->used_on) {
-      pending_.push_back({sys_.record_event(s), b});
-      ++b->pending_events;
+      try {
+        pending_.push_back({sys_.record_event(s), b});
+        ++b->pending_events;
+      } catch (...) {
+        // No event, so no way to know when that stream is done with the
+        // block: it is never reused (it stays counted as pending).
+        ++b->pending_events;
+        ++event_failures_;
+      }
     }
     b->used_on.clear();
   }
@@ -303,6 +318,7 @@ class caching_allocator : public memory_resource {
     s.system_frees = system_frees_;
     s.oom_retries = oom_retries_;
     s.bad_frees = bad_frees_;
+    s.event_failures = event_failures_;
     return s;
   }
 
@@ -551,7 +567,8 @@ class caching_allocator : public memory_resource {
   stream_id current_stream_ = 0;
   std::size_t allocated_ = 0, reserved_ = 0, peak_allocated_ = 0, peak_reserved_ = 0;
   std::size_t num_allocs_ = 0, active_bytes_ = 0, pending_bytes_ = 0;
-  std::size_t system_allocs_ = 0, system_frees_ = 0, oom_retries_ = 0, bad_frees_ = 0;
+  std::size_t system_allocs_ = 0, system_frees_ = 0, oom_retries_ = 0, bad_frees_ = 0,
+              event_failures_ = 0;
   bool logging_ = false;
   std::vector<alloc_event> log_;
   std::size_t dropped_ = 0;

@@ -243,7 +243,7 @@ class cuda_caching_resource final : public caching_allocator<detail::cuda_device
  public:
   /// An allocator for `device`; nothing is allocated until the first request.
   explicit cuda_caching_resource(int device = 0, caching_allocator_config cfg = {})
-      : caching_allocator(detail::cuda_device_system{device}, cfg) {}
+      : caching_allocator(detail::cuda_device_system{device}, cfg), device_(device) {}
   using caching_allocator::allocate_on;
   using caching_allocator::record_stream;
   using caching_allocator::set_stream;
@@ -257,7 +257,11 @@ class cuda_caching_resource final : public caching_allocator<detail::cuda_device
   }
   /// Sets the stream that allocate() uses.
   void set_stream(cudaStream_t s) { caching_allocator::set_stream(reinterpret_cast<stream_id>(s)); }
-  int device() const { return const_cast<cuda_caching_resource*>(this)->system().device; }
+  /// The device this allocator serves.
+  int device() const { return device_; }
+
+ private:
+  int device_;
 };
 
 /// Page-locked host memory (cudaHostAlloc), for asynchronous copies and the

@@ -99,7 +99,7 @@ class cublaslt_context {
   /// dimensions: op(A) is A stored M x K, lda >= K, or A^T stored K x M,
   /// lda >= M; likewise B; ldc >= N).
   /// - TAB (A and B) in {bf16, fp16, float}; TC in {bf16, float}, float when
-  ///   TAB is float. Accumulation in float32; a bf16 C is rounded once.
+  ///   TAB is not bf16. Accumulation in float32; a bf16 C is rounded once.
   /// - beta == 0 does not read C. C must not alias A or B.
   /// - Throws config_error for M, N < 0, K < 1 (cuBLASLt has no k = 0
   ///   matmul), or a leading dimension below its rule; cuda_error naming the
@@ -111,8 +111,9 @@ class cublaslt_context {
             std::int64_t ldc, cudaStream_t stream) {
     static_assert(std::is_same_v<TC, bf16> || std::is_same_v<TC, float>,
                   "tessera::kernels::cuda::gemm: C must be bf16 or float");
-    static_assert(!std::is_same_v<TAB, float> || std::is_same_v<TC, float>,
-                  "tessera::kernels::cuda::gemm: float operands need a float C");
+    static_assert(std::is_same_v<TAB, bf16> || std::is_same_v<TC, float>,
+                  "tessera::kernels::cuda::gemm: float and fp16 operands need a float C "
+                  "(cuBLASLt has no fp16 x fp16 -> bf16 or float -> bf16 matmul)");
     kernels::detail::check_gemm_args(ta, tb, M, N, K, lda, ldb, ldc);
     TESSERA_THROW_IF(K < 1, config_error, "gemm (cuda): K=", K,
                      " must be >= 1 (cuBLASLt has no k = 0 matmul)");

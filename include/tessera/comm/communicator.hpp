@@ -57,8 +57,9 @@ enum class op_kind : std::uint8_t {
   split,
 };
 
-/// The element types a communicator moves (`comm_element`).
-enum class dtype : std::uint8_t { f32, f64, i32, i64, u64, none };
+/// The element types a communicator moves (`comm_element`; `bf16` only on
+/// nccl_communicator, comm/nccl.hpp).
+enum class dtype : std::uint8_t { f32, f64, i32, i64, u64, none, bf16 };
 
 /// `comm_element<T>`: T is one of float, double, std::int32_t, std::int64_t,
 /// std::uint64_t. (bf16 is planned; it needs an fp32 accumulation policy.)
@@ -118,6 +119,8 @@ constexpr const char* to_string(dtype d) {
       return "int64";
     case dtype::u64:
       return "uint64";
+    case dtype::bf16:
+      return "bf16";
     case dtype::none:
       return "none";
   }
@@ -132,6 +135,8 @@ constexpr const char* to_string(reduce_op op) {
 /// Size in bytes of one element of `d` (0 for none).
 constexpr std::size_t dtype_bytes(dtype d) {
   switch (d) {
+    case dtype::bf16:
+      return 2;
     case dtype::f32:
     case dtype::i32:
       return 4;
@@ -329,6 +334,45 @@ consteval bool check_communicator() {
                 "split(color, key) returning the same communicator type");
   return true;
 }
+
+/// Where the buffers passed to a communicator's operations live. The
+/// `communicator` concept checks signatures only (`T*`), so it cannot tell a
+/// host pointer from a device pointer: a communicator declares its space as
+/// `static constexpr buffer_space buffers = ...;`, and one that declares
+/// nothing (local_communicator, mpi_communicator) takes host buffers.
+enum class buffer_space : std::uint8_t { host, device };
+
+namespace detail {
+template <class C>
+consteval buffer_space buffer_space_of_impl() {
+  if constexpr (requires { C::buffers; })
+    return C::buffers;
+  else
+    return buffer_space::host;
+}
+}  // namespace detail
+
+/// The buffer space of communicator type C (C::buffers, else host).
+template <class C>
+inline constexpr buffer_space buffer_space_of = detail::buffer_space_of_impl<C>();
+
+// This clang-format misreads `buffer_space_of<C> ==` inside a concept.
+// clang-format off
+/// A communicator whose operations read and write HOST memory: code that
+/// hands it std::vector data or host tensors (parallel/, the trainers)
+/// should require this, not plain `communicator`.
+template <class C>
+concept host_communicator = communicator<C> && (buffer_space_of<C> == buffer_space::host);
+
+/// A communicator whose operations read and write DEVICE memory, ordered on
+/// a CUDA stream it exposes as `stream()` (nccl_communicator). Everything
+/// else is `communicator`'s contract, with "the buffers must stay alive
+/// until wait()" meaning device allocations, and a blocking operation
+/// returning when the work on the stream has completed.
+template <class C>
+concept device_communicator = communicator<C> && (buffer_space_of<C> == buffer_space::device) &&
+                              requires(const C& cc) { cc.stream(); };
+// clang-format on
 
 namespace detail {
 

@@ -1,10 +1,15 @@
 // plan: what one training step of a Llama costs per rank before anything
 // runs (DESIGN.md, principle 5). Prints the per-rank bytes (weights,
-// gradients, master weights, optimizer state, RoPE tables, ZeRO-3 gathered
-// units, saved activations, logits workspace, activation peak, total), the
-// model FLOPs per step, the bytes each rank sends per step, and whether it
-// fits the device memory with the margin. --seed004 prints seeds/004's
-// ZeRO table (16 bytes per parameter, 7B and the real llama2_7b count).
+// parameter shard, gradients, reduction buffers, master weights, optimizer
+// state, RoPE tables; the transient ZeRO-3 gathered segments, reduction
+// staging and update all-gather; saved activations, logits workspace,
+// activation peak, total), the model FLOPs per step, the bytes each rank
+// sends per step, and whether it fits the device memory with the margin.
+// By default the figures are what parallel::data_parallel and its trainer
+// allocate and send (buckets of --bucket-mb padded to equal chunks, full
+// gradient buffer, one reduction per step); --accounting ideal prints the
+// ZeRO paper's textbook formula instead. --seed004 prints seeds/004's ZeRO
+// table (16 bytes per parameter, 7B and the real llama2_7b count, ideal).
 //
 // clang-format off
 //   build/host/examples/plan --preset llama2_7b --precision bf16_mixed --dp 8 --zero 3 --micro-batch 1 --seq 4096
@@ -16,6 +21,7 @@
 // 2 on bad input (one-line error naming the value).
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <iostream>
@@ -36,7 +42,9 @@ struct options {
   int dp = 8, zero = 3, prefetch = 1;
   std::int64_t micro_batch = 1, seq = 4096, micro_batches = 1, ce_chunk = 256;
   int threads = 1;
-  std::size_t reduce_bytes = 4;
+  std::size_t reduce_bytes = 0;  // 0: the precision's reduce type
+  double bucket_mb = 25;         // engine bucket capacity, MB of the reduce type
+  std::string accounting = "engine";
   double memory_gib = 141.0;   // one H200
   double peak_tflops = 989.0;  // H200 dense bf16 (NVIDIA datasheet, without sparsity)
   double step_seconds = 0;     // optional: measured step time, for MFU
@@ -55,7 +63,7 @@ int print_seed004() {
     const double a = static_cast<double>(
         plan::plan_state(7'000'000'000, d, plan::optimizer_spec::adamw(), {z, 8}).model_state());
     const double b = static_cast<double>(
-        plan::plan_state(real, d, plan::optimizer_spec::adamw(), {z, 8}).model_state());
+        plan::plan_state_ideal(real, d, plan::optimizer_spec::adamw(), {z, 8}).model_state());
     const double seed = plan::seed004_training_memory_gib(7e9, 8, z);
     if (std::abs(a / plan::gib - seed) > 1e-9 * seed) {  // the planner must reproduce the seed
       std::fprintf(stderr, "plan: planner %.6f GiB != seed %.6f GiB at zero %d\n", a / plan::gib,
@@ -73,26 +81,42 @@ int print_seed004() {
 int run(const options& o) {
   const auto cfg = nn::llama_config::from_name(o.preset);
   const auto d = plan::dtype_sizes::from_name(o.precision == "bf16" ? "bf16_mixed" : o.precision);
-  const plan::sharding sh{o.zero, o.dp, o.prefetch};
+  TESSERA_THROW_IF(o.accounting != "engine" && o.accounting != "ideal", config_error,
+                   "accounting '", o.accounting, "' (valid: engine, ideal)");
+  const auto mode = o.accounting == "ideal" ? plan::accounting::ideal : plan::accounting::engine;
+  TESSERA_THROW_IF(!(o.bucket_mb > 0), config_error, "bucket-mb=", o.bucket_mb, " must be > 0");
+  const plan::sharding sh{o.zero, o.dp, o.prefetch,
+                          std::max<std::int64_t>(1, std::llround(o.bucket_mb * 1e6))};
   sh.validate();
+  const std::size_t reduce_bytes = o.reduce_bytes ? o.reduce_bytes : d.reduce;
   TESSERA_THROW_IF(o.micro_batches < 1, config_error, "micro-batches=", o.micro_batches,
                    " must be >= 1");
-  TESSERA_THROW_IF(o.reduce_bytes != 2 && o.reduce_bytes != 4 && o.reduce_bytes != 8, config_error,
-                   "reduce-bytes=", o.reduce_bytes, " must be 2, 4 or 8");
+  TESSERA_THROW_IF(reduce_bytes != 2 && reduce_bytes != 4 && reduce_bytes != 8, config_error,
+                   "reduce-bytes=", reduce_bytes, " must be 2, 4 or 8");
   TESSERA_THROW_IF(!(o.memory_gib > 0), config_error, "memory-gib=", o.memory_gib, " must be > 0");
   plan::activation_options ao{o.micro_batch, o.seq, {}, o.threads};
   ao.model.ce_chunk = o.ce_chunk;
   TESSERA_THROW_IF(o.ce_chunk < 1, config_error, "ce-chunk=", o.ce_chunk, " must be >= 1");
   TESSERA_THROW_IF(o.seq < 1, config_error, "sequence length T=", o.seq, " must be >= 1");
-  const auto mem = plan::plan_memory(cfg, d, plan::optimizer_spec::adamw(), sh, ao);
-  const auto comm = plan::plan_comm(cfg, sh, {o.reduce_bytes, d.param, o.micro_batches, 0});
+  auto dr = d;
+  dr.reduce = reduce_bytes;
+  const auto mem = plan::plan_memory(cfg, dr, plan::optimizer_spec::adamw(), sh, ao, mode);
+  const auto comm = plan::plan_comm(cfg, sh, {reduce_bytes, d.param, o.micro_batches, 0}, mode);
   const auto flops = plan::plan_flops(cfg, o.micro_batch, o.seq, o.micro_batches, o.dp);
 
-  // Check before reporting: the rows add up to the total.
+  // Check before reporting: the persistent rows add up to their subtotal,
+  // and the total is it plus the larger of backward's and the update's transients.
   std::uint64_t sum = 0;
-  for (const auto& [k, v] : mem.rows())
-    if (k != "activations (saved)" && k != "logits workspace" && k != "total") sum += v;
-  TESSERA_THROW_IF(sum != mem.total(), error, "plan rows sum to ", sum, " != total ", mem.total());
+  for (const auto& [k, v] : mem.rows()) {
+    if (k == "persistent") break;
+    sum += v;
+  }
+  TESSERA_THROW_IF(sum != mem.state.persistent(), error, "plan rows sum to ", sum,
+                   " != persistent ", mem.state.persistent());
+  TESSERA_THROW_IF(mem.total() != sum + std::max(mem.state.gathered + mem.state.reduce_staging +
+                                                     mem.activations.peak,
+                                                 mem.state.update_gather),
+                   error, "plan total ", mem.total(), " does not add up");
 
   const double capacity = o.memory_gib * plan::gib;
   const double margin = capacity - static_cast<double>(mem.total());
@@ -121,9 +145,10 @@ int run(const options& o) {
     std::printf("  measured %.3f s per step: MFU %.1f%%\n", o.step_seconds,
                 100.0 * flops.mfu(o.step_seconds, peak));
   std::printf(
-      "\nCommunication per step (zero-%d, dp=%d, ring, %zu-byte reduction, %zu-byte "
-      "parameters):\n%s",
-      o.zero, o.dp, o.reduce_bytes, d.param, plan::to_table(comm).c_str());
+      "\nCommunication per step (zero-%d, dp=%d, %s, ring, %zu-byte reduction, %zu-byte "
+      "parameters, %lld micro-batches):\n%s",
+      o.zero, o.dp, o.accounting.c_str(), reduce_bytes, d.param,
+      static_cast<long long>(o.micro_batches), plan::to_table(comm).c_str());
   std::printf("\nMemory: %.2f GiB of %.2f GiB: %s, margin %.2f GiB\n",
               static_cast<double>(mem.total()) / plan::gib, o.memory_gib,
               fits ? "fits" : "DOES NOT FIT", margin / plan::gib);
@@ -150,7 +175,13 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--threads", o.threads, "threads (attention scratch is per thread)")
       ->capture_default_str();
-  app.add_option("--reduce-bytes", o.reduce_bytes, "bytes per element of the gradient reduction")
+  app.add_option("--reduce-bytes", o.reduce_bytes,
+                 "bytes per element of the gradient reduction (0: the precision's reduce type)")
+      ->capture_default_str();
+  app.add_option("--bucket-mb", o.bucket_mb, "gradient bucket size in MB (engine, zero 0-2)")
+      ->capture_default_str();
+  app.add_option("--accounting", o.accounting,
+                 "engine (what tessera's data-parallel engine does) or ideal (ZeRO paper)")
       ->capture_default_str();
   app.add_option("--memory-gib", o.memory_gib, "device memory in GiB (141: one H200)")
       ->capture_default_str();

@@ -52,7 +52,10 @@ TEST_CASE("the same table from the real llama2_7b layout: 100, 35, 24, 13 GiB", 
   const auto d = plan::dtype_sizes::seed004();
   const long expected[] = {100, 35, 24, 13};
   for (int z = 0; z <= 3; ++z) {
-    const auto s = plan::plan_state(c, d, plan::optimizer_spec::adamw(), {z, 8});
+    // The seed's textbook accounting over the real layout (the engine's own
+    // figures, with reduction buffers and full gradients, are tested in
+    // tests/parallel/memory.cpp).
+    const auto s = plan::plan_state_ideal(c, d, plan::optimizer_spec::adamw(), {z, 8});
     CHECK(s.num_params == 6'738'415'616);
     CHECK(s.flat_elems ==
           s.num_params);  // every 7B tensor is a multiple of the 16-element alignment
@@ -85,13 +88,13 @@ TEST_CASE("bytes per parameter: 16 for seed004 and fp32, 18 for bf16_mixed", "[p
         optim::adamw<double, double>::state_bytes_per_param);
 }
 
-TEST_CASE("ZeRO shards are ceil(flat / dp) of the padded flat buffer", "[plan]") {
+TEST_CASE("ideal accounting: ZeRO shards are ceil(flat / dp) of the padded flat buffer", "[plan]") {
   const auto c = nn::llama_config::tiny();
   const auto layout = nn::make_llama_layout(c);
   const auto d = plan::dtype_sizes::of<precision::bf16_mixed>();
   for (int dp : {1, 3, 7, 8}) {
     for (int z = 0; z <= 3; ++z) {
-      const auto s = plan::plan_state(c, d, {}, {z, dp});
+      const auto s = plan::plan_state_ideal(c, d, {}, {z, dp});
       const std::int64_t shard = (layout.total() + dp - 1) / dp;
       INFO("dp " << dp << " zero " << z);
       CHECK(s.flat_elems == layout.total());
@@ -111,13 +114,64 @@ TEST_CASE("ZeRO shards are ceil(flat / dp) of the padded flat buffer", "[plan]")
 TEST_CASE("ZeRO-3 gathers the largest unit: a block for Llama 2, the head for Llama 3", "[plan]") {
   const auto d = plan::dtype_sizes::of<precision::bf16_mixed>();
   const auto l2 = nn::llama_config::llama2_7b();
+  // Engine: the two adjacent segments held with prefetch (two blocks for
+  // Llama 2), in bf16; every 7B segment divides into 8 chunks of 4k elements.
   const auto s2 = plan::plan_state(l2, d, {}, {3, 8, 1});
   CHECK(s2.gather_unit_elems == l2.block_params());
-  CHECK(s2.gathered == static_cast<std::uint64_t>(l2.block_params()) * (2 * 2 + 4));
+  CHECK(s2.gathered == static_cast<std::uint64_t>(l2.block_params()) * 2 * 2);
+  CHECK(s2.reduce_staging == static_cast<std::uint64_t>(s2.padded_elems) * 4);
   const auto l3 = nn::llama_config::llama3_8b();
   const auto s3 = plan::plan_state(l3, d, {}, {3, 8, 0});
   CHECK(s3.gather_unit_elems == l3.vocab * l3.dim + l3.dim);  // final_norm + lm_head
-  CHECK(s3.gathered == static_cast<std::uint64_t>(s3.gather_unit_elems) * (2 + 4));
+  CHECK(s3.gathered == static_cast<std::uint64_t>(s3.gather_unit_elems) * 2);
+  // Ideal: (1 + prefetch) units in bf16 and one unit's gradient in float32.
+  const auto i2 = plan::plan_state_ideal(l2, d, {}, {3, 8, 1});
+  CHECK(i2.gathered == static_cast<std::uint64_t>(l2.block_params()) * (2 * 2 + 4));
+  const auto i3 = plan::plan_state_ideal(l3, d, {}, {3, 8, 0});
+  CHECK(i3.gathered == static_cast<std::uint64_t>(i3.gather_unit_elems) * (2 + 4));
+  CHECK_THROWS_WITH(plan::plan_state(l2, d, {}, {3, 8, 2}), Catch::Contains("prefetch=2"));
+}
+
+TEST_CASE("engine accounting pads each bucket, as parallel::bucket_plan does", "[plan]") {
+  // Segments equal the model's own; buckets and shards are bucket_plan's;
+  // per-bucket padding differs from padding the whole buffer once.
+  const auto c = nn::llama_config::tiny();
+  const nn::llama<precision::fp32> m(c);
+  const auto segs = plan::llama_segments(c);
+  REQUIRE(segs.size() == static_cast<std::size_t>(c.n_layers + 2));
+  for (const auto& g : segs) {
+    CHECK(g.begin == m.segment_begin(g.id));
+    CHECK(g.end == m.segment_end(g.id));
+  }
+  const auto d = plan::dtype_sizes::of<precision::bf16_mixed>();
+  for (int dp : {1, 3, 4}) {
+    for (int z = 0; z <= 3; ++z) {
+      INFO("dp " << dp << " zero " << z);
+      plan::sharding sh{z, dp, 1, 8 * 1024};  // several buckets below ZeRO-3
+      const auto s = plan::plan_state(c, d, {}, sh);
+      const parallel::bucket_plan bp(segs, dp, dp - 1, 8 * 1024 / 4, z == 3);
+      CHECK(s.buckets == static_cast<std::int64_t>(bp.size()));
+      CHECK(s.buckets > 1);
+      CHECK(s.padded_elems == bp.staging_size());
+      CHECK(s.shard_elems == bp.shard_size());
+      for (const auto& b : bp.buckets()) CHECK(b.chunk % parallel::chunk_align == 0);
+      const auto flat = static_cast<std::uint64_t>(s.flat_elems),
+                 pad = static_cast<std::uint64_t>(s.padded_elems),
+                 sh_e = static_cast<std::uint64_t>(s.shard_elems);
+      CHECK(s.weights == (z == 3 ? 0 : flat * 2));
+      CHECK(s.param_shard == (z >= 1 ? sh_e * 2 : 0));
+      CHECK(s.grads == flat * 4);  // full size on every stage
+      CHECK(s.reduce_buffers == ((z <= 1 ? pad : 0) + (z >= 1 ? sh_e : 0)) * 4);
+      CHECK(s.master == (z >= 1 ? sh_e : flat) * 4);
+      CHECK(s.optimizer == (z >= 1 ? sh_e : flat) * 8);
+      CHECK((s.gathered > 0) == (z == 3));
+      CHECK((s.reduce_staging > 0) == (z >= 2));
+      CHECK((s.update_gather > 0) == (z == 1 || z == 2));
+    }
+  }
+  // tiny at dp 3: per-bucket padding to 4-element chunks exceeds one flat pad.
+  const auto e = plan::plan_state(c, d, {}, {1, 3, 1, 8 * 1024});
+  CHECK(e.padded_elems > static_cast<std::int64_t>(comm::padded_count(e.flat_elems, 3)));
 }
 
 TEST_CASE("planner's saved bytes per token equal the model's for every policy", "[plan]") {
@@ -151,7 +205,10 @@ void check_measured(const nn::llama_config& c, std::int64_t B, std::int64_t T,
 
   const auto d = plan::dtype_sizes::of<P>();
   const plan::activation_options ao{B, T, mo, kernels::detail::attention_max_threads()};
-  const auto plan = plan::plan_memory(c, d, plan::optimizer_spec::adamw(), {0, 1}, ao);
+  // A bare model and optimizer, no data-parallel engine (so no staging
+  // buffer): the ideal accounting at dp 1 is exactly what they allocate.
+  const auto plan =
+      plan::plan_memory(c, d, plan::optimizer_spec::adamw(), {0, 1}, ao, plan::accounting::ideal);
 
   // Persistent: weights + grads + master + moments + RoPE tables. Tolerance
   // 1% (the brief's bound); the components below are exact.
@@ -217,7 +274,9 @@ TEST_CASE("memory plan table and JSON name every row", "[plan]") {
   const auto j = p.to_json();
   CHECK(j["total"].get<std::uint64_t>() == p.total());
   CHECK(j["state"]["weights"].get<std::uint64_t>() == p.state.weights);
-  CHECK(p.total() == p.state.total() + p.activations.peak);
+  CHECK(p.total() == p.state.total() + p.activations.peak);  // ZeRO-3: no update all-gather
+  CHECK(t.find("engine") != std::string::npos);
+  CHECK(j["state"]["persistent"].get<std::uint64_t>() == p.state.persistent());
 }
 
 TEST_CASE("planner rejects bad input with the numbers", "[plan][errors]") {

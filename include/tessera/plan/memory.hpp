@@ -2,18 +2,34 @@
 /// \file plan/memory.hpp
 /// The memory planner (DESIGN.md, principle 5, "Every byte is accounted"):
 /// per-rank bytes of weights, gradients, master weights, optimizer state,
-/// RoPE tables, the ZeRO-3 gathered block, and the activations of one
-/// micro-batch, computed from the same parameter layout and the same saved
-/// set the model really allocates. tests/plan/memory.cpp holds these numbers
-/// against a host_memory_resource around a real model and optimizer.
+/// the data-parallel engine's reduction buffers and shards, RoPE tables, the
+/// ZeRO-3 gathered blocks, and the activations of one micro-batch, computed
+/// from the same parameter layout, buckets and saved set the model and
+/// engine really allocate. tests/plan/memory.cpp holds these numbers against
+/// a host_memory_resource around a real model and optimizer,
+/// tests/parallel/memory.cpp against every rank's resource under the
+/// data-parallel trainer.
 ///
-/// Model state follows ZeRO (Rajbhandari et al. 2020, "ZeRO: Memory
-/// Optimizations Toward Training Trillion Parameter Models", section 5):
-/// stage 1 shards the optimizer state (and master weights), stage 2 also the
-/// gradients, stage 3 also the weights. A shard is ceil(flat / dp) elements of
-/// the flat buffer padded to a multiple of dp (DESIGN.md, principle 4).
-/// seeds/004 ("Where the memory goes", training_memory_gib) is the 16 bytes
-/// per parameter special case: dtype_sizes::seed004().
+/// Two accountings of the model state (`accounting`):
+///
+/// - `engine` (the default for a llama_config): what parallel::data_parallel
+///   (parallel/zero.hpp) and its trainer allocate on each rank. Buckets come
+///   from parallel::bucket_plan (parallel/buckets.hpp), each padded to dp
+///   equal chunks of a multiple of parallel::chunk_align elements; a shard is
+///   the sum of this rank's chunks. The model's gradient buffer is full size
+///   on every stage (it sums the accumulation window's micro-batches before
+///   the step's one reduction); ZeRO-1..3 add a reduced-gradient shard and a
+///   parameter shard, ZeRO-0/1 a persistent padded staging buffer, ZeRO-3
+///   keeps no full parameter buffer. tests/parallel/memory.cpp holds these
+///   figures against each rank's allocator.
+/// - `ideal`: the textbook formula of ZeRO (Rajbhandari et al. 2020, "ZeRO:
+///   Memory Optimizations Toward Training Trillion Parameter Models",
+///   section 5): stage 1 shards the optimizer state (and master weights),
+///   stage 2 also the gradients, stage 3 also the weights; a shard is
+///   ceil(flat / dp) elements of the whole flat buffer padded to a multiple
+///   of dp; no reduction buffers. seeds/004 ("Where the memory goes",
+///   training_memory_gib) is its 16 bytes per parameter special case:
+///   dtype_sizes::seed004() with the bare-count plan_state().
 ///
 /// All figures are bytes unless a name says otherwise; GiB = 2^30 bytes.
 
@@ -30,6 +46,8 @@
 #include "tessera/kernels/cross_entropy.hpp"
 #include "tessera/nn/llama.hpp"
 #include "tessera/nn/llama_config.hpp"
+#include "tessera/parallel/buckets.hpp"
+#include "tessera/parallel/sharding.hpp"
 #include "tessera/precision/policy.hpp"
 
 namespace tessera::plan {
@@ -47,6 +65,9 @@ struct dtype_sizes {
   std::size_t master = 4;     ///< master weights and optimizer moments (master_type)
   std::size_t accum = 4;      ///< rstd, lse, CE logits, attention scratch (accum_type)
   bool master_copy = false;   ///< a master copy is kept: param_type != master_type
+  /// Gradient reduction and its staging buffers (parallel::reduce_type_t):
+  /// float32 unless the policy is float64.
+  std::size_t reduce = 4;
 
   /// Sizes of policy `P` (exact: sizeof of each type, master_copy as optim::adamw decides it).
   template <precision::policy P>
@@ -56,7 +77,8 @@ struct dtype_sizes {
             sizeof(typename P::grad_type),
             sizeof(typename P::master_type),
             sizeof(typename P::accum_type),
-            !std::is_same_v<typename P::param_type, typename P::master_type>};
+            !std::is_same_v<typename P::param_type, typename P::master_type>,
+            sizeof(parallel::reduce_type_t<P>)};
   }
   /// seeds/004's "mixed precision Adam": 2-byte weights, 2-byte gradients,
   /// 12 bytes of float32 optimizer state (master weights, two moments): 16
@@ -85,50 +107,134 @@ struct optimizer_spec {
   static optimizer_spec adamw() { return {"adamw", 2}; }
 };
 
+/// Which model of the data-parallel step a plan describes (file comment).
+enum class accounting {
+  engine,  ///< what parallel::data_parallel and data_parallel_trainer allocate and send
+  ideal,   ///< the ZeRO paper's textbook formula (seeds/004's table)
+};
+
 /// Data-parallel sharding strategy: ZeRO stage 0 (plain data parallel) to 3
 /// over `dp` ranks.
 struct sharding {
   int zero = 0;      ///< ZeRO stage, 0..3
   int dp = 1;        ///< data-parallel degree (ranks sharing the model state), >= 1
   int prefetch = 1;  ///< ZeRO-3: gather units held beyond the one in use (prefetched)
-  /// Throws config_error naming the value if zero is outside 0..3, dp < 1 or prefetch < 0.
+  /// Bucket capacity in bytes of the reduce type, as
+  /// parallel::data_parallel_options::bucket_bytes (default 25 MB). Engine
+  /// accounting only; ZeRO-3 ignores it (one bucket per segment).
+  std::int64_t bucket_bytes = parallel::default_bucket_bytes;
+  /// Throws config_error naming the value if zero is outside 0..3, dp < 1,
+  /// prefetch < 0 or bucket_bytes < 1.
   void validate() const {
     TESSERA_THROW_IF(zero < 0 || zero > 3, config_error, "zero stage ", zero, " must be 0..3");
     TESSERA_THROW_IF(dp < 1, config_error, "dp=", dp, " must be >= 1");
     TESSERA_THROW_IF(prefetch < 0, config_error, "prefetch=", prefetch, " must be >= 0");
+    TESSERA_THROW_IF(bucket_bytes < 1, config_error, "bucket_bytes=", bucket_bytes,
+                     " must be >= 1");
   }
 };
 
-/// Persistent per-rank model state, in bytes (and element counts).
+/// nn::llama's segments over make_llama_layout(c): -1 the embedding, 0..L-1
+/// the blocks, L the head (final norm + LM head), each from its first tensor
+/// to the next segment's first tensor (alignment padding included): the
+/// boundaries nn::llama::segment_begin/segment_end compute, which
+/// parallel::data_parallel hands to its bucket_plan.
+inline std::vector<parallel::segment_range> llama_segments(const nn::llama_config& c) {
+  const nn::param_layout layout = nn::make_llama_layout(c);
+  std::vector<std::int64_t> b{0};
+  for (std::int64_t l = 0; l < c.n_layers; ++l)
+    b.push_back(layout.at("blocks." + std::to_string(l) + ".attn_norm").offset);
+  b.push_back(layout.at("final_norm").offset);
+  b.push_back(layout.total());
+  std::vector<parallel::segment_range> v;
+  for (std::size_t i = 0; i + 1 < b.size(); ++i)
+    v.push_back({static_cast<int>(i) - 1, b[i], b[i + 1]});
+  return v;
+}
+
+/// The buckets parallel::data_parallel builds for `c` on rank `rank` of
+/// sh.dp: capacity max(1, bucket_bytes / reduce_bytes) elements, one bucket
+/// per segment under ZeRO-3 (the same constructor call as the engine's).
+/// Chunk sizes do not depend on the rank. Throws config_error for an
+/// invalid sharding or rank.
+inline parallel::bucket_plan engine_buckets(const nn::llama_config& c, const sharding& sh,
+                                            std::size_t reduce_bytes, int rank = 0) {
+  sh.validate();
+  return parallel::bucket_plan(
+      llama_segments(c), sh.dp, rank,
+      std::max<std::int64_t>(1, sh.bucket_bytes / static_cast<std::int64_t>(reduce_bytes)),
+      sh.zero >= 3);
+}
+
+/// Per-rank model state, in bytes (and element counts). Fields an
+/// accounting does not have are 0 (ideal: param_shard, reduce_buffers,
+/// reduce_staging, update_gather).
 struct state_plan {
-  std::int64_t num_params = 0;    ///< real parameters
-  std::int64_t flat_elems = 0;    ///< flat buffer, with the layout's alignment padding
-  std::int64_t padded_elems = 0;  ///< flat_elems rounded up to a multiple of dp
-  std::int64_t shard_elems = 0;   ///< padded_elems / dp: one rank's ZeRO shard
-  std::int64_t gather_unit_elems =
-      0;                      ///< largest ZeRO-3 gather unit (a block, the embedding or the head)
-  std::uint64_t weights = 0;  ///< parameters in param_type (a shard under ZeRO-3)
-  std::uint64_t grads = 0;    ///< gradients in grad_type (a shard under ZeRO-2/3)
+  accounting mode = accounting::engine;  ///< how the fields below were counted
+  std::int64_t num_params = 0;           ///< real parameters
+  std::int64_t flat_elems = 0;           ///< flat buffer, with the layout's alignment padding
+  /// Engine: the sum of the padded buckets (bucket_plan::staging_size);
+  /// ideal: flat_elems rounded up to a multiple of dp.
+  std::int64_t padded_elems = 0;
+  /// padded_elems / dp: one rank's ZeRO shard (engine: bucket_plan::shard_size).
+  std::int64_t shard_elems = 0;
+  std::int64_t buckets = 0;  ///< engine: gradient buckets (bucket_plan::size); ideal: 0
+  /// Largest ZeRO-3 gather unit (a block, the embedding or the head; engine: padded).
+  std::int64_t gather_unit_elems = 0;
+  /// Full parameters in param_type: engine, the model's flat buffer on
+  /// stages 0-2 and none on 3; ideal, replicated (padded on 1-2) or a shard on 3.
+  std::uint64_t weights = 0;
+  /// Engine ZeRO-1..3: this rank's parameter shard in param_type (shard_elems),
+  /// the copy AdamW updates and the all-gathers send.
+  std::uint64_t param_shard = 0;
+  /// The model's gradient buffer in grad_type: engine, flat_elems on every
+  /// stage; ideal, a shard on ZeRO-2/3.
+  std::uint64_t grads = 0;
+  /// Engine, in the reduce type: the persistent padded staging buffer on
+  /// ZeRO-0/1 (padded_elems) plus the reduced-gradient shard on ZeRO-1..3
+  /// (shard_elems).
+  std::uint64_t reduce_buffers = 0;
   std::uint64_t master = 0;  ///< master weights (a shard under ZeRO-1/2/3; 0 without a master copy)
   std::uint64_t optimizer = 0;    ///< optimizer moments (a shard under ZeRO-1/2/3)
   std::uint64_t rope_tables = 0;  ///< RoPE cos and sin tables, (max_seq, hd/2) float32 each
-  /// ZeRO-3 transient: (1 + prefetch) gathered units in param_type plus one
-  /// unit's unsharded gradient in grad_type before its reduce-scatter; 0 below stage 3.
+  /// ZeRO-3 transient, gathered parameters in param_type. Engine: the most
+  /// padded segments held at once, the one computing and, with prefetch,
+  /// its neighbour (the largest adjacent pair); ideal: (1 + prefetch)
+  /// gathered units plus one unit's unsharded gradient in grad_type.
   std::uint64_t gathered = 0;
+  /// Engine ZeRO-2/3 transient: each bucket's padded send buffer in the
+  /// reduce type, allocated when its reduction starts on the last
+  /// micro-batch's backward and freed by finish_gradients(); all of them
+  /// (padded_elems) at the end of backward.
+  std::uint64_t reduce_staging = 0;
+  /// Engine ZeRO-1/2 transient: the all-gather destination of the updated
+  /// shards in step() (padded_elems param_type), after the activations and
+  /// the reduction buffers of the micro-batches are freed.
+  std::uint64_t update_gather = 0;
 
-  /// Weights + gradients + master + optimizer: what seeds/004's training_memory_gib counts.
-  std::uint64_t model_state() const { return weights + grads + master + optimizer; }
-  /// model_state() + RoPE tables: allocated for as long as model and optimizer live.
+  /// What seeds/004's training_memory_gib counts (weights + gradients +
+  /// master + optimizer under ideal), and the engine's reduction buffers and
+  /// parameter shard.
+  std::uint64_t model_state() const {
+    return weights + param_shard + grads + reduce_buffers + master + optimizer;
+  }
+  /// model_state() + RoPE tables: allocated for as long as model and
+  /// optimizer live, and all that is allocated between steps.
   std::uint64_t persistent() const { return model_state() + rope_tables; }
-  /// persistent() + the ZeRO-3 gathered units.
-  std::uint64_t total() const { return persistent() + gathered; }
+  /// Transient model-state bytes at their most: the backward's
+  /// (gathered + reduce_staging) or the step's update_gather, whichever is larger.
+  std::uint64_t transient() const { return std::max(gathered + reduce_staging, update_gather); }
+  /// persistent() + transient().
+  std::uint64_t total() const { return persistent() + transient(); }
 };
 
 namespace detail {
-// Fills the byte fields of `s` from its element counts (shared by both plan_state overloads).
+// Fills the byte fields of `s` from its element counts, ideal accounting
+// (shared by both ideal plan_state overloads).
 inline void fill_state_bytes(state_plan& s, const dtype_sizes& d, const optimizer_spec& o,
                              const sharding& sh) {
   sh.validate();
+  s.mode = accounting::ideal;
   s.padded_elems =
       static_cast<std::int64_t>(comm::padded_count(static_cast<std::size_t>(s.flat_elems), sh.dp));
   s.shard_elems = s.padded_elems / sh.dp;
@@ -145,39 +251,73 @@ inline void fill_state_bytes(state_plan& s, const dtype_sizes& d, const optimize
 }  // namespace detail
 
 /// Per-rank model state of `c` laid out by nn::make_llama_layout (alignment
-/// padding included), with the RoPE tables the model allocates and, under
-/// ZeRO-3, the gathered units. Throws config_error for an invalid config or sharding.
+/// padding included), with the RoPE tables the model allocates and the
+/// transients, under `mode` (file comment; default: what the engine
+/// allocates). Throws config_error for an invalid config or sharding, and
+/// under engine accounting for prefetch > 1 (the engine prefetches one
+/// segment or none).
 inline state_plan plan_state(const nn::llama_config& c, const dtype_sizes& d,
-                             const optimizer_spec& o, const sharding& sh) {
+                             const optimizer_spec& o, const sharding& sh,
+                             accounting mode = accounting::engine) {
+  sh.validate();
   const nn::param_layout layout = nn::make_llama_layout(c);
+  const std::vector<parallel::segment_range> segs = llama_segments(c);
   state_plan s;
   s.num_params = layout.num_params();
   s.flat_elems = layout.total();
-  detail::fill_state_bytes(s, d, o, sh);
   s.rope_tables = 2 * static_cast<std::uint64_t>(c.max_seq * (c.head_dim() / 2)) * sizeof(float);
-  // Gather units are nn::llama's segments: the embedding, each block, the
-  // head (final norm + LM head); a segment runs from its first tensor to the
-  // next segment's first tensor (alignment padding included).
-  std::vector<std::int64_t> begins;
-  int unit = -2;
-  for (const auto& e : layout.entries()) {
-    const int u = e.block >= 0 ? e.block : (unit >= 0 ? static_cast<int>(c.n_layers) : -1);
-    if (u != unit) begins.push_back(e.offset);
-    unit = u;
+  if (mode == accounting::ideal) {
+    detail::fill_state_bytes(s, d, o, sh);
+    for (const auto& g : segs) s.gather_unit_elems = std::max(s.gather_unit_elems, g.end - g.begin);
+    if (sh.zero >= 3) {
+      const auto unit = static_cast<std::uint64_t>(s.gather_unit_elems);
+      s.gathered = static_cast<std::uint64_t>(1 + sh.prefetch) * unit * d.param + unit * d.grad;
+    }
+    return s;
   }
-  begins.push_back(layout.total());
-  for (std::size_t i = 0; i + 1 < begins.size(); ++i)
-    s.gather_unit_elems = std::max(s.gather_unit_elems, begins[i + 1] - begins[i]);
+  TESSERA_THROW_IF(sh.prefetch > 1, config_error, "prefetch=", sh.prefetch,
+                   ": parallel::data_parallel prefetches one segment or none (0 or 1)");
+  const parallel::bucket_plan bp = engine_buckets(c, sh, d.reduce);
+  s.padded_elems = bp.staging_size();
+  s.shard_elems = bp.shard_size();
+  s.buckets = static_cast<std::int64_t>(bp.size());
+  const auto flat = static_cast<std::uint64_t>(s.flat_elems),
+             padded = static_cast<std::uint64_t>(s.padded_elems),
+             shard = static_cast<std::uint64_t>(s.shard_elems);
+  s.weights = sh.zero >= 3 ? 0 : flat * d.param;
+  s.param_shard = sh.zero >= 1 ? shard * d.param : 0;
+  s.grads = flat * d.grad;
+  s.reduce_buffers = ((sh.zero <= 1 ? padded : 0) + (sh.zero >= 1 ? shard : 0)) * d.reduce;
+  const std::uint64_t opt_elems = sh.zero >= 1 ? shard : flat;
+  s.master = d.master_copy ? opt_elems * d.master : 0;
+  s.optimizer = opt_elems * d.master * static_cast<std::uint64_t>(o.moments);
+  if (sh.zero >= 2) s.reduce_staging = padded * d.reduce;
+  if (sh.zero == 1 || sh.zero == 2) s.update_gather = padded * d.param;
   if (sh.zero >= 3) {
-    const auto unit = static_cast<std::uint64_t>(s.gather_unit_elems);
-    s.gathered = static_cast<std::uint64_t>(1 + sh.prefetch) * unit * d.param + unit * d.grad;
+    // One bucket per segment, bucket k = segment L - k (buckets run from the head down).
+    std::int64_t held = 0;
+    const auto& b = bp.buckets();
+    for (std::size_t k = 0; k < b.size(); ++k) {
+      s.gather_unit_elems = std::max(s.gather_unit_elems, b[k].padded);
+      held =
+          std::max(held, b[k].padded + (sh.prefetch > 0 && k + 1 < b.size() ? b[k + 1].padded : 0));
+    }
+    s.gathered = static_cast<std::uint64_t>(held) * d.param;
   }
   return s;
 }
 
-/// Per-rank model state for a bare parameter count (seeds/004 style: no
-/// layout padding, no RoPE tables, no gathered units). Throws config_error
-/// if num_params < 1 or the sharding is invalid.
+/// Ideal accounting over the layout: plan_state(c, d, o, sh, accounting::ideal).
+inline state_plan plan_state_ideal(const nn::llama_config& c, const dtype_sizes& d,
+                                   const optimizer_spec& o, const sharding& sh) {
+  return plan_state(c, d, o, sh, accounting::ideal);
+}
+
+/// Per-rank model state for a bare parameter count, ideal accounting
+/// (seeds/004 style: no layout, no buckets, no RoPE tables, no gathered
+/// units; not what parallel::data_parallel allocates, which needs the
+/// layout: use the llama_config overload). Throws config_error if
+/// num_params < 1 or the sharding is invalid.
 inline state_plan plan_state(std::int64_t num_params, const dtype_sizes& d, const optimizer_spec& o,
                              const sharding& sh) {
   TESSERA_THROW_IF(num_params < 1, config_error, "num_params=", num_params, " must be >= 1");
@@ -318,17 +458,27 @@ struct memory_plan {
   state_plan state;
   activation_plan activations;
 
-  /// Predicted per-rank peak: state.total() + activations.peak.
-  std::uint64_t total() const { return state.total() + activations.peak; }
+  /// Predicted per-rank peak: the persistent state plus the larger of
+  /// backward's (gathered units + reduction staging + activation peak) and
+  /// the step's update all-gather (which runs after the activations are freed).
+  std::uint64_t total() const {
+    return state.persistent() +
+           std::max(state.gathered + state.reduce_staging + activations.peak, state.update_gather);
+  }
 
-  /// Rows (label, bytes) in table order.
+  /// Rows (label, bytes) in table order: the persistent state, the transients, then the totals.
   std::vector<std::pair<std::string, std::uint64_t>> rows() const {
     return {{"weights", state.weights},
+            {"parameter shard", state.param_shard},
             {"gradients", state.grads},
+            {"reduction buffers", state.reduce_buffers},
             {"master weights", state.master},
             {"optimizer state", state.optimizer},
             {"rope tables", state.rope_tables},
+            {"persistent", state.persistent()},
             {"zero-3 gathered", state.gathered},
+            {"reduction staging", state.reduce_staging},
+            {"update all-gather", state.update_gather},
             {"activations (saved)", activations.saved},
             {"logits workspace", activations.logits_workspace},
             {"activation peak", activations.peak},
@@ -339,13 +489,15 @@ struct memory_plan {
     std::string s;
     char line[160];
     std::snprintf(
-        line, sizeof line, "%s %s, %s, zero-%d, dp=%d, B=%lld, T=%lld (per rank)\n", model.c_str(),
-        dtypes.name.c_str(), optimizer.name.c_str(), strategy.zero, strategy.dp,
+        line, sizeof line, "%s %s, %s, zero-%d, dp=%d, B=%lld, T=%lld (per rank, %s)\n",
+        model.c_str(), dtypes.name.c_str(), optimizer.name.c_str(), strategy.zero, strategy.dp,
         static_cast<long long>(shape.micro_batch),
-        static_cast<long long>(activations.tokens / std::max<std::int64_t>(1, shape.micro_batch)));
+        static_cast<long long>(activations.tokens / std::max<std::int64_t>(1, shape.micro_batch)),
+        state.mode == accounting::engine ? "engine" : "ideal");
     s += line;
     for (const auto& [k, v] : rows()) {
-      if (k == "activation peak" || k == "total") s += std::string(56, '-') + "\n";
+      if (k == "persistent" || k == "zero-3 gathered" || k == "activations (saved)" || k == "total")
+        s += std::string(56, '-') + "\n";
       std::snprintf(line, sizeof line, "  %-22s %18llu B %10.2f GiB\n", k.c_str(),
                     static_cast<unsigned long long>(v), static_cast<double>(v) / gib);
       s += line;
@@ -366,18 +518,27 @@ struct memory_plan {
     j["optimizer"] = optimizer.name;
     j["zero"] = strategy.zero;
     j["dp"] = strategy.dp;
+    j["accounting"] = state.mode == accounting::engine ? "engine" : "ideal";
+    j["bucket_bytes"] = strategy.bucket_bytes;
     j["micro_batch"] = shape.micro_batch;
     j["tokens"] = activations.tokens;
     j["num_params"] = state.num_params;
     j["flat_elems"] = state.flat_elems;
+    j["padded_elems"] = state.padded_elems;
     j["shard_elems"] = state.shard_elems;
+    j["buckets"] = state.buckets;
     j["state"] = {{"weights", state.weights},
+                  {"param_shard", state.param_shard},
                   {"grads", state.grads},
+                  {"reduce_buffers", state.reduce_buffers},
                   {"master", state.master},
                   {"optimizer", state.optimizer},
                   {"rope_tables", state.rope_tables},
                   {"gathered", state.gathered},
+                  {"reduce_staging", state.reduce_staging},
+                  {"update_gather", state.update_gather},
                   {"model_state", state.model_state()},
+                  {"persistent", state.persistent()},
                   {"total", state.total()}};
     j["activations"] = {{"saved", activations.saved},
                         {"forward_temporaries", activations.forward_temporaries},
@@ -392,12 +553,13 @@ struct memory_plan {
   }
 };
 
-/// Plans model state and one micro-batch's activations for `c`. Throws
-/// config_error for an invalid config, sharding or micro-batch shape.
+/// Plans model state (under `mode`; default: what the engine allocates) and
+/// one micro-batch's activations for `c`. Throws config_error for an
+/// invalid config, sharding or micro-batch shape.
 inline memory_plan plan_memory(const nn::llama_config& c, const dtype_sizes& d,
                                const optimizer_spec& o, const sharding& sh,
-                               const activation_options& a) {
-  memory_plan m{c.name, d, o, sh, a, plan_state(c, d, o, sh), plan_activations(c, d, a)};
+                               const activation_options& a, accounting mode = accounting::engine) {
+  memory_plan m{c.name, d, o, sh, a, plan_state(c, d, o, sh, mode), plan_activations(c, d, a)};
   return m;
 }
 

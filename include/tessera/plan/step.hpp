@@ -6,9 +6,33 @@
 /// ZeRO stages 0..3 with the ring algorithm (comm/communicator.hpp).
 ///
 /// Communication per optimizer step, Psi = flat gradient elements, N = dp,
-/// k = micro-batches per rank per step (gradient accumulation). ZeRO paper
-/// (Rajbhandari et al. 2020, section 7): stages 1-2 move what data parallel
-/// moves, stage 3 1.5x.
+/// k = micro-batches per rank per step (gradient accumulation), two
+/// accountings (plan/memory.hpp, `accounting`):
+///
+/// engine (default for a llama_config): what parallel::data_parallel and
+/// data_parallel_trainer send (parallel/zero.hpp), over the buckets of
+/// engine_buckets() (each padded to N equal chunks, P_k elements; P_head the
+/// head segment's), reduced once per optimizer step whatever k is (no_sync
+/// on the first k-1 micro-batches):
+///
+///   zero 0    all_reduce each bucket                 sum_k 2(N-1)/N P_k, reduction dtype
+///   zero 1,2  reduce_scatter each bucket once        sum_k (N-1)/N P_k, reduction dtype
+///             all_gather the updated shard once      sum_k (N-1)/N P_k, parameter dtype
+///   zero 3    reduce_scatter each segment once       (N-1)/N Psi_pad, reduction dtype
+///             all_gather each segment before forward, every micro-batch:
+///                                                    k (N-1)/N Psi_pad, parameter dtype
+///             and again before backward, except the head (its forward and
+///             backward are one fused pass): k (N-1)/N (Psi_pad - P_head)
+///   every     three 1-element 8-byte all_reduces (scored tokens, gradient
+///             norm, loss) of the trainer
+///
+/// With parameter dtype == reduction dtype and k = 1, zero 1 and 2 send what
+/// zero 0 sends and zero 3 1.5 times it less the head's second gather
+/// (within 1% for 7B, 2% for the `small` preset).
+///
+/// ideal (the bare element-count overload; ZeRO paper, Rajbhandari et al.
+/// 2020, section 7), one flat buffer padded to a multiple of N, as a
+/// textbook ZeRO with sharded gradient buffers must run it:
 ///
 ///   zero 0  all_reduce(gradients)                  2(N-1)/N Psi, reduction dtype
 ///   zero 1  reduce_scatter(gradients) once         (N-1)/N Psi, reduction dtype
@@ -19,8 +43,9 @@
 ///           reduce_scatter(gradients), every micro-batch: 3(N-1)/N Psi per
 ///           micro-batch when the dtypes match
 ///
-/// With parameter dtype == reduction dtype and k = 1, zero 1 and 2 equal zero
-/// 0's 2(N-1)/N Psi bytes and zero 3 is 1.5 times it (seeds/004, section 5).
+/// With parameter dtype == reduction dtype and k = 1, ideal zero 1 and 2
+/// equal zero 0's 2(N-1)/N Psi bytes and zero 3 is 1.5 times it (seeds/004,
+/// section 5).
 
 #include <cstdint>
 #include <cstdio>
@@ -39,12 +64,15 @@ namespace tessera::plan {
 struct collective_traffic {
   comm::op_kind op = comm::op_kind::all_reduce;  ///< the collective
   std::string what;                              ///< "gradients", "parameters (forward)", ...
-  std::int64_t elems = 0;            ///< all_reduce: n; reduce_scatter / all_gather: chunk per rank
-  std::size_t elem_bytes = 0;        ///< bytes per element on the wire
-  std::int64_t calls = 0;            ///< calls per optimizer step
-  std::uint64_t bytes_per_call = 0;  ///< bytes this rank sends per call (ring formulas)
+  /// Elements per call: all_reduce, n; reduce_scatter / all_gather, the
+  /// chunk per rank (engine: summed over the buckets of one pass).
+  std::int64_t elems = 0;
+  std::size_t elem_bytes = 0;  ///< bytes per element on the wire
+  std::int64_t calls = 0;      ///< calls per optimizer step
+  std::uint64_t bytes_sent =
+      0;  ///< bytes this rank sends per optimizer step, all calls (ring formulas)
   /// Bytes this rank sends per optimizer step.
-  std::uint64_t bytes() const { return static_cast<std::uint64_t>(calls) * bytes_per_call; }
+  std::uint64_t bytes() const { return bytes_sent; }
 };
 
 /// Communication options: wire dtypes and accumulation.
@@ -60,6 +88,7 @@ struct comm_options {
 struct comm_plan {
   int zero = 0;                                 ///< ZeRO stage
   int dp = 1;                                   ///< ranks
+  accounting mode = accounting::ideal;          ///< how it was counted
   std::vector<collective_traffic> collectives;  ///< in step order
   /// Sum over collectives.
   std::uint64_t bytes_per_step() const {
@@ -69,27 +98,34 @@ struct comm_plan {
   }
 };
 
-/// Communication of one optimizer step over a flat buffer of `flat_elems`
-/// elements (padded to a multiple of dp for the sharded collectives).
-/// Throws config_error for an invalid sharding, flat_elems < 1,
-/// micro_batches < 1 or a rank outside [0, dp).
-inline comm_plan plan_comm(std::int64_t flat_elems, const sharding& sh,
-                           const comm_options& o = {}) {
+namespace detail {
+inline void check_comm_args(const sharding& sh, const comm_options& o) {
   sh.validate();
-  TESSERA_THROW_IF(flat_elems < 1, config_error, "flat_elems=", flat_elems, " must be >= 1");
   TESSERA_THROW_IF(o.micro_batches < 1, config_error, "micro_batches=", o.micro_batches,
                    " must be >= 1");
   TESSERA_THROW_IF(o.rank < 0 || o.rank >= sh.dp, config_error, "rank=", o.rank,
                    " is outside [0, dp=", sh.dp, ")");
-  comm_plan p{sh.zero, sh.dp, {}};
+}
+}  // namespace detail
+
+/// Communication of one optimizer step over a flat buffer of `flat_elems`
+/// elements, ideal accounting (one buffer padded to a multiple of dp for the
+/// sharded collectives; file comment). Throws config_error for an invalid
+/// sharding, flat_elems < 1, micro_batches < 1 or a rank outside [0, dp).
+inline comm_plan plan_comm(std::int64_t flat_elems, const sharding& sh,
+                           const comm_options& o = {}) {
+  detail::check_comm_args(sh, o);
+  TESSERA_THROW_IF(flat_elems < 1, config_error, "flat_elems=", flat_elems, " must be >= 1");
+  comm_plan p{sh.zero, sh.dp, accounting::ideal, {}};
   const int N = sh.dp;
   const auto n = static_cast<std::size_t>(flat_elems);
   const std::size_t chunk = comm::padded_count(n, N) / static_cast<std::size_t>(N);
   const std::int64_t k = o.micro_batches;
   auto scatter_gather = [&](comm::op_kind op, const char* what, std::size_t eb,
                             std::int64_t calls) {
-    p.collectives.push_back({op, what, static_cast<std::int64_t>(chunk), eb, calls,
-                             comm::ring_scatter_gather_bytes(chunk, eb, N)});
+    p.collectives.push_back(
+        {op, what, static_cast<std::int64_t>(chunk), eb, calls,
+         static_cast<std::uint64_t>(calls) * comm::ring_scatter_gather_bytes(chunk, eb, N)});
   };
   using comm::op_kind;
   switch (sh.zero) {
@@ -111,10 +147,57 @@ inline comm_plan plan_comm(std::int64_t flat_elems, const sharding& sh,
   return p;
 }
 
-/// plan_comm over the flat buffer of nn::make_llama_layout(c) (alignment padding included).
+/// Communication of one optimizer step of `c` (flat buffer of
+/// nn::make_llama_layout(c), alignment padding included) for rank o.rank,
+/// under `mode` (file comment; default: what parallel::data_parallel and
+/// data_parallel_trainer send, over engine_buckets(c, sh, o.reduce_bytes)).
+/// Throws config_error as the element-count overload.
 inline comm_plan plan_comm(const nn::llama_config& c, const sharding& sh,
-                           const comm_options& o = {}) {
-  return plan_comm(nn::make_llama_layout(c).total(), sh, o);
+                           const comm_options& o = {}, accounting mode = accounting::engine) {
+  if (mode == accounting::ideal) return plan_comm(nn::make_llama_layout(c).total(), sh, o);
+  detail::check_comm_args(sh, o);
+  const parallel::bucket_plan bp = engine_buckets(c, sh, o.reduce_bytes, o.rank);
+  const int N = sh.dp;
+  const std::int64_t k = o.micro_batches, nb = static_cast<std::int64_t>(bp.size());
+  comm_plan p{sh.zero, N, accounting::engine, {}};
+  std::int64_t chunks = 0, padded = 0, head_chunk = 0;
+  std::uint64_t all_reduce = 0;
+  for (const parallel::bucket& b : bp.buckets()) {
+    chunks += b.chunk;
+    padded += b.padded;
+    all_reduce +=
+        comm::ring_all_reduce_bytes(static_cast<std::size_t>(b.padded), o.reduce_bytes, N, o.rank);
+    if (b.last_segment == static_cast<int>(c.n_layers)) head_chunk = b.chunk;
+  }
+  auto sg = [&](std::int64_t chunk, std::size_t eb) {  // one pass over chunks summing to `chunk`
+    return comm::ring_scatter_gather_bytes(static_cast<std::size_t>(chunk), eb, N);
+  };
+  using comm::op_kind;
+  p.collectives.push_back({op_kind::all_reduce, "scalars (tokens, norm, loss)", 1, 8, 3,
+                           3 * comm::ring_all_reduce_bytes(1, 8, N, o.rank)});
+  switch (sh.zero) {
+    case 0:
+      p.collectives.push_back(
+          {op_kind::all_reduce, "gradients", padded, o.reduce_bytes, nb, all_reduce});
+      break;
+    case 1:
+    case 2:
+      p.collectives.push_back({op_kind::reduce_scatter, "gradients", chunks, o.reduce_bytes, nb,
+                               sg(chunks, o.reduce_bytes)});
+      p.collectives.push_back({op_kind::all_gather, "parameters", chunks, o.param_bytes, nb,
+                               sg(chunks, o.param_bytes)});
+      break;
+    default:
+      p.collectives.push_back({op_kind::all_gather, "parameters (forward)", chunks, o.param_bytes,
+                               k * nb, static_cast<std::uint64_t>(k) * sg(chunks, o.param_bytes)});
+      p.collectives.push_back(
+          {op_kind::all_gather, "parameters (backward)", chunks - head_chunk, o.param_bytes,
+           k * (nb - 1), static_cast<std::uint64_t>(k) * sg(chunks - head_chunk, o.param_bytes)});
+      p.collectives.push_back({op_kind::reduce_scatter, "gradients", chunks, o.reduce_bytes, nb,
+                               sg(chunks, o.reduce_bytes)});
+      break;
+  }
+  return p;
 }
 
 /// Model FLOPs of one optimizer step.
@@ -157,6 +240,7 @@ inline nlohmann::json to_json(const comm_plan& p) {
   nlohmann::json j;
   j["zero"] = p.zero;
   j["dp"] = p.dp;
+  j["accounting"] = p.mode == accounting::engine ? "engine" : "ideal";
   j["collectives"] = nlohmann::json::array();
   for (const auto& c : p.collectives)
     j["collectives"].push_back({{"op", comm::to_string(c.op)},
@@ -183,12 +267,12 @@ inline std::string to_table(const comm_plan& p) {
   std::string s;
   char line[200];
   for (const auto& c : p.collectives) {
-    std::snprintf(line, sizeof line, "  %-15s %-22s x%-3lld %16llu B %9.2f GiB\n",
+    std::snprintf(line, sizeof line, "  %-15s %-29s x%-4lld %16llu B %9.2f GiB\n",
                   comm::to_string(c.op), c.what.c_str(), static_cast<long long>(c.calls),
                   static_cast<unsigned long long>(c.bytes()), static_cast<double>(c.bytes()) / gib);
     s += line;
   }
-  std::snprintf(line, sizeof line, "  %-42s %16llu B %9.2f GiB\n", "total sent per rank per step",
+  std::snprintf(line, sizeof line, "  %-51s %16llu B %9.2f GiB\n", "total sent per rank per step",
                 static_cast<unsigned long long>(p.bytes_per_step()),
                 static_cast<double>(p.bytes_per_step()) / gib);
   return s + line;

@@ -1,0 +1,194 @@
+// Holds the planner's engine accounting (plan/memory.hpp, plan/step.hpp)
+// against parallel::data_parallel_trainer on threads (local_communicator):
+// for dp 1..4, zero<0..3>, the tiny and small presets, fp32 and bf16_mixed,
+// with two accumulated micro-batches and several buckets per rank, each
+// rank allocating from its own host_memory_resource:
+//
+// - persistent bytes, after construction and after each of two steps (so
+//   between steps: every transient of the step is freed), equal
+//   plan_state(...).persistent() within 1% (the bound) and, with the
+//   one allocation the planner does not count added, to the byte;
+// - the bytes each rank sends per step (the communicator's counters) equal
+//   plan_comm(...) for that rank exactly.
+//
+// Counted by the allocator and the planner: the model's parameter buffer
+// (not under ZeRO-3), its full-size gradient buffer and RoPE tables, the
+// engine's padded staging buffer (ZeRO-0/1), reduced-gradient shard and
+// parameter shard (ZeRO-1..3), AdamW's moments and master copy (bf16_mixed).
+// Counted by the allocator, not by the planner: the trainer's token buffer
+// (A x B x (T+1) int32, 136 bytes here), added to the plan for the exact check.
+// Not counted by either (outside the resource): the token file and sampler
+// vectors, the host GEMM conversion buffers (kernels::gemm_workspace_bytes),
+// the communicator's message buffers.
+#include <catch2/catch.hpp>
+
+#include <omp.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <tessera/comm/local.hpp>
+#include <tessera/core/random.hpp>
+#include <tessera/data/token_file.hpp>
+#include <tessera/parallel/data_parallel_trainer.hpp>
+#include <tessera/plan/memory.hpp>
+#include <tessera/plan/step.hpp>
+
+using namespace tessera;
+using comm::local_communicator;
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr std::int64_t A = 2, B = 1, T = 16;  // micro-batches per rank, rows, tokens per row
+constexpr double tolerance = 0.01;            // the bound on persistent bytes
+
+// Bucket capacities that give each preset several buckets, some holding two
+// segments (tiny: head + last block, first block + embedding).
+std::int64_t bucket_bytes_for(const nn::llama_config& c) {
+  return c.name == "tiny" ? 12 * 1024 : 1024 * 1024;
+}
+
+// A corpus of random tokens below 32 (the tiny preset's vocabulary), one
+// file per test case and process.
+struct corpus {
+  fs::path path;
+  explicit corpus(const std::string& name)
+      : path(fs::temp_directory_path() /
+             ("tessera_plan_mem_" + name + "_" + std::to_string(::getpid()) + ".tok")) {
+    std::vector<std::uint32_t> t(20000);
+    rng r(7);
+    for (auto& x : t) x = static_cast<std::uint32_t>(r.next_u64() % 32);
+    data::write_token_file(path, t, 32);
+  }
+  ~corpus() {
+    std::error_code ec;
+    fs::remove(path, ec);
+  }
+};
+
+// Failures are collected, not thrown, so a rank never leaves its peers
+// waiting in a collective.
+struct failures {
+  std::mutex m;
+  std::vector<std::string> msgs;
+  void add(std::string s) {
+    std::lock_guard<std::mutex> g(m);
+    msgs.push_back(std::move(s));
+  }
+};
+
+template <precision::policy P, class S>
+void check_rank(const nn::llama_config& mc, const fs::path& tokens, local_communicator& c,
+                failures& fail) {
+  host_memory_resource mr;  // this rank's own
+  data::token_file f(tokens);
+  train::train_config tc;
+  tc.steps = 4;
+  tc.global_batch = c.size() * B * A;
+  tc.micro_batch = B;
+  tc.seq = T;
+  tc.dp = c.size();
+  tc.warmup = 1;
+  tc.lr = 1e-3;
+  tc.eval_windows = 2;
+  parallel::data_parallel_options dpo;
+  dpo.bucket_bytes = bucket_bytes_for(mc);
+  parallel::data_parallel_trainer<P, S, local_communicator> tr(mc, tc, f, c, dpo, mr);
+
+  const auto d = plan::dtype_sizes::of<P>();
+  const plan::sharding sh{S::stage, c.size(), 1, dpo.bucket_bytes};
+  const auto st = plan::plan_state(mc, d, plan::optimizer_spec::adamw(), sh);
+  const auto cp = plan::plan_comm(mc, sh, {d.reduce, d.param, A, c.rank()});
+  const std::uint64_t token_buffer = A * B * (T + 1) * sizeof(std::int32_t);
+  const std::string who = tessera::detail::str(mc.name, " ", P::name, " ", S::name, " dp ",
+                                               c.size(), " rank ", c.rank(), ": ");
+
+  auto check_persistent = [&](const char* when) {
+    const std::uint64_t got = mr.stats().allocated, want = st.persistent();
+    const double rel =
+        std::abs(static_cast<double>(got) - static_cast<double>(want)) / static_cast<double>(want);
+    if (!(rel < tolerance) || got != want + token_buffer)
+      fail.add(tessera::detail::str(who, when, ": allocated ", got, " B, planned ", want,
+                                    " B + token buffer ", token_buffer, " B (rel ", rel, ")"));
+  };
+  check_persistent("after construction");
+  // The engine's own count of what it keeps (staging, shards, optimizer state).
+  if (tr.engine().persistent_bytes() !=
+      st.param_shard + st.reduce_buffers + st.master + st.optimizer)
+    fail.add(tessera::detail::str(who, "engine keeps ", tr.engine().persistent_bytes(),
+                                  " B, planned ",
+                                  st.param_shard + st.reduce_buffers + st.master + st.optimizer));
+  for (int s = 0; s < 2; ++s) {
+    c.reset_stats();  // this rank's counters; its own earlier collectives are complete
+    tr.train_step();
+    if (c.bytes_sent() != cp.bytes_per_step())
+      fail.add(tessera::detail::str(who, "step ", s, " sent ", c.bytes_sent(), " B, planned ",
+                                    cp.bytes_per_step(), " B"));
+    check_persistent(s == 0 ? "after step 1" : "after step 2");
+  }
+}
+
+template <precision::policy P>
+void check_preset(const nn::llama_config& mc) {
+  corpus tokens(mc.name + "_" + P::name);
+  comm::comm_options o;
+  o.timeout = std::chrono::seconds(60);
+  failures fail;
+  for (int N = 1; N <= 4; ++N) {
+    INFO(mc.name << " " << P::name << " dp " << N);
+    // One OpenMP thread per rank thread (see tests/parallel/zero.cpp).
+    REQUIRE_NOTHROW(comm::local_world::run(
+        N,
+        [&](local_communicator& c) {
+          omp_set_num_threads(1);
+          check_rank<P, parallel::zero<0>>(mc, tokens.path, c, fail);
+          check_rank<P, parallel::zero<1>>(mc, tokens.path, c, fail);
+          check_rank<P, parallel::zero<2>>(mc, tokens.path, c, fail);
+          check_rank<P, parallel::zero<3>>(mc, tokens.path, c, fail);
+        },
+        o));
+  }
+  for (const auto& m : fail.msgs) FAIL_CHECK(m);
+  CHECK(fail.msgs.empty());
+}
+
+}  // namespace
+
+TEST_CASE("per-rank persistent and communicated bytes equal the plan: tiny, fp32",
+          "[parallel][plan][memory]") {
+  check_preset<precision::fp32>(nn::llama_config::tiny());
+}
+
+TEST_CASE("per-rank persistent and communicated bytes equal the plan: tiny, bf16_mixed",
+          "[parallel][plan][memory]") {
+  check_preset<precision::bf16_mixed>(nn::llama_config::tiny());
+}
+
+TEST_CASE("per-rank persistent and communicated bytes equal the plan: small, fp32",
+          "[parallel][plan][memory]") {
+  check_preset<precision::fp32>(nn::llama_config::small());
+}
+
+TEST_CASE("per-rank persistent and communicated bytes equal the plan: small, bf16_mixed",
+          "[parallel][plan][memory]") {
+  check_preset<precision::bf16_mixed>(nn::llama_config::small());
+}
+
+TEST_CASE("the test's buckets: several per rank, some holding two segments",
+          "[parallel][plan][memory]") {
+  for (const auto& c : {nn::llama_config::tiny(), nn::llama_config::small()}) {
+    INFO(c.name);
+    const auto bp = plan::engine_buckets(c, {1, 4, 1, bucket_bytes_for(c)}, 4);
+    CHECK(bp.size() >= 2);
+    bool merged = false;
+    for (const auto& b : bp.buckets()) merged = merged || b.first_segment != b.last_segment;
+    CHECK(merged);
+  }
+}

@@ -143,6 +143,7 @@ dp_result<typename P::param_type> run_dp(Comm& c, const setup& st) {
   const int r = c.rank();
   nn::llama_options o;
   o.external_params = S::shards_parameters;
+  o.external_grads = S::shards_gradients;
   nn::llama<P> m(model_config(), o);
   if constexpr (!S::shards_parameters) m.init_weights(st.seed);
   parallel::data_parallel_options dpo;
@@ -177,6 +178,12 @@ dp_result<typename P::param_type> run_dp(Comm& c, const setup& st) {
       check(eng.segments_held() == 0 && eng.max_segments_held() == 2, "rank ", r,
             ": zero<3> holds ", eng.segments_held(), " gathered segments after the step, at most ",
             eng.max_segments_held(), " at once (expected 0 and 2)");
+    if constexpr (S::shards_gradients)  // only the shard between steps; the window held all
+      check(eng.grad_buckets_held() == 0 && eng.max_grad_buckets_held() ==
+                                                (st.A > 1 ? plan.size() : eng.max_grad_buckets_held()),
+            "rank ", r, ": zero<2,3> hold ", eng.grad_buckets_held(),
+            " bucket gradient buffers after the step, at most ", eng.max_grad_buckets_held(),
+            " at once (expected 0 and ", plan.size(), ")");
     const auto after = c.stats();
     out.bytes_per_step.push_back(after.bytes_sent() - before.bytes_sent());
     // One reduction per bucket, on the last micro-batch, right after the

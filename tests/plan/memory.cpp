@@ -160,7 +160,8 @@ TEST_CASE("engine accounting pads each bucket, as parallel::bucket_plan does", "
                  sh_e = static_cast<std::uint64_t>(s.shard_elems);
       CHECK(s.weights == (z == 3 ? 0 : flat * 2));
       CHECK(s.param_shard == (z >= 1 ? sh_e * 2 : 0));
-      CHECK(s.grads == flat * 4);  // full size on every stage
+      CHECK(s.grads == (z >= 2 ? 0 : flat * 4));  // ZeRO-2/3: only the window's buckets
+      CHECK(s.reduce_staging == (z >= 2 ? pad * 4 : 0));
       CHECK(s.reduce_buffers == ((z <= 1 ? pad : 0) + (z >= 1 ? sh_e : 0)) * 4);
       CHECK(s.master == (z >= 1 ? sh_e : flat) * 4);
       CHECK(s.optimizer == (z >= 1 ? sh_e : flat) * 8);

@@ -20,7 +20,12 @@
 /// segment's place in the flat buffer unless a strategy points it elsewhere
 /// (set_segment_params; ZeRO-3 points it at a gathered copy and builds the
 /// model with `llama_options::external_params`, so no full parameter buffer
-/// exists). Gradients always go to the flat gradient buffer.
+/// exists). Gradients likewise go to `segment_grads(s)`, the segment's place
+/// in the flat gradient buffer unless a strategy points it elsewhere
+/// (set_segment_grads; ZeRO-2/3 point each segment at its bucket's gradient
+/// buffer, which lives only through the accumulation window, and build the
+/// model with `llama_options::external_grads`, so no full gradient buffer
+/// exists).
 
 #include <algorithm>
 #include <cmath>
@@ -77,6 +82,10 @@ struct llama_options {
   /// strategy must point every segment at its parameters
   /// (set_segment_params) before the model reads them (ZeRO-3).
   bool external_params = false;
+  /// Do not allocate the flat gradient buffer: grads() is null and a
+  /// strategy must point every segment at its gradients
+  /// (set_segment_grads) before a backward pass writes them (ZeRO-2/3).
+  bool external_grads = false;
 };
 
 /// Llama model over flat parameter (`param_type`) and gradient (`grad_type`)
@@ -106,11 +115,15 @@ class llama {
       params_ = tensor<Param>(shape{layout_.total()}, mr);
       params_.zero();
     }
-    grads_ = tensor<Grad>(shape{layout_.total()}, mr);
-    grads_.zero();
+    if (!opt_.external_grads) {
+      grads_ = tensor<Grad>(shape{layout_.total()}, mr);
+      grads_.zero();
+    }
     seg_params_.assign(static_cast<std::size_t>(L + 2), nullptr);
+    seg_grads_.assign(static_cast<std::size_t>(L + 2), nullptr);
     if (!opt_.external_params)
       for (int s = -1; s <= L; ++s) set_segment_params(s, params_.data() + segment_begin(s));
+    reset_segment_grads();
     const std::int64_t half = cfg_.head_dim() / 2;
     rope_cos_ = tensor<float>(shape{cfg_.max_seq, half}, mr);
     rope_sin_ = tensor<float>(shape{cfg_.max_seq, half}, mr);
@@ -124,7 +137,8 @@ class llama {
   /// nullptr with llama_options::external_params.
   Param* params() { return params_.data(); }
   const Param* params() const { return params_.data(); }
-  /// Flat gradient buffer, same offsets, grad_type.
+  /// Flat gradient buffer, same offsets, grad_type; nullptr with
+  /// llama_options::external_grads.
   Grad* grads() { return grads_.data(); }
   const Grad* grads() const { return grads_.data(); }
   std::int64_t num_params() const { return layout_.num_params(); }
@@ -144,6 +158,17 @@ class llama {
   /// owned; must stay valid and unchanged while the model reads it.
   void set_segment_params(int s, const Param* p) { seg_params_[seg(s)] = p; }
   const Param* segment_params(int s) const { return seg_params_[seg(s)]; }
+  /// Where backward accumulates (+=) segment s's parameter gradients: `g`
+  /// holds segment_end(s) - segment_begin(s) elements in flat-buffer order.
+  /// Not owned; must stay valid while a backward pass writes it.
+  void set_segment_grads(int s, Grad* g) { seg_grads_[seg(s)] = g; }
+  Grad* segment_grads(int s) const { return seg_grads_[seg(s)]; }
+  /// Points every segment back at its place in the flat gradient buffer
+  /// (nullptr with external_grads).
+  void reset_segment_grads() {
+    for (int s = first_segment(); s <= last_segment(); ++s)
+      set_segment_grads(s, grads_.empty() ? nullptr : grads_.data() + segment_begin(s));
+  }
   /// Installs per-segment hooks (nullptr: none). Not owned.
   void set_hooks(segment_hooks* h) { hooks_ = h; }
 
@@ -186,8 +211,17 @@ class llama {
     }
   }
 
-  /// Sets every gradient to zero.
-  void zero_grad() { grads_.zero(); }
+  /// Sets every gradient to zero: the flat buffer, or with external_grads
+  /// every segment whose gradients are set.
+  void zero_grad() {
+    if (!grads_.empty()) {
+      grads_.zero();
+      return;
+    }
+    for (int s = first_segment(); s <= last_segment(); ++s)
+      if (Grad* g = segment_grads(s))
+        for (std::int64_t i = 0; i < segment_end(s) - segment_begin(s); ++i) g[i] = Grad(0);
+  }
 
   /// Forward and backward of one micro-batch.
   /// tokens: (B, T+1) int32 windows; position (b, t) reads tokens[b][t] and is
@@ -205,7 +239,7 @@ class llama {
     tensor<Grad> dx(shape{N, H}, *mr_);
     kernels::ce_result r = kernels::lm_head_cross_entropy<Param, Grad>(
         final_xn_.data(), head_param("lm_head"), tokens, B, T, H, cfg_.vocab, opt_.ce_chunk,
-        dx.data(), grad("lm_head"), grad_scale, opt_.ignore_index, *mr_);
+        dx.data(), seg_grad("lm_head"), grad_scale, opt_.ignore_index, *mr_);
     backward(dx);
     return r;
   }
@@ -251,7 +285,12 @@ class llama {
     return params_.data() + layout_.at(name).offset;
   }
   /// Pointer to the gradient of `name` inside the flat gradient buffer.
-  Grad* grad(const std::string& name) { return grads_.data() + layout_.at(name).offset; }
+  /// Throws config_error with external_grads.
+  Grad* grad(const std::string& name) {
+    TESSERA_THROW_IF(grads_.empty(), config_error, "grad('", name,
+                     "'): the model has external gradients (ZeRO-2/3); no flat buffer");
+    return grads_.data() + layout_.at(name).offset;
+  }
 
  private:
   std::size_t seg(int s) const {
@@ -268,6 +307,20 @@ class llama {
     const Param* base = segment_params(s);
     TESSERA_THROW_IF(base == nullptr, error, "segment ", s, " has no parameters set (", name, ")");
     return base + (off - segment_begin(s));
+  }
+  // Gradient of parameter `name` of the embedding or head segment, via the
+  // segment table.
+  Grad* seg_grad(const std::string& name) const {
+    const std::int64_t off = layout_.at(name).offset;
+    const int s = off < segment_begin(0) ? -1 : last_segment();
+    Grad* base = segment_grads(s);
+    TESSERA_THROW_IF(base == nullptr, error, "segment ", s, " has no gradients set (", name, ")");
+    return base + (off - segment_begin(s));
+  }
+  Grad* block_grads(int l) const {
+    Grad* g = segment_grads(l);
+    TESSERA_THROW_IF(g == nullptr, error, "segment ", l, " (block ", l, ") has no gradients set");
+    return g;
   }
   const Param* block_params(int l) const {
     const Param* p = segment_params(l);
@@ -347,7 +400,7 @@ class llama {
   void backward(tensor<Grad>& dxf) {
     const std::int64_t N = B_ * T_len_, H = cfg_.dim;
     tensor<Grad> dres(shape{N, H}, *mr_);  // gradient of the residual stream
-    kernels::rmsnorm_backward<Param, Grad>(dres.data(), grad("final_norm"), dxf.data(),
+    kernels::rmsnorm_backward<Param, Grad>(dres.data(), seg_grad("final_norm"), dxf.data(),
                                            final_in_.data(), head_param("final_norm"),
                                            final_rstd_.data(), N, H, false);
     final_in_.release();
@@ -360,7 +413,7 @@ class llama {
     for (int l = static_cast<int>(cfg_.n_layers) - 1; l >= 0; --l) {
       hook(&segment_hooks::before_backward, l);
       block_backward<P>(records_[static_cast<std::size_t>(l)], dres, block_params(l),
-                        grads_.data() + segment_begin(l), blocks_[static_cast<std::size_t>(l)], d,
+                        block_grads(l), blocks_[static_cast<std::size_t>(l)], d,
                         scratch);
       records_.pop_back();
       hook(&segment_hooks::after_backward, l);
@@ -368,7 +421,7 @@ class llama {
     hook(&segment_hooks::before_backward, -1);
     for (std::int64_t row : pad_rows_)
       for (std::int64_t i = 0; i < H; ++i) dres[row * H + i] = Grad(0);
-    kernels::embedding_backward<Grad>(grad("embedding"), dres.data(), ids_.data(), N, cfg_.vocab,
+    kernels::embedding_backward<Grad>(seg_grad("embedding"), dres.data(), ids_.data(), N, cfg_.vocab,
                                       H);
     ids_.release();
     hook(&segment_hooks::after_backward, -1);
@@ -379,10 +432,11 @@ class llama {
   param_layout layout_;
   memory_resource* mr_;
   tensor<Param> params_;  // (total) flat parameters; empty with external_params
-  tensor<Grad> grads_;    // (total) flat gradients
+  tensor<Grad> grads_;    // (total) flat gradients; empty with external_grads
   tensor<float> rope_cos_, rope_sin_;
   std::vector<std::int64_t> seg_begin_;   // L+3 boundaries: segment s is [s+1], [s+2]
   std::vector<const Param*> seg_params_;  // L+2: where segment s's parameters are read
+  std::vector<Grad*> seg_grads_;          // L+2: where segment s's gradients accumulate
   segment_hooks* hooks_ = nullptr;
   std::vector<block_offsets> blocks_;  // offsets of each block's tensors in its segment
   std::vector<block_record<P>> records_;

@@ -25,6 +25,11 @@
 /// What a strategy may do in each (seed 004, "ZeRO and FSDP"):
 ///   before_*(s): make segment s's parameters readable and point the model at
 ///                them (llama::set_segment_params); ZeRO-3 all-gathers here.
+///                Before the backward writes segment s's gradients (its
+///                before_backward, or the head's before_forward when a
+///                backward follows), a strategy may point the model at
+///                where they accumulate (llama::set_segment_grads); ZeRO-2/3
+///                allocate the bucket's gradient buffer here.
 ///   after_forward(s): the parameters of s are not needed until its backward
 ///                (ZeRO-3 frees its gathered copy).
 ///   after_backward(s): every gradient of segment s for this micro-batch is

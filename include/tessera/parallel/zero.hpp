@@ -31,14 +31,24 @@
 ///            copy of the shard (Psi/N), reduced-gradient shard (Psi/N R),
 ///            persistent staging; buckets are reduce-scattered, the updated
 ///            shard all-gathered.
-///   zero<2>: as zero<1>, but each bucket's staging buffer lives only from its
-///            reduction's start to finish_gradients().
+///   zero<2>: as zero<1>, but no full gradient buffer and no staging buffer
+///            between steps: only the reduced-gradient shard. Each bucket's
+///            full-size (padded) gradient buffer exists only during the
+///            accumulation window: allocated, zeroed, when the window's
+///            first backward reaches the bucket, the model pointed at it
+///            (llama::set_segment_grads; build the model with
+///            llama_options::external_grads), accumulated over the window's
+///            micro-batches (no_sync, as FSDP's), reduce-scattered from in
+///            place on the last micro-batch as soon as the bucket is
+///            complete, and freed as soon as that reduce-scatter completes
+///            (tested after every later hook, waited for at the latest in
+///            finish_gradients()).
 ///   zero<3>: as zero<2>, and no full parameter buffer: every segment (one
 ///            bucket each) is all-gathered before its forward and again
 ///            before its backward, freed after use, the next segment's gather
 ///            issued before the current one computes (prefetch).
-///   Under accumulation the local gradient buffer is full size on every
-///   stage (it sums the window's micro-batches before the one reduction).
+///   On zero<0,1> the model's gradient buffer is full size and persistent
+///   (it sums the window's micro-batches before the one reduction).
 ///
 /// Communication per optimizer step and rank, ring formulas of
 /// comm/communicator.hpp, N ranks, P_k padded bucket sizes, A micro-batches:
@@ -132,8 +142,13 @@ class data_parallel final : public nn::segment_hooks {
   /// the optimizer (and, under zero<3>, the parameter shard from `seed`).
   /// Preconditions: under zero<0..2> the model's weights are initialised,
   /// the same on every rank (init_weights(seed)); under zero<3> the model was
-  /// built with llama_options::external_params. Throws config_error naming
-  /// the values if the model's parameter storage does not match the stage.
+  /// built with llama_options::external_params. Under zero<2,3> the model
+  /// should be built with llama_options::external_grads (else its flat
+  /// gradient buffer stays allocated, unused: the engine points every
+  /// segment's gradients at its bucket buffers until it is destroyed, then
+  /// back). Throws config_error naming the values if the model's parameter
+  /// storage does not match the stage, or zero<0,1> get a model without a
+  /// gradient buffer.
   data_parallel(model_type& model, C& comm, optim::adamw_config adamw, std::uint64_t seed,
                 data_parallel_options opt = {}, memory_resource& mr = host::default_resource())
       : model_(&model),
@@ -150,7 +165,11 @@ class data_parallel final : public nn::segment_hooks {
       staging_ = tensor<Reduce>(shape{plan_.staging_size()}, mr);
       staging_.zero();
     } else {
-      transient_.resize(nb);
+      // Gradients go to the window buffers only (a model built without
+      // external_grads keeps an unused flat buffer).
+      window_.resize(nb);
+      for (int t = model.first_segment(); t <= model.last_segment(); ++t)
+        model.set_segment_grads(t, nullptr);
     }
     if constexpr (S::shards_optimizer_state) {
       shard_grads_ = tensor<Reduce>(shape{plan_.shard_size()}, mr);
@@ -182,6 +201,10 @@ class data_parallel final : public nn::segment_hooks {
         if (g.req) g.req->wait();
     } catch (...) {
     }
+    if constexpr (S::shards_gradients) {
+      release_window();
+      model_->reset_segment_grads();
+    }
     model_->set_hooks(nullptr);
   }
   data_parallel(const data_parallel&) = delete;
@@ -208,6 +231,17 @@ class data_parallel final : public nn::segment_hooks {
   /// zero<3>: the most segments held at once since begin_step(): 2 with
   /// prefetch (the one computing and the next one arriving), 1 without.
   std::size_t max_segments_held() const { return max_held_; }
+  /// zero<2,3>: bucket gradient buffers allocated now (0 between steps:
+  /// each is freed once its reduce-scatter completes).
+  std::size_t grad_buckets_held() const {
+    std::size_t n = 0;
+    for (const auto& w : window_) n += !w.grads.empty() || !w.send.empty();
+    return n;
+  }
+  /// zero<2,3>: the most bucket gradient buffers held at once since
+  /// begin_step() (every bucket under accumulation: the window's no_sync
+  /// micro-batches fill them all).
+  std::size_t max_grad_buckets_held() const { return max_window_; }
   /// Bytes this engine keeps allocated between steps (staging, reduced
   /// gradient shard, parameter shard, optimizer state).
   std::size_t persistent_bytes() const {
@@ -220,6 +254,10 @@ class data_parallel final : public nn::segment_hooks {
                      " reductions of the previous step were never waited for");
     events_.clear();
     max_held_ = held_;
+    if constexpr (S::shards_gradients) {
+      release_window();  // what an abandoned window left
+      max_window_ = 0;
+    }
   }
   /// Before micro-batch `a` (0-based) of the step's forward_backward:
   /// `sync` (true only on the window's last micro-batch) lets buckets reduce
@@ -238,12 +276,14 @@ class data_parallel final : public nn::segment_hooks {
 
   /// Waits for every bucket reduction of the step (in issue order).
   /// zero<0> copies the all-reduced buckets back into the model's gradient
-  /// buffer; zero<2,3> free the transient staging buffers. Throws
+  /// buffer; zero<2,3> have freed every bucket gradient buffer when it
+  /// returns (each as soon as its reduce-scatter completed). Throws
   /// tessera::error if not every bucket was reduced exactly once (the model
   /// ran without this engine's hooks, or no micro-batch had sync set), and
   /// comm_error from a failed collective.
   void finish_gradients() {
     drain();
+    if constexpr (S::shards_gradients) release_window();
     TESSERA_THROW_IF(events_.size() != plan_.size(), error, "finish_gradients: ", events_.size(),
                      " bucket reductions this step, expected exactly ", plan_.size(),
                      " (one per bucket; was begin_micro_batch(a, sync=true) called on the last "
@@ -255,8 +295,6 @@ class data_parallel final : public nn::segment_hooks {
         for (std::int64_t i = 0; i < b.numel(); ++i) g[b.begin + i] = to<Grad>(src[i]);
       }
     }
-    if constexpr (S::shards_gradients)
-      for (auto& t : transient_) t.release();
   }
 
   /// Sum of squares of the reduced gradient over every element of every
@@ -303,6 +341,10 @@ class data_parallel final : public nn::segment_hooks {
 
   // ---- segment hooks (nn/segment_hooks.hpp) ----
   void before_forward(int s) override {
+    // The head's forward and backward are fused: its gradients are written
+    // before its after_backward with no before_backward.
+    if constexpr (S::shards_gradients)
+      if (backward_follows_ && s == model_->last_segment()) open_bucket(s);
     if constexpr (S::shards_parameters) {
       acquire(s);
       if (opt_.prefetch) {
@@ -319,6 +361,7 @@ class data_parallel final : public nn::segment_hooks {
     poll();
   }
   void before_backward(int s) override {
+    if constexpr (S::shards_gradients) open_bucket(s);
     if constexpr (S::shards_parameters) {
       acquire(s);
       if (opt_.prefetch && s - 1 >= model_->first_segment()) issue_gather(s - 1);
@@ -331,7 +374,7 @@ class data_parallel final : public nn::segment_hooks {
       const int k = plan_.bucket_of_segment(s);
       if (plan_.buckets()[static_cast<std::size_t>(k)].first_segment == s) launch(k, s);
     }
-    poll();
+    poll();  // tests every reduction issued so far, the new one included
   }
 
  private:
@@ -342,6 +385,17 @@ class data_parallel final : public nn::segment_hooks {
     std::optional<request> req;
     bool ready = false;
   };
+  // zero<2,3>: one bucket's gradients during the accumulation window.
+  struct window_bucket {
+    // (padded if Grad is Reduce, else numel) the bucket's gradients in flat
+    // order; with Grad == Reduce also the reduce-scatter's send buffer.
+    tensor<Grad> grads;
+    tensor<Reduce> send;  // Grad != Reduce: (padded) the converted send buffer
+  };
+  struct pending_reduction {
+    int bucket;
+    request req;
+  };
 
   static data_parallel_options checked(data_parallel_options o, const model_type& m) {
     o.validate();
@@ -350,6 +404,8 @@ class data_parallel final : public nn::segment_hooks {
                      "llama_options::external_params = true");
     TESSERA_THROW_IF(!S::shards_parameters && m.params() == nullptr, config_error, S::name,
                      " needs the model's full parameter buffer (external_params = false)");
+    TESSERA_THROW_IF(!S::shards_gradients && m.grads() == nullptr, config_error, S::name,
+                     " needs the model's full gradient buffer (external_grads = false)");
     return o;
   }
   static std::vector<segment_range> segments(const model_type& m) {
@@ -374,45 +430,103 @@ class data_parallel final : public nn::segment_hooks {
       return staging_.data() + b.staging_offset + plan_.rank() * b.chunk;
   }
 
-  // Copies bucket k's local gradients into its padded staging buffer and
-  // starts its reduction.
+  // zero<2,3>: makes sure the bucket holding segment s has its window
+  // gradient buffer (allocated zeroed on the window's first backward to
+  // reach it) and points the model's segments of the bucket at it.
+  void open_bucket(int s) {
+    const int k = plan_.bucket_of_segment(s);
+    window_bucket& w = window_[static_cast<std::size_t>(k)];
+    if (!w.grads.empty() || !w.send.empty()) return;  // open, or reducing
+    const bucket& b = plan_.buckets()[static_cast<std::size_t>(k)];
+    w.grads = tensor<Grad>(shape{std::is_same_v<Grad, Reduce> ? b.padded : b.numel()}, *mr_);
+    w.grads.zero();
+    for (int t = b.first_segment; t <= b.last_segment; ++t)
+      model_->set_segment_grads(t, w.grads.data() + (model_->segment_begin(t) - b.begin));
+    std::size_t open = 0;
+    for (const auto& x : window_) open += !x.grads.empty() || !x.send.empty();
+    max_window_ = std::max(max_window_, open);
+  }
+  // zero<2,3>: frees bucket k's window buffers (its reduction is complete or
+  // was never started) and unpoints the model's segments.
+  void close_bucket(int k) {
+    window_bucket& w = window_[static_cast<std::size_t>(k)];
+    const bucket& b = plan_.buckets()[static_cast<std::size_t>(k)];
+    for (int t = b.first_segment; t <= b.last_segment; ++t) model_->set_segment_grads(t, nullptr);
+    w.grads.release();
+    w.send.release();
+  }
+  // zero<2,3>: frees every window buffer. Precondition: no reduction pending.
+  void release_window() {
+    for (std::size_t k = 0; k < window_.size(); ++k) close_bucket(static_cast<int>(k));
+  }
+
+  // Starts bucket k's reduction. zero<0,1>: copies the model's gradients of
+  // the bucket into its padded staging buffer. zero<2,3>: reduce-scatters
+  // the bucket's window buffer in place (converted first when Grad is not
+  // Reduce), which is freed once the reduction completes.
   void launch(int k, int after_segment) {
     const bucket& b = plan_.buckets()[static_cast<std::size_t>(k)];
     Reduce* buf;
     if constexpr (S::shards_gradients) {
-      auto& t = transient_[static_cast<std::size_t>(k)];
-      t = tensor<Reduce>(shape{b.padded}, *mr_);
-      buf = t.data();
+      window_bucket& w = window_[static_cast<std::size_t>(k)];
+      TESSERA_THROW_IF(w.grads.empty(), error, "bucket ", k,
+                       " has no gradient buffer at its reduction (no backward reached it)");
+      for (int t = b.first_segment; t <= b.last_segment; ++t)
+        model_->set_segment_grads(t, nullptr);
+      if constexpr (std::is_same_v<Grad, Reduce>) {
+        buf = w.grads.data();  // padding zero since allocation
+      } else {
+        w.send = tensor<Reduce>(shape{b.padded}, *mr_);
+        buf = w.send.data();
+        for (std::int64_t i = 0; i < b.numel(); ++i) buf[i] = to<Reduce>(w.grads[i]);
+        for (std::int64_t i = b.numel(); i < b.padded; ++i) buf[i] = Reduce(0);
+        w.grads.release();
+      }
     } else {
       buf = staging_.data() + b.staging_offset;
+      const Grad* g = model_->grads() + b.begin;
+      if constexpr (std::is_same_v<Grad, Reduce>)
+        std::memcpy(buf, g, sizeof(Reduce) * static_cast<std::size_t>(b.numel()));
+      else
+        for (std::int64_t i = 0; i < b.numel(); ++i) buf[i] = to<Reduce>(g[i]);
+      for (std::int64_t i = b.numel(); i < b.padded; ++i) buf[i] = Reduce(0);
     }
-    const Grad* g = model_->grads() + b.begin;
-    if constexpr (std::is_same_v<Grad, Reduce>)
-      std::memcpy(buf, g, sizeof(Reduce) * static_cast<std::size_t>(b.numel()));
-    else
-      for (std::int64_t i = 0; i < b.numel(); ++i) buf[i] = to<Reduce>(g[i]);
-    for (std::int64_t i = b.numel(); i < b.padded; ++i) buf[i] = Reduce(0);
     if constexpr (S::shards_optimizer_state)
-      pending_.push_back(comm_->ireduce_scatter(buf, shard_grads_.data() + b.shard_offset,
-                                                static_cast<std::size_t>(b.chunk),
-                                                comm::reduce_op::sum));
+      pending_.push_back({k, comm_->ireduce_scatter(buf, shard_grads_.data() + b.shard_offset,
+                                                    static_cast<std::size_t>(b.chunk),
+                                                    comm::reduce_op::sum)});
     else
       pending_.push_back(
-          comm_->iall_reduce(buf, static_cast<std::size_t>(b.padded), comm::reduce_op::sum));
+          {k, comm_->iall_reduce(buf, static_cast<std::size_t>(b.padded), comm::reduce_op::sum)});
     ++reductions_[static_cast<std::size_t>(k)];
     events_.push_back({k, micro_, after_segment});
   }
 
   // Lets the communicator progress (MPI advances nonblocking collectives
-  // only inside MPI calls).
+  // only inside MPI calls). zero<2,3>: a completed reduction's window buffer
+  // is freed at once (wait() rethrows its error, if any).
   void poll() {
-    for (auto& r : pending_) (void)r.test();
+    if constexpr (S::shards_gradients) {
+      for (auto it = pending_.begin(); it != pending_.end();) {
+        if (it->req.test()) {
+          pending_reduction p = std::move(*it);
+          it = pending_.erase(it);
+          p.req.wait();
+          close_bucket(p.bucket);
+        } else {
+          ++it;
+        }
+      }
+    } else {
+      for (auto& p : pending_) (void)p.req.test();
+    }
   }
   void drain() {
     while (!pending_.empty()) {
-      request r = std::move(pending_.front());
+      pending_reduction p = std::move(pending_.front());
       pending_.pop_front();
-      r.wait();
+      p.req.wait();
+      if constexpr (S::shards_gradients) close_bucket(p.bucket);
     }
   }
 
@@ -485,14 +599,15 @@ class data_parallel final : public nn::segment_hooks {
   bucket_plan plan_;
   optimizer_type adamw_;
   tensor<Reduce> staging_;                  // zero<0,1>: (staging_size) padded buckets
-  std::vector<tensor<Reduce>> transient_;   // zero<2,3>: bucket k's staging while it reduces
+  std::vector<window_bucket> window_;       // zero<2,3>: bucket k's gradients in the window
   tensor<Reduce> shard_grads_;              // zero>=1: (shard_size) reduced gradient shard
   tensor<Param> shard_params_;              // zero>=1: (shard_size) parameter shard
   std::vector<gathered_segment> gathered_;  // zero<3>: per bucket (= segment)
-  std::deque<request> pending_;
+  std::deque<pending_reduction> pending_;
   std::vector<std::int64_t> reductions_;
   std::vector<reduction_event> events_;
   std::size_t held_ = 0, max_held_ = 0;  // zero<3>: gathered segments allocated
+  std::size_t max_window_ = 0;           // zero<2,3>: most window buffers at once
   std::int64_t micro_ = 0;
   bool sync_ = false;
   bool backward_follows_ = false;

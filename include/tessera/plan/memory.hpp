@@ -16,11 +16,13 @@
 ///   (parallel/zero.hpp) and its trainer allocate on each rank. Buckets come
 ///   from parallel::bucket_plan (parallel/buckets.hpp), each padded to dp
 ///   equal chunks of a multiple of parallel::chunk_align elements; a shard is
-///   the sum of this rank's chunks. The model's gradient buffer is full size
-///   on every stage (it sums the accumulation window's micro-batches before
-///   the step's one reduction); ZeRO-1..3 add a reduced-gradient shard and a
-///   parameter shard, ZeRO-0/1 a persistent padded staging buffer, ZeRO-3
-///   keeps no full parameter buffer. tests/parallel/memory.cpp holds these
+///   the sum of this rank's chunks. On ZeRO-0/1 the model's gradient buffer
+///   is full size and persistent (it sums the accumulation window's
+///   micro-batches before the step's one reduction), with a persistent
+///   padded staging buffer; ZeRO-1..3 add a reduced-gradient shard and a
+///   parameter shard; ZeRO-2/3 keep no full gradient buffer between steps,
+///   only each bucket's padded gradient buffer during the accumulation
+///   window (a transient); ZeRO-3 keeps no full parameter buffer. tests/parallel/memory.cpp holds these
 ///   figures against each rank's allocator.
 /// - `ideal`: the textbook formula of ZeRO (Rajbhandari et al. 2020, "ZeRO:
 ///   Memory Optimizations Toward Training Trillion Parameter Models",
@@ -187,8 +189,8 @@ struct state_plan {
   /// Engine ZeRO-1..3: this rank's parameter shard in param_type (shard_elems),
   /// the copy AdamW updates and the all-gathers send.
   std::uint64_t param_shard = 0;
-  /// The model's gradient buffer in grad_type: engine, flat_elems on every
-  /// stage; ideal, a shard on ZeRO-2/3.
+  /// The model's gradient buffer in grad_type: engine, flat_elems on
+  /// ZeRO-0/1 and none on 2/3 (see reduce_staging); ideal, a shard on ZeRO-2/3.
   std::uint64_t grads = 0;
   /// Engine, in the reduce type: the persistent padded staging buffer on
   /// ZeRO-0/1 (padded_elems) plus the reduced-gradient shard on ZeRO-1..3
@@ -202,10 +204,14 @@ struct state_plan {
   /// its neighbour (the largest adjacent pair); ideal: (1 + prefetch)
   /// gathered units plus one unit's unsharded gradient in grad_type.
   std::uint64_t gathered = 0;
-  /// Engine ZeRO-2/3 transient: each bucket's padded send buffer in the
-  /// reduce type, allocated when its reduction starts on the last
-  /// micro-batch's backward and freed by finish_gradients(); all of them
-  /// (padded_elems) at the end of backward.
+  /// Engine ZeRO-2/3 transient: each bucket's gradient buffer of the
+  /// accumulation window, padded, in grad_type (= the reduce type, the
+  /// reduce-scatter's send buffer), allocated when the window's first
+  /// backward reaches the bucket and freed when its reduce-scatter on the
+  /// last micro-batch completes; all of them (padded_elems) once the first
+  /// micro-batch's backward ends (with accumulation; a bound without). If
+  /// grad_type and the reduce type differ: flat_elems grad_type plus
+  /// padded_elems reduce type (a bound: the conversion buffers).
   std::uint64_t reduce_staging = 0;
   /// Engine ZeRO-1/2 transient: the all-gather destination of the updated
   /// shards in step() (padded_elems param_type), after the activations and
@@ -286,12 +292,13 @@ inline state_plan plan_state(const nn::llama_config& c, const dtype_sizes& d,
              shard = static_cast<std::uint64_t>(s.shard_elems);
   s.weights = sh.zero >= 3 ? 0 : flat * d.param;
   s.param_shard = sh.zero >= 1 ? shard * d.param : 0;
-  s.grads = flat * d.grad;
+  s.grads = sh.zero >= 2 ? 0 : flat * d.grad;
   s.reduce_buffers = ((sh.zero <= 1 ? padded : 0) + (sh.zero >= 1 ? shard : 0)) * d.reduce;
   const std::uint64_t opt_elems = sh.zero >= 1 ? shard : flat;
   s.master = d.master_copy ? opt_elems * d.master : 0;
   s.optimizer = opt_elems * d.master * static_cast<std::uint64_t>(o.moments);
-  if (sh.zero >= 2) s.reduce_staging = padded * d.reduce;
+  if (sh.zero >= 2)
+    s.reduce_staging = d.grad == d.reduce ? padded * d.grad : flat * d.grad + padded * d.reduce;
   if (sh.zero == 1 || sh.zero == 2) s.update_gather = padded * d.param;
   if (sh.zero >= 3) {
     // One bucket per segment, bucket k = segment L - k (buckets run from the head down).

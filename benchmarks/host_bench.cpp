@@ -127,9 +127,10 @@ int main(int argc, char** argv) {
     std::vector<float> out(q.size()), lse(B * nh * S), dq(q.size()), dk(k.size()), dv(v.size());
     const double f_fwd = 4.0 * B * nh * hd * S * S / 2, f_bwd = 2.5 * f_fwd;
     double s = best_seconds([&] { kernels::attention_forward<float>(out.data(), lse.data(), q.data(), k.data(), v.data(), B, S, nh, nkv, hd); }, reps);
-    rows.push_back({"attention fwd", "B16 S128 nh8 nkv4 hd32", "float32", s, f_fwd, f_fwd / s, f_fwd / s / peak});
+    const std::string shp = "B16 S128 nh" + std::to_string(nh) + " nkv" + std::to_string(nkv) + " hd" + std::to_string(hd);
+    rows.push_back({"attention fwd", shp, "float32", s, f_fwd, f_fwd / s, f_fwd / s / peak});
     s = best_seconds([&] { kernels::attention_backward<float, float>(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(), out.data(), lse.data(), B, S, nh, nkv, hd); }, reps);
-    rows.push_back({"attention bwd", "B16 S128 nh8 nkv4 hd32", "float32", s, f_bwd, f_bwd / s, f_bwd / s / peak});
+    rows.push_back({"attention bwd", shp, "float32", s, f_bwd, f_bwd / s, f_bwd / s / peak});
   }
   {  // fused LM head + cross-entropy
     const std::int64_t B = 16, S = 128, H = sm.dim, V = sm.vocab;
@@ -140,7 +141,7 @@ int main(int argc, char** argv) {
     std::vector<float> dx(B * S * H), dw(V * H, 0.f);
     const double f = 6.0 * B * S * H * V;
     double s = best_seconds([&] { kernels::lm_head_cross_entropy<float, float>(x.data(), w.data(), tok.data(), B, S, H, V, 256, dx.data(), dw.data(), 1.0f / (B * S)); }, reps);
-    rows.push_back({"lm_head+CE fwd+bwd", "B16 S128 H256 V256", "float32", s, f, f / s, f / s / peak});
+    rows.push_back({"lm_head+CE fwd+bwd", "B16 S128 H" + std::to_string(H) + " V" + std::to_string(V), "float32", s, f, f / s, f / s / peak});
   }
   // One optimizer step of the small preset on a synthetic token file.
   double step_s = 0, step_mfu = 0, step_tps = 0, step_loss = 0;

@@ -42,12 +42,13 @@ struct options {
   int dp = 8, zero = 3, prefetch = 1;
   std::int64_t micro_batch = 1, seq = 4096, micro_batches = 1, ce_chunk = 256;
   int threads = 1;
-  std::size_t reduce_bytes = 0;  // 0: the precision's reduce type
+  std::int64_t reduce_bytes = 0;  // 0: the precision's reduce type
   double bucket_mb = 25;         // engine bucket capacity, MB of the reduce type
   std::string accounting = "engine";
   double memory_gib = 141.0;   // one H200
   double peak_tflops = 989.0;  // H200 dense bf16 (NVIDIA datasheet, without sparsity)
   double step_seconds = 0;     // optional: measured step time, for MFU
+  bool step_seconds_given = false;
   bool json = false, seed004 = false;
 };
 
@@ -88,20 +89,26 @@ int run(const options& o) {
   const plan::sharding sh{o.zero, o.dp, o.prefetch,
                           std::max<std::int64_t>(1, std::llround(o.bucket_mb * 1e6))};
   sh.validate();
-  const std::size_t reduce_bytes = o.reduce_bytes ? o.reduce_bytes : d.reduce;
+  const std::int64_t reduce_bytes = o.reduce_bytes ? o.reduce_bytes : static_cast<std::int64_t>(d.reduce);
   TESSERA_THROW_IF(o.micro_batches < 1, config_error, "micro-batches=", o.micro_batches,
                    " must be >= 1");
   TESSERA_THROW_IF(reduce_bytes != 2 && reduce_bytes != 4 && reduce_bytes != 8, config_error,
                    "reduce-bytes=", reduce_bytes, " must be 2, 4 or 8");
   TESSERA_THROW_IF(!(o.memory_gib > 0), config_error, "memory-gib=", o.memory_gib, " must be > 0");
+  TESSERA_THROW_IF(!(o.peak_tflops > 0), config_error, "peak-tflops=", o.peak_tflops, " must be > 0");
+  TESSERA_THROW_IF(o.step_seconds < 0 || (o.step_seconds_given && !(o.step_seconds > 0)), config_error,
+                   "step-seconds=", o.step_seconds, " must be > 0");
+  TESSERA_THROW_IF(o.prefetch < 0 || o.prefetch > cfg.n_layers, config_error, "prefetch=",
+                   o.prefetch, " must be in [0, ", cfg.n_layers, "] (the model's blocks)");
   plan::activation_options ao{o.micro_batch, o.seq, {}, o.threads};
   ao.model.ce_chunk = o.ce_chunk;
   TESSERA_THROW_IF(o.ce_chunk < 1, config_error, "ce-chunk=", o.ce_chunk, " must be >= 1");
   TESSERA_THROW_IF(o.seq < 1, config_error, "sequence length T=", o.seq, " must be >= 1");
   auto dr = d;
-  dr.reduce = reduce_bytes;
+  dr.reduce = static_cast<std::size_t>(reduce_bytes);
   const auto mem = plan::plan_memory(cfg, dr, plan::optimizer_spec::adamw(), sh, ao, mode);
-  const auto comm = plan::plan_comm(cfg, sh, {reduce_bytes, d.param, o.micro_batches, 0}, mode);
+  const auto comm =
+      plan::plan_comm(cfg, sh, {static_cast<std::size_t>(reduce_bytes), d.param, o.micro_batches, 0}, mode);
   const auto flops = plan::plan_flops(cfg, o.micro_batch, o.seq, o.micro_batches, o.dp);
 
   // Check before reporting: the persistent rows add up to their subtotal,
@@ -197,6 +204,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "plan: error: %s\n", e.what());
     return 2;
   }
+  o.step_seconds_given = app.count("--step-seconds") > 0;
   try {
     if (o.seed004) return print_seed004();
     return run(o);

@@ -66,8 +66,14 @@ int run(const std::vector<std::string>& inputs, const std::string& out_path, boo
   TESSERA_THROW_IF(::access(dir.c_str(), W_OK | X_OK) != 0, tessera::config_error,
                    "output directory '", dir.string(), "' of '", out_path,
                    "' is not writable: ", std::strerror(errno));
+  TESSERA_THROW_IF(out_path.empty(), tessera::config_error, "output path is empty; give -o corpus.tok");
   TESSERA_THROW_IF(fs::is_directory(out_path), tessera::config_error, "output '", out_path,
                    "' is a directory; give a file name such as corpus.tok");
+  for (const auto& in : inputs) {
+    std::error_code ec;
+    TESSERA_THROW_IF(fs::exists(out_path) && fs::equivalent(in, out_path, ec), tessera::config_error,
+                     "output '", out_path, "' is the input '", in, "'; it would be overwritten");
+  }
 
   std::string text;
   std::size_t bytes_in = 0;
@@ -77,6 +83,9 @@ int run(const std::vector<std::string>& inputs, const std::string& out_path, boo
                      "' is a directory, not a text file");
     text.clear();
     append_file(in, text);
+    const std::size_t bad = tessera::data::first_invalid_utf8(text);
+    TESSERA_THROW_IF(bad != std::string::npos, tessera::config_error, "input '", in,
+                     "' is not UTF-8 text (invalid byte at offset ", bad, " of ", text.size(), ")");
     bytes_in += text.size();
     const auto t = byte_tokenizer::encode(text);
     tokens.insert(tokens.end(), t.begin(), t.end());

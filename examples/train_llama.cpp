@@ -25,6 +25,7 @@
 #include <omp.h>
 
 #include <CLI/CLI.hpp>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -72,7 +73,7 @@ struct options {
   std::string comm = "auto";  // local, mpi, or auto (mpi under mpirun, else local)
   double bucket_mb = 25;      // gradient bucket size of the data-parallel path
   // Overrides of the preset's sizes (0: keep the preset's value).
-  std::int64_t dim = 0, layers = 0, heads = 0, kv_heads = 0, ffn = 0;
+  std::optional<std::int64_t> dim, layers, heads, kv_heads, ffn;
 };
 
 // Files and folders this run created, removed again if it fails on bad input.
@@ -93,8 +94,8 @@ bool is_token_file(const fs::path& p) {
   return in.gcount() == 8 && std::string(m, 8) == data::token_file_magic;
 }
 
-// Returns a token file path for `data`: the file itself, or (for text) a
-// byte-tokenized copy in the output folder, made once.
+// Returns a token file path for `data`: the file itself, or (for UTF-8 text)
+// a byte-tokenized copy in the output folder.
 fs::path prepare_tokens(const fs::path& data, const fs::path& out, created_paths& created) {
   std::error_code ec;
   TESSERA_THROW_IF(!fs::exists(data, ec), io_error, "data file '", data.string(), "' does not exist");
@@ -103,12 +104,19 @@ fs::path prepare_tokens(const fs::path& data, const fs::path& out, created_paths
   std::ifstream probe(data, std::ios::binary);
   TESSERA_THROW_IF(!probe, io_error, "data file '", data.string(), "' is not readable");
   if (is_token_file(data)) return data;
+  // Text: byte-tokenized into the output folder on every run (2.5 MB takes
+  // milliseconds), so a cached file can never stand in for different text.
   const fs::path tok = out / (data.stem().string() + ".tok");
-  if (fs::exists(tok) && fs::last_write_time(tok) >= fs::last_write_time(data)) return tok;
   std::string text((std::istreambuf_iterator<char>(probe)), std::istreambuf_iterator<char>());
   TESSERA_THROW_IF(text.empty(), io_error, "data file '", data.string(), "' is empty");
+  const std::size_t bad = data::first_invalid_utf8(text);
+  TESSERA_THROW_IF(bad != std::string::npos, io_error, "data file '", data.string(),
+                   "' is neither a tessera token file nor UTF-8 text (invalid UTF-8 at byte ", bad,
+                   " of ", text.size(), ")");
+  const bool existed = fs::exists(tok);
   auto tokens = data::byte_tokenizer::encode(text);
   data::write_token_file(tok, tokens, data::byte_tokenizer::vocab_size, data::token_dtype::u16);
+  if (existed) return tok;
   created.paths.push_back(tok);
   return tok;
 }
@@ -144,11 +152,11 @@ template <precision::policy P>
 int run(options& o, const fs::path& tok_path, created_paths& created) {
   data::token_file data(tok_path);
   nn::llama_config mc = nn::llama_config::from_name(o.preset);
-  if (o.dim) mc.dim = o.dim;
-  if (o.layers) mc.n_layers = o.layers;
-  if (o.heads) mc.n_heads = o.heads;
-  if (o.kv_heads) mc.n_kv_heads = o.kv_heads;
-  if (o.ffn) mc.ffn_dim = o.ffn;
+  if (o.dim) mc.dim = *o.dim;
+  if (o.layers) mc.n_layers = *o.layers;
+  if (o.heads) mc.n_heads = *o.heads;
+  if (o.kv_heads) mc.n_kv_heads = *o.kv_heads;
+  if (o.ffn) mc.ffn_dim = *o.ffn;
   train::trainer<P> tr(mc, o.cfg, data);  // validates everything before any output
 
   const fs::path out(o.out);
@@ -221,6 +229,12 @@ int run(options& o, const fs::path& tok_path, created_paths& created) {
   if (last_val && o.baseline)
     std::printf(" (4-gram %.4f: %s)", *o.baseline, *last_val < *o.baseline ? "beaten" : "NOT beaten");
   std::printf("\ntrain_llama: checkpoint %s, metrics %s\n", ckpt.c_str(), metrics_path.c_str());
+  if (last_val && !std::isfinite(*last_val)) {
+    // Check the result before reporting success: a diverged run is a failure.
+    std::fprintf(stderr, "train_llama: training diverged: final validation loss %f (lr %g)\n",
+                 *last_val, o.cfg.lr);
+    return 1;
+  }
   if (o.sample_bytes > 0) {
     auto ids = data::byte_tokenizer::encode(o.prompt);
     std::vector<std::int32_t> prompt(ids.begin(), ids.end());
@@ -247,11 +261,11 @@ int run_dp_rank(options& o, const fs::path& tok_path, created_paths& created, Co
   const bool lead = comm.rank() == 0;
   data::token_file data(tok_path);
   nn::llama_config mc = nn::llama_config::from_name(o.preset);
-  if (o.dim) mc.dim = o.dim;
-  if (o.layers) mc.n_layers = o.layers;
-  if (o.heads) mc.n_heads = o.heads;
-  if (o.kv_heads) mc.n_kv_heads = o.kv_heads;
-  if (o.ffn) mc.ffn_dim = o.ffn;
+  if (o.dim) mc.dim = *o.dim;
+  if (o.layers) mc.n_layers = *o.layers;
+  if (o.heads) mc.n_heads = *o.heads;
+  if (o.kv_heads) mc.n_kv_heads = *o.kv_heads;
+  if (o.ffn) mc.ffn_dim = *o.ffn;
   o.cfg.dp = o.dp;
   // Validates everything (dp against the world size, G against dp x B) before any output.
   parallel::data_parallel_options dpo;
@@ -453,6 +467,16 @@ int main(int argc, char** argv) {
   if (app.count("--warmup") == 0 && o.cfg.warmup >= o.cfg.steps) o.cfg.warmup = o.cfg.steps / 10;
   created_paths created;
   try {
+    TESSERA_THROW_IF(!(o.cfg.lr > 0 && o.cfg.lr <= 1), config_error, "lr=", o.cfg.lr,
+                     " must be in (0, 1]");
+    TESSERA_THROW_IF(o.sample_bytes < 0 || o.sample_bytes > 100000, config_error, "--sample-bytes ",
+                     o.sample_bytes, " must be in [0, 100000]");
+    TESSERA_THROW_IF(o.sample_bytes > 0 && o.prompt.empty(), config_error,
+                     "--prompt is empty; generation needs at least one byte of prompt");
+    TESSERA_THROW_IF(o.checkpoint_every < 0, config_error, "--checkpoint-every ", o.checkpoint_every,
+                     " must be >= 0 (0: only at the end)");
+    TESSERA_THROW_IF(!(o.cfg.grad_clip >= 0), config_error, "--grad-clip ", o.cfg.grad_clip,
+                     " must be >= 0 (0: off)");
     TESSERA_THROW_IF(o.dp < 1, config_error, "dp=", o.dp, " must be >= 1");
     TESSERA_THROW_IF(o.zero < 0 || o.zero > 3, config_error, "--zero ", o.zero,
                      " is not a ZeRO stage (valid: 0, 1, 2, 3)");

@@ -13,7 +13,10 @@ cmake --build --preset host --target train_llama tokenize -j "$(nproc)" >/dev/nu
 build/host/examples/train_llama "$@"
 out=runs/main
 for ((i = 1; i <= $#; i++)); do
-  if [ "${!i}" = "--out" ]; then j=$((i + 1)); out="${!j}"; fi
+  case "${!i}" in
+    --out) j=$((i + 1)); out="${!j}" ;;
+    --out=*) out="${!i#--out=}" ;;
+  esac
 done
 if [ -f "$out/metrics.jsonl" ]; then
   /usr/bin/python3 scripts/plot_loss.py "$out/metrics.jsonl" -o "$out/loss.png" || true

@@ -40,6 +40,14 @@ expect "G not divisible by dp x B" "G=16 is not divisible by micro-batch B=2 x d
 expect "not a ZeRO stage" "zero 5 is not a ZeRO stage" "$train" --zero 5 "${common[@]}"
 expect "dp of zero" "dp=0" "$train" --dp 0 "${common[@]}"
 expect "sharded checkpoint resume" "sharded checkpoints are not supported" "$train" --dp 2 --zero 1 --micro-batch 8 --resume "$work/ck" "${common[@]}"
+expect "dim override of zero" "dim=0" "$train" --dim 0 "${common[@]}"
+expect "lr not finite" "lr=inf" "$train" --lr inf "${common[@]}"
+expect "empty prompt" "prompt is empty" "$train" --prompt "" --sample-bytes 10 --out "$work/out" --no-baseline --steps 2
+head -c 4096 /dev/urandom > "$work/random.bin"
+expect "binary data offered as text" "UTF-8" "$train" --data "$work/random.bin" "${common[@]}"
+expect "tokenize: binary input" "not UTF-8" "$tok" "$work/random.bin" -o "$work/out.tok"
+cp "$work/short.txt" "$work/same.txt"
+expect "tokenize: output is the input" "is the input" "$tok" "$work/same.txt" -o "$work/same.txt"
 expect "tokenize: missing input" "" "$tok" "$work/nope.txt" -o "$work/out.tok"
 expect "tokenize: empty input" "empty" bash -c ": > '$work/empty.txt'; '$tok' '$work/empty.txt' -o '$work/out.tok'"
 exit $fail

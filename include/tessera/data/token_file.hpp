@@ -441,4 +441,26 @@ class token_file {
   std::filesystem::path path_;
 };
 
+/// A cheap identity of a token file's contents, for checkpoints: FNV-1a over
+/// the token count, the vocabulary, the first and last 4096 tokens and 4096
+/// evenly spaced ones. A resumed run compares it to refuse a different corpus.
+inline std::uint64_t fingerprint(const token_file& f) {
+  std::uint64_t h = 1469598103934665603ull;
+  auto mix = [&](std::uint64_t v) {
+    for (int i = 0; i < 8; ++i) {
+      h ^= (v >> (8 * i)) & 0xffu;
+      h *= 1099511628211ull;
+    }
+  };
+  const std::uint64_t n = f.size();
+  mix(n);
+  mix(f.vocab());
+  const std::uint64_t k = std::min<std::uint64_t>(n, 4096);
+  for (std::uint64_t i = 0; i < k; ++i) mix(f[i]);
+  for (std::uint64_t i = n - k; i < n; ++i) mix(f[i]);
+  if (n > 0)
+    for (std::uint64_t j = 0; j < 4096; ++j) mix(f[j * n / 4096]);
+  return h;
+}
+
 }  // namespace tessera::data

@@ -22,6 +22,43 @@
 
 namespace tessera::data {
 
+/// Offset of the first byte of `text` that is not part of well-formed UTF-8
+/// (RFC 3629: no overlong forms, no surrogates, nothing above U+10FFFF), or
+/// std::string::npos if the whole text is valid. Used to refuse a binary or
+/// foreign file offered as text.
+inline std::size_t first_invalid_utf8(std::string_view text) {
+  const auto* p = reinterpret_cast<const unsigned char*>(text.data());
+  const std::size_t n = text.size();
+  std::size_t i = 0;
+  while (i < n) {
+    const unsigned c = p[i];
+    std::size_t len = 0;
+    unsigned lo = 0x80, hi = 0xBF;  // allowed range of the second byte
+    if (c < 0x80) {
+      ++i;
+      continue;
+    } else if (c >= 0xC2 && c <= 0xDF) {
+      len = 2;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+      len = 3;
+      if (c == 0xE0) lo = 0xA0;  // no overlong 3-byte forms
+      if (c == 0xED) hi = 0x9F;  // no surrogates
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      len = 4;
+      if (c == 0xF0) lo = 0x90;  // no overlong 4-byte forms
+      if (c == 0xF4) hi = 0x8F;  // nothing above U+10FFFF
+    } else {
+      return i;
+    }
+    if (i + len > n) return i;
+    if (p[i + 1] < lo || p[i + 1] > hi) return i;
+    for (std::size_t k = 2; k < len; ++k)
+      if (p[i + k] < 0x80 || p[i + k] > 0xBF) return i;
+    i += len;
+  }
+  return std::string::npos;
+}
+
 /// Byte-level tokenizer, vocabulary 256. Stateless; all members are static.
 struct byte_tokenizer {
   /// Vocabulary size V: the 256 byte values.

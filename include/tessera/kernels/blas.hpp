@@ -90,8 +90,11 @@ inline std::string check_blas_core(char** argv) {
 
 /// Measures this machine's sgemm rate in FLOP/s: the best of `reps` runs of
 /// an n x n x n product (2 n^3 FLOPs each). Used as the peak for MFU on the
-/// host. Takes about reps * 2n^3 / rate seconds (~0.1 s for n = 1024).
-inline double measure_sgemm_flops(int n = 1024, int reps = 5) {
+/// host. Takes about (reps + 1) * 2n^3 / rate seconds (~0.4 s for n = 2048 on
+/// two cores). n = 2048: at 1024 two threads reached only ~75% of the rate
+/// the 2048 product shows on our machines (benchmarks/RESULTS.md), which
+/// would overstate MFU.
+inline double measure_sgemm_flops(int n = 2048, int reps = 3) {
   std::vector<float> a(static_cast<std::size_t>(n) * n), b(a.size()), c(a.size());
   for (std::size_t i = 0; i < a.size(); ++i) {
     a[i] = static_cast<float>((i * 7) % 13) * 0.01f;

@@ -256,6 +256,10 @@ class data_parallel_trainer {
                      pbytes + opt.serialized_bytes());
     std::memcpy(static_cast<void*>(model_.params()), payload.data(), pbytes);
     opt.load(payload.data() + pbytes);
+    TESSERA_THROW_IF(!meta["step"].is_number_integer() || meta["step"].get<std::int64_t>() < 0 ||
+                         meta["step"].get<std::int64_t>() > cfg_.steps,
+                     io_error, "checkpoint '", path.string(), "' has step ", meta["step"].dump(),
+                     ", not in [0, steps=", cfg_.steps, "]");
     step_ = meta["step"].get<std::int64_t>();
   }
 
@@ -319,7 +323,9 @@ class data_parallel_trainer {
             {"lr", cfg_.lr},
             {"min_lr_ratio", cfg_.min_lr_ratio},
             {"warmup", cfg_.warmup},
-            {"flat_elements", model_.layout().total()}};
+            {"flat_elements", model_.layout().total()},
+            {"data", {{"tokens", data_->size()}, {"vocab", data_->vocab()},
+                      {"fingerprint", data::fingerprint(*data_)}}}};
   }
 
   train::train_config cfg_;

@@ -7,7 +7,8 @@
 ///
 /// Layout (little-endian):
 ///   magic "TSRACKP1" (8 bytes) | u32 version = 1 | u32 reserved | u64 json bytes
-///   | json (UTF-8) | u64 payload bytes | payload | u64 FNV-1a-64 of the payload
+///   | json (UTF-8) | u64 payload bytes | payload | u64 FNV-1a-64 of json + payload
+/// (the metadata is covered too: an edited step or setting is refused).
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -30,7 +31,7 @@
 namespace tessera::train {
 
 inline constexpr char checkpoint_magic[9] = "TSRACKP1";
-inline constexpr std::uint32_t checkpoint_version = 1;
+inline constexpr std::uint32_t checkpoint_version = 2;
 
 /// FNV-1a 64-bit hash of bytes, continuing from `h` (detects truncation and
 /// corruption, not tampering).
@@ -90,6 +91,7 @@ inline void write_checkpoint(const std::filesystem::path& path, const nlohmann::
       out.write(js.data(), static_cast<std::streamsize>(js.size()));
       put64(payload_bytes);
       checkpoint_writer w(out, tmp);
+      w.hash_ = fnv1a64(js.data(), js.size());
       fill(w);
       TESSERA_THROW_IF(w.written() != payload_bytes, io_error, "checkpoint '", tmp, "': wrote ",
                        w.written(), " payload bytes, announced ", payload_bytes);
@@ -133,7 +135,9 @@ inline void read_checkpoint(const std::filesystem::path& path, nlohmann::json& m
   std::uint64_t jn = 0, pn = 0, hash = 0;
   in.read(reinterpret_cast<char*>(&version), 4);
   in.read(reinterpret_cast<char*>(&reserved), 4);
-  TESSERA_THROW_IF(!in || version != checkpoint_version, io_error, "checkpoint '", path.string(),
+  TESSERA_THROW_IF(!in, io_error, "checkpoint '", path.string(), "' is truncated (",
+                   std::filesystem::file_size(path), " bytes, shorter than its header)");
+  TESSERA_THROW_IF(version != checkpoint_version, io_error, "checkpoint '", path.string(),
                    "' has version ", version, "; this build reads version ", checkpoint_version);
   in.read(reinterpret_cast<char*>(&jn), 8);
   const auto fsize = std::filesystem::file_size(path);
@@ -144,14 +148,15 @@ inline void read_checkpoint(const std::filesystem::path& path, nlohmann::json& m
   in.read(reinterpret_cast<char*>(&pn), 8);
   TESSERA_THROW_IF(!in, io_error, "checkpoint '", path.string(), "' is truncated (in the header)");
   const std::uint64_t expect = 8 + 4 + 4 + 8 + jn + 8 + pn + 8;
-  TESSERA_THROW_IF(fsize != expect, io_error, "checkpoint '", path.string(), "' is truncated: ",
-                   fsize, " bytes, header says ", expect);
+  TESSERA_THROW_IF(fsize != expect, io_error, "checkpoint '", path.string(), "' is ",
+                   fsize < expect ? "truncated" : "corrupt (trailing bytes)", ": ", fsize,
+                   " bytes, its header says ", expect);
   payload.assign(pn, '\0');
   in.read(payload.data(), static_cast<std::streamsize>(pn));
   in.read(reinterpret_cast<char*>(&hash), 8);
   TESSERA_THROW_IF(!in, io_error, "checkpoint '", path.string(), "' is truncated (in the payload)");
-  TESSERA_THROW_IF(hash != fnv1a64(payload.data(), payload.size()), io_error, "checkpoint '",
-                   path.string(), "' is corrupt (checksum mismatch)");
+  TESSERA_THROW_IF(hash != fnv1a64(payload.data(), payload.size(), fnv1a64(js.data(), js.size())),
+                   io_error, "checkpoint '", path.string(), "' is corrupt (checksum mismatch)");
   meta = nlohmann::json::parse(js, nullptr, false);
   TESSERA_THROW_IF(meta.is_discarded() || !meta.is_object(), io_error, "checkpoint '",
                    path.string(), "' has unreadable metadata");

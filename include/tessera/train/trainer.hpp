@@ -273,6 +273,10 @@ public:
                      pbytes + opt_.serialized_bytes());
     std::memcpy(model_.params(), payload.data(), pbytes);
     opt_.load(payload.data() + pbytes);
+    TESSERA_THROW_IF(!meta["step"].is_number_integer() || meta["step"].get<std::int64_t>() < 0 ||
+                         meta["step"].get<std::int64_t>() > cfg_.steps,
+                     io_error, "checkpoint '", path.string(), "' has step ", meta["step"].dump(),
+                     ", not in [0, steps=", cfg_.steps, "]");
     step_ = meta["step"].get<std::int64_t>();
   }
 
@@ -316,7 +320,9 @@ private:
             {"steps", cfg_.steps},
             {"lr", cfg_.lr},
             {"warmup", cfg_.warmup},
-            {"flat_elements", model_.layout().total()}};
+            {"flat_elements", model_.layout().total()},
+            {"data", {{"tokens", data_->size()}, {"vocab", data_->vocab()},
+                      {"fingerprint", data::fingerprint(*data_)}}}};
   }
 
   train_config cfg_;

@@ -1,0 +1,282 @@
+// llama7b_step: the cost of real optimizer steps of a 7B-class Llama on this
+// machine (issue 4, item 5; host path, single rank). Builds the llama2_7b
+// (or llama3_8b) preset with its real sizes (H, heads, F, V) but only the
+// first --layers blocks, AdamW over the whole flat buffer at --precision,
+// and times --steps optimizer steps after --warmup-steps untimed ones on
+// seeded random tokens of the preset's vocabulary (a token file written to
+// a temporary path and removed at exit). It prints:
+//   - step time (best and mean) and tokens/s;
+//   - MFU and HFU against the measured sgemm peak, with the FLOP formula
+//     (train::flops_per_token: 6 N_matmul + 6 L H T per token, causal
+//     attention counted once). HFU also counts recomputation; this path has
+//     no activation checkpointing, so HFU = MFU, and the output says so;
+//   - the peak bytes of the run's own host_memory_resource during a step
+//     against the planner's prediction for the same config (plan_memory,
+//     dp 1, zero 0, micro-batch B, seq T) and their ratio;
+//   - the parameter count of the full preset and of the layers built.
+// Before any time is reported it checks the result: the first step's loss
+// must be finite and within 1 nat of ln(V) (random tokens, fresh weights).
+//
+// clang-format off
+//   build/host/examples/llama7b_step                                  # llama2_7b, 1 layer, T 256, 2 steps
+//   build/host/examples/llama7b_step --layers 1 --seq 256 --steps 2
+//   build/host/examples/llama7b_step --precision bf16 --layers 2 --seq 512 --micro-batch 2
+//   build/host/examples/llama7b_step --preset llama3_8b --layers 1 --seq 128 --steps 1
+//   build/host/examples/llama7b_step --layers 1 --seq 32 --steps 1 --warmup-steps 0   # the ctest
+// clang-format on
+//
+// Memory: AdamW state is 16 bytes per parameter in fp32 (weights, gradients,
+// two moments) and 18 in bf16 (bf16 weights, fp32 gradients, master, two
+// moments). llama2_7b with 1 layer has ~0.46B parameters (the embedding and
+// LM head are 0.26B of them): ~7.4 GB fp32, ~8.4 GB bf16; llama3_8b with 1
+// layer has ~1.27B: ~20 GB fp32.
+//
+// Exit status: 0 on success, 2 on bad input (one-line error naming the value
+// and the limit), 1 if the check fails or anything else goes wrong.
+
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "tessera/core/memory.hpp"
+#include "tessera/core/random.hpp"
+#include "tessera/data/token_file.hpp"
+#include "tessera/kernels/attention.hpp"
+#include "tessera/kernels/blas.hpp"
+#include "tessera/nn/llama_config.hpp"
+#include "tessera/plan/memory.hpp"
+#include "tessera/plan/step.hpp"
+#include "tessera/train/trainer.hpp"
+
+namespace fs = std::filesystem;
+using namespace tessera;
+
+namespace {
+
+struct options {
+  std::string preset = "llama2_7b";
+  std::string precision = "fp32";
+  std::int64_t layers = 1;
+  std::int64_t seq = 256;
+  std::int64_t micro_batch = 1;
+  std::int64_t warmup_steps = 1;
+  std::int64_t steps = 2;
+  std::uint64_t seed = 1337;
+};
+
+// The temporary token file, removed when the run ends (success or not).
+struct temp_file {
+  fs::path path;
+  ~temp_file() {
+    std::error_code ec;
+    if (!path.empty()) fs::remove(path, ec);
+  }
+};
+
+// Writes `n` seeded uniform random tokens below V to `path` (u16 when V fits).
+void write_random_tokens(const fs::path& path, std::uint64_t n, std::int64_t V, std::uint64_t seed) {
+  std::vector<std::uint32_t> tok(n);
+  rng r(seed);
+  for (auto& t : tok)
+    t = std::min<std::uint32_t>(static_cast<std::uint32_t>(r.uniform() * static_cast<double>(V)),
+                                static_cast<std::uint32_t>(V - 1));
+  data::write_token_file(path, tok, static_cast<std::uint64_t>(V),
+                         V <= 65536 ? data::token_dtype::u16 : data::token_dtype::u32);
+}
+
+double gib(double bytes) { return bytes / plan::gib; }
+
+template <precision::policy P>
+int run(const options& o, const nn::llama_config& full, const nn::llama_config& mc,
+        const plan::dtype_sizes& d) {
+  const std::int64_t B = o.micro_batch, T = o.seq, V = mc.vocab;
+
+  train::train_config cfg;
+  cfg.steps = o.warmup_steps + o.steps;
+  cfg.global_batch = B;  // one micro-batch per step
+  cfg.micro_batch = B;
+  cfg.seq = T;
+  cfg.lr = 3e-4;
+  cfg.warmup = 0;
+  cfg.eval_windows = 1;
+  cfg.seed = o.seed;
+
+  // The planner's prediction for this config, before anything is allocated.
+  // dp 1, zero 0, accounting::ideal: train::trainer is a bare model and
+  // optimizer with no data-parallel engine, so no reduction staging buffer
+  // (the engine accounting would add one); tests/plan/memory.cpp holds this
+  // accounting to the byte against the same allocations.
+  plan::activation_options ao{B, T, {}, kernels::detail::attention_max_threads()};
+  ao.model.ce_chunk = cfg.ce_chunk;
+  const auto mp = plan::plan_memory(mc, d, plan::optimizer_spec::adamw(), {0, 1}, ao,
+                                    plan::accounting::ideal);
+  const auto fp = plan::plan_flops(mc, B, T);
+
+  // Random tokens: enough for the train split's windows and one validation window.
+  temp_file tmp;
+  tmp.path = fs::temp_directory_path() /
+             ("tessera_llama7b_step_" + std::to_string(::getpid()) + ".tok");
+  const std::uint64_t n_tokens =
+      std::max<std::uint64_t>(4096, static_cast<std::uint64_t>(20 * (B + 1) * (T + 1)));
+  write_random_tokens(tmp.path, n_tokens, V, o.seed);
+  data::token_file corpus(tmp.path);
+
+  const double peak = kernels::measure_sgemm_flops();
+  std::printf("llama7b_step: preset %s (H %lld, L %lld, heads %lld/%lld kv, F %lld, V %lld), "
+              "built %lld of %lld layers, precision %s, AdamW, single rank (dp 1, zero 0)\n",
+              full.name.c_str(), (long long)mc.dim, (long long)full.n_layers,
+              (long long)mc.n_heads, (long long)mc.n_kv_heads, (long long)mc.ffn_dim,
+              (long long)V, (long long)mc.n_layers, (long long)full.n_layers, P::name);
+  std::printf("llama7b_step: parameters: full preset %lld (%.3fB), built %lld (%.3fB)\n",
+              (long long)full.num_params(), full.num_params() / 1e9, (long long)mc.num_params(),
+              mc.num_params() / 1e9);
+  std::printf("llama7b_step: B=%lld, T=%lld, %lld warmup + %lld timed steps on seeded random "
+              "tokens (seed %llu, %llu tokens in %s)\n",
+              (long long)B, (long long)T, (long long)o.warmup_steps, (long long)o.steps,
+              (unsigned long long)o.seed, (unsigned long long)n_tokens, tmp.path.c_str());
+  std::printf("llama7b_step: BLAS %s, %d threads, measured sgemm peak %.1f GFLOP/s\n",
+              kernels::blas_core_name().c_str(), kernels::blas_threads(), peak / 1e9);
+  std::fflush(stdout);
+
+  host_memory_resource mr;
+  const auto t_build = std::chrono::steady_clock::now();
+  train::trainer<P> tr(mc, cfg, corpus, mr);
+  tr.set_peak_flops(peak);
+  const double build_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t_build).count();
+  const std::size_t persistent = mr.stats().allocated;
+  std::printf("llama7b_step: built in %.1f s; persistent %.3f GiB allocated (planned %.3f GiB "
+              "model state + RoPE, plus the trainer's token buffer)\n",
+              build_s, gib(static_cast<double>(persistent)), gib(static_cast<double>(mp.state.persistent())));
+  std::fflush(stdout);
+
+  std::vector<double> secs;
+  std::size_t mem_peak = 0;
+  double first_loss = 0;
+  const double ln_v = std::log(static_cast<double>(V));
+  for (std::int64_t s = 0; s < cfg.steps; ++s) {
+    const train::step_metrics m = tr.train_step();
+    mem_peak = std::max<std::size_t>(mem_peak, m.mem_peak);
+    const bool timed = s >= o.warmup_steps;
+    std::printf("llama7b_step: step %lld (%s) loss %.4f, grad norm %.3g, %.3f s\n",
+                (long long)m.step, timed ? "timed" : "warmup", m.loss, m.grad_norm, m.seconds);
+    std::fflush(stdout);
+    if (s == 0) {
+      // Check the result before reporting any time.
+      first_loss = m.loss;
+      if (!std::isfinite(m.loss) || std::abs(m.loss - ln_v) > 1.0) {
+        std::fprintf(stderr,
+                     "llama7b_step: check failed: first step's loss %f is not finite or not "
+                     "within 1 nat of ln(V) = %f (V = %lld)\n",
+                     m.loss, ln_v, (long long)V);
+        return 1;
+      }
+    }
+    if (timed) secs.push_back(m.seconds);
+  }
+
+  const double best = *std::min_element(secs.begin(), secs.end());
+  double mean = 0;
+  for (double s : secs) mean += s;
+  mean /= static_cast<double>(secs.size());
+  const double tokens = static_cast<double>(B * T);
+  const double fpt = train::flops_per_token(mc, T);
+  const double H = static_cast<double>(mc.dim), L = static_cast<double>(mc.n_layers);
+  const double n_matmul = (fpt - 6.0 * L * H * static_cast<double>(T)) / 6.0;
+  const double mfu_mean = fpt * tokens / mean / peak, mfu_best = fpt * tokens / best / peak;
+  const double planned = static_cast<double>(mp.total());
+
+  std::printf("llama7b_step: check passed: first step's loss %.4f, ln(V) = %.4f (|diff| %.4f <= 1)\n",
+              first_loss, ln_v, std::abs(first_loss - ln_v));
+  std::printf("llama7b_step: step time best %.3f s, mean %.3f s over %zu timed steps\n", best,
+              mean, secs.size());
+  std::printf("llama7b_step: tokens/s %.1f (mean), %.1f (best); %lld tokens per step\n",
+              tokens / mean, tokens / best, (long long)(B * T));
+  std::printf("llama7b_step: FLOPs: MFU counts train::flops_per_token = 6 N_matmul + 6 L H T per "
+              "token (causal attention counted once), N_matmul = %.0f (L %lld, H %lld, T %lld): "
+              "%.4g FLOP/token, %.4g FLOP/step (plan_flops: %.4g)\n",
+              n_matmul, (long long)mc.n_layers, (long long)mc.dim, (long long)T, fpt, fpt * tokens,
+              fp.flops_per_rank);
+  std::printf("llama7b_step: MFU %.1f%% (mean), %.1f%% (best) of the measured sgemm peak %.1f "
+              "GFLOP/s\n",
+              100 * mfu_mean, 100 * mfu_best, peak / 1e9);
+  std::printf("llama7b_step: HFU %.1f%% (mean), %.1f%% (best): HFU also counts recomputed FLOPs; "
+              "there is no activation checkpointing here, so nothing is recomputed and HFU = MFU\n",
+              100 * mfu_mean, 100 * mfu_best);
+  std::printf("llama7b_step: peak memory measured %.3f GiB (%zu B, host_memory_resource during a "
+              "step), planned %.3f GiB (%llu B, plan_memory dp 1, zero 0, B %lld, T %lld): "
+              "measured/planned %.4f\n",
+              gib(static_cast<double>(mem_peak)), mem_peak, gib(planned),
+              (unsigned long long)mp.total(), (long long)B, (long long)T,
+              static_cast<double>(mem_peak) / planned);
+  std::printf("llama7b_step:   planned: persistent %.3f GiB (weights %.3f, gradients %.3f, master "
+              "%.3f, moments %.3f, RoPE %.3f) + activation peak %.3f GiB; the trainer's token "
+              "buffer (%lld B) is not in the plan",
+              gib(static_cast<double>(mp.state.persistent())), gib(static_cast<double>(mp.state.weights)),
+              gib(static_cast<double>(mp.state.grads)), gib(static_cast<double>(mp.state.master)),
+              gib(static_cast<double>(mp.state.optimizer)), gib(static_cast<double>(mp.state.rope_tables)),
+              gib(static_cast<double>(mp.activations.peak)),
+              (long long)(B * (T + 1) * static_cast<std::int64_t>(sizeof(std::int32_t))));
+  if (mp.activations.host_gemm_workspace > 0)
+    std::printf("; the bf16 GEMM conversion buffers (%.3f GiB) live outside the resource",
+                gib(static_cast<double>(mp.activations.host_gemm_workspace)));
+  std::printf("\n");
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  kernels::check_blas_core(argv);
+  options o;
+  CLI::App app{"llama7b_step: time optimizer steps of a 7B-class Llama (host, single rank)"};
+  app.add_option("--preset", o.preset, "llama2_7b or llama3_8b")->capture_default_str();
+  app.add_option("--precision", o.precision, "fp32 or bf16 (bf16_mixed)")->capture_default_str();
+  app.add_option("--layers", o.layers, "blocks to build, 1 to the preset's layers")->capture_default_str();
+  app.add_option("--seq", o.seq, "T: tokens per sequence, 1 to the preset's max_seq")->capture_default_str();
+  app.add_option("--micro-batch", o.micro_batch, "B: sequences per step")->capture_default_str();
+  app.add_option("--warmup-steps", o.warmup_steps, "untimed steps first")->capture_default_str();
+  app.add_option("--steps", o.steps, "timed optimizer steps")->capture_default_str();
+  app.add_option("--seed", o.seed, "seed of weights and tokens")->capture_default_str();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "llama7b_step: error: %s\n", e.what());
+    return 2;
+  }
+  try {
+    TESSERA_THROW_IF(o.preset != "llama2_7b" && o.preset != "llama3_8b", config_error,
+                     "unknown preset '", o.preset, "' (valid: llama2_7b, llama3_8b)");
+    const nn::llama_config full = nn::llama_config::from_name(o.preset);
+    TESSERA_THROW_IF(o.precision != "fp32" && o.precision != "bf16" && o.precision != "bf16_mixed",
+                     config_error, "unknown precision '", o.precision, "' (valid: fp32, bf16)");
+    TESSERA_THROW_IF(o.layers < 1 || o.layers > full.n_layers, config_error, "--layers ", o.layers,
+                     " must be in [1, ", full.n_layers, "] (preset '", full.name, "')");
+    TESSERA_THROW_IF(o.seq < 1 || o.seq > full.max_seq, config_error, "--seq ", o.seq,
+                     " must be in [1, ", full.max_seq, "] (max_seq of preset '", full.name, "')");
+    TESSERA_THROW_IF(o.micro_batch < 1, config_error, "--micro-batch ", o.micro_batch,
+                     " must be >= 1");
+    TESSERA_THROW_IF(o.steps < 1, config_error, "--steps ", o.steps, " must be >= 1");
+    TESSERA_THROW_IF(o.warmup_steps < 0, config_error, "--warmup-steps ", o.warmup_steps,
+                     " must be >= 0");
+    nn::llama_config mc = full;
+    mc.n_layers = o.layers;
+    if (o.precision == "fp32")
+      return run<precision::fp32>(o, full, mc, plan::dtype_sizes::of<precision::fp32>());
+    return run<precision::bf16_mixed>(o, full, mc, plan::dtype_sizes::of<precision::bf16_mixed>());
+  } catch (const config_error& e) {
+    std::fprintf(stderr, "llama7b_step: error: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "llama7b_step: failed: %s\n", e.what());
+    return 1;
+  }
+}

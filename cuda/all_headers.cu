@@ -11,6 +11,7 @@
 #include <tessera/kernels/cuda/gemm.cuh>
 #include <tessera/kernels/cuda/grad_norm.cuh>
 #include <tessera/kernels/cuda/rmsnorm.cuh>
+#include <tessera/kernels/cuda/rope.cuh>
 #include <tessera/kernels/cuda/swiglu.cuh>
 
 namespace {

@@ -11,6 +11,7 @@
 #include <tessera/kernels/elementwise.hpp>
 #include <tessera/kernels/embedding.hpp>
 #include <tessera/kernels/rmsnorm.hpp>
+#include <tessera/kernels/rope.hpp>
 #include <tessera/kernels/swiglu.hpp>
 #include <tessera/optim/adamw.hpp>
 #include <tessera/optim/clip.hpp>
@@ -391,5 +392,84 @@ TEST_CASE("cuda adamw_step matches the host optimizer over segments", "[cuda][ad
     CHECK_THROWS_AS(kc::adamw_step(d_p.data(), d_p.data(), d_m.data(), d_v.data(), d_p.data(), n,
                                    d_segs.data(), 1, params_for(1), nullptr, s),
                     tessera::config_error);
+  }
+}
+
+TEST_CASE("cuda rope forward and backward float32 match the host", "[cuda][rope]") {
+  std::mt19937_64 rng(108);
+  tessera::cuda::stream s;
+  for (auto [B, T, nh, hd, offset] :
+       {std::tuple<std::int64_t, std::int64_t, std::int64_t, std::int64_t, int>{2, 37, 4, 128, 0},
+        {1, 9, 3, 6, 0},      // hd/2 = 3: scalar path
+        {2, 5, 2, 64, 1}}) {  // misaligned x: scalar path
+    INFO("B=" << B << " T=" << T << " nh=" << nh << " hd=" << hd << " offset=" << offset);
+    const std::size_t n = static_cast<std::size_t>(B * T * nh * hd);
+    std::vector<float> cos(static_cast<std::size_t>(T * hd / 2)), sin(cos.size());
+    hk::rope_table(cos.data(), sin.data(), T, hd, 10000.0);
+    const auto x = random_vector<float>(n + offset, rng, -2, 2);
+    const auto dy = random_vector<float>(n + offset, rng);
+    std::vector<float> y(x.begin() + offset, x.end()), dx(dy.begin() + offset, dy.end());
+    hk::rope_forward(y.data(), cos.data(), sin.data(), B, T, nh, hd);
+    hk::rope_backward(dx.data(), cos.data(), sin.data(), B, T, nh, hd);
+    auto d_cos = to_device(cos);
+    auto d_sin = to_device(sin);
+    auto d_x = to_device(x);
+    auto d_dy = to_device(dy);
+    kc::rope_forward(d_x.data() + offset, d_cos.data(), d_sin.data(), B, T, nh, hd, s);
+    kc::rope_backward(d_dy.data() + offset, d_cos.data(), d_sin.data(), B, T, nh, hd, s);
+    s.synchronize();
+    auto gy = to_host(d_x);
+    auto gdx = to_host(d_dy);
+    CHECK(std::equal(gy.begin(), gy.begin() + offset, x.begin()));  // outside untouched
+    gy.erase(gy.begin(), gy.begin() + offset);
+    gdx.erase(gdx.begin(), gdx.begin() + offset);
+    CHECK(first_nan(gy) == -1);
+    CHECK(first_nan(gdx) == -1);
+    CHECK(max_rel_error(gy, y) < 1e-6);
+    CHECK(max_rel_error(gdx, dx) < 1e-6);
+  }
+  float* none = nullptr;
+  CHECK_THROWS_AS(kc::rope_forward(none, none, none, 1, 1, 1, 7, s), tessera::config_error);
+  CHECK_THROWS_AS(kc::rope_backward(none, none, none, -1, 1, 1, 8, s), tessera::config_error);
+}
+
+TEST_CASE("cuda rope forward and backward bf16 match a float64 reference", "[cuda][rope]") {
+  std::mt19937_64 rng(109);
+  tessera::cuda::stream s;
+  for (auto [B, T, nh, hd] : {std::tuple<std::int64_t, std::int64_t, std::int64_t, std::int64_t>{
+                                  2, 33, 4, 128},
+                              {1, 7, 3, 12}}) {  // hd/2 = 6: scalar path
+    INFO("B=" << B << " T=" << T << " nh=" << nh << " hd=" << hd);
+    const std::int64_t half = hd / 2;
+    const std::size_t n = static_cast<std::size_t>(B * T * nh * hd);
+    std::vector<float> cos(static_cast<std::size_t>(T * half)), sin(cos.size());
+    hk::rope_table(cos.data(), sin.data(), T, hd, 500000.0);
+    const auto x = random_vector<bf16>(n, rng, -2, 2);
+    const auto dy = random_vector<bf16>(n, rng);
+    std::vector<double> y(n), dx(n);
+    for (std::int64_t r = 0; r < B * T * nh; ++r) {
+      const std::int64_t t = (r / nh) % T;
+      for (std::int64_t i = 0; i < half; ++i) {
+        const std::size_t a = static_cast<std::size_t>(r * hd + i), b = a + half;
+        const double c = cos[t * half + i], sn = sin[t * half + i];
+        y[a] = as_double(x[a]) * c - as_double(x[b]) * sn;
+        y[b] = as_double(x[b]) * c + as_double(x[a]) * sn;
+        dx[a] = as_double(dy[a]) * c + as_double(dy[b]) * sn;
+        dx[b] = as_double(dy[b]) * c - as_double(dy[a]) * sn;
+      }
+    }
+    auto d_cos = to_device(cos);
+    auto d_sin = to_device(sin);
+    auto d_x = to_device(x);
+    auto d_dy = to_device(dy);
+    kc::rope_forward(d_x.data(), d_cos.data(), d_sin.data(), B, T, nh, hd, s);
+    kc::rope_backward(d_dy.data(), d_cos.data(), d_sin.data(), B, T, nh, hd, s);
+    s.synchronize();
+    const auto gy = to_host(d_x);
+    const auto gdx = to_host(d_dy);
+    CHECK(first_nan(gy) == -1);
+    CHECK(first_nan(gdx) == -1);
+    CHECK(max_rel_error(gy, y) < bf16_tol);
+    CHECK(max_rel_error(gdx, dx) < bf16_tol);
   }
 }

@@ -83,3 +83,31 @@ TEST_CASE("cuda launch: embedding backward owns disjoint vocabulary rows",
   CHECK(kc::embedding_forward_config(N, H).grid_x == N);
   CHECK_THROWS_AS(kc::embedding_backward_config(N, 0, H), tessera::config_error);
 }
+
+TEST_CASE("cuda launch: RoPE over the 7B attention shapes", "[kernels][cuda_launch]") {
+  // q and k of one 7B layer: B 1, T 4096, 32 heads of 128; 64 pairs a head.
+  constexpr std::int64_t B = 1, T = 4096, nh = 32, hd = 128;
+  constexpr std::int64_t pairs = B * T * nh * hd / 2;  // 8388608
+  const auto b = kc::rope_config(B, T, nh, hd, 8);   // bf16: 8 pairs an item
+  CHECK(b.valid());
+  CHECK(b.block == kc::rope_threads);
+  CHECK(b.grid_x == pairs / (256 * 8));  // 4096 blocks, one item a thread
+  CHECK(b.smem == 0);
+  CHECK(b.scratch_bytes == 0);
+  const auto f = kc::rope_config(B, T, nh, hd, 4);  // float: 4 pairs an item
+  CHECK(f.valid());
+  CHECK(f.grid_x == pairs / (256 * 4));
+  const auto s = kc::rope_config(B, T, nh, hd, 1);  // scalar path
+  CHECK(s.valid());
+  CHECK(s.grid_x == pairs / 256);
+  // The micro-batch of 16 sequences still fits without looping.
+  CHECK(kc::rope_config(16, T, nh, hd, 8).grid_x == 16 * pairs / 2048);
+  // Huge tensors cap the grid; threads loop.
+  CHECK(kc::rope_config(std::int64_t(1) << 20, T, nh, hd, 1).grid_x == kc::elementwise_max_blocks);
+  CHECK(kc::rope_config(0, T, nh, hd, 8).grid_x == 1);
+  static_assert(kc::rope_config(B, T, nh, hd, 8).valid(), "usable in constant expressions");
+  CHECK_THROWS_AS(kc::rope_config(B, T, nh, 127, 8), tessera::config_error);
+  CHECK_THROWS_AS(kc::rope_config(B, T, nh, 0, 8), tessera::config_error);
+  CHECK_THROWS_AS(kc::rope_config(-1, T, nh, hd, 8), tessera::config_error);
+  CHECK_THROWS_AS(kc::rope_config(B, T, nh, hd, 0), tessera::config_error);
+}

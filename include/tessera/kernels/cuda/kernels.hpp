@@ -161,6 +161,32 @@ void adamw_step(Param* d_params, float* d_master, float* d_m, float* d_v, const 
                 const kernels::detail::adamw_step_params<float>& step, const float* d_grad_scale,
                 cudaStream_t stream);
 
+// ---- RoPE (kernels/cuda/rope.cuh) ------------------------------------------------------------
+
+/// RoPE forward in place, as the host kernels::rope_forward (rotate-half
+/// pairing): for each (b, t, h), pair i of x[b,t,h,:], (x[i], x[i + hd/2]),
+/// becomes (x1 cos - x2 sin, x2 cos + x1 sin), cos = cos[t, i], sin = sin[t, i].
+/// - `d_x` (B, T, nh, hd) of T in {float, bf16}, overwritten; arithmetic in
+///   float32 (kernels::detail::rope_rotate), a bf16 result rounded once.
+/// - `d_cos`, `d_sin`: (at least T rows of hd/2) float32 tables from the host
+///   kernels::rope_table, copied to the device.
+/// - 16-byte accesses when hd/2 is a multiple of 16 / sizeof(T) and `d_x` is
+///   aligned; launch configuration rope_config (launch.hpp).
+/// - Throws config_error for a negative size or hd odd or <= 0.
+/// Source: Su et al., "RoFormer", 2021, eq. 34, in the rotate-half pairing of Llama.
+template <class T>
+void rope_forward(T* d_x, const float* d_cos, const float* d_sin, std::int64_t B, std::int64_t T_,
+                  std::int64_t nh, std::int64_t hd, cudaStream_t stream);
+
+/// RoPE backward in place, as the host kernels::rope_backward: `d_dx` holds
+/// dL/dy on entry and dL/dx on return (the transpose rotation
+/// dx1 = dy1 cos + dy2 sin, dx2 = dy2 cos - dy1 sin, rope_rotate_transpose).
+/// G in {float, bf16}, arithmetic in float32, a bf16 result rounded once.
+/// Same tables, layout and throws as rope_forward.
+template <class G>
+void rope_backward(G* d_dx, const float* d_cos, const float* d_sin, std::int64_t B,
+                   std::int64_t T_, std::int64_t nh, std::int64_t hd, cudaStream_t stream);
+
 // ---- the instantiations cuda/kernels.cu provides ---------------------------------------------
 
 // clang-format off
@@ -212,7 +238,15 @@ void adamw_step(Param* d_params, float* d_master, float* d_m, float* d_v, const 
   X void adamw_step<bf16, bf16>(bf16*, float*, float*, float*, const bf16*, std::int64_t,          \
                                 const adamw_segment*, int,                                          \
                                 const kernels::detail::adamw_step_params<float>&, const float*,    \
-                                cudaStream_t);
+                                cudaStream_t);                                                    \
+  X void rope_forward<float>(float*, const float*, const float*, std::int64_t, std::int64_t,      \
+                             std::int64_t, std::int64_t, cudaStream_t);                             \
+  X void rope_forward<bf16>(bf16*, const float*, const float*, std::int64_t, std::int64_t,        \
+                            std::int64_t, std::int64_t, cudaStream_t);                              \
+  X void rope_backward<float>(float*, const float*, const float*, std::int64_t, std::int64_t,     \
+                              std::int64_t, std::int64_t, cudaStream_t);                            \
+  X void rope_backward<bf16>(bf16*, const float*, const float*, std::int64_t, std::int64_t,       \
+                             std::int64_t, std::int64_t, cudaStream_t);
 // clang-format on
 
 #if !defined(TESSERA_CUDA_KERNELS_INSTANTIATING)

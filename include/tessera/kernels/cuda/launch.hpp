@@ -194,4 +194,27 @@ constexpr launch_config embedding_backward_config(std::int64_t N, std::int64_t V
   return c;
 }
 
+// ---- RoPE -------------------------------------------------------------------------------------
+
+/// Threads per block of the RoPE kernels.
+inline constexpr int rope_threads = 256;
+
+/// rope_forward / rope_backward on x (B, T, nh, hd): one work item is `vec`
+/// consecutive pairs (i, i + hd/2) of one head vector, B*T*nh*(hd/2)/vec
+/// items over at most elementwise_max_blocks blocks of rope_threads (beyond
+/// that each thread loops, 64-bit indices). No shared memory, no scratch.
+/// Throws config_error for a negative size, hd odd or <= 0, or vec < 1.
+constexpr launch_config rope_config(std::int64_t B, std::int64_t T, std::int64_t nh,
+                                    std::int64_t hd, int vec) {
+  if (B < 0 || T < 0 || nh < 0) throw config_error("rope (cuda): need B, T, nh >= 0");
+  if (hd <= 0 || hd % 2 != 0) throw config_error("rope (cuda): head dim must be positive and even");
+  if (vec < 1) throw config_error("rope (cuda): need vec >= 1");
+  launch_config c;
+  c.block = rope_threads;
+  const std::int64_t pairs = B * T * nh * (hd / 2);
+  c.grid_x = std::clamp<std::int64_t>(detail::ceil_div(pairs, std::int64_t(rope_threads) * vec), 1,
+                                      elementwise_max_blocks);
+  return c;
+}
+
 }  // namespace tessera::kernels::cuda

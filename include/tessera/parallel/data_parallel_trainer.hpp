@@ -178,26 +178,14 @@ class data_parallel_trainer {
     const std::int64_t V = model_.config().vocab;
     const std::int64_t ctx = std::min(model_.config().max_seq, cfg_.seq);
     std::vector<float> logits(static_cast<std::size_t>(V));
-    std::vector<double> p(static_cast<std::size_t>(V));
+    std::vector<double> p;
     rng r(seed);
     for (std::int64_t i = 0; i < n; ++i) {
       const std::int64_t len =
           std::min<std::int64_t>(ctx, static_cast<std::int64_t>(prompt.size()));
       engine_.begin_forward_only();
       model_.next_token_logits(prompt.data() + prompt.size() - len, len, logits.data());
-      double mx = -1e300, z = 0;
-      for (float l : logits) mx = std::max(mx, static_cast<double>(l));
-      for (std::int64_t v = 0; v < V; ++v) z += p[v] = std::exp((logits[v] - mx) / temperature);
-      double u = r.uniform() * z, c = 0;
-      std::int32_t pick = static_cast<std::int32_t>(V - 1);
-      for (std::int64_t v = 0; v < V; ++v) {
-        c += p[v];
-        if (u < c) {
-          pick = static_cast<std::int32_t>(v);
-          break;
-        }
-      }
-      prompt.push_back(pick);
+      prompt.push_back(train::sample_token(logits.data(), V, temperature, r, p));
     }
     return prompt;
   }
@@ -240,14 +228,7 @@ class data_parallel_trainer {
     nlohmann::json meta;
     std::vector<char> payload;
     train::read_checkpoint(path, meta, payload);
-    const nlohmann::json mine = metadata();
-    for (const auto& [k, v] : mine.items()) {
-      if (k == "step") continue;
-      TESSERA_THROW_IF(!meta.contains(k) || meta[k] != v, config_error, "checkpoint '",
-                       path.string(), "' has ", k, "=",
-                       meta.contains(k) ? meta[k].dump() : "(missing)", " but this run has ", k,
-                       "=", v.dump());
-    }
+    const std::int64_t step = train::check_resume_metadata(path, meta, metadata(), cfg_.steps);
     const std::uint64_t pbytes =
         sizeof(Param) * static_cast<std::uint64_t>(model_.layout().total());
     auto& opt = engine_.optimizer();
@@ -256,11 +237,7 @@ class data_parallel_trainer {
                      pbytes + opt.serialized_bytes());
     std::memcpy(static_cast<void*>(model_.params()), payload.data(), pbytes);
     opt.load(payload.data() + pbytes);
-    TESSERA_THROW_IF(!meta["step"].is_number_integer() || meta["step"].get<std::int64_t>() < 0 ||
-                         meta["step"].get<std::int64_t>() > cfg_.steps,
-                     io_error, "checkpoint '", path.string(), "' has step ", meta["step"].dump(),
-                     ", not in [0, steps=", cfg_.steps, "]");
-    step_ = meta["step"].get<std::int64_t>();
+    step_ = step;
   }
 
   static constexpr std::int32_t ignore_index = -100;
@@ -293,17 +270,7 @@ class data_parallel_trainer {
   }
   nlohmann::json metadata() const {
     const auto& c = model_.config();
-    return {{"model",
-             {{"name", c.name},
-              {"dim", c.dim},
-              {"n_layers", c.n_layers},
-              {"n_heads", c.n_heads},
-              {"n_kv_heads", c.n_kv_heads},
-              {"ffn_dim", c.ffn_dim},
-              {"vocab", c.vocab},
-              {"max_seq", c.max_seq},
-              {"rope_theta", c.rope_theta},
-              {"norm_eps", c.norm_eps}}},
+    return {{"model", train::model_metadata(c)},
             {"precision", P::name},
             {"optimizer", engine_type::optimizer_type::name},
             {"sharding", S::name},

@@ -98,6 +98,54 @@ inline double flops_per_token(const nn::llama_config& c, std::int64_t T) {
   return 6.0 * n_matmul + 6.0 * L * H * static_cast<double>(T);
 }
 
+/// Draws one token from softmax(logits / temperature) over V entries with one
+/// uniform draw of `r` (inverse CDF in index order, float64 arithmetic), so
+/// every rank with the same rng state picks the same token. `p` is scratch of
+/// V doubles. Precondition: temperature > 0.
+inline std::int32_t sample_token(const float* logits, std::int64_t V, double temperature, rng& r,
+                                 std::vector<double>& p) {
+  p.resize(static_cast<std::size_t>(V));
+  double mx = -1e300, z = 0;
+  for (std::int64_t v = 0; v < V; ++v) mx = std::max(mx, static_cast<double>(logits[v]));
+  for (std::int64_t v = 0; v < V; ++v) z += p[v] = std::exp((logits[v] - mx) / temperature);
+  double u = r.uniform() * z, c = 0;
+  for (std::int64_t v = 0; v < V; ++v) {
+    c += p[v];
+    if (u < c) return static_cast<std::int32_t>(v);
+  }
+  return static_cast<std::int32_t>(V - 1);
+}
+
+/// The model's sizes as checkpoint metadata.
+inline nlohmann::json model_metadata(const nn::llama_config& c) {
+  return {{"name", c.name},         {"dim", c.dim},         {"n_layers", c.n_layers},
+          {"n_heads", c.n_heads},   {"n_kv_heads", c.n_kv_heads}, {"ffn_dim", c.ffn_dim},
+          {"vocab", c.vocab},       {"max_seq", c.max_seq}, {"rope_theta", c.rope_theta},
+          {"norm_eps", c.norm_eps}};
+}
+
+/// Checks a checkpoint's metadata against this run's before a resume: every
+/// key of `mine` except the positions (step, data_position,
+/// schedule_position) must be present and equal. Throws config_error naming
+/// the field and both values, and io_error if the step is not an integer in
+/// [0, steps]. Returns the checkpoint's step.
+inline std::int64_t check_resume_metadata(const std::filesystem::path& path, nlohmann::json& meta,
+                                          const nlohmann::json& mine, std::int64_t steps) {
+  for (const auto& [k, v] : mine.items()) {
+    if (k == "step" || k == "data_position" || k == "schedule_position") continue;
+    TESSERA_THROW_IF(!meta.contains(k) || meta[k] != v, config_error, "checkpoint '",
+                     path.string(), "' has ", k, "=", meta.contains(k) ? meta[k].dump() : "(missing)",
+                     " but this run has ", k, "=", v.dump());
+  }
+  TESSERA_THROW_IF(!meta.contains("step") || !meta["step"].is_number_integer() ||
+                       meta["step"].get<std::int64_t>() < 0 ||
+                       meta["step"].get<std::int64_t>() > steps,
+                   io_error, "checkpoint '", path.string(), "' has step ",
+                   meta.contains("step") ? meta["step"].dump() : "(missing)", ", not in [0, steps=",
+                   steps, "]");
+  return meta["step"].get<std::int64_t>();
+}
+
 /// Single-rank trainer composed from a precision policy. The optimizer is
 /// AdamW over the flat buffer with `master_type` state.
 template <precision::policy P>
@@ -215,25 +263,12 @@ public:
     const std::int64_t V = model_.config().vocab;
     const std::int64_t ctx = std::min(model_.config().max_seq, cfg_.seq);
     std::vector<float> logits(static_cast<std::size_t>(V));
+    std::vector<double> p;
     rng r(seed);
     for (std::int64_t i = 0; i < n; ++i) {
       const std::int64_t len = std::min<std::int64_t>(ctx, static_cast<std::int64_t>(prompt.size()));
       model_.next_token_logits(prompt.data() + prompt.size() - len, len, logits.data());
-      double mx = -1e300;
-      for (float l : logits) mx = std::max(mx, static_cast<double>(l));
-      std::vector<double> p(static_cast<std::size_t>(V));
-      double z = 0;
-      for (std::int64_t v = 0; v < V; ++v) z += p[v] = std::exp((logits[v] - mx) / temperature);
-      double u = r.uniform() * z, c = 0;
-      std::int32_t pick = static_cast<std::int32_t>(V - 1);
-      for (std::int64_t v = 0; v < V; ++v) {
-        c += p[v];
-        if (u < c) {
-          pick = static_cast<std::int32_t>(v);
-          break;
-        }
-      }
-      prompt.push_back(pick);
+      prompt.push_back(sample_token(logits.data(), V, temperature, r, p));
     }
     return prompt;
   }
@@ -258,26 +293,14 @@ public:
     nlohmann::json meta;
     std::vector<char> payload;
     read_checkpoint(path, meta, payload);
-    const nlohmann::json mine = metadata();
-    for (const auto& [k, v] : mine.items()) {
-      if (k == "step" || k == "data_position" || k == "schedule_position") continue;
-      TESSERA_THROW_IF(!meta.contains(k) || meta[k] != v, config_error, "checkpoint '",
-                       path.string(), "' has ", k, "=", meta.contains(k) ? meta[k].dump() : "(missing)",
-                       " but this run has ", k, "=", v.dump());
-    }
-    TESSERA_THROW_IF(!meta.contains("step") || !meta["step"].is_number_integer(), io_error,
-                     "checkpoint '", path.string(), "' has no integer step");
+    const std::int64_t step = check_resume_metadata(path, meta, metadata(), cfg_.steps);
     const std::uint64_t pbytes = sizeof(Param) * static_cast<std::uint64_t>(model_.layout().total());
     TESSERA_THROW_IF(payload.size() != pbytes + opt_.serialized_bytes(), io_error, "checkpoint '",
                      path.string(), "' holds ", payload.size(), " payload bytes; this model needs ",
                      pbytes + opt_.serialized_bytes());
     std::memcpy(model_.params(), payload.data(), pbytes);
     opt_.load(payload.data() + pbytes);
-    TESSERA_THROW_IF(!meta["step"].is_number_integer() || meta["step"].get<std::int64_t>() < 0 ||
-                         meta["step"].get<std::int64_t>() > cfg_.steps,
-                     io_error, "checkpoint '", path.string(), "' has step ", meta["step"].dump(),
-                     ", not in [0, steps=", cfg_.steps, "]");
-    step_ = meta["step"].get<std::int64_t>();
+    step_ = step;
   }
 
   static constexpr std::int32_t ignore_index = -100;
@@ -298,10 +321,7 @@ private:
 
   nlohmann::json metadata() const {
     const auto& c = model_.config();
-    return {{"model",
-             {{"name", c.name}, {"dim", c.dim}, {"n_layers", c.n_layers}, {"n_heads", c.n_heads},
-              {"n_kv_heads", c.n_kv_heads}, {"ffn_dim", c.ffn_dim}, {"vocab", c.vocab},
-              {"max_seq", c.max_seq}, {"rope_theta", c.rope_theta}, {"norm_eps", c.norm_eps}}},
+    return {{"model", model_metadata(c)},
             {"precision", P::name},
             {"optimizer", optimizer_type::name},
             {"step", step_},

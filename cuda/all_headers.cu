@@ -5,6 +5,7 @@
 // The CUDA-only headers (not in the umbrella header): the backend, the
 // cuBLASLt wrapper and the kernels (cuda/kernels.cu instantiates those).
 #include <tessera/core/cuda.hpp>
+#include <tessera/core/nvtx.hpp>
 #include <tessera/kernels/cuda/adamw.cuh>
 #include <tessera/kernels/cuda/elementwise.cuh>
 #include <tessera/kernels/cuda/embedding.cuh>

@@ -70,6 +70,10 @@
 /// below the smallest segment to compare).
 ///
 /// Thread-safety: one engine per rank, used from that rank's thread.
+///
+/// Profiling: each bucket reduction's issue and wait, each all-gather, the
+/// gradient norm and the optimizer step are NVTX ranges (core/nvtx.hpp;
+/// nothing without TESSERA_WITH_NVTX).
 
 #include <cstdint>
 #include <cstring>
@@ -82,6 +86,7 @@
 #include "tessera/comm/communicator.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/numeric.hpp"
+#include "tessera/core/nvtx.hpp"
 #include "tessera/core/tensor.hpp"
 #include "tessera/nn/llama.hpp"
 #include "tessera/nn/segment_hooks.hpp"
@@ -282,6 +287,7 @@ class data_parallel final : public nn::segment_hooks {
   /// ran without this engine's hooks, or no micro-batch had sync set), and
   /// comm_error from a failed collective.
   void finish_gradients() {
+    TESSERA_NVTX_RANGE("zero: finish_gradients");
     drain();
     if constexpr (S::shards_gradients) release_window();
     TESSERA_THROW_IF(events_.size() != plan_.size(), error, "finish_gradients: ", events_.size(),
@@ -302,6 +308,7 @@ class data_parallel final : public nn::segment_hooks {
   /// each rank sums its chunks (optim::grad_sum_squares per chunk, in bucket
   /// order), then one all_reduce. Collective. Call after finish_gradients().
   double grad_norm_squared() {
+    TESSERA_NVTX_RANGE("zero: grad_norm_squared");
     double local = 0;
     for (const bucket& b : plan_.buckets())
       local += optim::grad_sum_squares(reduced_chunk(b), b.chunk);
@@ -313,10 +320,15 @@ class data_parallel final : public nn::segment_hooks {
   /// then all-gather the updated shards into every rank's full parameters
   /// (in Param, the compute dtype). Collective for zero<1,2>.
   void step(double lr, double clip) {
+    TESSERA_NVTX_RANGE("zero: optimizer step");
     if constexpr (!S::shards_optimizer_state) {
+      TESSERA_NVTX_RANGE("adamw");
       adamw_.step(model_->params(), model_->grads(), lr, clip);
     } else {
-      adamw_.step(shard_params_.data(), shard_grads_.data(), lr, clip);
+      {
+        TESSERA_NVTX_RANGE("adamw (shard)");
+        adamw_.step(shard_params_.data(), shard_grads_.data(), lr, clip);
+      }
       if constexpr (!S::shards_parameters) gather_all_params();
     }
   }
@@ -465,6 +477,8 @@ class data_parallel final : public nn::segment_hooks {
   // the bucket's window buffer in place (converted first when Grad is not
   // Reduce), which is freed once the reduction completes.
   void launch(int k, int after_segment) {
+    TESSERA_NVTX_RANGE(S::shards_optimizer_state ? "reduce_scatter bucket " : "all_reduce bucket ",
+                       k);
     const bucket& b = plan_.buckets()[static_cast<std::size_t>(k)];
     Reduce* buf;
     if constexpr (S::shards_gradients) {
@@ -525,6 +539,7 @@ class data_parallel final : public nn::segment_hooks {
     while (!pending_.empty()) {
       pending_reduction p = std::move(pending_.front());
       pending_.pop_front();
+      TESSERA_NVTX_RANGE("wait reduction of bucket ", p.bucket);
       p.req.wait();
       if constexpr (S::shards_gradients) close_bucket(p.bucket);
     }
@@ -544,6 +559,7 @@ class data_parallel final : public nn::segment_hooks {
 
   // zero<1,2>: all-gather every updated shard into the full parameters.
   void gather_all_params() {
+    TESSERA_NVTX_RANGE("all_gather params");
     tensor<Param> all(shape{plan_.staging_size()}, *mr_);
     std::vector<request> reqs;
     for (const bucket& b : plan_.buckets())
@@ -566,6 +582,7 @@ class data_parallel final : public nn::segment_hooks {
     gathered_segment& g = slot(s);
     if (g.req || g.ready) return;
     const bucket& b = plan_.buckets()[static_cast<std::size_t>(plan_.bucket_of_segment(s))];
+    TESSERA_NVTX_RANGE("all_gather segment ", s);
     g.buf = tensor<Param>(shape{b.padded}, *mr_);
     max_held_ = std::max(max_held_, ++held_);
     g.req.emplace(gather_chunks(shard_params_.data() + b.shard_offset, g.buf.data(), b.chunk));
@@ -574,6 +591,7 @@ class data_parallel final : public nn::segment_hooks {
     issue_gather(s);
     gathered_segment& g = slot(s);
     if (!g.ready) {
+      TESSERA_NVTX_RANGE("wait all_gather segment ", s);
       g.req->wait();
       g.req.reset();
       g.ready = true;

@@ -217,4 +217,118 @@ constexpr launch_config rope_config(std::int64_t B, std::int64_t T, std::int64_t
   return c;
 }
 
+// ==== begin: fused LM head and cross-entropy (kernels/cuda/cross_entropy.hpp) ==================
+
+/// Threads per block of the softmax cross-entropy row kernel (one block per
+/// token row of a chunk) and of the final loss reduction (one block).
+inline constexpr int lm_head_ce_threads = 256;
+/// Bound on the row kernel's shared_storage (a CUB BlockReduce of a
+/// (max, sum) float pair over 256 threads plus two broadcast floats) and on
+/// the loss reduction's (a BlockReduce of doubles).
+inline constexpr std::size_t lm_head_ce_smem_bound = 256;
+/// Alignment of each region inside the caller's scratch (and of the scratch
+/// pointer itself): 256 bytes, as cudaMalloc gives, which also satisfies
+/// cuBLASLt's 16-byte preference and the kernel's 16-byte loads.
+inline constexpr std::size_t lm_head_ce_scratch_align = 256;
+/// The recommended float32 logits block: 256 MiB (the bf16 logit-gradient
+/// block adds half of it again).
+inline constexpr std::size_t lm_head_ce_logits_budget = std::size_t(256) << 20;
+
+/// Where lm_head_cross_entropy keeps its work inside the caller's scratch
+/// (byte offsets from the scratch pointer, each a multiple of
+/// lm_head_ce_scratch_align) and how many token rows one chunk holds.
+struct lm_head_ce_scratch {
+  std::int64_t rows = 0;     ///< C = min(chunk, max(N, 1)): token rows per chunk
+  std::size_t logits = 0;    ///< (C, V) float32 logits of the chunk
+  std::size_t dlogits = 0;   ///< (C, V) bf16 gradient of the loss w.r.t. the logits, scaled
+  std::size_t row_loss = 0;  ///< (max(N, 1)) float64 loss of every row of the call
+  std::size_t bytes = 0;     ///< total scratch bytes
+};
+
+namespace detail {
+constexpr std::size_t ce_align_up(std::size_t b) {
+  return (b + lm_head_ce_scratch_align - 1) / lm_head_ce_scratch_align * lm_head_ce_scratch_align;
+}
+}  // namespace detail
+
+/// The scratch layout for N token rows, vocabulary V, hidden size H and
+/// `chunk` rows per step: C (V floats + V bf16) + N doubles, each region
+/// rounded up to 256 bytes. H does not enter (x and wlm go to cuBLASLt as
+/// they are); it is checked so that one call validates every size. A chunk
+/// above N costs no more than chunk = N. Throws config_error for N < 0,
+/// V < 1, H < 1 or chunk < 1.
+constexpr lm_head_ce_scratch lm_head_ce_scratch_layout(std::int64_t N, std::int64_t V,
+                                                       std::int64_t H, std::int64_t chunk) {
+  if (N < 0 || V < 1 || H < 1 || chunk < 1)
+    throw config_error(
+        "lm_head_cross_entropy (cuda): need N >= 0, V >= 1, H >= 1 and chunk >= 1 token rows");
+  lm_head_ce_scratch s;
+  const std::int64_t n = std::max<std::int64_t>(N, 1);
+  s.rows = std::min(chunk, n);
+  const auto cv = static_cast<std::size_t>(s.rows) * static_cast<std::size_t>(V);
+  s.logits = 0;
+  s.dlogits = detail::ce_align_up(cv * sizeof(float));
+  s.row_loss = s.dlogits + detail::ce_align_up(cv * 2);  // bf16: 2 bytes
+  s.bytes = s.row_loss + detail::ce_align_up(static_cast<std::size_t>(n) * sizeof(double));
+  return s;
+}
+
+/// Device scratch bytes lm_head_cross_entropy needs (training or not; the
+/// same layout serves both). Independent of how many rows are ignored.
+constexpr std::size_t lm_head_cross_entropy_scratch_bytes(std::int64_t N, std::int64_t V,
+                                                          std::int64_t H, std::int64_t chunk) {
+  return lm_head_ce_scratch_layout(N, V, H, chunk).bytes;
+}
+
+/// The recommended `chunk` for vocabulary V: as many rows as keep the float32
+/// logits block within lm_head_ce_logits_budget (256 MiB), rounded down to a
+/// multiple of 64 (whole GEMM tiles) when that leaves at least 64, and at
+/// least 1. V = 32000 (Llama 2): 2048 rows, 250 MiB of float logits plus
+/// 125 MiB of bf16 gradient; V = 128256 (Llama 3): 512 rows, 250 + 125 MiB.
+/// Larger chunks do not make the GEMMs faster in a way that matters (at
+/// H = 4096 a 2048-row chunk is already 0.5 TFLOP per GEMM); smaller ones add
+/// per-chunk launch and cuBLASLt overhead. Throws config_error for V < 1.
+constexpr std::int64_t lm_head_cross_entropy_default_chunk(std::int64_t V) {
+  if (V < 1) throw config_error("lm_head_cross_entropy (cuda): need V >= 1");
+  const std::int64_t r = static_cast<std::int64_t>(lm_head_ce_logits_budget / sizeof(float)) / V;
+  if (r >= 64) return r - r % 64;
+  return std::max<std::int64_t>(r, 1);
+}
+
+/// The softmax cross-entropy row kernel over `rows` rows of one chunk: one
+/// block of lm_head_ce_threads per row (rows beyond the grid limit are taken
+/// by a grid-stride loop). The block's reduction tree depends on V only.
+constexpr launch_config lm_head_ce_row_config(std::int64_t rows, std::int64_t V) {
+  if (rows < 0 || V < 1) throw config_error("lm_head_cross_entropy (cuda): need rows >= 0, V >= 1");
+  launch_config c;
+  c.grid_x = std::max<std::int64_t>(1, std::min(rows, launch_limits::max_grid_x));
+  c.block = lm_head_ce_threads;
+  c.smem = lm_head_ce_smem_bound;
+  return c;
+}
+
+/// The final loss reduction: one block adds the N per-row losses (float64),
+/// thread t the rows t, t + 256, ... in order, then a CUB block tree: the
+/// same N gives the same bits, whatever the chunk.
+constexpr launch_config lm_head_ce_loss_config(std::int64_t N) {
+  if (N < 0) throw config_error("lm_head_cross_entropy (cuda): need N >= 0");
+  launch_config c;
+  c.block = lm_head_ce_threads;
+  c.smem = lm_head_ce_smem_bound;
+  return c;
+}
+
+/// Zeroing the dx rows of ignored positions after the input-gradient GEMM:
+/// one block per token row (grid-stride beyond the limit); a block whose
+/// row is scored returns at once.
+constexpr launch_config lm_head_ce_zero_rows_config(std::int64_t N) {
+  if (N < 0) throw config_error("lm_head_cross_entropy (cuda): need N >= 0");
+  launch_config c;
+  c.grid_x = std::max<std::int64_t>(1, std::min(N, launch_limits::max_grid_x));
+  c.block = lm_head_ce_threads;
+  return c;
+}
+
+// ==== end: fused LM head and cross-entropy ======================================================
+
 }  // namespace tessera::kernels::cuda

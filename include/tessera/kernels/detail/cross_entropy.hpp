@@ -35,4 +35,36 @@ TESSERA_HOST_DEVICE inline A ce_dlogit(A e, A inv_sum, bool is_target, A scale) 
   return (e * inv_sum - (is_target ? A(1) : A(0))) * scale;
 }
 
+/// Running (max, sum of exp(z - max)) of a stream of logits: the online
+/// softmax normaliser (Milakov and Gimelshein, "Online normalizer calculation
+/// for softmax", 2018, algorithm 3). The GPU kernel keeps one per thread and
+/// merges them with ce_online_combine; the host loop takes the max first
+/// and does not use these. The empty state is {-inf, 0}.
+template <class A>
+struct ce_online {
+  A max;
+  A sum;
+};
+
+/// Adds logit z to the running state: when z is a new maximum the sum is
+/// rescaled to it (exp(old_max - z) <= 1), otherwise exp(z - max) is added.
+/// A NaN logit makes the sum NaN (it is never a new maximum).
+template <class A>
+TESSERA_HOST_DEVICE inline ce_online<A> ce_online_update(ce_online<A> s, A z) {
+  if (z > s.max) return {z, s.sum * ce_exp(s.max, z) + A(1)};
+  if (s.sum == A(0) && z == s.max) return s;  // -inf into an empty state adds exp(-inf) = 0
+  return {s.max, s.sum + ce_exp(z, s.max)};
+}
+
+/// Merges two running states (associative and commutative up to rounding).
+/// An empty side (sum 0, max -inf) contributes nothing, so two empty sides
+/// give an empty state instead of exp(-inf - -inf) = NaN.
+template <class A>
+TESSERA_HOST_DEVICE inline ce_online<A> ce_online_combine(ce_online<A> a, ce_online<A> b) {
+  if (a.sum == A(0)) return b;
+  if (b.sum == A(0)) return a;
+  const A m = a.max > b.max ? a.max : b.max;
+  return {m, a.sum * ce_exp(a.max, m) + b.sum * ce_exp(b.max, m)};
+}
+
 }  // namespace tessera::kernels::detail

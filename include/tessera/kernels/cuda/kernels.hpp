@@ -107,6 +107,28 @@ void embedding_backward(float* d_dwte, const G* d_dout, const std::int32_t* d_to
 template <class To, class From>
 void cast(To* d_out, const From* d_in, std::int64_t n, cudaStream_t stream);
 
+// ---- residual add and the inf/NaN check (kernels/cuda/elementwise.cuh) -----------------------
+
+/// out[i] = a[i] + b[i] for i < n, added in float32 and rounded once to T, as
+/// the host kernels::residual_add (the same bits). T in {float, bf16}.
+/// `d_out` may alias `d_a` or `d_b` (element for element, not shifted).
+/// 16-byte accesses when all three pointers are 16-byte aligned.
+/// Throws config_error for n < 0.
+template <class T>
+void residual_add(T* d_out, const T* d_a, const T* d_b, std::int64_t n, cudaStream_t stream);
+
+/// The loss scaler's inf/NaN check: sets `*d_flag` (one int32 on the device)
+/// to 1 if any of g[0, n) is inf or NaN (tested on the bits); never clears
+/// it, so the caller zeroes it once and checks several buffers into it.
+/// G in {float, bf16}. Each block that saw one sets the flag with an integer
+/// atomic OR (no float atomics; the result does not depend on the order).
+/// Throws config_error for n < 0, or a null `d_flag` with n > 0.
+template <class G>
+void count_nonfinite(std::int32_t* d_flag, const G* d_g, std::int64_t n, cudaStream_t stream);
+
+// The fused LM head and cross-entropy is declared in kernels/cuda/cross_entropy.hpp
+// (it takes a cublaslt_context from kernels/cuda/gemm.cuh).
+
 // ---- global gradient norm (kernels/cuda/grad_norm.cuh) ---------------------------------------
 
 /// Sum of squares of g[0, n) in float64: `*d_out` = sum (or `*d_out` += sum
@@ -184,8 +206,8 @@ void rope_forward(T* d_x, const float* d_cos, const float* d_sin, std::int64_t B
 /// G in {float, bf16}, arithmetic in float32, a bf16 result rounded once.
 /// Same tables, layout and throws as rope_forward.
 template <class G>
-void rope_backward(G* d_dx, const float* d_cos, const float* d_sin, std::int64_t B,
-                   std::int64_t T_, std::int64_t nh, std::int64_t hd, cudaStream_t stream);
+void rope_backward(G* d_dx, const float* d_cos, const float* d_sin, std::int64_t B, std::int64_t T_,
+                   std::int64_t nh, std::int64_t hd, cudaStream_t stream);
 
 // ---- the instantiations cuda/kernels.cu provides ---------------------------------------------
 
@@ -249,8 +271,19 @@ void rope_backward(G* d_dx, const float* d_cos, const float* d_sin, std::int64_t
                              std::int64_t, std::int64_t, cudaStream_t);
 // clang-format on
 
+// The instantiations cuda/kernels_cross_entropy.cu provides (a TU of its own:
+// cuda/kernels.cu does not compile them).
+// clang-format off
+#define TESSERA_CUDA_ELEMENTWISE_MODEL_INSTANTIATIONS(X)                                            \
+  X void residual_add<float>(float*, const float*, const float*, std::int64_t, cudaStream_t);     \
+  X void residual_add<bf16>(bf16*, const bf16*, const bf16*, std::int64_t, cudaStream_t);         \
+  X void count_nonfinite<float>(std::int32_t*, const float*, std::int64_t, cudaStream_t);         \
+  X void count_nonfinite<bf16>(std::int32_t*, const bf16*, std::int64_t, cudaStream_t);
+// clang-format on
+
 #if !defined(TESSERA_CUDA_KERNELS_INSTANTIATING)
 TESSERA_CUDA_KERNEL_INSTANTIATIONS(extern template)
+TESSERA_CUDA_ELEMENTWISE_MODEL_INSTANTIATIONS(extern template)
 #endif
 
 }  // namespace tessera::kernels::cuda

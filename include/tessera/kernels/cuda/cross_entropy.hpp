@@ -1,0 +1,92 @@
+#pragma once
+/// \file kernels/cuda/cross_entropy.hpp
+/// The LM head fused with the softmax cross-entropy on the GPU, in chunks of
+/// token rows, so that the full (N, V) float32 logits never exist: per chunk
+/// the logits (a cuBLASLt GEMM), the softmax, the loss and the logit
+/// gradient (one kernel), and the two GEMMs of the backward run on a
+/// (chunk, V) scratch block, which the next chunk reuses. Declarations for
+/// any C++ compiler (with the CUDA headers); the kernels are in
+/// kernels/cuda/cross_entropy.cuh and the definition in
+/// cuda/kernels_cross_entropy.cu (link tessera::cuda_kernels). The scratch
+/// layout and launch configurations are host functions in
+/// kernels/cuda/launch.hpp (tested in tests/kernels/cuda_cross_entropy_launch.cpp).
+///
+/// Gradient contract (llm.c): dwlm accumulates (`+=`), dx is written (`=`).
+///
+/// Source: llm.c's fused classifier (`fused_classifier_kernel`, train_gpt2.cu)
+/// and Liger-kernel's fused linear cross-entropy (chunking over tokens); the
+/// host version is kernels::lm_head_cross_entropy (kernels/cross_entropy.hpp),
+/// and both call the per-element arithmetic of kernels/detail/cross_entropy.hpp.
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "tessera/core/numeric.hpp"
+#include "tessera/kernels/cuda/gemm.cuh"
+#include "tessera/kernels/cuda/launch.hpp"
+
+namespace tessera::kernels::cuda {
+
+// lm_head_cross_entropy_scratch_bytes(N, V, H, chunk) and the recommended
+// lm_head_cross_entropy_default_chunk(V) are constexpr in launch.hpp:
+//   std::size_t lm_head_cross_entropy_scratch_bytes(std::int64_t N, std::int64_t V,
+//                                                   std::int64_t H, std::int64_t chunk);
+
+/// LM head + softmax cross-entropy, fused and chunked, on `stream`.
+///
+/// x (N, H) bf16 final-normed hidden states; wlm (V, H) bf16; targets (N) int32 (position n scored
+/// unless targets[n] == ignore_index). Writes *d_loss_sum (one double on the device) = sum over
+/// scored n of -log softmax(x wlm^T)[n, targets[n]] (natural log). If d_dx != nullptr (training;
+/// d_dwlm then required): d_dx (N, H) bf16 WRITTEN = grad_scale * d(loss_sum)/dx (rows of ignored
+/// positions exactly 0); d_dwlm (V, H) float32 ACCUMULATED (+=) grad_scale * d(loss_sum)/dwlm.
+/// grad_scale is typically 1 / (global count of scored tokens over all micro-batches and ranks),
+/// known on the host.
+///
+/// - Per chunk of C = min(chunk, N) rows: logits (C, V) float32 = x_chunk wlm^T
+///   (linear_forward: bf16 operands, float32 accumulation); one block per row
+///   computes the max and sum of exp online in float32, the row's loss
+///   (float32, stored as float64) and, when training, grad_scale * (softmax -
+///   onehot) rounded once to bf16; then dx_chunk = dlogits wlm
+///   (linear_backward_input, bf16 out) and dwlm += dlogits^T x_chunk
+///   (linear_backward_weight, beta = 1, float32 accumulation). Against the
+///   host's bf16 path (float32 throughout) this adds two roundings: the logit
+///   gradient to bf16 (cuBLASLt has no float x bf16 matmul) and dx to bf16.
+/// - `ctx`: the GEMMs' cuBLASLt context; it must serve `stream` (its workspace
+///   is shared). It caches a plan per GEMM shape and pointer alignment: a
+///   handful per (N, chunk) (the last chunk may be shorter, and x_chunk's
+///   alignment can change from chunk to chunk when C * H * 2 bytes is not a
+///   multiple of 16).
+/// - `chunk` >= 1 rows; lm_head_cross_entropy_default_chunk(V) is the
+///   recommendation (2048 rows at V = 32000: 250 MiB of float logits).
+/// - `d_scratch`: at least lm_head_cross_entropy_scratch_bytes(N, V, H, chunk)
+///   bytes, aligned to 256 bytes (cudaMalloc and the caching allocator are);
+///   contents on entry do not matter. No other device memory is allocated.
+/// - Deterministic: the per-row losses are added by one block in a fixed
+///   order after the last chunk (no float atomics), on the device (no host
+///   synchronisation anywhere in the call); the row kernel's reduction tree
+///   depends on V only. Two calls with the same inputs and chunk give the
+///   same bits on one GPU (cuBLASLt's algorithms are deterministic).
+/// - Targets outside [0, V) other than ignore_index cannot be reported from
+///   the device without a host sync, so the call does not throw for them:
+///   such a row's loss is NaN, and (training) its logit gradient is NaN, so
+///   its dx row and all of dwlm become NaN (other rows' dx are unaffected). The loss
+///   sum is then NaN and the step's inf/NaN check (count_nonfinite, or a
+///   non-finite loss) rejects the step: the error is visible, never a
+///   silent wrong gradient. The data loader validates token ids, so this
+///   does not happen with its batches. Nothing is read out of bounds.
+/// - N = 0 writes *d_loss_sum = 0 and touches nothing else.
+/// - Aliasing: d_dx and d_dwlm must not overlap each other, the inputs or the
+///   scratch.
+/// - Throws config_error before any work for N < 0, V < 1, H < 1, chunk < 1,
+///   a null d_loss_sum (or, with N > 0, a null input), only one of d_dx and
+///   d_dwlm given, a scratch buffer too small or not 256-byte aligned;
+///   cuda_error if a launch or cuBLASLt call fails.
+void lm_head_cross_entropy(cublaslt_context& ctx, double* d_loss_sum, const bf16* d_x,
+                           const bf16* d_wlm, const std::int32_t* d_targets, std::int64_t N,
+                           std::int64_t V, std::int64_t H, std::int32_t ignore_index,
+                           float grad_scale, bf16* d_dx, float* d_dwlm, std::int64_t chunk,
+                           void* d_scratch, std::size_t scratch_bytes, cudaStream_t stream);
+
+}  // namespace tessera::kernels::cuda

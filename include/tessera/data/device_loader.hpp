@@ -27,14 +27,16 @@
 ///        after the last work that read device i; no host block);
 ///     5. cudaMemcpyAsync(device i <- pinned i) on the copy stream;
 ///     6. record copied[i] on the copy stream.
-///   next():
+///   next(), handing out micro-batch k from slot i:
+///     0. fill and check micro-batch k+1 (step 1 above; a bad id throws
+///        here, before anything changes);
 ///     1. record released[j] on the compute stream for the slot j handed out
 ///        by the previous next(): every kernel that read it is queued by now;
 ///     2. compute stream waits on copied[i] of the prefetched slot i (no host
 ///        block), and slot i is handed out;
-///     3. prefetch the following micro-batch into slot j (steps 1-6 above):
-///        its copy waits only for the compute of micro-batch k-1, so it runs
-///        while micro-batch k computes.
+///     3. steps 2-6 above for micro-batch k+1 into slot j: its copy waits
+///        only for the compute of micro-batch k-1, so it runs while
+///        micro-batch k computes.
 ///
 /// The caller's contract: every kernel that reads a batch returned by next()
 /// is queued on the compute stream before the next call to next(). The

@@ -1,0 +1,788 @@
+#pragma once
+/// \file kernels/cuda/attention.cuh
+/// Causal flash attention kernels with grouped-query heads (declared and
+/// documented in kernels/cuda/attention.hpp; launch configurations, tile
+/// shapes and fragment layouts in kernels/cuda/attention_launch.hpp).
+///
+/// Design (FlashAttention-2, Dao 2023):
+/// - Every kernel runs 8 warps; a warp owns a 16-row slice of the block's
+///   query (or key) tile and computes on bf16 tensor cores with
+///   `mma.sync.m16n8k16` (float32 accumulators in registers), loading its
+///   operands from shared memory with `ldmatrix` (`.trans` for the operands
+///   stored k-major). Global -> shared copies are 16-byte `cp.async`, with the
+///   next tile's copy in flight while the current one is computed (double
+///   buffers). Rows past S are zero-filled by the copy and never stored.
+/// - Forward: per key tile, S = Q K^T (Q's fragments stay in registers), the
+///   online softmax in float32 (kernels::detail::online_softmax_rescale and
+///   attention_prob, the host's functions), P rounded to bf16 and reused
+///   in registers as the A operand of O += P V (the C fragments of two
+///   adjacent n-tiles are the A fragment of one k-step). Key tiles wholly above
+///   a warp's diagonal are skipped; the mask is applied only on tiles that
+///   cross it. out and lse are written at the end.
+/// - Backward: D = rowsum(dO * O) (float32, scratch); dK, dV per key tile (a
+///   block walks every query tile of every query head of its GQA group, in a
+///   fixed order, accumulating in registers); dQ per query tile. P and dS are
+///   recomputed in both passes from lse; no atomics.
+///
+/// The block bodies (attention_*_block) are C++ templates over `Ops`, the
+/// warp-level primitives: attention_device_ops (PTX, below, nvcc only) on the
+/// GPU; the host test tests/kernels/cuda_attention_launch.cpp runs the same
+/// bodies under a warp emulator. So this header compiles with a plain C++
+/// compiler too: everything that needs nvcc is under `__CUDACC__`.
+///
+/// Gradient contract (llm.c): no parameters; dq, dk, dv are written (`=`).
+
+#include <cmath>
+#include <cstdint>
+
+#include "tessera/core/numeric.hpp"
+#include "tessera/kernels/cuda/attention_launch.hpp"
+#include "tessera/kernels/detail/attention.hpp"
+
+#if defined(__CUDACC__)
+#include <cuda_runtime.h>
+
+#include "tessera/core/cuda.hpp"
+#define TESSERA_ATTENTION_FN __device__ __forceinline__
+#define TESSERA_ATTENTION_UNROLL _Pragma("unroll")
+#define TESSERA_ATTENTION_NO_UNROLL _Pragma("unroll 1")
+#else
+#define TESSERA_ATTENTION_FN inline
+#define TESSERA_ATTENTION_UNROLL
+#define TESSERA_ATTENTION_NO_UNROLL
+#endif
+
+namespace tessera::kernels::cuda::detail {
+
+/// Arguments of the forward kernel (bf16 as raw bits).
+struct attention_forward_params {
+  std::uint16_t* out;      // (B, S, nh, hd)
+  float* lse;              // (B, nh, S)
+  const std::uint16_t* q;  // (B, S, nh, hd)
+  const std::uint16_t* k;  // (B, S, nkv, hd)
+  const std::uint16_t* v;  // (B, S, nkv, hd)
+  std::int64_t S;
+  int nh;
+  int nkv;
+  float scale;  // 1 / sqrt(hd)
+};
+
+/// Arguments of the backward kernels (bf16 as raw bits).
+struct attention_backward_params {
+  std::uint16_t* dq;          // (B, S, nh, hd)
+  std::uint16_t* dk;          // (B, S, nkv, hd)
+  std::uint16_t* dv;          // (B, S, nkv, hd)
+  const std::uint16_t* dout;  // (B, S, nh, hd)
+  const std::uint16_t* q;
+  const std::uint16_t* k;
+  const std::uint16_t* v;
+  const std::uint16_t* out;  // (B, S, nh, hd)
+  const float* lse;          // (B, nh, S)
+  float* d;                  // (B, nh, S): rowsum(dout * out), the scratch
+  std::int64_t rows;         // B S nh
+  std::int64_t S;
+  int nh;
+  int nkv;
+  float scale;
+};
+
+/// 16 bytes of global memory as one access.
+struct alignas(16) attention_vec16 {
+  std::uint32_t w[4];
+};
+
+using mma_m16n8k16::c_coord;
+
+/// Shared-window byte address of `member` of the shared storage `sm`, given
+/// `s0`, the address of `sm`. The loops pass s0 through Ops::opaque once per
+/// iteration, so tile offsets fold into the instructions' immediates.
+template <class Storage, class T>
+TESSERA_ATTENTION_FN std::uint32_t attention_smem_addr(std::uint32_t s0, const Storage& sm,
+                                                       const T* member) {
+  return s0 + static_cast<std::uint32_t>(reinterpret_cast<const char*>(member) -
+                                         reinterpret_cast<const char*>(&sm));
+}
+
+/// Element offset in a swizzled (., HD) shared tile of the 16-byte chunk `c`
+/// (row, chunk index) names, e.g. a lane's ldmatrix row for k-step 0.
+TESSERA_ATTENTION_FN int attention_ldsm_base(mma_m16n8k16::coord c, int hd) {
+  return attention_smem_offset(c.row, c.col * 8, hd);
+}
+
+/// Rows of a tile starting at `row0` that lie before S (0 to `rows`).
+TESSERA_ATTENTION_FN int attention_valid_rows(std::int64_t row0, std::int64_t S, int rows) {
+  const std::int64_t v = S - row0;
+  return v <= 0 ? 0 : v >= rows ? rows : static_cast<int>(v);
+}
+
+/// Copies a (Rows, HD) tile, row r at src + r * stride, into the swizzled
+/// shared tile at shared-window address `dst` with 16-byte cp.async;
+/// rows r >= valid_rows are zero-filled (and not read). Every thread of the
+/// block calls it: thread tid copies chunk tid % (HD/8) of rows
+/// tid / (HD/8) + i * 256 / (HD/8).
+template <class Ops, int HD, int Rows>
+TESSERA_ATTENTION_FN void attention_load_tile(std::uint32_t dst, const std::uint16_t* src,
+                                              int valid_rows, int stride, int tid) {
+  constexpr int chunks = HD / 8, rows_per_round = attention_threads / chunks;
+  static_assert(Rows % rows_per_round == 0 && rows_per_round % 8 == 0,
+                "whole copy rounds per thread, each keeping the row's swizzle");
+  const int r0 = tid / chunks, ch = tid % chunks;
+  const std::uint32_t d0 =
+      dst + 2u * static_cast<std::uint32_t>(attention_smem_offset(r0, ch * 8, HD));
+  const std::uint16_t* s0 = src + r0 * stride + ch * 8;
+  TESSERA_ATTENTION_UNROLL
+  for (int i = 0; i < Rows / rows_per_round; ++i) {
+    const bool valid = r0 + i * rows_per_round < valid_rows;
+    Ops::cp_async16(d0 + 2u * i * rows_per_round * HD,
+                    valid ? s0 + i * rows_per_round * stride : src, valid);
+  }
+}
+
+/// acc[n][.] += A B^T for a 16-row slice of A, the shared tile at `a`
+/// (rows [a_row0, a_row0 + 16), HD columns), and B the shared tile at `b`
+/// stored n-major (rows [0, 8 N), HD columns): e.g. Q K^T. N is even.
+template <class Ops, int HD, int N>
+TESSERA_ATTENTION_FN void attention_mma_abt(float (&acc)[N][4], std::uint32_t a, int a_row0,
+                                            std::uint32_t b, int lane) {
+  static_assert(N % 2 == 0, "n-tiles are loaded in pairs");
+  const int a_base = attention_ldsm_base(mma_m16n8k16::ldsm_a(lane, a_row0, 0), HD);
+  const int b_base = attention_ldsm_base(mma_m16n8k16::ldsm_b(lane, 0, 0), HD);
+  TESSERA_ATTENTION_UNROLL
+  for (int kk = 0; kk < HD / 16; ++kk) {
+    std::uint32_t af[4];
+    Ops::ldsm_x4(af, a + 2 * attention_smem_step(a_base, kk));
+    TESSERA_ATTENTION_UNROLL
+    for (int np = 0; np < N / 2; ++np) {
+      std::uint32_t bf[4];
+      Ops::ldsm_x4(bf, b + 2 * (attention_smem_step(b_base, kk) + 16 * np * HD));
+      Ops::mma(acc[2 * np], af, bf[0], bf[1]);
+      Ops::mma(acc[2 * np + 1], af, bf[2], bf[3]);
+    }
+  }
+}
+
+/// acc[HD/8][.] += P B where P (16 x 8 N) is given by its float32 C fragments
+/// `p` (rounded to bf16 here: the C fragments of n-tiles 2j, 2j+1 are the A
+/// fragment of k-step j) and B is the shared tile at `b` (rows [0, 8 N) = k,
+/// HD columns = n) read with ldmatrix.trans: e.g. P V, dS K, P^T dO.
+template <class Ops, int HD, int N>
+TESSERA_ATTENTION_FN void attention_mma_pb(float (&acc)[HD / 8][4], const float (&p)[N][4],
+                                           std::uint32_t b, int lane) {
+  const int b_base = attention_ldsm_base(mma_m16n8k16::ldsm_bt(lane, 0, 0), HD);
+  TESSERA_ATTENTION_UNROLL
+  for (int j = 0; j < N / 2; ++j) {
+    const std::uint32_t af[4] = {Ops::pack_bf16(p[2 * j][0], p[2 * j][1]),
+                                 Ops::pack_bf16(p[2 * j][2], p[2 * j][3]),
+                                 Ops::pack_bf16(p[2 * j + 1][0], p[2 * j + 1][1]),
+                                 Ops::pack_bf16(p[2 * j + 1][2], p[2 * j + 1][3])};
+    TESSERA_ATTENTION_UNROLL
+    for (int np = 0; np < HD / 16; ++np) {
+      std::uint32_t bf[4];
+      Ops::ldsm_x4_trans(bf, b + 2 * (attention_smem_step(b_base, np) + 16 * j * HD));
+      Ops::mma(acc[2 * np], af, bf[0], bf[1]);
+      Ops::mma(acc[2 * np + 1], af, bf[2], bf[3]);
+    }
+  }
+}
+
+/// Sets a warp's accumulator slice to 0.
+template <int N>
+TESSERA_ATTENTION_FN void attention_zero(float (&acc)[N][4]) {
+  TESSERA_ATTENTION_UNROLL
+  for (int n = 0; n < N; ++n) {
+    TESSERA_ATTENTION_UNROLL
+    for (int i = 0; i < 4; ++i) acc[n][i] = 0.f;
+  }
+}
+
+/// Writes a warp's 16 x HD float accumulator, times `scale`, as bf16 rows
+/// [0, valid_rows) of the global rows at dst (row r at dst + r * stride),
+/// staged through the warp's own rows [srow0, srow0 + 16) of the shared
+/// tile `stage` for 16-byte stores. Only this warp may use those shared rows
+/// from the call on.
+template <class Ops, int HD>
+TESSERA_ATTENTION_FN void attention_store_rows(std::uint16_t* dst, int valid_rows, int stride,
+                                               const float (&acc)[HD / 8][4], float scale,
+                                               std::uint16_t* stage, int srow0, int lane) {
+  Ops::sync_warp();  // every ldmatrix of these rows is done
+  TESSERA_ATTENTION_UNROLL
+  for (int n = 0; n < HD / 8; ++n) {
+    TESSERA_ATTENTION_UNROLL
+    for (int i = 0; i < 4; i += 2) {
+      const auto c = c_coord(lane, i);
+      const std::uint32_t v = Ops::pack_bf16(acc[n][i] * scale, acc[n][i + 1] * scale);
+      Ops::st_shared32(stage + attention_smem_offset(srow0 + c.row, 8 * n + c.col, HD), v);
+    }
+  }
+  Ops::sync_warp();
+  constexpr int chunks = HD / 8;
+  TESSERA_ATTENTION_UNROLL
+  for (int i = 0; i < 16 * chunks / 32; ++i) {
+    const int c = lane + 32 * i;
+    const int r = c / chunks, ch = c % chunks;
+    if (r < valid_rows)
+      Ops::st_global16(dst + r * stride + ch * 8,
+                       Ops::ld_shared16(stage + attention_smem_offset(srow0 + r, ch * 8, HD)));
+  }
+}
+
+// ---- forward ---------------------------------------------------------------------------------
+
+/// One block of the forward: query tile `q_tile` (rows [128 q_tile, +128))
+/// of (b, h) = (bh / nh, bh % nh). `tid` in [0, 256).
+template <class Ops, int HD>
+TESSERA_ATTENTION_FN void attention_forward_block(
+    const attention_forward_params& p, std::int64_t bh, int q_tile,
+    typename attention_forward_traits<HD>::shared_storage& sm, int tid) {
+  using tr = attention_forward_traits<HD>;
+  constexpr int NS = tr::k_rows / 8;  // n-tiles of a score slice (16 x 64)
+  constexpr int NO = HD / 8;          // n-tiles of the output slice (16 x HD)
+  const int warp = tid / 32, lane = tid % 32;
+  const std::int64_t S = p.S;
+  const std::int64_t b = bh / p.nh;
+  const int h = static_cast<int>(bh % p.nh);
+  const int g = static_cast<int>(kernels::detail::attention_kv_head(h, p.nh, p.nkv));
+  const int qstride = p.nh * HD, kstride = p.nkv * HD;      // elements from row t to t + 1
+  const std::uint16_t* qg = p.q + (b * S * p.nh + h) * HD;  // row t at qg + t * qstride
+  const std::uint16_t* kg = p.k + (b * S * p.nkv + g) * HD;
+  const std::uint16_t* vg = p.v + (b * S * p.nkv + g) * HD;
+
+  const std::int64_t q0 = std::int64_t(q_tile) * tr::q_rows;
+  const std::int64_t q_end = q0 + tr::q_rows < S ? q0 + tr::q_rows : S;
+  const int n_kt = static_cast<int>((q_end + tr::k_rows - 1) / tr::k_rows);  // keys < q_end
+  const std::uint32_t smem = Ops::smem_addr(&sm);
+
+  // Loads key tile kt (K and V) into buffer buf.
+  auto load_kv = [&](int kt, int buf) {
+    const std::int64_t k0 = std::int64_t(kt) * tr::k_rows;
+    const int valid = attention_valid_rows(k0, S, tr::k_rows);
+    attention_load_tile<Ops, HD, tr::k_rows>(attention_smem_addr(smem, sm, sm.k[buf]),
+                                             kg + k0 * kstride, valid, kstride, tid);
+    attention_load_tile<Ops, HD, tr::k_rows>(attention_smem_addr(smem, sm, sm.v[buf]),
+                                             vg + k0 * kstride, valid, kstride, tid);
+  };
+  attention_load_tile<Ops, HD, tr::q_rows>(attention_smem_addr(smem, sm, sm.q), qg + q0 * qstride,
+                                           attention_valid_rows(q0, S, tr::q_rows), qstride, tid);
+  load_kv(n_kt - 1, 0);
+  Ops::cp_commit();
+
+  const std::int64_t w0 = q0 + 16 * warp;  // the warp's first query row
+  const bool live = w0 < S;
+  const float neg_inf = kernels::detail::attention_neg_inf<float>();
+  float o[NO][4];
+  attention_zero(o);
+  float m[2] = {neg_inf, neg_inf};  // running max of rows g and g + 8 (g = lane / 4)
+  float l[2] = {0.f, 0.f};          // this lane's part of the running sums
+  std::uint32_t qf[HD / 16][4];     // the warp's Q slice as A fragments
+  const int kb_base = attention_ldsm_base(mma_m16n8k16::ldsm_b(lane, 0, 0), HD);
+
+  for (int it = 0; it < n_kt; ++it) {
+    const int kt = n_kt - 1 - it, buf = it & 1;
+    Ops::template cp_wait<0>();
+    Ops::sync();  // tile kt has landed, and every warp is done with buffer buf ^ 1
+    const std::uint32_t s0 = Ops::opaque(smem);
+    if (it == 0) {
+      const int a_base = attention_ldsm_base(mma_m16n8k16::ldsm_a(lane, 16 * warp, 0), HD);
+      const std::uint32_t sq = attention_smem_addr(s0, sm, sm.q);
+      TESSERA_ATTENTION_UNROLL
+      for (int kk = 0; kk < HD / 16; ++kk)
+        Ops::ldsm_x4(qf[kk], sq + 2 * attention_smem_step(a_base, kk));
+    }
+    if (it + 1 < n_kt) {
+      load_kv(kt - 1, buf ^ 1);
+      Ops::cp_commit();
+    }
+    const std::int64_t k0 = std::int64_t(kt) * tr::k_rows;
+    if (!live || w0 + 15 < k0) continue;  // warp-uniform: every key of the tile is masked
+
+    // S = Q K^T for the warp's 16 rows and the tile's 64 keys.
+    const std::uint32_t sk = attention_smem_addr(s0, sm, sm.k[buf]);
+    float s[NS][4];
+    attention_zero(s);
+    TESSERA_ATTENTION_UNROLL
+    for (int kk = 0; kk < HD / 16; ++kk) {
+      TESSERA_ATTENTION_UNROLL
+      for (int np = 0; np < NS / 2; ++np) {
+        std::uint32_t bf[4];
+        Ops::ldsm_x4(bf, sk + 2 * (attention_smem_step(kb_base, kk) + 16 * np * HD));
+        Ops::mma(s[2 * np], qf[kk], bf[0], bf[1]);
+        Ops::mma(s[2 * np + 1], qf[kk], bf[2], bf[3]);
+      }
+    }
+
+    // Scale, causal mask (only on a tile that crosses the diagonal), row max.
+    const bool diagonal = k0 + tr::k_rows - 1 > w0;
+    const int dk0 = static_cast<int>(k0 - w0);  // key - row = dk0 + 8 n + col - row
+    float mx[2] = {neg_inf, neg_inf};
+    TESSERA_ATTENTION_UNROLL
+    for (int n = 0; n < NS; ++n) {
+      TESSERA_ATTENTION_UNROLL
+      for (int i = 0; i < 4; ++i) {
+        const auto c = c_coord(lane, i);
+        float x = s[n][i] * p.scale;
+        if (diagonal && dk0 + 8 * n + c.col > c.row) x = neg_inf;
+        s[n][i] = x;
+        mx[i >> 1] = fmaxf(mx[i >> 1], x);
+      }
+    }
+    float alpha[2], mu[2];
+    TESSERA_ATTENTION_UNROLL
+    for (int r = 0; r < 2; ++r) {
+      // The 4 lanes of a quad hold one row: reduce over them (FA-2 Algorithm 1, line 8).
+      mx[r] = fmaxf(mx[r], Ops::shfl_xor(mx[r], 1));
+      mx[r] = fmaxf(mx[r], Ops::shfl_xor(mx[r], 2));
+      alpha[r] = kernels::detail::online_softmax_rescale(m[r], mx[r]);
+      mu[r] = m[r] == neg_inf ? 0.f : m[r];  // a row with nothing unmasked yet: p = 0
+    }
+    float rs[2] = {0.f, 0.f};
+    TESSERA_ATTENTION_UNROLL
+    for (int n = 0; n < NS; ++n) {
+      TESSERA_ATTENTION_UNROLL
+      for (int i = 0; i < 4; ++i) {
+        const float pr = kernels::detail::attention_prob(s[n][i], mu[i >> 1]);
+        s[n][i] = pr;
+        rs[i >> 1] += pr;
+      }
+    }
+    TESSERA_ATTENTION_UNROLL
+    for (int r = 0; r < 2; ++r) l[r] = l[r] * alpha[r] + rs[r];
+    TESSERA_ATTENTION_UNROLL
+    for (int n = 0; n < NO; ++n) {
+      TESSERA_ATTENTION_UNROLL
+      for (int i = 0; i < 4; ++i) o[n][i] *= alpha[i >> 1];
+    }
+    // O += P V (P rounded to bf16).
+    attention_mma_pb<Ops, HD, NS>(o, s, attention_smem_addr(s0, sm, sm.v[buf]), lane);
+  }
+
+  // l = sum over the quad; out = O / l; lse = m + log(l) (FA-2 Algorithm 1, lines 12-13).
+  TESSERA_ATTENTION_UNROLL
+  for (int r = 0; r < 2; ++r) {
+    l[r] += Ops::shfl_xor(l[r], 1);
+    l[r] += Ops::shfl_xor(l[r], 2);
+  }
+  if (!live) return;
+  const float inv[2] = {l[0] > 0.f ? 1.f / l[0] : 0.f, l[1] > 0.f ? 1.f / l[1] : 0.f};
+  TESSERA_ATTENTION_UNROLL
+  for (int n = 0; n < NO; ++n) {
+    TESSERA_ATTENTION_UNROLL
+    for (int i = 0; i < 4; ++i) o[n][i] *= inv[i >> 1];
+  }
+  const int valid = attention_valid_rows(w0, S, 16);
+  if ((lane & 3) == 0) {
+    float* lse = p.lse + (b * p.nh + h) * S + w0;
+    TESSERA_ATTENTION_UNROLL
+    for (int r = 0; r < 2; ++r) {
+      const int t = (lane >> 2) + 8 * r;
+      if (t < valid) Ops::st_global_f32(lse + t, kernels::detail::attention_lse(m[r], l[r]));
+    }
+  }
+  // The warp's rows of sm.q were read only by this warp (Q fragments, it == 0).
+  attention_store_rows<Ops, HD>(p.out + (b * S * p.nh + h) * HD + w0 * qstride, valid, qstride, o,
+                                1.f, sm.q, 16 * warp, lane);
+}
+
+// ---- backward: D = rowsum(dout * out) --------------------------------------------------------
+
+/// One block of the preprocessing: rows [block * rows_per_block, +rows_per_block)
+/// of the (B, S, nh) rows, hd/8 threads a row, a fixed shuffle tree.
+template <class Ops, int HD>
+TESSERA_ATTENTION_FN void attention_backward_d_block(const attention_backward_params& p,
+                                                     std::int64_t block, int tid) {
+  using tr = attention_backward_d_traits<HD>;
+  const std::int64_t row = block * tr::rows_per_block + tid / tr::threads_per_row;
+  const int part = tid % tr::threads_per_row;
+  float acc = 0.f;
+  if (row < p.rows) {
+    const attention_vec16 a = Ops::ld_global16(p.dout + row * HD + part * 8);
+    const attention_vec16 o = Ops::ld_global16(p.out + row * HD + part * 8);
+    TESSERA_ATTENTION_UNROLL
+    for (int j = 0; j < 4; ++j) {
+      acc += tessera::detail::bf16_bits_to_float(static_cast<std::uint16_t>(a.w[j])) *
+             tessera::detail::bf16_bits_to_float(static_cast<std::uint16_t>(o.w[j]));
+      acc += tessera::detail::bf16_bits_to_float(static_cast<std::uint16_t>(a.w[j] >> 16)) *
+             tessera::detail::bf16_bits_to_float(static_cast<std::uint16_t>(o.w[j] >> 16));
+    }
+  }
+  TESSERA_ATTENTION_UNROLL
+  for (int off = tr::threads_per_row / 2; off >= 1; off /= 2) acc += Ops::shfl_xor(acc, off);
+  if (part == 0 && row < p.rows) {
+    const std::int64_t h = row % p.nh, t = (row / p.nh) % p.S, b = row / (p.nh * p.S);
+    Ops::st_global_f32(p.d + (b * p.nh + h) * p.S + t, acc);
+  }
+}
+
+// ---- backward: dK, dV ------------------------------------------------------------------------
+
+/// One block of the dK/dV pass: key tile `k_tile` (keys [128 k_tile, +128))
+/// of (b, g) = (bg / nkv, bg % nkv); query heads g (nh/nkv) .. (g+1) (nh/nkv) - 1
+/// in order, each from the query tile holding key 128 k_tile to the last.
+template <class Ops, int HD>
+TESSERA_ATTENTION_FN void attention_backward_kv_block(
+    const attention_backward_params& p, std::int64_t bg, int k_tile,
+    typename attention_backward_kv_traits<HD>::shared_storage& sm, int tid) {
+  using tr = attention_backward_kv_traits<HD>;
+  constexpr int NQ = tr::q_sub / 8;  // n-tiles of an S^T slice (16 keys x q_sub queries)
+  constexpr int NO = HD / 8;
+  const int warp = tid / 32, lane = tid % 32;
+  const std::int64_t S = p.S;
+  const std::int64_t b = bg / p.nkv;
+  const int g = static_cast<int>(bg % p.nkv);
+  const int group = p.nh / p.nkv;
+  const int qstride = p.nh * HD, kstride = p.nkv * HD;
+  const std::int64_t k0 = std::int64_t(k_tile) * tr::k_rows;
+  const int iq0 = static_cast<int>(k0 / tr::q_rows);  // first query tile with a query >= k0
+  const int n_qt = static_cast<int>((S + tr::q_rows - 1) / tr::q_rows);  // query tiles of a head
+  const std::uint32_t smem = Ops::smem_addr(&sm);
+
+  // Query tile iq of head h into buffer buf: Q, dO by cp.async, lse and D by plain loads.
+  auto load_q = [&](int h, int iq, int buf) {
+    const std::int64_t q0 = std::int64_t(iq) * tr::q_rows;
+    const std::int64_t off = (b * S * p.nh + h) * HD + q0 * qstride;
+    const int valid = attention_valid_rows(q0, S, tr::q_rows);
+    attention_load_tile<Ops, HD, tr::q_rows>(attention_smem_addr(smem, sm, sm.q[buf]), p.q + off,
+                                             valid, qstride, tid);
+    attention_load_tile<Ops, HD, tr::q_rows>(attention_smem_addr(smem, sm, sm.dout[buf]),
+                                             p.dout + off, valid, qstride, tid);
+    if (tid < tr::q_rows) {
+      const std::int64_t row = (b * p.nh + h) * S + q0 + tid;
+      sm.lse[buf][tid] = tid < valid ? Ops::ld_global_f32(p.lse + row) : INFINITY;
+      sm.d[buf][tid] = tid < valid ? Ops::ld_global_f32(p.d + row) : 0.f;
+    }
+  };
+
+  const int k_valid = attention_valid_rows(k0, S, tr::k_rows);
+  const std::int64_t koff = (b * S * p.nkv + g) * HD + k0 * kstride;
+  attention_load_tile<Ops, HD, tr::k_rows>(attention_smem_addr(smem, sm, sm.k), p.k + koff, k_valid,
+                                           kstride, tid);
+  attention_load_tile<Ops, HD, tr::k_rows>(attention_smem_addr(smem, sm, sm.v), p.v + koff, k_valid,
+                                           kstride, tid);
+  // The walk: heads g group .. (g + 1) group - 1, each over query tiles iq0 .. n_qt - 1.
+  int h = g * group, iq = iq0;  // the tile being computed
+  int h1 = h, iq1 = iq;         // the tile after it
+  auto advance = [&](int& hh, int& ii) {
+    if (++ii == n_qt) {
+      ii = iq0;
+      ++hh;
+    }
+  };
+  load_q(h, iq, 0);
+  Ops::cp_commit();
+  advance(h1, iq1);
+
+  const int w0 = 16 * warp;  // the warp's first key, from k0
+  const bool live = w0 < k_valid;
+  float dk[NO][4], dv[NO][4];
+  attention_zero(dk);
+  attention_zero(dv);
+
+  for (int buf = 0; h < (g + 1) * group; buf ^= 1) {
+    Ops::template cp_wait<0>();
+    Ops::sync();  // tile (h, iq) has landed (lse, D stored before the barrier); buf ^ 1 is free
+    const std::uint32_t s0 = Ops::opaque(smem);
+    if (h1 < (g + 1) * group) {
+      load_q(h1, iq1, buf ^ 1);
+      Ops::cp_commit();
+    }
+    // Queries q0 + [0, 64) against keys k0 + w0 + [0, 16): dq0 = q0 - k0 - w0.
+    const int dq0 = static_cast<int>(std::int64_t(iq) * tr::q_rows - k0) - w0;
+    h = h1;
+    iq = iq1;
+    advance(h1, iq1);
+    if (!live || dq0 + tr::q_rows - 1 < 0) continue;  // every query precedes every key
+
+    // The tile's queries in sub-tiles of tr::q_sub (fewer live registers at hd 128).
+    const bool diagonal = dq0 < 15;
+    TESSERA_ATTENTION_NO_UNROLL
+    for (int qs0 = 0; qs0 < tr::q_rows; qs0 += tr::q_sub) {
+      // Rows [qs0, qs0 + tr::q_sub) of the Q and dO tiles.
+      const std::uint32_t qs = attention_smem_addr(s0, sm, sm.q[buf]) + 2 * qs0 * HD;
+      const std::uint32_t dos = attention_smem_addr(s0, sm, sm.dout[buf]) + 2 * qs0 * HD;
+      // S^T = K Q^T and dP^T = V dO^T for the warp's 16 keys and the sub-tile's queries.
+      float st[NQ][4], dpt[NQ][4];
+      attention_zero(st);
+      attention_zero(dpt);
+      attention_mma_abt<Ops, HD, NQ>(dpt, attention_smem_addr(s0, sm, sm.v), w0, dos, lane);
+      attention_mma_abt<Ops, HD, NQ>(st, attention_smem_addr(s0, sm, sm.k), w0, qs, lane);
+
+      // P^T = exp(scale S^T - lse) (0 above the diagonal), dS^T = P^T (dP^T - D)
+      // (FA-2 Algorithm 2, lines 11 and 14).
+      TESSERA_ATTENTION_UNROLL
+      for (int n = 0; n < NQ; ++n) {
+        TESSERA_ATTENTION_UNROLL
+        for (int i = 0; i < 4; ++i) {
+          const auto c = c_coord(lane, i);
+          const int qi = qs0 + 8 * n + c.col;
+          float pr = kernels::detail::attention_prob(st[n][i] * p.scale, sm.lse[buf][qi]);
+          if (diagonal && c.row > dq0 + qi) pr = 0.f;  // key > query
+          dpt[n][i] = kernels::detail::attention_dscore(pr, dpt[n][i], sm.d[buf][qi]);
+          st[n][i] = pr;
+        }
+      }
+      attention_mma_pb<Ops, HD, NQ>(dv, st, dos, lane);  // dV += P^T dO
+      attention_mma_pb<Ops, HD, NQ>(dk, dpt, qs, lane);  // dK += dS^T Q
+    }
+  }
+
+  if (!live) return;
+  // The warp's rows of sm.k and sm.v were read only by this warp.
+  const int valid = k_valid - w0 < 16 ? k_valid - w0 : 16;
+  attention_store_rows<Ops, HD>(p.dk + koff + w0 * kstride, valid, kstride, dk, p.scale, sm.k, w0,
+                                lane);
+  attention_store_rows<Ops, HD>(p.dv + koff + w0 * kstride, valid, kstride, dv, 1.f, sm.v, w0,
+                                lane);
+}
+
+// ---- backward: dQ ----------------------------------------------------------------------------
+
+/// One block of the dQ pass: query tile `q_tile` of (b, h) = (bh / nh, bh % nh),
+/// key tiles from the diagonal down to 0.
+template <class Ops, int HD>
+TESSERA_ATTENTION_FN void attention_backward_q_block(
+    const attention_backward_params& p, std::int64_t bh, int q_tile,
+    typename attention_backward_q_traits<HD>::shared_storage& sm, int tid) {
+  using tr = attention_backward_q_traits<HD>;
+  constexpr int NS = tr::k_rows / 8;
+  constexpr int NO = HD / 8;
+  const int warp = tid / 32, lane = tid % 32;
+  const std::int64_t S = p.S;
+  const std::int64_t b = bh / p.nh;
+  const int h = static_cast<int>(bh % p.nh);
+  const int g = static_cast<int>(kernels::detail::attention_kv_head(h, p.nh, p.nkv));
+  const int qstride = p.nh * HD, kstride = p.nkv * HD;
+  const std::int64_t q0 = std::int64_t(q_tile) * tr::q_rows;
+  const std::int64_t qoff = (b * S * p.nh + h) * HD + q0 * qstride;  // row q0
+  const std::uint16_t* kg = p.k + (b * S * p.nkv + g) * HD;          // row 0
+  const std::uint16_t* vg = p.v + (b * S * p.nkv + g) * HD;
+  const std::int64_t q_end = q0 + tr::q_rows < S ? q0 + tr::q_rows : S;
+  const int n_kt = static_cast<int>((q_end + tr::k_rows - 1) / tr::k_rows);
+  const std::uint32_t smem = Ops::smem_addr(&sm);
+
+  auto load_kv = [&](int kt, int buf) {
+    const std::int64_t k0 = std::int64_t(kt) * tr::k_rows;
+    const int valid = attention_valid_rows(k0, S, tr::k_rows);
+    attention_load_tile<Ops, HD, tr::k_rows>(attention_smem_addr(smem, sm, sm.k[buf]),
+                                             kg + k0 * kstride, valid, kstride, tid);
+    attention_load_tile<Ops, HD, tr::k_rows>(attention_smem_addr(smem, sm, sm.v[buf]),
+                                             vg + k0 * kstride, valid, kstride, tid);
+  };
+  const int q_valid = attention_valid_rows(q0, S, tr::q_rows);
+  attention_load_tile<Ops, HD, tr::q_rows>(attention_smem_addr(smem, sm, sm.q), p.q + qoff, q_valid,
+                                           qstride, tid);
+  attention_load_tile<Ops, HD, tr::q_rows>(attention_smem_addr(smem, sm, sm.dout), p.dout + qoff,
+                                           q_valid, qstride, tid);
+  load_kv(n_kt - 1, 0);
+  Ops::cp_commit();
+
+  const int w0 = 16 * warp;  // the warp's first row, from q0
+  const bool live = w0 < q_valid;
+  float lse[2], dd[2];  // of rows g and g + 8; +inf and 0 past S (P = 0, dS = 0)
+  TESSERA_ATTENTION_UNROLL
+  for (int r = 0; r < 2; ++r) {
+    const int t = w0 + (lane >> 2) + 8 * r;
+    const std::int64_t row = (b * p.nh + h) * S + q0 + t;
+    lse[r] = t < q_valid ? Ops::ld_global_f32(p.lse + row) : INFINITY;
+    dd[r] = t < q_valid ? Ops::ld_global_f32(p.d + row) : 0.f;
+  }
+  float dq[NO][4];
+  attention_zero(dq);
+
+  for (int it = 0; it < n_kt; ++it) {
+    const int kt = n_kt - 1 - it, buf = it & 1;
+    Ops::template cp_wait<0>();
+    Ops::sync();
+    const std::uint32_t s0 = Ops::opaque(smem);
+    if (it + 1 < n_kt) {
+      load_kv(kt - 1, buf ^ 1);
+      Ops::cp_commit();
+    }
+    // Keys k0 + [0, 64) against rows q0 + w0 + [0, 16): dk0 = k0 - q0 - w0.
+    const int dk0 = static_cast<int>(std::int64_t(kt) * tr::k_rows - q0) - w0;
+    if (!live || dk0 > 15) continue;
+
+    // S = Q K^T, dP = dO V^T for the warp's 16 rows and the tile's 64 keys.
+    float s[NS][4], dp[NS][4];
+    attention_zero(s);
+    attention_zero(dp);
+    const std::uint32_t sk = attention_smem_addr(s0, sm, sm.k[buf]);
+    attention_mma_abt<Ops, HD, NS>(dp, attention_smem_addr(s0, sm, sm.dout), w0,
+                                   attention_smem_addr(s0, sm, sm.v[buf]), lane);
+    attention_mma_abt<Ops, HD, NS>(s, attention_smem_addr(s0, sm, sm.q), w0, sk, lane);
+
+    const bool diagonal = dk0 + tr::k_rows - 1 > 0;
+    TESSERA_ATTENTION_UNROLL
+    for (int n = 0; n < NS; ++n) {
+      TESSERA_ATTENTION_UNROLL
+      for (int i = 0; i < 4; ++i) {
+        const auto c = c_coord(lane, i);
+        float pr = kernels::detail::attention_prob(s[n][i] * p.scale, lse[i >> 1]);
+        if (diagonal && dk0 + 8 * n + c.col > c.row) pr = 0.f;  // key > row
+        s[n][i] = kernels::detail::attention_dscore(pr, dp[n][i], dd[i >> 1]);
+      }
+    }
+    attention_mma_pb<Ops, HD, NS>(dq, s, sk, lane);  // dQ += dS K
+  }
+
+  if (!live) return;
+  // The warp's rows of sm.q were read only by this warp.
+  const int valid = q_valid - w0 < 16 ? q_valid - w0 : 16;
+  attention_store_rows<Ops, HD>(p.dq + qoff + w0 * qstride, valid, qstride, dq, p.scale, sm.q, w0,
+                                lane);
+}
+
+}  // namespace tessera::kernels::cuda::detail
+
+#if defined(__CUDACC__)
+
+namespace tessera::kernels::cuda::detail {
+
+/// The warp-level primitives of the block bodies on the GPU (sm_80 and newer).
+struct attention_device_ops {
+  static __device__ __forceinline__ std::uint32_t smem_addr(const void* p) {
+    return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
+  }
+  /// `x`, as a value the compiler cannot see through: addresses computed
+  /// from it are not hoisted out of the loop iteration that made it.
+  static __device__ __forceinline__ std::uint32_t opaque(std::uint32_t x) {
+    std::uint32_t r;
+    asm volatile("mov.b32 %0, %1;\n" : "=r"(r) : "r"(x));
+    return r;
+  }
+  /// ldmatrix.x4 (shared-window address `a`): lane l gives the address of
+  /// row l % 8 of matrix l / 8.
+  static __device__ __forceinline__ void ldsm_x4(std::uint32_t (&r)[4], std::uint32_t a) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+  }
+  static __device__ __forceinline__ void ldsm_x4_trans(std::uint32_t (&r)[4], std::uint32_t a) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+  }
+  /// d += a b: (16 x 16 bf16) (16 x 8 bf16) in float32.
+  static __device__ __forceinline__ void mma(float (&d)[4], const std::uint32_t (&a)[4],
+                                             std::uint32_t b0, std::uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+  static __device__ __forceinline__ float shfl_xor(float v, int mask) {
+    return __shfl_xor_sync(0xffffffffu, v, mask);
+  }
+  /// 16 bytes global -> shared, asynchronous; zero-filled when !valid (src not read).
+  static __device__ __forceinline__ void cp_async16(std::uint32_t dst, const std::uint16_t* src,
+                                                    bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(valid ? 16 : 0)
+                 : "memory");
+  }
+  static __device__ __forceinline__ void cp_commit() {
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+  }
+  template <int N>
+  static __device__ __forceinline__ void cp_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+  }
+  static __device__ __forceinline__ void sync() { __syncthreads(); }
+  static __device__ __forceinline__ void sync_warp() { __syncwarp(); }
+  /// Two floats rounded to bf16 (nearest even), `lo` in the low half.
+  static __device__ __forceinline__ std::uint32_t pack_bf16(float lo, float hi) {
+    std::uint32_t r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+  }
+  static __device__ __forceinline__ void st_shared32(std::uint16_t* p, std::uint32_t v) {
+    *reinterpret_cast<std::uint32_t*>(p) = v;
+  }
+  static __device__ __forceinline__ attention_vec16 ld_shared16(const std::uint16_t* p) {
+    return *reinterpret_cast<const attention_vec16*>(p);
+  }
+  static __device__ __forceinline__ attention_vec16 ld_global16(const std::uint16_t* p) {
+    return *reinterpret_cast<const attention_vec16*>(p);
+  }
+  static __device__ __forceinline__ void st_global16(std::uint16_t* p, const attention_vec16& v) {
+    *reinterpret_cast<attention_vec16*>(p) = v;
+  }
+  static __device__ __forceinline__ float ld_global_f32(const float* p) { return __ldg(p); }
+  static __device__ __forceinline__ void st_global_f32(float* p, float v) { *p = v; }
+};
+
+template <int HD>
+__global__ void __launch_bounds__(attention_threads, 1)
+    attention_forward_kernel(const attention_forward_params p) {
+  using storage = typename attention_forward_traits<HD>::shared_storage;
+  static_assert(sizeof(storage) <= attention_smem_bound,
+                "attention_forward_kernel: shared_storage exceeds attention_smem_bound");
+  extern __shared__ __align__(128) unsigned char attention_smem[];
+  attention_forward_block<attention_device_ops, HD>(
+      p, blockIdx.x, static_cast<int>(gridDim.y - 1 - blockIdx.y),
+      *reinterpret_cast<storage*>(attention_smem), static_cast<int>(threadIdx.x));
+}
+
+template <int HD>
+__global__ void __launch_bounds__(attention_threads)
+    attention_backward_d_kernel(const attention_backward_params p) {
+  attention_backward_d_block<attention_device_ops, HD>(p, blockIdx.x,
+                                                       static_cast<int>(threadIdx.x));
+}
+
+template <int HD>
+__global__ void __launch_bounds__(attention_threads, 1)
+    attention_backward_kv_kernel(const attention_backward_params p) {
+  using storage = typename attention_backward_kv_traits<HD>::shared_storage;
+  static_assert(sizeof(storage) <= attention_smem_bound,
+                "attention_backward_kv_kernel: shared_storage exceeds attention_smem_bound");
+  extern __shared__ __align__(128) unsigned char attention_smem[];
+  attention_backward_kv_block<attention_device_ops, HD>(p, blockIdx.x, static_cast<int>(blockIdx.y),
+                                                        *reinterpret_cast<storage*>(attention_smem),
+                                                        static_cast<int>(threadIdx.x));
+}
+
+template <int HD>
+__global__ void __launch_bounds__(attention_threads, 1)
+    attention_backward_q_kernel(const attention_backward_params p) {
+  using storage = typename attention_backward_q_traits<HD>::shared_storage;
+  static_assert(sizeof(storage) <= attention_smem_bound,
+                "attention_backward_q_kernel: shared_storage exceeds attention_smem_bound");
+  extern __shared__ __align__(128) unsigned char attention_smem[];
+  attention_backward_q_block<attention_device_ops, HD>(
+      p, blockIdx.x, static_cast<int>(gridDim.y - 1 - blockIdx.y),
+      *reinterpret_cast<storage*>(attention_smem), static_cast<int>(threadIdx.x));
+}
+
+/// Launches `kernel` with configuration `c` on `stream`, opting in to more
+/// than 48 KiB of dynamic shared memory when `c` needs it.
+template <class Kernel, class Params>
+void attention_launch(Kernel kernel, const launch_config& c, const Params& params,
+                      cudaStream_t stream) {
+  if (c.dynamic_smem > launch_limits::default_smem)
+    TESSERA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            static_cast<int>(c.dynamic_smem)));
+  kernel<<<dim3(static_cast<unsigned>(c.grid_x), static_cast<unsigned>(c.grid_y), 1u),
+           static_cast<unsigned>(c.block), c.dynamic_smem, stream>>>(params);
+}
+
+template <int HD>
+void attention_forward_launch(const attention_forward_params& p, const launch_config& c,
+                              cudaStream_t stream) {
+  attention_launch(attention_forward_kernel<HD>, c, p, stream);
+  TESSERA_CUDA_CHECK_LAUNCH("attention_forward_kernel");
+}
+
+template <int HD>
+void attention_backward_launch(const attention_backward_params& p, const launch_config& cd,
+                               const launch_config& ckv, const launch_config& cq,
+                               cudaStream_t stream) {
+  attention_launch(attention_backward_d_kernel<HD>, cd, p, stream);
+  TESSERA_CUDA_CHECK_LAUNCH("attention_backward_d_kernel");
+  attention_launch(attention_backward_kv_kernel<HD>, ckv, p, stream);
+  TESSERA_CUDA_CHECK_LAUNCH("attention_backward_kv_kernel");
+  attention_launch(attention_backward_q_kernel<HD>, cq, p, stream);
+  TESSERA_CUDA_CHECK_LAUNCH("attention_backward_q_kernel");
+}
+
+}  // namespace tessera::kernels::cuda::detail
+
+#endif  // __CUDACC__

@@ -1,0 +1,122 @@
+#pragma once
+/// \file kernels/cuda/attention.hpp
+/// Causal flash attention with grouped-query heads on the GPU, forward and
+/// backward: declarations for host code compiled by a plain C++ compiler.
+/// The kernels are in kernels/cuda/attention.cuh (nvcc); cuda/kernels_attention.cu
+/// defines these launchers (target tessera::cuda_kernels). The host version,
+/// with the same layouts and the same per-element arithmetic
+/// (kernels/detail/attention.hpp), is kernels/attention.hpp.
+///
+/// Layout (row-major, contiguous, device pointers):
+/// - q, out, dq, dout: (B, S, nh, hd) bf16
+/// - k, v, dk, dv:     (B, S, nkv, hd) bf16
+/// - lse:              (B, nh, S) float32, natural-log log-sum-exp of each
+///                     query row's scaled scores (scale 1/sqrt(hd))
+/// Query head h reads key/value head h / (nh / nkv); position t attends to
+/// keys s <= t (causal).
+///
+/// Arithmetic: Q K^T, P V and the backward products on bf16 tensor cores
+/// (mma.sync m16n8k16) with float32 accumulation; softmax, lse, D and dS in
+/// float32; P and dS are rounded to bf16 before they multiply V, dO, K or Q,
+/// as in FlashAttention-2. Neither the S x S scores nor the probabilities are
+/// ever stored: the forward saves only out and lse.
+///
+/// Determinism: no atomics; every output element is reduced by one thread in
+/// an order fixed by the sizes, so two runs give the same bits on any GPU.
+///
+/// Gradient contract (llm.c): attention has no parameters; dq, dk, dv are
+/// activation gradients and are written (`=`).
+///
+/// Source: Tri Dao, "FlashAttention-2: Faster Attention with Better
+/// Parallelism and Work Partitioning", 2023, Algorithm 1 (forward) and
+/// Algorithm 2 (backward, here split into a dK/dV pass and a dQ pass so that
+/// no float atomics are needed).
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "tessera/core/numeric.hpp"
+#include "tessera/kernels/cuda/attention_launch.hpp"
+
+namespace tessera::kernels::cuda {
+
+/// Causal attention forward: out = softmax(q k^T / sqrt(hd) + causal mask) v,
+/// per (b, query head h), with key/value head h / (nh / nkv).
+/// - `d_q` (B, S, nh, hd), `d_k`, `d_v` (B, S, nkv, hd) bf16; `d_out`
+///   (B, S, nh, hd) bf16, written; `d_lse` (B, nh, S) float32, written
+///   (natural log; what flash_attention_backward needs besides q, k, v, out).
+/// - Sizes: B, S, nh, nkv >= 1, nkv divides nh, hd in {32, 64, 128} (the 7B
+///   models use 128), S <= attention_max_S (8388480). Any S: the last tile is
+///   masked, no padding needed.
+/// - Pointers: device memory; the bf16 ones aligned to 16 bytes, lse to 4.
+///   Outputs must not overlap the inputs.
+/// - One launch on `stream`, grid (B nh, ceil(S / 128)) of 256 threads, 96 KiB
+///   of dynamic shared memory at hd 128 (attention_forward_config); no host
+///   synchronisation, no scratch.
+/// - Throws config_error (before any launch) for bad or unsupported sizes or a
+///   null or misaligned pointer; cuda_error if the launch fails.
+/// - Source: FlashAttention-2 (Dao 2023), Algorithm 1.
+void flash_attention_forward(bf16* d_out, float* d_lse, const bf16* d_q, const bf16* d_k,
+                             const bf16* d_v, std::int64_t B, std::int64_t S, std::int64_t nh,
+                             std::int64_t nkv, std::int64_t hd, cudaStream_t stream);
+
+/// Bytes of device scratch flash_attention_backward needs: D = rowsum(dout * out),
+/// B nh S float32 (512 KiB at B 1, S 4096, nh 32). Throws config_error for
+/// sizes flash_attention_backward would refuse.
+inline std::size_t flash_attention_backward_scratch_bytes(std::int64_t B, std::int64_t S,
+                                                          std::int64_t nh, std::int64_t nkv,
+                                                          std::int64_t hd) {
+  attention_check_args("flash_attention_backward_scratch_bytes", B, S, nh, nkv, hd);
+  return attention_backward_scratch_bytes(B, S, nh, nkv, hd);
+}
+
+/// Causal attention backward, recomputing the probabilities tile by tile
+/// from `d_lse` (FlashAttention-2 Algorithm 2).
+/// - `d_dq` (B, S, nh, hd), `d_dk`, `d_dv` (B, S, nkv, hd) bf16: written (`=`);
+///   dk and dv sum over the nh / nkv query heads sharing a key/value head.
+/// - `d_dout` (B, S, nh, hd) bf16: dLoss/dout. `d_q`, `d_k`, `d_v`, `d_out`,
+///   `d_lse`: as given to and returned by flash_attention_forward.
+/// - `d_scratch`: at least flash_attention_backward_scratch_bytes(...) bytes
+///   of device memory, 4-byte aligned, overwritten (D).
+/// - Sizes and alignment as flash_attention_forward. The outputs must not
+///   overlap each other, the inputs or the scratch.
+/// - Three launches on `stream`, no host synchronisation: D = rowsum(dout *
+///   out) (float32); dK, dV: a block per (b, kv head, 128 keys) walks every
+///   query tile of every query head of its group in a fixed order; dQ: a block
+///   per (b, head, 128 queries) walks its key tiles. No atomics: deterministic.
+///   The scores and dP are computed in both passes (7 S^2 hd multiply-adds
+///   per head against the 5 of flash_attention_backward_flops).
+/// - Throws config_error (before any launch) for bad or unsupported sizes, a
+///   null or misaligned pointer, or `scratch_bytes` below the requirement
+///   (naming both); cuda_error if a launch fails.
+/// - Source: FlashAttention-2 (Dao 2023), Algorithm 2.
+void flash_attention_backward(bf16* d_dq, bf16* d_dk, bf16* d_dv, const bf16* d_dout,
+                              const bf16* d_q, const bf16* d_k, const bf16* d_v, const bf16* d_out,
+                              const float* d_lse, std::int64_t B, std::int64_t S, std::int64_t nh,
+                              std::int64_t nkv, std::int64_t hd, void* d_scratch,
+                              std::size_t scratch_bytes, cudaStream_t stream);
+
+/// FLOPs of the causal forward, counting a multiply-add as 2 and the causal
+/// square once (half of S^2, the convention of the FlashAttention papers):
+/// two products of (S x hd) by (hd x S) shape, Q K^T and P V, each
+/// 2 S^2 hd / 2, so 2 B nh S^2 hd. Softmax work is not counted.
+/// (Llama-2 7B layer, B 1, S 4096, nh 32, hd 128: 1.37e11.)
+inline double flash_attention_forward_flops(std::int64_t B, std::int64_t S, std::int64_t nh,
+                                            std::int64_t hd) {
+  const double s = static_cast<double>(S);
+  return 2.0 * static_cast<double>(B) * static_cast<double>(nh) * s * s * static_cast<double>(hd);
+}
+
+/// FLOPs of the causal backward, same convention: five products of the
+/// forward's size (S = Q K^T recomputed, dP = dO V^T, dV = P^T dO,
+/// dQ = dS K, dK = dS^T Q), 2.5 times the forward: 5 B nh S^2 hd. (The
+/// kernels recompute S and dP in both passes, doing 7 products' work;
+/// this function counts the algorithm's 5, as FlashAttention-2 does.)
+inline double flash_attention_backward_flops(std::int64_t B, std::int64_t S, std::int64_t nh,
+                                             std::int64_t hd) {
+  return 2.5 * flash_attention_forward_flops(B, S, nh, hd);
+}
+
+}  // namespace tessera::kernels::cuda

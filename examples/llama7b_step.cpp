@@ -1,5 +1,5 @@
 // llama7b_step: the cost of real optimizer steps of a 7B-class Llama on this
-// machine (issue 4, item 5; host path, single rank). Builds the llama2_7b
+// machine (issue 4, item 5; single rank, host or one GPU). Builds the llama2_7b
 // (or llama3_8b) preset with its real sizes (H, heads, F, V) but only the
 // first --layers blocks, AdamW over the whole flat buffer at --precision,
 // and times --steps optimizer steps after --warmup-steps untimed ones on
@@ -17,7 +17,19 @@
 // Before any time is reported it checks the result: the first step's loss
 // must be finite and within 1 nat of ln(V) (random tokens, fresh weights).
 //
+// --backend cuda (a build with the cuda preset) runs the full model on one
+// GPU instead: nn::cuda_llama with all 32 layers at T 4096 and B 1 by
+// default, bf16 weights and activations, float32 gradients, AdamW on the
+// device, --checkpointing full (default) or none, through
+// train::cuda_trainer and the pinned double-buffered loader. It prints the
+// planner's device memory (plan::plan_cuda_step) and margin first, then
+// step time, tokens/s, MFU and HFU (HFU adds the recomputed forward)
+// against --peak-tflops, and the allocator's peak against the plan.
+// --json FILE writes the figures (benchmarks/device_check.sh reads them).
+//
 // clang-format off
+//   build/cuda/examples/llama7b_step --backend cuda                   # llama2_7b, 32 layers, T 4096, B 1
+//   build/cuda/examples/llama7b_step --backend cuda --layers 2 --seq 1024 --steps 3 --json /tmp/s.json
 //   build/host/examples/llama7b_step                                  # llama2_7b, 1 layer, T 256, 2 steps
 //   build/host/examples/llama7b_step --layers 1 --seq 256 --steps 2
 //   build/host/examples/llama7b_step --precision bf16 --layers 2 --seq 512 --micro-batch 2
@@ -41,6 +53,8 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -53,6 +67,10 @@
 #include "tessera/plan/memory.hpp"
 #include "tessera/plan/step.hpp"
 #include "tessera/train/trainer.hpp"
+#if defined(TESSERA_EXAMPLE_CUDA)
+#include "tessera/plan/cuda_step.hpp"
+#include "tessera/train/cuda_trainer.hpp"
+#endif
 
 namespace fs = std::filesystem;
 using namespace tessera;
@@ -60,15 +78,33 @@ using namespace tessera;
 namespace {
 
 struct options {
+  std::string backend = "host";
   std::string preset = "llama2_7b";
-  std::string precision = "fp32";
-  std::int64_t layers = 1;
-  std::int64_t seq = 256;
+  std::string precision = "";  // host: fp32, cuda: bf16
+  std::int64_t layers = 0;     // host: 1, cuda: all of the preset's
+  std::int64_t seq = 0;        // host: 256, cuda: 4096
   std::int64_t micro_batch = 1;
   std::int64_t warmup_steps = 1;
   std::int64_t steps = 2;
   std::uint64_t seed = 1337;
+  std::string checkpointing = "";      // host: none, cuda: full
+  std::int64_t ce_chunk = 1024;        // cuda: LM-head/CE chunk rows
+  double peak_tflops = 989;            // cuda: dense bf16 peak of the GPU (H100/H200 SXM)
+  std::string json;                    // write the results here too
 };
+
+// Writes `j` to `path` through a temporary name and a rename.
+void write_json(const std::string& path, const nlohmann::json& j) {
+  if (path.empty()) return;
+  const fs::path tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp);
+    TESSERA_THROW_IF(!f, error, "cannot write '", tmp.string(), "'");
+    f << j.dump(2) << "\n";
+    TESSERA_THROW_IF(!f, error, "writing '", tmp.string(), "' failed");
+  }
+  fs::rename(tmp, path);
+}
 
 // The temporary token file, removed when the run ends (success or not).
 struct temp_file {
@@ -227,8 +263,168 @@ int run(const options& o, const nn::llama_config& full, const nn::llama_config& 
     std::printf("; the bf16 GEMM conversion buffers (%.3f GiB) live outside the resource",
                 gib(static_cast<double>(mp.activations.host_gemm_workspace)));
   std::printf("\n");
+  write_json(o.json, {{"backend", "host"},
+                      {"preset", full.name},
+                      {"layers", mc.n_layers},
+                      {"precision", P::name},
+                      {"checkpointing", "none"},
+                      {"B", B},
+                      {"T", T},
+                      {"steps", o.steps},
+                      {"first_loss", first_loss},
+                      {"step_s", mean},
+                      {"step_best_s", best},
+                      {"tokens_per_s", tokens / mean},
+                      {"flops_per_token", fpt},
+                      {"peak_flops", peak},
+                      {"mfu", mfu_mean},
+                      {"hfu", mfu_mean},
+                      {"peak_bytes", mem_peak},
+                      {"planned_peak_bytes", mp.total()}});
   return 0;
 }
+
+#if defined(TESSERA_EXAMPLE_CUDA)
+// The full model on one GPU: nn::cuda_llama (bf16 weights and activations,
+// float32 gradients), optim::cuda_adamw, the pinned double-buffered loader,
+// activation checkpointing as --checkpointing, through train::cuda_trainer.
+int run_cuda(const options& o, const nn::llama_config& full, const nn::llama_config& mc) {
+  const std::int64_t B = o.micro_batch, T = o.seq, V = mc.vocab;
+  const nn::activation_checkpointing ck = nn::parse_checkpointing(o.checkpointing);
+  TESSERA_THROW_IF(o.precision != "bf16" && o.precision != "bf16_mixed", config_error,
+                   "--precision ", o.precision, ": the cuda backend runs bf16 (bf16_mixed)");
+  TESSERA_THROW_IF(o.peak_tflops <= 0, config_error, "--peak-tflops ", o.peak_tflops,
+                   " must be > 0");
+  TESSERA_THROW_IF(tessera::cuda::device_count() < 1, config_error,
+                   "--backend cuda: no CUDA device is visible");
+  cudaDeviceProp prop{};
+  TESSERA_CUDA_CHECK(cudaGetDeviceProperties(&prop, tessera::cuda::current_device()));
+
+  train::train_config cfg;
+  cfg.steps = o.warmup_steps + o.steps;
+  cfg.global_batch = B;
+  cfg.micro_batch = B;
+  cfg.seq = T;
+  cfg.lr = 3e-4;
+  cfg.warmup = 0;
+  cfg.eval_windows = 1;
+  cfg.seed = o.seed;
+  cfg.ce_chunk = o.ce_chunk;
+
+  plan::cuda_step_options po;
+  po.micro_batch = B;
+  po.seq = T;
+  po.checkpointing = ck;
+  po.ce_chunk = o.ce_chunk;
+  const plan::cuda_step_plan pl = plan::plan_cuda_step(mc, po);
+  const double device_bytes = static_cast<double>(prop.totalGlobalMem);
+  std::printf("llama7b_step: preset %s (H %lld, L %lld of %lld, heads %lld/%lld kv, F %lld, V %lld), "
+              "bf16_mixed, AdamW, activation checkpointing %s, one GPU: %s (%.1f GiB, sm_%d%d)\n",
+              full.name.c_str(), (long long)mc.dim, (long long)mc.n_layers,
+              (long long)full.n_layers, (long long)mc.n_heads, (long long)mc.n_kv_heads,
+              (long long)mc.ffn_dim, (long long)V, to_string(ck), prop.name, gib(device_bytes),
+              prop.major, prop.minor);
+  std::printf("llama7b_step: planned device memory %.3f GiB (state %.3f, activations %.3f) of "
+              "%.3f GiB: margin %.3f GiB\n",
+              gib(static_cast<double>(pl.total())), gib(static_cast<double>(pl.state())),
+              gib(static_cast<double>(pl.activations())), gib(device_bytes),
+              gib(device_bytes - static_cast<double>(pl.total())));
+  std::fflush(stdout);
+
+  temp_file tmp;
+  tmp.path = fs::temp_directory_path() /
+             ("tessera_llama7b_step_" + std::to_string(::getpid()) + ".tok");
+  const std::uint64_t n_tokens =
+      std::max<std::uint64_t>(4096, static_cast<std::uint64_t>(20 * (B + 1) * (T + 1)));
+  write_random_tokens(tmp.path, n_tokens, V, o.seed);
+  data::token_file corpus(tmp.path);
+
+  auto& mr = tessera::cuda::resource(tessera::cuda::current_device());
+  tessera::cuda::synchronize();
+  const std::size_t base = mr.stats().allocated;
+  const auto t_build = std::chrono::steady_clock::now();
+  train::cuda_trainer tr(mc, cfg, corpus, ck);
+  const double peak = o.peak_tflops * 1e12;
+  tr.set_peak_flops(peak);
+  tessera::cuda::synchronize();
+  const double build_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t_build).count();
+  std::printf("llama7b_step: built and initialised in %.1f s; %.3f GiB allocated\n", build_s,
+              gib(static_cast<double>(mr.stats().allocated - base)));
+  std::fflush(stdout);
+
+  std::vector<double> secs;
+  std::size_t mem_peak = 0;
+  double first_loss = 0;
+  const double ln_v = std::log(static_cast<double>(V));
+  for (std::int64_t s = 0; s < cfg.steps; ++s) {
+    const train::step_metrics m = tr.train_step();
+    mem_peak = std::max<std::size_t>(mem_peak, m.mem_peak - base);
+    const bool timed = s >= o.warmup_steps;
+    std::printf("llama7b_step: step %lld (%s) loss %.4f, grad norm %.3g, %.3f s\n",
+                (long long)m.step, timed ? "timed" : "warmup", m.loss, m.grad_norm, m.seconds);
+    std::fflush(stdout);
+    if (s == 0) {
+      first_loss = m.loss;
+      if (!std::isfinite(m.loss) || std::abs(m.loss - ln_v) > 1.0) {
+        std::fprintf(stderr,
+                     "llama7b_step: check failed: first step's loss %f is not finite or not "
+                     "within 1 nat of ln(V) = %f (V = %lld)\n",
+                     m.loss, ln_v, (long long)V);
+        return 1;
+      }
+    }
+    if (timed) secs.push_back(m.seconds);
+  }
+  const double best = *std::min_element(secs.begin(), secs.end());
+  double mean = 0;
+  for (double s : secs) mean += s;
+  mean /= static_cast<double>(secs.size());
+  const double tokens = static_cast<double>(B * T);
+  const double fpt = train::flops_per_token(mc, T);
+  const double rpt = tr.model().recompute_flops_per_token();
+  const double mfu = fpt * tokens / mean / peak, hfu = (fpt + rpt) * tokens / mean / peak;
+  std::printf("llama7b_step: check passed: first step's loss %.4f, ln(V) = %.4f\n", first_loss,
+              ln_v);
+  std::printf("llama7b_step: step time best %.3f s, mean %.3f s over %zu timed steps; tokens/s "
+              "%.1f (mean)\n",
+              best, mean, secs.size(), tokens / mean);
+  std::printf("llama7b_step: FLOPs: MFU counts train::flops_per_token = 6 N_matmul + 6 L H T per "
+              "token (causal attention counted once): %.4g FLOP/token; HFU adds the recomputed "
+              "forward of checkpointing (nn::cuda_llama::recompute_flops_per_token): %.4g "
+              "FLOP/token\n",
+              fpt, rpt);
+  std::printf("llama7b_step: MFU %.1f%%, HFU %.1f%% (mean step) of %.0f TFLOP/s (--peak-tflops)\n",
+              100 * mfu, 100 * hfu, o.peak_tflops);
+  std::printf("llama7b_step: peak device memory measured %.3f GiB (%zu B, caching allocator, "
+              "allocated), planned %.3f GiB (%llu B, plan_cuda_step): measured/planned %.4f\n",
+              gib(static_cast<double>(mem_peak)), mem_peak, gib(static_cast<double>(pl.total())),
+              (unsigned long long)pl.total(),
+              static_cast<double>(mem_peak) / static_cast<double>(pl.total()));
+  write_json(o.json, {{"backend", "cuda"},
+                      {"gpu", prop.name},
+                      {"preset", full.name},
+                      {"layers", mc.n_layers},
+                      {"precision", "bf16_mixed"},
+                      {"checkpointing", to_string(ck)},
+                      {"B", B},
+                      {"T", T},
+                      {"steps", o.steps},
+                      {"first_loss", first_loss},
+                      {"step_s", mean},
+                      {"step_best_s", best},
+                      {"tokens_per_s", tokens / mean},
+                      {"flops_per_token", fpt},
+                      {"recompute_flops_per_token", rpt},
+                      {"peak_flops", peak},
+                      {"mfu", mfu},
+                      {"hfu", hfu},
+                      {"peak_bytes", mem_peak},
+                      {"planned_peak_bytes", pl.total()},
+                      {"device_bytes", prop.totalGlobalMem}});
+  return 0;
+}
+#endif
 
 }  // namespace
 
@@ -236,14 +432,19 @@ int main(int argc, char** argv) {
   kernels::check_blas_core(argv);
   options o;
   CLI::App app{"llama7b_step: time optimizer steps of a 7B-class Llama (host, single rank)"};
+  app.add_option("--backend", o.backend, "host or cuda (a build with the cuda preset)")->capture_default_str();
   app.add_option("--preset", o.preset, "llama2_7b or llama3_8b")->capture_default_str();
-  app.add_option("--precision", o.precision, "fp32 or bf16 (bf16_mixed)")->capture_default_str();
-  app.add_option("--layers", o.layers, "blocks to build, 1 to the preset's layers")->capture_default_str();
-  app.add_option("--seq", o.seq, "T: tokens per sequence, 1 to the preset's max_seq")->capture_default_str();
+  app.add_option("--precision", o.precision, "fp32 or bf16 (bf16_mixed); default fp32 on the host, bf16 on cuda");
+  app.add_option("--layers", o.layers, "blocks to build, 1 to the preset's layers; default 1 on the host, all on cuda");
+  app.add_option("--seq", o.seq, "T: tokens per sequence, 1 to the preset's max_seq; default 256 on the host, 4096 on cuda");
   app.add_option("--micro-batch", o.micro_batch, "B: sequences per step")->capture_default_str();
   app.add_option("--warmup-steps", o.warmup_steps, "untimed steps first")->capture_default_str();
   app.add_option("--steps", o.steps, "timed optimizer steps")->capture_default_str();
   app.add_option("--seed", o.seed, "seed of weights and tokens")->capture_default_str();
+  app.add_option("--checkpointing", o.checkpointing, "activation checkpointing: none (host; cuda too) or full (cuda, its default)");
+  app.add_option("--ce-chunk", o.ce_chunk, "cuda: token rows per LM-head/cross-entropy chunk")->capture_default_str();
+  app.add_option("--peak-tflops", o.peak_tflops, "cuda: the GPU's dense bf16 peak, for MFU/HFU")->capture_default_str();
+  app.add_option("--json", o.json, "also write the results to this JSON file");
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -253,9 +454,16 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
+    TESSERA_THROW_IF(o.backend != "host" && o.backend != "cuda", config_error, "unknown backend '",
+                     o.backend, "' (valid: host, cuda)");
+    const bool gpu = o.backend == "cuda";
+    if (o.precision.empty()) o.precision = gpu ? "bf16" : "fp32";
+    if (o.checkpointing.empty()) o.checkpointing = gpu ? "full" : "none";
+    if (o.seq == 0) o.seq = gpu ? 4096 : 256;
     TESSERA_THROW_IF(o.preset != "llama2_7b" && o.preset != "llama3_8b", config_error,
                      "unknown preset '", o.preset, "' (valid: llama2_7b, llama3_8b)");
     const nn::llama_config full = nn::llama_config::from_name(o.preset);
+    if (o.layers == 0) o.layers = gpu ? full.n_layers : 1;
     TESSERA_THROW_IF(o.precision != "fp32" && o.precision != "bf16" && o.precision != "bf16_mixed",
                      config_error, "unknown precision '", o.precision, "' (valid: fp32, bf16)");
     TESSERA_THROW_IF(o.layers < 1 || o.layers > full.n_layers, config_error, "--layers ", o.layers,
@@ -269,6 +477,17 @@ int main(int argc, char** argv) {
                      " must be >= 0");
     nn::llama_config mc = full;
     mc.n_layers = o.layers;
+    if (o.backend == "cuda") {
+#if defined(TESSERA_EXAMPLE_CUDA)
+      return run_cuda(o, full, mc);
+#else
+      throw config_error(
+          "--backend cuda: this build has no CUDA backend (configure with the cuda preset: "
+          "cmake --preset cuda)");
+#endif
+    }
+    TESSERA_THROW_IF(o.checkpointing != "none", config_error, "--checkpointing ", o.checkpointing,
+                     ": the host backend has no activation checkpointing (valid: none)");
     if (o.precision == "fp32")
       return run<precision::fp32>(o, full, mc, plan::dtype_sizes::of<precision::fp32>());
     return run<precision::bf16_mixed>(o, full, mc, plan::dtype_sizes::of<precision::bf16_mixed>());

@@ -10,11 +10,15 @@
 // gradient buffer, one reduction per step); --accounting ideal prints the
 // ZeRO paper's textbook formula instead. --seed004 prints seeds/004's ZeRO
 // table (16 bytes per parameter, 7B and the real llama2_7b count, ideal).
+// --gpu-step prints the one-GPU step of the CUDA model instead
+// (plan/cuda_step.hpp: bf16 weights, float32 gradients, master weights and
+// moments, activation checkpointing, every buffer the model allocates).
 //
 // clang-format off
 //   build/host/examples/plan --preset llama2_7b --precision bf16_mixed --dp 8 --zero 3 --micro-batch 1 --seq 4096
 //   build/host/examples/plan --seed004
 //   build/host/examples/plan --preset llama3_8b --zero 1 --json
+//   build/host/examples/plan --gpu-step --preset llama2_7b --seq 4096 --micro-batch 1   # one H200
 // clang-format on
 //
 // Exit status: 0 when it fits (or with --seed004), 1 when it does not fit,
@@ -29,6 +33,7 @@
 #include <string>
 
 #include "tessera/nn/llama_config.hpp"
+#include "tessera/plan/cuda_step.hpp"
 #include "tessera/plan/memory.hpp"
 #include "tessera/plan/step.hpp"
 
@@ -50,7 +55,84 @@ struct options {
   double step_seconds = 0;     // optional: measured step time, for MFU
   bool step_seconds_given = false;
   bool json = false, seed004 = false;
+  bool gpu_step = false;               // the one-GPU step of nn::cuda_llama instead
+  std::string checkpointing = "full";  // --gpu-step: none or full
+  bool ce_chunk_given = false;
 };
+
+// --gpu-step: the device memory of one training step of nn::cuda_llama +
+// optim::cuda_adamw + the loader on one GPU (plan/cuda_step.hpp), buffer by
+// buffer, and whether it fits --memory-gib. One GPU: --dp, --zero and the
+// other data-parallel options do not apply and are ignored.
+int print_gpu_step(const options& o) {
+  const auto cfg = nn::llama_config::from_name(o.preset);
+  TESSERA_THROW_IF(o.precision != "bf16_mixed" && o.precision != "bf16", config_error,
+                   "--gpu-step plans the bf16_mixed CUDA model; --precision ", o.precision,
+                   " is not available there");
+  TESSERA_THROW_IF(!(o.memory_gib > 0), config_error, "memory-gib=", o.memory_gib, " must be > 0");
+  plan::cuda_step_options co;
+  co.micro_batch = o.micro_batch;
+  co.seq = o.seq;
+  co.micro_batches = o.micro_batches;
+  co.checkpointing = nn::parse_checkpointing(o.checkpointing);
+  if (o.ce_chunk_given) co.ce_chunk = o.ce_chunk;
+  const plan::cuda_step_plan p = plan::plan_cuda_step(cfg, co);
+  const double mem = o.memory_gib * plan::gib;
+  const double margin = mem - static_cast<double>(p.total());
+  if (o.json) {
+    nlohmann::json j{{"model", cfg.name},          {"params", p.params},
+                     {"tokens", p.tokens},         {"checkpointing", o.checkpointing},
+                     {"ce_chunk", co.ce_chunk},    {"weights", p.weights},
+                     {"grads", p.grads},           {"master", p.master},
+                     {"moments", p.moments},       {"rope_tables", p.rope_tables},
+                     {"cublaslt_workspace", p.cublaslt_workspace},
+                     {"optimizer_misc", p.optimizer_misc},
+                     {"checkpoints", p.checkpoints}, {"work_record", p.work_record},
+                     {"final_norm", p.final_norm}, {"projection", p.projection},
+                     {"grad_scratch", p.grad_scratch}, {"kernel_scratch", p.kernel_scratch},
+                     {"losses", p.losses},         {"loader_buffers", p.loader_buffers},
+                     {"state", p.state()},         {"activations", p.activations()},
+                     {"total", p.total()},         {"memory_bytes", mem},
+                     {"margin_bytes", margin},     {"fits", margin >= 0}};
+    std::cout << j.dump(2) << "\n";
+    return margin >= 0 ? 0 : 1;
+  }
+  std::printf("One-GPU training step of nn::cuda_llama (%s, %lld parameters, bf16 weights and "
+              "activations, float32 gradients, AdamW), B %lld x T %lld = %lld tokens, %lld "
+              "micro-batch(es), activation checkpointing %s, CE chunk %lld\n",
+              cfg.name.c_str(), (long long)cfg.num_params(), (long long)o.micro_batch,
+              (long long)(p.tokens / o.micro_batch), (long long)p.tokens,
+              (long long)o.micro_batches, o.checkpointing.c_str(), (long long)co.ce_chunk);
+  auto row = [](const char* name, std::uint64_t b) {
+    std::printf("  %-28s %16llu B %10.2f GiB\n", name, (unsigned long long)b,
+                static_cast<double>(b) / plan::gib);
+  };
+  row("weights (bf16)", p.weights);
+  row("gradients (float32)", p.grads);
+  row("master weights (float32)", p.master);
+  row("moments (float32 x 2)", p.moments);
+  row("rope tables", p.rope_tables);
+  row("cuBLASLt workspace", p.cublaslt_workspace);
+  row("optimizer misc", p.optimizer_misc);
+  std::printf("--------------------------------------------------------------\n");
+  row("state", p.state());
+  std::printf("--------------------------------------------------------------\n");
+  row("block checkpoints/records", p.checkpoints);
+  row("recompute record", p.work_record);
+  row("final norm", p.final_norm);
+  row("projection buffer", p.projection);
+  row("activation gradients", p.grad_scratch);
+  row("kernel scratch", p.kernel_scratch);
+  row("losses", p.losses);
+  row("loader device buffers", p.loader_buffers);
+  std::printf("--------------------------------------------------------------\n");
+  row("activations", p.activations());
+  row("total", p.total());
+  std::printf("\nMemory: %.2f GiB (%.2f GB) of %.2f GiB: %s, margin %.2f GiB\n",
+              static_cast<double>(p.total()) / plan::gib, static_cast<double>(p.total()) / 1e9,
+              o.memory_gib, margin >= 0 ? "fits" : "DOES NOT FIT", margin / plan::gib);
+  return margin >= 0 ? 0 : 1;
+}
 
 // seeds/004's table: model state per GPU for 7B on 8 GPUs, ZeRO 0..3.
 int print_seed004() {
@@ -196,6 +278,10 @@ int main(int argc, char** argv) {
   app.add_option("--step-seconds", o.step_seconds, "measured step time, for MFU");
   app.add_flag("--json", o.json, "print JSON instead of tables");
   app.add_flag("--seed004", o.seed004, "print seeds/004's ZeRO table and exit");
+  app.add_flag("--gpu-step", o.gpu_step,
+               "plan the one-GPU step of nn::cuda_llama (bf16, AdamW, checkpointing) instead");
+  app.add_option("--checkpointing", o.checkpointing, "--gpu-step: activation checkpointing, none or full")
+      ->capture_default_str();
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -205,8 +291,10 @@ int main(int argc, char** argv) {
     return 2;
   }
   o.step_seconds_given = app.count("--step-seconds") > 0;
+  o.ce_chunk_given = app.count("--ce-chunk") > 0;
   try {
     if (o.seed004) return print_seed004();
+    if (o.gpu_step) return print_gpu_step(o);
     return run(o);
   } catch (const config_error& e) {
     std::fprintf(stderr, "plan: error: %s\n", e.what());

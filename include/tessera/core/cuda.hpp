@@ -264,6 +264,29 @@ class cuda_caching_resource final : public caching_allocator<detail::cuda_device
   int device_;
 };
 
+/// A view of a cuda_caching_resource that allocates every block on one
+/// stream (allocate_on), so a model or optimizer can own tensors used on its
+/// stream without changing the allocator's current stream for everyone
+/// else. Statistics are the underlying allocator's. Neither the allocator
+/// nor the stream is owned; both must outlive the view and its blocks.
+class stream_bound_resource final : public memory_resource {
+ public:
+  stream_bound_resource(cuda_caching_resource& mr, cudaStream_t s) : mr_(&mr), stream_(s) {}
+  void* allocate(std::size_t bytes, std::size_t alignment = 256) override {
+    return mr_->allocate_on(bytes, stream_, std::max<std::size_t>(alignment, 256));
+  }
+  void deallocate(void* p, std::size_t bytes) noexcept override { mr_->deallocate(p, bytes); }
+  memory_stats stats() const override { return mr_->stats(); }
+  void reset_peak() override { mr_->reset_peak(); }
+  std::string name() const override { return mr_->name(); }
+  cuda_caching_resource& upstream() const { return *mr_; }
+  cudaStream_t stream() const { return stream_; }
+
+ private:
+  cuda_caching_resource* mr_;
+  cudaStream_t stream_;
+};
+
 /// Page-locked host memory (cudaHostAlloc), for asynchronous copies and the
 /// data loader's double buffer. Counted like host_memory_resource (reserved
 /// == allocated: no cache). Throws cuda_error if the runtime refuses.

@@ -22,7 +22,13 @@ __global__ void __launch_bounds__(elementwise_threads)
     adamw_kernel(Param* params, float* master, float* m, float* v, const Grad* grads,
                  std::int64_t n, const adamw_segment* segments, int num_segments,
                  kernels::detail::adamw_step_params<float> s, const float* grad_scale) {
-  if (grad_scale) s.grad_scale *= *grad_scale;
+  if (grad_scale) {
+    // A non-finite clip coefficient (the gradient norm overflowed): the
+    // step is skipped, as the host trainer skips it, and nothing is written.
+    const float c = *grad_scale;
+    if (!isfinite(c)) return;
+    s.grad_scale *= c;
+  }
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += stride) {

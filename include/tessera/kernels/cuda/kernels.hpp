@@ -173,7 +173,9 @@ struct adamw_segment {
 /// - `step`: the step's hyper-parameters with bias corrections (as the host
 ///   builds them). If `d_grad_scale` is not null, the float it points to
 ///   (e.g. clip_coefficient's output) multiplies step.grad_scale on the
-///   device, so clipping needs no host sync.
+///   device, so clipping needs no host sync. A non-finite *d_grad_scale
+///   (the gradient norm overflowed) makes the kernel return without writing
+///   anything: the step is skipped, as the host trainer skips it.
 /// - Throws config_error for n < 0, num_segments < 0, or a master pointer
 ///   that does not match Param.
 /// Source: Loshchilov & Hutter, ICLR 2019, Algorithm 2 (torch.optim.AdamW form).

@@ -330,6 +330,10 @@ int run_cuda(const options& o, const nn::llama_config& full, const nn::llama_con
               gib(static_cast<double>(pl.activations())), gib(device_bytes),
               gib(device_bytes - static_cast<double>(pl.total())));
   std::fflush(stdout);
+  TESSERA_THROW_IF(static_cast<double>(pl.total()) > device_bytes, config_error,
+                   "the planned ", gib(static_cast<double>(pl.total())), " GiB exceed the device's ",
+                   gib(device_bytes), " GiB; use fewer --layers, a shorter --seq or a smaller "
+                   "--micro-batch");
 
   temp_file tmp;
   tmp.path = fs::temp_directory_path() /

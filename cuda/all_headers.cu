@@ -6,6 +6,14 @@
 // cuBLASLt wrapper and the kernels (cuda/kernels.cu instantiates those).
 #include <tessera/core/cuda.hpp>
 #include <tessera/core/nvtx.hpp>
+#include <tessera/data/device_loader.hpp>
+#include <tessera/kernels/cuda/attention.hpp>
+#include <tessera/kernels/cuda/attention_launch.hpp>
+#include <tessera/kernels/cuda/cross_entropy.hpp>
+#include <tessera/nn/cuda_llama.hpp>
+#include <tessera/optim/cuda_adamw.hpp>
+#include <tessera/plan/cuda_step.hpp>
+#include <tessera/train/cuda_trainer.hpp>
 #include <tessera/kernels/cuda/adamw.cuh>
 #include <tessera/kernels/cuda/elementwise.cuh>
 #include <tessera/kernels/cuda/embedding.cuh>

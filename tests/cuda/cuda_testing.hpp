@@ -28,6 +28,9 @@ template <class T>
 tensor<T, cuda> poisoned_device(std::size_t n) {
   tensor<T, cuda> d(shape{static_cast<std::int64_t>(n)});
   TESSERA_CUDA_CHECK(cudaMemset(d.data(), 0xFF, n * sizeof(T)));
+  // cudaMemset is asynchronous and on the legacy stream, which kernels on a
+  // non-blocking stream do not wait for.
+  TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
   return d;
 }
 /// Copies a device tensor back.

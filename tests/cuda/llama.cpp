@@ -100,13 +100,23 @@ TEST_CASE("cuda_llama forward/backward matches the host bf16_mixed model", "[cud
     // another order; 2e-3 relative is ~half a bf16 ulp of the logits' effect.
     CHECK(std::abs(g.loss - r.loss_sum) <= 2e-3 * std::abs(r.loss_sum));
     // Gradients: the device's activation gradients are bf16 (cuBLASLt takes
-    // bf16 operands), the host's float32, so each tensor differs by a few
-    // bf16 roundings through the chain: 4 x 2^-8 of its rms.
+    // bf16 operands), the host's float32, and flash attention rounds P and
+    // dS to bf16. A host emulation of exactly those roundings (the review of
+    // 2026-11-29) gives a relative Frobenius error of 0.16-0.53% per tensor
+    // and single elements off by up to 5.4% of the tensor's rms; the bounds
+    // are 2% and 25%.
     for (const auto& e : host.layout().entries()) {
       INFO("tensor " << e.name);
       std::vector<float> got(g.grads.begin() + e.offset, g.grads.begin() + e.offset + e.numel);
       std::vector<float> want(host.grads() + e.offset, host.grads() + e.offset + e.numel);
-      CHECK(max_rel_error(got, want) <= 4 * bf16_tol);
+      double diff = 0, norm = 0;
+      for (std::size_t i = 0; i < got.size(); ++i) {
+        diff += (static_cast<double>(got[i]) - want[i]) * (static_cast<double>(got[i]) - want[i]);
+        norm += static_cast<double>(want[i]) * want[i];
+      }
+      REQUIRE(norm > 0);
+      CHECK(std::sqrt(diff / norm) <= 2e-2);
+      CHECK(max_rel_error(got, want) <= 0.25);
     }
   }
 }
@@ -207,13 +217,11 @@ TEST_CASE("cuda_llama rejects bad sizes with config_error", "[cuda][llama]") {
   CHECK_THROWS_AS(nn::cuda_llama(c, 1, 16, {0, -100, nn::activation_checkpointing::full}, s),
                   config_error);
   auto odd = c;
-  odd.n_heads = 8;  // hd 32 or another size the kernels may not take: either builds or says why
-  odd.n_kv_heads = 2;
-  try {
-    nn::cuda_llama m(odd, 1, 16, {}, s);
-  } catch (const config_error& e) {
-    CHECK(std::string(e.what()).find("head dimension") != std::string::npos);
-  }
+  odd.n_heads = 16;  // hd 16: the flash-attention kernels take 32, 64 and 128
+  odd.n_kv_heads = 4;
+  CHECK_THROWS_WITH(nn::cuda_llama(odd, 1, 16, {}, s),
+                    Catch::Matchers::Contains("head dimension 16"));
+  s.synchronize();
 }
 
 namespace {

@@ -75,6 +75,8 @@ TEST_CASE("plan_cuda_step rejects bad sizes", "[plan]") {
   o.micro_batch = 1;
   o.seq = c.max_seq + 1;
   CHECK_THROWS_AS(plan::plan_cuda_step(c, o), config_error);
+  o.seq = -1;
+  CHECK_THROWS_AS(plan::plan_cuda_step(c, o), config_error);
   o.seq = 16;
   o.ce_chunk = 0;
   CHECK_THROWS_AS(plan::plan_cuda_step(c, o), config_error);

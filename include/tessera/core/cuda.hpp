@@ -366,13 +366,35 @@ struct cuda {
   /// The current device's caching allocator (the `backend` concept).
   static memory_resource& default_resource() { return resource(current_device()); }
 
-  /// Device -> host copy of `bytes`, synchronous. Throws cuda_error.
+  /// Device -> host copy of `bytes`, synchronous. Ordered with the legacy
+  /// stream only: synchronise a non-blocking stream that writes `d_src`
+  /// first. Throws cuda_error.
   static void copy_to_host(void* h_dst, const void* d_src, std::size_t bytes) {
     if (bytes) TESSERA_CUDA_CHECK(cudaMemcpy(h_dst, d_src, bytes, cudaMemcpyDeviceToHost));
   }
-  /// Host -> device copy of `bytes`, synchronous. Throws cuda_error.
+  /// Host -> device copy of `bytes`, synchronous: returns when the data is
+  /// on the device (cudaMemcpy from pageable memory may return once the
+  /// data is staged, so the legacy stream is synchronised too). Ordered with
+  /// the legacy stream only: synchronise a non-blocking stream that still
+  /// uses `d_dst` first. Throws cuda_error.
   static void copy_from_host(void* d_dst, const void* h_src, std::size_t bytes) {
-    if (bytes) TESSERA_CUDA_CHECK(cudaMemcpy(d_dst, h_src, bytes, cudaMemcpyHostToDevice));
+    if (!bytes) return;
+    TESSERA_CUDA_CHECK(cudaMemcpy(d_dst, h_src, bytes, cudaMemcpyHostToDevice));
+    TESSERA_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
+  }
+  /// Host -> device copy of `bytes` ordered on stream `s`, returning when
+  /// it is done (for host data that is not pinned). Throws cuda_error.
+  static void copy_from_host(void* d_dst, const void* h_src, std::size_t bytes, cudaStream_t s) {
+    if (!bytes) return;
+    TESSERA_CUDA_CHECK(cudaMemcpyAsync(d_dst, h_src, bytes, cudaMemcpyHostToDevice, s));
+    TESSERA_CUDA_CHECK(cudaStreamSynchronize(s));
+  }
+  /// Device -> host copy of `bytes` ordered on stream `s`, returning when
+  /// it is done. Throws cuda_error.
+  static void copy_to_host(void* h_dst, const void* d_src, std::size_t bytes, cudaStream_t s) {
+    if (!bytes) return;
+    TESSERA_CUDA_CHECK(cudaMemcpyAsync(h_dst, d_src, bytes, cudaMemcpyDeviceToHost, s));
+    TESSERA_CUDA_CHECK(cudaStreamSynchronize(s));
   }
   /// Asynchronous copy of `bytes` on stream `s` (any direction; pinned host
   /// memory for a truly asynchronous host transfer). Throws cuda_error.

@@ -56,6 +56,8 @@ struct cuda_llama_options {
   std::int64_t ce_chunk = 1024;
   std::int32_t ignore_index = -100;  ///< target id that is not scored
   activation_checkpointing checkpointing = activation_checkpointing::full;
+  /// cuBLASLt workspace bytes (NVIDIA's recommendation for Hopper: 32 MiB).
+  std::size_t cublaslt_workspace = std::size_t(32) << 20;
 };
 
 /// A Llama on one GPU for micro-batches of B sequences of T tokens.
@@ -72,7 +74,9 @@ class cuda_llama {
   /// init_weights or load_params. Gradients are zero.
   /// Throws config_error for an invalid config, B or T < 1, T > max_seq,
   /// ce_chunk < 1, or a head dimension the flash-attention kernels do not
-  /// support; cuda_error if the device runs out of memory.
+  /// support; tessera::error naming the request if the device runs out of
+  /// memory (the caching allocator's message); cuda_error for a CUDA or
+  /// cuBLASLt failure.
   cuda_llama(llama_config cfg, std::int64_t B, std::int64_t T, cuda_llama_options opt,
              cudaStream_t stream, cuda_caching_resource& mr = tessera::cuda::resource(
                                                               tessera::cuda::current_device()))
@@ -83,7 +87,7 @@ class cuda_llama {
         T_(T),
         stream_(stream),
         mr_(mr, stream),
-        ctx_(std::size_t(32) << 20, mr_) {
+        ctx_(opt.cublaslt_workspace, mr_) {
     TESSERA_THROW_IF(B < 1, config_error, "cuda_llama: micro-batch B=", B, " must be >= 1");
     TESSERA_THROW_IF(T < 1 || T > cfg_.max_seq, config_error, "cuda_llama: sequence length T=", T,
                      " must be in [1, max_seq=", cfg_.max_seq, "]");
@@ -105,8 +109,10 @@ class cuda_llama {
     kernels::rope_table(cos.data(), sin.data(), cfg_.max_seq, hd, cfg_.rope_theta);
     rope_cos_ = dev<float>(cfg_.max_seq * half);
     rope_sin_ = dev<float>(cfg_.max_seq * half);
-    tessera::cuda::copy_from_host(rope_cos_.data(), cos.data(), cos.size() * sizeof(float));
-    tessera::cuda::copy_from_host(rope_sin_.data(), sin.data(), sin.size() * sizeof(float));
+    tessera::cuda::copy_from_host(rope_cos_.data(), cos.data(), cos.size() * sizeof(float),
+                                  stream_);
+    tessera::cuda::copy_from_host(rope_sin_.data(), sin.data(), sin.size() * sizeof(float),
+                                  stream_);
     // Activations.
     const bool full = opt_.checkpointing == activation_checkpointing::full;
     records_.resize(static_cast<std::size_t>(L));
@@ -130,6 +136,12 @@ class cuda_llama {
     scratch_bytes_ = plan::cuda_kernel_scratch_bytes(cfg_, B, T, opt_.ce_chunk);
     scratch_ = dev<std::uint8_t>(static_cast<std::int64_t>(scratch_bytes_));
   }
+
+  /// Waits for the model's stream, so no queued kernel still uses a buffer
+  /// that returns to the allocator (whose cache is keyed by stream handle).
+  ~cuda_llama() { (void)cudaStreamSynchronize(stream_); }
+  cuda_llama(const cuda_llama&) = delete;
+  cuda_llama& operator=(const cuda_llama&) = delete;
 
   const llama_config& config() const { return cfg_; }
   const param_layout& layout() const { return layout_; }
@@ -164,15 +176,15 @@ class cuda_llama {
 
   /// Copies layout().total() bf16 weights from the host. Synchronises.
   void load_params(const Param* host) {
-    TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));
     tessera::cuda::copy_from_host(params_.data(), host,
-                                  static_cast<std::size_t>(layout_.total()) * sizeof(Param));
+                                  static_cast<std::size_t>(layout_.total()) * sizeof(Param),
+                                  stream_);
   }
   /// Copies the weights to the host (layout().total() elements). Synchronises.
   void copy_params_to_host(Param* host) const {
-    TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));
     tessera::cuda::copy_to_host(host, params_.data(),
-                                static_cast<std::size_t>(layout_.total()) * sizeof(Param));
+                                static_cast<std::size_t>(layout_.total()) * sizeof(Param),
+                                stream_);
   }
 
   /// Sets every gradient to zero (enqueued on the stream).

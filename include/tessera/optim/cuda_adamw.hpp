@@ -27,6 +27,10 @@
 
 namespace tessera::optim {
 
+// plan::plan_cuda_step counts 24 bytes per segment (it cannot include the
+// CUDA headers); keep the two in step.
+static_assert(sizeof(kernels::cuda::adamw_segment) == 24);
+
 /// AdamW over the whole flat buffer of a param_layout (bf16 parameters,
 /// float32 gradients), on one stream.
 class cuda_adamw {
@@ -34,8 +38,8 @@ class cuda_adamw {
   /// Allocates master weights, both moments (zero), the segment table (one
   /// segment per tensor of `layout`, decay as param_entry::decay) and the
   /// norm scratch from `mr` on `stream` (neither owned; both must outlive
-  /// the optimizer). Throws config_error for
-  /// bad hyper-parameters; cuda_error if the device runs out of memory.
+  /// the optimizer). Throws config_error for bad hyper-parameters;
+  /// tessera::error if the device runs out of memory.
   cuda_adamw(adamw_config cfg, const nn::param_layout& layout, cudaStream_t stream,
              cuda_caching_resource& mr)
       : cfg_(cfg), n_(layout.total()), stream_(stream), mr_(mr, stream) {
@@ -51,14 +55,20 @@ class cuda_adamw {
     num_segments_ = static_cast<int>(segs.size());
     const auto seg_bytes = static_cast<std::int64_t>(segs.size() * sizeof(segs[0]));
     segments_ = tensor<std::uint8_t, tessera::cuda>(shape{seg_bytes}, mr_);
-    TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    tessera::cuda::copy_from_host(segments_.data(), segs.data(), static_cast<std::size_t>(seg_bytes));
+    tessera::cuda::copy_from_host(segments_.data(), segs.data(), static_cast<std::size_t>(seg_bytes),
+                                  stream_);
     norm_scratch_bytes_ = kernels::cuda::grad_sum_squares_scratch_bytes(n_);
     norm_scratch_ = tensor<std::uint8_t, tessera::cuda>(
         shape{static_cast<std::int64_t>(norm_scratch_bytes_)}, mr_);
     sum_squares_ = tensor<double, tessera::cuda>(shape{1}, mr_);
     coef_ = tensor<float, tessera::cuda>(shape{1}, mr_);
   }
+
+  /// Waits for the stream (see cuda_llama's destructor).
+  ~cuda_adamw() { (void)cudaStreamSynchronize(stream_); }
+  // Not copyable or movable: the tensors deallocate through mr_.
+  cuda_adamw(const cuda_adamw&) = delete;
+  cuda_adamw& operator=(const cuda_adamw&) = delete;
 
   /// master = float(params) (call once after the weights are set). Enqueued.
   void init_master(const bf16* d_params) {

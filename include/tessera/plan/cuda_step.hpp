@@ -36,7 +36,7 @@ struct cuda_step_options {
   std::int64_t micro_batches = 1;  ///< per optimizer step (one loss double each)
   nn::activation_checkpointing checkpointing = nn::activation_checkpointing::full;
   std::int64_t ce_chunk = 1024;  ///< token rows per LM-head/cross-entropy chunk
-  /// cuBLASLt workspace (kernels::cuda::cublaslt_context's default, 32 MiB).
+  /// cuBLASLt workspace (nn::cuda_llama_options::cublaslt_workspace, 32 MiB).
   std::uint64_t cublaslt_workspace = std::uint64_t(32) << 20;
   /// The pinned double-buffered loader's device buffers (2 x inputs and
   /// targets of N int32); false when the caller feeds token ids itself.
@@ -103,11 +103,13 @@ inline std::uint64_t cuda_kernel_scratch_bytes(const nn::llama_config& c, std::i
 
 /// The plan of one optimizer step of cuda_llama + cuda_adamw (+ the loader)
 /// for `c` at `o`. Throws config_error for an invalid config, B, T or
-/// ce_chunk < 1, or T > max_seq.
+/// ce_chunk < 1, T < 0 or T > max_seq.
 inline cuda_step_plan plan_cuda_step(const nn::llama_config& c, const cuda_step_options& o) {
   c.validate();
   const std::int64_t B = o.micro_batch, T = o.seq > 0 ? o.seq : c.max_seq;
   TESSERA_THROW_IF(B < 1, config_error, "micro-batch B=", B, " must be >= 1");
+  TESSERA_THROW_IF(o.seq < 0, config_error, "sequence length T=", o.seq,
+                   " must be >= 1 (or 0 for the config's max_seq)");
   TESSERA_THROW_IF(T > c.max_seq, config_error, "sequence length T=", T,
                    " exceeds the model's max_seq=", c.max_seq);
   TESSERA_THROW_IF(o.ce_chunk < 1, config_error, "ce_chunk=", o.ce_chunk, " must be >= 1");

@@ -41,7 +41,7 @@ class cuda_trainer {
   /// current device, and prefetches the first micro-batch. `data` is not
   /// owned and must outlive the trainer. Throws config_error for an
   /// invalid config (as train::trainer, plus dp != 1) or a corpus smaller
-  /// than one window; cuda_error if the device runs out of memory.
+  /// than one window; tessera::error if the device runs out of memory.
   cuda_trainer(nn::llama_config model_cfg, train_config cfg, const data::token_file& data,
                nn::activation_checkpointing ckpt = nn::activation_checkpointing::full)
       : cfg_(checked(cfg)),

@@ -1,5 +1,6 @@
 // train_llama: the main job. Trains a Llama on a token file (or UTF-8 text,
-// byte-tokenized on the fly) on the host backend, evaluates on the held-out
+// byte-tokenized on the fly) on the host backend (or, with --backend cuda in
+// a cuda-preset build, on one GPU), evaluates on the held-out
 // split, writes step logs, a JSONL metrics file and checkpoints, and prints
 // a sample at the end. With no arguments it trains the `small` preset on the
 // bundled corpus (data/fortunes.txt).
@@ -7,6 +8,7 @@
 //   build/host/examples/train_llama                       # the main job
 //   build/host/examples/train_llama --preset tiny --steps 50 --out runs/tiny
 //   build/host/examples/train_llama --resume runs/tiny    # continue exactly
+//   build/cuda/examples/train_llama --backend cuda --precision bf16 --out runs/gpu   # one GPU
 //
 // Data parallel (docs/parallel.md): --dp N ranks, --zero {0,1,2,3} the ZeRO
 // stage, --comm local (ranks are threads of this process) or mpi (ranks are
@@ -34,15 +36,20 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tessera/data/token_file.hpp"
 #include "tessera/data/tokenizer.hpp"
 #include "tessera/kernels/blas.hpp"
+#include "tessera/nn/checkpointing.hpp"
 #include "tessera/nn/llama_config.hpp"
 #include "tessera/train/trainer.hpp"
 #include "tessera/comm/local.hpp"
 #include "tessera/parallel/data_parallel_trainer.hpp"
+#if defined(TESSERA_EXAMPLE_CUDA)
+#include "tessera/train/cuda_trainer.hpp"
+#endif
 #if defined(TESSERA_HAS_MPI) && TESSERA_HAS_MPI
 #include "tessera/comm/mpi.hpp"
 #endif
@@ -57,6 +64,9 @@ using namespace tessera;
 namespace {
 
 struct options {
+  std::string backend = "host";        // host, or cuda (builds with the cuda preset)
+  double peak_tflops = 989;            // cuda: the GPU's dense bf16 peak, for MFU
+  std::string checkpointing = "none";  // cuda: activation checkpointing, none or full
   std::string preset = "small";
   std::string data = std::string(TESSERA_SOURCE_DIR) + "/data/fortunes.txt";
   std::string precision = "fp32";
@@ -148,17 +158,24 @@ std::optional<double> compute_baseline(const fs::path& tok) {
   return j["val_nats_per_byte"].get<double>();
 }
 
-template <precision::policy P>
-int run(options& o, const fs::path& tok_path, created_paths& created) {
-  data::token_file data(tok_path);
+// The model sizes of the run: the preset with the --dim/--layers/... overrides.
+nn::llama_config model_config(const options& o) {
   nn::llama_config mc = nn::llama_config::from_name(o.preset);
   if (o.dim) mc.dim = *o.dim;
   if (o.layers) mc.n_layers = *o.layers;
   if (o.heads) mc.n_heads = *o.heads;
   if (o.kv_heads) mc.n_kv_heads = *o.kv_heads;
   if (o.ffn) mc.ffn_dim = *o.ffn;
-  train::trainer<P> tr(mc, o.cfg, data);  // validates everything before any output
+  return mc;
+}
 
+// The single-rank loop over a trainer (train::trainer<P> on the host,
+// train::cuda_trainer on one GPU): resume, step logs, evaluations, metrics,
+// checkpoints, the final sample. `peak` gives the peak FLOP/s for MFU and a
+// line saying what it is; it runs after the inputs are validated.
+template <class Trainer, class Peak>
+int train_loop(options& o, Trainer& tr, const data::token_file& data, const fs::path& tok_path,
+               created_paths& created, const char* precision, Peak peak_of) {
   const fs::path out(o.out);
   const fs::path ckpt = out / "checkpoint.bin";
   const fs::path metrics_path = out / "metrics.jsonl";
@@ -172,17 +189,16 @@ int run(options& o, const fs::path& tok_path, created_paths& created) {
   }
   created.keep = true;  // inputs are valid: from here on, outputs are kept
 
-  const std::string blas = kernels::blas_core_name();
-  const double peak = kernels::measure_sgemm_flops();
+  const auto [peak, peak_line] = peak_of();
   tr.set_peak_flops(peak);
   if (!o.no_baseline && !o.baseline) o.baseline = compute_baseline(tok_path);
 
   const auto& c = tr.model().config();
   std::printf("train_llama: model %s (dim %lld, layers %lld, heads %lld/%lld kv, ffn %lld, vocab %lld) "
-              "%.2fM params, precision %s\n",
+              "%.2fM params, precision %s, backend %s\n",
               c.name.c_str(), (long long)c.dim, (long long)c.n_layers, (long long)c.n_heads,
               (long long)c.n_kv_heads, (long long)c.ffn_dim, (long long)c.vocab,
-              tr.model().num_params() / 1e6, P::name);
+              tr.model().num_params() / 1e6, precision, o.backend.c_str());
   std::printf("train_llama: data %s (%llu tokens, train %llu, val %llu)\n", tok_path.c_str(),
               (unsigned long long)data.size(), (unsigned long long)data.split().train.size(),
               (unsigned long long)data.split().val.size());
@@ -191,8 +207,7 @@ int run(options& o, const fs::path& tok_path, created_paths& created) {
               (long long)o.cfg.global_batch, (long long)o.cfg.micro_batch, (long long)o.cfg.seq,
               (long long)o.cfg.accum_steps(), (long long)o.cfg.steps, o.cfg.lr,
               (long long)o.cfg.warmup);
-  std::printf("train_llama: BLAS %s, %d threads, measured sgemm peak %.1f GFLOP/s (MFU is against it)\n",
-              blas.c_str(), kernels::blas_threads(), peak / 1e9);
+  std::printf("train_llama: %s\n", peak_line.c_str());
   if (o.baseline) std::printf("train_llama: 4-gram Kneser-Ney baseline on val: %.4f nats/byte\n", *o.baseline);
   if (tr.step() > 0) std::printf("train_llama: resumed from step %lld\n", (long long)tr.step());
   std::fflush(stdout);
@@ -244,6 +259,42 @@ int run(options& o, const fs::path& tok_path, created_paths& created) {
   }
   return 0;
 }
+
+template <precision::policy P>
+int run(options& o, const fs::path& tok_path, created_paths& created) {
+  data::token_file data(tok_path);
+  train::trainer<P> tr(model_config(o), o.cfg, data);  // validates everything before any output
+  return train_loop(o, tr, data, tok_path, created, P::name, [] {
+    const std::string blas = kernels::blas_core_name();
+    const double peak = kernels::measure_sgemm_flops();
+    return std::pair<double, std::string>(
+        peak, detail::str("BLAS ", blas, ", ", kernels::blas_threads(), " threads, measured sgemm peak ",
+                  peak / 1e9, " GFLOP/s (MFU is against it)"));
+  });
+}
+
+#if defined(TESSERA_EXAMPLE_CUDA)
+// --backend cuda: train::cuda_trainer on the current GPU (bf16_mixed).
+int run_cuda(options& o, const fs::path& tok_path, created_paths& created) {
+  TESSERA_THROW_IF(o.precision != "bf16" && o.precision != "bf16_mixed", config_error,
+                   "--precision ", o.precision, ": the cuda backend trains bf16 (bf16_mixed)");
+  TESSERA_THROW_IF(!(o.peak_tflops > 0), config_error, "--peak-tflops ", o.peak_tflops,
+                   " must be > 0");
+  TESSERA_THROW_IF(tessera::cuda::device_count() < 1, config_error,
+                   "--backend cuda: no CUDA device is visible");
+  data::token_file data(tok_path);
+  train::cuda_trainer tr(model_config(o), o.cfg, data,
+                         nn::parse_checkpointing(o.checkpointing));
+  return train_loop(o, tr, data, tok_path, created, precision::bf16_mixed::name, [&] {
+    cudaDeviceProp p{};
+    TESSERA_CUDA_CHECK(cudaGetDeviceProperties(&p, tessera::cuda::current_device()));
+    return std::pair<double, std::string>(
+        o.peak_tflops * 1e12, detail::str("GPU ", p.name, " (sm_", p.major, p.minor, "), MFU against ",
+                                  o.peak_tflops, " TFLOP/s (--peak-tflops), checkpointing ",
+                                  o.checkpointing));
+  });
+}
+#endif
 
 // ---- Data parallel: --dp N --zero {0,1,2,3} --comm {local,mpi} ----------------------------
 // One rank of the run: rank 0 prints, writes the metrics and the checkpoint
@@ -454,6 +505,9 @@ int main(int argc, char** argv) {
   app.add_option("--baseline", o.baseline, "4-gram baseline in nats/byte to print beside val loss");
   app.add_flag("--no-baseline", o.no_baseline, "do not run scripts/ngram_baseline.py");
   app.add_option("--ce-chunk", o.cfg.ce_chunk, "token rows per LM-head/cross-entropy chunk")->capture_default_str();
+  app.add_option("--backend", o.backend, "host, or cuda (one GPU; a build with the cuda preset)")->capture_default_str();
+  app.add_option("--checkpointing", o.checkpointing, "cuda: activation checkpointing, none or full")->capture_default_str();
+  app.add_option("--peak-tflops", o.peak_tflops, "cuda: the GPU's dense bf16 peak TFLOP/s, for MFU")->capture_default_str();
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -480,6 +534,12 @@ int main(int argc, char** argv) {
     TESSERA_THROW_IF(o.dp < 1, config_error, "dp=", o.dp, " must be >= 1");
     TESSERA_THROW_IF(o.zero < 0 || o.zero > 3, config_error, "--zero ", o.zero,
                      " is not a ZeRO stage (valid: 0, 1, 2, 3)");
+    TESSERA_THROW_IF(o.backend != "host" && o.backend != "cuda", config_error, "unknown backend '",
+                     o.backend, "' (valid: host, cuda)");
+    (void)nn::parse_checkpointing(o.checkpointing);
+    TESSERA_THROW_IF(o.backend == "host" && o.checkpointing != "none", config_error,
+                     "--checkpointing ", o.checkpointing,
+                     ": the host backend has no activation checkpointing (valid: none)");
     if (o.comm == "auto") o.comm = launched_by_mpi() ? "mpi" : "local";
     // The data-parallel path: any of --dp > 1, --zero, --comm, or mpirun.
     const bool parallel_path = o.dp > 1 || app.count("--zero") > 0 || app.count("--comm") > 0 ||
@@ -494,7 +554,18 @@ int main(int argc, char** argv) {
     }
     TESSERA_THROW_IF(::access(out.c_str(), W_OK) != 0, io_error, "output folder '", out.string(),
                      "' is not writable");
+    TESSERA_THROW_IF(o.backend == "cuda" && parallel_path, config_error,
+                     "--backend cuda trains on one GPU: --dp, --zero and --comm are host-only");
     const fs::path tok = prepare_tokens(o.data, out, created);
+    if (o.backend == "cuda") {
+#if defined(TESSERA_EXAMPLE_CUDA)
+      return run_cuda(o, tok, created);
+#else
+      throw config_error(
+          "--backend cuda: this build has no CUDA backend (configure with the cuda preset: "
+          "cmake --preset cuda)");
+#endif
+    }
     if (parallel_path) {
       if (o.precision == "fp32") return run_dp<precision::fp32>(o, tok, created);
       if (o.precision == "bf16" || o.precision == "bf16_mixed")

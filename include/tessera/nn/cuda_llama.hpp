@@ -145,6 +145,8 @@ class cuda_llama {
 
   const llama_config& config() const { return cfg_; }
   const param_layout& layout() const { return layout_; }
+  /// Real parameters (without alignment padding).
+  std::int64_t num_params() const { return layout_.num_params(); }
   const cuda_llama_options& options() const { return opt_; }
   std::int64_t micro_batch() const { return B_; }
   std::int64_t seq() const { return T_; }

@@ -12,8 +12,10 @@
 /// Source: Loshchilov & Hutter, ICLR 2019, Algorithm 2; Pascanu et al. 2013
 /// (clipping by the global norm).
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "tessera/core/cuda.hpp"
@@ -108,6 +110,43 @@ class cuda_adamw {
   void skipped() {
     TESSERA_THROW_IF(t_ == 0, error, "cuda_adamw::skipped: no step was taken");
     --t_;
+  }
+
+  /// Bytes save() writes: the step count (int64) and m, v, master (float32
+  /// each), the same bytes in the same order as the host
+  /// optim::adamw<bf16, float>::save, so checkpoints move between backends.
+  std::size_t serialized_bytes() const {
+    return sizeof(std::int64_t) + 3 * static_cast<std::size_t>(n_) * sizeof(float);
+  }
+
+  /// Writes serialized_bytes() bytes through `w.write(const void*, bytes)`,
+  /// staging the device buffers through host memory in blocks of
+  /// `block_bytes`. Synchronises the stream.
+  template <class Writer>
+  void save(Writer& w, std::size_t block_bytes = std::size_t(64) << 20) const {
+    w.write(&t_, sizeof(t_));
+    std::vector<char> buf(std::min(block_bytes, static_cast<std::size_t>(n_) * sizeof(float)));
+    for (const float* d : {m_.data(), v_.data(), master_.data()}) {
+      const std::size_t total = static_cast<std::size_t>(n_) * sizeof(float);
+      for (std::size_t off = 0; off < total; off += buf.size()) {
+        const std::size_t len = std::min(buf.size(), total - off);
+        tessera::cuda::copy_to_host(buf.data(), reinterpret_cast<const char*>(d) + off, len,
+                                    stream_);
+        w.write(buf.data(), len);
+      }
+    }
+  }
+
+  /// Restores what save() wrote from `p` (serialized_bytes() bytes; the
+  /// caller checks the size). Synchronises the stream.
+  void load(const char* p) {
+    std::memcpy(&t_, p, sizeof(t_));
+    p += sizeof(t_);
+    const std::size_t bytes = static_cast<std::size_t>(n_) * sizeof(float);
+    for (float* d : {m_.data(), v_.data(), master_.data()}) {
+      tessera::cuda::copy_from_host(d, p, bytes, stream_);
+      p += bytes;
+    }
   }
 
   /// The last step's gradient sum of squares (one double, device).

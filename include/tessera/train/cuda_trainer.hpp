@@ -14,9 +14,11 @@
 ///
 /// Plain C++ (g++ with the CUDA runtime headers); link tessera::cuda_kernels.
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
 #include <vector>
 
 #include "tessera/core/cuda.hpp"
@@ -26,8 +28,10 @@
 #include "tessera/data/sampler.hpp"
 #include "tessera/data/token_file.hpp"
 #include "tessera/nn/cuda_llama.hpp"
+#include "tessera/nn/llama.hpp"
 #include "tessera/optim/clip.hpp"
 #include "tessera/optim/cuda_adamw.hpp"
+#include "tessera/train/checkpoint.hpp"
 #include "tessera/train/metrics.hpp"
 #include "tessera/train/trainer.hpp"
 
@@ -49,6 +53,7 @@ class cuda_trainer {
                nn::cuda_llama_options{cfg_.ce_chunk, -100, ckpt}, stream_.get()),
         opt_(cfg_.adamw, model_.layout(), stream_.get(),
              tessera::cuda::resource(tessera::cuda::current_device())),
+        data_(&data),
         split_(data.split()),
         sampler_(data, split_.train, cfg_.micro_batch, cfg_.seq, cfg_.seed),
         loader_(data::cuda_loader_system(stream_.get()), sampler_, model_.config().vocab,
@@ -136,6 +141,133 @@ class cuda_trainer {
     return m;
   }
 
+  /// Mean loss (nats per token) over the first `windows` fixed validation
+  /// windows (-1: the configured eval_windows; 0: every window of the
+  /// split), as train::trainer::evaluate. Rows past a partial last batch are
+  /// padding (ignored inputs and targets). Allocates two (B, T) token
+  /// buffers and a double for its duration; synchronises once per batch.
+  double evaluate(std::int64_t windows = -1) {
+    TESSERA_NVTX_RANGE("evaluate");
+    const std::int64_t B = cfg_.micro_batch, T = cfg_.seq, N = B * T;
+    const data::val_windows val(*data_, split_.val, T,
+                                windows < 0 ? cfg_.eval_windows : windows);
+    std::vector<std::int32_t> buf(static_cast<std::size_t>(B * (T + 1)));
+    std::vector<std::int32_t> host(static_cast<std::size_t>(2 * N));
+    tensor<std::int32_t, tessera::cuda> tokens(shape{2 * N}, losses_mr_);
+    tensor<double, tessera::cuda> loss(shape{1}, losses_mr_);
+    double sum = 0;
+    std::int64_t n = 0;
+    for (std::int64_t k = 0; k < val.batches(B); ++k) {
+      const std::int64_t rows = val.fill(k, B, buf.data());
+      std::int64_t scored = 0;
+      for (std::int64_t b = 0; b < B; ++b)
+        for (std::int64_t t = 0; t < T; ++t) {
+          const std::size_t i = static_cast<std::size_t>(b * T + t);
+          const bool pad = b >= rows;
+          host[i] = pad ? -100 : buf[static_cast<std::size_t>(b * (T + 1) + t)];
+          host[i + static_cast<std::size_t>(N)] =
+              pad ? -100 : buf[static_cast<std::size_t>(b * (T + 1) + t + 1)];
+          scored += host[i + static_cast<std::size_t>(N)] != -100;
+        }
+      tessera::cuda::copy_from_host(tokens.data(), host.data(), host.size() * sizeof(std::int32_t),
+                                    stream_.get());
+      model_.forward_loss(tokens.data(), tokens.data() + N, loss.data());
+      double l = 0;
+      tessera::cuda::copy_to_host(&l, loss.data(), sizeof(double), stream_.get());
+      sum += l;
+      n += scored;
+    }
+    return n ? sum / static_cast<double>(n) : std::nan("");
+  }
+
+  /// Samples `n` tokens after `prompt` at `temperature`, deterministic in
+  /// `seed`, as train::trainer<bf16_mixed>::generate: the weights are copied
+  /// into a host nn::llama<bf16_mixed> (host memory: 6 bytes a parameter)
+  /// and sampled there, token by token. Throws as the host generate.
+  std::vector<std::int32_t> generate(std::vector<std::int32_t> prompt, std::int64_t n,
+                                     double temperature, std::uint64_t seed) {
+    TESSERA_THROW_IF(prompt.empty(), config_error, "generation needs a non-empty prompt");
+    TESSERA_THROW_IF(!(temperature > 0), config_error, "temperature=", temperature, " must be > 0");
+    nn::llama<precision::bf16_mixed> host(model_.config(), nn::llama_options{cfg_.ce_chunk, {}, -100});
+    model_.copy_params_to_host(host.params());
+    const std::int64_t V = model_.config().vocab;
+    const std::int64_t ctx = std::min(model_.config().max_seq, cfg_.seq);
+    std::vector<float> logits(static_cast<std::size_t>(V));
+    std::vector<double> p;
+    rng r(seed);
+    for (std::int64_t i = 0; i < n; ++i) {
+      const std::int64_t len = std::min<std::int64_t>(ctx, static_cast<std::int64_t>(prompt.size()));
+      host.next_token_logits(prompt.data() + prompt.size() - len, len, logits.data());
+      prompt.push_back(sample_token(logits.data(), V, temperature, r, p));
+    }
+    return prompt;
+  }
+
+  /// The checkpoint's metadata: the host trainer<bf16_mixed>'s keys and
+  /// values, so a checkpoint written here resumes on the host and back.
+  nlohmann::json metadata() const {
+    const auto& c = model_.config();
+    return {{"model", model_metadata(c)},
+            {"precision", precision::bf16_mixed::name},
+            {"optimizer", "adamw"},
+            {"step", step_},
+            {"data_position", {{"step", step_}, {"sampler", "window_start(seed, step, g)"}}},
+            {"schedule_position", step_},
+            {"rng", {{"seed", cfg_.seed}, {"generator", "mix64 counter (stateless)"}}},
+            {"schedule", {{"name", "warmup_cosine"}, {"min_lr_ratio", cfg_.min_lr_ratio}}},
+            {"adamw", {{"beta1", cfg_.adamw.beta1}, {"beta2", cfg_.adamw.beta2},
+                       {"eps", cfg_.adamw.eps}, {"weight_decay", cfg_.adamw.weight_decay}}},
+            {"grad_clip", cfg_.grad_clip},
+            {"ce_chunk", cfg_.ce_chunk},
+            {"global_batch", cfg_.global_batch},
+            {"micro_batch", cfg_.micro_batch},
+            {"seq", cfg_.seq},
+            {"seed", cfg_.seed},
+            {"steps", cfg_.steps},
+            {"lr", cfg_.lr},
+            {"warmup", cfg_.warmup},
+            {"flat_elements", model_.layout().total()},
+            {"data", {{"tokens", data_->size()}, {"vocab", data_->vocab()},
+                      {"fingerprint", data::fingerprint(*data_)}}}};
+  }
+
+  /// Writes weights, optimizer state, step, schedule and data position in
+  /// the host trainer<bf16_mixed>'s format (train/checkpoint.hpp: streamed
+  /// to a temporary file through 64 MiB host blocks, fsync'ed, renamed).
+  /// Throws io_error if the file cannot be written.
+  void save_checkpoint(const std::filesystem::path& path) const {
+    const std::size_t pbytes = sizeof(bf16) * static_cast<std::size_t>(model_.layout().total());
+    write_checkpoint(path, metadata(), pbytes + opt_.serialized_bytes(), [&](checkpoint_writer& w) {
+      std::vector<char> buf(std::min<std::size_t>(pbytes, std::size_t(64) << 20));
+      const char* d = reinterpret_cast<const char*>(model_.params());
+      for (std::size_t off = 0; off < pbytes; off += buf.size()) {
+        const std::size_t len = std::min(buf.size(), pbytes - off);
+        tessera::cuda::copy_to_host(buf.data(), d + off, len, stream_.get());
+        w.write(buf.data(), len);
+      }
+      opt_.save(w);
+    });
+  }
+
+  /// Restores what save_checkpoint (or the host trainer<bf16_mixed>) wrote,
+  /// verified whole before any state changes (host memory: the file's
+  /// size), and prefetches the resumed step's first micro-batch. Throws as
+  /// train::trainer::load_checkpoint.
+  void load_checkpoint(const std::filesystem::path& path) {
+    nlohmann::json meta;
+    std::vector<char> payload;
+    read_checkpoint(path, meta, payload);
+    const std::int64_t step = check_resume_metadata(path, meta, metadata(), cfg_.steps);
+    const std::size_t pbytes = sizeof(bf16) * static_cast<std::size_t>(model_.layout().total());
+    TESSERA_THROW_IF(payload.size() != pbytes + opt_.serialized_bytes(), io_error, "checkpoint '",
+                     path.string(), "' holds ", payload.size(), " payload bytes; this model needs ",
+                     pbytes + opt_.serialized_bytes());
+    model_.load_params(reinterpret_cast<const bf16*>(payload.data()));
+    opt_.load(payload.data() + pbytes);
+    step_ = step;
+    loader_.prefetch(static_cast<std::uint64_t>(step_), 0);
+  }
+
  private:
   static train_config checked(train_config c) {
     c.validate();
@@ -157,6 +289,7 @@ class cuda_trainer {
   tessera::cuda::stream stream_;
   nn::cuda_llama model_;
   optim::cuda_adamw opt_;
+  const data::token_file* data_;
   data::split_view split_;
   data::batch_sampler sampler_;
   data::device_loader loader_;

@@ -25,7 +25,9 @@
 // planner's device memory (plan::plan_cuda_step) and margin first, then
 // step time, tokens/s, MFU and HFU (HFU adds the recomputed forward)
 // against --peak-tflops, and the allocator's peak against the plan.
-// --json FILE writes the figures (benchmarks/device_check.sh reads them).
+// --json FILE writes the figures (benchmarks/device_check.sh reads them);
+// --memory-log FILE the device allocator's event log, which
+// scripts/plot_memory.py plots against the plan.
 //
 // clang-format off
 //   build/cuda/examples/llama7b_step --backend cuda                   # llama2_7b, 32 layers, T 4096, B 1
@@ -91,6 +93,7 @@ struct options {
   std::int64_t ce_chunk = 1024;        // cuda: LM-head/CE chunk rows
   double peak_tflops = 989;            // cuda: dense bf16 peak of the GPU (H100/H200 SXM)
   std::string json;                    // write the results here too
+  std::string memory_log;              // cuda: the allocator's event log (scripts/plot_memory.py)
 };
 
 // Writes `j` to `path` through a temporary name and a rename.
@@ -346,6 +349,7 @@ int run_cuda(const options& o, const nn::llama_config& full, const nn::llama_con
   auto& mr = tessera::cuda::resource(tessera::cuda::current_device());
   tessera::cuda::synchronize();
   const std::size_t base = mr.stats().allocated;
+  if (!o.memory_log.empty()) mr.set_event_logging(true);
   const auto t_build = std::chrono::steady_clock::now();
   train::cuda_trainer tr(mc, cfg, corpus, ck);
   const double peak = o.peak_tflops * 1e12;
@@ -405,6 +409,19 @@ int run_cuda(const options& o, const nn::llama_config& full, const nn::llama_con
               gib(static_cast<double>(mem_peak)), mem_peak, gib(static_cast<double>(pl.total())),
               (unsigned long long)pl.total(),
               static_cast<double>(mem_peak) / static_cast<double>(pl.total()));
+  if (!o.memory_log.empty()) {
+    const fs::path tmp_log = o.memory_log + ".tmp";
+    {
+      std::ofstream f(tmp_log);
+      TESSERA_THROW_IF(!f, error, "cannot write '", tmp_log.string(), "'");
+      mr.write_json(f);
+      TESSERA_THROW_IF(!f, error, "writing '", tmp_log.string(), "' failed");
+    }
+    fs::rename(tmp_log, o.memory_log);
+    std::printf("llama7b_step: allocator event log %s (scripts/plot_memory.py %s --plan-bytes "
+                "%llu)\n",
+                o.memory_log.c_str(), o.memory_log.c_str(), (unsigned long long)pl.total());
+  }
   write_json(o.json, {{"backend", "cuda"},
                       {"gpu", prop.name},
                       {"preset", full.name},
@@ -449,6 +466,8 @@ int main(int argc, char** argv) {
   app.add_option("--ce-chunk", o.ce_chunk, "cuda: token rows per LM-head/cross-entropy chunk")->capture_default_str();
   app.add_option("--peak-tflops", o.peak_tflops, "cuda: the GPU's dense bf16 peak, for MFU/HFU")->capture_default_str();
   app.add_option("--json", o.json, "also write the results to this JSON file");
+  app.add_option("--memory-log", o.memory_log,
+                 "cuda: write the device allocator's event log here (scripts/plot_memory.py plots it)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -492,6 +511,8 @@ int main(int argc, char** argv) {
     }
     TESSERA_THROW_IF(o.checkpointing != "none", config_error, "--checkpointing ", o.checkpointing,
                      ": the host backend has no activation checkpointing (valid: none)");
+    TESSERA_THROW_IF(!o.memory_log.empty(), config_error,
+                     "--memory-log: the host backend has no device allocator log (--backend cuda)");
     if (o.precision == "fp32")
       return run<precision::fp32>(o, full, mc, plan::dtype_sizes::of<precision::fp32>());
     return run<precision::bf16_mixed>(o, full, mc, plan::dtype_sizes::of<precision::bf16_mixed>());

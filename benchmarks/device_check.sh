@@ -9,31 +9,64 @@
 #   benchmarks/device_check.sh --jobs 16 --build-dir build/cuda
 #   benchmarks/device_check.sh --dry-run            # print the stages, run nothing
 #
-# Budget on one H200 with 16 cores (each stage has its own timeout, so one
-# hang cannot eat the rest; a failed or timed-out stage is recorded and the
-# script goes on):
+# On the GPU machine lent through the device tool (a bare CUDA image: nvcc,
+# g++, CMake, ninja, python3; no apt, no network, none of Debian's -dev
+# packages) the build dependencies come from .devdeps/, made on the
+# development machine by scripts/device_bundle.sh and carried along:
+#   run(command="benchmarks/device_check.sh", carry=[".devdeps"], timeout_s=600)
+# (benchmarks/RESULTS.md, "Device check", has the whole recipe.) When
+# .devdeps/ exists it is copied out of the source tree (CMake refuses an
+# exported include directory inside it) to DC_DEVDEPS_DIR (default
+# ${TMPDIR:-/tmp}/tessera-devdeps-<checksum of the repository path>), configure
+# finds Catch2, nlohmann_json and CLI11 there first (CMAKE_PREFIX_PATH) and
+# OpenBLAS (TESSERA_OPENBLAS_LIBRARY, TESSERA_CBLAS_INCLUDE_DIR), and the GPU
+# stages run with its libraries first on LD_LIBRARY_PATH (libgfortran, which
+# libopenblas needs). Without .devdeps/ the system's packages are used.
 #
-#   stage        what                                                    timeout
-#   configure    cmake --preset cuda -B <build> (Release)                  120 s
-#   build        cmake --build <build> -j <jobs> (~3 min at -j16)          480 s
-#   spills       ptxas -v lines of the kernel library (its objects are     180 s
+# The machine is probed, not assumed: nvcc from DC_NVCC, PATH,
+# /usr/local/cuda/bin or /usr/local/cuda-*/bin; g++ from DC_CXX, g++ or
+# g++-<N>; the Ninja generator when ninja is found (else Unix Makefiles;
+# DC_GENERATOR chooses; an existing build directory keeps its own).
+#
+# Stages. Each has its own timeout, and the whole run has a deadline
+# (DC_DEADLINE, 540 s from the start): a stage gets at most what is left
+# before it, less 20 s for the report, so the script ends inside one 600 s
+# device call. A failed or timed-out stage is recorded and the next one runs.
+# Worst case 9 minutes; about 5 when all goes well on 16 cores and one H200.
+#
+#   stage        what                                                  timeout
+#   env          the machine: OS, glibc, nvcc, g++, cmake, ninja, make,   30 s
+#                python3, nvidia-smi, cuobjdump, MPI, NCCL, .devdeps
+#   configure    cmake --preset cuda -B <build> -G Ninja, Release, with   60 s
+#                the nvcc and g++ found, MPI off (DC_MPI=ON: as found;
+#                without MPI or NCCL their blocks are skipped)
+#   build        the GPU tests, cuda_* benchmarks, llama7b_step, the     240 s
+#                kernel library and the nvcc header check, -j <jobs>,
+#                going on past a failure (DC_BUILD_ALL=1: every target);
+#                about 2 min at -j16, 6 min at -j2
+#   spills       ptxas -v lines of the kernel library (its objects are    60 s
 #                rebuilt if the build log has none), and cuobjdump
 #                --dump-resource-usage when installed
-#   gpu          nvidia-smi: name, driver, CUDA version                     30 s
-#   ctest        ctest -L cuda --output-on-failure, 120 s a test (~2 min)  300 s
-#   cuda_bench   <build>/benchmarks/cuda_bench --json (~1-2 min)           180 s
-#   llama7b      <build>/examples/llama7b_step --backend cuda --preset      300 s
+#   gpu          nvidia-smi: name, driver, CUDA version                   30 s
+#   ctest        ctest -L cuda --output-on-failure, 90 s a test          120 s
+#   cuda_bench   <build>/benchmarks/cuda_bench --json                     60 s
+#   llama7b      <build>/examples/llama7b_step --backend cuda --preset   120 s
 #                llama2_7b --precision bf16 --seq 4096 --micro-batch 1
-#                --warmup-steps 1 --steps 3 --json (~2 min)
+#                --warmup-steps 1 --steps 3 --json (init ~10 s, ~1 s a step)
 #
-# About 9 minutes when all goes well; a hang costs at most its stage's
-# timeout (one GPU test at most 120 s).
-# Timeouts: DC_TIMEOUT_{CONFIGURE,BUILD,SPILLS,GPU,CTEST,BENCH,LLAMA} (seconds),
-# e.g. DC_TIMEOUT_BUILD=1200 on a machine with few cores.
+# Timeouts: DC_TIMEOUT_{ENV,CONFIGURE,BUILD,SPILLS,GPU,CTEST,CTEST_TEST,BENCH,
+# LLAMA} (seconds) and DC_DEADLINE, e.g. DC_TIMEOUT_BUILD=900 DC_DEADLINE=1500
+# on a machine with few cores. g++ warnings are not errors here (the image's
+# g++ is not the one CI holds to -Werror; they are counted in the report):
+# DC_WERROR=1 keeps -Werror. DC_CUDA_ARCHS overrides the preset's "90a;80".
 #
 # Outputs: benchmarks/device_check.json and benchmarks/device_check.md (or
-# --out DIR), benchmarks/cuda_bench.json when the benchmark ran, and every
-# stage's log under <build>/device_check/.
+# --out DIR), rewritten after every stage (so a run cut short still leaves
+# them), benchmarks/cuda_bench.json when the benchmark ran, and every stage's
+# log under <build>/device_check/. When $OUT is set (the device tool), the
+# JSON, the table, and configure.log, build.log, ptxas.log (the ptxas -v
+# lines), ctest.log, cuda_bench.log and llama7b_step.log are copied there
+# after every stage (8 files).
 #
 # Without a GPU the GPU stages are recorded as skipped with the reason (the
 # test and benchmark binaries still run: they must report "skipped"), the
@@ -41,9 +74,10 @@
 #
 # Exit status: 0 when every stage that ran succeeded (or was skipped for want
 # of a device); 1 when a GPU stage failed or timed out (tests failed, a
-# benchmark check failed, a crash); 2 when configure or build failed (the
-# GPU stages are then skipped). Missed performance targets do not change the
-# exit status: they are marked in the JSON and the table.
+# benchmark check failed, a crash, the deadline); 2 when configure or build
+# failed (the GPU stages still run what was built). Missed performance
+# targets do not change the exit status: they are marked in the JSON and the
+# table.
 
 set -u -o pipefail
 
@@ -55,7 +89,7 @@ dry_run=0
 command_line="$0 $*"
 
 usage() {
-  sed -n '2,46p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+  sed -n '2,/^# table\.$/p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
   echo "options: --build-dir DIR (default build/cuda)  --jobs N (default nproc)"
   echo "         --out DIR (default benchmarks)  --dry-run  --help"
 }
@@ -71,52 +105,153 @@ while [[ $# -gt 0 ]]; do
 done
 
 cd "$repo" || exit 2
+start_all=$(date +%s)
 build=$build_dir
 work=$build/device_check
 bench_json=$out_dir/cuda_bench.json
 llama_json=$work/llama7b_step.json
 
-t_configure=${DC_TIMEOUT_CONFIGURE:-120}
-t_build=${DC_TIMEOUT_BUILD:-480}
-t_spills=${DC_TIMEOUT_SPILLS:-180}
+t_env=${DC_TIMEOUT_ENV:-30}
+t_configure=${DC_TIMEOUT_CONFIGURE:-60}
+t_build=${DC_TIMEOUT_BUILD:-240}
+t_spills=${DC_TIMEOUT_SPILLS:-60}
 t_gpu=${DC_TIMEOUT_GPU:-30}
-t_ctest=${DC_TIMEOUT_CTEST:-300}
-t_bench=${DC_TIMEOUT_BENCH:-180}
-t_llama=${DC_TIMEOUT_LLAMA:-300}
+t_ctest=${DC_TIMEOUT_CTEST:-120}
+t_ctest_test=${DC_TIMEOUT_CTEST_TEST:-90}
+t_bench=${DC_TIMEOUT_BENCH:-60}
+t_llama=${DC_TIMEOUT_LLAMA:-120}
+deadline=$(( start_all + ${DC_DEADLINE:-540} ))
 
-cmd_configure=(cmake --preset cuda -B "$build" -DCMAKE_BUILD_TYPE=Release)
-# GNU make >= 4 keeps each target's output together (-Otarget), so the
-# ptxas -v lines of parallel kernel TUs do not interleave in the log.
-make_args=()
-if make --version 2>/dev/null | head -1 | grep -Eq 'GNU Make ([4-9]|[1-9][0-9])'; then
-  make_args=(-- -Otarget)
+# ---- the machine's tools ------------------------------------------------------------------------
+# pip's cmake and ninja live beside the python3 that has them (the image's
+# /opt/torch/.venv): reachable even where that folder is not on PATH.
+for d in "$(dirname "$(command -v python3 2>/dev/null || echo /nonexistent/x)")" /opt/torch/.venv/bin; do
+  [[ -d $d && :$PATH: != *:$d:* ]] && PATH=$PATH:$d
+done
+first_exe() { local c; for c in "$@"; do [[ -n $c && -x $c && ! -d $c ]] && { echo "$c"; return 0; }; done; return 1; }
+nvcc=$(first_exe "${DC_NVCC:-}" "$(command -v nvcc)" /usr/local/cuda/bin/nvcc /usr/local/cuda-13*/bin/nvcc \
+       /usr/local/cuda-1*/bin/nvcc /opt/cuda/bin/nvcc) || nvcc=""
+[[ -n $nvcc && :$PATH: != *:$(dirname "$nvcc"):* ]] && PATH=$PATH:$(dirname "$nvcc")   # cuobjdump beside it
+cxx=$(first_exe "${DC_CXX:-}" "$(command -v g++)" "$(command -v g++-14)" "$(command -v g++-13)" \
+      "$(command -v g++-12)" "$(command -v g++-11)") || cxx=""
+export PATH
+
+generator=${DC_GENERATOR:-}
+if [[ -f $build/CMakeCache.txt ]]; then   # an existing build directory keeps its generator
+  generator=$(sed -n 's/^CMAKE_GENERATOR:INTERNAL=//p' "$build/CMakeCache.txt")
+elif [[ -z $generator ]]; then
+  if command -v ninja > /dev/null 2>&1; then generator=Ninja
+  elif command -v make > /dev/null 2>&1; then generator="Unix Makefiles"
+  fi
 fi
-cmd_build=(cmake --build "$build" -j "$jobs" "${make_args[@]}")
-cmd_spills=(cmake --build "$build" -j "$jobs" --target tessera_cuda_kernels "${make_args[@]}")
-cmd_ctest=(ctest --test-dir "$build" -L cuda --output-on-failure --timeout 120)
+
+# .devdeps/ (scripts/device_bundle.sh), copied out of the source tree.
+devdeps=""
+if [[ -d $repo/.devdeps/usr ]]; then
+  devdeps=${DC_DEVDEPS_DIR:-${TMPDIR:-/tmp}/tessera-devdeps-$(printf '%s' "$repo" | cksum | cut -d' ' -f1)}
+fi
+dd_blas_dir=$devdeps/usr/lib/x86_64-linux-gnu/openblas-openmp
+dd_lib_dir=$devdeps/usr/lib/x86_64-linux-gnu
+
+cmd_configure=(cmake --preset cuda -B "$build" -DCMAKE_BUILD_TYPE=Release "-DTESSERA_ENABLE_MPI=${DC_MPI:-OFF}")
+[[ -n $generator ]] && cmd_configure+=(-G "$generator")
+# The compilers found, where they are not the preset's (/usr/local/cuda/bin/nvcc,
+# g++ on the PATH): an existing cache then keeps its compilers unchanged.
+[[ -n $nvcc && $nvcc != /usr/local/cuda/bin/nvcc ]] && cmd_configure+=("-DCMAKE_CUDA_COMPILER=$nvcc")
+if [[ -n $cxx && $cxx != "$(command -v g++)" ]]; then
+  cmd_configure+=("-DCMAKE_CXX_COMPILER=$cxx" "-DCMAKE_CUDA_HOST_COMPILER=$cxx")
+fi
+[[ -n ${DC_CUDA_ARCHS:-} ]] && cmd_configure+=("-DCMAKE_CUDA_ARCHITECTURES=$DC_CUDA_ARCHS")
+if [[ -n $devdeps ]]; then
+  cmd_configure+=("-DCMAKE_PREFIX_PATH=$devdeps/usr"
+                  "-DTESSERA_OPENBLAS_LIBRARY=$dd_blas_dir/libopenblas.so"
+                  "-DTESSERA_CBLAS_INCLUDE_DIR=$devdeps/usr/include/x86_64-linux-gnu/openblas-openmp")
+fi
+# g++ warnings stay warnings (DC_WERROR=1 keeps -Werror): a launcher that
+# appends -Wno-error to g++'s compile lines, handed to the top-level
+# CMakeLists.txt as its compiler launcher (CCACHE_PROGRAM; it calls ccache
+# itself when there is one). nvcc's lines pass unchanged.
+case $work in /*) launcher=$work/compiler_launcher.sh ;; *) launcher=$repo/$work/compiler_launcher.sh ;; esac
+if [[ ${DC_WERROR:-0} != 1 ]]; then
+  cmd_configure+=("-DCCACHE_PROGRAM=$launcher")
+else
+  cmd_configure+=("-DCCACHE_PROGRAM=$(command -v ccache || echo CCACHE_PROGRAM-NOTFOUND)")
+fi
+
+# Keep going past a failed target; GNU make >= 4 keeps each target's output
+# together (-Otarget), so ptxas -v lines of parallel kernel TUs do not
+# interleave (ninja prints each command's output whole anyway).
+build_args=()
+if [[ $generator == Ninja* ]]; then
+  build_args=(-- -k 0)
+elif [[ $generator == *Makefiles* ]]; then
+  build_args=(-- -k)
+  if make --version 2>/dev/null | head -1 | grep -Eq 'GNU Make ([4-9]|[1-9][0-9])'; then
+    build_args+=(-Otarget)
+  fi
+fi
+cmd_spills=(cmake --build "$build" -j "$jobs" --target tessera_cuda_kernels "${build_args[@]}")
+cmd_ctest=(ctest --test-dir "$build" -L cuda --output-on-failure --timeout "$t_ctest_test")
 cmd_bench=("$build/benchmarks/cuda_bench" --json "$bench_json")
 cmd_llama=("$build/examples/llama7b_step" --backend cuda --preset llama2_7b --precision bf16
            --seq 4096 --micro-batch 1 --warmup-steps 1 --steps 3 --json "$llama_json")
 
+# The targets the check needs (DC_BUILD_ALL=1: all): the GPU test
+# executables (from ctest's list; test_cuda_nccl_npN is test_cuda_nccl), the
+# cuda_* benchmarks, llama7b_step, the kernel library and the nvcc header
+# check; only those the generated build files define.
+device_targets() {
+  local t names=()
+  names+=($(ctest --test-dir "$build" -N -L cuda 2>/dev/null \
+            | sed -n 's/^ *Test *#[0-9]*: *\([A-Za-z0-9_]*\).*/\1/p' | sed 's/_np[0-9]*$//' | sort -u))
+  for t in benchmarks/cuda_*.cpp; do [[ -f $t ]] && names+=("$(basename "$t" .cpp)"); done
+  names+=(llama7b_step tessera_cuda_kernels tessera_cuda_headers_check)
+  for t in "${names[@]}"; do
+    if [[ -f $build/build.ninja ]]; then grep -q "^build $t: phony" "$build/build.ninja" && echo "$t"
+    elif [[ -f $build/Makefile ]]; then grep -q "^$t: " "$build/Makefile" && echo "$t"
+    fi
+  done | sort -u
+}
+
 if [[ $dry_run == 1 ]]; then
-  echo "device_check.sh --dry-run: would run, from $repo:"
+  echo "device_check.sh --dry-run: would run, from $repo (deadline ${DC_DEADLINE:-540} s):"
+  printf '  env        (%4s s)  nvcc: %s; g++: %s; generator: %s; .devdeps: %s\n' "$t_env" \
+    "${nvcc:-NOT FOUND}" "${cxx:-NOT FOUND}" "${generator:-NONE (no ninja, no make)}" \
+    "${devdeps:-not present (system packages)}"
   printf '  configure  (%4s s)  %s\n' "$t_configure" "${cmd_configure[*]}"
-  printf '  build      (%4s s)  %s\n' "$t_build" "${cmd_build[*]}"
+  printf '  build      (%4s s)  cmake --build %s -j %s --target <%s> %s\n' "$t_build" "$build" "$jobs" \
+    "$([[ ${DC_BUILD_ALL:-0} == 1 ]] && echo all || echo 'GPU tests, cuda_bench, llama7b_step, kernels, header check')" \
+    "${build_args[*]}"
   printf '  spills     (%4s s)  ptxas -v lines of %s (kernel objects rebuilt if none), cuobjdump --dump-resource-usage\n' \
     "$t_spills" "$build/cuda/libtessera_cuda_kernels.a"
   printf '  gpu        (%4s s)  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader\n' "$t_gpu"
   printf '  ctest      (%4s s)  %s\n' "$t_ctest" "${cmd_ctest[*]}"
   printf '  cuda_bench (%4s s)  %s\n' "$t_bench" "${cmd_bench[*]}"
   printf '  llama7b    (%4s s)  %s\n' "$t_llama" "${cmd_llama[*]}"
-  echo "  report               $out_dir/device_check.json, $out_dir/device_check.md; logs in $work/"
+  echo "  report               $out_dir/device_check.json, $out_dir/device_check.md; logs in $work/${OUT:+; copies in \$OUT=$OUT}"
   exit 0
 fi
 
 mkdir -p "$work" "$out_dir" || exit 2
 stages=$work/stages.tsv
 : > "$stages"
-start_all=$(date +%s)
+rm -f "$work"/*.log "$work"/env/* "$work/ldd.txt"
 echo "device_check.sh: logs in $work/"
+
+if [[ ${DC_WERROR:-0} != 1 ]]; then
+  cat > "$launcher" <<'SH'
+#!/bin/sh
+# Written by benchmarks/device_check.sh: g++ compile lines get -Wno-error
+# appended (the last word wins over the targets' -Werror); nvcc's pass as
+# they are. Goes through ccache when there is one.
+c=$(command -v ccache 2>/dev/null)
+case "$1" in
+  *nvcc) exec $c "$@" ;;
+  *) exec $c "$@" -Wno-error ;;
+esac
+SH
+  chmod +x "$launcher"
+fi
 
 # record NAME STATUS RC SECONDS TIMEOUT LOG REASON
 record() {
@@ -124,150 +259,79 @@ record() {
   reason=${reason//$'\n'/ }
   printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" "$5" "$6" "$reason" >> "$stages"
   printf 'device_check.sh: %-10s %-8s (%s s)%s\n' "$1" "$2" "$4" "${7:+  $7}"
+  report
 }
 
-# run_stage NAME TIMEOUT LOG CMD...: runs CMD under timeout, output to LOG;
-# sets stage_rc and stage_s.
+# stage_limit TIMEOUT: the timeout, cut to what is left before the deadline
+# less 20 s (the report, and timeout's --kill-after grace).
+stage_limit() {
+  local left=$(( deadline - $(date +%s) - 20 ))
+  if (( left < $1 )); then echo $(( left > 0 ? left : 0 )); else echo "$1"; fi
+}
+
+# run_stage NAME TIMEOUT LOG CMD...: runs CMD under timeout (cut to the
+# deadline), output to LOG; sets stage_rc, stage_s and stage_limit_s.
 run_stage() {
   local name=$1 limit=$2 log=$3
   shift 3
-  echo "device_check.sh: $name: $* (timeout ${limit} s)"
+  stage_limit_s=$(stage_limit "$limit")
   local t0
   t0=$(date +%s)
-  timeout --kill-after=15 "$limit" "$@" > "$log" 2>&1
-  stage_rc=$?
+  if (( stage_limit_s < 5 )); then
+    echo "device_check.sh: $name not started: the run's deadline (DC_DEADLINE=${DC_DEADLINE:-540} s) is reached" | tee "$log"
+    stage_rc=124
+  else
+    echo "device_check.sh: $name: $* (timeout ${stage_limit_s} s)"
+    timeout --kill-after=15 "$stage_limit_s" "$@" > "$log" 2>&1
+    stage_rc=$?
+  fi
   stage_s=$(( $(date +%s) - t0 ))
 }
 
 # Last line of a log that says why (for the reason column).
 why() { grep -v '^\s*$' "$1" 2>/dev/null | tail -n "${2:-1}" | tr '\t\n' '  ' | sed 's/ *$//' | cut -c1-300; }
 
-build_ok=0
-# ---- configure -----------------------------------------------------------------------------
-run_stage configure "$t_configure" "$work/configure.log" "${cmd_configure[@]}"
-if [[ $stage_rc == 0 ]]; then
-  record configure ok 0 "$stage_s" "$t_configure" "$work/configure.log" ""
-  # ---- build -------------------------------------------------------------------------------
-  run_stage build "$t_build" "$work/build.log" "${cmd_build[@]}"
-  if [[ $stage_rc == 0 ]]; then
-    build_ok=1
-    record build ok 0 "$stage_s" "$t_build" "$work/build.log" ""
-  elif [[ $stage_rc == 124 || $stage_rc == 137 ]]; then
-    record build timeout "$stage_rc" "$stage_s" "$t_build" "$work/build.log" "no result after ${t_build} s"
-  else
-    record build failed "$stage_rc" "$stage_s" "$t_build" "$work/build.log" \
-      "$(grep -m1 -E 'error|Error' "$work/build.log" | cut -c1-300)"
-  fi
-else
-  record configure failed "$stage_rc" "$stage_s" "$t_configure" "$work/configure.log" "$(why "$work/configure.log" 2)"
-  record build skipped "" 0 "$t_build" "" "configure failed"
-fi
-
-# ---- spills: ptxas -v of the kernel library ---------------------------------------------------
-spill_log=$work/spills.log
-kernels_lib=$build/cuda/libtessera_cuda_kernels.a
-if [[ $build_ok == 1 ]]; then
-  t0=$(date +%s)
-  grep -E '^ptxas info|bytes stack frame' "$work/build.log" > "$spill_log"
-  spill_source="ptxas -v lines of the build log"
-  if ! grep -q 'bytes stack frame' "$spill_log"; then
-    # An incremental build did not recompile the kernels: rebuild their
-    # objects alone (ccache replays ptxas's output when it has them).
-    spill_source="ptxas -v lines of a rebuild of tessera_cuda_kernels"
-    rm -f "$build"/cuda/CMakeFiles/tessera_cuda_kernels.dir/*.o
-    timeout --kill-after=15 "$t_spills" "${cmd_spills[@]}" > "$work/spills_build.log" 2>&1
-    grep -E '^ptxas info|bytes stack frame' "$work/spills_build.log" > "$spill_log"
-  fi
-  if command -v cuobjdump > /dev/null 2>&1 || [[ -x /usr/local/cuda/bin/cuobjdump ]]; then
-    objdump_bin=$(command -v cuobjdump || echo /usr/local/cuda/bin/cuobjdump)
-    timeout 120 "$objdump_bin" --dump-resource-usage "$kernels_lib" > "$work/resource_usage.log" 2>&1 \
-      || echo "cuobjdump failed: $?" >> "$work/resource_usage.log"
-  else
-    echo "cuobjdump not installed" > "$work/resource_usage.log"
-  fi
-  if grep -q 'bytes stack frame' "$spill_log"; then
-    record spills ok 0 "$(( $(date +%s) - t0 ))" "$t_spills" "$spill_log" "$spill_source"
-  else
-    record spills failed 1 "$(( $(date +%s) - t0 ))" "$t_spills" "$spill_log" "no ptxas -v output found"
-  fi
-else
-  record spills skipped "" 0 "$t_spills" "" "no build"
-fi
-
-# ---- gpu ------------------------------------------------------------------------------------
-gpu_file=$work/gpu.txt
-have_gpu=0
-no_gpu_reason=""
-if command -v nvidia-smi > /dev/null 2>&1; then
-  if timeout "$t_gpu" nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$gpu_file" 2>&1 \
-     && [[ -s $gpu_file ]] && ! grep -qiE 'failed|error|no devices' "$gpu_file"; then
-    have_gpu=1
-    timeout "$t_gpu" nvidia-smi > "$work/nvidia-smi.txt" 2>&1
-    record gpu ok 0 0 "$t_gpu" "$gpu_file" "$(head -1 "$gpu_file")"
-  else
-    no_gpu_reason="nvidia-smi found no GPU: $(why "$gpu_file")"
-    record gpu skipped "" 0 "$t_gpu" "$gpu_file" "$no_gpu_reason"
-  fi
-else
-  no_gpu_reason="nvidia-smi is not installed (no NVIDIA driver on this machine)"
-  : > "$gpu_file"
-  record gpu skipped "" 0 "$t_gpu" "" "$no_gpu_reason"
-fi
-
-# A GPU stage's status from its exit code: ok; skipped (no device: the
-# binaries say so themselves, exit 77 or, for llama7b_step, "no CUDA device");
-# timeout; failed (anything else, also without a GPU: a binary that should
-# have skipped did not).
-stage_status() {  # stage rc log
-  local rc=$2
-  if [[ $rc == 124 || $rc == 137 ]]; then echo timeout
-  elif [[ $rc == 0 ]]; then
-    if [[ $have_gpu == 1 || $1 != ctest ]]; then echo ok; else echo skipped; fi
-  elif [[ $rc == 77 ]]; then echo skipped
-  elif [[ $have_gpu == 0 ]] && grep -q 'no CUDA device' "$3" 2>/dev/null; then echo skipped
-  else echo failed
-  fi
+# Copies for the device tool: what is under $OUT comes back (8 files at
+# most, 16 MiB each, plain names).
+export_out() {
+  [[ -n ${OUT:-} && -d ${OUT:-} ]] || return 0
+  local f
+  for f in "$out_dir/device_check.json" "$out_dir/device_check.md" "$work/configure.log" \
+           "$work/ctest.log" "$work/cuda_bench.log" "$work/llama7b_step.log"; do
+    [[ -f $f ]] && cp -f "$f" "$OUT/" 2>/dev/null
+  done
+  [[ -f $work/spills.log ]] && cp -f "$work/spills.log" "$OUT/ptxas.log" 2>/dev/null
+  [[ -f $work/build.log ]] && tail -c 15000000 "$work/build.log" > "$OUT/build.log" 2>/dev/null
+  return 0
 }
 
-if [[ $build_ok == 1 ]]; then
-  # ---- ctest: the binaries run even without a GPU (they must report skipped) ------------------
-  run_stage ctest "$t_ctest" "$work/ctest.log" "${cmd_ctest[@]}"
-  st=$(stage_status ctest "$stage_rc" "$work/ctest.log")
-  reason=$(grep -E 'tests passed|tests failed' "$work/ctest.log" | tail -1)
-  [[ $st == skipped ]] && reason="${no_gpu_reason:-no device}; $reason"
-  record ctest "$st" "$stage_rc" "$stage_s" "$t_ctest" "$work/ctest.log" "$reason"
-
-  # ---- cuda_bench ----------------------------------------------------------------------------
-  rm -f "$bench_json"
-  run_stage cuda_bench "$t_bench" "$work/cuda_bench.log" "${cmd_bench[@]}"
-  st=$(stage_status cuda_bench "$stage_rc" "$work/cuda_bench.log")
-  reason=""
-  [[ $st != ok ]] && reason=$(why "$work/cuda_bench.log" 2)
-  record cuda_bench "$st" "$stage_rc" "$stage_s" "$t_bench" "$work/cuda_bench.log" "$reason"
-
-  # ---- llama7b_step --------------------------------------------------------------------------
-  rm -f "$llama_json"
-  run_stage llama7b "$t_llama" "$work/llama7b_step.log" "${cmd_llama[@]}"
-  st=$(stage_status llama7b "$stage_rc" "$work/llama7b_step.log")
-  reason=""
-  [[ $st != ok ]] && reason=$(why "$work/llama7b_step.log" 2)
-  record llama7b "$st" "$stage_rc" "$stage_s" "$t_llama" "$work/llama7b_step.log" "$reason"
+# ---- the report: JSON and markdown, rewritten after every stage ----------------------------------
+have_gpu=0
+no_gpu_reason=""
+build_ok=0
+final=0
+if [[ $(git -C "$repo" rev-parse --show-toplevel 2>/dev/null) == "$(cd "$repo" && pwd -P)" ]]; then
+  git_rev=$(git -C "$repo" rev-parse --short HEAD 2>/dev/null)$(git -C "$repo" diff --quiet HEAD 2>/dev/null || echo "+dirty")
+elif [[ -f $repo/.devdeps/source_rev ]]; then
+  # No .git (the device tool's copy of the tree): the commit the bundle was made at.
+  git_rev="$(cat "$repo/.devdeps/source_rev") (no .git here; .devdeps/source_rev, written when the bundle was made)"
 else
-  for s in ctest cuda_bench llama7b; do record "$s" skipped "" 0 0 "" "no build (configure or build failed)"; done
+  git_rev="unknown (no .git)"
 fi
 
-# ---- report ---------------------------------------------------------------------------------
-total_s=$(( $(date +%s) - start_all ))
-nvcc_version=$( (nvcc --version 2>/dev/null || /usr/local/cuda/bin/nvcc --version 2>/dev/null) | grep -o 'release [0-9.]*, V[0-9.]*' | head -1)
-git_rev=$(git rev-parse --short HEAD 2>/dev/null)$(git diff --quiet HEAD 2>/dev/null || echo "+dirty")
-
-python3 - "$stages" "$work" "$bench_json" "$llama_json" "$out_dir" "$command_line" "$total_s" \
-  "$nvcc_version" "$git_rev" "$have_gpu" "$no_gpu_reason" "$build" "$jobs" <<'PY'
+report() {
+  local total_s=$(( $(date +%s) - start_all ))
+  local nvcc_version
+  nvcc_version=$(grep -o 'release [0-9.]*, V[0-9.]*' "$work/env/nvcc.txt" 2>/dev/null | head -1)
+  DC_FINAL=$final DC_DEVDEPS=$devdeps DC_GENERATOR_USED=${generator:-} \
+  python3 - "$stages" "$work" "$bench_json" "$llama_json" "$out_dir" "$command_line" "$total_s" \
+    "$nvcc_version" "$git_rev" "$have_gpu" "$no_gpu_reason" "$build" "$jobs" <<'PY'
 import json, os, re, sys, datetime
 
 (stages_path, work, bench_json, llama_json, out_dir, command, total_s, nvcc_version, git_rev,
  have_gpu, no_gpu_reason, build, jobs) = sys.argv[1:]
 have_gpu = have_gpu == "1"
+final = os.environ.get("DC_FINAL") == "1"
 
 def read(path):
     try:
@@ -283,6 +347,18 @@ for line in read(stages_path).splitlines():
                    "seconds": int(secs or 0), "timeout_s": int(limit or 0), "log": log or None,
                    "reason": reason or None})
 by = {s["stage"]: s for s in stages}
+
+# The machine (the env stage): one file per probe under <work>/env/.
+machine = {}
+env_dir = os.path.join(work, "env")
+if os.path.isdir(env_dir):
+    for name in sorted(os.listdir(env_dir)):
+        if name.endswith(".txt"):
+            machine[name[:-4]] = read(os.path.join(env_dir, name)).strip()[:4000]
+build_log = read(os.path.join(work, "build.log"))
+build_warnings = len(re.findall(r"\bwarning:", build_log))
+libs = [l.strip() for l in read(os.path.join(work, "ldd.txt")).splitlines()
+        if re.search(r"openblas|gfortran|quadmath|gomp|cudart|cublas|not found", l)]
 
 # GPU: nvidia-smi --query-gpu=name,driver_version,memory.total
 gpu = {"present": have_gpu, "name": None, "driver": None, "memory": None, "cuda_driver_version": None,
@@ -390,10 +466,14 @@ targets.append(target("no_spills", 1 - len(spills["with_spills"]) / checked if c
 
 result = {
     "schema": "tessera.device_check/1",
+    "complete": final,
     "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
     "host": os.uname().nodename, "cpus": os.cpu_count(), "jobs": int(jobs),
     "command": command, "git": git_rev, "build_dir": build,
     "cuda_toolkit": nvcc_version or None, "gpu": gpu, "total_seconds": int(total_s),
+    "machine": machine, "generator": os.environ.get("DC_GENERATOR_USED") or None,
+    "devdeps": os.environ.get("DC_DEVDEPS") or None, "build_warnings": build_warnings,
+    "libraries": libs,
     "stages": stages, "ctest": ctest, "spills": spills,
     "cuda_bench": bench, "llama7b_step": llama, "targets": targets,
 }
@@ -413,9 +493,20 @@ gpu_words = (f'{gpu["name"]}, driver {gpu["driver"]}, CUDA {gpu["cuda_driver_ver
              else f"no GPU ({no_gpu_reason})")
 json_path = os.path.join(out_dir, "device_check.json")
 L.append(f"## {day} — device check: {gpu_words}\n")
+if not final:
+    L.append(f"**Incomplete**: the run stopped after stage `{stages[-1]['stage'] if stages else 'none'}` "
+             "(this file is rewritten after every stage).\n")
 L.append(f"Command: `{command}` (commit {git_rev}, {os.cpu_count()} CPUs, -j {jobs}, toolkit "
          f"{nvcc_version or 'unknown'}); {int(total_s) // 60} min {int(total_s) % 60} s in all. "
          f"JSON: `{json_path}`.\n")
+def first(key):
+    return ((machine.get(key) or "?").splitlines() or ["?"])[0]
+L.append(f"Machine: {first('os')}, {first('glibc')}, {first('cpus_memory')}; nvcc: "
+         f"{nvcc_version or first('nvcc')}; {first('cxx')}; {first('cmake')}; generator "
+         f"{os.environ.get('DC_GENERATOR_USED') or 'none'}; dependencies: "
+         + (f"`.devdeps` (copied to {os.environ['DC_DEVDEPS']})" if os.environ.get("DC_DEVDEPS")
+            else "the system's packages")
+         + f"; {build_warnings} compiler warning lines in the build log.\n")
 L.append("| stage | status | seconds (timeout) | note |")
 L.append("|---|---|---:|---|")
 for s in stages:
@@ -473,14 +564,215 @@ else:
     L.append(f'llama7b_step: {by.get("llama7b", {}).get("status", "not run")} '
              f'({by.get("llama7b", {}).get("reason") or "no result"}).')
 write(os.path.join(out_dir, "device_check.md"), "\n".join(L) + "\n")
-print(f"device_check.sh: wrote {os.path.join(out_dir, 'device_check.json')} and "
-      f"{os.path.join(out_dir, 'device_check.md')}")
+if final:
+    print(f"device_check.sh: wrote {os.path.join(out_dir, 'device_check.json')} and "
+          f"{os.path.join(out_dir, 'device_check.md')}")
 PY
-py_rc=$?
+  local rc=$?
+  export_out
+  return $rc
+}
 
-# ---- exit status ----------------------------------------------------------------------------
+# ---- env: what the machine is (cheap; tells the next session what to expect) ------------------
+# probe KEY CMD...: CMD's output (10 s at most) into $work/env/KEY.txt
+mkdir -p "$work/env"
+probe() { local key=$1; shift; timeout 10 "$@" > "$work/env/$key.txt" 2>&1 || echo "(exit $?)" >> "$work/env/$key.txt"; }
+which_v() {  # which_v CMD [VERSION-ARGS]: path and the first line of its version, or "not found"
+  local p; p=$(command -v "$1") || { echo "not found"; return 0; }
+  echo "$p: $("$p" "${2:---version}" 2>&1 | grep -v '^\s*$' | head -1)"
+}
+t0=$(date +%s)
+(
+  probe os sh -c '. /etc/os-release 2>/dev/null && echo "$PRETTY_NAME" || echo "no /etc/os-release"; uname -srm'
+  probe cpus_memory sh -c 'echo "$(nproc) CPUs, $(awk "/MemTotal/ { printf \"%.0f GiB\", \$2 / 1048576 }" /proc/meminfo) memory"'
+  probe glibc sh -c 'ldd --version 2>&1 | head -1'
+  probe nvcc sh -c "${nvcc:-nvcc} --version 2>&1 | tail -2; echo '(path: ${nvcc:-not found})'"
+  probe cxx sh -c "${cxx:-g++} --version 2>&1 | head -1; echo '(path: ${cxx:-not found})'"
+  probe cmake sh -c 'echo "$(cmake --version | head -1) ($(command -v cmake))"'
+  probe generator echo "${generator:-none: neither ninja nor make found}"
+  for c in ninja make python3 cuobjdump ccache git; do which_v "$c" > "$work/env/$c.txt"; done
+  probe nvidia_smi sh -c 'nvidia-smi 2>&1 || echo "nvidia-smi: not available"'
+  probe mpi sh -c 'for c in mpicxx mpirun mpiexec; do printf "%s: %s\n" $c "$(command -v $c || echo not found)"; done'
+  probe nccl sh -c 'ls /usr/include/nccl.h /usr/local/cuda/include/nccl.h 2>/dev/null; ldconfig -p 2>/dev/null | grep -m2 libnccl || echo "libnccl not in ldconfig"'
+  probe cuda_libs sh -c "ls -d ${nvcc%/bin/nvcc}/lib64/libcublasLt.so* ${nvcc%/bin/nvcc}/lib/libcublasLt.so* ${nvcc%/bin/nvcc}/targets/*/lib/libcublasLt.so* 2>/dev/null || echo 'no libcublasLt beside nvcc'"
+  probe system_libs sh -c 'ldconfig -p 2>/dev/null | grep -E "libgomp|libgfortran|libopenblas|libquadmath" || echo "none of libgomp, libgfortran, libopenblas, libquadmath in ldconfig"'
+  if [[ -n $devdeps ]]; then
+    probe devdeps sh -c "echo '$repo/.devdeps copied to $devdeps'; grep -v '^#' '$repo/.devdeps/MANIFEST.txt' | grep -v '^[0-9]' | tr '\t' ' '"
+  else
+    probe devdeps echo "no .devdeps/: the system's packages"
+  fi
+) > /dev/null 2>&1
+env_missing=""
+[[ -z $nvcc ]] && env_missing+="no nvcc; "
+[[ -z $cxx ]] && env_missing+="no g++; "
+[[ -z $generator ]] && env_missing+="neither ninja nor make; "
+command -v cmake > /dev/null 2>&1 || env_missing+="no cmake; "
+command -v python3 > /dev/null 2>&1 || env_missing+="no python3 (no report); "
+env_note="$(head -1 "$work/env/os.txt"); nvcc $(grep -o 'release [0-9.]*' "$work/env/nvcc.txt" | head -1 || echo '?'); $(head -1 "$work/env/cxx.txt"); $(head -1 "$work/env/cmake.txt"); ${generator:-no generator}"
+if [[ -z $env_missing ]]; then
+  record env ok 0 $(( $(date +%s) - t0 )) "$t_env" "$work/env" "$env_note"
+else
+  record env failed 1 $(( $(date +%s) - t0 )) "$t_env" "$work/env" "${env_missing}$env_note"
+fi
+
+# ---- .devdeps: out of the source tree -------------------------------------------------------------
+if [[ -n $devdeps ]]; then
+  rm -rf "$devdeps.tmp" && mkdir -p "$(dirname "$devdeps")" && cp -a "$repo/.devdeps" "$devdeps.tmp" \
+    && rm -rf "$devdeps" && mv "$devdeps.tmp" "$devdeps" \
+    || echo "device_check.sh: could not copy .devdeps to $devdeps (configure will say what is missing)" >&2
+  export LD_LIBRARY_PATH=$dd_blas_dir:$dd_lib_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+fi
+
+# ---- configure ----------------------------------------------------------------------------------
+run_stage configure "$t_configure" "$work/configure.log" "${cmd_configure[@]}"
+configure_ok=0
+if [[ $stage_rc == 0 ]]; then
+  configure_ok=1
+  record configure ok 0 "$stage_s" "$stage_limit_s" "$work/configure.log" \
+    "$(grep -m1 -o 'NCCL.*missing' "$work/configure.log" | cut -c1-120)"
+elif [[ $stage_rc == 124 || $stage_rc == 137 ]]; then
+  record configure timeout "$stage_rc" "$stage_s" "$stage_limit_s" "$work/configure.log" "no result after ${stage_limit_s} s"
+else
+  record configure failed "$stage_rc" "$stage_s" "$stage_limit_s" "$work/configure.log" \
+    "$( (grep -m1 -A3 'CMake Error' "$work/configure.log" || why "$work/configure.log" 2) | tr '\n' ' ' | cut -c1-300)"
+fi
+
+# ---- build: what the check needs, going on past a failure -----------------------------------------
+if [[ $configure_ok == 1 ]]; then
+  targets=()
+  [[ ${DC_BUILD_ALL:-0} != 1 ]] && targets=($(device_targets))
+  cmd_build=(cmake --build "$build" -j "$jobs")
+  [[ ${#targets[@]} -gt 0 ]] && cmd_build+=(--target "${targets[@]}")
+  cmd_build+=("${build_args[@]}")
+  run_stage build "$t_build" "$work/build.log" "${cmd_build[@]}"
+  what="${#targets[@]} targets"
+  [[ ${#targets[@]} == 0 ]] && what="all targets"
+  if [[ $stage_rc == 0 ]]; then
+    build_ok=1
+    record build ok 0 "$stage_s" "$stage_limit_s" "$work/build.log" "$what"
+  elif [[ $stage_rc == 124 || $stage_rc == 137 ]]; then
+    record build timeout "$stage_rc" "$stage_s" "$stage_limit_s" "$work/build.log" "no result after ${stage_limit_s} s ($what)"
+  else
+    record build failed "$stage_rc" "$stage_s" "$stage_limit_s" "$work/build.log" \
+      "$(grep -m1 -E 'error|Error' "$work/build.log" | cut -c1-300)"
+  fi
+  # Which libraries the 7B step loads (with this LD_LIBRARY_PATH): the bundle's or not.
+  if [[ -x $build/examples/llama7b_step ]]; then
+    { echo "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"; ldd "$build/examples/llama7b_step"; } > "$work/ldd.txt" 2>&1
+  fi
+else
+  record build skipped "" 0 "$t_build" "" "configure did not succeed"
+fi
+
+# ---- spills: ptxas -v of the kernel library ---------------------------------------------------
+spill_log=$work/spills.log
+kernels_lib=$build/cuda/libtessera_cuda_kernels.a
+if [[ -f $kernels_lib ]]; then
+  t0=$(date +%s)
+  grep -E '^ptxas info|bytes stack frame' "$work/build.log" > "$spill_log"
+  spill_source="ptxas -v lines of the build log"
+  if ! grep -q 'bytes stack frame' "$spill_log"; then
+    # An incremental build did not recompile the kernels: rebuild their
+    # objects alone (ccache replays ptxas's output when it has them).
+    spill_source="ptxas -v lines of a rebuild of tessera_cuda_kernels"
+    rm -f "$build"/cuda/CMakeFiles/tessera_cuda_kernels.dir/*.o
+    sl=$(stage_limit "$t_spills"); (( sl < 5 )) && sl=1   # (timeout 0 would mean none)
+    timeout --kill-after=15 "$sl" "${cmd_spills[@]}" > "$work/spills_build.log" 2>&1
+    grep -E '^ptxas info|bytes stack frame' "$work/spills_build.log" > "$spill_log"
+  fi
+  if command -v cuobjdump > /dev/null 2>&1; then
+    sl=$(stage_limit 60); (( sl < 5 )) && sl=1
+    timeout "$sl" cuobjdump --dump-resource-usage "$kernels_lib" > "$work/resource_usage.log" 2>&1 \
+      || echo "cuobjdump failed: $?" >> "$work/resource_usage.log"
+  else
+    echo "cuobjdump not installed" > "$work/resource_usage.log"
+  fi
+  if grep -q 'bytes stack frame' "$spill_log"; then
+    record spills ok 0 "$(( $(date +%s) - t0 ))" "$t_spills" "$spill_log" "$spill_source"
+  else
+    record spills failed 1 "$(( $(date +%s) - t0 ))" "$t_spills" "$spill_log" "no ptxas -v output found"
+  fi
+else
+  record spills skipped "" 0 "$t_spills" "" "no kernel library (configure or build failed)"
+fi
+
+# ---- gpu ------------------------------------------------------------------------------------
+gpu_file=$work/gpu.txt
+if command -v nvidia-smi > /dev/null 2>&1; then
+  if timeout "$t_gpu" nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$gpu_file" 2>&1 \
+     && [[ -s $gpu_file ]] && ! grep -qiE 'failed|error|no devices' "$gpu_file"; then
+    have_gpu=1
+    timeout "$t_gpu" nvidia-smi > "$work/nvidia-smi.txt" 2>&1
+    record gpu ok 0 0 "$t_gpu" "$gpu_file" "$(head -1 "$gpu_file")"
+  else
+    no_gpu_reason="nvidia-smi found no GPU: $(why "$gpu_file")"
+    record gpu skipped "" 0 "$t_gpu" "$gpu_file" "$no_gpu_reason"
+  fi
+else
+  no_gpu_reason="nvidia-smi is not installed (no NVIDIA driver on this machine)"
+  : > "$gpu_file"
+  record gpu skipped "" 0 "$t_gpu" "" "$no_gpu_reason"
+fi
+
+# A GPU stage's status from its exit code: ok; skipped (no device: the
+# binaries say so themselves, exit 77 or, for llama7b_step, "no CUDA device");
+# timeout; failed (anything else, also without a GPU: a binary that should
+# have skipped did not).
+stage_status() {  # stage rc log
+  local rc=$2
+  if [[ $rc == 124 || $rc == 137 ]]; then echo timeout
+  elif [[ $rc == 0 ]]; then
+    if [[ $have_gpu == 1 || $1 != ctest ]]; then echo ok; else echo skipped; fi
+  elif [[ $rc == 77 ]]; then echo skipped
+  elif [[ $have_gpu == 0 ]] && grep -q 'no CUDA device' "$3" 2>/dev/null; then echo skipped
+  else echo failed
+  fi
+}
+
+# The GPU stages run whatever was built, also after a failed build.
+if [[ $configure_ok == 1 ]]; then
+  # ---- ctest: the binaries run even without a GPU (they must report skipped) ------------------
+  run_stage ctest "$t_ctest" "$work/ctest.log" "${cmd_ctest[@]}"
+  st=$(stage_status ctest "$stage_rc" "$work/ctest.log")
+  reason=$(grep -E 'tests passed|tests failed' "$work/ctest.log" | tail -1)
+  [[ $st == skipped ]] && reason="${no_gpu_reason:-no device}; $reason"
+  [[ $st == timeout ]] && reason="no result after ${stage_limit_s} s; $(why "$work/ctest.log")"
+  record ctest "$st" "$stage_rc" "$stage_s" "$stage_limit_s" "$work/ctest.log" "$reason"
+
+  # ---- cuda_bench ----------------------------------------------------------------------------
+  rm -f "$bench_json"
+  if [[ -x ${cmd_bench[0]} ]]; then
+    run_stage cuda_bench "$t_bench" "$work/cuda_bench.log" "${cmd_bench[@]}"
+    st=$(stage_status cuda_bench "$stage_rc" "$work/cuda_bench.log")
+    reason=""
+    [[ $st != ok ]] && reason=$(why "$work/cuda_bench.log" 2)
+    record cuda_bench "$st" "$stage_rc" "$stage_s" "$stage_limit_s" "$work/cuda_bench.log" "$reason"
+  else
+    record cuda_bench skipped "" 0 "$t_bench" "" "${cmd_bench[0]} was not built"
+  fi
+
+  # ---- llama7b_step --------------------------------------------------------------------------
+  rm -f "$llama_json"
+  if [[ -x ${cmd_llama[0]} ]]; then
+    run_stage llama7b "$t_llama" "$work/llama7b_step.log" "${cmd_llama[@]}"
+    st=$(stage_status llama7b "$stage_rc" "$work/llama7b_step.log")
+    reason=""
+    [[ $st != ok ]] && reason=$(why "$work/llama7b_step.log" 2)
+    record llama7b "$st" "$stage_rc" "$stage_s" "$stage_limit_s" "$work/llama7b_step.log" "$reason"
+  else
+    record llama7b skipped "" 0 "$t_llama" "" "${cmd_llama[0]} was not built"
+  fi
+else
+  for s in ctest cuda_bench llama7b; do record "$s" skipped "" 0 0 "" "no build (configure failed)"; done
+fi
+
+# ---- the final report and the exit status -------------------------------------------------------
+final=1
+report
+py_rc=$?
+export_out
 status_of() { awk -F'\t' -v s="$1" '$1 == s { print $2 }' "$stages" | tail -1; }
-echo "device_check.sh: done in ${total_s} s"
+echo "device_check.sh: done in $(( $(date +%s) - start_all )) s"
 if [[ $py_rc != 0 ]]; then echo "device_check.sh: the report failed (python3 rc $py_rc)" >&2; exit 1; fi
 if [[ $(status_of configure) != ok || $(status_of build) != ok ]]; then exit 2; fi
 for s in spills ctest cuda_bench llama7b; do

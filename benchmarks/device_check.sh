@@ -53,9 +53,12 @@
 #   llama7b      <build>/examples/llama7b_step --backend cuda --preset   120 s
 #                llama2_7b --precision bf16 --seq 4096 --micro-batch 1
 #                --warmup-steps 1 --steps 3 --json (init ~10 s, ~1 s a step)
+#   main_job     <build>/examples/train_llama --backend cuda --precision 120 s
+#                bf16: the main job (2400 steps of `small`) on the GPU
+#   llama7b_none llama7b with --checkpointing none                     120 s
 #
 # Timeouts: DC_TIMEOUT_{ENV,CONFIGURE,BUILD,SPILLS,GPU,CTEST,CTEST_TEST,BENCH,
-# LLAMA} (seconds) and DC_DEADLINE, e.g. DC_TIMEOUT_BUILD=900 DC_DEADLINE=1500
+# LLAMA,MAIN} (seconds) and DC_DEADLINE, e.g. DC_TIMEOUT_BUILD=900 DC_DEADLINE=1500
 # on a machine with few cores. g++ warnings are not errors here (the image's
 # g++ is not the one CI holds to -Werror; they are counted in the report):
 # DC_WERROR=1 keeps -Werror. DC_CUDA_ARCHS overrides the preset's "90a;80".
@@ -110,6 +113,7 @@ build=$build_dir
 work=$build/device_check
 bench_json=$out_dir/cuda_bench.json
 llama_json=$work/llama7b_step.json
+llama_none_json=$work/llama7b_step_none.json
 
 t_env=${DC_TIMEOUT_ENV:-30}
 t_configure=${DC_TIMEOUT_CONFIGURE:-60}
@@ -120,6 +124,7 @@ t_ctest=${DC_TIMEOUT_CTEST:-120}
 t_ctest_test=${DC_TIMEOUT_CTEST_TEST:-90}
 t_bench=${DC_TIMEOUT_BENCH:-60}
 t_llama=${DC_TIMEOUT_LLAMA:-120}
+t_main=${DC_TIMEOUT_MAIN:-120}
 deadline=$(( start_all + ${DC_DEADLINE:-540} ))
 
 # ---- the machine's tools ------------------------------------------------------------------------
@@ -195,6 +200,16 @@ cmd_ctest=(ctest --test-dir "$build" -L cuda --output-on-failure --timeout "$t_c
 cmd_bench=("$build/benchmarks/cuda_bench" --json "$bench_json")
 cmd_llama=("$build/examples/llama7b_step" --backend cuda --preset llama2_7b --precision bf16
            --seq 4096 --micro-batch 1 --warmup-steps 1 --steps 3 --json "$llama_json")
+# The same step without activation checkpointing (129.7 GiB planned: it fits
+# one H200 too, and recomputes nothing).
+cmd_llama_none=("$build/examples/llama7b_step" --backend cuda --preset llama2_7b --precision bf16
+                --seq 4096 --micro-batch 1 --warmup-steps 1 --steps 3 --checkpointing none
+                --json "$llama_none_json")
+# The main job on the GPU (README's set-up command with --backend cuda):
+# 2400 steps of the small preset on the bundled text, final validation loss
+# over the whole held-out split (host: 1.5982 nats/byte, benchmarks/RESULTS.md).
+cmd_main=("$build/examples/train_llama" --backend cuda --precision bf16 --out "$work/main-gpu"
+          --no-baseline --sample-bytes 200)
 
 # The targets the check needs (DC_BUILD_ALL=1: all): the GPU test
 # executables (from ctest's list; test_cuda_nccl_npN is test_cuda_nccl), the
@@ -205,7 +220,7 @@ device_targets() {
   names+=($(ctest --test-dir "$build" -N -L cuda 2>/dev/null \
             | sed -n 's/^ *Test *#[0-9]*: *\([A-Za-z0-9_]*\).*/\1/p' | sed 's/_np[0-9]*$//' | sort -u))
   for t in benchmarks/cuda_*.cpp; do [[ -f $t ]] && names+=("$(basename "$t" .cpp)"); done
-  names+=(llama7b_step tessera_cuda_kernels tessera_cuda_headers_check)
+  names+=(llama7b_step train_llama tessera_cuda_kernels tessera_cuda_headers_check)
   for t in "${names[@]}"; do
     if [[ -f $build/build.ninja ]]; then grep -q "^build $t: phony" "$build/build.ninja" && echo "$t"
     elif [[ -f $build/Makefile ]]; then grep -q "^$t: " "$build/Makefile" && echo "$t"
@@ -228,6 +243,8 @@ if [[ $dry_run == 1 ]]; then
   printf '  ctest      (%4s s)  %s\n' "$t_ctest" "${cmd_ctest[*]}"
   printf '  cuda_bench (%4s s)  %s\n' "$t_bench" "${cmd_bench[*]}"
   printf '  llama7b    (%4s s)  %s\n' "$t_llama" "${cmd_llama[*]}"
+  printf '  llama7b_none (%4s s)  %s\n' "$t_llama" "${cmd_llama_none[*]}"
+  printf '  main_job   (%4s s)  %s\n' "$t_main" "${cmd_main[*]}"
   echo "  report               $out_dir/device_check.json, $out_dir/device_check.md; logs in $work/${OUT:+; copies in \$OUT=$OUT}"
   exit 0
 fi
@@ -296,12 +313,18 @@ why() { grep -v '^\s*$' "$1" 2>/dev/null | tail -n "${2:-1}" | tr '\t\n' '  ' | 
 export_out() {
   [[ -n ${OUT:-} && -d ${OUT:-} ]] || return 0
   local f
-  for f in "$out_dir/device_check.json" "$out_dir/device_check.md" "$work/configure.log" \
+  for f in "$out_dir/device_check.json" "$out_dir/device_check.md" \
            "$work/ctest.log" "$work/cuda_bench.log" "$work/llama7b_step.log"; do
     [[ -f $f ]] && cp -f "$f" "$OUT/" 2>/dev/null
   done
   [[ -f $work/spills.log ]] && cp -f "$work/spills.log" "$OUT/ptxas.log" 2>/dev/null
-  [[ -f $work/build.log ]] && tail -c 15000000 "$work/build.log" > "$OUT/build.log" 2>/dev/null
+  # Eight files at most: configure.log goes in front of build.log, and the
+  # extra runs (llama7b_step without checkpointing, the main job) share runs.log.
+  { [[ -f $work/configure.log ]] && { echo "==== configure.log"; cat "$work/configure.log"; echo "==== build.log"; }
+    [[ -f $work/build.log ]] && tail -c 14000000 "$work/build.log"; } > "$OUT/build.log" 2>/dev/null
+  { for f in "$work/llama7b_none.log" "$work/main_job.log"; do
+      [[ -f $f ]] && { echo "==== $(basename "$f")"; tail -c 4000000 "$f"; }
+    done; } > "$OUT/runs.log" 2>/dev/null
   return 0
 }
 
@@ -324,6 +347,7 @@ report() {
   local nvcc_version
   nvcc_version=$(grep -o 'release [0-9.]*, V[0-9.]*' "$work/env/nvcc.txt" 2>/dev/null | head -1)
   DC_FINAL=$final DC_DEVDEPS=$devdeps DC_GENERATOR_USED=${generator:-} \
+  DC_LLAMA_NONE_JSON=$llama_none_json DC_MAIN_LOG=$work/main_job.log \
   python3 - "$stages" "$work" "$bench_json" "$llama_json" "$out_dir" "$command_line" "$total_s" \
     "$nvcc_version" "$git_rev" "$have_gpu" "$no_gpu_reason" "$build" "$jobs" <<'PY'
 import json, os, re, sys, datetime
@@ -432,6 +456,14 @@ def load(path):
 # Only this run's files (both are removed before their stage runs).
 bench = load(bench_json) if by.get("cuda_bench", {}).get("status") in ("ok", "failed") else None
 llama = load(llama_json) if by.get("llama7b", {}).get("status") in ("ok", "failed") else None
+llama_none = (load(os.environ.get("DC_LLAMA_NONE_JSON", ""))
+              if by.get("llama7b_none", {}).get("status") in ("ok", "failed") else None)
+# The main job on the GPU: its final validation loss from the log.
+main_job = None
+if by.get("main_job", {}).get("status") in ("ok", "failed"):
+    m = re.search(r"final val loss ([0-9.]+) nats/byte", read(os.environ.get("DC_MAIN_LOG", "")))
+    main_job = {"final_val_loss": float(m.group(1)) if m else None, "host_final_val_loss": 1.5982,
+                "four_gram_baseline": 1.7542, "seconds": by["main_job"].get("seconds")}
 
 # Targets (the CUDA issue): GEMMs >= 0.85 of the 8192^3 rate, attention
 # forward >= 0.50 of it, AdamW >= 0.85 of the copy bandwidth, 7B step MFU >= 0.45.
@@ -456,7 +488,9 @@ else:
                 target("attention_forward", None, 0.50, "flash attention forward / cuBLASLt bf16 8192^3"),
                 target("adamw", None, 0.85, "AdamW bytes/s / D2D copy bytes/s")]
 targets.append(target("llama7b_mfu", llama.get("mfu") if llama else None, 0.45,
-                      "llama2_7b full step, bf16, seq 4096, micro-batch 1: MFU"))
+                      "llama2_7b full step, bf16, seq 4096, micro-batch 1, full checkpointing: MFU"))
+targets.append(target("llama7b_mfu_no_checkpointing", llama_none.get("mfu") if llama_none else None,
+                      0.45, "the same step without activation checkpointing: MFU"))
 # Spills: the share of kernel/arch entries without any (1.00 = none spill).
 checked = spills["functions_checked"]
 targets.append(target("no_spills", 1 - len(spills["with_spills"]) / checked if checked else None, 1.0,
@@ -475,7 +509,8 @@ result = {
     "devdeps": os.environ.get("DC_DEVDEPS") or None, "build_warnings": build_warnings,
     "libraries": libs,
     "stages": stages, "ctest": ctest, "spills": spills,
-    "cuda_bench": bench, "llama7b_step": llama, "targets": targets,
+    "cuda_bench": bench, "llama7b_step": llama, "llama7b_step_no_checkpointing": llama_none,
+    "main_job": main_job, "targets": targets,
 }
 
 def write(path, text):
@@ -563,6 +598,16 @@ if llama:
 else:
     L.append(f'llama7b_step: {by.get("llama7b", {}).get("status", "not run")} '
              f'({by.get("llama7b", {}).get("reason") or "no result"}).')
+if llama_none:
+    L.append(f'\nllama7b_step without checkpointing: step {llama_none.get("step_s", 0):.3f} s, '
+             f'{llama_none.get("tokens_per_s", 0):.0f} tokens/s, MFU {100 * llama_none.get("mfu", 0):.1f}%, '
+             f'peak memory {llama_none.get("peak_bytes", 0) / 2**30:.2f} GiB '
+             f'(planned {llama_none.get("planned_peak_bytes", 0) / 2**30:.2f} GiB).')
+if main_job:
+    v = main_job["final_val_loss"]
+    L.append(f'\nMain job on the GPU (train_llama --backend cuda --precision bf16, 2400 steps): '
+             f'final val loss {v if v is not None else "?"} nats/byte over the whole held-out split '
+             f'(host fp32: 1.5982; 4-gram: 1.7542) in {main_job["seconds"]} s.')
 write(os.path.join(out_dir, "device_check.md"), "\n".join(L) + "\n")
 if final:
     print(f"device_check.sh: wrote {os.path.join(out_dir, 'device_check.json')} and "
@@ -762,8 +807,33 @@ if [[ $configure_ok == 1 ]]; then
   else
     record llama7b skipped "" 0 "$t_llama" "" "${cmd_llama[0]} was not built"
   fi
+
+  # ---- the main job on the GPU, then llama7b_step without checkpointing ---------------------
+  if [[ -x ${cmd_main[0]} ]]; then
+    rm -rf "$work/main-gpu"
+    run_stage main_job "$t_main" "$work/main_job.log" "${cmd_main[@]}"
+    st=$(stage_status main_job "$stage_rc" "$work/main_job.log")
+    reason=""
+    [[ $st != ok ]] && reason=$(why "$work/main_job.log" 2)
+    [[ $st == ok ]] && reason=$(grep -o 'final val loss [0-9.]* nats/byte' "$work/main_job.log" | tail -1)
+    record main_job "$st" "$stage_rc" "$stage_s" "$stage_limit_s" "$work/main_job.log" "$reason"
+  else
+    record main_job skipped "" 0 "$t_main" "" "${cmd_main[0]} was not built"
+  fi
+  rm -f "$llama_none_json"
+  if [[ -x ${cmd_llama_none[0]} ]]; then
+    run_stage llama7b_none "$t_llama" "$work/llama7b_none.log" "${cmd_llama_none[@]}"
+    st=$(stage_status llama7b_none "$stage_rc" "$work/llama7b_none.log")
+    reason=""
+    [[ $st != ok ]] && reason=$(why "$work/llama7b_none.log" 2)
+    record llama7b_none "$st" "$stage_rc" "$stage_s" "$stage_limit_s" "$work/llama7b_none.log" "$reason"
+  else
+    record llama7b_none skipped "" 0 "$t_llama" "" "${cmd_llama_none[0]} was not built"
+  fi
 else
-  for s in ctest cuda_bench llama7b; do record "$s" skipped "" 0 0 "" "no build (configure failed)"; done
+  for s in ctest cuda_bench llama7b main_job llama7b_none; do
+    record "$s" skipped "" 0 0 "" "no build (configure failed)"
+  done
 fi
 
 # ---- the final report and the exit status -------------------------------------------------------
@@ -775,7 +845,7 @@ status_of() { awk -F'\t' -v s="$1" '$1 == s { print $2 }' "$stages" | tail -1; }
 echo "device_check.sh: done in $(( $(date +%s) - start_all )) s"
 if [[ $py_rc != 0 ]]; then echo "device_check.sh: the report failed (python3 rc $py_rc)" >&2; exit 1; fi
 if [[ $(status_of configure) != ok || $(status_of build) != ok ]]; then exit 2; fi
-for s in spills ctest cuda_bench llama7b; do
+for s in spills ctest cuda_bench llama7b main_job llama7b_none; do
   case $(status_of "$s") in
     failed|timeout) exit 1 ;;
   esac

@@ -98,14 +98,38 @@ usage() {
 }
 while [[ $# -gt 0 ]]; do
   case "$1" in
-    --build-dir) build_dir=$2; shift 2 ;;
-    --jobs|-j) jobs=$2; shift 2 ;;
-    --out) out_dir=$2; shift 2 ;;
+    --build-dir|--jobs|-j|--out)
+      if [[ $# -lt 2 || -z $2 ]]; then
+        echo "device_check.sh: $1 needs a non-empty value (see --help)" >&2; exit 2
+      fi
+      case "$1" in
+        --build-dir) build_dir=$2 ;;
+        --jobs|-j) jobs=$2 ;;
+        --out) out_dir=$2 ;;
+      esac
+      shift 2 ;;
     --dry-run) dry_run=1; shift ;;
     -h|--help) usage; exit 0 ;;
     *) echo "device_check.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
+
+# Numbers are checked before anything is written.
+positive_int() {  # NAME VALUE
+  if ! [[ $2 =~ ^[0-9]+$ ]] || (( 10#$2 < 1 )); then
+    echo "device_check.sh: $1 must be a positive integer, got '$2'" >&2; exit 2
+  fi
+}
+positive_int --jobs "$jobs"
+for v in DC_TIMEOUT_ENV DC_TIMEOUT_CONFIGURE DC_TIMEOUT_BUILD DC_TIMEOUT_SPILLS DC_TIMEOUT_GPU \
+         DC_TIMEOUT_CTEST DC_TIMEOUT_CTEST_TEST DC_TIMEOUT_BENCH DC_TIMEOUT_LLAMA DC_TIMEOUT_MAIN \
+         DC_DEADLINE; do
+  [[ -n ${!v:-} ]] && positive_int "$v" "${!v}"
+done
+# Relative --build-dir and --out are relative to where the script was
+# started, as for any command; the defaults are inside the repository.
+[[ $build_dir != /* && $build_dir != build/cuda ]] && build_dir="$PWD/$build_dir"
+[[ $out_dir != /* && $out_dir != benchmarks ]] && out_dir="$PWD/$out_dir"
 
 cd "$repo" || exit 2
 start_all=$(date +%s)
@@ -239,7 +263,7 @@ if [[ $dry_run == 1 ]]; then
     "${build_args[*]}"
   printf '  spills     (%4s s)  ptxas -v lines of %s (kernel objects rebuilt if none), cuobjdump --dump-resource-usage\n' \
     "$t_spills" "$build/cuda/libtessera_cuda_kernels.a"
-  printf '  gpu        (%4s s)  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader\n' "$t_gpu"
+  printf '  gpu        (%4s s)  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader\n' "$t_gpu"
   printf '  ctest      (%4s s)  %s\n' "$t_ctest" "${cmd_ctest[*]}"
   printf '  cuda_bench (%4s s)  %s\n' "$t_bench" "${cmd_bench[*]}"
   printf '  llama7b    (%4s s)  %s\n' "$t_llama" "${cmd_llama[*]}"
@@ -767,7 +791,10 @@ stage_status() {  # stage rc log
   local rc=$2
   if [[ $rc == 124 || $rc == 137 ]]; then echo timeout
   elif [[ $rc == 0 ]]; then
-    if [[ $have_gpu == 1 || $1 != ctest ]]; then echo ok; else echo skipped; fi
+    if [[ $have_gpu == 1 || $1 != ctest ]]; then echo ok
+    # Without a GPU every GPU test must report Skipped, never Passed.
+    elif grep -qE 'Test +#[0-9]+: .* Passed' "$3" 2>/dev/null; then echo failed
+    else echo skipped; fi
   elif [[ $rc == 77 ]]; then echo skipped
   elif [[ $have_gpu == 0 ]] && grep -q 'no CUDA device' "$3" 2>/dev/null; then echo skipped
   else echo failed

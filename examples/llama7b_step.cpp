@@ -96,6 +96,19 @@ struct options {
   std::string memory_log;              // cuda: the allocator's event log (scripts/plot_memory.py)
 };
 
+// Throws config_error now, before any work, when `path` (if given) cannot be
+// written: its temporary file is created and removed again.
+void check_json_path(const std::string& path) {
+  if (path.empty()) return;
+  const fs::path tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp);
+    TESSERA_THROW_IF(!f, config_error, "cannot write '", tmp.string(), "' (for '", path, "')");
+  }
+  std::error_code ec;
+  fs::remove(tmp, ec);
+}
+
 // Writes `j` to `path` through a temporary name and a rename.
 void write_json(const std::string& path, const nlohmann::json& j) {
   if (path.empty()) return;
@@ -156,6 +169,7 @@ int run(const options& o, const nn::llama_config& full, const nn::llama_config& 
   const auto mp = plan::plan_memory(mc, d, plan::optimizer_spec::adamw(), {0, 1}, ao,
                                     plan::accounting::ideal);
   const auto fp = plan::plan_flops(mc, B, T);
+  check_json_path(o.json);
 
   // Random tokens: enough for the train split's windows and one validation window.
   temp_file tmp;
@@ -296,12 +310,9 @@ int run_cuda(const options& o, const nn::llama_config& full, const nn::llama_con
   const nn::activation_checkpointing ck = nn::parse_checkpointing(o.checkpointing);
   TESSERA_THROW_IF(o.precision != "bf16" && o.precision != "bf16_mixed", config_error,
                    "--precision ", o.precision, ": the cuda backend runs bf16 (bf16_mixed)");
-  TESSERA_THROW_IF(o.peak_tflops <= 0, config_error, "--peak-tflops ", o.peak_tflops,
-                   " must be > 0");
-  TESSERA_THROW_IF(tessera::cuda::device_count() < 1, config_error,
-                   "--backend cuda: no CUDA device is visible");
-  cudaDeviceProp prop{};
-  TESSERA_CUDA_CHECK(cudaGetDeviceProperties(&prop, tessera::cuda::current_device()));
+  TESSERA_THROW_IF(!(o.peak_tflops > 0) || !std::isfinite(o.peak_tflops), config_error,
+                   "--peak-tflops ", o.peak_tflops, " must be a finite number > 0");
+  TESSERA_THROW_IF(o.ce_chunk < 1, config_error, "--ce-chunk ", o.ce_chunk, " must be >= 1");
 
   train::train_config cfg;
   cfg.steps = o.warmup_steps + o.steps;
@@ -319,7 +330,14 @@ int run_cuda(const options& o, const nn::llama_config& full, const nn::llama_con
   po.seq = T;
   po.checkpointing = ck;
   po.ce_chunk = o.ce_chunk;
-  const plan::cuda_step_plan pl = plan::plan_cuda_step(mc, po);
+  const plan::cuda_step_plan pl = plan::plan_cuda_step(mc, po);  // checks B, T and the chunk
+  check_json_path(o.json);
+  check_json_path(o.memory_log);
+  // Everything the command line can get wrong is checked: now the device.
+  TESSERA_THROW_IF(tessera::cuda::device_count() < 1, config_error,
+                   "--backend cuda: no CUDA device is visible");
+  cudaDeviceProp prop{};
+  TESSERA_CUDA_CHECK(cudaGetDeviceProperties(&prop, tessera::cuda::current_device()));
   const double device_bytes = static_cast<double>(prop.totalGlobalMem);
   std::printf("llama7b_step: preset %s (H %lld, L %lld of %lld, heads %lld/%lld kv, F %lld, V %lld), "
               "bf16_mixed, AdamW, activation checkpointing %s, one GPU: %s (%.1f GiB, sm_%d%d)\n",
@@ -452,7 +470,7 @@ int run_cuda(const options& o, const nn::llama_config& full, const nn::llama_con
 int main(int argc, char** argv) {
   kernels::check_blas_core(argv);
   options o;
-  CLI::App app{"llama7b_step: time optimizer steps of a 7B-class Llama (host, single rank)"};
+  CLI::App app{"llama7b_step: time optimizer steps of a 7B-class Llama (single rank: the host, or one GPU with --backend cuda)"};
   app.add_option("--backend", o.backend, "host or cuda (a build with the cuda preset)")->capture_default_str();
   app.add_option("--preset", o.preset, "llama2_7b or llama3_8b")->capture_default_str();
   app.add_option("--precision", o.precision, "fp32 or bf16 (bf16_mixed); default fp32 on the host, bf16 on cuda");
@@ -482,6 +500,10 @@ int main(int argc, char** argv) {
     const bool gpu = o.backend == "cuda";
     if (o.precision.empty()) o.precision = gpu ? "bf16" : "fp32";
     if (o.checkpointing.empty()) o.checkpointing = gpu ? "full" : "none";
+    TESSERA_THROW_IF(app.count("--seq") && o.seq < 1, config_error, "--seq ", o.seq,
+                     " must be >= 1");
+    TESSERA_THROW_IF(app.count("--layers") && o.layers < 1, config_error, "--layers ", o.layers,
+                     " must be >= 1");
     if (o.seq == 0) o.seq = gpu ? 4096 : 256;
     TESSERA_THROW_IF(o.preset != "llama2_7b" && o.preset != "llama3_8b", config_error,
                      "unknown preset '", o.preset, "' (valid: llama2_7b, llama3_8b)");

@@ -50,7 +50,7 @@ struct options {
   std::int64_t reduce_bytes = 0;  // 0: the precision's reduce type
   double bucket_mb = 25;         // engine bucket capacity, MB of the reduce type
   std::string accounting = "engine";
-  double memory_gib = 141.0;   // one H200
+  double memory_gib = 140.4;   // one H200 as nvidia-smi reports it: 143,771 MiB
   double peak_tflops = 989.0;  // H200 dense bf16 (NVIDIA datasheet, without sparsity)
   double step_seconds = 0;     // optional: measured step time, for MFU
   bool step_seconds_given = false;
@@ -59,6 +59,24 @@ struct options {
   std::string checkpointing = "full";  // --gpu-step: none or full
   bool ce_chunk_given = false;
 };
+
+// Sizes the planners take: at least 1, and at most 2^31 - 1 tokens per
+// micro-batch (token ids and counts are int32 on the device, and the byte
+// counts stay far from 64-bit overflow).
+void check_batch(const options& o) {
+  TESSERA_THROW_IF(o.micro_batch < 1, config_error, "micro-batch B=", o.micro_batch, " must be >= 1");
+  TESSERA_THROW_IF(o.seq < 1, config_error, "sequence length T=", o.seq, " must be >= 1");
+  TESSERA_THROW_IF(o.micro_batches < 1, config_error, "micro-batches=", o.micro_batches,
+                   " must be >= 1");
+  constexpr std::int64_t max_tokens = (std::int64_t{1} << 31) - 1;
+  TESSERA_THROW_IF(o.micro_batch > max_tokens / o.seq, config_error, "micro-batch B=",
+                   o.micro_batch, " x T=", o.seq, " exceeds ", max_tokens,
+                   " tokens per micro-batch");
+  TESSERA_THROW_IF(o.micro_batches > 1 << 20, config_error, "micro-batches=", o.micro_batches,
+                   " exceeds 1048576");
+  TESSERA_THROW_IF(!(o.memory_gib > 0) || !std::isfinite(o.memory_gib), config_error,
+                   "memory-gib=", o.memory_gib, " must be a finite number > 0");
+}
 
 // --gpu-step: the device memory of one training step of nn::cuda_llama +
 // optim::cuda_adamw + the loader on one GPU (plan/cuda_step.hpp), buffer by
@@ -70,6 +88,7 @@ int print_gpu_step(const options& o) {
                    "--gpu-step plans the bf16_mixed CUDA model; --precision ", o.precision,
                    " is not available there");
   TESSERA_THROW_IF(!(o.memory_gib > 0), config_error, "memory-gib=", o.memory_gib, " must be > 0");
+  check_batch(o);
   plan::cuda_step_options co;
   co.micro_batch = o.micro_batch;
   co.seq = o.seq;
@@ -167,17 +186,16 @@ int run(const options& o) {
   TESSERA_THROW_IF(o.accounting != "engine" && o.accounting != "ideal", config_error,
                    "accounting '", o.accounting, "' (valid: engine, ideal)");
   const auto mode = o.accounting == "ideal" ? plan::accounting::ideal : plan::accounting::engine;
-  TESSERA_THROW_IF(!(o.bucket_mb > 0), config_error, "bucket-mb=", o.bucket_mb, " must be > 0");
+  TESSERA_THROW_IF(!(o.bucket_mb > 0) || !(o.bucket_mb <= 1e6), config_error, "bucket-mb=", o.bucket_mb, " must be in (0, 1e6]");
   const plan::sharding sh{o.zero, o.dp, o.prefetch,
                           std::max<std::int64_t>(1, std::llround(o.bucket_mb * 1e6))};
   sh.validate();
   const std::int64_t reduce_bytes = o.reduce_bytes ? o.reduce_bytes : static_cast<std::int64_t>(d.reduce);
-  TESSERA_THROW_IF(o.micro_batches < 1, config_error, "micro-batches=", o.micro_batches,
-                   " must be >= 1");
+  check_batch(o);
   TESSERA_THROW_IF(reduce_bytes != 2 && reduce_bytes != 4 && reduce_bytes != 8, config_error,
                    "reduce-bytes=", reduce_bytes, " must be 2, 4 or 8");
   TESSERA_THROW_IF(!(o.memory_gib > 0), config_error, "memory-gib=", o.memory_gib, " must be > 0");
-  TESSERA_THROW_IF(!(o.peak_tflops > 0), config_error, "peak-tflops=", o.peak_tflops, " must be > 0");
+  TESSERA_THROW_IF(!(o.peak_tflops > 0) || !std::isfinite(o.peak_tflops), config_error, "peak-tflops=", o.peak_tflops, " must be a finite number > 0");
   TESSERA_THROW_IF(o.step_seconds < 0 || (o.step_seconds_given && !(o.step_seconds > 0)), config_error,
                    "step-seconds=", o.step_seconds, " must be > 0");
   TESSERA_THROW_IF(o.prefetch < 0 || o.prefetch > cfg.n_layers, config_error, "prefetch=",
@@ -272,7 +290,7 @@ int main(int argc, char** argv) {
   app.add_option("--accounting", o.accounting,
                  "engine (what tessera's data-parallel engine does) or ideal (ZeRO paper)")
       ->capture_default_str();
-  app.add_option("--memory-gib", o.memory_gib, "device memory in GiB (141: one H200)")
+  app.add_option("--memory-gib", o.memory_gib, "device memory in GiB (140.4: one H200, 143771 MiB)")
       ->capture_default_str();
   app.add_option("--peak-tflops", o.peak_tflops, "peak TFLOP/s per device")->capture_default_str();
   app.add_option("--step-seconds", o.step_seconds, "measured step time, for MFU");

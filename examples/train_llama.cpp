@@ -66,10 +66,10 @@ namespace {
 struct options {
   std::string backend = "host";        // host, or cuda (builds with the cuda preset)
   double peak_tflops = 989;            // cuda: the GPU's dense bf16 peak, for MFU
-  std::string checkpointing = "none";  // cuda: activation checkpointing, none or full
+  std::string checkpointing;           // none or full; default: none on the host, full on cuda
   std::string preset = "small";
   std::string data = std::string(TESSERA_SOURCE_DIR) + "/data/fortunes.txt";
-  std::string precision = "fp32";
+  std::string precision;  // fp32, bf16, fp64; default: fp32 on the host, bf16 on cuda
   std::string out = "runs/main";
   std::string resume;
   train::train_config cfg;
@@ -278,11 +278,26 @@ int run(options& o, const fs::path& tok_path, created_paths& created) {
 int run_cuda(options& o, const fs::path& tok_path, created_paths& created) {
   TESSERA_THROW_IF(o.precision != "bf16" && o.precision != "bf16_mixed", config_error,
                    "--precision ", o.precision, ": the cuda backend trains bf16 (bf16_mixed)");
-  TESSERA_THROW_IF(!(o.peak_tflops > 0), config_error, "--peak-tflops ", o.peak_tflops,
-                   " must be > 0");
+  TESSERA_THROW_IF(!(o.peak_tflops > 0) || !std::isfinite(o.peak_tflops), config_error,
+                   "--peak-tflops ", o.peak_tflops, " must be a finite number > 0");
+  data::token_file data(tok_path);
+  {  // what the trainer would refuse, checked before asking for the device
+    const nn::llama_config mc = model_config(o);
+    mc.validate();
+    o.cfg.validate();
+    TESSERA_THROW_IF(o.cfg.seq > mc.max_seq, config_error, "sequence length T=", o.cfg.seq,
+                     " exceeds the model's max_seq=", mc.max_seq, " (preset '", mc.name, "')");
+    TESSERA_THROW_IF(data.vocab() > static_cast<std::uint64_t>(mc.vocab), config_error,
+                     "token file vocabulary ", data.vocab(), " exceeds the model's vocab=", mc.vocab);
+    (void)data::val_windows(data, data.split().val, o.cfg.seq, o.cfg.eval_windows);
+    (void)data::batch_sampler(data, data.split().train, o.cfg.micro_batch, o.cfg.seq, o.cfg.seed);
+    if (!o.resume.empty()) {
+      const fs::path from = fs::path(o.resume) / "checkpoint.bin";
+      TESSERA_THROW_IF(!fs::exists(from), io_error, "cannot open checkpoint '", from.string(), "'");
+    }
+  }
   TESSERA_THROW_IF(tessera::cuda::device_count() < 1, config_error,
                    "--backend cuda: no CUDA device is visible");
-  data::token_file data(tok_path);
   train::cuda_trainer tr(model_config(o), o.cfg, data,
                          nn::parse_checkpointing(o.checkpointing));
   return train_loop(o, tr, data, tok_path, created, precision::bf16_mixed::name, [&] {
@@ -472,7 +487,7 @@ int main(int argc, char** argv) {
   o.cfg.adamw.weight_decay = 0.1;
   o.cfg.adamw.beta2 = 0.99;
 
-  CLI::App app{"train_llama: train a Llama on a token file or UTF-8 text (host backend)"};
+  CLI::App app{"train_llama: train a Llama on a token file or UTF-8 text (the host, or one GPU with --backend cuda)"};
   app.add_option("--preset", o.preset, "model preset: tiny, small, llama2_7b, llama3_8b")->capture_default_str();
   app.add_option("--dim", o.dim, "override the preset's model dimension H");
   app.add_option("--layers", o.layers, "override the preset's number of blocks L");
@@ -482,7 +497,7 @@ int main(int argc, char** argv) {
   app.add_option("--data", o.data, "token file, or UTF-8 text to byte-tokenize")->capture_default_str();
   app.add_option("--steps", o.cfg.steps, "optimizer steps")->capture_default_str();
   app.add_option("--seed", o.cfg.seed, "seed of weights and data order")->capture_default_str();
-  app.add_option("--precision", o.precision, "fp32, bf16 (bf16_mixed) or fp64")->capture_default_str();
+  app.add_option("--precision", o.precision, "fp32, bf16 (bf16_mixed) or fp64; default fp32 on the host, bf16 on cuda");
   app.add_option("--global-batch", o.cfg.global_batch, "G: sequences per optimizer step")->capture_default_str();
   app.add_option("--micro-batch", o.cfg.micro_batch, "B: sequences per forward")->capture_default_str();
   app.add_option("--seq", o.cfg.seq, "T: tokens per sequence")->capture_default_str();
@@ -506,7 +521,7 @@ int main(int argc, char** argv) {
   app.add_flag("--no-baseline", o.no_baseline, "do not run scripts/ngram_baseline.py");
   app.add_option("--ce-chunk", o.cfg.ce_chunk, "token rows per LM-head/cross-entropy chunk")->capture_default_str();
   app.add_option("--backend", o.backend, "host, or cuda (one GPU; a build with the cuda preset)")->capture_default_str();
-  app.add_option("--checkpointing", o.checkpointing, "cuda: activation checkpointing, none or full")->capture_default_str();
+  app.add_option("--checkpointing", o.checkpointing, "activation checkpointing: none (the host's only one) or full (cuda's default)");
   app.add_option("--peak-tflops", o.peak_tflops, "cuda: the GPU's dense bf16 peak TFLOP/s, for MFU")->capture_default_str();
   try {
     app.parse(argc, argv);
@@ -536,7 +551,16 @@ int main(int argc, char** argv) {
                      " is not a ZeRO stage (valid: 0, 1, 2, 3)");
     TESSERA_THROW_IF(o.backend != "host" && o.backend != "cuda", config_error, "unknown backend '",
                      o.backend, "' (valid: host, cuda)");
+    const bool gpu = o.backend == "cuda";
+    if (o.precision.empty()) o.precision = gpu ? "bf16" : "fp32";
+    if (o.checkpointing.empty()) o.checkpointing = gpu ? "full" : "none";
+    TESSERA_THROW_IF(o.precision != "fp32" && o.precision != "bf16" && o.precision != "bf16_mixed" &&
+                         o.precision != "fp64",
+                     config_error, "unknown precision '", o.precision, "' (valid: fp32, bf16, fp64)");
     (void)nn::parse_checkpointing(o.checkpointing);
+    TESSERA_THROW_IF(!std::isfinite(o.bucket_mb) || !(o.bucket_mb > 0) || o.bucket_mb > 1e6,
+                     config_error, "--bucket-mb ", o.bucket_mb, " must be in (0, 1e6]");
+    TESSERA_THROW_IF(o.dp > 1024, config_error, "dp=", o.dp, " exceeds the limit of 1024 ranks");
     TESSERA_THROW_IF(o.backend == "host" && o.checkpointing != "none", config_error,
                      "--checkpointing ", o.checkpointing,
                      ": the host backend has no activation checkpointing (valid: none)");
@@ -548,9 +572,16 @@ int main(int argc, char** argv) {
     const fs::path out(o.out);
     std::error_code ec;
     if (!fs::exists(out)) {
+      // Every folder this run creates (runs/ too, for runs/main) is removed
+      // again if the run fails on bad input.
+      std::vector<fs::path> missing;
+      for (fs::path p = fs::absolute(out); !p.empty() && !fs::exists(p); p = p.parent_path()) {
+        missing.push_back(p);
+        if (p == p.parent_path()) break;
+      }
       fs::create_directories(out, ec);
       TESSERA_THROW_IF(ec, io_error, "cannot create output folder '", out.string(), "': ", ec.message());
-      created.paths.push_back(out);
+      for (auto it = missing.rbegin(); it != missing.rend(); ++it) created.paths.push_back(*it);
     }
     TESSERA_THROW_IF(::access(out.c_str(), W_OK) != 0, io_error, "output folder '", out.string(),
                      "' is not writable");

@@ -173,8 +173,8 @@ TEST_CASE("a range smaller than one window is an error naming the numbers", "[da
   REQUIRE_THROWS_AS(batch_sampler(cf.file, token_range{0, 100}, 1, 100, 0), tessera::config_error);
   REQUIRE_THROWS_WITH(
       batch_sampler(cf.file, token_range{0, 100}, 1, 100, 0),
-      Contains("corpus of 100 tokens") && Contains("smaller than one window of T+1 = 101 tokens"));
-  REQUIRE_THROWS_WITH(window_start(0, 0, 0, 10, 5, 4), Contains("smaller than one window"));
+      Contains("holds 100 tokens") && Contains("fewer than one window of T+1 = 101 tokens"));
+  REQUIRE_THROWS_WITH(window_start(0, 0, 0, 10, 5, 4), Contains("than one window"));
   REQUIRE_THROWS_WITH(val_windows(cf.file, token_range{90, 100}, 10),
                       Contains("10 tokens") && Contains("T+1 = 11"));
   REQUIRE_THROWS_AS(batch_sampler(cf.file, token_range{0, 200}, 1, 4, 0), tessera::config_error);

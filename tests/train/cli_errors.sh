@@ -25,7 +25,7 @@ expect() {
 common=(--out "$work/out" --no-baseline --sample-bytes 0 --steps 2)
 expect "missing data" "does not exist" "$train" --data "$work/nope.txt" "${common[@]}"
 expect "directory as data" "is a directory" "$train" --data "$work" "${common[@]}"
-expect "corpus smaller than a window" "smaller than one window" "$train" --data "$work/short.txt" "${common[@]}"
+expect "corpus smaller than a window" "than one window of T+1" "$train" --data "$work/short.txt" "${common[@]}"
 expect "heads do not divide dim" "n_heads=3 does not divide dim=128" "$train" --heads 3 "${common[@]}"
 expect "nkv does not divide nh" "n_kv_heads=3 does not divide n_heads=4" "$train" --kv-heads 3 "${common[@]}"
 expect "micro-batch of zero" "B=0" "$train" --micro-batch 0 "${common[@]}"

@@ -67,16 +67,17 @@ constexpr std::uint64_t window_hash(std::uint64_t seed, std::uint64_t step, std:
 ///        file comment for the mapping from rank and micro-batch).
 /// \param T sequence length (tokens predicted per row); a window holds T+1.
 /// \throws config_error if T < 1, or the range holds fewer than T+1 tokens
-///         ("corpus of N tokens is smaller than one window of T+1 = M tokens").
+///         ("... holds N tokens, fewer than one window of T+1 = M tokens").
 inline std::uint64_t window_start(std::uint64_t seed, std::uint64_t step, std::uint64_t g,
                                   std::uint64_t range_begin, std::uint64_t range_end,
                                   std::int64_t T) {
   TESSERA_THROW_IF(T < 1, config_error, "sequence length T=", T, " must be >= 1");
   const std::uint64_t window = static_cast<std::uint64_t>(T) + 1;
   const std::uint64_t n = range_end >= range_begin ? range_end - range_begin : 0;
-  TESSERA_THROW_IF(range_end < range_begin || n < window, config_error, "corpus of ", n,
-                   " tokens (range [", range_begin, ", ", range_end,
-                   ")) is smaller than one window of T+1 = ", window,
+  TESSERA_THROW_IF(range_end < range_begin || n < window, config_error,
+                   "the sampled range of the corpus (tokens [", range_begin, ", ", range_end,
+                   "), the training split unless given otherwise) holds ", n,
+                   " tokens, fewer than one window of T+1 = ", window,
                    " tokens; use a shorter sequence length or more data");
   const std::uint64_t n_starts = n - window + 1;
   for (std::uint64_t attempt = 0;; ++attempt) {

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -104,7 +105,13 @@ inline std::string progress_bar(std::int64_t step, std::int64_t total, const std
 }
 
 /// True when standard output is a terminal (progress bar) rather than a file or pipe.
-inline bool stdout_is_terminal() { return ::isatty(STDOUT_FILENO) == 1; }
+inline bool stdout_is_terminal() {
+  // mpirun gives its ranks a pseudo-terminal even when its own output goes
+  // to a file or a pipe, so a rank never draws the progress bar.
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"})
+    if (std::getenv(v) != nullptr) return false;
+  return ::isatty(STDOUT_FILENO) == 1;
+}
 
 /// Appends one JSON object per line to a metrics file. On resume, truncate_after()
 /// drops lines for steps after the checkpoint so the file reads as one run.

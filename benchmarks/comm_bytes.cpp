@@ -33,6 +33,7 @@
 #include <cstdio>
 #include <fstream>
 #include <mutex>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -182,8 +183,14 @@ int main(int argc, char** argv) {
         "ideal: 2(N-1)/N Psi 4 B = %.0f (zero0..2), zero3 x(1/2 + A) = x1.5 at A=1; exact: padded "
         "buckets, head gathered once per micro-batch, 3 scalar all_reduces\n",
         dp_ideal);
-    if (!json_path.empty()) std::ofstream(json_path) << j.dump(2) << "\n";
-    std::printf("%s\n", j.dump().c_str());
+    if (!json_path.empty()) {  // written to a temporary name and renamed
+      const std::string tmp = json_path + ".tmp";
+      {
+        std::ofstream f(tmp);
+        TESSERA_THROW_IF(!(f << j.dump(2) << "\n"), io_error, "cannot write '", tmp, "'");
+      }
+      std::filesystem::rename(tmp, json_path);
+    }
     return ok ? 0 : 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "comm_bytes: error: %s\n", e.what());

@@ -19,6 +19,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -86,7 +87,7 @@ void bench_linear(std::vector<row>& rows, const std::string& tag, std::int64_t M
 
 int main(int argc, char** argv) {
   const std::string blas = kernels::check_blas_core(argv);
-  std::string json_path = "host_bench.json";
+  std::string json_path = std::string(TESSERA_SOURCE_DIR) + "/benchmarks/host_bench.json";
   int reps = 3;
   bool skip_7b = false;
   int steps = 3;
@@ -194,7 +195,17 @@ int main(int argc, char** argv) {
   }
   j["small_step"] = {{"seconds", step_s}, {"tokens_per_s", step_tps}, {"mfu", step_mfu}, {"initial_loss", step_loss}};
   std::printf("\nsmall preset step: %.3f s, %.0f tokens/s, MFU %.1f%% of measured sgemm peak\n", step_s, step_tps, 100 * step_mfu);
-  std::ofstream(json_path) << j.dump(2) << "\n";
+  {  // written to a temporary name and renamed, so a failed run leaves the old file
+    const std::string tmp = json_path + ".tmp";
+    {
+      std::ofstream f(tmp);
+      if (!(f << j.dump(2) << "\n")) {
+        std::fprintf(stderr, "host_bench: error: cannot write '%s'\n", tmp.c_str());
+        return 2;
+      }
+    }
+    std::filesystem::rename(tmp, json_path);
+  }
   std::printf("host_bench: wrote %s\n", json_path.c_str());
   return 0;
 }

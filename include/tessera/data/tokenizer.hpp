@@ -10,6 +10,7 @@
 /// ASCII control byte ETX ("end of text", 0x03), which does not occur in
 /// ordinary text, so the vocabulary stays 256.
 
+#include <cstddef>
 #include <cstdint>
 #include <span>
 #include <string>

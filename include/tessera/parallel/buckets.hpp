@@ -30,6 +30,7 @@
 /// all_gather of the shard pieces rebuilds the bucket in flat order.
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 

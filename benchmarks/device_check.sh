@@ -267,8 +267,8 @@ if [[ $dry_run == 1 ]]; then
   printf '  ctest      (%4s s)  %s\n' "$t_ctest" "${cmd_ctest[*]}"
   printf '  cuda_bench (%4s s)  %s\n' "$t_bench" "${cmd_bench[*]}"
   printf '  llama7b    (%4s s)  %s\n' "$t_llama" "${cmd_llama[*]}"
-  printf '  llama7b_none (%4s s)  %s\n' "$t_llama" "${cmd_llama_none[*]}"
   printf '  main_job   (%4s s)  %s\n' "$t_main" "${cmd_main[*]}"
+  printf '  llama7b_none (%4s s)  %s\n' "$t_llama" "${cmd_llama_none[*]}"
   echo "  report               $out_dir/device_check.json, $out_dir/device_check.md; logs in $work/${OUT:+; copies in \$OUT=$OUT}"
   exit 0
 fi

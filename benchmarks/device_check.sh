@@ -801,6 +801,24 @@ stage_status() {  # stage rc log
   fi
 }
 
+# program_stage NAME TIMEOUT LOG CMD...: one GPU program as a stage (run,
+# status, the reason: the log's last lines unless ok; for the main job, its
+# final validation loss), or "skipped" when the program was not built.
+program_stage() {
+  local name=$1 limit=$2 log=$3 st reason=""
+  shift 3
+  if [[ ! -x $1 ]]; then
+    record "$name" skipped "" 0 "$limit" "" "$1 was not built"
+    return
+  fi
+  run_stage "$name" "$limit" "$log" "$@"
+  st=$(stage_status "$name" "$stage_rc" "$log")
+  if [[ $st != ok ]]; then reason=$(why "$log" 2)
+  elif [[ $name == main_job ]]; then reason=$(grep -o 'final val loss [0-9.]* nats/byte' "$log" | tail -1)
+  fi
+  record "$name" "$st" "$stage_rc" "$stage_s" "$stage_limit_s" "$log" "$reason"
+}
+
 # The GPU stages run whatever was built, also after a failed build.
 if [[ $configure_ok == 1 ]]; then
   # ---- ctest: the binaries run even without a GPU (they must report skipped) ------------------
@@ -811,52 +829,13 @@ if [[ $configure_ok == 1 ]]; then
   [[ $st == timeout ]] && reason="no result after ${stage_limit_s} s; $(why "$work/ctest.log")"
   record ctest "$st" "$stage_rc" "$stage_s" "$stage_limit_s" "$work/ctest.log" "$reason"
 
-  # ---- cuda_bench ----------------------------------------------------------------------------
-  rm -f "$bench_json"
-  if [[ -x ${cmd_bench[0]} ]]; then
-    run_stage cuda_bench "$t_bench" "$work/cuda_bench.log" "${cmd_bench[@]}"
-    st=$(stage_status cuda_bench "$stage_rc" "$work/cuda_bench.log")
-    reason=""
-    [[ $st != ok ]] && reason=$(why "$work/cuda_bench.log" 2)
-    record cuda_bench "$st" "$stage_rc" "$stage_s" "$stage_limit_s" "$work/cuda_bench.log" "$reason"
-  else
-    record cuda_bench skipped "" 0 "$t_bench" "" "${cmd_bench[0]} was not built"
-  fi
-
-  # ---- llama7b_step --------------------------------------------------------------------------
-  rm -f "$llama_json"
-  if [[ -x ${cmd_llama[0]} ]]; then
-    run_stage llama7b "$t_llama" "$work/llama7b_step.log" "${cmd_llama[@]}"
-    st=$(stage_status llama7b "$stage_rc" "$work/llama7b_step.log")
-    reason=""
-    [[ $st != ok ]] && reason=$(why "$work/llama7b_step.log" 2)
-    record llama7b "$st" "$stage_rc" "$stage_s" "$stage_limit_s" "$work/llama7b_step.log" "$reason"
-  else
-    record llama7b skipped "" 0 "$t_llama" "" "${cmd_llama[0]} was not built"
-  fi
-
-  # ---- the main job on the GPU, then llama7b_step without checkpointing ---------------------
-  if [[ -x ${cmd_main[0]} ]]; then
-    rm -rf "$work/main-gpu"
-    run_stage main_job "$t_main" "$work/main_job.log" "${cmd_main[@]}"
-    st=$(stage_status main_job "$stage_rc" "$work/main_job.log")
-    reason=""
-    [[ $st != ok ]] && reason=$(why "$work/main_job.log" 2)
-    [[ $st == ok ]] && reason=$(grep -o 'final val loss [0-9.]* nats/byte' "$work/main_job.log" | tail -1)
-    record main_job "$st" "$stage_rc" "$stage_s" "$stage_limit_s" "$work/main_job.log" "$reason"
-  else
-    record main_job skipped "" 0 "$t_main" "" "${cmd_main[0]} was not built"
-  fi
-  rm -f "$llama_none_json"
-  if [[ -x ${cmd_llama_none[0]} ]]; then
-    run_stage llama7b_none "$t_llama" "$work/llama7b_none.log" "${cmd_llama_none[@]}"
-    st=$(stage_status llama7b_none "$stage_rc" "$work/llama7b_none.log")
-    reason=""
-    [[ $st != ok ]] && reason=$(why "$work/llama7b_none.log" 2)
-    record llama7b_none "$st" "$stage_rc" "$stage_s" "$stage_limit_s" "$work/llama7b_none.log" "$reason"
-  else
-    record llama7b_none skipped "" 0 "$t_llama" "" "${cmd_llama_none[0]} was not built"
-  fi
+  # ---- cuda_bench, llama7b_step, the main job on the GPU, llama7b_step without checkpointing --
+  rm -f "$bench_json" "$llama_json" "$llama_none_json"
+  rm -rf "$work/main-gpu"
+  program_stage cuda_bench "$t_bench" "$work/cuda_bench.log" "${cmd_bench[@]}"
+  program_stage llama7b "$t_llama" "$work/llama7b_step.log" "${cmd_llama[@]}"
+  program_stage main_job "$t_main" "$work/main_job.log" "${cmd_main[@]}"
+  program_stage llama7b_none "$t_llama" "$work/llama7b_none.log" "${cmd_llama_none[@]}"
 else
   for s in ctest cuda_bench llama7b main_job llama7b_none; do
     record "$s" skipped "" 0 0 "" "no build (configure failed)"

@@ -57,6 +57,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -144,6 +145,48 @@ void write_random_tokens(const fs::path& path, std::uint64_t n, std::int64_t V, 
 
 double gib(double bytes) { return bytes / plan::gib; }
 
+// What the warm-up and timed steps of a run measured.
+struct step_times {
+  double best = 0, mean = 0;  // seconds of the timed steps
+  double first_loss = 0;      // of the first step (warm-up or timed)
+  std::size_t mem_peak = 0;   // peak bytes allocated during a step, less `base`
+};
+
+// Runs --warmup-steps + --steps optimizer steps of `tr` (train::trainer or
+// train::cuda_trainer), printing each. Checks the result before any time is
+// reported: the first step's loss must be finite and within 1 nat of ln(V)
+// (random tokens, fresh weights); otherwise prints why and returns nothing.
+template <class Trainer>
+std::optional<step_times> timed_steps(Trainer& tr, const options& o, std::int64_t V,
+                                      std::size_t base) {
+  step_times r;
+  std::vector<double> secs;
+  const double ln_v = std::log(static_cast<double>(V));
+  for (std::int64_t s = 0; s < o.warmup_steps + o.steps; ++s) {
+    const train::step_metrics m = tr.train_step();
+    r.mem_peak = std::max<std::size_t>(r.mem_peak, m.mem_peak - base);
+    const bool timed = s >= o.warmup_steps;
+    std::printf("llama7b_step: step %lld (%s) loss %.4f, grad norm %.3g, %.3f s\n",
+                (long long)m.step, timed ? "timed" : "warmup", m.loss, m.grad_norm, m.seconds);
+    std::fflush(stdout);
+    if (s == 0) {
+      r.first_loss = m.loss;
+      if (!std::isfinite(m.loss) || std::abs(m.loss - ln_v) > 1.0) {
+        std::fprintf(stderr,
+                     "llama7b_step: check failed: first step's loss %f is not finite or not "
+                     "within 1 nat of ln(V) = %f (V = %lld)\n",
+                     m.loss, ln_v, (long long)V);
+        return std::nullopt;
+      }
+    }
+    if (timed) secs.push_back(m.seconds);
+  }
+  r.best = *std::min_element(secs.begin(), secs.end());
+  for (double x : secs) r.mean += x;
+  r.mean /= static_cast<double>(secs.size());
+  return r;
+}
+
 template <precision::policy P>
 int run(const options& o, const nn::llama_config& full, const nn::llama_config& mc,
         const plan::dtype_sizes& d) {
@@ -209,35 +252,11 @@ int run(const options& o, const nn::llama_config& full, const nn::llama_config& 
               build_s, gib(static_cast<double>(persistent)), gib(static_cast<double>(mp.state.persistent())));
   std::fflush(stdout);
 
-  std::vector<double> secs;
-  std::size_t mem_peak = 0;
-  double first_loss = 0;
-  const double ln_v = std::log(static_cast<double>(V));
-  for (std::int64_t s = 0; s < cfg.steps; ++s) {
-    const train::step_metrics m = tr.train_step();
-    mem_peak = std::max<std::size_t>(mem_peak, m.mem_peak);
-    const bool timed = s >= o.warmup_steps;
-    std::printf("llama7b_step: step %lld (%s) loss %.4f, grad norm %.3g, %.3f s\n",
-                (long long)m.step, timed ? "timed" : "warmup", m.loss, m.grad_norm, m.seconds);
-    std::fflush(stdout);
-    if (s == 0) {
-      // Check the result before reporting any time.
-      first_loss = m.loss;
-      if (!std::isfinite(m.loss) || std::abs(m.loss - ln_v) > 1.0) {
-        std::fprintf(stderr,
-                     "llama7b_step: check failed: first step's loss %f is not finite or not "
-                     "within 1 nat of ln(V) = %f (V = %lld)\n",
-                     m.loss, ln_v, (long long)V);
-        return 1;
-      }
-    }
-    if (timed) secs.push_back(m.seconds);
-  }
-
-  const double best = *std::min_element(secs.begin(), secs.end());
-  double mean = 0;
-  for (double s : secs) mean += s;
-  mean /= static_cast<double>(secs.size());
+  const auto run = timed_steps(tr, o, V, 0);
+  if (!run) return 1;
+  const double best = run->best, mean = run->mean, first_loss = run->first_loss,
+               ln_v = std::log(static_cast<double>(V));
+  const std::size_t mem_peak = run->mem_peak;
   const double tokens = static_cast<double>(B * T);
   const double fpt = train::flops_per_token(mc, T);
   const double H = static_cast<double>(mc.dim), L = static_cast<double>(mc.n_layers);
@@ -248,7 +267,7 @@ int run(const options& o, const nn::llama_config& full, const nn::llama_config& 
   std::printf("llama7b_step: check passed: first step's loss %.4f, ln(V) = %.4f (|diff| %.4f <= 1)\n",
               first_loss, ln_v, std::abs(first_loss - ln_v));
   std::printf("llama7b_step: step time best %.3f s, mean %.3f s over %zu timed steps\n", best,
-              mean, secs.size());
+              mean, static_cast<std::size_t>(o.steps));
   std::printf("llama7b_step: tokens/s %.1f (mean), %.1f (best); %lld tokens per step\n",
               tokens / mean, tokens / best, (long long)(B * T));
   std::printf("llama7b_step: FLOPs: MFU counts train::flops_per_token = 6 N_matmul + 6 L H T per "
@@ -379,33 +398,11 @@ int run_cuda(const options& o, const nn::llama_config& full, const nn::llama_con
               gib(static_cast<double>(mr.stats().allocated - base)));
   std::fflush(stdout);
 
-  std::vector<double> secs;
-  std::size_t mem_peak = 0;
-  double first_loss = 0;
-  const double ln_v = std::log(static_cast<double>(V));
-  for (std::int64_t s = 0; s < cfg.steps; ++s) {
-    const train::step_metrics m = tr.train_step();
-    mem_peak = std::max<std::size_t>(mem_peak, m.mem_peak - base);
-    const bool timed = s >= o.warmup_steps;
-    std::printf("llama7b_step: step %lld (%s) loss %.4f, grad norm %.3g, %.3f s\n",
-                (long long)m.step, timed ? "timed" : "warmup", m.loss, m.grad_norm, m.seconds);
-    std::fflush(stdout);
-    if (s == 0) {
-      first_loss = m.loss;
-      if (!std::isfinite(m.loss) || std::abs(m.loss - ln_v) > 1.0) {
-        std::fprintf(stderr,
-                     "llama7b_step: check failed: first step's loss %f is not finite or not "
-                     "within 1 nat of ln(V) = %f (V = %lld)\n",
-                     m.loss, ln_v, (long long)V);
-        return 1;
-      }
-    }
-    if (timed) secs.push_back(m.seconds);
-  }
-  const double best = *std::min_element(secs.begin(), secs.end());
-  double mean = 0;
-  for (double s : secs) mean += s;
-  mean /= static_cast<double>(secs.size());
+  const auto run = timed_steps(tr, o, V, base);
+  if (!run) return 1;
+  const double best = run->best, mean = run->mean, first_loss = run->first_loss,
+               ln_v = std::log(static_cast<double>(V));
+  const std::size_t mem_peak = run->mem_peak;
   const double tokens = static_cast<double>(B * T);
   const double fpt = train::flops_per_token(mc, T);
   const double rpt = tr.model().recompute_flops_per_token();
@@ -414,7 +411,7 @@ int run_cuda(const options& o, const nn::llama_config& full, const nn::llama_con
               ln_v);
   std::printf("llama7b_step: step time best %.3f s, mean %.3f s over %zu timed steps; tokens/s "
               "%.1f (mean)\n",
-              best, mean, secs.size(), tokens / mean);
+              best, mean, static_cast<std::size_t>(o.steps), tokens / mean);
   std::printf("llama7b_step: FLOPs: MFU counts train::flops_per_token = 6 N_matmul + 6 L H T per "
               "token (causal attention counted once): %.4g FLOP/token; HFU adds the recomputed "
               "forward of checkpointing (nn::cuda_llama::recompute_flops_per_token): %.4g "

@@ -282,13 +282,7 @@ int run_cuda(options& o, const fs::path& tok_path, created_paths& created) {
                    "--peak-tflops ", o.peak_tflops, " must be a finite number > 0");
   data::token_file data(tok_path);
   {  // what the trainer would refuse, checked before asking for the device
-    const nn::llama_config mc = model_config(o);
-    mc.validate();
-    o.cfg.validate();
-    TESSERA_THROW_IF(o.cfg.seq > mc.max_seq, config_error, "sequence length T=", o.cfg.seq,
-                     " exceeds the model's max_seq=", mc.max_seq, " (preset '", mc.name, "')");
-    TESSERA_THROW_IF(data.vocab() > static_cast<std::uint64_t>(mc.vocab), config_error,
-                     "token file vocabulary ", data.vocab(), " exceeds the model's vocab=", mc.vocab);
+    train::check_single_rank(model_config(o), o.cfg, data);
     (void)data::val_windows(data, data.split().val, o.cfg.seq, o.cfg.eval_windows);
     (void)data::batch_sampler(data, data.split().train, o.cfg.micro_batch, o.cfg.seq, o.cfg.seed);
     if (!o.resume.empty()) {

@@ -173,21 +173,12 @@ class data_parallel_trainer {
   /// every rank (collective under zero<3>); the same tokens on every rank.
   std::vector<std::int32_t> generate(std::vector<std::int32_t> prompt, std::int64_t n,
                                      double temperature, std::uint64_t seed) {
-    TESSERA_THROW_IF(prompt.empty(), config_error, "generation needs a non-empty prompt");
-    TESSERA_THROW_IF(!(temperature > 0), config_error, "temperature=", temperature, " must be > 0");
-    const std::int64_t V = model_.config().vocab;
-    const std::int64_t ctx = std::min(model_.config().max_seq, cfg_.seq);
-    std::vector<float> logits(static_cast<std::size_t>(V));
-    std::vector<double> p;
-    rng r(seed);
-    for (std::int64_t i = 0; i < n; ++i) {
-      const std::int64_t len =
-          std::min<std::int64_t>(ctx, static_cast<std::int64_t>(prompt.size()));
-      engine_.begin_forward_only();
-      model_.next_token_logits(prompt.data() + prompt.size() - len, len, logits.data());
-      prompt.push_back(train::sample_token(logits.data(), V, temperature, r, p));
-    }
-    return prompt;
+    return train::generate_tokens(std::move(prompt), n, temperature, seed, model_.config().vocab,
+                                  std::min(model_.config().max_seq, cfg_.seq),
+                                  [&](const std::int32_t* ids, std::int64_t len, float* logits) {
+                                    engine_.begin_forward_only();
+                                    model_.next_token_logits(ids, len, logits);
+                                  });
   }
 
   /// The full parameters (layout().total() elements) on every rank;

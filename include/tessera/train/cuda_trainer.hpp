@@ -187,48 +187,21 @@ class cuda_trainer {
   std::vector<std::int32_t> generate(std::vector<std::int32_t> prompt, std::int64_t n,
                                      double temperature, std::uint64_t seed) {
     TESSERA_THROW_IF(prompt.empty(), config_error, "generation needs a non-empty prompt");
-    TESSERA_THROW_IF(!(temperature > 0), config_error, "temperature=", temperature, " must be > 0");
     nn::llama<precision::bf16_mixed> host(model_.config(), nn::llama_options{cfg_.ce_chunk, {}, -100});
     model_.copy_params_to_host(host.params());
-    const std::int64_t V = model_.config().vocab;
-    const std::int64_t ctx = std::min(model_.config().max_seq, cfg_.seq);
-    std::vector<float> logits(static_cast<std::size_t>(V));
-    std::vector<double> p;
-    rng r(seed);
-    for (std::int64_t i = 0; i < n; ++i) {
-      const std::int64_t len = std::min<std::int64_t>(ctx, static_cast<std::int64_t>(prompt.size()));
-      host.next_token_logits(prompt.data() + prompt.size() - len, len, logits.data());
-      prompt.push_back(sample_token(logits.data(), V, temperature, r, p));
-    }
-    return prompt;
+    return generate_tokens(std::move(prompt), n, temperature, seed, model_.config().vocab,
+                           std::min(model_.config().max_seq, cfg_.seq),
+                           [&](const std::int32_t* ids, std::int64_t len, float* logits) {
+                             host.next_token_logits(ids, len, logits);
+                           });
   }
 
   /// The checkpoint's metadata: the host trainer<bf16_mixed>'s keys and
   /// values, so a checkpoint written here resumes on the host and back.
   nlohmann::json metadata() const {
-    const auto& c = model_.config();
-    return {{"model", model_metadata(c)},
-            {"precision", precision::bf16_mixed::name},
-            {"optimizer", "adamw"},
-            {"step", step_},
-            {"data_position", {{"step", step_}, {"sampler", "window_start(seed, step, g)"}}},
-            {"schedule_position", step_},
-            {"rng", {{"seed", cfg_.seed}, {"generator", "mix64 counter (stateless)"}}},
-            {"schedule", {{"name", "warmup_cosine"}, {"min_lr_ratio", cfg_.min_lr_ratio}}},
-            {"adamw", {{"beta1", cfg_.adamw.beta1}, {"beta2", cfg_.adamw.beta2},
-                       {"eps", cfg_.adamw.eps}, {"weight_decay", cfg_.adamw.weight_decay}}},
-            {"grad_clip", cfg_.grad_clip},
-            {"ce_chunk", cfg_.ce_chunk},
-            {"global_batch", cfg_.global_batch},
-            {"micro_batch", cfg_.micro_batch},
-            {"seq", cfg_.seq},
-            {"seed", cfg_.seed},
-            {"steps", cfg_.steps},
-            {"lr", cfg_.lr},
-            {"warmup", cfg_.warmup},
-            {"flat_elements", model_.layout().total()},
-            {"data", {{"tokens", data_->size()}, {"vocab", data_->vocab()},
-                      {"fingerprint", data::fingerprint(*data_)}}}};
+    return run_metadata(model_.config(), cfg_, precision::bf16_mixed::name,
+                        optim::adamw<bf16, float>::name, step_,
+                        model_.layout().total(), *data_);
   }
 
   /// Writes weights, optimizer state, step, schedule and data position in
@@ -271,17 +244,11 @@ class cuda_trainer {
  private:
   static train_config checked(train_config c) {
     c.validate();
-    TESSERA_THROW_IF(c.dp != 1, config_error, "dp=", c.dp,
-                     " needs a communicator; train::cuda_trainer is single-GPU (dp=1)");
     return c;
   }
   static nn::llama_config validated(nn::llama_config c, const train_config& cfg,
                                     const data::token_file& d) {
-    c.validate();
-    TESSERA_THROW_IF(cfg.seq > c.max_seq, config_error, "sequence length T=", cfg.seq,
-                     " exceeds the model's max_seq=", c.max_seq, " (preset '", c.name, "')");
-    TESSERA_THROW_IF(d.vocab() > static_cast<std::uint64_t>(c.vocab), config_error,
-                     "token file vocabulary ", d.vocab(), " exceeds the model's vocab=", c.vocab);
+    check_single_rank(c, cfg, d);
     return c;
   }
 

@@ -20,6 +20,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -122,6 +123,76 @@ inline nlohmann::json model_metadata(const nn::llama_config& c) {
           {"n_heads", c.n_heads},   {"n_kv_heads", c.n_kv_heads}, {"ffn_dim", c.ffn_dim},
           {"vocab", c.vocab},       {"max_seq", c.max_seq}, {"rope_theta", c.rope_theta},
           {"norm_eps", c.norm_eps}};
+}
+
+/// Samples `n` tokens after `prompt` (token ids) from the full softmax at
+/// `temperature`, deterministic in `seed`: each step asks
+/// `next_logits(ids, len, logits)` for the V logits after the last
+/// min(ctx, prompt length) tokens and draws with sample_token. Every
+/// trainer's generate() is this loop over its own model. Throws config_error
+/// for an empty prompt or a temperature that is not > 0.
+template <class NextLogits>
+std::vector<std::int32_t> generate_tokens(std::vector<std::int32_t> prompt, std::int64_t n,
+                                          double temperature, std::uint64_t seed, std::int64_t V,
+                                          std::int64_t ctx, NextLogits&& next_logits) {
+  TESSERA_THROW_IF(prompt.empty(), config_error, "generation needs a non-empty prompt");
+  TESSERA_THROW_IF(!(temperature > 0), config_error, "temperature=", temperature, " must be > 0");
+  std::vector<float> logits(static_cast<std::size_t>(V));
+  std::vector<double> p;
+  rng r(seed);
+  for (std::int64_t i = 0; i < n; ++i) {
+    const std::int64_t len = std::min<std::int64_t>(ctx, static_cast<std::int64_t>(prompt.size()));
+    next_logits(prompt.data() + prompt.size() - len, len, logits.data());
+    prompt.push_back(sample_token(logits.data(), V, temperature, r, p));
+  }
+  return prompt;
+}
+
+/// The checkpoint metadata of a single-rank run (train::trainer and
+/// train::cuda_trainer write the same, so their checkpoints move between
+/// backends): the model, precision and optimizer names, the step and data
+/// position, every setting a resume must match, and the corpus fingerprint.
+inline nlohmann::json run_metadata(const nn::llama_config& c, const train_config& cfg,
+                                   const char* precision, const char* optimizer, std::int64_t step,
+                                   std::int64_t flat_elements, const data::token_file& data) {
+  return {{"model", model_metadata(c)},
+          {"precision", precision},
+          {"optimizer", optimizer},
+          {"step", step},
+          {"data_position", {{"step", step}, {"sampler", "window_start(seed, step, g)"}}},
+          {"schedule_position", step},
+          {"rng", {{"seed", cfg.seed}, {"generator", "mix64 counter (stateless)"}}},
+          {"schedule", {{"name", "warmup_cosine"}, {"min_lr_ratio", cfg.min_lr_ratio}}},
+          {"adamw", {{"beta1", cfg.adamw.beta1}, {"beta2", cfg.adamw.beta2},
+                     {"eps", cfg.adamw.eps}, {"weight_decay", cfg.adamw.weight_decay}}},
+          {"grad_clip", cfg.grad_clip},
+          {"ce_chunk", cfg.ce_chunk},
+          {"global_batch", cfg.global_batch},
+          {"micro_batch", cfg.micro_batch},
+          {"seq", cfg.seq},
+          {"seed", cfg.seed},
+          {"steps", cfg.steps},
+          {"lr", cfg.lr},
+          {"warmup", cfg.warmup},
+          {"flat_elements", flat_elements},
+          {"data", {{"tokens", data.size()}, {"vocab", data.vocab()},
+                    {"fingerprint", data::fingerprint(data)}}}};
+}
+
+/// What a single-rank trainer (train::trainer, train::cuda_trainer) refuses
+/// before it allocates: an invalid model or train config, dp != 1, a
+/// sequence longer than max_seq, a corpus whose vocabulary exceeds the
+/// model's. Throws config_error naming the value and the limit.
+inline void check_single_rank(const nn::llama_config& c, const train_config& cfg,
+                              const data::token_file& d) {
+  c.validate();
+  cfg.validate();
+  TESSERA_THROW_IF(cfg.dp != 1, config_error, "dp=", cfg.dp,
+                   " needs a communicator; a single-rank trainer runs dp=1");
+  TESSERA_THROW_IF(cfg.seq > c.max_seq, config_error, "sequence length T=", cfg.seq,
+                   " exceeds the model's max_seq=", c.max_seq, " (preset '", c.name, "')");
+  TESSERA_THROW_IF(d.vocab() > static_cast<std::uint64_t>(c.vocab), config_error,
+                   "token file vocabulary ", d.vocab(), " exceeds the model's vocab=", c.vocab);
 }
 
 /// Checks a checkpoint's metadata against this run's before a resume: every
@@ -258,19 +329,11 @@ public:
   /// temperature that is not > 0.
   std::vector<std::int32_t> generate(std::vector<std::int32_t> prompt, std::int64_t n,
                                      double temperature, std::uint64_t seed) {
-    TESSERA_THROW_IF(prompt.empty(), config_error, "generation needs a non-empty prompt");
-    TESSERA_THROW_IF(!(temperature > 0), config_error, "temperature=", temperature, " must be > 0");
-    const std::int64_t V = model_.config().vocab;
-    const std::int64_t ctx = std::min(model_.config().max_seq, cfg_.seq);
-    std::vector<float> logits(static_cast<std::size_t>(V));
-    std::vector<double> p;
-    rng r(seed);
-    for (std::int64_t i = 0; i < n; ++i) {
-      const std::int64_t len = std::min<std::int64_t>(ctx, static_cast<std::int64_t>(prompt.size()));
-      model_.next_token_logits(prompt.data() + prompt.size() - len, len, logits.data());
-      prompt.push_back(sample_token(logits.data(), V, temperature, r, p));
-    }
-    return prompt;
+    return generate_tokens(std::move(prompt), n, temperature, seed, model_.config().vocab,
+                           std::min(model_.config().max_seq, cfg_.seq),
+                           [&](const std::int32_t* ids, std::int64_t len, float* logits) {
+                             model_.next_token_logits(ids, len, logits);
+                           });
   }
 
   /// Writes model, master weights, optimizer state, step, schedule and data
@@ -308,41 +371,13 @@ public:
 private:
   static nn::llama_config validated(nn::llama_config c, const train_config& cfg,
                                     const data::token_file& d) {
-    c.validate();
-    cfg.validate();
-    TESSERA_THROW_IF(cfg.dp != 1, config_error, "dp=", cfg.dp,
-                     " needs a communicator; train::trainer is single-rank (dp=1)");
-    TESSERA_THROW_IF(cfg.seq > c.max_seq, config_error, "sequence length T=", cfg.seq,
-                     " exceeds the model's max_seq=", c.max_seq, " (preset '", c.name, "')");
-    TESSERA_THROW_IF(d.vocab() > static_cast<std::uint64_t>(c.vocab), config_error,
-                     "token file vocabulary ", d.vocab(), " exceeds the model's vocab=", c.vocab);
+    check_single_rank(c, cfg, d);
     return c;
   }
 
   nlohmann::json metadata() const {
-    const auto& c = model_.config();
-    return {{"model", model_metadata(c)},
-            {"precision", P::name},
-            {"optimizer", optimizer_type::name},
-            {"step", step_},
-            {"data_position", {{"step", step_}, {"sampler", "window_start(seed, step, g)"}}},
-            {"schedule_position", step_},
-            {"rng", {{"seed", cfg_.seed}, {"generator", "mix64 counter (stateless)"}}},
-            {"schedule", {{"name", "warmup_cosine"}, {"min_lr_ratio", cfg_.min_lr_ratio}}},
-            {"adamw", {{"beta1", cfg_.adamw.beta1}, {"beta2", cfg_.adamw.beta2},
-                       {"eps", cfg_.adamw.eps}, {"weight_decay", cfg_.adamw.weight_decay}}},
-            {"grad_clip", cfg_.grad_clip},
-            {"ce_chunk", cfg_.ce_chunk},
-            {"global_batch", cfg_.global_batch},
-            {"micro_batch", cfg_.micro_batch},
-            {"seq", cfg_.seq},
-            {"seed", cfg_.seed},
-            {"steps", cfg_.steps},
-            {"lr", cfg_.lr},
-            {"warmup", cfg_.warmup},
-            {"flat_elements", model_.layout().total()},
-            {"data", {{"tokens", data_->size()}, {"vocab", data_->vocab()},
-                      {"fingerprint", data::fingerprint(*data_)}}}};
+    return run_metadata(model_.config(), cfg_, P::name, optimizer_type::name, step_,
+                        model_.layout().total(), *data_);
   }
 
   train_config cfg_;

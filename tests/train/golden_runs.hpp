@@ -9,7 +9,6 @@
 #include <string>
 
 #include "golden_suite.hpp"
-#include "tessera/parallel/data_parallel_trainer.hpp"
 #include "tessera/train/trainer.hpp"
 
 namespace golden {
@@ -107,7 +106,7 @@ trajectory tiny_dp_run(Comm& comm, std::int64_t micro, const std::string& tag) {
   data::token_file data(corpus(tag + std::to_string(comm.rank())));
   parallel::data_parallel_options dpo;
   dpo.bucket_bytes = 4096;
-  parallel::data_parallel_trainer<precision::fp32, S, Comm> tr(
+  train::trainer<precision::fp32, host, optim::adamw, S, Comm> tr(
       tiny_model(), tiny_config(20, comm.size(), micro), data, comm, dpo);
   return run_steps(tr, 20);
 }

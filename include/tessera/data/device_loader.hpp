@@ -70,7 +70,9 @@
 #include <utility>
 #include <vector>
 
+#include "tessera/core/backend.hpp"
 #include "tessera/core/error.hpp"
+#include "tessera/core/memory.hpp"
 #include "tessera/core/nvtx.hpp"
 #include "tessera/data/sampler.hpp"
 
@@ -392,6 +394,58 @@ class basic_device_loader {
   std::int64_t copies_ = 0;
 };
 
+/// The host backend's loader system: "pinned" and "device" buffers are
+/// both host memory from one memory resource (counted with the run's other
+/// bytes), copies are memcpy and every stream operation is already
+/// complete, so the loader's protocol (checked ids, two slots, the next
+/// micro-batch staged while this one computes) is the same code on the host
+/// as on a GPU.
+class host_loader_system {
+ public:
+  /// An empty event (host work is synchronous).
+  struct event_type {};
+
+  /// Buffers from `mr` (not owned; must outlive the loader).
+  explicit host_loader_system(memory_resource& mr) : mr_(&mr) {}
+
+  void* allocate_pinned(std::size_t n) { return mr_->allocate(n, 64); }
+  void deallocate_pinned(void* p, std::size_t n) noexcept { mr_->deallocate(p, n); }
+  void* allocate_device(std::size_t n) { return mr_->allocate(n, 64); }
+  void deallocate_device(void* p, std::size_t n) noexcept { mr_->deallocate(p, n); }
+  event_type create_event() { return {}; }
+  void destroy_event(event_type&) noexcept {}
+  void copy_to_device(void* dst, const void* src, std::size_t n) {
+    if (n) std::memcpy(dst, src, n);
+  }
+  void record_on_copy_stream(event_type&) {}
+  void record_on_compute_stream(event_type&) {}
+  void copy_stream_wait(event_type&) {}
+  void compute_stream_wait(event_type&) {}
+  void host_wait(event_type&) {}
+
+ private:
+  memory_resource* mr_;
+};
+
+static_assert(loader_system<host_loader_system>);
+
+/// The loader system of a backend: `type`, and `make(ctx)` building it for
+/// an execution context of that backend (kernels/context.hpp).
+template <class Backend>
+struct loader_system_for;
+template <>
+struct loader_system_for<host> {
+  using type = host_loader_system;
+  template <class Ctx>
+  static type make(const Ctx& ctx) {
+    return type(ctx.resource());
+  }
+};
+
+/// The double-buffered loader of backend `Backend`.
+template <class Backend>
+using loader_for = basic_device_loader<typename loader_system_for<Backend>::type>;
+
 #if defined(TESSERA_DEVICE_LOADER_HAS_CUDA)
 
 /// The CUDA system of the loader: pinned buffers from
@@ -467,6 +521,14 @@ static_assert(loader_system<cuda_loader_system>);
 
 /// The loader of the cuda backend.
 using device_loader = basic_device_loader<cuda_loader_system>;
+template <>
+struct loader_system_for<cuda> {
+  using type = cuda_loader_system;
+  template <class Ctx>
+  static type make(const Ctx& ctx) {
+    return type(ctx.stream());
+  }
+};
 
 #endif  // TESSERA_DEVICE_LOADER_HAS_CUDA
 

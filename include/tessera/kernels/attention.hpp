@@ -35,17 +35,10 @@
 #include "tessera/core/memory.hpp"
 #include "tessera/core/numeric.hpp"
 #include "tessera/core/tensor.hpp"
+#include "tessera/kernels/context.hpp"
 #include "tessera/kernels/detail/attention.hpp"
 
 namespace tessera::kernels {
-
-/// Tile sizes of the host attention kernels, in rows: `q` query rows (Bq) and
-/// `k` key rows (Bk) per tile. Values, not template parameters (STYLE.md).
-/// Both must be >= 1; a tile larger than S is clamped to S.
-struct attention_tiles {
-  std::int64_t q = 64;
-  std::int64_t k = 64;
-};
 
 namespace detail {
 
@@ -118,17 +111,20 @@ inline void attention_load_tile_transposed(A* dst, std::int64_t ld, const U* src
 /// - `q` (B, S, nh, hd); `k`, `v` (B, S, nkv, hd); T in {float, double, bf16}.
 /// - Arithmetic in accum_t<T>; a bf16 output is rounded once, at the store.
 /// - Scratch: one tile set per OpenMP thread, (2 Bq hd + 2 Bk hd + Bq Bk + 2 Bq)
-///   elements of accum_t<T>, allocated once per call from `mr`; no O(S^2) memory.
+///   elements of accum_t<T>, allocated once per call from `ctx.mr`; no O(S^2)
+///   memory. Tiles: `ctx.tiles`.
 /// - Parallel over (b, h, query tile); deterministic, thread-count independent.
 /// - Aliasing: out and lse must not overlap the inputs.
 /// - Throws config_error (before any write) if a size is <= 0, nkv does not
 ///   divide nh, or a tile size is <= 0; tessera::error if `mr` cannot allocate.
 /// - Source: FlashAttention-2 (Dao 2023), Algorithm 1.
 template <class T>
-void attention_forward(T* out, accum_t<T>* lse, const T* q, const T* k, const T* v, std::int64_t B,
-                       std::int64_t S, std::int64_t nh, std::int64_t nkv, std::int64_t hd,
-                       attention_tiles tiles = {}, memory_resource& mr = host::default_resource()) {
+void attention_forward(const host_context& ctx, T* out, accum_t<T>* lse, const T* q, const T* k,
+                       const T* v, std::int64_t B, std::int64_t S, std::int64_t nh, std::int64_t nkv,
+                       std::int64_t hd) {
   using A = accum_t<T>;
+  const attention_tiles tiles = ctx.tiles;
+  memory_resource& mr = ctx.resource();
   detail::attention_check_sizes("attention_forward", B, S, nh, nkv, hd, tiles);
   const std::int64_t Bq = std::min(tiles.q, S), Bk = std::min(tiles.k, S);
   const std::int64_t nqt = (S + Bq - 1) / Bq;
@@ -220,28 +216,30 @@ void attention_forward(T* out, accum_t<T>* lse, const T* q, const T* k, const T*
 /// - `dout` (B, S, nh, hd), G: gradient of the loss with respect to `out`.
 /// - `q`, `k`, `v`, `out`, `lse`: as given to and returned by attention_forward
 ///   (same sizes and tiles not required: any tiles give the same function).
-/// - G must be accum_t<T> (double for double, float otherwise).
+/// - G is accum_t<T> (double for double, float otherwise), or bf16 with
+///   16-bit storage (read and written through accum_t<T>, rounded once).
 /// - Two passes after D = rowsum(dout * out): dk, dv parallel over
 ///   (b, kv head, key tile), each accumulating over its query heads and query
 ///   tiles in a fixed order; then dq parallel over (b, head, query tile).
 ///   Deterministic and thread-count independent; scores are recomputed in both
 ///   passes (about 2x the forward's score work) instead of reduced with atomics.
-/// - Scratch from `mr`: D, B nh S elements of accum_t<T> (linear in S), plus per
+/// - Scratch from `ctx.mr`: D, B nh S elements of accum_t<T> (linear in S), plus per
 ///   OpenMP thread (3 Bq hd + 5 Bk hd + 2 Bk) elements; no O(S^2) memory.
 /// - Aliasing: the outputs must not overlap each other or the inputs.
 /// - Throws config_error (before any write) on the same conditions as
 ///   attention_forward; tessera::error if `mr` cannot allocate.
 /// - Source: FlashAttention-2 (Dao 2023), Algorithm 2.
 template <class T, class G>
-void attention_backward(G* dq, G* dk, G* dv, const G* dout, const T* q, const T* k, const T* v,
-                        const T* out, const accum_t<T>* lse, std::int64_t B, std::int64_t S,
-                        std::int64_t nh, std::int64_t nkv, std::int64_t hd,
-                        attention_tiles tiles = {},
-                        memory_resource& mr = host::default_resource()) {
+void attention_backward(const host_context& ctx, G* dq, G* dk, G* dv, const G* dout, const T* q,
+                        const T* k, const T* v, const T* out, const accum_t<T>* lse,
+                        std::int64_t B, std::int64_t S, std::int64_t nh, std::int64_t nkv,
+                        std::int64_t hd) {
   using A = accum_t<T>;
-  static_assert(std::is_same_v<G, A>,
-                "attention_backward: the gradient type G must be accum_t<T> (double for double "
-                "storage, float for float and bf16)");
+  const attention_tiles tiles = ctx.tiles;
+  memory_resource& mr = ctx.resource();
+  static_assert(std::is_same_v<G, A> || (std::is_same_v<G, bf16> && is_half_v<T>),
+                "attention_backward: the activation-gradient type G must be accum_t<T> (double "
+                "for double storage, float for float and bf16), or bf16 with 16-bit storage");
   detail::attention_check_sizes("attention_backward", B, S, nh, nkv, hd, tiles);
   const std::int64_t Bq = std::min(tiles.q, S), Bk = std::min(tiles.k, S);
   const std::int64_t nqt = (S + Bq - 1) / Bq, nkt = (S + Bk - 1) / Bk;

@@ -8,10 +8,9 @@
 /// Gradient contract (llm.c): the parameter gradient dwlm accumulates (`+=`),
 /// the activation gradient dx is written (`=`).
 ///
-/// Layout: row-major. x (B, S, H), wlm (V, H) (PyTorch's nn.Linear(H, V)
-/// weight), tokens (B, S + 1): the window of S inputs plus the last target.
-/// S is the sequence length (DESIGN.md's "T (or S)"; the name T is taken by
-/// the storage type).
+/// Layout: row-major. x (N, H) with N = B T token rows, wlm (V, H)
+/// (PyTorch's nn.Linear(H, V) weight), targets (N): what each row predicts
+/// (the next token of its window).
 ///
 /// Source: llm.c's fused classifier (`fused_classifier_kernel`, train_gpt2.cu)
 /// and Liger-kernel's fused linear cross-entropy (chunking over tokens). The
@@ -26,19 +25,11 @@
 #include "tessera/core/memory.hpp"
 #include "tessera/core/numeric.hpp"
 #include "tessera/core/tensor.hpp"
+#include "tessera/kernels/context.hpp"
 #include "tessera/kernels/detail/cross_entropy.hpp"
 #include "tessera/kernels/gemm.hpp"
 
 namespace tessera::kernels {
-
-/// What lm_head_cross_entropy returns: the SUM of -log p(target) over the
-/// scored positions (natural log, in double) and how many were scored. The
-/// caller divides by the global count of scored tokens (all micro-batches
-/// and ranks of the step), so the mean is over the global batch.
-struct ce_result {
-  double loss_sum = 0;
-  std::int64_t scored = 0;
-};
 
 /// Elements of the bf16 -> float conversion block of wlm (rows of H): 2^18
 /// floats, 1 MiB. Only bf16 storage converts; float and double pass wlm to
@@ -53,66 +44,71 @@ inline constexpr std::int64_t ce_parallel_min_elems = std::int64_t{1} << 15;
 
 /// LM head + softmax cross-entropy over the next token, fused and chunked.
 ///
-/// - `x` (B, S, H), T: final-normed hidden states. `wlm` (V, H), T.
-/// - `tokens` (B, S + 1), int32: position (b, t) is scored against
-///   tokens[b*(S+1) + t + 1] unless that equals `ignore_index`.
-/// - Returns ce_result{sum over scored positions of -log softmax(x wlm^T)[target],
-///   number scored}; the loss is accumulated per row in accum_t<T> and summed in
-///   double in row order.
+/// - `x` (N, H), T: final-normed hidden states (N = B S token rows).
+///   `wlm` (V, H), T.
+/// - `targets` (N), int32: row n is scored against targets[n] unless it
+///   equals `ignore_index`.
+/// - `*loss_sum` (one double in the context's memory) is written: the sum
+///   over scored rows of -log softmax(x wlm^T)[n, target]; the loss is
+///   accumulated per row in accum_t<T> and summed in double in row order.
+///   The caller divides by the global count of scored tokens (all
+///   micro-batches and ranks of the step), so the mean is over the global
+///   batch.
 /// - If `dx` != nullptr (training), `dwlm` must be non-null too:
-///   `dx` (B, S, H), G: written, grad_scale * d(loss_sum)/dx; rows of ignored
+///   `dx` (N, H), GA: written, grad_scale * d(loss_sum)/dx; rows of ignored
 ///   positions are exactly 0. `dwlm` (V, H), G: accumulated (+=),
 ///   grad_scale * d(loss_sum)/dwlm. Both null: forward only (evaluation).
-/// - G must be accum_t<T> (double for double, float for float and bf16).
-/// - `chunk` >= 1 token rows per step. Scratch from `mr`: chunk*V elements of
-///   accum_t<T> (the logits block, overwritten by its gradient) + chunk doubles;
-///   for bf16 also chunk*H floats (x converted) and min(V, ce_wlm_block_elems/H)*H
-///   floats (a block of wlm converted). Independent of B*S.
+/// - G must be accum_t<T> (double for double, float for float and bf16); GA
+///   accum_t<T>, or bf16 with 16-bit storage (rounded once from accum_t<T>).
+/// - `chunk` >= 1 token rows per step. Scratch from `ctx.mr`: chunk*V
+///   elements of accum_t<T> (the logits block, overwritten by its gradient)
+///   + chunk doubles; for bf16 also chunk*H floats (x converted) and
+///   min(V, ce_wlm_block_elems/H)*H floats (a block of wlm converted), and
+///   with bf16 GA chunk*H floats of dx. Independent of N.
 /// - GEMMs via kernels::gemm (CBLAS), from serial code; softmax rows in
 ///   parallel, one thread per row. Deterministic for a fixed thread count.
 /// - Throws config_error before any write if a size or `chunk` is < 1, if only
 ///   one of dx and dwlm is given, or if a target other than ignore_index lies
-///   outside [0, V) (naming the value, the position and V); tessera::error if
-///   `mr` cannot allocate.
+///   outside [0, V) (naming the value, the row and V); tessera::error if
+///   `ctx.mr` cannot allocate.
 /// - Aliasing: dx and dwlm must not overlap each other or the inputs.
 /// - Source: llm.c fused classifier; Liger-kernel fused linear cross-entropy.
-template <class T, class G>
-ce_result lm_head_cross_entropy(const T* x, const T* wlm, const std::int32_t* tokens,
-                                std::int64_t B, std::int64_t S, std::int64_t H, std::int64_t V,
-                                std::int64_t chunk, G* dx, G* dwlm, accum_t<T> grad_scale,
-                                std::int32_t ignore_index = -100,
-                                memory_resource& mr = host::default_resource()) {
+template <class T, class GA, class G>
+void lm_head_cross_entropy(const host_context& ctx, double* loss_sum, const T* x, const T* wlm,
+                           const std::int32_t* targets, std::int64_t N, std::int64_t V,
+                           std::int64_t H, std::int32_t ignore_index, accum_t<T> grad_scale,
+                           GA* dx, G* dwlm, std::int64_t chunk) {
   using A = accum_t<T>;
   static_assert(std::is_same_v<G, A>,
-                "lm_head_cross_entropy: the gradient type G must be accum_t<T> (double for "
-                "double storage, float for float and bf16)");
+                "lm_head_cross_entropy: the parameter-gradient type G must be accum_t<T> (double "
+                "for double storage, float for float and bf16)");
+  static_assert(std::is_same_v<GA, A> || (std::is_same_v<GA, bf16> && is_half_v<T>),
+                "lm_head_cross_entropy: the activation-gradient type must be accum_t<T>, or bf16 "
+                "with 16-bit storage");
   constexpr bool convert = !std::is_same_v<T, A>;  // bf16: convert blocks to float for the BLAS
+  constexpr bool narrow_dx = !std::is_same_v<GA, A>;
+  memory_resource& mr = ctx.resource();
 
-  TESSERA_THROW_IF(B <= 0 || S <= 0 || H <= 0 || V <= 0, config_error,
-                   "lm_head_cross_entropy: every size must be >= 1, got B=", B, " S=", S, " H=", H,
-                   " V=", V);
+  TESSERA_THROW_IF(N <= 0 || H <= 0 || V <= 0, config_error,
+                   "lm_head_cross_entropy: every size must be >= 1, got N=", N, " H=", H, " V=", V);
   TESSERA_THROW_IF(chunk <= 0, config_error, "lm_head_cross_entropy: chunk=", chunk,
                    " must be >= 1 token rows");
   TESSERA_THROW_IF((dx == nullptr) != (dwlm == nullptr), config_error,
                    "lm_head_cross_entropy: pass both dx and dwlm (training) or neither "
                    "(evaluation); got dx ",
                    dx ? "set" : "null", ", dwlm ", dwlm ? "set" : "null");
+  TESSERA_THROW_IF(loss_sum == nullptr, config_error, "lm_head_cross_entropy: loss_sum is null");
   const bool grad = dx != nullptr;
-  auto target_of = [&](std::int64_t row) {  // row = b*S + t
-    return tokens[(row / S) * (S + 1) + row % S + 1];
-  };
+  auto target_of = [&](std::int64_t row) { return targets[row]; };
 
-  ce_result res;
-  const std::int64_t N = B * S;
   for (std::int64_t row = 0; row < N; ++row) {
     const std::int32_t y = target_of(row);
     if (y == ignore_index) continue;
     TESSERA_THROW_IF(y < 0 || y >= V, config_error, "lm_head_cross_entropy: target token ", y,
-                     " at position (b=", row / S, ", t=", row % S, ") (tokens index ",
-                     (row / S) * (S + 1) + row % S + 1, ") is outside the vocabulary [0, V=", V,
+                     " at row ", row, " is outside the vocabulary [0, V=", V,
                      "); use ignore_index=", ignore_index, " to skip a position");
-    ++res.scored;
   }
+  double res_loss = 0;
 
   const std::int64_t C = std::min(chunk, N);
   tensor<A> logits_buf(shape{C * V}, mr);  // (C, V) logits, then their gradient
@@ -121,11 +117,13 @@ ce_result lm_head_cross_entropy(const T* x, const T* wlm, const std::int32_t* to
   double* const row_loss = loss_buf.data();
   const std::int64_t Vb =
       convert ? std::min(V, std::max<std::int64_t>(1, ce_wlm_block_elems / H)) : V;
-  tensor<A> xbuf, wbuf;
+  tensor<A> xbuf, wbuf, dxbuf;
   if constexpr (convert) {
     xbuf = tensor<A>(shape{C * H}, mr);
     wbuf = tensor<A>(shape{Vb * H}, mr);
   }
+  if constexpr (narrow_dx)
+    if (grad) dxbuf = tensor<A>(shape{C * H}, mr);
   // Converts rows [v0, v0 + vb) of wlm into wbuf (bf16 only).
   auto convert_wlm_block = [&](std::int64_t v0, std::int64_t vb) {
     A* w = wbuf.data();
@@ -138,7 +136,7 @@ ce_result lm_head_cross_entropy(const T* x, const T* wlm, const std::int32_t* to
     std::int64_t chunk_scored = 0;
     for (std::int64_t i = 0; i < c; ++i) chunk_scored += target_of(r0 + i) != ignore_index;
     if (chunk_scored == 0) {  // nothing to score: dx rows are 0, dwlm unchanged
-      if (grad) std::fill(dx + r0 * H, dx + (r0 + c) * H, G(0));
+      if (grad) std::fill(dx + r0 * H, dx + (r0 + c) * H, to<GA>(0.0));
       continue;
     }
 
@@ -191,11 +189,15 @@ ce_result lm_head_cross_entropy(const T* x, const T* wlm, const std::int32_t* to
           z[v] = detail::ce_dlogit(z[v], inv, v == y, grad_scale);
       }
     }
-    for (std::int64_t i = 0; i < c; ++i) res.loss_sum += row_loss[i];  // fixed order
+    for (std::int64_t i = 0; i < c; ++i) res_loss += row_loss[i];  // fixed order
     if (!grad) continue;
 
     // dx_chunk (c, H) = dlogits (c, V) * wlm (V, H);  dwlm (V, H) += dlogits^T * x_chunk.
-    G* dxc = dx + r0 * H;
+    A* dxc = nullptr;
+    if constexpr (narrow_dx)
+      dxc = dxbuf.data();
+    else
+      dxc = dx + r0 * H;
     if constexpr (convert) {
       for (std::int64_t v0 = 0; v0 < V; v0 += Vb) {
         const std::int64_t vb = std::min(Vb, V - v0);
@@ -211,9 +213,14 @@ ce_result lm_head_cross_entropy(const T* x, const T* wlm, const std::int32_t* to
     }
     // Ignored rows: exactly zero, whatever the BLAS made of 0 * wlm.
     for (std::int64_t i = 0; i < c; ++i)
-      if (target_of(r0 + i) == ignore_index) std::fill(dxc + i * H, dxc + (i + 1) * H, G(0));
+      if (target_of(r0 + i) == ignore_index) std::fill(dxc + i * H, dxc + (i + 1) * H, A(0));
+    if constexpr (narrow_dx) {
+      GA* out = dx + r0 * H;
+#pragma omp parallel for schedule(static) if (c * H >= ce_parallel_min_elems)
+      for (std::int64_t i = 0; i < c * H; ++i) out[i] = to<GA>(dxc[i]);
+    }
   }
-  return res;
+  *loss_sum = res_loss;
 }
 
 /// Logits of one token row for sampling at generation time:
@@ -226,8 +233,10 @@ ce_result lm_head_cross_entropy(const T* x, const T* wlm, const std::int32_t* to
 ///   for the BLAS would cost V*H floats of memory). No scratch.
 /// - Throws config_error if H or V is < 1.
 template <class T>
-void lm_head_logits(float* logits, const T* x_row, const T* wlm, std::int64_t H, std::int64_t V) {
+void lm_head_logits(const host_context& ctx, float* logits, const T* x_row, const T* wlm,
+                    std::int64_t H, std::int64_t V) {
   using A = accum_t<T>;
+  (void)ctx;
   TESSERA_THROW_IF(H <= 0 || V <= 0, config_error, "lm_head_logits: H=", H, " and V=", V,
                    " must be >= 1");
   if constexpr (std::is_same_v<T, float>) {

@@ -6,12 +6,15 @@
 #include <cstdint>
 
 #include "tessera/core/numeric.hpp"
+#include "tessera/kernels/context.hpp"
 
 namespace tessera::kernels {
 
-/// out[i] = a[i] + b[i] for i < n. `out` may alias `a` or `b`.
+/// out[i] = a[i] + b[i] for i < n, added in accum_t<T> and rounded once to
+/// T. `out` may alias `a` or `b` (element for element).
 template <class T>
-void residual_add(T* out, const T* a, const T* b, std::int64_t n) {
+void residual_add(const host_context& ctx, T* out, const T* a, const T* b, std::int64_t n) {
+  (void)ctx;
   using A = accum_t<T>;
 #pragma omp parallel for schedule(static)
   for (std::int64_t i = 0; i < n; ++i) out[i] = to<T>(to<A>(a[i]) + to<A>(b[i]));
@@ -19,7 +22,8 @@ void residual_add(T* out, const T* a, const T* b, std::int64_t n) {
 
 /// out[i] = To(in[i]) for i < n (round to nearest even for 16-bit types).
 template <class To, class From>
-void cast(To* out, const From* in, std::int64_t n) {
+void cast(const host_context& ctx, To* out, const From* in, std::int64_t n) {
+  (void)ctx;
 #pragma omp parallel for schedule(static)
   for (std::int64_t i = 0; i < n; ++i) out[i] = to<To>(in[i]);
 }

@@ -15,56 +15,72 @@
 
 #include "tessera/core/error.hpp"
 #include "tessera/core/numeric.hpp"
+#include "tessera/kernels/context.hpp"
 
 namespace tessera::kernels {
 
 namespace detail {
-/// Throws config_error naming the first token outside [0, V), its position
-/// and V. Checked before anything is written.
+/// Throws config_error naming the first token outside [0, V) that is not
+/// `ignore_index`, its position and V. Checked before anything is written.
 inline void check_tokens(const char* who, const std::int32_t* tokens, std::int64_t N,
-                         std::int64_t V) {
+                         std::int64_t V, std::int32_t ignore_index) {
   TESSERA_THROW_IF(N < 0 || V <= 0, config_error, who, ": bad sizes N=", N, " V=", V);
   for (std::int64_t n = 0; n < N; ++n) {
     const std::int64_t t = tokens[n];
+    if (t == ignore_index) continue;
     TESSERA_THROW_IF(t < 0 || t >= V, config_error, who, ": token id ", t, " at position ", n,
-                     " is outside the vocabulary [0, V=", V, ")");
+                     " is outside the vocabulary [0, V=", V, ") and is not the ignore index ",
+                     ignore_index);
   }
 }
 }  // namespace detail
 
-/// Embedding forward: out(N,H) = wte[tokens[n], :] for n in [0, N).
+/// Embedding forward: out(N,H) = wte[tokens[n], :] for n in [0, N); a token
+/// equal to `ignore_index` is padding and embeds to a row of zeros.
 /// - `tokens` (N) int32, `wte` (V,H), `out` (N,H); T in {float, double, bf16}
 ///   (a copy: exact). `out` is written (=) and must not alias `wte`.
-/// - Throws config_error naming the token, its position and V if any token is
-///   < 0 or >= V, or for N < 0, V <= 0, H < 0; nothing is written then.
+/// - Throws config_error naming the token, its position and V if any token
+///   other than ignore_index is < 0 or >= V, or for N < 0, V <= 0, H < 0;
+///   nothing is written then. (The CUDA overload cannot report a bad id
+///   without a host sync: the loader checks ids on the host.)
 /// Source: llm.c encoder_forward (without the position embedding).
 template <class T>
-void embedding_forward(T* out, const std::int32_t* tokens, const T* wte, std::int64_t N,
-                       std::int64_t V, std::int64_t H) {
+void embedding_forward(const host_context& ctx, T* out, const std::int32_t* tokens, const T* wte,
+                       std::int64_t N, std::int64_t V, std::int64_t H,
+                       std::int32_t ignore_index = -100) {
+  (void)ctx;
   TESSERA_THROW_IF(H < 0, config_error, "embedding_forward: negative H=", H);
-  detail::check_tokens("embedding_forward", tokens, N, V);
+  detail::check_tokens("embedding_forward", tokens, N, V, ignore_index);
 #pragma omp parallel for schedule(static)
   for (std::int64_t n = 0; n < N; ++n) {
-    const T* src = wte + static_cast<std::int64_t>(tokens[n]) * H;
     T* dst = out + n * H;
+    if (tokens[n] == ignore_index) {
+      for (std::int64_t h = 0; h < H; ++h) dst[h] = to<T>(0.0);
+      continue;
+    }
+    const T* src = wte + static_cast<std::int64_t>(tokens[n]) * H;
     for (std::int64_t h = 0; h < H; ++h) dst[h] = src[h];
   }
 }
 
 /// Embedding backward: dwte(V,H) += scatter-add of dout rows,
-/// dwte[tokens[n], :] += dout[n, :] for n = 0, 1, ..., N-1 in that order.
-/// - `dout` (N,H), `dwte` (V,H), G in {float, double} (the gradient type).
+/// dwte[tokens[n], :] += dout[n, :] for n = 0, 1, ..., N-1 in that order,
+/// skipping padding (tokens[n] == ignore_index: no gradient).
+/// - `dout` (N,H) of GA (the activation-gradient type: float, double or
+///   bf16, added in G), `dwte` (V,H) of G in {float, double}.
 /// - Parameter gradient: accumulates. Deterministic and independent of the
 ///   thread count (parallel over column blocks of H, rows in order of n).
 /// - Throws config_error as `embedding_forward`, before anything is written.
 /// Source: llm.c encoder_backward.
-template <class G>
-void embedding_backward(G* dwte, const G* dout, const std::int32_t* tokens, std::int64_t N,
-                        std::int64_t V, std::int64_t H) {
+template <class G, class GA>
+void embedding_backward(const host_context& ctx, G* dwte, const GA* dout,
+                        const std::int32_t* tokens, std::int64_t N, std::int64_t V, std::int64_t H,
+                        std::int32_t ignore_index = -100) {
+  (void)ctx;
   static_assert(std::is_same_v<G, float> || std::is_same_v<G, double>,
                 "tessera::kernels::embedding_backward: G must be float or double");
   TESSERA_THROW_IF(H < 0, config_error, "embedding_backward: negative H=", H);
-  detail::check_tokens("embedding_backward", tokens, N, V);
+  detail::check_tokens("embedding_backward", tokens, N, V, ignore_index);
   constexpr std::int64_t block = 64;  // columns per task: one or two cache lines per row
   const std::int64_t n_blocks = (H + block - 1) / block;
 #pragma omp parallel for schedule(static)
@@ -72,9 +88,10 @@ void embedding_backward(G* dwte, const G* dout, const std::int32_t* tokens, std:
     const std::int64_t h0 = b * block;
     const std::int64_t h1 = h0 + block < H ? h0 + block : H;
     for (std::int64_t n = 0; n < N; ++n) {
-      const G* src = dout + n * H;
+      if (tokens[n] == ignore_index) continue;
+      const GA* src = dout + n * H;
       G* dst = dwte + static_cast<std::int64_t>(tokens[n]) * H;
-      for (std::int64_t h = h0; h < h1; ++h) dst[h] += src[h];
+      for (std::int64_t h = h0; h < h1; ++h) dst[h] += to<G>(src[h]);
     }
   }
 }

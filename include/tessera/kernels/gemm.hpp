@@ -28,17 +28,11 @@
 
 #include "tessera/core/error.hpp"
 #include "tessera/core/numeric.hpp"
+#include "tessera/kernels/context.hpp"
+#include "tessera/kernels/detail/gemm_args.hpp"
 
 namespace tessera::kernels {
 
-/// Whether a GEMM operand is used as stored (`no`) or transposed (`yes`).
-enum class transpose { no, yes };
-
-/// Floating-point operations of one GEMM, C(M,N) += A(M,K) B(K,N): 2*M*N*K
-/// (one multiply and one add per term). Used by the planner and for MFU.
-inline double gemm_flops(std::int64_t M, std::int64_t N, std::int64_t K) {
-  return 2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K);
-}
 
 /// Compute type of a GEMM over element types TA, TB, TC: double when any of
 /// them is double, float otherwise.
@@ -86,27 +80,6 @@ struct gemm_workspace {
 
 inline CBLAS_TRANSPOSE cblas_op(transpose t) {
   return t == transpose::yes ? CblasTrans : CblasNoTrans;
-}
-
-/// Checks sizes and leading dimensions against the BLAS rules (row-major) and
-/// the 32-bit `blasint` range; throws config_error naming the value.
-inline void check_gemm_args(transpose ta, transpose tb, std::int64_t M, std::int64_t N,
-                            std::int64_t K, std::int64_t lda, std::int64_t ldb, std::int64_t ldc) {
-  TESSERA_THROW_IF(M < 0 || N < 0 || K < 0, config_error, "gemm: negative size M=", M, " N=", N,
-                   " K=", K);
-  const std::int64_t a_cols = ta == transpose::no ? K : M;
-  const std::int64_t b_cols = tb == transpose::no ? N : K;
-  auto max1 = [](std::int64_t x) { return x > 1 ? x : std::int64_t{1}; };
-  TESSERA_THROW_IF(lda < max1(a_cols), config_error, "gemm: lda=", lda, " is below the row length ",
-                   max1(a_cols), " of op(A)'s storage");
-  TESSERA_THROW_IF(ldb < max1(b_cols), config_error, "gemm: ldb=", ldb, " is below the row length ",
-                   max1(b_cols), " of op(B)'s storage");
-  TESSERA_THROW_IF(ldc < max1(N), config_error, "gemm: ldc=", ldc, " is below N=", max1(N));
-  const std::int64_t lim = INT_MAX;
-  TESSERA_THROW_IF(M > lim || N > lim || K > lim || lda > lim || ldb > lim || ldc > lim,
-                   config_error, "gemm: a size or leading dimension exceeds the BLAS int range ",
-                   lim, " (M=", M, " N=", N, " K=", K, " lda=", lda, " ldb=", ldb, " ldc=", ldc,
-                   ")");
 }
 
 /// Copies a rows x cols row-major block with leading dimension `ld_src` into
@@ -250,8 +223,14 @@ template <class T, class G>
 constexpr void check_linear_types() {
   static_assert(is_gemm_type_v<T>, "tessera::kernels::linear_*: T must be float, double or bf16");
   static_assert(std::is_same_v<G, accum_t<T>>,
-                "tessera::kernels::linear_*: the gradient type G must be accum_t<T> (double for "
-                "double storage, float for float and bf16)");
+                "tessera::kernels::linear_*: the parameter-gradient type G must be accum_t<T> "
+                "(double for double storage, float for float and bf16)");
+}
+template <class T, class GA>
+constexpr void check_activation_grad_type() {
+  static_assert(std::is_same_v<GA, accum_t<T>> || (std::is_same_v<GA, bf16> && is_half_v<T>),
+                "tessera::kernels::linear_*: the activation-gradient type must be accum_t<T>, or "
+                "bf16 with 16-bit storage");
 }
 }  // namespace detail
 
@@ -261,8 +240,9 @@ constexpr void check_linear_types() {
 /// once. `out` is written (=) and must not alias the inputs. Throws as `gemm`.
 /// FLOPs: gemm_flops(M, N, K). Source: llm.c matmul_forward.
 template <class T>
-void linear_forward(T* out, const T* inp, const T* weight, std::int64_t M, std::int64_t N,
-                    std::int64_t K) {
+void linear_forward(const host_context& ctx, T* out, const T* inp, const T* weight, std::int64_t M,
+                    std::int64_t N, std::int64_t K) {
+  (void)ctx;
   detail::check_linear_types<T, accum_t<T>>();
   gemm<T>(transpose::no, transpose::yes, M, N, K, accum_t<T>(1), inp, K, weight, K, accum_t<T>(0),
           out, N);
@@ -270,25 +250,33 @@ void linear_forward(T* out, const T* inp, const T* weight, std::int64_t M, std::
 
 /// Linear layer backward to the input: dinp(M,K) = dout(M,N) * weight(N,K),
 /// or += when `accumulate` (e.g. a residual branch). T the weight's storage
-/// type, G = accum_t<T> the gradient type. `dinp` must not alias the inputs.
-/// Throws as `gemm`. FLOPs: gemm_flops(M, K, N). Source: llm.c matmul_backward.
-template <class T, class G>
-void linear_backward_input(G* dinp, const G* dout, const T* weight, std::int64_t M, std::int64_t N,
-                           std::int64_t K, bool accumulate = false) {
-  detail::check_linear_types<T, G>();
-  gemm(transpose::no, transpose::no, M, K, N, G(1), dout, N, weight, K, accumulate ? G(1) : G(0),
+/// type, GA the activation-gradient type (accum_t<T>, or bf16 with 16-bit
+/// storage, computed in float and rounded once). `dinp` must not alias the
+/// inputs. Throws as `gemm`. FLOPs: gemm_flops(M, K, N). Source: llm.c
+/// matmul_backward.
+template <class T, class GA>
+void linear_backward_input(const host_context& ctx, GA* dinp, const GA* dout, const T* weight,
+                           std::int64_t M, std::int64_t N, std::int64_t K,
+                           bool accumulate = false) {
+  (void)ctx;
+  detail::check_activation_grad_type<T, GA>();
+  using A = accum_t<T>;
+  gemm(transpose::no, transpose::no, M, K, N, A(1), dout, N, weight, K, accumulate ? A(1) : A(0),
        dinp, K);
 }
 
 /// Linear layer backward to the weight: dweight(N,K) += dout(M,N)^T * inp(M,K)
-/// (parameter gradient: accumulates). T the input's storage type, G =
-/// accum_t<T>. Reduction over M runs in G inside the BLAS (deterministic for
-/// a fixed thread count). Throws as `gemm`. FLOPs: gemm_flops(N, K, M).
+/// (parameter gradient: accumulates). T the input's storage type, GA the
+/// activation-gradient type of dout, G = accum_t<T> the parameter-gradient
+/// type. Reduction over M runs in G inside the BLAS (deterministic for a
+/// fixed thread count). Throws as `gemm`. FLOPs: gemm_flops(N, K, M).
 /// Source: llm.c matmul_backward.
-template <class T, class G>
-void linear_backward_weight(G* dweight, const G* dout, const T* inp, std::int64_t M, std::int64_t N,
-                            std::int64_t K) {
+template <class T, class GA, class G>
+void linear_backward_weight(const host_context& ctx, G* dweight, const GA* dout, const T* inp,
+                            std::int64_t M, std::int64_t N, std::int64_t K) {
+  (void)ctx;
   detail::check_linear_types<T, G>();
+  detail::check_activation_grad_type<T, GA>();
   gemm(transpose::yes, transpose::no, N, K, M, G(1), dout, N, inp, K, G(1), dweight, K);
 }
 

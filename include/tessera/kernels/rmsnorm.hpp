@@ -16,6 +16,7 @@
 
 #include "tessera/core/error.hpp"
 #include "tessera/core/numeric.hpp"
+#include "tessera/kernels/context.hpp"
 #include "tessera/kernels/detail/rmsnorm.hpp"
 
 namespace tessera::kernels {
@@ -30,8 +31,9 @@ namespace tessera::kernels {
 /// - Throws config_error for N < 0, H <= 0 or eps < 0.
 /// Source: Zhang and Sennrich, "Root Mean Square Layer Normalization", 2019.
 template <class T>
-void rmsnorm_forward(T* out, accum_t<T>* rstd, const T* inp, const T* weight, std::int64_t N,
-                     std::int64_t H, double eps) {
+void rmsnorm_forward(const host_context& ctx, T* out, accum_t<T>* rstd, const T* inp,
+                     const T* weight, std::int64_t N, std::int64_t H, double eps) {
+  (void)ctx;
   using A = accum_t<T>;
   TESSERA_THROW_IF(N < 0 || H <= 0, config_error, "rmsnorm_forward: bad sizes N=", N, " H=", H,
                    " (need N >= 0, H >= 1)");
@@ -56,7 +58,9 @@ void rmsnorm_forward(T* out, accum_t<T>* rstd, const T* inp, const T* weight, st
 /// RMSNorm backward. With xhat = inp * rstd and dy = dout:
 /// dinp[n,:] = rstd[n] * (weight * dy - xhat * mean_h(weight * dy * xhat)),
 /// dweight[h] += sum_n dy[n,h] * xhat[n,h].
-/// - `dout`, `dinp` (N,H) and `dweight` (H) of G = accum_t<T>; `inp` (N,H),
+/// - `dout`, `dinp` (N,H) of GA, the activation-gradient type (accum_t<T>,
+///   or bf16 for 16-bit storage: read and written through accum_t<T>, a
+///   bf16 dinp rounded once); `dweight` (H) of G = accum_t<T>; `inp` (N,H),
 ///   `weight` (H) of T; `rstd` (N) as saved by rmsnorm_forward.
 /// - dinp is written (=), or added to (+=) when `accumulate_dinp`; dweight
 ///   accumulates. `dinp` must not alias `dout` or `inp`.
@@ -64,14 +68,18 @@ void rmsnorm_forward(T* out, accum_t<T>* rstd, const T* inp, const T* weight, st
 /// - Throws config_error for N < 0 or H <= 0.
 /// Source: derived from Zhang and Sennrich 2019, eq. 4 (llm.c's
 /// layernorm_backward without the mean term).
-template <class T, class G>
-void rmsnorm_backward(G* dinp, G* dweight, const G* dout, const T* inp, const T* weight,
-                      const accum_t<T>* rstd, std::int64_t N, std::int64_t H,
+template <class T, class GA, class G>
+void rmsnorm_backward(const host_context& ctx, GA* dinp, G* dweight, const GA* dout, const T* inp,
+                      const T* weight, const accum_t<T>* rstd, std::int64_t N, std::int64_t H,
                       bool accumulate_dinp = false) {
   using A = accum_t<T>;
+  (void)ctx;
   static_assert(std::is_same_v<G, A>,
-                "tessera::kernels::rmsnorm_backward: the gradient type G must be accum_t<T> "
-                "(double for double storage, float for float and bf16)");
+                "tessera::kernels::rmsnorm_backward: the parameter-gradient type G must be "
+                "accum_t<T> (double for double storage, float for float and bf16)");
+  static_assert(std::is_same_v<GA, A> || (std::is_same_v<GA, bf16> && !std::is_same_v<T, A>),
+                "tessera::kernels::rmsnorm_backward: the activation-gradient type must be "
+                "accum_t<T>, or bf16 with 16-bit storage");
   TESSERA_THROW_IF(N < 0 || H <= 0, config_error, "rmsnorm_backward: bad sizes N=", N, " H=", H,
                    " (need N >= 0, H >= 1)");
   const A a_H = static_cast<A>(H);
@@ -79,16 +87,16 @@ void rmsnorm_backward(G* dinp, G* dweight, const G* dout, const T* inp, const T*
 #pragma omp parallel for schedule(static)
   for (std::int64_t n = 0; n < N; ++n) {
     const T* x = inp + n * H;
-    const G* dy = dout + n * H;
-    G* dx = dinp + n * H;
+    const GA* dy = dout + n * H;
+    GA* dx = dinp + n * H;
     const A r = rstd[n];
     A dot = 0;  // sum_h w dy xhat
-    for (std::int64_t h = 0; h < H; ++h) dot += to<A>(weight[h]) * dy[h] * (to<A>(x[h]) * r);
+    for (std::int64_t h = 0; h < H; ++h)
+      dot += to<A>(weight[h]) * to<A>(dy[h]) * (to<A>(x[h]) * r);
     const A mean = dot / a_H;
     for (std::int64_t h = 0; h < H; ++h) {
-      const A g =
-          detail::rmsnorm_dx(static_cast<A>(dy[h]), to<A>(weight[h]), to<A>(x[h]) * r, r, mean);
-      dx[h] = accumulate_dinp ? dx[h] + g : g;
+      const A g = detail::rmsnorm_dx(to<A>(dy[h]), to<A>(weight[h]), to<A>(x[h]) * r, r, mean);
+      dx[h] = to<GA>(accumulate_dinp ? to<A>(dx[h]) + g : g);
     }
   }
   // dweight: column blocks, rows summed in order of n, added once.
@@ -101,9 +109,9 @@ void rmsnorm_backward(G* dinp, G* dweight, const G* dout, const T* inp, const T*
     A acc[block] = {};
     for (std::int64_t n = 0; n < N; ++n) {
       const T* x = inp + n * H + h0;
-      const G* dy = dout + n * H + h0;
+      const GA* dy = dout + n * H + h0;
       const A r = rstd[n];
-      for (std::int64_t j = 0; j < w; ++j) acc[j] += static_cast<A>(dy[j]) * (to<A>(x[j]) * r);
+      for (std::int64_t j = 0; j < w; ++j) acc[j] += to<A>(dy[j]) * (to<A>(x[j]) * r);
     }
     for (std::int64_t j = 0; j < w; ++j) dweight[h0 + j] += acc[j];
   }

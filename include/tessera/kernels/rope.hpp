@@ -8,7 +8,8 @@
 ///
 /// Layout: x is (B, T, nh, hd), row-major; in head vector x[b,t,h,:] the pair
 /// i is (x[i], x[i + hd/2]) rotated by angle t * theta^(-2i/hd). The position
-/// of token t is t. Tables are (T, hd/2) float32.
+/// of token t is t. Tables are (T, hd/2) of the precision policy's rope_type
+/// (float32, or float64 for the float64 policy).
 
 #include <cmath>
 #include <cstdint>
@@ -16,6 +17,7 @@
 
 #include "tessera/core/error.hpp"
 #include "tessera/core/numeric.hpp"
+#include "tessera/kernels/context.hpp"
 #include "tessera/kernels/detail/rope.hpp"
 
 namespace tessera::kernels {
@@ -32,14 +34,18 @@ inline void check_rope_sizes(const char* who, std::int64_t B, std::int64_t T, st
 
 /// Fills the RoPE tables cos(t * f_i), sin(t * f_i), f_i = theta^(-2i/hd),
 /// for t in [0, T), i in [0, hd/2).
-/// - `cos`, `sin`: (T, hd/2) float32, written (=).
+/// - `cos`, `sin`: (T, hd/2) of R in {float, double}, written (=).
 /// - Angles and their cos/sin are computed in double and rounded once to
-///   float, so the tables are accurate to 2^-24 even at position 8191 and
+///   R, so float tables are accurate to 2^-24 even at position 8191 and
 ///   beyond (Hugging Face's float32 angle t * inv_freq is not).
+/// - Host memory (the tables are made once, then copied to a device).
 /// - theta: the RoPE base (Llama 2: 10000, Llama 3: 500000).
 /// - Throws config_error for T < 0, hd odd or <= 0, or theta <= 0.
 /// Source: Su et al., "RoFormer", 2021, eq. 15 (theta_i = 10000^(-2(i-1)/d)).
-inline void rope_table(float* cos, float* sin, std::int64_t T, std::int64_t hd, double theta) {
+template <class R>
+void rope_table(R* cos, R* sin, std::int64_t T, std::int64_t hd, double theta) {
+  static_assert(std::is_same_v<R, float> || std::is_same_v<R, double>,
+                "tessera::kernels::rope_table: tables are float or double");
   detail::check_rope_sizes("rope_table", 0, T, 0, hd);
   TESSERA_THROW_IF(!(theta > 0), config_error, "rope_table: theta=", theta, " must be > 0");
   const std::int64_t half = hd / 2;
@@ -49,8 +55,8 @@ inline void rope_table(float* cos, float* sin, std::int64_t T, std::int64_t hd, 
       const double inv_freq =
           std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(hd));
       const double angle = static_cast<double>(t) * inv_freq;
-      cos[t * half + i] = static_cast<float>(std::cos(angle));
-      sin[t * half + i] = static_cast<float>(std::sin(angle));
+      cos[t * half + i] = static_cast<R>(std::cos(angle));
+      sin[t * half + i] = static_cast<R>(std::sin(angle));
     }
   }
 }
@@ -59,20 +65,22 @@ inline void rope_table(float* cos, float* sin, std::int64_t T, std::int64_t hd, 
 /// (x1 cos - x2 sin, x2 cos + x1 sin) with cos = cos[t, i], sin = sin[t, i].
 /// - `x` (B, T, nh, hd) of Storage in {float, double, bf16}; arithmetic in
 ///   accum_t<Storage>, a bf16 result rounded once. `cos`, `sin` (at least
-///   T rows of hd/2) from rope_table.
+///   T rows of hd/2) of R from rope_table (a float table in a float64 model
+///   caps its accuracy at float32's: the policy's rope_type decides).
 /// - Throws config_error for a negative size or hd odd or <= 0.
 /// Source: Su et al. 2021, eq. 34, in the rotate-half pairing of Llama.
-template <class Storage>
-void rope_forward(Storage* x, const float* cos, const float* sin, std::int64_t B, std::int64_t T,
-                  std::int64_t nh, std::int64_t hd) {
+template <class Storage, class R>
+void rope_forward(const host_context& ctx, Storage* x, const R* cos, const R* sin, std::int64_t B,
+                  std::int64_t T, std::int64_t nh, std::int64_t hd) {
   using A = accum_t<Storage>;
+  (void)ctx;
   detail::check_rope_sizes("rope_forward", B, T, nh, hd);
   const std::int64_t half = hd / 2;
 #pragma omp parallel for schedule(static)
   for (std::int64_t bt = 0; bt < B * T; ++bt) {
     const std::int64_t t = bt % T;
-    const float* c = cos + t * half;
-    const float* s = sin + t * half;
+    const R* c = cos + t * half;
+    const R* s = sin + t * half;
     for (std::int64_t h = 0; h < nh; ++h) {
       Storage* v = x + (bt * nh + h) * hd;
       for (std::int64_t i = 0; i < half; ++i) {
@@ -88,28 +96,31 @@ void rope_forward(Storage* x, const float* cos, const float* sin, std::int64_t B
 
 /// RoPE backward, in place: dx (B, T, nh, hd) holds dL/dy on entry and
 /// dL/dx on return (the transpose rotation: dx1 = dy1 cos + dy2 sin,
-/// dx2 = dy2 cos - dy1 sin). G in {float, double}, the gradient type.
-/// Same tables and throws as rope_forward.
-template <class G>
-void rope_backward(G* dx, const float* cos, const float* sin, std::int64_t B, std::int64_t T,
-                   std::int64_t nh, std::int64_t hd) {
-  static_assert(std::is_same_v<G, float> || std::is_same_v<G, double>,
-                "tessera::kernels::rope_backward: G must be float or double");
+/// dx2 = dy2 cos - dy1 sin). G in {float, double, bf16}, the
+/// activation-gradient type; arithmetic in accum_t<G> (a bf16 result
+/// rounded once). Same tables and throws as rope_forward.
+template <class G, class R>
+void rope_backward(const host_context& ctx, G* dx, const R* cos, const R* sin, std::int64_t B,
+                   std::int64_t T, std::int64_t nh, std::int64_t hd) {
+  using A = accum_t<G>;
+  (void)ctx;
+  static_assert(std::is_same_v<G, float> || std::is_same_v<G, double> || std::is_same_v<G, bf16>,
+                "tessera::kernels::rope_backward: G must be float, double or bf16");
   detail::check_rope_sizes("rope_backward", B, T, nh, hd);
   const std::int64_t half = hd / 2;
 #pragma omp parallel for schedule(static)
   for (std::int64_t bt = 0; bt < B * T; ++bt) {
     const std::int64_t t = bt % T;
-    const float* c = cos + t * half;
-    const float* s = sin + t * half;
+    const R* c = cos + t * half;
+    const R* s = sin + t * half;
     for (std::int64_t h = 0; h < nh; ++h) {
       G* v = dx + (bt * nh + h) * hd;
       for (std::int64_t i = 0; i < half; ++i) {
-        G d1, d2;
-        detail::rope_rotate_transpose(v[i], v[i + half], static_cast<G>(c[i]), static_cast<G>(s[i]),
-                                      d1, d2);
-        v[i] = d1;
-        v[i + half] = d2;
+        A d1, d2;
+        detail::rope_rotate_transpose(to<A>(v[i]), to<A>(v[i + half]), static_cast<A>(c[i]),
+                                      static_cast<A>(s[i]), d1, d2);
+        v[i] = to<G>(d1);
+        v[i + half] = to<G>(d2);
       }
     }
   }

@@ -12,6 +12,7 @@
 
 #include "tessera/core/error.hpp"
 #include "tessera/core/numeric.hpp"
+#include "tessera/kernels/context.hpp"
 #include "tessera/kernels/detail/swiglu.hpp"
 
 namespace tessera::kernels {
@@ -23,8 +24,9 @@ namespace tessera::kernels {
 /// - Throws config_error for n < 0.
 /// Source: Shazeer, "GLU Variants Improve Transformer", 2020, eq. 6.
 template <class T>
-void swiglu_forward(T* out, const T* gate, const T* up, std::int64_t n) {
+void swiglu_forward(const host_context& ctx, T* out, const T* gate, const T* up, std::int64_t n) {
   using A = accum_t<T>;
+  (void)ctx;
   TESSERA_THROW_IF(n < 0, config_error, "swiglu_forward: negative n=", n);
 #pragma omp parallel for schedule(static)
   for (std::int64_t i = 0; i < n; ++i)
@@ -33,23 +35,28 @@ void swiglu_forward(T* out, const T* gate, const T* up, std::int64_t n) {
 
 /// SwiGLU backward: dgate = dout * up * silu'(gate), dup = dout * silu(gate),
 /// silu'(g) = sigma(g) (1 + g (1 - sigma(g))).
-/// - `dout`, `dgate`, `dup`: n elements of G = accum_t<T>; `gate`, `up` of T.
+/// - `dout`, `dgate`, `dup`: n elements of the activation-gradient type G
+///   (accum_t<T>, or bf16 for 16-bit storage: a bf16 result rounded once);
+///   `gate`, `up` of T.
 /// - dgate and dup are written (=); they may alias dout (elementwise) but not
 ///   each other.
 /// - Throws config_error for n < 0.
 template <class T, class G>
-void swiglu_backward(G* dgate, G* dup, const G* dout, const T* gate, const T* up, std::int64_t n) {
+void swiglu_backward(const host_context& ctx, G* dgate, G* dup, const G* dout, const T* gate,
+                     const T* up, std::int64_t n) {
   using A = accum_t<T>;
-  static_assert(std::is_same_v<G, A>,
-                "tessera::kernels::swiglu_backward: the gradient type G must be accum_t<T> "
-                "(double for double storage, float for float and bf16)");
+  (void)ctx;
+  static_assert(std::is_same_v<G, A> || (std::is_same_v<G, bf16> && !std::is_same_v<T, A>),
+                "tessera::kernels::swiglu_backward: the activation-gradient type G must be "
+                "accum_t<T> (double for double storage, float for float and bf16), or bf16 with "
+                "16-bit storage");
   TESSERA_THROW_IF(n < 0, config_error, "swiglu_backward: negative n=", n);
 #pragma omp parallel for schedule(static)
   for (std::int64_t i = 0; i < n; ++i) {
     A dg, du;
-    detail::swiglu_grad(static_cast<A>(dout[i]), to<A>(gate[i]), to<A>(up[i]), dg, du);
-    dgate[i] = dg;
-    dup[i] = du;
+    detail::swiglu_grad(to<A>(dout[i]), to<A>(gate[i]), to<A>(up[i]), dg, du);
+    dgate[i] = to<G>(dg);
+    dup[i] = to<G>(du);
   }
 }
 

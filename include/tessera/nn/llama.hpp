@@ -1,48 +1,67 @@
 #pragma once
 /// \file nn/llama.hpp
-/// A Llama decoder with explicit forward and backward over flat buffers.
+/// A Llama decoder composed of modules (nn/embedding.hpp,
+/// nn/transformer_block.hpp, nn/lm_head.hpp) over flat parameter and
+/// gradient buffers, written once for every backend: `llama<P, host>` and
+/// `llama<P, cuda>` are two instantiations of this class, whose kernels the
+/// execution context picks (kernels/context.hpp).
 ///
 /// Gradient contract (llm.c): parameter gradients accumulate (+=) into the
 /// flat gradient buffer, so micro-batches of one optimizer step add up;
 /// activation gradients are written (=). zero_grad() clears the buffer.
 ///
 /// The forward pass is a push, the backward pass is a pop
-/// (seeds/000_837c961be0ac0c27.txt): forward() saves exactly what backward()
-/// needs in an activation record per block, and backward() frees each record
-/// as soon as it has consumed it, so activation memory is countable.
+/// (seeds/000_837c961be0ac0c27.txt): forward() fills an activation record
+/// (`llama_record`) with exactly what backward() needs, and backward()
+/// frees it as it consumes it, so activation memory is countable. Records
+/// are the caller's (a `record_pool` holds one per micro-batch in flight),
+/// so several micro-batches can run forward before their backwards, as a
+/// pipeline schedule requires.
 ///
-/// Model: embedding -> L blocks (nn/transformer_block.hpp) -> final rmsnorm
-/// -> LM head + cross-entropy (fused, chunked over tokens).
+/// Model: embedding -> L blocks -> head (final rmsnorm + LM head fused with
+/// cross-entropy, chunked over tokens). In training, the head's forward
+/// runs its backward too (the chunked LM head computes its gradient as it
+/// goes, nn/lm_head.hpp), so a training forward already writes the loss,
+/// the head's gradients, and the gradient the blocks' backward starts from.
+///
+/// Stages: a model may hold a range of the modules only (`stage_range`:
+/// blocks [first, last), with or without the embedding and the head), as a
+/// pipeline stage does; it then takes (without the embedding) and returns
+/// (without the head) the hidden states at its boundaries, and its flat
+/// buffer holds only its own segments (offsets from the stage's first
+/// element of the whole model's layout).
 ///
 /// Segments and hooks (nn/segment_hooks.hpp): the flat buffer is tiled by
-/// segments -1 (embedding), 0..L-1 (blocks), L (final norm + LM head). The
-/// model reads segment s's parameters from `segment_params(s)`, which is the
-/// segment's place in the flat buffer unless a strategy points it elsewhere
+/// segments -1 (embedding), 0..L-1 (blocks), L (head). The model reads
+/// segment s's parameters from `segment_params(s)`, which is the segment's
+/// place in the flat buffer unless a strategy points it elsewhere
 /// (set_segment_params; ZeRO-3 points it at a gathered copy and builds the
 /// model with `llama_options::external_params`, so no full parameter buffer
-/// exists). Gradients likewise go to `segment_grads(s)`, the segment's place
-/// in the flat gradient buffer unless a strategy points it elsewhere
-/// (set_segment_grads; ZeRO-2/3 point each segment at its bucket's gradient
-/// buffer, which lives only through the accumulation window, and build the
-/// model with `llama_options::external_grads`, so no full gradient buffer
-/// exists).
+/// exists). Gradients likewise go to `segment_grads(s)` (set_segment_grads;
+/// ZeRO-2/3 with `llama_options::external_grads`).
+///
+/// Memory: every tensor comes from the context's memory resource (on a GPU
+/// the caching allocator, stream-ordered on the context's stream).
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tessera/core/error.hpp"
 #include "tessera/core/numeric.hpp"
-#include "tessera/core/random.hpp"
+#include "tessera/core/nvtx.hpp"
 #include "tessera/core/tensor.hpp"
-#include "tessera/kernels/cross_entropy.hpp"
-#include "tessera/kernels/embedding.hpp"
-#include "tessera/kernels/rmsnorm.hpp"
+#include "tessera/kernels/context.hpp"
 #include "tessera/kernels/rope.hpp"
+#include "tessera/nn/checkpointing.hpp"
+#include "tessera/nn/embedding.hpp"
+#include "tessera/nn/linear.hpp"
 #include "tessera/nn/llama_config.hpp"
 #include "tessera/nn/llama_layout.hpp"
+#include "tessera/nn/lm_head.hpp"
 #include "tessera/nn/param_layout.hpp"
 #include "tessera/nn/segment_hooks.hpp"
 #include "tessera/nn/transformer_block.hpp"
@@ -50,11 +69,20 @@
 
 namespace tessera::nn {
 
+/// The modules one model instance holds: blocks [first_block, last_block)
+/// (last_block -1: to the end), and whether the embedding and the head are
+/// here. The whole model by default.
+struct stage_range {
+  std::int64_t first_block = 0;
+  std::int64_t last_block = -1;
+  bool embedding = true;
+  bool head = true;
+};
+
 /// Options of a model instance that are not model sizes.
 struct llama_options {
   std::int64_t ce_chunk = 256;       ///< token rows per LM-head/cross-entropy chunk
-  kernels::attention_tiles tiles{};  ///< attention tile sizes
-  std::int32_t ignore_index = -100;  ///< target id that is not scored
+  std::int32_t ignore_index = -100;  ///< target id that is not scored; input id that is padding
   /// Do not allocate the flat parameter buffer: params() is null and a
   /// strategy must point every segment at its parameters
   /// (set_segment_params) before the model reads them (ZeRO-3).
@@ -63,54 +91,140 @@ struct llama_options {
   /// strategy must point every segment at its gradients
   /// (set_segment_grads) before a backward pass writes them (ZeRO-2/3).
   bool external_grads = false;
+  /// Which blocks keep only their input and recompute the rest in backward.
+  checkpoint_policy checkpointing{};
+  /// The modules of this instance (a pipeline stage), the whole model by default.
+  stage_range stage{};
 };
 
-/// Llama model over flat parameter (`param_type`) and gradient (`grad_type`)
-/// buffers, with precision policy `P`. Not thread-safe; one instance per rank.
-template <precision::policy P>
+/// What one micro-batch's training forward leaves for its backward.
+template <precision::policy P, class Backend>
+struct llama_record {
+  embedding_record<Backend> embedding;                 ///< the input ids (stages with it)
+  std::vector<block_record<P, Backend>> blocks;        ///< one per block of the stage
+  head_record<P, Backend> head;                        ///< d(loss)/d(head input) (stages with it)
+  tensor<typename P::param_type, Backend> output;      ///< (N, H) stage output (stages without the head)
+  tensor<typename P::act_grad_type, Backend> d_input;  ///< (N, H) after backward: d(loss)/d(stage input) (stages without the embedding)
+  std::int64_t B = 0, T = 0;
+  bool filled = false;  ///< between forward and backward
+};
+
+/// The loss of a host-memory call: the sum of -log p over scored targets
+/// (nats) and how many were scored.
+struct loss_sum {
+  double sum = 0;
+  std::int64_t scored = 0;
+};
+
+/// One micro-batch, in the context's memory.
+template <class Param>
+struct micro_batch {
+  const std::int32_t* inputs = nullptr;   ///< (B, T) input ids (stages with the embedding)
+  const std::int32_t* targets = nullptr;  ///< (B, T) target ids (stages with the head)
+  const Param* hidden = nullptr;          ///< (B, T, H) stage input (stages without the embedding)
+  std::int64_t B = 0, T = 0;
+};
+
+/// Llama model (or a stage of one) with precision policy `P` on backend
+/// `Backend` (host or cuda), its GEMMs through the layer family `Layers`.
+/// Not thread-safe; one instance per rank.
+template <precision::policy P, class Backend = host, class Layers = dense_layers>
 class llama {
  public:
+  using precision_type = P;
+  using backend_type = Backend;
+  using context_type = kernels::context_t<Backend>;
+  using Ctx = context_type;
   using Param = typename P::param_type;
   using Grad = typename P::grad_type;
+  using ActGrad = typename P::act_grad_type;
   using Acc = typename P::accum_type;
+  using Rope = typename P::rope_type;
+  using record = llama_record<P, Backend>;
+  using block_type = transformer_block<P, Ctx, Layers>;
 
-  /// Allocates parameters (unless opt.external_params) and gradients
-  /// (uninitialised; call init_weights) and the RoPE tables from `mr`.
-  /// Throws config_error for an invalid config.
-  explicit llama(llama_config cfg, llama_options opt = {},
-                 memory_resource& mr = host::default_resource())
-      : cfg_(std::move(cfg)), opt_(opt), layout_(make_llama_layout(cfg_)), mr_(&mr) {
+  /// Allocates parameters (unless opt.external_params; zero: call
+  /// init_weights) and gradients (zero, unless opt.external_grads) of the
+  /// stage, and the RoPE tables, from the context's resource. `ctx` is not
+  /// owned and must outlive the model. Throws config_error for an invalid
+  /// config, ce_chunk < 1, a bad checkpointing policy or stage range.
+  llama(llama_config cfg, llama_options opt, const Ctx& ctx)
+      : cfg_(std::move(cfg)), opt_(opt), layout_(make_llama_layout(cfg_)), ctx_(&ctx) {
     TESSERA_THROW_IF(opt_.ce_chunk < 1, config_error, "ce_chunk=", opt_.ce_chunk, " must be >= 1");
-    const int L = static_cast<int>(cfg_.n_layers);
+    opt_.checkpointing.validate();
+    const std::int64_t L = cfg_.n_layers;
+    stage_range& st = opt_.stage;
+    if (st.last_block < 0) st.last_block = L;
+    TESSERA_THROW_IF(st.first_block < 0 || st.first_block > st.last_block || st.last_block > L,
+                     config_error, "stage blocks [", st.first_block, ", ", st.last_block,
+                     ") are not a range of the model's ", L, " blocks");
+    TESSERA_THROW_IF(!st.embedding && !st.head && st.first_block == st.last_block, config_error,
+                     "a stage needs at least one module (blocks [", st.first_block, ", ",
+                     st.last_block, "), no embedding, no head)");
+    TESSERA_THROW_IF(st.embedding && st.first_block != 0, config_error,
+                     "the embedding's stage must start at block 0 (first_block=", st.first_block,
+                     ")");
+    TESSERA_THROW_IF(st.head && st.last_block != L, config_error,
+                     "the head's stage must end at the last block (last_block=", st.last_block,
+                     " of ", L, ")");
     seg_begin_.push_back(0);
-    for (int l = 0; l < L; ++l)
+    for (int l = 0; l < static_cast<int>(L); ++l)
       seg_begin_.push_back(layout_.at("blocks." + std::to_string(l) + ".attn_norm").offset);
     seg_begin_.push_back(layout_.at("final_norm").offset);
     seg_begin_.push_back(layout_.total());
-    for (int l = 0; l < L; ++l) blocks_.push_back(block_offsets::of(layout_, l, segment_begin(l)));
+    lo_ = global_segment_begin(first_segment());
+    hi_ = global_segment_end(last_segment());
+    for (int l = 0; l < static_cast<int>(L); ++l)
+      blocks_.emplace_back(cfg_, layout_, l, global_segment_begin(l));
+    if (st.embedding) embed_ = embedding<P, Ctx>(cfg_.vocab, cfg_.dim, 0, opt_.ignore_index);
+    if (st.head) {
+      const std::int64_t s0 = global_segment_begin(static_cast<int>(L));
+      head_ = lm_head<P, Ctx>(cfg_.vocab, cfg_.dim, cfg_.norm_eps,
+                              layout_.at("final_norm").offset - s0,
+                              layout_.at("lm_head").offset - s0, opt_.ce_chunk, opt_.ignore_index);
+    }
     if (!opt_.external_params) {
-      params_ = tensor<Param>(shape{layout_.total()}, mr);
-      params_.zero();
+      params_ = kernels::make_tensor<Param>(ctx, flat_size());
+      kernels::zero_elements(ctx, params_.data(), flat_size());
     }
     if (!opt_.external_grads) {
-      grads_ = tensor<Grad>(shape{layout_.total()}, mr);
-      grads_.zero();
+      grads_ = kernels::make_tensor<Grad>(ctx, flat_size());
+      kernels::zero_elements(ctx, grads_.data(), flat_size());
     }
     seg_params_.assign(static_cast<std::size_t>(L + 2), nullptr);
     seg_grads_.assign(static_cast<std::size_t>(L + 2), nullptr);
     if (!opt_.external_params)
-      for (int s = -1; s <= L; ++s) set_segment_params(s, params_.data() + segment_begin(s));
+      for (int s = first_segment(); s <= last_segment(); ++s)
+        set_segment_params(s, params_.data() + segment_begin(s));
     reset_segment_grads();
-    const std::int64_t half = cfg_.head_dim() / 2;
-    rope_cos_ = tensor<float>(shape{cfg_.max_seq, half}, mr);
-    rope_sin_ = tensor<float>(shape{cfg_.max_seq, half}, mr);
-    kernels::rope_table(rope_cos_.data(), rope_sin_.data(), cfg_.max_seq, cfg_.head_dim(),
-                        cfg_.rope_theta);
+    const std::int64_t half = cfg_.head_dim() / 2, n = cfg_.max_seq * half;
+    std::vector<Rope> cos(static_cast<std::size_t>(n)), sin(cos.size());
+    kernels::rope_table(cos.data(), sin.data(), cfg_.max_seq, cfg_.head_dim(), cfg_.rope_theta);
+    rope_cos_ = kernels::make_tensor<Rope>(ctx, n);
+    rope_sin_ = kernels::make_tensor<Rope>(ctx, n);
+    ctx.from_host(rope_cos_.data(), cos.data(), cos.size() * sizeof(Rope));
+    ctx.from_host(rope_sin_.data(), sin.data(), sin.size() * sizeof(Rope));
   }
 
+  /// Host backend only: the default host context (host::default_resource()).
+  explicit llama(llama_config cfg, llama_options opt = {})
+    requires std::same_as<Backend, host>
+      : llama(std::move(cfg), opt, kernels::default_host_context()) {}
+
+  llama(const llama&) = delete;
+  llama& operator=(const llama&) = delete;
+
   const llama_config& config() const { return cfg_; }
+  /// The whole model's layout (offsets of every tensor, also of other stages).
   const param_layout& layout() const { return layout_; }
-  /// Flat parameter buffer, (layout().total()) elements of param_type;
+  const llama_options& options() const { return opt_; }
+  const Ctx& context() const { return *ctx_; }
+  /// Elements of this instance's flat buffers: its segments, with the
+  /// layout's alignment padding (the whole layout().total() for the whole model).
+  std::int64_t flat_size() const { return hi_ - lo_; }
+  /// The flat element of the whole layout where this instance's buffer starts.
+  std::int64_t flat_begin() const { return lo_; }
+  /// Flat parameter buffer, (flat_size()) elements of param_type;
   /// nullptr with llama_options::external_params.
   Param* params() { return params_.data(); }
   const Param* params() const { return params_.data(); }
@@ -118,18 +232,33 @@ class llama {
   /// llama_options::external_grads.
   Grad* grads() { return grads_.data(); }
   const Grad* grads() const { return grads_.data(); }
+  /// Real parameters of the whole model (no padding).
   std::int64_t num_params() const { return layout_.num_params(); }
-  /// RoPE tables (max_seq, hd/2), float32 whatever param_type is.
-  const float* rope_cos() const { return rope_cos_.data(); }
-  const float* rope_sin() const { return rope_sin_.data(); }
+  /// RoPE tables (max_seq, hd/2) of the policy's rope_type, in the context's memory.
+  const Rope* rope_cos() const { return rope_cos_.data(); }
+  const Rope* rope_sin() const { return rope_sin_.data(); }
+  /// The weight-decay ranges of this instance's flat buffer (offsets from flat_begin()).
+  std::vector<param_range> param_ranges() const {
+    std::vector<param_range> r;
+    for (const auto& e : layout_.entries())
+      if (e.offset >= lo_ && e.offset < hi_)
+        r.push_back({e.offset - lo_, e.offset - lo_ + e.numel, e.decay});
+    return r;
+  }
 
-  /// Segments: -1 embedding, 0..L-1 blocks, L head (nn/segment_hooks.hpp).
-  int first_segment() const { return -1; }
-  int last_segment() const { return static_cast<int>(cfg_.n_layers); }
-  /// Flat offset of segment s's first element; segment s is
-  /// [segment_begin(s), segment_end(s)), and the segments tile [0, total()).
-  std::int64_t segment_begin(int s) const { return seg_begin_[seg(s)]; }
-  std::int64_t segment_end(int s) const { return seg_begin_[seg(s) + 1]; }
+  /// Segments of this instance: -1 embedding, 0..L-1 blocks, L head.
+  int first_segment() const {
+    return opt_.stage.embedding ? -1 : static_cast<int>(opt_.stage.first_block);
+  }
+  int last_segment() const {
+    return opt_.stage.head ? static_cast<int>(cfg_.n_layers)
+                           : static_cast<int>(opt_.stage.last_block) - 1;
+  }
+  /// Offset of segment s's first element in this instance's flat buffer;
+  /// segment s is [segment_begin(s), segment_end(s)), and the segments tile
+  /// [0, flat_size()).
+  std::int64_t segment_begin(int s) const { return global_segment_begin(s) - lo_; }
+  std::int64_t segment_end(int s) const { return global_segment_end(s) - lo_; }
   /// Where the model reads segment s's parameters: `p` holds
   /// segment_end(s) - segment_begin(s) elements in flat-buffer order. Not
   /// owned; must stay valid and unchanged while the model reads it.
@@ -152,104 +281,260 @@ class llama {
   /// Deterministic initialisation from `seed`: matrices ~ N(0, 0.02^2), the
   /// residual output projections (wo, w_down) scaled by 1/sqrt(2L) (GPT-2,
   /// Radford et al. 2019), norm gains 1. Each tensor draws from its own
-  /// stream (seed, tensor index), so the values do not depend on the layout.
+  /// stream (seed, tensor index), so the values do not depend on the layout,
+  /// the stage or the backend (generated on the host, copied in).
   /// Throws config_error with external_params (use init_weights_range).
   void init_weights(std::uint64_t seed) {
     TESSERA_THROW_IF(params_.empty(), config_error,
                      "init_weights: the model has external parameters; use init_weights_range");
-    init_weights_range(seed, 0, layout_.total(), params_.data());
+    std::vector<Param> h(static_cast<std::size_t>(flat_size()));
+    const auto& es = layout_.entries();
+    const auto n = static_cast<std::int64_t>(es.size());
+    // One tensor per thread: each draws from its own stream, so the split
+    // does not change the values.
+#pragma omp parallel for schedule(dynamic, 1)
+    for (std::int64_t i = 0; i < n; ++i) {
+      const auto& e = es[static_cast<std::size_t>(i)];
+      const std::int64_t b = std::max(lo_, e.offset), en = std::min(hi_, e.offset + e.numel);
+      if (b < en) init_llama_weights_range(cfg_, layout_, seed, b, en, h.data() + (b - lo_));
+    }
+    // Alignment padding between tensors stays 0 (std::vector zero-fills).
+    ctx_->from_host(params_.data(), h.data(), h.size() * sizeof(Param));
   }
 
-  /// The same values as init_weights(seed), for flat elements [lo, hi) only:
-  /// out[i - lo] for i in [lo, hi); alignment padding is set to 0. A shard
-  /// under ZeRO initialises itself without building the full buffer.
-  /// Precondition: 0 <= lo <= hi <= layout().total(); out holds hi - lo.
+  /// The same values as init_weights(seed), for elements [lo, hi) of this
+  /// instance's flat buffer, into host memory: out[i - lo] for i in
+  /// [lo, hi); alignment padding is 0. A ZeRO shard initialises itself
+  /// without building the full buffer.
+  /// Precondition: 0 <= lo <= hi <= flat_size(); out holds hi - lo.
   void init_weights_range(std::uint64_t seed, std::int64_t lo, std::int64_t hi, Param* out) const {
-    init_llama_weights_range(cfg_, layout_, seed, lo, hi, out);
+    init_llama_weights_range(cfg_, layout_, seed, lo + lo_, hi + lo_, out);
   }
 
   /// Sets every gradient to zero: the flat buffer, or with external_grads
   /// every segment whose gradients are set.
   void zero_grad() {
     if (!grads_.empty()) {
-      grads_.zero();
+      kernels::zero_elements(*ctx_, grads_.data(), flat_size());
       return;
     }
     for (int s = first_segment(); s <= last_segment(); ++s)
       if (Grad* g = segment_grads(s))
-        for (std::int64_t i = 0; i < segment_end(s) - segment_begin(s); ++i) g[i] = Grad(0);
+        kernels::zero_elements(*ctx_, g, segment_end(s) - segment_begin(s));
   }
 
-  /// Forward and backward of one micro-batch.
-  /// tokens: (B, T+1) int32 windows; position (b, t) reads tokens[b][t] and is
-  /// scored against tokens[b][t+1] unless that is ignore_index. An input equal
-  /// to ignore_index is padding: it embeds to zeros and gets no gradient.
-  /// grad_scale: multiplies d(loss_sum); pass 1 / (scored tokens of the whole
-  /// optimizer step, over every micro-batch and rank) so gradients are those
-  /// of the mean loss of the global batch.
-  /// Returns the sum of token losses (nats) and the count scored.
-  /// Throws config_error if T > max_seq, B or T < 1, or a token is outside [0, V).
-  kernels::ce_result forward_backward(const std::int32_t* tokens, std::int64_t B, std::int64_t T,
-                                      Acc grad_scale) {
-    forward(tokens, B, T, /*windows=*/true);
-    const std::int64_t H = cfg_.dim, N = B * T;
-    tensor<Grad> dx(shape{N, H}, *mr_);
-    kernels::ce_result r = kernels::lm_head_cross_entropy<Param, Grad>(
-        final_xn_.data(), head_param("lm_head"), tokens, B, T, H, cfg_.vocab, opt_.ce_chunk,
-        dx.data(), seg_grad("lm_head"), grad_scale, opt_.ignore_index, *mr_);
-    backward(dx);
-    return r;
+  /// Training forward of one micro-batch into `r` (which must be empty).
+  /// - `mb`: (B, T) input ids in the context's memory (stages with the
+  ///   embedding; ids in [0, V) or ignore_index: padding, a zero row with no
+  ///   gradient) or the (B, T, H) hidden states from the previous stage;
+  ///   (B, T) targets (stages with the head; ignore_index: not scored).
+  /// - With the head: writes `*d_loss` (one double, context memory) = the
+  ///   sum of -log p over the scored targets, and accumulates the head's
+  ///   gradients, each scaled by `grad_scale` (1 / the scored tokens of the
+  ///   whole optimizer step, over every micro-batch and rank).
+  /// - Without the head: r.output holds the (B, T, H) stage output.
+  /// Throws config_error if B or T < 1, T > max_seq, or (host) an id is
+  /// outside [0, V).
+  void forward(const micro_batch<Param>& mb, record& r, Acc grad_scale, double* d_loss) {
+    TESSERA_THROW_IF(r.filled, error, "forward: the record holds a micro-batch whose backward has "
+                                      "not run (one record per micro-batch in flight)");
+    check_shapes(mb);
+    const Ctx& ctx = *ctx_;
+    const block_shape s{mb.B, mb.T};
+    const std::int64_t N = s.N(), H = cfg_.dim;
+    r.B = mb.B;
+    r.T = mb.T;
+    r.filled = true;
+    tensor<Param, Backend> x = embed_input(mb, &r.embedding);
+    r.blocks.resize(static_cast<std::size_t>(opt_.stage.last_block - opt_.stage.first_block));
+    {
+      tensor<Param, Backend> proj = kernels::make_tensor<Param>(ctx, N * H);
+      for (std::int64_t l = opt_.stage.first_block; l < opt_.stage.last_block; ++l) {
+        nvtx_range range("forward block ", l);
+        hook(&segment_hooks::before_forward, static_cast<int>(l));
+        const block_type& b = blocks_[static_cast<std::size_t>(l)];
+        b.forward(ctx, x, r.blocks[static_cast<std::size_t>(l - opt_.stage.first_block)],
+                  block_params(static_cast<int>(l)), s, proj, rope_cos_.data(), rope_sin_.data(),
+                  opt_.checkpointing.recomputes(l));
+        hook(&segment_hooks::after_forward, static_cast<int>(l));
+      }
+    }
+    if (!opt_.stage.head) {
+      r.output = std::move(x);
+      return;
+    }
+    TESSERA_NVTX_RANGE("lm head + cross-entropy");
+    const int L = static_cast<int>(cfg_.n_layers);
+    hook(&segment_hooks::before_forward, L);
+    head_.forward(ctx, x.data(), mb.targets, N, segment_params_checked(L),
+                  segment_grads_checked(L), grad_scale, d_loss, r.head);
+    x.release();
+    hook(&segment_hooks::after_backward, L);
   }
 
-  /// Forward only (evaluation): loss sum and count over the windows, no
-  /// gradients touched. Same shapes and throws as forward_backward.
-  kernels::ce_result forward_loss(const std::int32_t* tokens, std::int64_t B, std::int64_t T) {
-    forward(tokens, B, T, /*windows=*/true);
-    kernels::ce_result r = kernels::lm_head_cross_entropy<Param, Grad>(
-        final_xn_.data(), head_param("lm_head"), tokens, B, T, cfg_.dim, cfg_.vocab, opt_.ce_chunk,
-        static_cast<Grad*>(nullptr), static_cast<Grad*>(nullptr), Acc(0), opt_.ignore_index, *mr_);
-    hook(&segment_hooks::after_forward, last_segment());
-    clear_activations();
-    return r;
+  /// Backward of the micro-batch in `r`, which it empties: the blocks in
+  /// reverse, then the embedding. Without the head, `d_output` (N, H,
+  /// context memory) is d(loss)/d(stage output); without the embedding,
+  /// r.d_input holds d(loss)/d(stage input) on return. Parameter gradients
+  /// accumulate (+=).
+  void backward(record& r, const ActGrad* d_output = nullptr) {
+    TESSERA_THROW_IF(!r.filled, error, "backward: the record holds no forward (run forward first)");
+    const Ctx& ctx = *ctx_;
+    const block_shape s{r.B, r.T};
+    const std::int64_t N = s.N(), H = cfg_.dim;
+    tensor<ActGrad, Backend> dres;
+    if (opt_.stage.head) {
+      dres = head_.backward(r.head);
+    } else {
+      TESSERA_THROW_IF(d_output == nullptr, error,
+                       "backward: a stage without the head needs the gradient of its output");
+      dres = kernels::make_tensor<ActGrad>(ctx, N * H);
+      kernels::copy_elements(ctx, dres.data(), d_output, N * H);
+      r.output.release();
+    }
+    if (opt_.stage.last_block > opt_.stage.first_block) {
+      typename block_type::workspace w =
+          blocks_[static_cast<std::size_t>(opt_.stage.first_block)].make_workspace(ctx, s);
+      tensor<Param, Backend> proj;  // the recompute's scratch, only if a block recomputes
+      for (std::int64_t l = opt_.stage.last_block - 1; l >= opt_.stage.first_block; --l) {
+        auto& rec = r.blocks[static_cast<std::size_t>(l - opt_.stage.first_block)];
+        if (rec.h.empty() && proj.empty()) proj = kernels::make_tensor<Param>(ctx, N * H);
+        nvtx_range range("backward block ", l);
+        hook(&segment_hooks::before_backward, static_cast<int>(l));
+        blocks_[static_cast<std::size_t>(l)].backward(
+            ctx, rec, dres, block_params(static_cast<int>(l)), block_grads(static_cast<int>(l)),
+            s, w, proj, rope_cos_.data(), rope_sin_.data());
+        r.blocks.pop_back();
+        hook(&segment_hooks::after_backward, static_cast<int>(l));
+      }
+    }
+    if (opt_.stage.embedding) {
+      TESSERA_NVTX_RANGE("embedding backward");
+      hook(&segment_hooks::before_backward, -1);
+      embed_.backward(ctx, r.embedding, dres.data(), segment_grads_checked(-1));
+      hook(&segment_hooks::after_backward, -1);
+    } else {
+      r.d_input = std::move(dres);
+    }
+    r.filled = false;
   }
 
-  /// Next-token logits (V float32) after the sequence ids[0, T) (B = 1), for
-  /// generation. Throws config_error if T > max_seq or an id is outside [0, V).
-  void next_token_logits(const std::int32_t* ids, std::int64_t T, float* logits) {
-    forward(ids, 1, T, /*windows=*/false);
-    kernels::lm_head_logits<Param>(logits, final_xn_.data() + (T - 1) * cfg_.dim,
-                                   head_param("lm_head"), cfg_.dim, cfg_.vocab);
-    hook(&segment_hooks::after_forward, last_segment());
-    clear_activations();
+  /// Evaluation forward of one micro-batch (the whole model): `*d_loss` =
+  /// the sum of -log p over the scored targets; no gradient touched, no
+  /// record kept (each block's activations are freed after it).
+  void forward_loss(const micro_batch<Param>& mb, double* d_loss) {
+    require_whole_model("forward_loss");
+    check_shapes(mb);
+    const Ctx& ctx = *ctx_;
+    const block_shape s{mb.B, mb.T};
+    tensor<Param, Backend> x = forward_no_record(mb, s);
+    const int L = static_cast<int>(cfg_.n_layers);
+    hook(&segment_hooks::before_forward, L);
+    head_.forward_loss(ctx, x.data(), mb.targets, s.N(), segment_params_checked(L), d_loss);
+    hook(&segment_hooks::after_forward, L);
   }
 
-  /// Bytes the forward pass saves for backward per token (all blocks plus the
-  /// final norm), as this implementation stores them. The planner's formula.
-  std::int64_t saved_bytes_per_token() const {
-    const std::int64_t H = cfg_.dim, F = cfg_.ffn_dim, KV = cfg_.kv_dim();
-    const std::int64_t per_block =
-        static_cast<std::int64_t>(sizeof(Param)) * (6 * H + 2 * KV + 3 * F) +
-        static_cast<std::int64_t>(sizeof(Acc)) * (2 + cfg_.n_heads);
-    return cfg_.n_layers * per_block + static_cast<std::int64_t>(sizeof(Param)) * 2 * H +
-           static_cast<std::int64_t>(sizeof(Acc)) + static_cast<std::int64_t>(sizeof(std::int32_t));
+  // ---- host-memory conveniences (tests, generation, any backend) -----------------------------
+
+  /// Forward and backward of one micro-batch of windows in host memory:
+  /// `h_windows` (B, T+1) int32; position (b, t) reads window[b][t] and is
+  /// scored against window[b][t+1] unless that is ignore_index. Copies the
+  /// inputs and targets into the context's memory, runs forward and
+  /// backward, reads the loss back. Returns its sum and the scored count.
+  loss_sum forward_backward(const std::int32_t* h_windows, std::int64_t B, std::int64_t T,
+                            Acc grad_scale) {
+    staged_batch b(*this, h_windows, B, T);
+    record r;
+    forward(b.batch(), r, grad_scale, b.loss());
+    backward(r);
+    return b.result();
+  }
+  /// Forward only, windows in host memory (as forward_backward): the loss
+  /// sum and the scored count; no gradient touched.
+  loss_sum forward_loss(const std::int32_t* h_windows, std::int64_t B, std::int64_t T) {
+    staged_batch b(*this, h_windows, B, T);
+    forward_loss(b.batch(), b.loss());
+    return b.result();
   }
 
-  /// Pointer to parameter `name` inside the flat buffer. Throws config_error
-  /// with external_params.
-  Param* param(const std::string& name) {
-    TESSERA_THROW_IF(params_.empty(), config_error, "param('", name,
-                     "'): the model has external parameters (ZeRO-3); no flat buffer");
-    return params_.data() + layout_.at(name).offset;
+  /// Next-token logits (V float32, host memory) after the sequence
+  /// h_ids[0, T) (host memory, B = 1), on the model's backend. Throws
+  /// config_error if T < 1, T > max_seq or (host) an id is outside [0, V).
+  void next_token_logits(const std::int32_t* h_ids, std::int64_t T, float* h_logits) {
+    require_whole_model("next_token_logits");
+    const Ctx& ctx = *ctx_;
+    tensor<std::int32_t, Backend> ids = kernels::make_tensor<std::int32_t>(ctx, T);
+    ctx.from_host(ids.data(), h_ids, static_cast<std::size_t>(T) * sizeof(std::int32_t));
+    micro_batch<Param> mb{ids.data(), nullptr, nullptr, 1, T};
+    check_shapes(mb);
+    const block_shape s{1, T};
+    tensor<Param, Backend> x = forward_no_record(mb, s);
+    const int L = static_cast<int>(cfg_.n_layers);
+    hook(&segment_hooks::before_forward, L);
+    tensor<float, Backend> logits = kernels::make_tensor<float>(ctx, cfg_.vocab);
+    head_.logits(ctx, logits.data(), x.data() + (T - 1) * cfg_.dim, segment_params_checked(L));
+    hook(&segment_hooks::after_forward, L);
+    ctx.to_host(h_logits, logits.data(), static_cast<std::size_t>(cfg_.vocab) * sizeof(float));
   }
-  /// Pointer to the gradient of `name` inside the flat gradient buffer.
-  /// Throws config_error with external_grads.
-  Grad* grad(const std::string& name) {
-    TESSERA_THROW_IF(grads_.empty(), config_error, "grad('", name,
-                     "'): the model has external gradients (ZeRO-2/3); no flat buffer");
-    return grads_.data() + layout_.at(name).offset;
+
+  // ---- what the modules allocate (the planner sums these) ----------------------------------
+
+  /// Bytes a training forward of a (B, T) micro-batch leaves in its record
+  /// for the backward: each block's record (or, checkpointed, its input),
+  /// the embedding's ids and the head's input gradient (or the stage output).
+  std::int64_t record_bytes(std::int64_t B, std::int64_t T) const {
+    const std::int64_t N = B * T;
+    std::int64_t bytes = 0;
+    for (std::int64_t l = opt_.stage.first_block; l < opt_.stage.last_block; ++l) {
+      const block_type& b = blocks_[static_cast<std::size_t>(l)];
+      bytes += N * (opt_.checkpointing.recomputes(l) ? b.checkpoint_bytes_per_token()
+                                                     : b.record_bytes_per_token());
+    }
+    if (opt_.stage.embedding) bytes += embedding_record<Backend>::bytes(N);
+    bytes += opt_.stage.head ? N * head_.record_bytes_per_token()
+                             : N * cfg_.dim * static_cast<std::int64_t>(sizeof(Param));
+    return bytes;
   }
+  /// The blocks' modules (the planner reads their byte counts).
+  const std::vector<block_type>& blocks() const { return blocks_; }
 
  private:
+  // Host windows staged into the context's memory for one call.
+  struct staged_batch {
+    tensor<std::int32_t, Backend> tok;  // (2N): inputs, then targets
+    tensor<double, Backend> d_loss;     // (1)
+    const Ctx* ctx;
+    std::int64_t B, T, scored = 0;
+    staged_batch(llama& m, const std::int32_t* h_windows, std::int64_t B_, std::int64_t T_)
+        : ctx(m.ctx_), B(B_), T(T_) {
+      m.check_shapes(micro_batch<Param>{nullptr, nullptr, nullptr, B, T});
+      const std::int64_t N = B * T;
+      std::vector<std::int32_t> h(static_cast<std::size_t>(2 * N));
+      for (std::int64_t b = 0; b < B; ++b)
+        for (std::int64_t t = 0; t < T; ++t) {
+          const std::size_t i = static_cast<std::size_t>(b * T + t);
+          h[i] = h_windows[b * (T + 1) + t];
+          h[i + static_cast<std::size_t>(N)] = h_windows[b * (T + 1) + t + 1];
+          scored += h[i + static_cast<std::size_t>(N)] != m.opt_.ignore_index;
+        }
+      tok = kernels::make_tensor<std::int32_t>(*ctx, 2 * N);
+      ctx->from_host(tok.data(), h.data(), h.size() * sizeof(std::int32_t));
+      d_loss = kernels::make_tensor<double>(*ctx, 1);
+    }
+    micro_batch<Param> batch() const {
+      return {tok.data(), tok.data() + B * T, nullptr, B, T};
+    }
+    double* loss() { return d_loss.data(); }
+    loss_sum result() const {
+      loss_sum r;
+      ctx->to_host(&r.sum, d_loss.data(), sizeof(double));
+      r.scored = scored;
+      return r;
+    }
+  };
+
+  std::int64_t global_segment_begin(int s) const { return seg_begin_[seg(s)]; }
+  std::int64_t global_segment_end(int s) const { return seg_begin_[seg(s) + 1]; }
   std::size_t seg(int s) const {
     TESSERA_EXPECTS(s >= -1 && s <= static_cast<int>(cfg_.n_layers), "segment id out of range");
     return static_cast<std::size_t>(s + 1);
@@ -257,22 +542,15 @@ class llama {
   void hook(void (segment_hooks::*fn)(int), int s) {
     if (hooks_) (hooks_->*fn)(s);
   }
-  // Parameter `name` of the embedding or head segment, via the segment table.
-  const Param* head_param(const std::string& name) const {
-    const std::int64_t off = layout_.at(name).offset;
-    const int s = off < segment_begin(0) ? -1 : last_segment();
-    const Param* base = segment_params(s);
-    TESSERA_THROW_IF(base == nullptr, error, "segment ", s, " has no parameters set (", name, ")");
-    return base + (off - segment_begin(s));
+  const Param* segment_params_checked(int s) const {
+    const Param* p = segment_params(s);
+    TESSERA_THROW_IF(p == nullptr, error, "segment ", s, " has no parameters set");
+    return p;
   }
-  // Gradient of parameter `name` of the embedding or head segment, via the
-  // segment table.
-  Grad* seg_grad(const std::string& name) const {
-    const std::int64_t off = layout_.at(name).offset;
-    const int s = off < segment_begin(0) ? -1 : last_segment();
-    Grad* base = segment_grads(s);
-    TESSERA_THROW_IF(base == nullptr, error, "segment ", s, " has no gradients set (", name, ")");
-    return base + (off - segment_begin(s));
+  Grad* segment_grads_checked(int s) const {
+    Grad* g = segment_grads(s);
+    TESSERA_THROW_IF(g == nullptr, error, "segment ", s, " has no gradients set");
+    return g;
   }
   Grad* block_grads(int l) const {
     Grad* g = segment_grads(l);
@@ -284,124 +562,68 @@ class llama {
     TESSERA_THROW_IF(p == nullptr, error, "segment ", l, " (block ", l, ") has no parameters set");
     return p;
   }
-
-  void check_shapes(std::int64_t B, std::int64_t T) const {
-    TESSERA_THROW_IF(B < 1, config_error, "micro-batch B=", B, " must be >= 1");
-    TESSERA_THROW_IF(T < 1, config_error, "sequence length T=", T, " must be >= 1");
-    TESSERA_THROW_IF(T > cfg_.max_seq, config_error, "sequence length T=", T,
+  void require_whole_model(const char* what) const {
+    TESSERA_THROW_IF(!opt_.stage.embedding || !opt_.stage.head, config_error, what,
+                     " needs the whole model (this instance is a pipeline stage)");
+  }
+  void check_shapes(const micro_batch<Param>& mb) const {
+    TESSERA_THROW_IF(mb.B < 1, config_error, "micro-batch B=", mb.B, " must be >= 1");
+    TESSERA_THROW_IF(mb.T < 1, config_error, "sequence length T=", mb.T, " must be >= 1");
+    TESSERA_THROW_IF(mb.T > cfg_.max_seq, config_error, "sequence length T=", mb.T,
                      " exceeds the model's max_seq=", cfg_.max_seq);
   }
 
-  void clear_activations() {
-    records_.clear();
-    final_in_.release();
-    final_xn_.release();
-    final_rstd_.release();
-    ids_.release();
-  }
-
-  block_dims dims() const {
-    return block_dims::of(cfg_, B_, T_len_, opt_.tiles, rope_cos_.data(), rope_sin_.data(), *mr_);
-  }
-
-  // Runs embedding, the blocks and the final norm, saving what backward needs.
-  // windows: tokens is (B, T+1) and inputs are the first T of each row;
-  // otherwise tokens is (B, T) of inputs. Leaves the head segment acquired
-  // (before_forward(L) called); the caller ends it.
-  void forward(const std::int32_t* tokens, std::int64_t B, std::int64_t T, bool windows) {
-    check_shapes(B, T);
-    clear_activations();
-    B_ = B;
-    T_len_ = T;
-    const std::int64_t N = B * T, H = cfg_.dim;
-    ids_ = tensor<std::int32_t>(shape{N}, *mr_);
-    const std::int64_t stride = windows ? T + 1 : T;
-    // An input equal to ignore_index is padding: it embeds to zeros and its
-    // row receives no gradient (its own target is the next column).
-    pad_rows_.clear();
-    for (std::int64_t b = 0; b < B; ++b)
-      for (std::int64_t t = 0; t < T; ++t) {
-        std::int32_t id = tokens[b * stride + t];
-        if (id == opt_.ignore_index) {
-          pad_rows_.push_back(b * T + t);
-          id = 0;
-        }
-        ids_[b * T + t] = id;
-      }
-
-    tensor<Param> x(shape{N, H}, *mr_);
+  // The stage input as (N, H) hidden states: the embedding of the ids (into
+  // `rec` when training), or a copy of the previous stage's output.
+  tensor<Param, Backend> embed_input(const micro_batch<Param>& mb, embedding_record<Backend>* rec) {
+    const Ctx& ctx = *ctx_;
+    const std::int64_t N = mb.B * mb.T, H = cfg_.dim;
+    if (!opt_.stage.embedding) {
+      TESSERA_THROW_IF(mb.hidden == nullptr, error,
+                       "forward: a stage without the embedding needs the hidden states");
+      tensor<Param, Backend> x = kernels::make_tensor<Param>(ctx, N * H);
+      kernels::copy_elements(ctx, x.data(), mb.hidden, N * H);
+      return x;
+    }
+    TESSERA_THROW_IF(mb.inputs == nullptr, error, "forward: no input ids");
+    TESSERA_NVTX_RANGE("embedding forward");
     hook(&segment_hooks::before_forward, -1);
-    kernels::embedding_forward<Param>(x.data(), ids_.data(), head_param("embedding"), N, cfg_.vocab,
-                                      H);
+    tensor<Param, Backend> x =
+        rec ? embed_.forward(ctx, mb.inputs, N, segment_params_checked(-1), *rec)
+            : embed_.forward_no_record(ctx, mb.inputs, N, segment_params_checked(-1));
     hook(&segment_hooks::after_forward, -1);
-    for (std::int64_t row : pad_rows_)
-      for (std::int64_t i = 0; i < H; ++i) x[row * H + i] = to<Param>(0.0);
-    tensor<Param> proj(shape{N, H}, *mr_);
-    const block_dims d = dims();
-    records_.resize(static_cast<std::size_t>(cfg_.n_layers));
-    for (int l = 0; l < static_cast<int>(cfg_.n_layers); ++l) {
-      hook(&segment_hooks::before_forward, l);
-      block_forward<P>(records_[static_cast<std::size_t>(l)], x, block_params(l),
-                       blocks_[static_cast<std::size_t>(l)], d, proj);
-      hook(&segment_hooks::after_forward, l);
-    }
-    hook(&segment_hooks::before_forward, last_segment());
-    final_in_ = std::move(x);
-    final_rstd_ = tensor<Acc>(shape{N}, *mr_);
-    final_xn_ = tensor<Param>(shape{N, H}, *mr_);
-    kernels::rmsnorm_forward<Param>(final_xn_.data(), final_rstd_.data(), final_in_.data(),
-                                    head_param("final_norm"), N, H, cfg_.norm_eps);
+    return x;
   }
 
-  // Consumes the records in reverse. dxf: (N, H) gradient of the final norm's output.
-  void backward(tensor<Grad>& dxf) {
-    const std::int64_t N = B_ * T_len_, H = cfg_.dim;
-    tensor<Grad> dres(shape{N, H}, *mr_);  // gradient of the residual stream
-    kernels::rmsnorm_backward<Param, Grad>(dres.data(), seg_grad("final_norm"), dxf.data(),
-                                           final_in_.data(), head_param("final_norm"),
-                                           final_rstd_.data(), N, H, false);
-    final_in_.release();
-    final_xn_.release();
-    final_rstd_.release();
-    dxf.release();
-    hook(&segment_hooks::after_backward, last_segment());
-    const block_dims d = dims();
-    block_grad_scratch<P> scratch(d);
-    for (int l = static_cast<int>(cfg_.n_layers) - 1; l >= 0; --l) {
-      hook(&segment_hooks::before_backward, l);
-      block_backward<P>(records_[static_cast<std::size_t>(l)], dres, block_params(l),
-                        block_grads(l), blocks_[static_cast<std::size_t>(l)], d,
-                        scratch);
-      records_.pop_back();
-      hook(&segment_hooks::after_backward, l);
+  // Embedding and blocks of the whole model without records (evaluation).
+  tensor<Param, Backend> forward_no_record(const micro_batch<Param>& mb, block_shape s) {
+    const Ctx& ctx = *ctx_;
+    tensor<Param, Backend> x = embed_input(mb, nullptr);
+    tensor<Param, Backend> proj = kernels::make_tensor<Param>(ctx, s.N() * cfg_.dim);
+    for (std::int64_t l = 0; l < cfg_.n_layers; ++l) {
+      hook(&segment_hooks::before_forward, static_cast<int>(l));
+      blocks_[static_cast<std::size_t>(l)].forward_no_record(
+          ctx, x, block_params(static_cast<int>(l)), s, proj, rope_cos_.data(), rope_sin_.data());
+      hook(&segment_hooks::after_forward, static_cast<int>(l));
     }
-    hook(&segment_hooks::before_backward, -1);
-    for (std::int64_t row : pad_rows_)
-      for (std::int64_t i = 0; i < H; ++i) dres[row * H + i] = Grad(0);
-    kernels::embedding_backward<Grad>(seg_grad("embedding"), dres.data(), ids_.data(), N, cfg_.vocab,
-                                      H);
-    ids_.release();
-    hook(&segment_hooks::after_backward, -1);
+    return x;
   }
 
   llama_config cfg_;
   llama_options opt_;
   param_layout layout_;
-  memory_resource* mr_;
-  tensor<Param> params_;  // (total) flat parameters; empty with external_params
-  tensor<Grad> grads_;    // (total) flat gradients; empty with external_grads
-  tensor<float> rope_cos_, rope_sin_;
-  std::vector<std::int64_t> seg_begin_;   // L+3 boundaries: segment s is [s+1], [s+2]
+  const Ctx* ctx_;
+  std::vector<std::int64_t> seg_begin_;  // L+3 boundaries of the whole layout
+  std::int64_t lo_ = 0, hi_ = 0;         // this instance's part of the whole layout
+  tensor<Param, Backend> params_;        // (flat_size) flat parameters; empty with external_params
+  tensor<Grad, Backend> grads_;          // (flat_size) flat gradients; empty with external_grads
+  tensor<Rope, Backend> rope_cos_, rope_sin_;
   std::vector<const Param*> seg_params_;  // L+2: where segment s's parameters are read
   std::vector<Grad*> seg_grads_;          // L+2: where segment s's gradients accumulate
   segment_hooks* hooks_ = nullptr;
-  std::vector<block_offsets> blocks_;  // offsets of each block's tensors in its segment
-  std::vector<block_record<P>> records_;
-  tensor<Param> final_in_, final_xn_;
-  tensor<Acc> final_rstd_;
-  tensor<std::int32_t> ids_;
-  std::vector<std::int64_t> pad_rows_;  // input rows holding ignore_index (padding)
-  std::int64_t B_ = 0, T_len_ = 0;
+  embedding<P, Ctx> embed_;
+  std::vector<block_type> blocks_;  // every block of the model (only the stage's run)
+  lm_head<P, Ctx> head_;
 };
 
 }  // namespace tessera::nn

@@ -5,15 +5,36 @@
 /// use the same offsets, so one range of the flat buffer names the same
 /// elements in all of them.
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "tessera/core/error.hpp"
 #include "tessera/core/tensor.hpp"
-#include "tessera/optim/param_range.hpp"
 
 namespace tessera::nn {
+
+/// Elements [begin, end) of the flat parameter buffer, all of one parameter
+/// tensor (or of its part inside a shard), and whether weight decay applies.
+struct param_range {
+  std::int64_t begin = 0;
+  std::int64_t end = 0;
+  bool decay = true;
+  std::int64_t size() const { return end - begin; }
+};
+
+/// Intersects `ranges` with the shard [lo, hi) of the flat buffer (ZeRO
+/// partitions by offset ranges, DESIGN.md principle 4). Empty pieces are dropped.
+inline std::vector<param_range> clip_ranges(const std::vector<param_range>& ranges,
+                                            std::int64_t lo, std::int64_t hi) {
+  std::vector<param_range> out;
+  for (const auto& r : ranges) {
+    std::int64_t b = std::max(r.begin, lo), e = std::min(r.end, hi);
+    if (b < e) out.push_back({b, e, r.decay});
+  }
+  return out;
+}
 
 /// One parameter tensor inside the flat buffer.
 struct param_entry {
@@ -60,8 +81,8 @@ public:
     throw error("no parameter named '" + name + "'");
   }
   /// Decay-flagged ranges for the optimizer, in flat-buffer offsets.
-  std::vector<optim::param_range> ranges() const {
-    std::vector<optim::param_range> r;
+  std::vector<param_range> ranges() const {
+    std::vector<param_range> r;
     for (const auto& e : entries_) r.push_back({e.offset, e.offset + e.numel, e.decay});
     return r;
   }

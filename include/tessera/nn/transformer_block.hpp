@@ -1,6 +1,6 @@
 #pragma once
 /// \file nn/transformer_block.hpp
-/// One pre-norm Llama block, forward and backward side by side
+/// One pre-norm Llama block as a module, forward and backward side by side
 /// (Touvron et al. 2023):
 ///
 ///   xn1 = rmsnorm(x);  q,k,v = xn1 Wq^T, xn1 Wk^T, xn1 Wv^T;  rope(q, k)
@@ -10,196 +10,266 @@
 /// Gradient contract (llm.c): parameter gradients accumulate (+=), the
 /// residual-stream gradient is written (=). forward() saves exactly what
 /// backward() needs in a `block_record`; backward() frees it as it goes.
+/// Under activation checkpointing (nn/checkpointing.hpp) the record keeps
+/// only the block input and backward recomputes the rest first.
 ///
-/// The block reads its parameters from one pointer `p` to the first element
-/// of its segment of the flat buffer (nn/segment_hooks.hpp), so the caller
-/// decides where they live: inside the flat buffer, or a gathered copy under
-/// ZeRO-3. `block_offsets` are relative to that pointer, and the same
-/// offsets index the block's gradients from `g`.
+/// One implementation for every backend and every layer family: the
+/// element-wise kernels are called through the context (argument-dependent
+/// lookup picks the host or the CUDA overload), the GEMMs through the
+/// `Layers` family's linear layers (nn/linear.hpp). The block reads its
+/// parameters from one pointer to the first element of its segment of the
+/// flat buffer (nn/segment_hooks.hpp), so the caller decides where they
+/// live: inside the flat buffer, or a gathered copy under ZeRO-3.
 
 #include <cstdint>
 #include <string>
 
 #include "tessera/core/tensor.hpp"
 #include "tessera/kernels/attention.hpp"
+#include "tessera/kernels/context.hpp"
 #include "tessera/kernels/elementwise.hpp"
 #include "tessera/kernels/gemm.hpp"
 #include "tessera/kernels/rmsnorm.hpp"
 #include "tessera/kernels/rope.hpp"
 #include "tessera/kernels/swiglu.hpp"
+#include "tessera/nn/checkpointing.hpp"
+#include "tessera/nn/linear.hpp"
 #include "tessera/nn/llama_config.hpp"
 #include "tessera/nn/param_layout.hpp"
 #include "tessera/precision/policy.hpp"
 
 namespace tessera::nn {
 
-/// Element offsets of one block's tensors, relative to the block's first
-/// element in the flat buffer (its segment start).
-struct block_offsets {
-  std::int64_t attn_norm, wq, wk, wv, wo, mlp_norm, w_gate, w_up, w_down;
-
-  /// Offsets of block `l` in `layout`, relative to `segment_begin` (the flat
-  /// offset of the block's first tensor). Throws tessera::error if a tensor
-  /// of the block is missing.
-  static block_offsets of(const param_layout& layout, int l, std::int64_t segment_begin) {
-    const std::string b = "blocks." + std::to_string(l) + ".";
-    auto at = [&](const char* n) { return layout.at(b + n).offset - segment_begin; };
-    return {at("attn_norm"), at("attn.wq"),    at("attn.wk"),  at("attn.wv"),   at("attn.wo"),
-            at("mlp_norm"),  at("mlp.w_gate"), at("mlp.w_up"), at("mlp.w_down")};
-  }
-};
-
 /// What one block's forward saves for its backward (N = B*T token rows).
-template <precision::policy P>
+/// A checkpointed block keeps x_in only; the rest is empty until backward
+/// recomputes it.
+template <precision::policy P, class Backend>
 struct block_record {
   using Param = typename P::param_type;
   using Acc = typename P::accum_type;
-  tensor<Param> x_in;   ///< (N, H) block input (residual stream)
-  tensor<Acc> rstd1;    ///< (N)
-  tensor<Param> xn1;    ///< (N, H)
-  tensor<Param> q;      ///< (N, nh*hd) after RoPE
-  tensor<Param> k, v;   ///< (N, nkv*hd), k after RoPE
-  tensor<Param> att;    ///< (N, nh*hd) attention output
-  tensor<Acc> lse;      ///< (B, nh, T)
-  tensor<Param> x_mid;  ///< (N, H) after the attention residual
-  tensor<Acc> rstd2;    ///< (N)
-  tensor<Param> xn2;    ///< (N, H)
-  tensor<Param> gate;   ///< (N, F)
-  tensor<Param> up;     ///< (N, F)
-  tensor<Param> h;      ///< (N, F) silu(gate) * up
+  tensor<Param, Backend> x_in;   ///< (N, H) block input (residual stream)
+  tensor<Acc, Backend> rstd1;    ///< (N)
+  tensor<Param, Backend> xn1;    ///< (N, H)
+  tensor<Param, Backend> q;      ///< (N, nh*hd) after RoPE
+  tensor<Param, Backend> k, v;   ///< (N, nkv*hd), k after RoPE
+  tensor<Param, Backend> att;    ///< (N, nh*hd) attention output
+  tensor<Acc, Backend> lse;      ///< (B, nh, T)
+  tensor<Param, Backend> x_mid;  ///< (N, H) after the attention residual
+  tensor<Acc, Backend> rstd2;    ///< (N)
+  tensor<Param, Backend> xn2;    ///< (N, H)
+  tensor<Param, Backend> gate;   ///< (N, F)
+  tensor<Param, Backend> up;     ///< (N, F)
+  tensor<Param, Backend> h;      ///< (N, F) silu(gate) * up
 };
 
-/// Sizes and shared inputs of one block call.
-struct block_dims {
-  std::int64_t B, T, H, F, KV, nh, nkv, hd;
-  double norm_eps;
-  kernels::attention_tiles tiles;
-  const float* rope_cos;  ///< (max_seq, hd/2)
-  const float* rope_sin;  ///< (max_seq, hd/2)
-  memory_resource* mr;
+/// Sizes of one block call (a micro-batch of B sequences of T tokens).
+struct block_shape {
+  std::int64_t B = 0, T = 0;
   std::int64_t N() const { return B * T; }
-
-  static block_dims of(const llama_config& c, std::int64_t B, std::int64_t T,
-                       kernels::attention_tiles tiles, const float* cos, const float* sin,
-                       memory_resource& mr) {
-    return {B,          T,     c.dim, c.ffn_dim, c.kv_dim(), c.n_heads, c.n_kv_heads, c.head_dim(),
-            c.norm_eps, tiles, cos,   sin,       &mr};
-  }
 };
 
-/// Forward of one block: consumes `x` (N, H), the block input, into r.x_in
-/// and leaves the block output (N, H) in `x`. `p` points at the block's
-/// first parameter; `proj` is (N, H) scratch.
-template <precision::policy P>
-void block_forward(block_record<P>& r, tensor<typename P::param_type>& x,
-                   const typename P::param_type* p, const block_offsets& o, const block_dims& d,
-                   tensor<typename P::param_type>& proj) {
+/// Scratch gradients one backward pass reuses across its blocks.
+template <precision::policy P, class Backend>
+struct block_workspace {
+  using ActGrad = typename P::act_grad_type;
+  tensor<ActGrad, Backend> dxn, datt, dq;   ///< (N, H)
+  tensor<ActGrad, Backend> dk, dv;          ///< (N, KV)
+  tensor<ActGrad, Backend> dh, dgate, dup;  ///< (N, F)
+};
+
+/// A transformer block of a Llama: its layout in its segment, its layers,
+/// and forward/backward over a context `Ctx` (kernels::host_context or
+/// kernels::cuda_context).
+template <precision::policy P, class Ctx, class Layers = dense_layers>
+class transformer_block {
+ public:
+  using Backend = typename Ctx::backend_type;
   using Param = typename P::param_type;
+  using Grad = typename P::grad_type;
+  using ActGrad = typename P::act_grad_type;
   using Acc = typename P::accum_type;
-  const std::int64_t N = d.N(), H = d.H, F = d.F, KV = d.KV;
-  memory_resource& mr = *d.mr;
-  r.x_in = std::move(x);
-  r.rstd1 = tensor<Acc>(shape{N}, mr);
-  r.xn1 = tensor<Param>(shape{N, H}, mr);
-  kernels::rmsnorm_forward<Param>(r.xn1.data(), r.rstd1.data(), r.x_in.data(), p + o.attn_norm, N,
-                                  H, d.norm_eps);
-  r.q = tensor<Param>(shape{N, H}, mr);
-  r.k = tensor<Param>(shape{N, KV}, mr);
-  r.v = tensor<Param>(shape{N, KV}, mr);
-  kernels::linear_forward<Param>(r.q.data(), r.xn1.data(), p + o.wq, N, H, H);
-  kernels::linear_forward<Param>(r.k.data(), r.xn1.data(), p + o.wk, N, KV, H);
-  kernels::linear_forward<Param>(r.v.data(), r.xn1.data(), p + o.wv, N, KV, H);
-  kernels::rope_forward<Param>(r.q.data(), d.rope_cos, d.rope_sin, d.B, d.T, d.nh, d.hd);
-  kernels::rope_forward<Param>(r.k.data(), d.rope_cos, d.rope_sin, d.B, d.T, d.nkv, d.hd);
-  r.att = tensor<Param>(shape{N, H}, mr);
-  r.lse = tensor<Acc>(shape{d.B, d.nh, d.T}, mr);
-  kernels::attention_forward<Param>(r.att.data(), r.lse.data(), r.q.data(), r.k.data(), r.v.data(),
-                                    d.B, d.T, d.nh, d.nkv, d.hd, d.tiles, mr);
-  kernels::linear_forward<Param>(proj.data(), r.att.data(), p + o.wo, N, H, H);
-  r.x_mid = tensor<Param>(shape{N, H}, mr);
-  kernels::residual_add<Param>(r.x_mid.data(), r.x_in.data(), proj.data(), N * H);
-  r.rstd2 = tensor<Acc>(shape{N}, mr);
-  r.xn2 = tensor<Param>(shape{N, H}, mr);
-  kernels::rmsnorm_forward<Param>(r.xn2.data(), r.rstd2.data(), r.x_mid.data(), p + o.mlp_norm, N,
-                                  H, d.norm_eps);
-  r.gate = tensor<Param>(shape{N, F}, mr);
-  r.up = tensor<Param>(shape{N, F}, mr);
-  r.h = tensor<Param>(shape{N, F}, mr);
-  kernels::linear_forward<Param>(r.gate.data(), r.xn2.data(), p + o.w_gate, N, F, H);
-  kernels::linear_forward<Param>(r.up.data(), r.xn2.data(), p + o.w_up, N, F, H);
-  kernels::swiglu_forward<Param>(r.h.data(), r.gate.data(), r.up.data(), N * F);
-  kernels::linear_forward<Param>(proj.data(), r.h.data(), p + o.w_down, N, H, F);
-  x = tensor<Param>(shape{N, H}, mr);
-  kernels::residual_add<Param>(x.data(), r.x_mid.data(), proj.data(), N * H);
-}
+  using Rope = typename P::rope_type;
+  using record = block_record<P, Backend>;
+  using workspace = block_workspace<P, Backend>;
 
-/// Scratch gradients one backward pass reuses across blocks.
-template <precision::policy P>
-struct block_grad_scratch {
-  using Grad = typename P::grad_type;
-  tensor<Grad> dxn, datt, dq;   ///< (N, H)
-  tensor<Grad> dk, dv;          ///< (N, KV)
-  tensor<Grad> dh, dgate, dup;  ///< (N, F)
-  explicit block_grad_scratch(const block_dims& d) {
-    const std::int64_t N = d.N();
-    memory_resource& mr = *d.mr;
-    dxn = tensor<Grad>(shape{N, d.H}, mr);
-    datt = tensor<Grad>(shape{N, d.H}, mr);
-    dq = tensor<Grad>(shape{N, d.H}, mr);
-    dk = tensor<Grad>(shape{N, d.KV}, mr);
-    dv = tensor<Grad>(shape{N, d.KV}, mr);
-    dh = tensor<Grad>(shape{N, d.F}, mr);
-    dgate = tensor<Grad>(shape{N, d.F}, mr);
-    dup = tensor<Grad>(shape{N, d.F}, mr);
+  transformer_block() = default;
+  /// Block `l` of `layout` (make_llama_layout(c)), whose segment starts at
+  /// flat offset `segment_begin`. Throws tessera::error if a tensor of the
+  /// block is missing.
+  transformer_block(const llama_config& c, const param_layout& layout, int l,
+                    std::int64_t segment_begin)
+      : l_(l), H_(c.dim), F_(c.ffn_dim), KV_(c.kv_dim()), nh_(c.n_heads), nkv_(c.n_kv_heads),
+        hd_(c.head_dim()), eps_(c.norm_eps) {
+    const std::string b = "blocks." + std::to_string(l) + ".";
+    auto at = [&](const char* n) { return layout.at(b + n).offset - segment_begin; };
+    attn_norm_ = at("attn_norm");
+    mlp_norm_ = at("mlp_norm");
+    wq_ = {H_, H_, at("attn.wq")};
+    wk_ = {KV_, H_, at("attn.wk")};
+    wv_ = {KV_, H_, at("attn.wv")};
+    wo_ = {H_, H_, at("attn.wo")};
+    w_gate_ = {F_, H_, at("mlp.w_gate")};
+    w_up_ = {F_, H_, at("mlp.w_up")};
+    w_down_ = {H_, F_, at("mlp.w_down")};
   }
-};
 
-/// Backward of one block. dres: (N, H) gradient of the block output on
-/// entry, of the block input on return (=). Parameter gradients accumulate
-/// (+=) into `g` (the block's first gradient element, same offsets as `p`).
-/// Frees the record's tensors as they are consumed.
-template <precision::policy P>
-void block_backward(block_record<P>& r, tensor<typename P::grad_type>& dres,
-                    const typename P::param_type* p, typename P::grad_type* g,
-                    const block_offsets& o, const block_dims& d, block_grad_scratch<P>& s) {
-  using Param = typename P::param_type;
-  using Grad = typename P::grad_type;
-  const std::int64_t N = d.N(), H = d.H, F = d.F, KV = d.KV;
-  // MLP: y = x_mid + h Wd^T
-  kernels::linear_backward_input<Param, Grad>(s.dh.data(), dres.data(), p + o.w_down, N, H, F);
-  kernels::linear_backward_weight<Param, Grad>(g + o.w_down, dres.data(), r.h.data(), N, H, F);
-  kernels::swiglu_backward<Param, Grad>(s.dgate.data(), s.dup.data(), s.dh.data(), r.gate.data(),
-                                        r.up.data(), N * F);
-  kernels::linear_backward_input<Param, Grad>(s.dxn.data(), s.dgate.data(), p + o.w_gate, N, F, H);
-  kernels::linear_backward_input<Param, Grad>(s.dxn.data(), s.dup.data(), p + o.w_up, N, F, H,
-                                              true);
-  kernels::linear_backward_weight<Param, Grad>(g + o.w_gate, s.dgate.data(), r.xn2.data(), N, F, H);
-  kernels::linear_backward_weight<Param, Grad>(g + o.w_up, s.dup.data(), r.xn2.data(), N, F, H);
-  kernels::rmsnorm_backward<Param, Grad>(dres.data(), g + o.mlp_norm, s.dxn.data(), r.x_mid.data(),
-                                         p + o.mlp_norm, r.rstd2.data(), N, H, true);
-  r.h.release();
-  r.gate.release();
-  r.up.release();
-  r.xn2.release();
-  r.x_mid.release();
-  r.rstd2.release();
-  // Attention: x_mid = x_in + att Wo^T
-  kernels::linear_backward_input<Param, Grad>(s.datt.data(), dres.data(), p + o.wo, N, H, H);
-  kernels::linear_backward_weight<Param, Grad>(g + o.wo, dres.data(), r.att.data(), N, H, H);
-  kernels::attention_backward<Param, Grad>(
-      s.dq.data(), s.dk.data(), s.dv.data(), s.datt.data(), r.q.data(), r.k.data(), r.v.data(),
-      r.att.data(), r.lse.data(), d.B, d.T, d.nh, d.nkv, d.hd, d.tiles, *d.mr);
-  kernels::rope_backward<Grad>(s.dq.data(), d.rope_cos, d.rope_sin, d.B, d.T, d.nh, d.hd);
-  kernels::rope_backward<Grad>(s.dk.data(), d.rope_cos, d.rope_sin, d.B, d.T, d.nkv, d.hd);
-  kernels::linear_backward_input<Param, Grad>(s.dxn.data(), s.dq.data(), p + o.wq, N, H, H);
-  kernels::linear_backward_input<Param, Grad>(s.dxn.data(), s.dk.data(), p + o.wk, N, KV, H, true);
-  kernels::linear_backward_input<Param, Grad>(s.dxn.data(), s.dv.data(), p + o.wv, N, KV, H, true);
-  kernels::linear_backward_weight<Param, Grad>(g + o.wq, s.dq.data(), r.xn1.data(), N, H, H);
-  kernels::linear_backward_weight<Param, Grad>(g + o.wk, s.dk.data(), r.xn1.data(), N, KV, H);
-  kernels::linear_backward_weight<Param, Grad>(g + o.wv, s.dv.data(), r.xn1.data(), N, KV, H);
-  kernels::rmsnorm_backward<Param, Grad>(dres.data(), g + o.attn_norm, s.dxn.data(), r.x_in.data(),
-                                         p + o.attn_norm, r.rstd1.data(), N, H, true);
-  r = block_record<P>{};
-}
+  /// The block's index in the model.
+  int index() const { return l_; }
+
+  /// Forward: consumes `x` (N, H), the block input, into r.x_in and leaves
+  /// the block output (N, H) in `x`. `p`: the segment's first parameter;
+  /// `proj` (N, H) scratch; `cos`, `sin` the RoPE tables (max_seq, hd/2).
+  /// With `recompute`, the record keeps x_in only (activation checkpointing).
+  void forward(const Ctx& ctx, tensor<Param, Backend>& x, record& r, const Param* p,
+               block_shape s, tensor<Param, Backend>& proj, const Rope* cos, const Rope* sin,
+               bool recompute) const {
+    r.x_in = std::move(x);
+    fill_record(ctx, r, p, s, proj, cos, sin);
+    const std::int64_t N = s.N();
+    w_down_.forward(ctx, proj.data(), r.h.data(), p, N);
+    x = kernels::make_tensor<Param>(ctx, N * H_);
+    residual_add(ctx, x.data(), r.x_mid.data(), proj.data(), N * H_);
+    if (recompute) release_all_but_input(r);
+  }
+
+  /// Forward without a record (evaluation): `x` (N, H) in, the output in `x`.
+  void forward_no_record(const Ctx& ctx, tensor<Param, Backend>& x, const Param* p,
+                         block_shape s, tensor<Param, Backend>& proj, const Rope* cos,
+                         const Rope* sin) const {
+    record r;
+    forward(ctx, x, r, p, s, proj, cos, sin, false);
+  }
+
+  /// Backward. dres: (N, H) gradient of the block output on entry, of the
+  /// block input on return (=). Parameter gradients accumulate (+=) into
+  /// `g` (the segment's first gradient element, same offsets as `p`). A
+  /// checkpointed record is recomputed first (`proj` (N, H) scratch); the
+  /// record is empty on return.
+  void backward(const Ctx& ctx, record& r, tensor<ActGrad, Backend>& dres, const Param* p, Grad* g,
+                block_shape s, workspace& w, tensor<Param, Backend>& proj, const Rope* cos,
+                const Rope* sin) const {
+    if (r.h.empty()) fill_record(ctx, r, p, s, proj, cos, sin);  // recompute (checkpointed)
+    const std::int64_t N = s.N();
+    // MLP: y = x_mid + h Wd^T
+    w_down_.backward_input(ctx, w.dh.data(), dres.data(), p, N);
+    w_down_.backward_weight(ctx, g, dres.data(), r.h.data(), N);
+    swiglu_backward(ctx, w.dgate.data(), w.dup.data(), w.dh.data(), r.gate.data(), r.up.data(),
+                    N * F_);
+    w_gate_.backward_input(ctx, w.dxn.data(), w.dgate.data(), p, N);
+    w_up_.backward_input(ctx, w.dxn.data(), w.dup.data(), p, N, true);
+    w_gate_.backward_weight(ctx, g, w.dgate.data(), r.xn2.data(), N);
+    w_up_.backward_weight(ctx, g, w.dup.data(), r.xn2.data(), N);
+    rmsnorm_backward(ctx, dres.data(), g + mlp_norm_, w.dxn.data(), r.x_mid.data(), p + mlp_norm_,
+                     r.rstd2.data(), N, H_, true);
+    r.h.release();
+    r.gate.release();
+    r.up.release();
+    r.xn2.release();
+    r.x_mid.release();
+    r.rstd2.release();
+    // Attention: x_mid = x_in + att Wo^T
+    wo_.backward_input(ctx, w.datt.data(), dres.data(), p, N);
+    wo_.backward_weight(ctx, g, dres.data(), r.att.data(), N);
+    attention_backward(ctx, w.dq.data(), w.dk.data(), w.dv.data(), w.datt.data(), r.q.data(),
+                       r.k.data(), r.v.data(), r.att.data(), r.lse.data(), s.B, s.T, nh_, nkv_,
+                       hd_);
+    rope_backward(ctx, w.dq.data(), cos, sin, s.B, s.T, nh_, hd_);
+    rope_backward(ctx, w.dk.data(), cos, sin, s.B, s.T, nkv_, hd_);
+    wq_.backward_input(ctx, w.dxn.data(), w.dq.data(), p, N);
+    wk_.backward_input(ctx, w.dxn.data(), w.dk.data(), p, N, true);
+    wv_.backward_input(ctx, w.dxn.data(), w.dv.data(), p, N, true);
+    wq_.backward_weight(ctx, g, w.dq.data(), r.xn1.data(), N);
+    wk_.backward_weight(ctx, g, w.dk.data(), r.xn1.data(), N);
+    wv_.backward_weight(ctx, g, w.dv.data(), r.xn1.data(), N);
+    rmsnorm_backward(ctx, dres.data(), g + attn_norm_, w.dxn.data(), r.x_in.data(),
+                     p + attn_norm_, r.rstd1.data(), N, H_, true);
+    r = record{};
+  }
+
+  /// The scratch of one backward pass over blocks of these sizes.
+  workspace make_workspace(const Ctx& ctx, block_shape s) const {
+    const std::int64_t N = s.N();
+    workspace w;
+    w.dxn = kernels::make_tensor<ActGrad>(ctx, N * H_);
+    w.datt = kernels::make_tensor<ActGrad>(ctx, N * H_);
+    w.dq = kernels::make_tensor<ActGrad>(ctx, N * H_);
+    w.dk = kernels::make_tensor<ActGrad>(ctx, N * KV_);
+    w.dv = kernels::make_tensor<ActGrad>(ctx, N * KV_);
+    w.dh = kernels::make_tensor<ActGrad>(ctx, N * F_);
+    w.dgate = kernels::make_tensor<ActGrad>(ctx, N * F_);
+    w.dup = kernels::make_tensor<ActGrad>(ctx, N * F_);
+    return w;
+  }
+
+  // ---- what the block allocates (the planner sums these) ----------------------------------
+
+  /// Bytes of a full record per token: (6H + 2KV + 3F) Param (x_in, xn1, q,
+  /// att, x_mid, xn2; k, v; gate, up, h) and (2 + nh) Acc (rstd1, rstd2, lse).
+  std::int64_t record_bytes_per_token() const {
+    return static_cast<std::int64_t>(sizeof(Param)) * (6 * H_ + 2 * KV_ + 3 * F_) +
+           static_cast<std::int64_t>(sizeof(Acc)) * (2 + nh_);
+  }
+  /// Bytes per token a checkpointed block keeps: its input.
+  std::int64_t checkpoint_bytes_per_token() const {
+    return static_cast<std::int64_t>(sizeof(Param)) * H_;
+  }
+  /// Bytes per token of the record's MLP half (x_mid, xn2; gate, up, h;
+  /// rstd2), which backward frees before the attention backward.
+  std::int64_t mlp_record_bytes_per_token() const {
+    return static_cast<std::int64_t>(sizeof(Param)) * (2 * H_ + 3 * F_) +
+           static_cast<std::int64_t>(sizeof(Acc));
+  }
+  /// Bytes per token of the backward workspace (dxn, datt, dq; dk, dv; dh, dgate, dup).
+  std::int64_t workspace_bytes_per_token() const {
+    return static_cast<std::int64_t>(sizeof(ActGrad)) * (3 * H_ + 2 * KV_ + 3 * F_);
+  }
+
+ private:
+  // Every record tensor but x_in, from r.x_in: the forward up to (not
+  // including) the down projection.
+  void fill_record(const Ctx& ctx, record& r, const Param* p, block_shape s,
+                   tensor<Param, Backend>& proj, const Rope* cos, const Rope* sin) const {
+    const std::int64_t N = s.N(), H = H_, F = F_, KV = KV_;
+    r.rstd1 = kernels::make_tensor<Acc>(ctx, N);
+    r.xn1 = kernels::make_tensor<Param>(ctx, N * H);
+    rmsnorm_forward(ctx, r.xn1.data(), r.rstd1.data(), r.x_in.data(), p + attn_norm_, N, H, eps_);
+    r.q = kernels::make_tensor<Param>(ctx, N * H);
+    r.k = kernels::make_tensor<Param>(ctx, N * KV);
+    r.v = kernels::make_tensor<Param>(ctx, N * KV);
+    wq_.forward(ctx, r.q.data(), r.xn1.data(), p, N);
+    wk_.forward(ctx, r.k.data(), r.xn1.data(), p, N);
+    wv_.forward(ctx, r.v.data(), r.xn1.data(), p, N);
+    rope_forward(ctx, r.q.data(), cos, sin, s.B, s.T, nh_, hd_);
+    rope_forward(ctx, r.k.data(), cos, sin, s.B, s.T, nkv_, hd_);
+    r.att = kernels::make_tensor<Param>(ctx, N * H);
+    r.lse = kernels::make_tensor<Acc>(ctx, s.B * nh_ * s.T);
+    attention_forward(ctx, r.att.data(), r.lse.data(), r.q.data(), r.k.data(), r.v.data(), s.B,
+                      s.T, nh_, nkv_, hd_);
+    wo_.forward(ctx, proj.data(), r.att.data(), p, N);
+    r.x_mid = kernels::make_tensor<Param>(ctx, N * H);
+    residual_add(ctx, r.x_mid.data(), r.x_in.data(), proj.data(), N * H);
+    r.rstd2 = kernels::make_tensor<Acc>(ctx, N);
+    r.xn2 = kernels::make_tensor<Param>(ctx, N * H);
+    rmsnorm_forward(ctx, r.xn2.data(), r.rstd2.data(), r.x_mid.data(), p + mlp_norm_, N, H, eps_);
+    r.gate = kernels::make_tensor<Param>(ctx, N * F);
+    r.up = kernels::make_tensor<Param>(ctx, N * F);
+    r.h = kernels::make_tensor<Param>(ctx, N * F);
+    w_gate_.forward(ctx, r.gate.data(), r.xn2.data(), p, N);
+    w_up_.forward(ctx, r.up.data(), r.xn2.data(), p, N);
+    swiglu_forward(ctx, r.h.data(), r.gate.data(), r.up.data(), N * F);
+  }
+  static void release_all_but_input(record& r) {
+    tensor<Param, Backend> x = std::move(r.x_in);
+    r = record{};
+    r.x_in = std::move(x);
+  }
+
+  int l_ = 0;
+  std::int64_t H_ = 0, F_ = 0, KV_ = 0, nh_ = 0, nkv_ = 0, hd_ = 0;
+  double eps_ = 1e-5;
+  std::int64_t attn_norm_ = 0, mlp_norm_ = 0;  // norm gains, offsets in the segment
+  typename Layers::column wq_, wk_, wv_, w_gate_, w_up_;
+  typename Layers::row wo_, w_down_;
+};
 
 }  // namespace tessera::nn

@@ -35,7 +35,7 @@
 #include <vector>
 
 #include "tessera/core/error.hpp"
-#include "tessera/optim/param_range.hpp"
+#include "tessera/nn/param_layout.hpp"
 
 namespace tessera::parallel {
 
@@ -163,12 +163,12 @@ class bucket_plan {
   /// The parameter ranges (flat offsets, with their decay flag) that fall in
   /// this rank's shard, in shard-local offsets: what the optimizer of the
   /// shard updates. Padding is in no range.
-  std::vector<optim::param_range> shard_ranges(const std::vector<optim::param_range>& flat) const {
-    std::vector<optim::param_range> out;
+  std::vector<nn::param_range> shard_ranges(const std::vector<nn::param_range>& flat) const {
+    std::vector<nn::param_range> out;
     for (std::size_t k = 0; k < buckets_.size(); ++k) {
       const auto [lo, hi] = owned(k);
       const std::int64_t base = buckets_[k].shard_offset - lo;
-      for (const auto& r : optim::clip_ranges(flat, lo, hi))
+      for (const auto& r : nn::clip_ranges(flat, lo, hi))
         out.push_back({r.begin + base, r.end + base, r.decay});
     }
     return out;

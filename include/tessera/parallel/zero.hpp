@@ -1,32 +1,40 @@
 #pragma once
 /// \file parallel/zero.hpp
-/// `data_parallel<P, Sharding, Comm>`: the data-parallel engine of one rank,
-/// under a sharding strategy `zero<0..3>` (parallel/sharding.hpp). It owns
-/// what the strategy shards (optimizer state, reduced gradients, parameter
-/// shards), hooks into the model per segment (nn/segment_hooks.hpp), and
-/// runs the collectives.
+/// `data_parallel<Model, Optimizer, Sharding, Comm>`: the data-parallel
+/// engine of one rank, under a sharding strategy `zero<0..3>`
+/// (parallel/sharding.hpp), written once for every backend. It owns what
+/// the strategy shards (optimizer state, reduced gradients, parameter
+/// shards) in the model's backend memory, hooks into the model per segment
+/// (nn/segment_hooks.hpp), and runs the collectives through a communicator
+/// whose buffers live in that same memory (host memory: local_communicator,
+/// mpi_communicator; device memory: nccl_communicator). A mismatch does not
+/// compile.
 ///
-/// One optimizer step (the trainer drives it; seeds/004 "Data parallelism"
-/// and "Sharding: ZeRO and FSDP"; Rajbhandari et al. 2020):
+/// One optimizer step (the trainer's executor drives it; seeds/004 "Data
+/// parallelism" and "Sharding: ZeRO and FSDP"; Rajbhandari et al. 2020):
 ///
-///   begin_step(); for a in 0..A-1: begin_micro_batch(a, sync = a == A-1);
-///   model.forward_backward(...)  -- gradients accumulate locally; on the
-///       last micro-batch only, each bucket's reduction starts (async) as
-///       soon as backward has produced all of its gradients, while earlier
-///       segments still compute (no_sync on the first A-1 micro-batches);
-///   finish_gradients()           -- waits for every reduction (the
-///       optimizer waits only for the last one);
-///   grad_norm_squared()          -- over every shard and rank, each element
-///       once (one float64 all_reduce);
-///   step(lr, clip)               -- AdamW on the owned elements, then
-///       ZeRO-1/2 all-gather the updated parameters.
+///   begin_step(A); for each micro-batch: begin_micro_batch(m);
+///   model.forward(...); model.backward(...) -- gradients accumulate
+///       locally; a bucket's reduction starts (async) as soon as the A-th
+///       backward of the step has produced all of its gradients, while
+///       earlier segments still compute (no_sync before that: whatever the
+///       schedule's order of forwards and backwards);
+///   finish_gradients()           -- waits for every reduction;
+///   grad_norm_squared(d_out)     -- over every shard and rank, each element
+///       once (one float64 all_reduce), into the context's memory;
+///   step(lr, d_clip)             -- the optimizer on the owned elements,
+///       then ZeRO-1/2 all-gather the updated parameters.
+///
+/// One rank (comm.size() == 1) under zero<0> has nothing to reduce: no
+/// buckets are staged and the norm is one pass over the model's flat
+/// gradient buffer, the single-rank step.
 ///
 /// What each stage keeps per rank (Psi = parameters, padded per bucket;
 /// R = reduce_type_t<P>):
 ///
 ///   zero<0>: full parameters, full optimizer state (master weights and
 ///            moments), full gradients, a persistent padded staging buffer
-///            (Psi R); each bucket is all-reduced.
+///            (Psi R; none on one rank); each bucket is all-reduced.
 ///   zero<1>: full parameters and gradients, optimizer state and a Param
 ///            copy of the shard (Psi/N), reduced-gradient shard (Psi/N R),
 ///            persistent staging; buckets are reduce-scattered, the updated
@@ -39,16 +47,13 @@
 ///            (llama::set_segment_grads; build the model with
 ///            llama_options::external_grads), accumulated over the window's
 ///            micro-batches (no_sync, as FSDP's), reduce-scattered from in
-///            place on the last micro-batch as soon as the bucket is
-///            complete, and freed as soon as that reduce-scatter completes
-///            (tested after every later hook, waited for at the latest in
-///            finish_gradients()).
+///            place once the bucket is complete, and freed as soon as that
+///            reduce-scatter completes (tested after every later hook,
+///            waited for at the latest in finish_gradients()).
 ///   zero<3>: as zero<2>, and no full parameter buffer: every segment (one
 ///            bucket each) is all-gathered before its forward and again
 ///            before its backward, freed after use, the next segment's gather
 ///            issued before the current one computes (prefetch).
-///   On zero<0,1> the model's gradient buffer is full size and persistent
-///   (it sums the window's micro-batches before the one reduction).
 ///
 /// Communication per optimizer step and rank, ring formulas of
 /// comm/communicator.hpp, N ranks, P_k padded bucket sizes, A micro-batches:
@@ -57,24 +62,28 @@
 ///   zero<3>:   sum_k (N-1)/N P_k sizeof(R) + (N-1)/N sizeof(Param) *
 ///              (A (2 Psi_pad - P_head))                     (RS + AG fwd, bwd)
 /// (the head's forward and backward are fused, so it is gathered once per
-/// micro-batch), plus three 1-element all_reduces (scored tokens, loss,
-/// norm). With R = Param = float32 and A = 1, ZeRO-1/2 equal zero<0> and
-/// ZeRO-3 is 1.5x it less the head's second gather (ZeRO paper, section 7).
+/// micro-batch), plus the trainer's 1-element all_reduces (scored tokens,
+/// loss, norm). With R = Param = float32 and A = 1, ZeRO-1/2 equal zero<0>
+/// and ZeRO-3 is 1.5x it less the head's second gather (ZeRO paper, section 7).
 ///
 /// Determinism: the same sizes, ranks and communicator give the same bits.
 /// Under local_communicator, all_reduce and reduce_scatter add each element
 /// in the same ring order (the buckets are padded to equal chunks), the norm
-/// is summed over the same chunks in the same order, and AdamW is
+/// is summed over the same chunks in the same order, and the optimizer is
 /// element-wise, so zero<0..3> agree bit for bit when their buckets agree
 /// (zero<3> uses one bucket per segment: give the others a bucket size
 /// below the smallest segment to compare).
 ///
+/// Streams (device communicators): the collectives run on the
+/// communicator's stream; the trainer uses that stream as its compute
+/// stream, so kernels and collectives are ordered on one stream.
+///
 /// Thread-safety: one engine per rank, used from that rank's thread.
 ///
 /// Profiling: each bucket reduction's issue and wait, each all-gather, the
-/// gradient norm and the optimizer step are NVTX ranges (core/nvtx.hpp;
-/// nothing without TESSERA_WITH_NVTX).
+/// gradient norm and the optimizer step are NVTX ranges (core/nvtx.hpp).
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <deque>
@@ -88,10 +97,11 @@
 #include "tessera/core/numeric.hpp"
 #include "tessera/core/nvtx.hpp"
 #include "tessera/core/tensor.hpp"
-#include "tessera/nn/llama.hpp"
+#include "tessera/kernels/context.hpp"
+#include "tessera/kernels/elementwise.hpp"
+#include "tessera/kernels/optimizer.hpp"
 #include "tessera/nn/segment_hooks.hpp"
-#include "tessera/optim/adamw.hpp"
-#include "tessera/optim/clip.hpp"
+#include "tessera/optim/optimizer.hpp"
 #include "tessera/parallel/buckets.hpp"
 #include "tessera/parallel/sharding.hpp"
 #include "tessera/precision/policy.hpp"
@@ -122,24 +132,35 @@ struct reduction_event {
   int after_segment = 0;
 };
 
-/// The data-parallel engine of one rank (file comment). `P` precision
-/// policy, `S` sharding strategy (zero<0..3>), `C` communicator over the dp
-/// ranks. Holds references to the model and the communicator (not owned).
-template <precision::policy P, sharding_strategy S, comm::communicator C>
+/// The data-parallel engine of one rank (file comment). `Model` is an
+/// nn::llama (or a stage of one), `O` an optimizer policy, `S` a sharding
+/// strategy (zero<0..3>), `C` a communicator over the dp ranks whose
+/// buffer space is the model's backend memory. Holds references to the
+/// model and the communicator (not owned).
+template <class Model, optim::optimizer_policy O, sharding_strategy S, comm::communicator C>
 class data_parallel final : public nn::segment_hooks {
  public:
+  using precision_type = typename Model::precision_type;
+  using P = precision_type;
+  using Backend = typename Model::backend_type;
+  using Ctx = typename Model::context_type;
   using Param = typename P::param_type;
   using Grad = typename P::grad_type;
   using Master = typename P::master_type;
   using Reduce = reduce_type_t<P>;
-  using model_type = nn::llama<P>;
-  /// AdamW over the whole flat buffer (zero<0>) or over this rank's shard.
+  using model_type = Model;
+  /// The optimizer over the whole flat buffer (zero<0>) or this rank's shard.
   using optimizer_type =
-      optim::adamw<Param, std::conditional_t<S::shards_optimizer_state, Reduce, Grad>, Master>;
+      typename O::template state<Param, std::conditional_t<S::shards_optimizer_state, Reduce, Grad>,
+                                 Master, Ctx>;
   static_assert(comm::comm_element<Reduce>,
                 "reduce_type_t<P> must be a comm_element (float or double)");
   static_assert(comm::comm_element<Param> || sizeof(Param) == 2,
                 "parameters are all-gathered as themselves or, 2-byte types, as 32-bit words");
+  static_assert((comm::buffer_space_of<C> == comm::buffer_space::host) == Ctx::host_accessible,
+                "data_parallel: the communicator's buffer space and the model's backend memory "
+                "differ: host-memory communicators (local_communicator, mpi_communicator) go with "
+                "the host backend, device-memory ones (nccl_communicator) with the cuda backend");
 
   /// Builds the buckets and the shard of rank comm.rank() of comm.size(),
   /// allocates what the stage keeps (now, so the memory floor is visible
@@ -149,26 +170,30 @@ class data_parallel final : public nn::segment_hooks {
   /// the same on every rank (init_weights(seed)); under zero<3> the model was
   /// built with llama_options::external_params. Under zero<2,3> the model
   /// should be built with llama_options::external_grads (else its flat
-  /// gradient buffer stays allocated, unused: the engine points every
-  /// segment's gradients at its bucket buffers until it is destroyed, then
-  /// back). Throws config_error naming the values if the model's parameter
-  /// storage does not match the stage, or zero<0,1> get a model without a
-  /// gradient buffer.
-  data_parallel(model_type& model, C& comm, optim::adamw_config adamw, std::uint64_t seed,
-                data_parallel_options opt = {}, memory_resource& mr = host::default_resource())
+  /// gradient buffer stays allocated, unused). Throws config_error naming
+  /// the values if the model's parameter storage does not match the stage,
+  /// or zero<0,1> get a model without a gradient buffer.
+  data_parallel(Model& model, C& comm, typename O::config opt_cfg, std::uint64_t seed,
+                data_parallel_options opt = {})
       : model_(&model),
+        ctx_(&model.context()),
         comm_(&comm),
         opt_(checked(opt, model)),
-        mr_(&mr),
+        local_(S::stage == 0 && comm.size() == 1),
         plan_(segments(model), comm.size(), comm.rank(),
               std::max<std::int64_t>(1, opt.bucket_bytes / std::int64_t{sizeof(Reduce)}),
               S::shards_parameters),
-        adamw_(make_optimizer(adamw)) {
+        optimizer_(make_optimizer(opt_cfg)) {
+    const Ctx& ctx = *ctx_;
     const std::size_t nb = plan_.size();
     reductions_.assign(nb, 0);
+    backwards_.assign(static_cast<std::size_t>(model.last_segment() - model.first_segment() + 1),
+                      0);
     if constexpr (!S::shards_gradients) {
-      staging_ = tensor<Reduce>(shape{plan_.staging_size()}, mr);
-      staging_.zero();
+      if (!local_) {
+        staging_ = kernels::make_tensor<Reduce>(ctx, plan_.staging_size());
+        kernels::zero_elements(ctx, staging_.data(), plan_.staging_size());
+      }
     } else {
       // Gradients go to the window buffers only (a model built without
       // external_grads keeps an unused flat buffer).
@@ -177,21 +202,24 @@ class data_parallel final : public nn::segment_hooks {
         model.set_segment_grads(t, nullptr);
     }
     if constexpr (S::shards_optimizer_state) {
-      shard_grads_ = tensor<Reduce>(shape{plan_.shard_size()}, mr);
-      shard_grads_.zero();
-      shard_params_ = tensor<Param>(shape{plan_.shard_size()}, mr);
-      for (std::int64_t i = 0; i < plan_.shard_size(); ++i) shard_params_[i] = to<Param>(0.0);
+      shard_grads_ = kernels::make_tensor<Reduce>(ctx, plan_.shard_size());
+      kernels::zero_elements(ctx, shard_grads_.data(), plan_.shard_size());
+      shard_params_ = kernels::make_tensor<Param>(ctx, plan_.shard_size());
+      kernels::zero_elements(ctx, shard_params_.data(), plan_.shard_size());
       for (std::size_t k = 0; k < nb; ++k) {
         const auto [lo, hi] = plan_.owned(k);
         Param* dst = shard_params_.data() + plan_.buckets()[k].shard_offset;
-        if constexpr (S::shards_parameters)
-          model.init_weights_range(seed, lo, hi, dst);
-        else
-          for (std::int64_t i = lo; i < hi; ++i) dst[i - lo] = model.params()[i];
+        if constexpr (S::shards_parameters) {
+          std::vector<Param> h(static_cast<std::size_t>(hi - lo));
+          model.init_weights_range(seed, lo, hi, h.data());
+          ctx.from_host(dst, h.data(), h.size() * sizeof(Param));
+        } else {
+          kernels::copy_elements(ctx, dst, model.params() + lo, hi - lo);
+        }
       }
-      adamw_.init_master(shard_params_.data());
+      optimizer_.init_master(shard_params_.data());
     } else {
-      adamw_.init_master(model.params());
+      optimizer_.init_master(model.params());
     }
     if constexpr (S::shards_parameters) gathered_.resize(nb);
     model.set_hooks(this);
@@ -219,12 +247,12 @@ class data_parallel final : public nn::segment_hooks {
   const bucket_plan& plan() const { return plan_; }
   /// The optimizer: over the whole flat buffer (zero<0>) or this rank's
   /// shard-local buffer (zero<1..3>, plan().shard_ranges offsets).
-  optimizer_type& optimizer() { return adamw_; }
-  const optimizer_type& optimizer() const { return adamw_; }
+  optimizer_type& optimizer() { return optimizer_; }
+  const optimizer_type& optimizer() const { return optimizer_; }
   /// The communicator over the dp ranks (not owned).
   C& communicator() { return *comm_; }
   /// This rank's parameter shard (shard-local order, plan().shard_size()
-  /// elements); null under zero<0>.
+  /// elements, the context's memory); null under zero<0>.
   const Param* shard_params() const { return shard_params_.data(); }
   /// Bucket reductions issued since construction, per bucket.
   const std::vector<std::int64_t>& reductions_per_bucket() const { return reductions_; }
@@ -250,13 +278,23 @@ class data_parallel final : public nn::segment_hooks {
   /// Bytes this engine keeps allocated between steps (staging, reduced
   /// gradient shard, parameter shard, optimizer state).
   std::size_t persistent_bytes() const {
-    return staging_.bytes() + shard_grads_.bytes() + shard_params_.bytes() + adamw_.state_bytes();
+    return staging_.bytes() + shard_grads_.bytes() + shard_params_.bytes() +
+           optimizer_.state_bytes();
   }
+  /// True when this engine reduces nothing (one rank under zero<0>).
+  bool single_rank() const { return local_; }
 
-  /// Starts an optimizer step: clears the step's reduction log.
-  void begin_step() {
+  /// Starts an optimizer step of `micro_batches` backward passes: a bucket
+  /// reduces once the last of them has produced its gradients. Throws
+  /// tessera::error if reductions of the previous step were never waited
+  /// for, config_error if micro_batches < 1.
+  void begin_step(std::int64_t micro_batches) {
     TESSERA_THROW_IF(!pending_.empty(), error, "begin_step: ", pending_.size(),
                      " reductions of the previous step were never waited for");
+    TESSERA_THROW_IF(micro_batches < 1, config_error, "begin_step: micro_batches=",
+                     micro_batches, " must be >= 1");
+    micro_batches_ = micro_batches;
+    std::fill(backwards_.begin(), backwards_.end(), 0);
     events_.clear();
     max_held_ = held_;
     if constexpr (S::shards_gradients) {
@@ -264,90 +302,88 @@ class data_parallel final : public nn::segment_hooks {
       max_window_ = 0;
     }
   }
-  /// Before micro-batch `a` (0-based) of the step's forward_backward:
-  /// `sync` (true only on the window's last micro-batch) lets buckets reduce
-  /// as their gradients complete; otherwise gradients only accumulate.
-  void begin_micro_batch(std::int64_t a, bool sync) {
-    micro_ = a;
-    sync_ = sync;
+  /// Before micro-batch `m` (0-based, for the reduction log) of the step
+  /// runs a training forward (whose backward follows).
+  void begin_micro_batch(std::int64_t m) {
+    micro_ = m;
     backward_follows_ = true;
   }
   /// Before a forward-only pass (evaluation, generation): no reductions;
   /// zero<3> gathers forward only.
-  void begin_forward_only() {
-    sync_ = false;
-    backward_follows_ = false;
-  }
+  void begin_forward_only() { backward_follows_ = false; }
 
   /// Waits for every bucket reduction of the step (in issue order).
   /// zero<0> copies the all-reduced buckets back into the model's gradient
   /// buffer; zero<2,3> have freed every bucket gradient buffer when it
   /// returns (each as soon as its reduce-scatter completed). Throws
   /// tessera::error if not every bucket was reduced exactly once (the model
-  /// ran without this engine's hooks, or no micro-batch had sync set), and
-  /// comm_error from a failed collective.
+  /// ran without this engine's hooks, or fewer backwards than begin_step
+  /// announced), and comm_error from a failed collective.
   void finish_gradients() {
+    if (local_) return;
     TESSERA_NVTX_RANGE("zero: finish_gradients");
     drain();
     if constexpr (S::shards_gradients) release_window();
     TESSERA_THROW_IF(events_.size() != plan_.size(), error, "finish_gradients: ", events_.size(),
                      " bucket reductions this step, expected exactly ", plan_.size(),
-                     " (one per bucket; was begin_micro_batch(a, sync=true) called on the last "
-                     "micro-batch, with this engine as the model's hooks?)");
+                     " (one per bucket: did every micro-batch announced to begin_step run its "
+                     "backward, with this engine as the model's hooks?)");
     if constexpr (!S::shards_optimizer_state) {
       Grad* g = model_->grads();
-      for (const bucket& b : plan_.buckets()) {
-        const Reduce* src = staging_.data() + b.staging_offset;
-        for (std::int64_t i = 0; i < b.numel(); ++i) g[b.begin + i] = to<Grad>(src[i]);
-      }
+      for (const bucket& b : plan_.buckets())
+        copy_or_cast(g + b.begin, staging_.data() + b.staging_offset, b.numel());
     }
   }
 
   /// Sum of squares of the reduced gradient over every element of every
-  /// shard on every rank, each element once (padding is zero), in float64:
-  /// each rank sums its chunks (optim::grad_sum_squares per chunk, in bucket
-  /// order), then one all_reduce. Collective. Call after finish_gradients().
-  double grad_norm_squared() {
+  /// shard on every rank, each element once (padding is zero), in float64,
+  /// into `*d_out` (one double in the context's memory): each rank sums its
+  /// chunks (kernels::grad_sum_squares per chunk, in bucket order), then one
+  /// all_reduce. One rank under zero<0>: one pass over the model's flat
+  /// gradient buffer. Collective. Call after finish_gradients().
+  void grad_norm_squared(double* d_out) {
     TESSERA_NVTX_RANGE("zero: grad_norm_squared");
-    double local = 0;
-    for (const bucket& b : plan_.buckets())
-      local += optim::grad_sum_squares(reduced_chunk(b), b.chunk);
-    comm_->all_reduce(&local, 1, comm::reduce_op::sum);
-    return local;
+    const Ctx& ctx = *ctx_;
+    if (local_) {
+      grad_sum_squares(ctx, d_out, model_->grads(), model_->flat_size());
+      return;
+    }
+    bool first = true;
+    for (const bucket& b : plan_.buckets()) {
+      grad_sum_squares(ctx, d_out, reduced_chunk(b), b.chunk, !first);
+      first = false;
+    }
+    comm_->all_reduce(d_out, 1, comm::reduce_op::sum);
   }
 
-  /// AdamW on the owned elements with the clip coefficient `clip`; zero<1,2>
-  /// then all-gather the updated shards into every rank's full parameters
-  /// (in Param, the compute dtype). Collective for zero<1,2>.
-  void step(double lr, double clip) {
+  /// The optimizer on the owned elements with the clip coefficient `*d_clip`
+  /// (one Master in the context's memory; a non-finite one skips the step
+  /// inside the kernel); zero<1,2> then all-gather the updated shards into
+  /// every rank's full parameters (in Param, the compute dtype). Collective
+  /// for zero<1,2>.
+  void step(double lr, const Master* d_clip) {
     TESSERA_NVTX_RANGE("zero: optimizer step");
     if constexpr (!S::shards_optimizer_state) {
-      TESSERA_NVTX_RANGE("adamw");
-      adamw_.step(model_->params(), model_->grads(), lr, clip);
+      optimizer_.step(model_->params(), model_->grads(), lr, d_clip);
     } else {
-      {
-        TESSERA_NVTX_RANGE("adamw (shard)");
-        adamw_.step(shard_params_.data(), shard_grads_.data(), lr, clip);
-      }
+      optimizer_.step(shard_params_.data(), shard_grads_.data(), lr, d_clip);
       if constexpr (!S::shards_parameters) gather_all_params();
     }
   }
 
-  /// Writes the full parameters of this rank into out[0, layout().total())
-  /// (zero<3>: all-gathers every segment; collective). For checkpoints and tests.
+  /// Writes the full parameters of this rank into out[0, flat_size())
+  /// (the context's memory; zero<3>: all-gathers every segment; collective).
   void full_params(Param* out) {
+    const Ctx& ctx = *ctx_;
     if constexpr (S::shards_parameters) {
       for (int s = model_->first_segment(); s <= model_->last_segment(); ++s) {
         acquire(s);
-        const Param* p = model_->segment_params(s);
-        std::memcpy(static_cast<void*>(out + model_->segment_begin(s)), p,
-                    sizeof(Param) * static_cast<std::size_t>(model_->segment_end(s) -
-                                                             model_->segment_begin(s)));
+        kernels::copy_elements(ctx, out + model_->segment_begin(s), model_->segment_params(s),
+                               model_->segment_end(s) - model_->segment_begin(s));
         release(s);
       }
     } else {
-      std::memcpy(static_cast<void*>(out), model_->params(),
-                  sizeof(Param) * static_cast<std::size_t>(model_->layout().total()));
+      kernels::copy_elements(ctx, out, model_->params(), model_->flat_size());
     }
   }
 
@@ -356,7 +392,7 @@ class data_parallel final : public nn::segment_hooks {
     // The head's forward and backward are fused: its gradients are written
     // before its after_backward with no before_backward.
     if constexpr (S::shards_gradients)
-      if (backward_follows_ && s == model_->last_segment()) open_bucket(s);
+      if (backward_follows_ && s == model_->last_segment() && has_head()) open_bucket(s);
     if constexpr (S::shards_parameters) {
       acquire(s);
       if (opt_.prefetch) {
@@ -382,7 +418,8 @@ class data_parallel final : public nn::segment_hooks {
   }
   void after_backward(int s) override {
     if constexpr (S::shards_parameters) release(s);
-    if (sync_) {
+    const std::int64_t done = ++backwards_[static_cast<std::size_t>(s - model_->first_segment())];
+    if (!local_ && done == micro_batches_) {
       const int k = plan_.bucket_of_segment(s);
       if (plan_.buckets()[static_cast<std::size_t>(k)].first_segment == s) launch(k, s);
     }
@@ -393,7 +430,7 @@ class data_parallel final : public nn::segment_hooks {
   using request = decltype(std::declval<C&>().iall_reduce(static_cast<float*>(nullptr),
                                                           std::size_t{0}, comm::reduce_op::sum));
   struct gathered_segment {
-    tensor<Param> buf;  // (padded) the segment in flat order, then padding
+    tensor<Param, Backend> buf;  // (padded) the segment in flat order, then padding
     std::optional<request> req;
     bool ready = false;
   };
@@ -401,15 +438,15 @@ class data_parallel final : public nn::segment_hooks {
   struct window_bucket {
     // (padded if Grad is Reduce, else numel) the bucket's gradients in flat
     // order; with Grad == Reduce also the reduce-scatter's send buffer.
-    tensor<Grad> grads;
-    tensor<Reduce> send;  // Grad != Reduce: (padded) the converted send buffer
+    tensor<Grad, Backend> grads;
+    tensor<Reduce, Backend> send;  // Grad != Reduce: (padded) the converted send buffer
   };
   struct pending_reduction {
     int bucket;
     request req;
   };
 
-  static data_parallel_options checked(data_parallel_options o, const model_type& m) {
+  static data_parallel_options checked(data_parallel_options o, const Model& m) {
     o.validate();
     TESSERA_THROW_IF(S::shards_parameters && m.params() != nullptr, config_error, S::name,
                      " shards the parameters: build the model with "
@@ -420,18 +457,28 @@ class data_parallel final : public nn::segment_hooks {
                      " needs the model's full gradient buffer (external_grads = false)");
     return o;
   }
-  static std::vector<segment_range> segments(const model_type& m) {
+  static std::vector<segment_range> segments(const Model& m) {
     std::vector<segment_range> v;
     for (int s = m.first_segment(); s <= m.last_segment(); ++s)
       v.push_back({s, m.segment_begin(s), m.segment_end(s)});
     return v;
   }
-  optimizer_type make_optimizer(const optim::adamw_config& cfg) const {
+  bool has_head() const { return model_->options().stage.head; }
+  optimizer_type make_optimizer(const typename O::config& cfg) const {
     if constexpr (S::shards_optimizer_state)
-      return optimizer_type(cfg, 0, plan_.shard_size(),
-                            plan_.shard_ranges(model_->layout().ranges()), *mr_);
+      return optimizer_type(cfg, plan_.shard_size(), plan_.shard_ranges(model_->param_ranges()),
+                            *ctx_);
     else
-      return optimizer_type(cfg, 0, model_->layout().total(), model_->layout().ranges(), *mr_);
+      return optimizer_type(cfg, model_->flat_size(), model_->param_ranges(), *ctx_);
+  }
+
+  // dst[0, n) = src[0, n), converted element by element when the types differ.
+  template <class To, class From>
+  void copy_or_cast(To* dst, const From* src, std::int64_t n) const {
+    if constexpr (std::is_same_v<To, From>)
+      kernels::copy_elements(*ctx_, dst, src, n);
+    else
+      cast(*ctx_, dst, src, n);
   }
 
   // This rank's reduced chunk of bucket b.
@@ -450,8 +497,9 @@ class data_parallel final : public nn::segment_hooks {
     window_bucket& w = window_[static_cast<std::size_t>(k)];
     if (!w.grads.empty() || !w.send.empty()) return;  // open, or reducing
     const bucket& b = plan_.buckets()[static_cast<std::size_t>(k)];
-    w.grads = tensor<Grad>(shape{std::is_same_v<Grad, Reduce> ? b.padded : b.numel()}, *mr_);
-    w.grads.zero();
+    const std::int64_t n = std::is_same_v<Grad, Reduce> ? b.padded : b.numel();
+    w.grads = kernels::make_tensor<Grad>(*ctx_, n);
+    kernels::zero_elements(*ctx_, w.grads.data(), n);
     for (int t = b.first_segment; t <= b.last_segment; ++t)
       model_->set_segment_grads(t, w.grads.data() + (model_->segment_begin(t) - b.begin));
     std::size_t open = 0;
@@ -479,6 +527,7 @@ class data_parallel final : public nn::segment_hooks {
   void launch(int k, int after_segment) {
     TESSERA_NVTX_RANGE(S::shards_optimizer_state ? "reduce_scatter bucket " : "all_reduce bucket ",
                        k);
+    const Ctx& ctx = *ctx_;
     const bucket& b = plan_.buckets()[static_cast<std::size_t>(k)];
     Reduce* buf;
     if constexpr (S::shards_gradients) {
@@ -490,20 +539,16 @@ class data_parallel final : public nn::segment_hooks {
       if constexpr (std::is_same_v<Grad, Reduce>) {
         buf = w.grads.data();  // padding zero since allocation
       } else {
-        w.send = tensor<Reduce>(shape{b.padded}, *mr_);
+        w.send = kernels::make_tensor<Reduce>(ctx, b.padded);
         buf = w.send.data();
-        for (std::int64_t i = 0; i < b.numel(); ++i) buf[i] = to<Reduce>(w.grads[i]);
-        for (std::int64_t i = b.numel(); i < b.padded; ++i) buf[i] = Reduce(0);
+        cast(ctx, buf, w.grads.data(), b.numel());
+        kernels::zero_elements(ctx, buf + b.numel(), b.padded - b.numel());
         w.grads.release();
       }
     } else {
       buf = staging_.data() + b.staging_offset;
-      const Grad* g = model_->grads() + b.begin;
-      if constexpr (std::is_same_v<Grad, Reduce>)
-        std::memcpy(buf, g, sizeof(Reduce) * static_cast<std::size_t>(b.numel()));
-      else
-        for (std::int64_t i = 0; i < b.numel(); ++i) buf[i] = to<Reduce>(g[i]);
-      for (std::int64_t i = b.numel(); i < b.padded; ++i) buf[i] = Reduce(0);
+      copy_or_cast(buf, model_->grads() + b.begin, b.numel());
+      kernels::zero_elements(ctx, buf + b.numel(), b.padded - b.numel());
     }
     if constexpr (S::shards_optimizer_state)
       pending_.push_back({k, comm_->ireduce_scatter(buf, shard_grads_.data() + b.shard_offset,
@@ -560,7 +605,8 @@ class data_parallel final : public nn::segment_hooks {
   // zero<1,2>: all-gather every updated shard into the full parameters.
   void gather_all_params() {
     TESSERA_NVTX_RANGE("all_gather params");
-    tensor<Param> all(shape{plan_.staging_size()}, *mr_);
+    const Ctx& ctx = *ctx_;
+    tensor<Param, Backend> all = kernels::make_tensor<Param>(ctx, plan_.staging_size());
     std::vector<request> reqs;
     for (const bucket& b : plan_.buckets())
       reqs.push_back(gather_chunks(shard_params_.data() + b.shard_offset,
@@ -569,8 +615,7 @@ class data_parallel final : public nn::segment_hooks {
     for (std::size_t k = 0; k < reqs.size(); ++k) {
       reqs[k].wait();
       const bucket& b = plan_.buckets()[k];
-      std::memcpy(static_cast<void*>(p + b.begin), all.data() + b.staging_offset,
-                  sizeof(Param) * static_cast<std::size_t>(b.numel()));
+      kernels::copy_elements(ctx, p + b.begin, all.data() + b.staging_offset, b.numel());
     }
   }
 
@@ -583,7 +628,7 @@ class data_parallel final : public nn::segment_hooks {
     if (g.req || g.ready) return;
     const bucket& b = plan_.buckets()[static_cast<std::size_t>(plan_.bucket_of_segment(s))];
     TESSERA_NVTX_RANGE("all_gather segment ", s);
-    g.buf = tensor<Param>(shape{b.padded}, *mr_);
+    g.buf = kernels::make_tensor<Param>(*ctx_, b.padded);
     max_held_ = std::max(max_held_, ++held_);
     g.req.emplace(gather_chunks(shard_params_.data() + b.shard_offset, g.buf.data(), b.chunk));
   }
@@ -610,24 +655,26 @@ class data_parallel final : public nn::segment_hooks {
     model_->set_segment_params(s, nullptr);
   }
 
-  model_type* model_;
+  Model* model_;
+  const Ctx* ctx_;
   C* comm_;
   data_parallel_options opt_;
-  memory_resource* mr_;
+  bool local_;  // one rank under zero<0>: nothing to reduce
   bucket_plan plan_;
-  optimizer_type adamw_;
-  tensor<Reduce> staging_;                  // zero<0,1>: (staging_size) padded buckets
+  optimizer_type optimizer_;
+  tensor<Reduce, Backend> staging_;         // zero<0,1>: (staging_size) padded buckets
   std::vector<window_bucket> window_;       // zero<2,3>: bucket k's gradients in the window
-  tensor<Reduce> shard_grads_;              // zero>=1: (shard_size) reduced gradient shard
-  tensor<Param> shard_params_;              // zero>=1: (shard_size) parameter shard
+  tensor<Reduce, Backend> shard_grads_;     // zero>=1: (shard_size) reduced gradient shard
+  tensor<Param, Backend> shard_params_;     // zero>=1: (shard_size) parameter shard
   std::vector<gathered_segment> gathered_;  // zero<3>: per bucket (= segment)
   std::deque<pending_reduction> pending_;
   std::vector<std::int64_t> reductions_;
+  std::vector<std::int64_t> backwards_;  // per segment: backwards of this step so far
   std::vector<reduction_event> events_;
   std::size_t held_ = 0, max_held_ = 0;  // zero<3>: gathered segments allocated
   std::size_t max_window_ = 0;           // zero<2,3>: most window buffers at once
   std::int64_t micro_ = 0;
-  bool sync_ = false;
+  std::int64_t micro_batches_ = 1;
   bool backward_follows_ = false;
 };
 

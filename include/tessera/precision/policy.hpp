@@ -1,8 +1,11 @@
 #pragma once
 /// \file precision/policy.hpp
 /// Precision policies: which type stores parameters and saved activations,
-/// which type gradients use, which type the master weights and optimizer
-/// state use, and which type every GEMM and reduction accumulates in.
+/// which type parameter gradients and activation gradients use, which type
+/// the master weights and optimizer state use, which type every GEMM and
+/// reduction accumulates in, and which type the RoPE tables hold. The
+/// policy decides each of them for every backend: the same policy gives
+/// the same types on the host and on a GPU.
 ///
 /// Presets: `fp32`, `bf16_mixed` (bf16 weights and activations, float32
 /// master weights, optimizer state, gradients and accumulation), and `fp64`
@@ -19,43 +22,71 @@ namespace tessera::precision {
 /// A precision policy names its types and a short name for logs.
 template <class P>
 concept policy = requires {
-  typename P::param_type;   // parameters and saved activations (storage)
-  typename P::grad_type;    // parameter and activation gradients
-  typename P::master_type;  // master weights and optimizer state
-  typename P::accum_type;   // accumulation in GEMMs and reductions
+  typename P::param_type;     // parameters and saved activations (storage)
+  typename P::grad_type;      // parameter gradients (accumulated over micro-batches)
+  typename P::act_grad_type;  // activation gradients (the backward's residual stream)
+  typename P::master_type;    // master weights and optimizer state
+  typename P::accum_type;     // accumulation in GEMMs and reductions
+  typename P::rope_type;      // RoPE cos/sin tables
   { P::name } -> std::convertible_to<std::string_view>;
-} && std::is_same_v<typename P::accum_type, accum_t<typename P::param_type>>;
+} && std::is_same_v<typename P::accum_type, accum_t<typename P::param_type>> &&
+    std::is_same_v<typename P::grad_type, typename P::accum_type>;
 
 /// float32 everywhere: parameters are their own master weights.
 struct fp32 {
   using param_type = float;
   using grad_type = float;
+  using act_grad_type = float;
   using master_type = float;
   using accum_type = float;
+  using rope_type = float;
   static constexpr const char* name = "fp32";
 };
 
-/// float64 everywhere (reference runs and finite-difference tests).
+/// float64 everywhere, RoPE tables included (reference runs and
+/// finite-difference tests: the model then matches an exact float64 Llama
+/// to float64 rounding). Host only: the CUDA kernels are bf16/float32.
 struct fp64 {
   using param_type = double;
   using grad_type = double;
+  using act_grad_type = double;
   using master_type = double;
   using accum_type = double;
+  using rope_type = double;
   static constexpr const char* name = "fp64";
 };
 
-/// bf16 weights and saved activations; float32 gradients, master weights and
-/// optimizer state; float32 accumulation in every GEMM and reduction
-/// (Micikevicius et al. 2018, "Mixed Precision Training", with bf16 needing
-/// no loss scaling).
+/// bf16 weights and saved activations; float32 parameter and activation
+/// gradients, master weights and optimizer state; float32 accumulation in
+/// every GEMM and reduction (Micikevicius et al. 2018, "Mixed Precision
+/// Training", with bf16 needing no loss scaling). On a GPU, whose GEMMs and
+/// attention take bf16 operands, a float32 activation gradient is rounded
+/// to bf16 where it enters one (and kept float32 in the residual stream).
 struct bf16_mixed {
   using param_type = bf16;
   using grad_type = float;
+  using act_grad_type = float;
   using master_type = float;
   using accum_type = float;
+  using rope_type = float;
   static constexpr const char* name = "bf16_mixed";
 };
 
-static_assert(policy<fp32> && policy<fp64> && policy<bf16_mixed>);
+/// As bf16_mixed, but activation gradients are bf16 too (what autocast
+/// gives in PyTorch, where a gradient has its activation's dtype): half the
+/// backward's activation-gradient bytes, and on a GPU no conversions around
+/// the bf16 GEMMs and attention kernels. Parameter gradients stay float32.
+struct bf16_mixed_bf16_grads {
+  using param_type = bf16;
+  using grad_type = float;
+  using act_grad_type = bf16;
+  using master_type = float;
+  using accum_type = float;
+  using rope_type = float;
+  static constexpr const char* name = "bf16_mixed_bf16_grads";
+};
+
+static_assert(policy<fp32> && policy<fp64> && policy<bf16_mixed> &&
+              policy<bf16_mixed_bf16_grads>);
 
 }  // namespace tessera::precision

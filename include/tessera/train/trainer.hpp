@@ -1,305 +1,191 @@
 #pragma once
 /// \file train/trainer.hpp
-/// The single-rank training loop: gradient accumulation over micro-batches,
-/// warmup-cosine learning rate, global-norm clipping, AdamW, evaluation on
-/// the held-out split, step metrics, and checkpoints that resume exactly.
+/// The trainer: `trainer<Precision, Backend, Optimizer, Sharding,
+/// Communicator>`, one rank of a training run composed from compile-time
+/// policies, written once. One rank is dp = 1 with zero<0> over a
+/// one-rank communicator (the defaults); data parallelism is the same class
+/// over a communicator of dp ranks; the GPU is Backend = cuda:
 ///
-/// One optimizer step, as data flows (DESIGN.md, "One step"):
-///   sampler -> (A micro-batches of B windows of T+1 tokens) -> count scored
-///   tokens of the whole step -> for each micro-batch: forward, fused LM
-///   head + cross-entropy, backward (gradients accumulate, scaled by
-///   1 / scored so the step's loss is the mean over every scored token) ->
-///   global gradient norm -> clip -> AdamW -> metrics.
+///   trainer<precision::fp32>                                   one CPU rank
+///   trainer<precision::bf16_mixed, host, optim::sgd>           SGD instead of AdamW
+///   trainer<precision::fp32, host, optim::adamw, zero<2>, local_communicator>   threads
+///   trainer<precision::bf16_mixed, cuda, optim::adamw, zero<1>, nccl_communicator>  GPUs
+///
+/// One optimizer step on rank r of dp (DESIGN.md, "One step"; seeds/004):
+///   the global batch of G sequences is dp ranks x A micro-batches x B rows;
+///   rank r trains on global micro-batches r*A .. r*A + A-1
+///   (data::global_micro_batch), so the union over ranks is exactly the
+///   1-rank job's batch -> count the scored tokens of the whole step on the
+///   host, all_reduce the count (the loss is the mean over every scored
+///   token of the global batch) -> the schedule's actions (no_pipeline:
+///   forward, backward per micro-batch, grad_scale 1/(global scored)) run
+///   by the executor, fed by the double-buffered loader, buckets reduced as
+///   the last backward produces them -> global norm over every shard and
+///   rank -> clip -> optimizer on the owned elements -> gather -> one read
+///   of the losses and the norm back to the host, the metrics.
+///
+/// So `G` stays the number of sequences per optimizer step whatever dp and
+/// the strategy are, and the loss curve does not change beyond rounding.
+/// train_step(), evaluate() and generate() are collectives: every rank
+/// calls them in the same order and gets the same global figures.
 
-#include <algorithm>
 #include <chrono>
-#include <cstring>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
+#include <memory>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "tessera/comm/communicator.hpp"
+#include "tessera/comm/self.hpp"
 #include "tessera/core/error.hpp"
-#include "tessera/core/random.hpp"
+#include "tessera/core/nvtx.hpp"
+#include "tessera/data/device_loader.hpp"
 #include "tessera/data/sampler.hpp"
 #include "tessera/data/token_file.hpp"
+#include "tessera/kernels/context.hpp"
+#include "tessera/nn/flops.hpp"
 #include "tessera/nn/llama.hpp"
 #include "tessera/optim/adamw.hpp"
 #include "tessera/optim/clip.hpp"
+#include "tessera/optim/optimizer.hpp"
 #include "tessera/optim/schedule.hpp"
+#include "tessera/parallel/executor.hpp"
+#include "tessera/parallel/schedule.hpp"
+#include "tessera/parallel/sharding.hpp"
+#include "tessera/parallel/zero.hpp"
 #include "tessera/precision/policy.hpp"
 #include "tessera/train/checkpoint.hpp"
+#include "tessera/train/config.hpp"
+#include "tessera/train/metadata.hpp"
 #include "tessera/train/metrics.hpp"
+#include "tessera/train/sampling.hpp"
 
 namespace tessera::train {
 
-/// Run-time settings of a training run (sizes are values, DESIGN.md principle 3).
-struct train_config {
-  std::int64_t steps = 1000;        ///< optimizer steps
-  std::int64_t global_batch = 16;   ///< G, sequences per optimizer step (all ranks)
-  std::int64_t micro_batch = 16;    ///< B, sequences per forward
-  std::int64_t seq = 128;           ///< T, tokens per sequence
-  std::int64_t dp = 1;              ///< data-parallel degree (1 in this trainer)
-  double lr = 1e-3;                 ///< peak learning rate
-  double min_lr_ratio = 0.1;        ///< final lr = lr * min_lr_ratio
-  std::int64_t warmup = 50;         ///< warmup steps
-  double grad_clip = 1.0;           ///< max global gradient norm (<= 0: off)
-  optim::adamw_config adamw{};      ///< betas, eps, weight decay
-  std::int64_t eval_every = 100;    ///< evaluate every N steps (and at the end); 0: only at the end
-  std::int64_t eval_windows = 256;  ///< validation windows per evaluation (0: all)
-  std::uint64_t seed = 1337;        ///< weights and data order
-  std::int64_t ce_chunk = 256;      ///< LM-head/cross-entropy chunk (token rows)
-
-  /// Micro-batches per step and rank: G / (B * dp). Throws config_error
-  /// naming G, B and dp if it does not divide exactly or a value is < 1.
-  std::int64_t accum_steps() const {
-    TESSERA_THROW_IF(global_batch < 1, config_error, "global batch G=", global_batch, " must be >= 1");
-    TESSERA_THROW_IF(micro_batch < 1, config_error, "micro-batch B=", micro_batch, " must be >= 1");
-    TESSERA_THROW_IF(dp < 1, config_error, "dp=", dp, " must be >= 1");
-    TESSERA_THROW_IF(global_batch % (micro_batch * dp) != 0, config_error, "global batch G=",
-                     global_batch, " is not divisible by micro-batch B=", micro_batch, " x dp=", dp,
-                     " (= ", micro_batch * dp, ")");
-    return global_batch / (micro_batch * dp);
-  }
-  /// Throws config_error for any inconsistent value.
-  void validate() const {
-    accum_steps();
-    TESSERA_THROW_IF(steps < 1, config_error, "steps=", steps, " must be >= 1");
-    TESSERA_THROW_IF(seq < 1, config_error, "sequence length T=", seq, " must be >= 1");
-    TESSERA_THROW_IF(!(lr > 0), config_error, "lr=", lr, " must be > 0");
-    TESSERA_THROW_IF(warmup < 0, config_error, "warmup=", warmup, " must be >= 0");
-    TESSERA_THROW_IF(eval_every < 0, config_error, "eval_every=", eval_every, " must be >= 0");
-    TESSERA_THROW_IF(ce_chunk < 1, config_error, "ce_chunk=", ce_chunk, " must be >= 1");
-    TESSERA_THROW_IF(!(min_lr_ratio >= 0 && min_lr_ratio <= 1), config_error, "min_lr_ratio=",
-                     min_lr_ratio, " must be in [0, 1]");
-    TESSERA_THROW_IF(warmup >= steps && steps > 1, config_error, "warmup=", warmup,
-                     " must be below steps=", steps);
-    adamw.validate();
-    schedule().validate();
-  }
-  optim::warmup_cosine schedule() const { return {lr, lr * min_lr_ratio, warmup, steps}; }
-};
-
-/// Model FLOPs per token of a training step (forward + backward) for `c` at
-/// sequence length T: 6 N_matmul + 6 L H T, where N_matmul counts every
-/// weight that enters a GEMM (blocks and LM head, not the embedding lookup)
-/// and 6 L H T is causal attention (QK^T and PV, forward 2x2 L H T / 2,
-/// backward twice that), counted once (PaLM, Chowdhery et al. 2022, App. B,
-/// with the causal half). Seeds 003/004: F_train ~ 6ND.
-inline double flops_per_token(const nn::llama_config& c, std::int64_t T) {
-  const double H = static_cast<double>(c.dim), F = static_cast<double>(c.ffn_dim);
-  const double KV = static_cast<double>(c.kv_dim()), L = static_cast<double>(c.n_layers);
-  const double n_matmul = L * (2 * H * H + 2 * KV * H + 3 * H * F) + static_cast<double>(c.vocab) * H;
-  return 6.0 * n_matmul + 6.0 * L * H * static_cast<double>(T);
-}
-
-/// Draws one token from softmax(logits / temperature) over V entries with one
-/// uniform draw of `r` (inverse CDF in index order, float64 arithmetic), so
-/// every rank with the same rng state picks the same token. `p` is scratch of
-/// V doubles. Precondition: temperature > 0.
-inline std::int32_t sample_token(const float* logits, std::int64_t V, double temperature, rng& r,
-                                 std::vector<double>& p) {
-  p.resize(static_cast<std::size_t>(V));
-  double mx = -1e300, z = 0;
-  for (std::int64_t v = 0; v < V; ++v) mx = std::max(mx, static_cast<double>(logits[v]));
-  for (std::int64_t v = 0; v < V; ++v) z += p[v] = std::exp((logits[v] - mx) / temperature);
-  double u = r.uniform() * z, c = 0;
-  for (std::int64_t v = 0; v < V; ++v) {
-    c += p[v];
-    if (u < c) return static_cast<std::int32_t>(v);
-  }
-  return static_cast<std::int32_t>(V - 1);
-}
-
-/// The model's sizes as checkpoint metadata.
-inline nlohmann::json model_metadata(const nn::llama_config& c) {
-  return {{"name", c.name},         {"dim", c.dim},         {"n_layers", c.n_layers},
-          {"n_heads", c.n_heads},   {"n_kv_heads", c.n_kv_heads}, {"ffn_dim", c.ffn_dim},
-          {"vocab", c.vocab},       {"max_seq", c.max_seq}, {"rope_theta", c.rope_theta},
-          {"norm_eps", c.norm_eps}};
-}
-
-/// Samples `n` tokens after `prompt` (token ids) from the full softmax at
-/// `temperature`, deterministic in `seed`: each step asks
-/// `next_logits(ids, len, logits)` for the V logits after the last
-/// min(ctx, prompt length) tokens and draws with sample_token. Every
-/// trainer's generate() is this loop over its own model. Throws config_error
-/// for an empty prompt or a temperature that is not > 0.
-template <class NextLogits>
-std::vector<std::int32_t> generate_tokens(std::vector<std::int32_t> prompt, std::int64_t n,
-                                          double temperature, std::uint64_t seed, std::int64_t V,
-                                          std::int64_t ctx, NextLogits&& next_logits) {
-  TESSERA_THROW_IF(prompt.empty(), config_error, "generation needs a non-empty prompt");
-  TESSERA_THROW_IF(!(temperature > 0), config_error, "temperature=", temperature, " must be > 0");
-  std::vector<float> logits(static_cast<std::size_t>(V));
-  std::vector<double> p;
-  rng r(seed);
-  for (std::int64_t i = 0; i < n; ++i) {
-    const std::int64_t len = std::min<std::int64_t>(ctx, static_cast<std::int64_t>(prompt.size()));
-    next_logits(prompt.data() + prompt.size() - len, len, logits.data());
-    prompt.push_back(sample_token(logits.data(), V, temperature, r, p));
-  }
-  return prompt;
-}
-
-/// The checkpoint metadata of a single-rank run (train::trainer and
-/// train::cuda_trainer write the same, so their checkpoints move between
-/// backends): the model, precision and optimizer names, the step and data
-/// position, every setting a resume must match, and the corpus fingerprint.
-inline nlohmann::json run_metadata(const nn::llama_config& c, const train_config& cfg,
-                                   const char* precision, const char* optimizer, std::int64_t step,
-                                   std::int64_t flat_elements, const data::token_file& data) {
-  return {{"model", model_metadata(c)},
-          {"precision", precision},
-          {"optimizer", optimizer},
-          {"step", step},
-          {"data_position", {{"step", step}, {"sampler", "window_start(seed, step, g)"}}},
-          {"schedule_position", step},
-          {"rng", {{"seed", cfg.seed}, {"generator", "mix64 counter (stateless)"}}},
-          {"schedule", {{"name", "warmup_cosine"}, {"min_lr_ratio", cfg.min_lr_ratio}}},
-          {"adamw", {{"beta1", cfg.adamw.beta1}, {"beta2", cfg.adamw.beta2},
-                     {"eps", cfg.adamw.eps}, {"weight_decay", cfg.adamw.weight_decay}}},
-          {"grad_clip", cfg.grad_clip},
-          {"ce_chunk", cfg.ce_chunk},
-          {"global_batch", cfg.global_batch},
-          {"micro_batch", cfg.micro_batch},
-          {"seq", cfg.seq},
-          {"seed", cfg.seed},
-          {"steps", cfg.steps},
-          {"lr", cfg.lr},
-          {"warmup", cfg.warmup},
-          {"flat_elements", flat_elements},
-          {"data", {{"tokens", data.size()}, {"vocab", data.vocab()},
-                    {"fingerprint", data::fingerprint(data)}}}};
-}
-
-/// What a single-rank trainer (train::trainer, train::cuda_trainer) refuses
-/// before it allocates: an invalid model or train config, dp != 1, a
-/// sequence longer than max_seq, a corpus whose vocabulary exceeds the
-/// model's. Throws config_error naming the value and the limit.
-inline void check_single_rank(const nn::llama_config& c, const train_config& cfg,
-                              const data::token_file& d) {
-  c.validate();
-  cfg.validate();
-  TESSERA_THROW_IF(cfg.dp != 1, config_error, "dp=", cfg.dp,
-                   " needs a communicator; a single-rank trainer runs dp=1");
-  TESSERA_THROW_IF(cfg.seq > c.max_seq, config_error, "sequence length T=", cfg.seq,
-                   " exceeds the model's max_seq=", c.max_seq, " (preset '", c.name, "')");
-  TESSERA_THROW_IF(d.vocab() > static_cast<std::uint64_t>(c.vocab), config_error,
-                   "token file vocabulary ", d.vocab(), " exceeds the model's vocab=", c.vocab);
-}
-
-/// Checks a checkpoint's metadata against this run's before a resume: every
-/// key of `mine` except the positions (step, data_position,
-/// schedule_position) must be present and equal. Throws config_error naming
-/// the field and both values, and io_error if the step is not an integer in
-/// [0, steps]. Returns the checkpoint's step.
-inline std::int64_t check_resume_metadata(const std::filesystem::path& path, nlohmann::json& meta,
-                                          const nlohmann::json& mine, std::int64_t steps) {
-  for (const auto& [k, v] : mine.items()) {
-    if (k == "step" || k == "data_position" || k == "schedule_position") continue;
-    TESSERA_THROW_IF(!meta.contains(k) || meta[k] != v, config_error, "checkpoint '",
-                     path.string(), "' has ", k, "=", meta.contains(k) ? meta[k].dump() : "(missing)",
-                     " but this run has ", k, "=", v.dump());
-  }
-  TESSERA_THROW_IF(!meta.contains("step") || !meta["step"].is_number_integer() ||
-                       meta["step"].get<std::int64_t>() < 0 ||
-                       meta["step"].get<std::int64_t>() > steps,
-                   io_error, "checkpoint '", path.string(), "' has step ",
-                   meta.contains("step") ? meta["step"].dump() : "(missing)", ", not in [0, steps=",
-                   steps, "]");
-  return meta["step"].get<std::int64_t>();
-}
-
-/// Single-rank trainer composed from a precision policy. The optimizer is
-/// AdamW over the flat buffer with `master_type` state.
-template <precision::policy P>
+/// One rank of a training run (file comment). `P` precision policy,
+/// `Backend` host or cuda, `O` optimizer policy, `S` sharding strategy,
+/// `C` communicator over the dp ranks in the backend's memory.
+template <precision::policy P, class Backend = host, optim::optimizer_policy O = optim::adamw,
+          parallel::sharding_strategy S = parallel::zero<0>,
+          comm::communicator C = comm::self_communicator<kernels::context_t<Backend>>>
 class trainer {
-public:
-  using model_type = nn::llama<P>;
+ public:
+  using Ctx = kernels::context_t<Backend>;
+  using model_type = nn::llama<P, Backend>;
+  using engine_type = parallel::data_parallel<model_type, O, S, C>;
+  using optimizer_type = typename engine_type::optimizer_type;
   using Param = typename P::param_type;
-  using Grad = typename P::grad_type;
+  using Acc = typename P::accum_type;
   using Master = typename P::master_type;
-  using optimizer_type = optim::adamw<Param, Grad, Master>;
+  static constexpr std::int32_t ignore_index = -100;
 
-  /// Builds the model (weights from cfg.seed), the optimizer state (now, so
-  /// the memory floor is visible before step 0) and the samplers. Throws
-  /// config_error for an invalid config or a corpus smaller than one window,
-  /// naming the values.
+  /// One rank (dp = 1, zero<0> over a one-rank communicator) on a context
+  /// of its own: host::default_resource() on the host, a new stream of the
+  /// current device on a GPU. Builds the model (weights from cfg.seed), the
+  /// optimizer state (now, so the memory floor is visible before step 0),
+  /// the samplers and the loader, and prefetches the first micro-batch.
+  /// `data` is not owned and must outlive the trainer. Throws config_error
+  /// for an invalid config or a corpus smaller than one window, naming the
+  /// values; what the backend throws when it runs out of memory.
   trainer(nn::llama_config model_cfg, train_config cfg, const data::token_file& data,
-          memory_resource& mr = host::default_resource())
-      : cfg_(cfg),
-        mr_(&mr),
-        model_(validated(model_cfg, cfg, data), nn::llama_options{cfg.ce_chunk, {}, -100}, mr),
-        opt_(cfg.adamw, 0, model_.layout().total(), model_.layout().ranges(), mr),
-        data_(&data),
-        split_(data.split()),
-        sampler_(data, split_.train, cfg.micro_batch, cfg.seq, cfg.seed),
-        val_(data, split_.val, cfg.seq, cfg.eval_windows),
-        sched_(cfg.schedule()) {
-    model_.init_weights(cfg_.seed);
-    opt_.init_master(model_.params());
-    tokens_ = tensor<std::int32_t>(
-        shape{cfg_.accum_steps(), cfg_.micro_batch, cfg_.seq + 1}, mr);
-  }
+          parallel::data_parallel_options dpo = {})
+    requires std::same_as<C, comm::self_communicator<Ctx>>
+      : trainer(own_context{}, std::move(model_cfg), cfg, data, nullptr, dpo) {}
+
+  /// One rank of a data-parallel run over `comm` (cfg.dp == comm.size()),
+  /// on a context of its own (on a GPU: the communicator's stream, so
+  /// kernels and collectives are ordered on one stream). Every rank must
+  /// construct it with the same settings and call the same member functions
+  /// in the same order (they are collectives). Throws as the single-rank
+  /// constructor, and config_error naming dp and the world size.
+  trainer(nn::llama_config model_cfg, train_config cfg, const data::token_file& data, C& comm,
+          parallel::data_parallel_options dpo = {})
+      : trainer(own_context{}, std::move(model_cfg), cfg, data, &comm, dpo) {}
+
+  /// As above, on the caller's context `ctx` (not owned; must outlive the
+  /// trainer): its memory resource, threads, tiles or stream.
+  trainer(nn::llama_config model_cfg, train_config cfg, const data::token_file& data, C& comm,
+          const Ctx& ctx, parallel::data_parallel_options dpo = {})
+      : trainer(&ctx, std::move(model_cfg), cfg, data, &comm, dpo) {}
+
+  trainer(const trainer&) = delete;
+  trainer& operator=(const trainer&) = delete;
 
   model_type& model() { return model_; }
-  optimizer_type& optimizer() { return opt_; }
+  engine_type& engine() { return engine_; }
+  optimizer_type& optimizer() { return engine_.optimizer(); }
   const train_config& config() const { return cfg_; }
+  const Ctx& context() const { return *ctx_; }
+  C& communicator() { return *comm_; }
+  int rank() const { return comm_->rank(); }
   /// Optimizer steps taken so far (the data position: step s reads the windows of step s).
   std::int64_t step() const { return step_; }
-  /// Peak FLOP/s used for MFU (set it to the measured sgemm rate).
+  /// Peak FLOP/s of one rank, for MFU.
   void set_peak_flops(double f) { peak_flops_ = f; }
 
-  /// One optimizer step over A = G / B micro-batches. Non-finite gradient
-  /// norm: the update is skipped and reported (metrics.skipped).
+  /// One optimizer step over A = G / (B dp) micro-batches on this rank
+  /// (collective). Returns the global figures, the same on every rank:
+  /// loss over every scored token of the global batch, gradient norm over
+  /// all shards and ranks, tokens of the global batch. A non-finite
+  /// gradient norm skips the update on every rank (metrics.skipped).
   step_metrics train_step() {
+    TESSERA_NVTX_RANGE("train step");
     const auto t0 = std::chrono::steady_clock::now();
-    mr_->reset_peak();
+    memory_resource& mr = ctx_->resource();
+    mr.reset_peak();
     const std::int64_t A = cfg_.accum_steps(), B = cfg_.micro_batch, T = cfg_.seq;
     step_metrics m;
     m.lr = sched_(step_);
-    // Fill every micro-batch first: the loss is normalised by the scored
-    // tokens of the whole step, which must be known before any backward.
+    // The loss is normalised by the scored tokens of the whole step, which
+    // must be known before the first backward: count them on the host from
+    // the sampler (the loader checks and copies the same windows).
     std::int64_t scored = 0;
     for (std::int64_t a = 0; a < A; ++a) {
-      std::int32_t* tok = tokens_.data() + a * B * (T + 1);
-      sampler_.fill(static_cast<std::uint64_t>(step_), static_cast<std::uint64_t>(a), tok);
+      sampler_.fill(static_cast<std::uint64_t>(step_), first_micro_batch() + static_cast<std::uint64_t>(a),
+                    windows_.data());
       for (std::int64_t b = 0; b < B; ++b)
-        for (std::int64_t t = 1; t <= T; ++t) scored += tok[b * (T + 1) + t] != ignore_index;
+        for (std::int64_t t = 1; t <= T; ++t)
+          scored += windows_[static_cast<std::size_t>(b * (T + 1) + t)] != ignore_index;
     }
+    scored = all_reduce_value(scored);
     TESSERA_THROW_IF(scored == 0, config_error, "step ", step_,
-                     " has no scored tokens (every target is ignore_index)");
-    model_.zero_grad();
+                     " has no scored tokens on any rank (every target is ignore_index)");
+    typename executor_type::inputs in;
+    in.grad_scale = static_cast<Acc>(1.0 / static_cast<double>(scored));
+    in.d_losses = scalars_.data() + scalar_losses;
+    in.lr = m.lr;
+    in.max_norm = cfg_.grad_clip;
+    in.d_sum_squares = scalars_.data() + scalar_sum_squares;
+    in.d_clip = clip_.data();
+    executor_.run(schedule_, [&](std::int64_t a) { return next_micro_batch(a); }, in);
+    // One read back: the micro-batches' losses and the norm.
+    std::vector<double> h(static_cast<std::size_t>(A + 1));
+    ctx_->to_host(h.data(), scalars_.data(), h.size() * sizeof(double));
     double loss_sum = 0;
-    const auto scale = static_cast<typename P::accum_type>(1.0 / static_cast<double>(scored));
-    for (std::int64_t a = 0; a < A; ++a) {
-      auto r = model_.forward_backward(tokens_.data() + a * B * (T + 1), B, T, scale);
-      loss_sum += r.loss_sum;
-    }
-    m.loss = loss_sum / static_cast<double>(scored);
-    m.grad_norm = std::sqrt(optim::grad_sum_squares(model_.grads(), model_.layout().total()));
+    for (std::int64_t a = 0; a < A; ++a) loss_sum += h[static_cast<std::size_t>(1 + a)];
+    m.grad_norm = std::sqrt(h[0]);
     m.clip = optim::clip_coefficient(m.grad_norm, cfg_.grad_clip);
-    if (std::isfinite(m.clip)) {
-      opt_.step(model_.params(), model_.grads(), m.lr, m.clip);
-    } else {
-      m.skipped = true;
+    if (!std::isfinite(m.clip)) {
+      m.skipped = true;  // the optimizer kernel wrote nothing
+      engine_.optimizer().skipped();
     }
+    m.loss = all_reduce_value(loss_sum) / static_cast<double>(scored);
     ++step_;
     m.step = step_;
-    m.tokens = A * B * T;
+    m.tokens = cfg_.global_batch * T;
     m.scored = scored;
     m.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     m.tokens_per_s = static_cast<double>(m.tokens) / m.seconds;
-    m.flops = flops_per_token(model_.config(), T) * static_cast<double>(m.tokens);
-    m.mfu = peak_flops_ > 0 ? m.flops / m.seconds / peak_flops_ : 0.0;
-    const auto st = mr_->stats();
+    m.flops = nn::flops_per_token(model_.config(), T) * static_cast<double>(m.tokens);
+    m.mfu = peak_flops_ > 0 ? m.flops / m.seconds / (peak_flops_ * comm_->size()) : 0.0;
+    const auto st = mr.stats();
     m.mem_allocated = st.allocated;
     m.mem_peak = st.peak_allocated;
     return m;
@@ -307,89 +193,219 @@ public:
 
   /// Mean loss (nats per token) over the first `windows` fixed validation
   /// windows (-1: the configured eval_windows; 0: every window of the split,
-  /// the whole held-out range).
+  /// the whole held-out range), split across the ranks by batch (batch j to
+  /// rank j mod dp; a rank without a batch in the last round repeats batch 0
+  /// and discards it, so every rank runs the same forwards, which zero<3>'s
+  /// gathers need). Collective; the same value on every rank.
   double evaluate(std::int64_t windows = -1) {
-    const std::int64_t B = cfg_.micro_batch, T = cfg_.seq;
-    const data::val_windows val = windows < 0 ? val_ : data::val_windows(*data_, split_.val, T, windows);
+    TESSERA_NVTX_RANGE("evaluate");
+    const std::int64_t B = cfg_.micro_batch, T = cfg_.seq, dp = comm_->size();
+    const data::val_windows val =
+        windows < 0 ? val_ : data::val_windows(*data_, split_.val, T, windows);
     std::vector<std::int32_t> buf(static_cast<std::size_t>(B * (T + 1)));
-    double sum = 0;
-    std::int64_t n = 0;
-    for (std::int64_t k = 0; k < val.batches(B); ++k) {
-      const std::int64_t rows = val.fill(k, B, buf.data());
-      auto r = model_.forward_loss(buf.data(), rows, T);
-      sum += r.loss_sum;
-      n += r.scored;
+    double sum[2] = {0, 0};  // loss sum, scored
+    const std::int64_t nb = val.batches(B), rounds = (nb + dp - 1) / dp;
+    for (std::int64_t j = 0; j < rounds; ++j) {
+      const std::int64_t k = j * dp + rank();
+      const std::int64_t rows = val.fill(k < nb ? k : 0, B, buf.data());
+      engine_.begin_forward_only();
+      const nn::loss_sum r = model_.forward_loss(buf.data(), rows, T);
+      if (k < nb) {
+        sum[0] += r.sum;
+        sum[1] += static_cast<double>(r.scored);
+      }
     }
-    return n ? sum / static_cast<double>(n) : std::nan("");
+    all_reduce_values(sum, 2);
+    return sum[1] > 0 ? sum[0] / sum[1] : std::nan("");
   }
 
   /// Samples `n` tokens after `prompt` (token ids) from the full softmax at
-  /// `temperature`, deterministic in `seed`. The context is the last
-  /// min(max_seq, seq) tokens. Throws config_error for an empty prompt or a
-  /// temperature that is not > 0.
+  /// `temperature`, deterministic in `seed`, on the model's own backend
+  /// (V logits read back per token). The context is the last min(max_seq,
+  /// seq) tokens. Collective (zero<3> gathers); the same tokens on every
+  /// rank. Throws config_error for an empty prompt, a temperature that is
+  /// not > 0, or (host) an id outside the vocabulary.
   std::vector<std::int32_t> generate(std::vector<std::int32_t> prompt, std::int64_t n,
                                      double temperature, std::uint64_t seed) {
     return generate_tokens(std::move(prompt), n, temperature, seed, model_.config().vocab,
                            std::min(model_.config().max_seq, cfg_.seq),
                            [&](const std::int32_t* ids, std::int64_t len, float* logits) {
+                             engine_.begin_forward_only();
                              model_.next_token_logits(ids, len, logits);
                            });
   }
 
-  /// Writes model, master weights, optimizer state, step, schedule and data
-  /// position to `path` (streamed to a temporary file, fsync'ed, renamed).
-  /// Throws io_error if the file cannot be written.
-  void save_checkpoint(const std::filesystem::path& path) const {
-    const std::uint64_t pbytes = sizeof(Param) * static_cast<std::uint64_t>(model_.layout().total());
-    write_checkpoint(path, metadata(), pbytes + opt_.serialized_bytes(), [&](checkpoint_writer& w) {
-      w.write(model_.params(), pbytes);
-      opt_.save(w);
-    });
+  /// zero<0>: rank 0 writes the parameters and the optimizer state to
+  /// `path` (streamed to a temporary file through host blocks, fsync'ed,
+  /// renamed; train/checkpoint.hpp), with the run's metadata; collective
+  /// (the ranks wait for the file). zero<1..3>: throws config_error before
+  /// any work: sharded checkpoints are not supported yet. Throws io_error
+  /// if the file cannot be written.
+  void save_checkpoint(const std::filesystem::path& path) {
+    refuse_sharded("save");
+    if (rank() == 0) {
+      const std::size_t pbytes = sizeof(Param) * static_cast<std::size_t>(model_.flat_size());
+      const optimizer_type& opt = engine_.optimizer();
+      write_checkpoint(path, metadata(), pbytes + opt.serialized_bytes(),
+                       [&](checkpoint_writer& w) {
+                         optim::detail::write_from(*ctx_, w, model_.params(), pbytes);
+                         opt.save(w);
+                       });
+    }
+    comm_->barrier();
   }
 
-  /// Restores what save_checkpoint wrote. The file is read and verified
-  /// whole before any state changes. Throws io_error for a missing, foreign,
-  /// truncated or corrupt file, and config_error if the checkpoint's model,
-  /// precision, optimizer or schedule settings differ from this run's
-  /// (naming the field and both values).
+  /// zero<0>: every rank restores what save_checkpoint wrote (model,
+  /// optimizer state, step), verified whole before any state changes, and
+  /// the loader restarts at the resumed step. Throws io_error for a
+  /// missing, truncated or corrupt file, config_error if its settings
+  /// (model, precision, optimizer, batch, dp, strategy, ...) differ from
+  /// this run's, naming the field and both values; zero<1..3>: config_error
+  /// as save_checkpoint.
   void load_checkpoint(const std::filesystem::path& path) {
+    refuse_sharded("load");
     nlohmann::json meta;
     std::vector<char> payload;
     read_checkpoint(path, meta, payload);
     const std::int64_t step = check_resume_metadata(path, meta, metadata(), cfg_.steps);
-    const std::uint64_t pbytes = sizeof(Param) * static_cast<std::uint64_t>(model_.layout().total());
-    TESSERA_THROW_IF(payload.size() != pbytes + opt_.serialized_bytes(), io_error, "checkpoint '",
-                     path.string(), "' holds ", payload.size(), " payload bytes; this model needs ",
-                     pbytes + opt_.serialized_bytes());
-    std::memcpy(model_.params(), payload.data(), pbytes);
-    opt_.load(payload.data() + pbytes);
+    const std::size_t pbytes = sizeof(Param) * static_cast<std::size_t>(model_.flat_size());
+    optimizer_type& opt = engine_.optimizer();
+    TESSERA_THROW_IF(payload.size() != pbytes + opt.serialized_bytes(), io_error, "checkpoint '",
+                     path.string(), "' holds ", payload.size(), " payload bytes; this run needs ",
+                     pbytes + opt.serialized_bytes());
+    ctx_->from_host(model_.params(), payload.data(), pbytes);
+    opt.load(payload.data() + pbytes);
     step_ = step;
+    loader_.prefetch(static_cast<std::uint64_t>(step_), first_micro_batch());
   }
 
-  static constexpr std::int32_t ignore_index = -100;
-
-private:
-  static nn::llama_config validated(nn::llama_config c, const train_config& cfg,
-                                    const data::token_file& d) {
-    check_single_rank(c, cfg, d);
-    return c;
-  }
-
+  /// The checkpoint's metadata (train/metadata.hpp).
   nlohmann::json metadata() const {
-    return run_metadata(model_.config(), cfg_, P::name, optimizer_type::name, step_,
-                        model_.layout().total(), *data_);
+    return run_metadata(model_.config(), cfg_, P::name, O::name,
+                        cfg_.template optimizer_config<O>(), S::name, comm_->size(), step_,
+                        model_.flat_size(), *data_);
   }
 
+ private:
+  using executor_type = parallel::executor<model_type, engine_type>;
+  struct own_context {};
+  // Scalars in the context's memory: the norm, then the A losses.
+  static constexpr std::int64_t scalar_sum_squares = 0, scalar_losses = 1;
+
+  trainer(own_context, nn::llama_config model_cfg, train_config cfg, const data::token_file& data,
+          C* comm, parallel::data_parallel_options dpo)
+      : trainer(make_context(comm), std::move(model_cfg), cfg, data, comm, dpo) {}
+  trainer(std::unique_ptr<Ctx> own, nn::llama_config model_cfg, train_config cfg,
+          const data::token_file& data, C* comm, parallel::data_parallel_options dpo)
+      : trainer(own.get(), std::move(model_cfg), cfg, data, comm, dpo) {
+    own_ctx_ = std::move(own);
+  }
+  trainer(const Ctx* ctx, nn::llama_config model_cfg, train_config cfg,
+          const data::token_file& data, C* comm, parallel::data_parallel_options dpo)
+      : ctx_(ctx),
+        self_(comm ? std::nullopt : make_self(*ctx)),
+        comm_(comm ? comm : &*self_),
+        cfg_(checked(model_cfg, cfg, data, *comm_)),
+        model_(std::move(model_cfg), model_options(cfg_), *ctx_),
+        engine_(init_model(model_, cfg_.seed), *comm_, cfg_.template optimizer_config<O>(),
+                cfg_.seed, dpo),
+        executor_(model_, engine_, 1),
+        data_(&data),
+        split_(data.split()),
+        sampler_(data, split_.train, cfg_.micro_batch, cfg_.seq, cfg_.seed),
+        val_(data, split_.val, cfg_.seq, cfg_.eval_windows),
+        loader_(data::loader_system_for<Backend>::make(*ctx_), sampler_, model_.config().vocab,
+                cfg_.accum_steps(), first_micro_batch(), ignore_index),
+        sched_(cfg_.schedule()),
+        schedule_(parallel::no_pipeline(cfg_.accum_steps())),
+        scalars_(kernels::make_tensor<double>(*ctx_, 1 + cfg_.accum_steps())),
+        clip_(kernels::make_tensor<Master>(*ctx_, 1)),
+        count_(kernels::make_tensor<double>(*ctx_, 2)),
+        windows_(static_cast<std::size_t>(cfg_.micro_batch * (cfg_.seq + 1))) {
+    loader_.prefetch(0, first_micro_batch());
+  }
+
+  static std::unique_ptr<Ctx> make_context(C* comm) {
+    if constexpr (requires(C& c) { Ctx(c.stream()); }) {
+      if (comm) return std::make_unique<Ctx>(comm->stream());
+    }
+    return std::make_unique<Ctx>();
+  }
+  static std::optional<C> make_self(const Ctx& ctx) {
+    if constexpr (std::is_constructible_v<C, const Ctx&>)
+      return std::optional<C>(std::in_place, ctx);
+    else
+      throw config_error("trainer: a data-parallel trainer needs its communicator");
+  }
+  static train_config checked(const nn::llama_config& c, train_config cfg,
+                              const data::token_file& d, const C& comm) {
+    check_run(c, cfg, d, comm.size());
+    return cfg;
+  }
+  static nn::llama_options model_options(const train_config& cfg) {
+    nn::llama_options o;
+    o.ce_chunk = cfg.ce_chunk;
+    o.ignore_index = ignore_index;
+    o.external_params = S::shards_parameters;
+    o.external_grads = S::shards_gradients;
+    o.checkpointing = cfg.checkpointing;
+    return o;
+  }
+  static model_type& init_model(model_type& m, std::uint64_t seed) {
+    if constexpr (!S::shards_parameters) m.init_weights(seed);
+    return m;
+  }
+  std::uint64_t first_micro_batch() const {
+    return data::global_micro_batch(static_cast<std::uint64_t>(comm_->rank()),
+                                    static_cast<std::uint64_t>(cfg_.accum_steps()), 0);
+  }
+  // The feed of the executor: micro-batch a of this step from the loader.
+  nn::micro_batch<Param> next_micro_batch(std::int64_t a) {
+    const data::device_batch b = loader_.next();
+    TESSERA_EXPECTS(b.step == static_cast<std::uint64_t>(step_) &&
+                        b.micro_batch == first_micro_batch() + static_cast<std::uint64_t>(a),
+                    "loader out of order");
+    return {b.d_inputs, b.d_targets, nullptr, cfg_.micro_batch, cfg_.seq};
+  }
+  // Sum over the ranks of a host value, through the context's memory.
+  template <class T>
+  T all_reduce_value(T v) {
+    double d = static_cast<double>(v);
+    all_reduce_values(&d, 1);
+    return static_cast<T>(d);
+  }
+  void all_reduce_values(double* h, std::size_t n) {
+    if (comm_->size() == 1) return;
+    ctx_->from_host(count_.data(), h, n * sizeof(double));
+    comm_->all_reduce(count_.data(), n, comm::reduce_op::sum);
+    ctx_->to_host(h, count_.data(), n * sizeof(double));
+  }
+  void refuse_sharded(const char* what) const {
+    TESSERA_THROW_IF(S::shards_optimizer_state, config_error, what, "_checkpoint: ", S::name,
+                     " keeps the optimizer state sharded over dp=", comm_->size(),
+                     " ranks; sharded checkpoints are not supported yet (use --zero 0 to "
+                     "checkpoint a data-parallel run)");
+  }
+
+  std::unique_ptr<Ctx> own_ctx_;  // set after delegation: ctx_ points at it
+  const Ctx* ctx_;
+  std::optional<C> self_;  // the one-rank communicator of a single-rank trainer
+  C* comm_;
   train_config cfg_;
-  memory_resource* mr_;
   model_type model_;
-  optimizer_type opt_;
+  engine_type engine_;
+  executor_type executor_;
   const data::token_file* data_;
   data::split_view split_;
   data::batch_sampler sampler_;
   data::val_windows val_;
+  data::loader_for<Backend> loader_;
   optim::warmup_cosine sched_;
-  tensor<std::int32_t> tokens_;
+  std::vector<parallel::action> schedule_;
+  tensor<double, Backend> scalars_;  // (1 + A): sum of squares, then each micro-batch's loss
+  tensor<Master, Backend> clip_;     // (1): the clip coefficient
+  tensor<double, Backend> count_;    // (2): host values on their way through a collective
+  std::vector<std::int32_t> windows_;  // (B, T+1): the host's scored-token count
   std::int64_t step_ = 0;
   double peak_flops_ = 0;
 };

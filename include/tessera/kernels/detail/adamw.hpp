@@ -4,7 +4,24 @@
 
 #include <cmath>
 
+#include <cstdint>
+
 #include "tessera/core/config.hpp"
+
+namespace tessera::kernels {
+
+/// A range [begin, end) of an optimizer's flat elements (offsets from its
+/// first element) and whether weight decay applies there: the segment table
+/// every optimizer kernel takes (host and device memory have the same
+/// layout; plan::plan_cuda_step counts 24 bytes a segment).
+struct optimizer_segment {
+  std::int64_t begin;
+  std::int64_t end;
+  std::int32_t decay;
+};
+static_assert(sizeof(optimizer_segment) == 24);
+
+}  // namespace tessera::kernels
 
 namespace tessera::kernels::detail {
 
@@ -35,16 +52,6 @@ TESSERA_HOST_DEVICE inline void adamw_update(A& p, A& m, A& v, A g,
   A m_hat = m / s.bias_correction1;
   A v_hat = v / s.bias_correction2;
   p -= s.lr * m_hat / (sqrt(v_hat) + s.eps);
-}
-
-/// SGD with momentum (PyTorch's form, dampening 0): buf = mu * buf + g; p -= lr * buf.
-template <class A>
-TESSERA_HOST_DEVICE inline void sgd_update(A& p, A& buf, A g, A lr, A momentum, A weight_decay,
-                                           A grad_scale, bool decay) {
-  g *= grad_scale;
-  if (decay) g += weight_decay * p;
-  buf = momentum * buf + g;
-  p -= lr * buf;
 }
 
 }  // namespace tessera::kernels::detail

@@ -1,0 +1,167 @@
+#pragma once
+/// \file kernels/optimizer.hpp
+/// The optimizer's kernels on the host: the global gradient sum of squares,
+/// the clip coefficient, and one AdamW or SGD step over a flat buffer (one
+/// multi-tensor pass). The CUDA overloads (kernels/cuda/ops.hpp) take the
+/// same arguments in the same order, in device memory.
+///
+/// Every scalar a step needs between these kernels (the sum of squares, the
+/// clip coefficient) lives in the context's memory and is passed by
+/// pointer, so a step issues its kernels without reading anything back:
+/// on a GPU, no host synchronisation (a non-finite coefficient makes the
+/// optimizer kernel write nothing: the step is skipped on the device).
+
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+#include <vector>
+
+#include "tessera/core/error.hpp"
+#include "tessera/core/numeric.hpp"
+#include "tessera/kernels/context.hpp"
+#include "tessera/kernels/detail/adamw.hpp"
+#include "tessera/kernels/detail/sgd.hpp"
+
+namespace tessera::kernels {
+
+/// Clip coefficient for a global norm, as torch.nn.utils.clip_grad_norm_:
+/// min(1, max_norm / (norm + 1e-6)). max_norm <= 0 disables clipping
+/// (returns 1). A non-finite norm returns NaN so the caller skips the step.
+/// Source: Pascanu et al. 2013, "On the difficulty of training RNNs".
+inline double clip_coefficient_of(double norm, double max_norm) {
+  if (!std::isfinite(norm)) return std::nan("");
+  if (max_norm <= 0) return 1.0;
+  const double c = max_norm / (norm + 1e-6);
+  return c < 1.0 ? c : 1.0;
+}
+
+/// Sum of squares of g[0, n) in float64 into `*out` (or `*out += sum` when
+/// `accumulate`, to cover several buffers in a fixed order).
+/// - `g` of G in {float, double, bf16}; `out` one double (host memory here).
+/// - Reduced over fixed blocks of 4096 elements whose partial sums are added
+///   in block order: the same bits whatever the OpenMP thread count. (The
+///   CUDA overload reduces in another fixed order: it agrees to float64
+///   rounding, not bit for bit.)
+/// - Throws config_error for n < 0.
+template <class G>
+void grad_sum_squares(const host_context& ctx, double* out, const G* g, std::int64_t n,
+                      bool accumulate = false) {
+  (void)ctx;
+  TESSERA_THROW_IF(n < 0, config_error, "grad_sum_squares: n=", n, " must be >= 0");
+  constexpr std::int64_t block = 4096;
+  const std::int64_t nb = (n + block - 1) / block;
+  std::vector<double> partial(static_cast<std::size_t>(nb), 0.0);
+#pragma omp parallel for schedule(static)
+  for (std::int64_t b = 0; b < nb; ++b) {
+    double s = 0.0;
+    const std::int64_t e = std::min(n, (b + 1) * block);
+    for (std::int64_t i = b * block; i < e; ++i) {
+      const double x = to<double>(g[i]);
+      s += x * x;
+    }
+    partial[static_cast<std::size_t>(b)] = s;
+  }
+  double total = 0.0;
+  for (double p : partial) total += p;
+  *out = accumulate ? *out + total : total;
+}
+
+/// `*coef` = clip_coefficient_of(sqrt(*sum_squares), max_norm), rounded to
+/// M (the optimizer's master type), in the context's memory: what the
+/// optimizer kernels take as `grad_scale`. NaN when the norm is not finite.
+template <class M>
+void clip_coefficient(const host_context& ctx, M* coef, const double* sum_squares,
+                      double max_norm) {
+  (void)ctx;
+  *coef = static_cast<M>(clip_coefficient_of(std::sqrt(*sum_squares), max_norm));
+}
+
+namespace detail {
+template <class Param, class Master>
+void check_optimizer_step(const char* who, const Master* master, std::int64_t n,
+                          int num_segments) {
+  constexpr bool has_master = !std::is_same_v<Param, Master>;
+  TESSERA_THROW_IF(n < 0 || num_segments < 0, config_error, who, ": n=", n, " and num_segments=",
+                   num_segments, " must be >= 0");
+  TESSERA_THROW_IF(has_master && master == nullptr, config_error, who, ": ", dtype_name<Param>(),
+                   " parameters need ", dtype_name<Master>(), " master weights (master is null)");
+  TESSERA_THROW_IF(!has_master && master != nullptr, config_error, who, ": ", dtype_name<Param>(),
+                   " parameters are updated in place; pass master = nullptr");
+}
+}  // namespace detail
+
+/// One AdamW step over a flat buffer in one pass (multi-tensor): per element
+/// of each segment, kernels::detail::adamw_update on the master weight (or
+/// the parameter itself when Param == Master), then the parameter is
+/// written back rounded, in the same pass.
+/// - `params`, `grads`, `master`, `m`, `v`: n elements from the optimizer's
+///   first element. `master` is null when Param == Master, required otherwise.
+/// - `segments` (num_segments, sorted, disjoint, within [0, n), in the
+///   context's memory): only their elements are updated, with their decay flag.
+/// - `step`: the step's hyper-parameters with the bias corrections. If
+///   `grad_scale` is not null, the M it points to (clip_coefficient's
+///   output) multiplies step.grad_scale; a non-finite value makes the call
+///   return without writing anything (the step is skipped).
+/// - Element-wise: any thread count gives the same bits; the CUDA overload
+///   runs the same per-element arithmetic.
+/// - Throws config_error for n or num_segments < 0 or a master pointer that
+///   does not match Param.
+/// Source: Loshchilov & Hutter, ICLR 2019, Algorithm 2 (torch.optim.AdamW form).
+template <class Param, class Grad, class M>
+void adamw_step(const host_context& ctx, Param* params, M* master, M* m, M* v, const Grad* grads,
+                std::int64_t n, const optimizer_segment* segments, int num_segments,
+                detail::adamw_step_params<M> step, const M* grad_scale) {
+  (void)ctx;
+  detail::check_optimizer_step<Param, M>("adamw_step", master, n, num_segments);
+  if (grad_scale) {
+    if (!std::isfinite(*grad_scale)) return;
+    step.grad_scale *= *grad_scale;
+  }
+  for (int k = 0; k < num_segments; ++k) {
+    const optimizer_segment sg = segments[k];
+    const bool decay = sg.decay != 0;
+#pragma omp parallel for schedule(static)
+    for (std::int64_t i = sg.begin; i < sg.end; ++i) {
+      const M g = to<M>(grads[i]);
+      if constexpr (!std::is_same_v<Param, M>) {
+        detail::adamw_update(master[i], m[i], v[i], g, step, decay);
+        params[i] = to<Param>(master[i]);
+      } else {
+        detail::adamw_update(params[i], m[i], v[i], g, step, decay);
+      }
+    }
+  }
+}
+
+/// One SGD-with-momentum step over a flat buffer in one pass, as
+/// adamw_step with one state buffer `buf` (the momentum) instead of m and v:
+/// kernels::detail::sgd_update per element. Same arguments, skip rule,
+/// determinism and throws as adamw_step.
+/// Source: torch.optim.SGD (dampening 0); Sutskever et al. 2013 (Nesterov).
+template <class Param, class Grad, class M>
+void sgd_step(const host_context& ctx, Param* params, M* master, M* buf, const Grad* grads,
+              std::int64_t n, const optimizer_segment* segments, int num_segments,
+              detail::sgd_step_params<M> step, const M* grad_scale) {
+  (void)ctx;
+  detail::check_optimizer_step<Param, M>("sgd_step", master, n, num_segments);
+  if (grad_scale) {
+    if (!std::isfinite(*grad_scale)) return;
+    step.grad_scale *= *grad_scale;
+  }
+  for (int k = 0; k < num_segments; ++k) {
+    const optimizer_segment sg = segments[k];
+    const bool decay = sg.decay != 0;
+#pragma omp parallel for schedule(static)
+    for (std::int64_t i = sg.begin; i < sg.end; ++i) {
+      const M g = to<M>(grads[i]);
+      if constexpr (!std::is_same_v<Param, M>) {
+        detail::sgd_update(master[i], buf[i], g, step, decay);
+        params[i] = to<Param>(master[i]);
+      } else {
+        detail::sgd_update(params[i], buf[i], g, step, decay);
+      }
+    }
+  }
+}
+
+}  // namespace tessera::kernels

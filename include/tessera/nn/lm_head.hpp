@@ -1,0 +1,111 @@
+#pragma once
+/// \file nn/lm_head.hpp
+/// The head module of a Llama: the final RMSNorm and the LM head fused with
+/// the next-token cross-entropy in chunks of tokens, so the full (N, V)
+/// logits never exist (kernels/cross_entropy.hpp).
+///
+/// The chunked LM head computes its gradient as it goes, so in training
+/// the head's forward runs its backward too: forward() leaves in the record
+/// the gradient of the loss with respect to the head's input (the last
+/// block's output), and accumulates the gradients of the final norm and the
+/// LM head; backward() hands that gradient over. The head's activations
+/// (normed states, rstd, the logit chunks) never outlive its forward.
+///
+/// Gradient contract (llm.c): parameter gradients accumulate (+=), the
+/// input gradient is written (=). The loss is the SUM of -log p(target)
+/// over the scored rows, written to one double in the context's memory
+/// (no host synchronisation); grad_scale (1 / the scored tokens of the
+/// whole optimizer step) multiplies the gradients.
+
+#include <cstdint>
+
+#include "tessera/core/tensor.hpp"
+#include "tessera/kernels/context.hpp"
+#include "tessera/kernels/cross_entropy.hpp"
+#include "tessera/kernels/rmsnorm.hpp"
+#include "tessera/precision/policy.hpp"
+
+namespace tessera::nn {
+
+/// What the head's training forward leaves for the backward pass.
+template <precision::policy P, class Backend>
+struct head_record {
+  /// (N, H) d(loss)/d(head input), scaled by grad_scale.
+  tensor<typename P::act_grad_type, Backend> dx;
+};
+
+/// Final norm (H gains at `norm_offset`) and LM head (V x H at
+/// `lm_offset`), offsets in the head's segment.
+template <precision::policy P, class Ctx>
+class lm_head {
+ public:
+  using Backend = typename Ctx::backend_type;
+  using Param = typename P::param_type;
+  using Grad = typename P::grad_type;
+  using ActGrad = typename P::act_grad_type;
+  using Acc = typename P::accum_type;
+  using record = head_record<P, Backend>;
+
+  lm_head() = default;
+  lm_head(std::int64_t V, std::int64_t H, double eps, std::int64_t norm_offset,
+          std::int64_t lm_offset, std::int64_t chunk, std::int32_t ignore_index)
+      : V_(V), H_(H), eps_(eps), norm_(norm_offset), lm_(lm_offset), chunk_(chunk),
+        ignore_(ignore_index) {}
+
+  /// Training forward (and the head's backward, fused): from `x` (N, H),
+  /// the last block's output, and `targets` (N) (ignore_index: not
+  /// scored), writes *d_loss = the sum of token losses, accumulates the
+  /// final norm's and the LM head's gradients into `g` (the segment's first
+  /// gradient element) and leaves d(loss)/dx (N, H) in r.dx. `p`: the
+  /// segment's first parameter. `x` is not kept. Throws config_error (host)
+  /// for a target outside [0, V).
+  void forward(const Ctx& ctx, const Param* x, const std::int32_t* targets, std::int64_t N,
+               const Param* p, Grad* g, Acc grad_scale, double* d_loss, record& r) const {
+    tensor<Acc, Backend> rstd = kernels::make_tensor<Acc>(ctx, N);
+    tensor<Param, Backend> xn = kernels::make_tensor<Param>(ctx, N * H_);
+    rmsnorm_forward(ctx, xn.data(), rstd.data(), x, p + norm_, N, H_, eps_);
+    tensor<ActGrad, Backend> dxn = kernels::make_tensor<ActGrad>(ctx, N * H_);
+    lm_head_cross_entropy(ctx, d_loss, xn.data(), p + lm_, targets, N, V_, H_, ignore_, grad_scale,
+                          dxn.data(), g + lm_, chunk_);
+    r.dx = kernels::make_tensor<ActGrad>(ctx, N * H_);
+    rmsnorm_backward(ctx, r.dx.data(), g + norm_, dxn.data(), x, p + norm_, rstd.data(), N, H_,
+                     false);
+  }
+
+  /// Evaluation: *d_loss = the sum of token losses; no gradient, nothing kept.
+  void forward_loss(const Ctx& ctx, const Param* x, const std::int32_t* targets, std::int64_t N,
+                    const Param* p, double* d_loss) const {
+    tensor<Acc, Backend> rstd = kernels::make_tensor<Acc>(ctx, N);
+    tensor<Param, Backend> xn = kernels::make_tensor<Param>(ctx, N * H_);
+    rmsnorm_forward(ctx, xn.data(), rstd.data(), x, p + norm_, N, H_, eps_);
+    lm_head_cross_entropy(ctx, d_loss, xn.data(), p + lm_, targets, N, V_, H_, ignore_, Acc(0),
+                          static_cast<ActGrad*>(nullptr), static_cast<Grad*>(nullptr), chunk_);
+  }
+
+  /// The V float32 logits after row `x_row` (H), for generation, into
+  /// `d_logits` (context memory).
+  void logits(const Ctx& ctx, float* d_logits, const Param* x_row, const Param* p) const {
+    tensor<Acc, Backend> rstd = kernels::make_tensor<Acc>(ctx, 1);
+    tensor<Param, Backend> xn = kernels::make_tensor<Param>(ctx, H_);
+    rmsnorm_forward(ctx, xn.data(), rstd.data(), x_row, p + norm_, 1, H_, eps_);
+    lm_head_logits(ctx, d_logits, xn.data(), p + lm_, H_, V_);
+  }
+
+  /// Hands over d(loss)/d(head input) (N, H): the record's gradient, moved out.
+  tensor<ActGrad, Backend> backward(record& r) const { return std::move(r.dx); }
+
+  std::int64_t chunk() const { return chunk_; }
+
+  /// Bytes per token the training forward keeps (r.dx).
+  std::int64_t record_bytes_per_token() const {
+    return static_cast<std::int64_t>(sizeof(ActGrad)) * H_;
+  }
+
+ private:
+  std::int64_t V_ = 0, H_ = 0;
+  double eps_ = 1e-5;
+  std::int64_t norm_ = 0, lm_ = 0, chunk_ = 256;
+  std::int32_t ignore_ = -100;
+};
+
+}  // namespace tessera::nn

@@ -1,0 +1,99 @@
+#pragma once
+/// \file train/config.hpp
+/// The run-time settings of a training run (sizes are values, DESIGN.md
+/// principle 3) and what a trainer refuses before it allocates.
+
+#include <cstdint>
+#include <type_traits>
+
+#include "tessera/core/error.hpp"
+#include "tessera/data/token_file.hpp"
+#include "tessera/nn/checkpointing.hpp"
+#include "tessera/nn/llama_config.hpp"
+#include "tessera/optim/adamw.hpp"
+#include "tessera/optim/schedule.hpp"
+#include "tessera/optim/sgd.hpp"
+
+namespace tessera::train {
+
+/// Run-time settings of a training run.
+struct train_config {
+  std::int64_t steps = 1000;        ///< optimizer steps
+  std::int64_t global_batch = 16;   ///< G, sequences per optimizer step (all ranks)
+  std::int64_t micro_batch = 16;    ///< B, sequences per forward
+  std::int64_t seq = 128;           ///< T, tokens per sequence
+  std::int64_t dp = 1;              ///< data-parallel degree (the communicator's size)
+  double lr = 1e-3;                 ///< peak learning rate
+  double min_lr_ratio = 0.1;        ///< final lr = lr * min_lr_ratio
+  std::int64_t warmup = 50;         ///< warmup steps
+  double grad_clip = 1.0;           ///< max global gradient norm (<= 0: off)
+  optim::adamw_config adamw{};      ///< AdamW's betas, eps, weight decay (optim::adamw)
+  optim::sgd_config sgd{};          ///< SGD's momentum, Nesterov, weight decay (optim::sgd)
+  std::int64_t eval_every = 100;    ///< evaluate every N steps (and at the end); 0: only at the end
+  std::int64_t eval_windows = 256;  ///< validation windows per evaluation (0: all)
+  std::uint64_t seed = 1337;        ///< weights and data order
+  std::int64_t ce_chunk = 256;      ///< LM-head/cross-entropy chunk (token rows)
+  nn::checkpoint_policy checkpointing{};  ///< activation checkpointing (none by default)
+
+  /// Micro-batches per step and rank: G / (B * dp). Throws config_error
+  /// naming G, B and dp if it does not divide exactly or a value is < 1.
+  std::int64_t accum_steps() const {
+    TESSERA_THROW_IF(global_batch < 1, config_error, "global batch G=", global_batch, " must be >= 1");
+    TESSERA_THROW_IF(micro_batch < 1, config_error, "micro-batch B=", micro_batch, " must be >= 1");
+    TESSERA_THROW_IF(dp < 1, config_error, "dp=", dp, " must be >= 1");
+    TESSERA_THROW_IF(global_batch % (micro_batch * dp) != 0, config_error, "global batch G=",
+                     global_batch, " is not divisible by micro-batch B=", micro_batch, " x dp=", dp,
+                     " (= ", micro_batch * dp, ")");
+    return global_batch / (micro_batch * dp);
+  }
+  /// Throws config_error for any inconsistent value.
+  void validate() const {
+    accum_steps();
+    TESSERA_THROW_IF(steps < 1, config_error, "steps=", steps, " must be >= 1");
+    TESSERA_THROW_IF(seq < 1, config_error, "sequence length T=", seq, " must be >= 1");
+    TESSERA_THROW_IF(!(lr > 0), config_error, "lr=", lr, " must be > 0");
+    TESSERA_THROW_IF(warmup < 0, config_error, "warmup=", warmup, " must be >= 0");
+    TESSERA_THROW_IF(eval_every < 0, config_error, "eval_every=", eval_every, " must be >= 0");
+    TESSERA_THROW_IF(ce_chunk < 1, config_error, "ce_chunk=", ce_chunk, " must be >= 1");
+    TESSERA_THROW_IF(!(min_lr_ratio >= 0 && min_lr_ratio <= 1), config_error, "min_lr_ratio=",
+                     min_lr_ratio, " must be in [0, 1]");
+    TESSERA_THROW_IF(warmup >= steps && steps > 1, config_error, "warmup=", warmup,
+                     " must be below steps=", steps);
+    adamw.validate();
+    sgd.validate();
+    checkpointing.validate();
+    schedule().validate();
+  }
+  optim::warmup_cosine schedule() const { return {lr, lr * min_lr_ratio, warmup, steps}; }
+
+  /// The hyper-parameters of optimizer policy O (adamw or sgd).
+  template <class O>
+  const typename O::config& optimizer_config() const {
+    if constexpr (std::is_same_v<typename O::config, optim::adamw_config>)
+      return adamw;
+    else {
+      static_assert(std::is_same_v<typename O::config, optim::sgd_config>,
+                    "train_config holds the configs of optim::adamw and optim::sgd; another "
+                    "optimizer policy needs its config added here");
+      return sgd;
+    }
+  }
+};
+
+/// What a trainer refuses before it allocates: an invalid model or train
+/// config, dp not matching the communicator's `ranks`, a sequence longer
+/// than max_seq, a corpus whose vocabulary exceeds the model's. Throws
+/// config_error naming the value and the limit.
+inline void check_run(const nn::llama_config& c, const train_config& cfg, const data::token_file& d,
+                      int ranks) {
+  c.validate();
+  TESSERA_THROW_IF(cfg.dp != ranks, config_error, "dp=", cfg.dp,
+                   " does not match the communicator's ", ranks, " ranks (world size)");
+  cfg.validate();
+  TESSERA_THROW_IF(cfg.seq > c.max_seq, config_error, "sequence length T=", cfg.seq,
+                   " exceeds the model's max_seq=", c.max_seq, " (preset '", c.name, "')");
+  TESSERA_THROW_IF(d.vocab() > static_cast<std::uint64_t>(c.vocab), config_error,
+                   "token file vocabulary ", d.vocab(), " exceeds the model's vocab=", c.vocab);
+}
+
+}  // namespace tessera::train

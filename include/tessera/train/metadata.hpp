@@ -1,0 +1,96 @@
+#pragma once
+/// \file train/metadata.hpp
+/// The checkpoint metadata of a run, written once for every trainer: the
+/// model, the precision and optimizer, the sharding and dp, the step and
+/// data position, every setting a resume must match, and the corpus
+/// fingerprint. A checkpoint moves between backends (a GPU run resumes on
+/// the host and back) because the backend is not part of it.
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "tessera/core/error.hpp"
+#include "tessera/data/sampler.hpp"
+#include "tessera/data/token_file.hpp"
+#include "tessera/nn/llama_config.hpp"
+#include "tessera/train/config.hpp"
+
+namespace tessera::train {
+
+/// The model's sizes as checkpoint metadata.
+inline nlohmann::json model_metadata(const nn::llama_config& c) {
+  return {{"name", c.name},         {"dim", c.dim},         {"n_layers", c.n_layers},
+          {"n_heads", c.n_heads},   {"n_kv_heads", c.n_kv_heads}, {"ffn_dim", c.ffn_dim},
+          {"vocab", c.vocab},       {"max_seq", c.max_seq}, {"rope_theta", c.rope_theta},
+          {"norm_eps", c.norm_eps}};
+}
+
+/// The hyper-parameters of an optimizer config.
+inline nlohmann::json optimizer_metadata(const optim::adamw_config& a) {
+  return {{"beta1", a.beta1}, {"beta2", a.beta2}, {"eps", a.eps},
+          {"weight_decay", a.weight_decay}};
+}
+inline nlohmann::json optimizer_metadata(const optim::sgd_config& s) {
+  return {{"momentum", s.momentum}, {"nesterov", s.nesterov}, {"weight_decay", s.weight_decay}};
+}
+
+/// The checkpoint metadata of a run at `step` (every trainer writes this).
+/// `optimizer` names the policy and `opt` is its config; `sharding` the
+/// ZeRO strategy's name, `dp` the data-parallel degree; `flat_elements`
+/// the model's flat buffer.
+template <class OptConfig>
+nlohmann::json run_metadata(const nn::llama_config& c, const train_config& cfg,
+                            const char* precision, const char* optimizer, const OptConfig& opt,
+                            const char* sharding, std::int64_t dp, std::int64_t step,
+                            std::int64_t flat_elements, const data::token_file& data) {
+  return {{"model", model_metadata(c)},
+          {"precision", precision},
+          {"optimizer", optimizer},
+          {optimizer, optimizer_metadata(opt)},
+          {"sharding", sharding},
+          {"dp", dp},
+          {"step", step},
+          {"data_position", {{"step", step}, {"sampler", "window_start(seed, step, g)"}}},
+          {"schedule_position", step},
+          {"rng", {{"seed", cfg.seed}, {"generator", "mix64 counter (stateless)"}}},
+          {"schedule", {{"name", "warmup_cosine"}, {"min_lr_ratio", cfg.min_lr_ratio}}},
+          {"grad_clip", cfg.grad_clip},
+          {"ce_chunk", cfg.ce_chunk},
+          {"global_batch", cfg.global_batch},
+          {"micro_batch", cfg.micro_batch},
+          {"seq", cfg.seq},
+          {"seed", cfg.seed},
+          {"steps", cfg.steps},
+          {"lr", cfg.lr},
+          {"warmup", cfg.warmup},
+          {"flat_elements", flat_elements},
+          {"data", {{"tokens", data.size()}, {"vocab", data.vocab()},
+                    {"fingerprint", data::fingerprint(data)}}}};
+}
+
+/// Checks a checkpoint's metadata against this run's before a resume: every
+/// key of `mine` except the positions (step, data_position,
+/// schedule_position) must be present and equal. Throws config_error naming
+/// the field and both values, and io_error if the step is not an integer in
+/// [0, steps]. Returns the checkpoint's step.
+inline std::int64_t check_resume_metadata(const std::filesystem::path& path, nlohmann::json& meta,
+                                          const nlohmann::json& mine, std::int64_t steps) {
+  for (const auto& [k, v] : mine.items()) {
+    if (k == "step" || k == "data_position" || k == "schedule_position") continue;
+    TESSERA_THROW_IF(!meta.contains(k) || meta[k] != v, config_error, "checkpoint '",
+                     path.string(), "' has ", k, "=", meta.contains(k) ? meta[k].dump() : "(missing)",
+                     " but this run has ", k, "=", v.dump());
+  }
+  TESSERA_THROW_IF(!meta.contains("step") || !meta["step"].is_number_integer() ||
+                       meta["step"].get<std::int64_t>() < 0 ||
+                       meta["step"].get<std::int64_t>() > steps,
+                   io_error, "checkpoint '", path.string(), "' has step ",
+                   meta.contains("step") ? meta["step"].dump() : "(missing)", ", not in [0, steps=",
+                   steps, "]");
+  return meta["step"].get<std::int64_t>();
+}
+
+}  // namespace tessera::train

@@ -144,16 +144,17 @@ run_result<T> run_attention(const std::vector<double>& q, const std::vector<doub
   auto qt = cast<T>(q), kt = cast<T>(k), vt = cast<T>(v);
   r.out.assign(q.size(), poison<T>());
   r.lse.assign(static_cast<std::size_t>(d.lse_numel()), poison<A>());
-  attention_forward<T>(r.out.data(), r.lse.data(), qt.data(), kt.data(), vt.data(), d.B, d.S, d.nh,
-                       d.nkv, d.hd, tiles);
+  const tessera::kernels::host_context tctx{&tessera::host::default_resource(), 0, tiles};
+  attention_forward<T>(tctx, r.out.data(), r.lse.data(), qt.data(), kt.data(), vt.data(), d.B,
+                       d.S, d.nh, d.nkv, d.hd);
   if (backward) {
     auto dot = cast<A>(dout);
     r.dq.assign(q.size(), poison<A>());
     r.dk.assign(k.size(), poison<A>());
     r.dv.assign(v.size(), poison<A>());
-    attention_backward<T, A>(r.dq.data(), r.dk.data(), r.dv.data(), dot.data(), qt.data(),
+    attention_backward<T, A>(tctx, r.dq.data(), r.dk.data(), r.dv.data(), dot.data(), qt.data(),
                              kt.data(), vt.data(), r.out.data(), r.lse.data(), d.B, d.S, d.nh,
-                             d.nkv, d.hd, tiles);
+                             d.nkv, d.hd);
   }
   return r;
 }
@@ -284,9 +285,10 @@ TEST_CASE("attention with bf16 inputs agrees with float64 on the same rounded in
     using tessera::kernels::attention_backward;
     auto out64 = widen(rb.out), lse64 = widen(rb.lse);
     std::vector<double> dq(q.size()), dk(k.size()), dv(v.size());
-    attention_backward<double, double>(dq.data(), dk.data(), dv.data(), w.data(), q.data(),
+    const tessera::kernels::host_context tctx{&tessera::host::default_resource(), 0, tiles};
+    attention_backward<double, double>(tctx, dq.data(), dk.data(), dv.data(), w.data(), q.data(),
                                        k.data(), v.data(), out64.data(), lse64.data(), d.B, d.S,
-                                       d.nh, d.nkv, d.hd, tiles);
+                                       d.nh, d.nkv, d.hd);
     CHECK(rel_max_error(rb.dq, dq) < 1e-5);
     CHECK(rel_max_error(rb.dk, dk) < 1e-5);
     CHECK(rel_max_error(rb.dv, dv) < 1e-5);
@@ -317,8 +319,8 @@ TEST_CASE("attention memory is linear in S and far below S x S", "[kernels][atte
     tessera::tensor<float> out(tessera::shape{B, S, nh, hd}, mr);
     tessera::tensor<float> lse(tessera::shape{B, nh, S}, mr);
     const std::size_t saved = out.bytes() + lse.bytes();
-    attention_forward<float>(out.data(), lse.data(), q.data(), k.data(), v.data(), B, S, nh, nkv,
-                             hd, {}, mr);
+    attention_forward<float>(tessera::kernels::host_context{&mr}, out.data(), lse.data(), q.data(),
+                             k.data(), v.data(), B, S, nh, nkv, hd);
     fwd_bytes.push_back(mr.stats().peak_allocated);
     fwd_scratch.push_back(mr.stats().peak_allocated - saved);
     CHECK(mr.stats().allocated == saved);  // scratch returned
@@ -327,9 +329,9 @@ TEST_CASE("attention memory is linear in S and far below S x S", "[kernels][atte
     tessera::host_memory_resource mr_bwd;
     std::vector<float> dout = cast<float>(random_vector(d.q_numel(), 404));
     std::vector<float> dq(q.size()), dk(k.size()), dv(v.size());
-    attention_backward<float, float>(dq.data(), dk.data(), dv.data(), dout.data(), q.data(),
-                                     k.data(), v.data(), out.data(), lse.data(), B, S, nh, nkv, hd,
-                                     {}, mr_bwd);
+    attention_backward<float, float>(tessera::kernels::host_context{&mr_bwd}, dq.data(), dk.data(),
+                                     dv.data(), dout.data(), q.data(), k.data(), v.data(),
+                                     out.data(), lse.data(), B, S, nh, nkv, hd);
     bwd_bytes.push_back(mr_bwd.stats().peak_allocated);
     CHECK(mr_bwd.stats().allocated == 0);
   }
@@ -384,15 +386,17 @@ TEST_CASE("attention is bit-for-bit deterministic, also across thread counts",
 }
 
 TEST_CASE("attention rejects bad sizes with config_error", "[kernels][attention]") {
+  const tessera::kernels::host_context ctx{};
   std::vector<float> buf(4096, 1.0f);
   float* p = buf.data();
   using tessera::config_error;
-  CHECK_THROWS_AS(attention_forward<float>(p, p, p, p, p, 1, 4, 4, 3, 8), config_error);
-  CHECK_THROWS_WITH(attention_forward<float>(p, p, p, p, p, 1, 4, 4, 3, 8),
+  CHECK_THROWS_AS(attention_forward<float>(ctx, p, p, p, p, p, 1, 4, 4, 3, 8), config_error);
+  CHECK_THROWS_WITH(attention_forward<float>(ctx, p, p, p, p, p, 1, 4, 4, 3, 8),
                     Catch::Contains("nkv=3 does not divide nh=4"));
-  CHECK_THROWS_AS(attention_forward<float>(p, p, p, p, p, 1, 0, 4, 2, 8), config_error);
-  CHECK_THROWS_AS(attention_forward<float>(p, p, p, p, p, -1, 4, 4, 2, 8), config_error);
-  CHECK_THROWS_AS(attention_forward<float>(p, p, p, p, p, 1, 4, 4, 2, 8, {0, 4}), config_error);
-  CHECK_THROWS_AS((attention_backward<float, float>(p, p, p, p, p, p, p, p, p, 1, 4, 4, 3, 8)),
+  CHECK_THROWS_AS(attention_forward<float>(ctx, p, p, p, p, p, 1, 0, 4, 2, 8), config_error);
+  CHECK_THROWS_AS(attention_forward<float>(ctx, p, p, p, p, p, -1, 4, 4, 2, 8), config_error);
+  const tessera::kernels::host_context zero_tile{&tessera::host::default_resource(), 0, {0, 4}};
+  CHECK_THROWS_AS(attention_forward<float>(zero_tile, p, p, p, p, p, 1, 4, 4, 2, 8), config_error);
+  CHECK_THROWS_AS((attention_backward<float, float>(ctx, p, p, p, p, p, p, p, p, p, 1, 4, 4, 3, 8)),
                   config_error);
 }

@@ -36,7 +36,7 @@ void check_forward() {
   auto wte = random_vector<T>(V * H, rng);
   std::vector<T> out(N * H);
   poison(out);
-  embedding_forward(out.data(), tokens.data(), wte.data(), N, V, H);
+  embedding_forward(ctx, out.data(), tokens.data(), wte.data(), N, V, H);
   CHECK(first_nan(out) == -1);
   // A copy: bit-exact.
   for (std::int64_t n = 0; n < N; ++n)
@@ -56,13 +56,13 @@ TEST_CASE("embedding rejects out-of-range tokens before writing", "[kernels][emb
   for (std::int32_t bad : {10, -1, 1 << 30}) {
     std::vector<std::int32_t> tokens = {1, 2, bad, 3};
     poison(out);
-    CHECK_THROWS_AS(embedding_forward(out.data(), tokens.data(), wte.data(), N, V, H),
+    CHECK_THROWS_AS(embedding_forward(ctx, out.data(), tokens.data(), wte.data(), N, V, H),
                     config_error);
-    CHECK_THROWS_WITH(embedding_forward(out.data(), tokens.data(), wte.data(), N, V, H),
+    CHECK_THROWS_WITH(embedding_forward(ctx, out.data(), tokens.data(), wte.data(), N, V, H),
                       Catch::Contains("token id " + std::to_string(bad)) &&
                           Catch::Contains("position 2") && Catch::Contains("V=10"));
     for (float v : out) CHECK(std::isnan(v));  // nothing written
-    CHECK_THROWS_AS(embedding_backward(dwte.data(), dout.data(), tokens.data(), N, V, H),
+    CHECK_THROWS_AS(embedding_backward(ctx, dwte.data(), dout.data(), tokens.data(), N, V, H),
                     config_error);
     for (float v : dwte) CHECK(v == 0.0f);
   }
@@ -77,12 +77,12 @@ TEST_CASE("embedding_backward matches float64 finite differences and accumulates
   auto w_out = random_vector<double>(N * H, rng);
   std::vector<double> out(N * H);
   auto loss = [&] {
-    embedding_forward(out.data(), tokens.data(), wte.data(), N, V, H);
+    embedding_forward(ctx, out.data(), tokens.data(), wte.data(), N, V, H);
     return weighted_sum(out, w_out);
   };
   auto dwte0 = random_vector<double>(V * H, rng);
   auto dwte = dwte0;
-  embedding_backward(dwte.data(), w_out.data(), tokens.data(), N, V, H);
+  embedding_backward(ctx, dwte.data(), w_out.data(), tokens.data(), N, V, H);
   std::vector<double> grad(V * H);
   for (std::size_t i = 0; i < grad.size(); ++i) grad[i] = dwte[i] - dwte0[i];
   CHECK(fd_max_error(wte, loss, grad) < 1e-6);
@@ -99,7 +99,7 @@ TEST_CASE("embedding_backward is independent of the thread count", "[kernels][em
   for (int threads : {1, 2, 3}) {
     omp_set_num_threads(threads);
     auto dwte = init;
-    embedding_backward(dwte.data(), dout.data(), tokens.data(), N, V, H);
+    embedding_backward(ctx, dwte.data(), dout.data(), tokens.data(), N, V, H);
     results.push_back(dwte);
   }
   omp_set_num_threads(saved);

@@ -202,7 +202,7 @@ void check_linear_forward(double rel_out, double rel_acc_per_k) {
   auto inp = random_vector<T>(M * K, rng), w = random_vector<T>(N * K, rng);
   std::vector<T> out(M * N);
   poison(out);
-  linear_forward(out.data(), inp.data(), w.data(), M, N, K);
+  linear_forward(ctx, out.data(), inp.data(), w.data(), M, N, K);
   CHECK(first_nan(out) == -1);
   const auto ref = reference(transpose::no, transpose::yes, M, N, K, 1.0, to_double(inp), K,
                              to_double(w), K, 0.0, std::vector<double>(M * N), N);
@@ -226,17 +226,17 @@ TEST_CASE("linear backward matches float64 finite differences", "[kernels][gemm]
   auto w_out = random_vector<double>(M * N, rng);
   std::vector<double> out(M * N);
   auto loss = [&] {
-    linear_forward(out.data(), inp.data(), w.data(), M, N, K);
+    linear_forward(ctx, out.data(), inp.data(), w.data(), M, N, K);
     return weighted_sum(out, w_out);
   };
   // dL/dout = w_out.
   std::vector<double> dinp(M * K);
   poison(dinp);
-  linear_backward_input(dinp.data(), w_out.data(), w.data(), M, N, K);
+  linear_backward_input(ctx, dinp.data(), w_out.data(), w.data(), M, N, K);
   CHECK(first_nan(dinp) == -1);
   auto dw0 = random_vector<double>(N * K, rng);  // parameter gradients accumulate
   auto dw = dw0;
-  linear_backward_weight(dw.data(), w_out.data(), inp.data(), M, N, K);
+  linear_backward_weight(ctx, dw.data(), w_out.data(), inp.data(), M, N, K);
   std::vector<double> dw_only(N * K);
   for (std::size_t i = 0; i < dw.size(); ++i) dw_only[i] = dw[i] - dw0[i];
   CHECK(fd_max_error(inp, loss, dinp) < 1e-6);
@@ -245,7 +245,7 @@ TEST_CASE("linear backward matches float64 finite differences", "[kernels][gemm]
   SECTION("accumulate adds into dinp") {
     auto base = random_vector<double>(M * K, rng);
     auto acc = base;
-    linear_backward_input(acc.data(), w_out.data(), w.data(), M, N, K, true);
+    linear_backward_input(ctx, acc.data(), w_out.data(), w.data(), M, N, K, true);
     for (std::size_t i = 0; i < acc.size(); ++i)
       CHECK(acc[i] == Approx(base[i] + dinp[i]).epsilon(1e-13).margin(1e-14));
   }
@@ -259,11 +259,11 @@ TEST_CASE("linear backward with bf16 storage matches float64 of the rounded inpu
   auto dout = random_vector<float>(M * N, rng);
   std::vector<float> dinp(M * K);
   poison(dinp);
-  linear_backward_input(dinp.data(), dout.data(), w.data(), M, N, K);
+  linear_backward_input(ctx, dinp.data(), dout.data(), w.data(), M, N, K);
   CHECK(first_nan(dinp) == -1);
   auto dw = random_vector<float>(N * K, rng);
   const auto dw0 = to_double(dw);
-  linear_backward_weight(dw.data(), dout.data(), inp.data(), M, N, K);
+  linear_backward_weight(ctx, dw.data(), dout.data(), inp.data(), M, N, K);
   const auto rdinp = reference(transpose::no, transpose::no, M, K, N, 1.0, to_double(dout), N,
                                to_double(w), K, 0.0, std::vector<double>(M * K), K);
   const auto rdw = reference(transpose::yes, transpose::no, N, K, M, 1.0, to_double(dout), N,

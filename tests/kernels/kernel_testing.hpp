@@ -13,6 +13,11 @@
 #include <vector>
 
 #include "tessera/core/numeric.hpp"
+#include "tessera/kernels/context.hpp"
+
+/// The host context the kernel tests call the kernels with (the default
+/// resource, the default attention tiles).
+inline const tessera::kernels::host_context ctx{};
 
 namespace tessera::testing {
 

@@ -52,7 +52,7 @@ void check_forward(double rel_out, double rel_acc) {
   std::vector<accum_t<T>> rstd(N);
   poison(out);
   poison(rstd);
-  rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), N, H, kEps);
+  rmsnorm_forward(ctx, out.data(), rstd.data(), x.data(), w.data(), N, H, kEps);
   CHECK(first_nan(out) == -1);
   CHECK(first_nan(rstd) == -1);
   const auto ref = reference(to_double(x), to_double(w), N, H, kEps);
@@ -88,7 +88,7 @@ TEST_CASE("rmsnorm_backward matches float64 finite differences", "[kernels][rmsn
   auto w_out = random_vector<double>(N * H, rng);
   std::vector<double> out(N * H), rstd(N);
   auto loss = [&] {
-    rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), N, H, kEps);
+    rmsnorm_forward(ctx, out.data(), rstd.data(), x.data(), w.data(), N, H, kEps);
     return weighted_sum(out, w_out);
   };
   loss();
@@ -96,7 +96,7 @@ TEST_CASE("rmsnorm_backward matches float64 finite differences", "[kernels][rmsn
   poison(dinp);
   auto dw0 = random_vector<double>(H, rng);
   auto dw = dw0;
-  rmsnorm_backward(dinp.data(), dw.data(), w_out.data(), x.data(), w.data(), rstd.data(), N, H);
+  rmsnorm_backward(ctx, dinp.data(), dw.data(), w_out.data(), x.data(), w.data(), rstd.data(), N, H);
   CHECK(first_nan(dinp) == -1);
   std::vector<double> dw_only(H);
   for (std::int64_t h = 0; h < H; ++h) dw_only[h] = dw[h] - dw0[h];
@@ -107,7 +107,7 @@ TEST_CASE("rmsnorm_backward matches float64 finite differences", "[kernels][rmsn
     auto base = random_vector<double>(N * H, rng);
     auto acc = base;
     std::vector<double> dw2(H, 0.0);
-    rmsnorm_backward(acc.data(), dw2.data(), w_out.data(), x.data(), w.data(), rstd.data(), N, H,
+    rmsnorm_backward(ctx, acc.data(), dw2.data(), w_out.data(), x.data(), w.data(), rstd.data(), N, H,
                      true);
     // Equal up to one rounding: with -march=native the compiler may fuse the
     // kernel's final multiply and add (FMA), which the reference does not.
@@ -126,9 +126,9 @@ TEST_CASE("rmsnorm_backward with bf16 storage matches float64 of the rounded inp
   auto dy = random_vector<float>(N * H, rng);
   std::vector<bf16> out(N * H);
   std::vector<float> rstd(N), dinp(N * H), dw(H, 0.0f);
-  rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), N, H, kEps);
+  rmsnorm_forward(ctx, out.data(), rstd.data(), x.data(), w.data(), N, H, kEps);
   poison(dinp);
-  rmsnorm_backward(dinp.data(), dw.data(), dy.data(), x.data(), w.data(), rstd.data(), N, H);
+  rmsnorm_backward(ctx, dinp.data(), dw.data(), dy.data(), x.data(), w.data(), rstd.data(), N, H);
   CHECK(first_nan(dinp) == -1);
   // Float64 reference from the same bf16 inputs and float dout, using the
   // float64 rstd. Error scale: each term is float32 with (H + 8) u relative
@@ -167,8 +167,8 @@ TEST_CASE("rmsnorm is independent of the thread count", "[kernels][rmsnorm]") {
   for (int threads : {1, 2, 3}) {
     omp_set_num_threads(threads);
     std::vector<float> out(N * H), rstd(N), dinp(N * H), dw(H, 0.5f);
-    rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), N, H, kEps);
-    rmsnorm_backward(dinp.data(), dw.data(), dy.data(), x.data(), w.data(), rstd.data(), N, H);
+    rmsnorm_forward(ctx, out.data(), rstd.data(), x.data(), w.data(), N, H, kEps);
+    rmsnorm_backward(ctx, dinp.data(), dw.data(), dy.data(), x.data(), w.data(), rstd.data(), N, H);
     outs.push_back(out);
     dinps.push_back(dinp);
     dws.push_back(dw);
@@ -183,11 +183,11 @@ TEST_CASE("rmsnorm is independent of the thread count", "[kernels][rmsnorm]") {
 
 TEST_CASE("rmsnorm rejects bad sizes and eps", "[kernels][rmsnorm]") {
   std::vector<float> a(8), r(2);
-  CHECK_THROWS_AS(rmsnorm_forward(a.data(), r.data(), a.data(), a.data(), 2, 0, 1e-5),
+  CHECK_THROWS_AS(rmsnorm_forward(ctx, a.data(), r.data(), a.data(), a.data(), 2, 0, 1e-5),
                   config_error);
-  CHECK_THROWS_AS(rmsnorm_forward(a.data(), r.data(), a.data(), a.data(), 2, 4, -1.0),
+  CHECK_THROWS_AS(rmsnorm_forward(ctx, a.data(), r.data(), a.data(), a.data(), 2, 4, -1.0),
                   config_error);
   CHECK_THROWS_AS(
-      rmsnorm_backward(a.data(), a.data(), a.data(), a.data(), a.data(), r.data(), -1, 4),
+      rmsnorm_backward(ctx, a.data(), a.data(), a.data(), a.data(), a.data(), r.data(), -1, 4),
       config_error);
 }

@@ -50,8 +50,8 @@ TEST_CASE("rope_table rejects odd head dims and bad theta", "[kernels][rope]") {
   CHECK_THROWS_AS(rope_table(c.data(), s.data(), 4, 0, 10000.0), config_error);
   CHECK_THROWS_AS(rope_table(c.data(), s.data(), 4, 8, 0.0), config_error);
   std::vector<float> x(64);
-  CHECK_THROWS_AS(rope_forward(x.data(), c.data(), s.data(), 1, 2, 1, 5), config_error);
-  CHECK_THROWS_AS(rope_backward(x.data(), c.data(), s.data(), 1, 2, 1, 5), config_error);
+  CHECK_THROWS_AS(rope_forward(ctx, x.data(), c.data(), s.data(), 1, 2, 1, 5), config_error);
+  CHECK_THROWS_AS(rope_backward(ctx, x.data(), c.data(), s.data(), 1, 2, 1, 5), config_error);
 }
 
 namespace {
@@ -92,7 +92,7 @@ void check_forward(double rel_out, double u_acc) {
   auto x = random_vector<Storage>(B * T * nh * hd, rng);
   std::vector<double> scale;
   const auto ref = reference(to_double(x), c, s, B, T, nh, hd, &scale);
-  rope_forward(x.data(), c.data(), s.data(), B, T, nh, hd);
+  rope_forward(ctx, x.data(), c.data(), s.data(), B, T, nh, hd);
   for (std::size_t i = 0; i < x.size(); ++i) {
     const double tol = rel_out * std::fabs(ref[i]) + (1 + rel_out) * 2 * u_acc * scale[i];
     REQUIRE(std::fabs(as_double(x[i]) - ref[i]) <= tol);
@@ -116,7 +116,7 @@ TEST_CASE("rope_forward matches the rotate-half reference", "[kernels][rope]") {
     rope_table(c.data(), s.data(), T, hd, 10000.0);
     // t = 0 unchanged; t = 1: pair 0 rotated by 1 rad, pair 1 by 10000^-0.5 rad.
     std::vector<double> x = {1, 2, 3, 4, 1, 0, 0, 0};
-    rope_forward(x.data(), c.data(), s.data(), 1, T, 1, hd);
+    rope_forward(ctx, x.data(), c.data(), s.data(), 1, T, 1, hd);
     CHECK(x[0] == 1);
     CHECK(x[3] == 4);
     CHECK(x[4] == Approx(std::cos(1.0)).epsilon(1e-7));  // x1 cos - x2 sin, x2 = 0
@@ -136,10 +136,10 @@ TEST_CASE("rope_backward matches float64 finite differences", "[kernels][rope]")
   std::vector<double> y(x.size());
   auto loss = [&] {
     y = x;
-    rope_forward(y.data(), c.data(), s.data(), B, T, nh, hd);
+    rope_forward(ctx, y.data(), c.data(), s.data(), B, T, nh, hd);
     return weighted_sum(y, w_out);
   };
   auto dx = w_out;  // dL/dy, overwritten in place by dL/dx
-  rope_backward(dx.data(), c.data(), s.data(), B, T, nh, hd);
+  rope_backward(ctx, dx.data(), c.data(), s.data(), B, T, nh, hd);
   CHECK(fd_max_error(x, loss, dx) < 1e-6);
 }

@@ -33,7 +33,7 @@ void check_forward(double rel_out, double u_acc) {
   auto g = random_vector<T>(n, rng, -8, 8), u = random_vector<T>(n, rng, -2, 2);
   std::vector<T> out(n);
   poison(out);
-  swiglu_forward(out.data(), g.data(), u.data(), n);
+  swiglu_forward(ctx, out.data(), g.data(), u.data(), n);
   CHECK(first_nan(out) == -1);
   for (std::int64_t i = 0; i < n; ++i) {
     const double ref = static_cast<double>(silu_ref(as_double(g[i])) * as_double(u[i]));
@@ -62,13 +62,13 @@ TEST_CASE("swiglu_backward matches float64 finite differences", "[kernels][swigl
   auto w_out = random_vector<double>(n, rng);
   std::vector<double> out(n);
   auto loss = [&] {
-    swiglu_forward(out.data(), g.data(), u.data(), n);
+    swiglu_forward(ctx, out.data(), g.data(), u.data(), n);
     return weighted_sum(out, w_out);
   };
   std::vector<double> dg(n), du(n);
   poison(dg);
   poison(du);
-  swiglu_backward(dg.data(), du.data(), w_out.data(), g.data(), u.data(), n);
+  swiglu_backward(ctx, dg.data(), du.data(), w_out.data(), g.data(), u.data(), n);
   CHECK(first_nan(dg) == -1);
   CHECK(first_nan(du) == -1);
   CHECK(fd_max_error(g, loss, dg) < 1e-6);
@@ -83,7 +83,7 @@ TEST_CASE("swiglu_backward in float and bf16 matches the float64 gradient", "[ke
   std::vector<float> dg(n), du(n);
   poison(dg);
   poison(du);
-  swiglu_backward(dg.data(), du.data(), dy.data(), gf.data(), uf.data(), n);
+  swiglu_backward(ctx, dg.data(), du.data(), dy.data(), gf.data(), uf.data(), n);
   for (std::int64_t i = 0; i < n; ++i) {
     const long double g = as_double(gf[i]), u = as_double(uf[i]), d = dy[i];
     const long double sig = 1.0L / (1.0L + std::exp(-g));
@@ -100,8 +100,8 @@ TEST_CASE("swiglu_backward in float and bf16 matches the float64 gradient", "[ke
 TEST_CASE("swiglu saturates without NaN far from 0", "[kernels][swiglu]") {
   std::vector<float> g = {-1000.f, -100.f, -88.f, 88.f, 100.f, 1000.f}, u(g.size(), 2.0f),
                      out(g.size()), dg(g.size()), du(g.size()), dy(g.size(), 1.0f);
-  swiglu_forward(out.data(), g.data(), u.data(), static_cast<std::int64_t>(g.size()));
-  swiglu_backward(dg.data(), du.data(), dy.data(), g.data(), u.data(),
+  swiglu_forward(ctx, out.data(), g.data(), u.data(), static_cast<std::int64_t>(g.size()));
+  swiglu_backward(ctx, dg.data(), du.data(), dy.data(), g.data(), u.data(),
                   static_cast<std::int64_t>(g.size()));
   for (std::size_t i = 0; i < g.size(); ++i) {
     INFO("g=" << g[i]);

@@ -367,6 +367,7 @@ struct activation_options {
   std::int64_t seq = 0;          ///< T, tokens per sequence (0: the config's max_seq)
   nn::llama_options model{};     ///< ce_chunk and attention tiles, as given to nn::llama
   int threads = 1;               ///< OpenMP threads (attention scratch is per thread)
+  kernels::attention_tiles tiles{};  ///< host attention tiles (kernels::host_context::tiles)
 };
 
 /// Activation bytes of one forward_backward of nn::llama on a micro-batch.
@@ -420,8 +421,8 @@ inline activation_plan plan_activations(const nn::llama_config& c, const dtype_s
   const std::uint64_t fin = N * (P * 2 * H + A);  // final_in, final_xn, final_rstd
   const std::uint64_t records = a.saved - fin;    // ids + every block record
   a.forward_temporaries = N * H * P;
-  const auto tq = static_cast<std::uint64_t>(std::min(o.model.tiles.q, T)),
-             tk = static_cast<std::uint64_t>(std::min(o.model.tiles.k, T));
+  const auto tq = static_cast<std::uint64_t>(std::min(o.tiles.q, T)),
+             tk = static_cast<std::uint64_t>(std::min(o.tiles.k, T));
   const std::uint64_t attn_fwd = thr * (2 * tq * hd + 2 * tk * hd + tq * tk + 2 * tq) * A;
   const std::uint64_t attn_bwd =
       N * nh * A + thr * (3 * tq * hd + 5 * tk * hd + 2 * tk) * A;  // D (B nh T) + tiles

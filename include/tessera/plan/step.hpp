@@ -1,7 +1,7 @@
 #pragma once
 /// \file plan/step.hpp
 /// Per-step costs of a data-parallel training step (DESIGN.md, principle 5):
-/// model FLOPs (train::flops_per_token, and seeds/003-004's 6ND), MFU from a
+/// model FLOPs (nn::flops_per_token, and seeds/003-004's 6ND), MFU from a
 /// step time and a peak, and the bytes one rank sends per optimizer step for
 /// ZeRO stages 0..3 with the ring algorithm (comm/communicator.hpp).
 ///
@@ -56,7 +56,7 @@
 #include "tessera/comm/communicator.hpp"
 #include "tessera/nn/llama_config.hpp"
 #include "tessera/plan/memory.hpp"
-#include "tessera/train/trainer.hpp"
+#include "tessera/nn/flops.hpp"
 
 namespace tessera::plan {
 
@@ -204,7 +204,7 @@ inline comm_plan plan_comm(const nn::llama_config& c, const sharding& sh,
 struct flops_plan {
   std::int64_t tokens_per_rank = 0;  ///< B T k
   std::int64_t tokens_global = 0;    ///< B T k dp
-  double flops_per_token = 0;        ///< train::flops_per_token(c, T): 6 N_matmul + 6 L H T
+  double flops_per_token = 0;        ///< nn::flops_per_token(c, T): 6 N_matmul + 6 L H T
   double flops_per_rank = 0;         ///< flops_per_token * tokens_per_rank
   double six_nd = 0;  ///< 6 N D over the global batch (seeds/003, /004; Kaplan et al. 2020)
   /// Model FLOPs utilisation of one rank: flops_per_rank / (step_seconds peak_flops),
@@ -229,7 +229,7 @@ inline flops_plan plan_flops(const nn::llama_config& c, std::int64_t micro_batch
   flops_plan f;
   f.tokens_per_rank = micro_batch * seq * micro_batches;
   f.tokens_global = f.tokens_per_rank * dp;
-  f.flops_per_token = train::flops_per_token(c, seq);
+  f.flops_per_token = nn::flops_per_token(c, seq);
   f.flops_per_rank = f.flops_per_token * static_cast<double>(f.tokens_per_rank);
   f.six_nd = 6.0 * static_cast<double>(c.num_params()) * static_cast<double>(f.tokens_global);
   return f;

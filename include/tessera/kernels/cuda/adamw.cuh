@@ -12,6 +12,7 @@
 #include "tessera/kernels/cuda/common.cuh"
 #include "tessera/kernels/cuda/kernels.hpp"
 #include "tessera/kernels/detail/adamw.hpp"
+#include "tessera/kernels/detail/sgd.hpp"
 
 namespace tessera::kernels::cuda {
 
@@ -59,6 +60,45 @@ __global__ void __launch_bounds__(elementwise_threads)
   }
 }
 
+template <class Param, class Grad, bool Master>
+__global__ void __launch_bounds__(elementwise_threads)
+    sgd_kernel(Param* params, float* master, float* buf, const Grad* grads, std::int64_t n,
+               const adamw_segment* segments, int num_segments,
+               kernels::detail::sgd_step_params<float> s, const float* grad_scale) {
+  if (grad_scale) {
+    const float c = *grad_scale;
+    if (!isfinite(c)) return;  // skipped step: nothing written
+    s.grad_scale *= c;
+  }
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += stride) {
+    int lo = 0, hi = num_segments;  // first segment with begin > i
+    while (lo < hi) {
+      const int mid = (lo + hi) / 2;
+      if (segments[mid].begin <= i)
+        lo = mid + 1;
+      else
+        hi = mid;
+    }
+    if (lo == 0 || i >= segments[lo - 1].end) continue;
+    const bool decay = segments[lo - 1].decay != 0;
+    const float g = to<float>(grads[i]);
+    float bi = buf[i];
+    if constexpr (Master) {
+      float p = master[i];
+      kernels::detail::sgd_update(p, bi, g, s, decay);
+      master[i] = p;
+      params[i] = to<Param>(p);
+    } else {
+      float p = to<float>(params[i]);
+      kernels::detail::sgd_update(p, bi, g, s, decay);
+      params[i] = to<Param>(p);
+    }
+    buf[i] = bi;
+  }
+}
+
 }  // namespace detail
 
 template <class Param, class Grad>
@@ -80,6 +120,26 @@ void adamw_step(Param* d_params, float* d_master, float* d_m, float* d_v, const 
   detail::adamw_kernel<Param, Grad, has_master><<<detail::grid_of(c), c.block, 0, stream>>>(
       d_params, d_master, d_m, d_v, d_grads, n, d_segments, num_segments, step, d_grad_scale);
   TESSERA_CUDA_CHECK_LAUNCH("adamw_kernel");
+}
+
+template <class Param, class Grad>
+void sgd_step(Param* d_params, float* d_master, float* d_buf, const Grad* d_grads, std::int64_t n,
+              const adamw_segment* d_segments, int num_segments,
+              const kernels::detail::sgd_step_params<float>& step, const float* d_grad_scale,
+              cudaStream_t stream) {
+  constexpr bool has_master = !std::is_same_v<Param, float>;
+  TESSERA_THROW_IF(num_segments < 0, config_error, "sgd_step (cuda): num_segments=", num_segments,
+                   " must be >= 0");
+  TESSERA_THROW_IF(has_master && d_master == nullptr, config_error, "sgd_step (cuda): ",
+                   dtype_name<Param>(), " parameters need float32 master weights (d_master is null)");
+  TESSERA_THROW_IF(!has_master && d_master != nullptr, config_error,
+                   "sgd_step (cuda): float32 parameters are updated in place; pass d_master = "
+                   "nullptr");
+  const launch_config c = elementwise_config(n, 1);
+  if (n == 0 || num_segments == 0) return;
+  detail::sgd_kernel<Param, Grad, has_master><<<detail::grid_of(c), c.block, 0, stream>>>(
+      d_params, d_master, d_buf, d_grads, n, d_segments, num_segments, step, d_grad_scale);
+  TESSERA_CUDA_CHECK_LAUNCH("sgd_kernel");
 }
 
 }  // namespace tessera::kernels::cuda

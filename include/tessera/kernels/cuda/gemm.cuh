@@ -28,7 +28,7 @@
 
 #include "tessera/core/cuda.hpp"
 #include "tessera/core/numeric.hpp"
-#include "tessera/kernels/gemm.hpp"
+#include "tessera/kernels/detail/gemm_args.hpp"
 
 namespace tessera::kernels::cuda {
 

@@ -27,6 +27,7 @@
 
 #include "tessera/core/numeric.hpp"
 #include "tessera/kernels/detail/adamw.hpp"
+#include "tessera/kernels/detail/sgd.hpp"
 
 namespace tessera::kernels::cuda {
 
@@ -152,13 +153,9 @@ void clip_coefficient(F* d_coef, const double* d_sum_squares, double max_norm, c
 
 // ---- AdamW (kernels/cuda/adamw.cuh) ----------------------------------------------------------
 
-/// A range [begin, end) of the optimizer's elements (offsets from its first
-/// element) and whether weight decay applies there (optim::param_range).
-struct adamw_segment {
-  std::int64_t begin;
-  std::int64_t end;
-  std::int32_t decay;
-};
+/// The segment table of the optimizer kernels (kernels/detail/adamw.hpp):
+/// [begin, end) of the optimizer's elements and the decay flag.
+using adamw_segment = kernels::optimizer_segment;
 
 /// One AdamW step over a flat buffer in one launch (multi-tensor), as the
 /// host optim::adamw::step: per element kernels::detail::adamw_update on the
@@ -184,6 +181,18 @@ void adamw_step(Param* d_params, float* d_master, float* d_m, float* d_v, const 
                 std::int64_t n, const adamw_segment* d_segments, int num_segments,
                 const kernels::detail::adamw_step_params<float>& step, const float* d_grad_scale,
                 cudaStream_t stream);
+
+/// One SGD-with-momentum step over a flat buffer in one launch, as the
+/// host kernels::sgd_step: per element kernels::detail::sgd_update on the
+/// float32 master weight (or the float parameter itself), the parameter
+/// written back rounded in the same pass. `d_buf` is the momentum buffer;
+/// the rest as adamw_step (segments, the clip coefficient's skip rule,
+/// throws). Source: torch.optim.SGD (dampening 0).
+template <class Param, class Grad>
+void sgd_step(Param* d_params, float* d_master, float* d_buf, const Grad* d_grads, std::int64_t n,
+              const adamw_segment* d_segments, int num_segments,
+              const kernels::detail::sgd_step_params<float>& step, const float* d_grad_scale,
+              cudaStream_t stream);
 
 // ---- RoPE (kernels/cuda/rope.cuh) ------------------------------------------------------------
 
@@ -263,6 +272,18 @@ void rope_backward(G* d_dx, const float* d_cos, const float* d_sin, std::int64_t
                                 const adamw_segment*, int,                                          \
                                 const kernels::detail::adamw_step_params<float>&, const float*,    \
                                 cudaStream_t);                                                    \
+  X void sgd_step<float, float>(float*, float*, float*, const float*, std::int64_t,                 \
+                                const adamw_segment*, int,                                          \
+                                const kernels::detail::sgd_step_params<float>&, const float*,      \
+                                cudaStream_t);                                                      \
+  X void sgd_step<bf16, float>(bf16*, float*, float*, const float*, std::int64_t,                   \
+                               const adamw_segment*, int,                                           \
+                               const kernels::detail::sgd_step_params<float>&, const float*,       \
+                               cudaStream_t);                                                       \
+  X void sgd_step<bf16, bf16>(bf16*, float*, float*, const bf16*, std::int64_t,                     \
+                              const adamw_segment*, int,                                            \
+                              const kernels::detail::sgd_step_params<float>&, const float*,        \
+                              cudaStream_t);                                                        \
   X void rope_forward<float>(float*, const float*, const float*, std::int64_t, std::int64_t,      \
                              std::int64_t, std::int64_t, cudaStream_t);                             \
   X void rope_forward<bf16>(bf16*, const float*, const float*, std::int64_t, std::int64_t,        \

@@ -1,0 +1,290 @@
+#pragma once
+/// \file kernels/cuda/ops.hpp
+/// The kernel entry points over a cuda_context (kernels/cuda/context.hpp):
+/// the same names, argument order and meaning as the host overloads of
+/// kernels/*.hpp, so code written once against a context (nn/, optim/,
+/// parallel/, train/) runs on the GPU when instantiated with tessera::cuda.
+/// Each overload checks its types at compile time, takes its scratch from
+/// the context's caching allocator on the context's stream, and launches
+/// the kernels of kernels/cuda/ (declared in kernels/cuda/kernels.hpp,
+/// attention.hpp, cross_entropy.hpp; link tessera::cuda_kernels). Nothing
+/// synchronises the host.
+///
+/// Types: storage (weights, activations) is bf16: the flash-attention and
+/// fused cross-entropy kernels are bf16 kernels (so the fp32 and fp64
+/// policies run on the host only). Parameter gradients are float32.
+/// Activation gradients are the policy's: bf16 goes to the kernels as it
+/// is; float32 (precision::bf16_mixed) is rounded to bf16 in scratch where
+/// it enters a bf16 GEMM or attention kernel, and their bf16 outputs are
+/// widened back, so the residual stream's gradient stays float32.
+///
+/// Ids: the device kernels cannot report a bad id without a host sync; the
+/// loader checks every id on the host. An embedding id outside [0, V) gives
+/// a zero row and no gradient, which is how padding works: the ignore index
+/// must therefore be negative (config_error otherwise).
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+#include "tessera/core/error.hpp"
+#include "tessera/core/numeric.hpp"
+#include "tessera/kernels/cuda/attention.hpp"
+#include "tessera/kernels/cuda/context.hpp"
+#include "tessera/kernels/cuda/cross_entropy.hpp"
+#include "tessera/kernels/cuda/gemm.cuh"
+#include "tessera/kernels/cuda/kernels.hpp"
+#include "tessera/kernels/cuda/launch.hpp"
+#include "tessera/kernels/detail/adamw.hpp"
+#include "tessera/kernels/detail/sgd.hpp"
+
+namespace tessera::kernels {
+
+namespace detail {
+template <class T>
+constexpr void cuda_storage_check() {
+  static_assert(std::is_same_v<T, bf16>,
+                "tessera::kernels (cuda): weights and activations are bf16 on the GPU (the flash "
+                "attention and fused cross-entropy kernels are bf16): use precision::bf16_mixed "
+                "or bf16_mixed_bf16_grads with tessera::cuda; fp32 and fp64 run on the host");
+}
+template <class G>
+constexpr void cuda_grad_check() {
+  static_assert(std::is_same_v<G, float> || std::is_same_v<G, bf16>,
+                "tessera::kernels (cuda): activation gradients are float32 or bf16");
+}
+// `src` (n elements of G) as bf16: the pointer itself for bf16, else a
+// rounded copy in `tmp` (scratch on the context's stream).
+template <class G>
+const bf16* as_bf16(const cuda_context& ctx, const G* src, std::int64_t n,
+                    tensor<std::uint8_t, tessera::cuda>& tmp) {
+  if constexpr (std::is_same_v<G, bf16>) {
+    return src;
+  } else {
+    tmp = ctx.scratch(static_cast<std::size_t>(n) * sizeof(bf16));
+    bf16* d = reinterpret_cast<bf16*>(tmp.data());
+    cuda::cast<bf16, float>(d, src, n, ctx.stream());
+    return d;
+  }
+}
+}  // namespace detail
+
+// ---- embedding --------------------------------------------------------------------------------
+
+template <class T>
+void embedding_forward(const cuda_context& ctx, T* out, const std::int32_t* tokens, const T* wte,
+                       std::int64_t N, std::int64_t V, std::int64_t H,
+                       std::int32_t ignore_index = -100) {
+  TESSERA_THROW_IF(ignore_index >= 0, config_error, "embedding_forward (cuda): ignore_index=",
+                   ignore_index,
+                   " must be negative (an out-of-range id is what embeds to zeros on the GPU)");
+  cuda::embedding_forward<T>(out, tokens, wte, N, V, H, ctx.stream());
+}
+
+template <class G, class GA>
+void embedding_backward(const cuda_context& ctx, G* dwte, const GA* dout,
+                        const std::int32_t* tokens, std::int64_t N, std::int64_t V, std::int64_t H,
+                        std::int32_t ignore_index = -100) {
+  static_assert(std::is_same_v<G, float>, "embedding_backward (cuda): dwte is float32");
+  detail::cuda_grad_check<GA>();
+  TESSERA_THROW_IF(ignore_index >= 0, config_error, "embedding_backward (cuda): ignore_index=",
+                   ignore_index, " must be negative");
+  cuda::embedding_backward<GA>(dwte, dout, tokens, N, V, H, ctx.stream());
+}
+
+// ---- rmsnorm ----------------------------------------------------------------------------------
+
+template <class T>
+void rmsnorm_forward(const cuda_context& ctx, T* out, float* rstd, const T* inp, const T* weight,
+                     std::int64_t N, std::int64_t H, double eps) {
+  cuda::rmsnorm_forward<T>(out, rstd, inp, weight, N, H, eps, ctx.stream());
+}
+
+template <class T, class GA, class G>
+void rmsnorm_backward(const cuda_context& ctx, GA* dinp, G* dweight, const GA* dout, const T* inp,
+                      const T* weight, const float* rstd, std::int64_t N, std::int64_t H,
+                      bool accumulate_dinp = false) {
+  static_assert(std::is_same_v<G, float>, "rmsnorm_backward (cuda): dweight is float32");
+  auto s = ctx.scratch(cuda::rmsnorm_backward_scratch_bytes(N, H));
+  cuda::rmsnorm_backward<T, GA>(dinp, dweight, dout, inp, weight, rstd, N, H, s.data(), s.bytes(),
+                                ctx.stream(), accumulate_dinp);
+}
+
+// ---- linear layers (cuBLASLt) -----------------------------------------------------------------
+
+template <class T>
+void linear_forward(const cuda_context& ctx, T* out, const T* inp, const T* weight, std::int64_t M,
+                    std::int64_t N, std::int64_t K) {
+  detail::cuda_storage_check<T>();
+  cuda::linear_forward<T>(ctx.blas(), out, inp, weight, M, N, K, ctx.stream());
+}
+
+template <class T, class GA>
+void linear_backward_input(const cuda_context& ctx, GA* dinp, const GA* dout, const T* weight,
+                           std::int64_t M, std::int64_t N, std::int64_t K,
+                           bool accumulate = false) {
+  detail::cuda_storage_check<T>();
+  detail::cuda_grad_check<GA>();
+  tensor<std::uint8_t, tessera::cuda> tmp;
+  const bf16* dy = detail::as_bf16(ctx, dout, M * N, tmp);
+  cuda::linear_backward_input<GA>(ctx.blas(), dinp, dy, weight, M, N, K, ctx.stream(),
+                                  accumulate);
+}
+
+template <class T, class GA, class G>
+void linear_backward_weight(const cuda_context& ctx, G* dweight, const GA* dout, const T* inp,
+                            std::int64_t M, std::int64_t N, std::int64_t K) {
+  detail::cuda_storage_check<T>();
+  detail::cuda_grad_check<GA>();
+  static_assert(std::is_same_v<G, float>, "linear_backward_weight (cuda): dweight is float32");
+  tensor<std::uint8_t, tessera::cuda> tmp;
+  const bf16* dy = detail::as_bf16(ctx, dout, M * N, tmp);
+  cuda::linear_backward_weight(ctx.blas(), dweight, dy, inp, M, N, K, ctx.stream());
+}
+
+// ---- rope, swiglu, element-wise ---------------------------------------------------------------
+
+template <class Storage, class R>
+void rope_forward(const cuda_context& ctx, Storage* x, const R* cos, const R* sin, std::int64_t B,
+                  std::int64_t T, std::int64_t nh, std::int64_t hd) {
+  static_assert(std::is_same_v<R, float>, "rope_forward (cuda): the tables are float32");
+  cuda::rope_forward<Storage>(x, cos, sin, B, T, nh, hd, ctx.stream());
+}
+
+template <class G, class R>
+void rope_backward(const cuda_context& ctx, G* dx, const R* cos, const R* sin, std::int64_t B,
+                   std::int64_t T, std::int64_t nh, std::int64_t hd) {
+  static_assert(std::is_same_v<R, float>, "rope_backward (cuda): the tables are float32");
+  detail::cuda_grad_check<G>();
+  cuda::rope_backward<G>(dx, cos, sin, B, T, nh, hd, ctx.stream());
+}
+
+template <class T>
+void swiglu_forward(const cuda_context& ctx, T* out, const T* gate, const T* up, std::int64_t n) {
+  cuda::swiglu_forward<T>(out, gate, up, n, ctx.stream());
+}
+
+template <class T, class G>
+void swiglu_backward(const cuda_context& ctx, G* dgate, G* dup, const G* dout, const T* gate,
+                     const T* up, std::int64_t n) {
+  detail::cuda_grad_check<G>();
+  cuda::swiglu_backward<T, G>(dgate, dup, dout, gate, up, n, ctx.stream());
+}
+
+template <class T>
+void residual_add(const cuda_context& ctx, T* out, const T* a, const T* b, std::int64_t n) {
+  cuda::residual_add<T>(out, a, b, n, ctx.stream());
+}
+
+template <class To, class From>
+void cast(const cuda_context& ctx, To* out, const From* in, std::int64_t n) {
+  cuda::cast<To, From>(out, in, n, ctx.stream());
+}
+
+// ---- attention (flash attention, bf16) --------------------------------------------------------
+
+template <class T>
+void attention_forward(const cuda_context& ctx, T* out, float* lse, const T* q, const T* k,
+                       const T* v, std::int64_t B, std::int64_t S, std::int64_t nh, std::int64_t nkv,
+                       std::int64_t hd) {
+  detail::cuda_storage_check<T>();
+  cuda::flash_attention_forward(out, lse, q, k, v, B, S, nh, nkv, hd, ctx.stream());
+}
+
+template <class T, class G>
+void attention_backward(const cuda_context& ctx, G* dq, G* dk, G* dv, const G* dout, const T* q,
+                        const T* k, const T* v, const T* out, const float* lse, std::int64_t B,
+                        std::int64_t S, std::int64_t nh, std::int64_t nkv, std::int64_t hd) {
+  detail::cuda_storage_check<T>();
+  detail::cuda_grad_check<G>();
+  auto s = ctx.scratch(cuda::flash_attention_backward_scratch_bytes(B, S, nh, nkv, hd));
+  if constexpr (std::is_same_v<G, bf16>) {
+    cuda::flash_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, B, S, nh, nkv, hd,
+                                   s.data(), s.bytes(), ctx.stream());
+  } else {
+    // float32 gradients: bf16 in and out of the kernel, widened after.
+    const std::int64_t nq = B * S * nh * hd, nk = B * S * nkv * hd;
+    tensor<std::uint8_t, tessera::cuda> tdout;
+    const bf16* dy = detail::as_bf16(ctx, dout, nq, tdout);
+    auto g = ctx.scratch(static_cast<std::size_t>(nq + 2 * nk) * sizeof(bf16));
+    bf16* gq = reinterpret_cast<bf16*>(g.data());
+    bf16 *gk = gq + nq, *gv = gk + nk;
+    cuda::flash_attention_backward(gq, gk, gv, dy, q, k, v, out, lse, B, S, nh, nkv, hd, s.data(),
+                                   s.bytes(), ctx.stream());
+    cuda::cast<float, bf16>(dq, gq, nq, ctx.stream());
+    cuda::cast<float, bf16>(dk, gk, nk, ctx.stream());
+    cuda::cast<float, bf16>(dv, gv, nk, ctx.stream());
+  }
+}
+
+// ---- the LM head with cross-entropy -----------------------------------------------------------
+
+template <class T, class GA, class G>
+void lm_head_cross_entropy(const cuda_context& ctx, double* loss_sum, const T* x, const T* wlm,
+                           const std::int32_t* targets, std::int64_t N, std::int64_t V,
+                           std::int64_t H, std::int32_t ignore_index, float grad_scale, GA* dx,
+                           G* dwlm, std::int64_t chunk) {
+  detail::cuda_storage_check<T>();
+  static_assert(std::is_same_v<G, float>, "lm_head_cross_entropy (cuda): dwlm is float32");
+  auto s = ctx.scratch(cuda::lm_head_cross_entropy_scratch_bytes(N, V, H, chunk));
+  if constexpr (std::is_same_v<GA, bf16>) {
+    cuda::lm_head_cross_entropy(ctx.blas(), loss_sum, x, wlm, targets, N, V, H, ignore_index,
+                                grad_scale, dx, dwlm, chunk, s.data(), s.bytes(), ctx.stream());
+  } else {
+    detail::cuda_grad_check<GA>();
+    tensor<std::uint8_t, tessera::cuda> d16;
+    bf16* dxb = nullptr;
+    if (dx) {
+      d16 = ctx.scratch(static_cast<std::size_t>(N * H) * sizeof(bf16));
+      dxb = reinterpret_cast<bf16*>(d16.data());
+    }
+    cuda::lm_head_cross_entropy(ctx.blas(), loss_sum, x, wlm, targets, N, V, H, ignore_index,
+                                grad_scale, dxb, dwlm, chunk, s.data(), s.bytes(), ctx.stream());
+    if (dx) cuda::cast<float, bf16>(dx, dxb, N * H, ctx.stream());
+  }
+}
+
+template <class T>
+void lm_head_logits(const cuda_context& ctx, float* logits, const T* x_row, const T* wlm,
+                    std::int64_t H, std::int64_t V) {
+  detail::cuda_storage_check<T>();
+  cuda::linear_forward<float>(ctx.blas(), logits, x_row, wlm, 1, V, H, ctx.stream());
+}
+
+// ---- the optimizer's kernels ------------------------------------------------------------------
+
+template <class G>
+void grad_sum_squares(const cuda_context& ctx, double* out, const G* g, std::int64_t n,
+                      bool accumulate = false) {
+  auto s = ctx.scratch(cuda::grad_sum_squares_scratch_bytes(n));
+  cuda::grad_sum_squares<G>(out, g, n, s.data(), s.bytes(), ctx.stream(), accumulate);
+}
+
+template <class M>
+void clip_coefficient(const cuda_context& ctx, M* coef, const double* sum_squares,
+                      double max_norm) {
+  static_assert(std::is_same_v<M, float>, "clip_coefficient (cuda): the master type is float32");
+  cuda::clip_coefficient<M>(coef, sum_squares, max_norm, ctx.stream());
+}
+
+template <class Param, class Grad, class M>
+void adamw_step(const cuda_context& ctx, Param* params, M* master, M* m, M* v, const Grad* grads,
+                std::int64_t n, const optimizer_segment* segments, int num_segments,
+                detail::adamw_step_params<M> step, const M* grad_scale) {
+  static_assert(std::is_same_v<M, float>, "adamw_step (cuda): the master type is float32");
+  cuda::adamw_step<Param, Grad>(params, master, m, v, grads, n, segments, num_segments, step,
+                                grad_scale, ctx.stream());
+}
+
+template <class Param, class Grad, class M>
+void sgd_step(const cuda_context& ctx, Param* params, M* master, M* buf, const Grad* grads,
+              std::int64_t n, const optimizer_segment* segments, int num_segments,
+              detail::sgd_step_params<M> step, const M* grad_scale) {
+  static_assert(std::is_same_v<M, float>, "sgd_step (cuda): the master type is float32");
+  cuda::sgd_step<Param, Grad>(params, master, buf, grads, n, segments, num_segments, step,
+                              grad_scale, ctx.stream());
+}
+
+}  // namespace tessera::kernels

@@ -855,16 +855,16 @@ reference reference_of(const attn_case& c, const std::vector<double>& q,
   reference r;
   r.out.resize(q.size());
   r.lse.resize(static_cast<std::size_t>(c.B * c.nh * c.S));
-  tessera::kernels::attention_forward<double>(r.out.data(), r.lse.data(), q.data(), k.data(),
-                                              v.data(), c.B, c.S, c.nh, c.nkv, c.hd);
+  tessera::kernels::attention_forward<double>(ctx, r.out.data(), r.lse.data(), q.data(),
+                                              k.data(), v.data(), c.B, c.S, c.nh, c.nkv, c.hd);
   r.dq.resize(q.size());
   r.dk.resize(k.size());
   r.dv.resize(v.size());
   const auto& o = out_in ? *out_in : r.out;
   const auto& l = lse_in ? *lse_in : r.lse;
   tessera::kernels::attention_backward<double, double>(
-      r.dq.data(), r.dk.data(), r.dv.data(), dout.data(), q.data(), k.data(), v.data(), o.data(),
-      l.data(), c.B, c.S, c.nh, c.nkv, c.hd);
+      ctx, r.dq.data(), r.dk.data(), r.dv.data(), dout.data(), q.data(), k.data(), v.data(),
+      o.data(), l.data(), c.B, c.S, c.nh, c.nkv, c.hd);
   return r;
 }
 

@@ -1,4 +1,4 @@
-// Tests include/tessera/parallel/zero.hpp and data_parallel_trainer.hpp on
+// Tests include/tessera/parallel/zero.hpp and train/trainer.hpp over
 // mpi_communicator: the bodies of tests/parallel/zero_suite.hpp and
 // trainer_suite.hpp (the same ones tests/parallel/ runs on threads). Run by
 // ctest as
@@ -43,7 +43,7 @@ TEST_CASE("mpi communicated bytes per step follow the formulas", "[mpi][zero][by
   auto c = world();
   REQUIRE_NOTHROW(zero_suite::comm_bytes_per_step(c));
 }
-TEST_CASE("mpi data_parallel_trainer reproduces the 1-rank trainer", "[mpi][trainer]") {
+TEST_CASE("mpi data-parallel trainer reproduces the 1-rank trainer", "[mpi][trainer]") {
   using namespace tessera::parallel;
   auto c = world();
   REQUIRE_NOTHROW(trainer_suite::matches_single_rank<zero<0>>(c));
@@ -51,7 +51,7 @@ TEST_CASE("mpi data_parallel_trainer reproduces the 1-rank trainer", "[mpi][trai
   REQUIRE_NOTHROW(trainer_suite::matches_single_rank<zero<2>>(c));
   REQUIRE_NOTHROW(trainer_suite::matches_single_rank<zero<3>>(c));
 }
-TEST_CASE("mpi data_parallel_trainer fails before any work naming the numbers",
+TEST_CASE("mpi data-parallel trainer fails before any work naming the numbers",
           "[mpi][trainer][errors]") {
   auto c = world();
   REQUIRE_NOTHROW(trainer_suite::bad_settings_fail_before_work(c));

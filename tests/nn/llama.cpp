@@ -1,17 +1,20 @@
 // Tests include/tessera/nn/llama.hpp: the whole model's gradient against
 // central finite differences in float64, gradient accumulation across
 // micro-batches with different numbers of scored tokens, the RoPE tables of
-// a bf16 model, saved-activation accounting, and bad input.
+// a bf16 model, record-byte accounting, and bad input.
 #include <catch2/catch.hpp>
 
 #include <cmath>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include <omp.h>
 
+#include "tessera/core/memory.hpp"
 #include "tessera/core/random.hpp"
 #include "tessera/kernels/blas.hpp"
+#include "tessera/kernels/context.hpp"
 #include "tessera/nn/llama.hpp"
 
 using namespace tessera;
@@ -34,10 +37,10 @@ std::vector<std::int32_t> random_tokens(std::int64_t B, std::int64_t T, std::int
 
 // Mean loss over scored tokens, the function whose gradient the model computes
 // when grad_scale = 1 / scored.
-double mean_loss(nn::llama<precision::fp64>& m, const std::vector<std::int32_t>& tok, std::int64_t B,
-                 std::int64_t T) {
+double mean_loss(nn::llama<precision::fp64>& m, const std::vector<std::int32_t>& tok,
+                 std::int64_t B, std::int64_t T) {
   auto r = m.forward_loss(tok.data(), B, T);
-  return r.loss_sum / static_cast<double>(r.scored);
+  return r.sum / static_cast<double>(r.scored);
 }
 
 }  // namespace
@@ -45,7 +48,8 @@ double mean_loss(nn::llama<precision::fp64>& m, const std::vector<std::int32_t>&
 TEST_CASE("llama gradient equals central finite differences (float64)", "[nn][fd]") {
   // GQA (nkv=2 < nh=4) and plain MHA; odd T not a multiple of the attention tiles (4, 3).
   std::int64_t nkv, T;
-  std::tie(nkv, T) = GENERATE(table<std::int64_t, std::int64_t>({{2, 7}, {1, 13}, {4, 9}, {2, 13}}));
+  std::tie(nkv, T) =
+      GENERATE(table<std::int64_t, std::int64_t>({{2, 7}, {1, 13}, {4, 9}, {2, 13}}));
   // Tiny shapes: one thread avoids fork/join overhead dominating ~30k forwards.
   struct one_thread {
     int omp = omp_get_max_threads(), blas = openblas_get_num_threads();
@@ -60,16 +64,18 @@ TEST_CASE("llama gradient equals central finite differences (float64)", "[nn][fd
   } guard;
   const std::int64_t B = 2;
   nn::llama_options opt;
-  opt.tiles = {4, 3};
   opt.ce_chunk = 5;
-  nn::llama<precision::fp64> m(tiny_cfg(nkv), opt);
+  // Attention tiles are a kernel tuning value of the context (Bq = 4, Bk = 3).
+  const kernels::host_context ctx{&host::default_resource(), 0, {4, 3}};
+  nn::llama<precision::fp64> m(tiny_cfg(nkv), opt, ctx);
   m.init_weights(42);
   // Perturb the norm gains away from 1 so their gradients are generic.
   {
     rng r(7);
     for (const auto& e : m.layout().entries())
       if (e.shp.rank == 1)
-        for (std::int64_t i = 0; i < e.numel; ++i) m.params()[e.offset + i] = 1.0 + 0.2 * r.normal();
+        for (std::int64_t i = 0; i < e.numel; ++i)
+          m.params()[e.offset + i] = 1.0 + 0.2 * r.normal();
     // Larger weights than the init so the attention is far from uniform.
     for (std::int64_t i = 0; i < m.layout().total(); ++i) m.params()[i] *= 3.0;
   }
@@ -101,7 +107,8 @@ TEST_CASE("llama gradient equals central finite differences (float64)", "[nn][fd
         p = x;
         return mean_loss(m, tok, B, T);
       };
-      const double num = (8 * (at(p0 + h) - at(p0 - h)) - (at(p0 + 2 * h) - at(p0 - 2 * h))) / (12 * h);
+      const double num =
+          (8 * (at(p0 + h) - at(p0 - h)) - (at(p0 + 2 * h) - at(p0 - 2 * h))) / (12 * h);
       p = p0;
       const double a = analytic[static_cast<std::size_t>(e.offset + i)];
       num_sq += num * num;
@@ -138,11 +145,12 @@ TEST_CASE("accumulating micro-batches with different scored counts equals the si
   CHECK(r1.scored == 2 * T - 6);
   // The step's loss: the sum over every scored token divided by their count,
   // not the mean of the micro-batch means.
-  CHECK((r0.loss_sum + r1.loss_sum) / scored == Approx(rb.loss_sum / scored).epsilon(1e-13));
+  CHECK((r0.sum + r1.sum) / scored == Approx(rb.sum / scored).epsilon(1e-13));
   double max_rel = 0;
   for (std::int64_t i = 0; i < big.layout().total(); ++i) {
     const double a = big.grads()[i], b = small.grads()[i];
-    if (a != 0 || b != 0) max_rel = std::max(max_rel, std::abs(a - b) / std::max(std::abs(a), 1e-300));
+    if (a != 0 || b != 0)
+      max_rel = std::max(max_rel, std::abs(a - b) / std::max(std::abs(a), 1e-300));
   }
   CHECK(max_rel < 1e-12);  // float64: only summation order differs
 }
@@ -169,15 +177,35 @@ TEST_CASE("RoPE tables of a bf16 model are float32 and accurate at position 8191
   }
 }
 
-TEST_CASE("forward frees what backward consumed; saved bytes follow the formula", "[nn][memory]") {
+TEST_CASE("RoPE tables of an fp64 model are float64 (precision::fp64::rope_type)", "[nn][rope]") {
+  auto c = tiny_cfg();
+  c.max_seq = 8192;
+  nn::llama<precision::fp64> m(c);
+  static_assert(std::is_same_v<decltype(m.rope_cos()), const double*>);
+  const std::int64_t hd = c.head_dim(), half = hd / 2;
+  double worst = 0;
+  for (std::int64_t t : {std::int64_t{1}, std::int64_t{63}, std::int64_t{8191}})
+    for (std::int64_t i = 0; i < half; ++i) {
+      const long double ang = t * std::pow((long double)c.rope_theta, -2.0L * i / hd);
+      worst = std::max(worst, (double)std::abs(m.rope_cos()[t * half + i] - std::cos(ang)));
+      worst = std::max(worst, (double)std::abs(m.rope_sin()[t * half + i] - std::sin(ang)));
+    }
+  INFO("worst error " << worst);
+  // Angles and cos/sin in double: the angle's rounding (8191 * 2^-53 ~ 1e-12
+  // at t = 8191) dominates; float32 tables would be off by up to 3e-8.
+  CHECK(worst < 1e-11);
+}
+
+TEST_CASE("forward frees what backward consumed; record bytes follow the formula", "[nn][memory]") {
   host_memory_resource mr;
-  nn::llama<precision::fp32> m(tiny_cfg(), {}, mr);
+  const kernels::host_context ctx{&mr};
+  nn::llama<precision::fp32> m(tiny_cfg(), {}, ctx);
   m.init_weights(1);
   const std::size_t persistent = mr.stats().allocated;
   auto tok = random_tokens(2, 16, m.config().vocab, 1);
   m.forward_backward(tok.data(), 2, 16, 1.0f / 32);
   CHECK(mr.stats().allocated == persistent);  // every activation record freed
-  CHECK(mr.stats().peak_allocated > persistent + static_cast<std::size_t>(m.saved_bytes_per_token()) * 32);
+  CHECK(mr.stats().peak_allocated > persistent + static_cast<std::size_t>(m.record_bytes(2, 16)));
 }
 
 TEST_CASE("llama rejects bad shapes and tokens with the numbers", "[nn][errors]") {
@@ -190,8 +218,10 @@ TEST_CASE("llama rejects bad shapes and tokens with the numbers", "[nn][errors]"
   CHECK_THROWS_AS(m.forward_loss(tok.data(), 1, 8), config_error);
   auto bad = nn::llama_config::tiny();
   bad.n_heads = 3;
-  CHECK_THROWS_WITH(nn::llama<precision::fp32>(bad), Catch::Contains("n_heads=3 does not divide dim=16"));
+  CHECK_THROWS_WITH(nn::llama<precision::fp32>(bad),
+                    Catch::Contains("n_heads=3 does not divide dim=16"));
   bad = nn::llama_config::tiny();
   bad.n_kv_heads = 3;
-  CHECK_THROWS_WITH(nn::llama<precision::fp32>(bad), Catch::Contains("n_kv_heads=3 does not divide n_heads=4"));
+  CHECK_THROWS_WITH(nn::llama<precision::fp32>(bad),
+                    Catch::Contains("n_kv_heads=3 does not divide n_heads=4"));
 }

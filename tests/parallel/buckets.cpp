@@ -9,6 +9,7 @@
 
 #include <tessera/comm/local.hpp>
 #include <tessera/nn/llama.hpp>
+#include <tessera/nn/param_layout.hpp>
 #include <tessera/parallel/buckets.hpp>
 #include <tessera/parallel/sharding.hpp>
 
@@ -107,7 +108,7 @@ TEST_CASE("shards pad to equal chunks and cover every element exactly once",
 TEST_CASE("shard ranges map the layout's decay flags into shard-local offsets",
           "[parallel][buckets]") {
   const auto segs = odd_segments();
-  const std::vector<optim::param_range> flat = {
+  const std::vector<nn::param_range> flat = {
       {0, 7, true}, {7, 107, false}, {107, 140, true}, {140, 145, false}};
   for (int dp = 1; dp <= 4; ++dp)
     for (int r = 0; r < dp; ++r) {

@@ -1,22 +1,22 @@
 // Holds the planner's engine accounting (plan/memory.hpp, plan/step.hpp)
-// against parallel::data_parallel_trainer on threads (local_communicator):
+// against train::trainer on threads (local_communicator):
 // for dp 1..4, zero<0..3>, the tiny and small presets, fp32 and bf16_mixed,
 // with two accumulated micro-batches and several buckets per rank, each
 // rank allocating from its own host_memory_resource:
 //
 // - persistent bytes, after construction and after each of two steps (so
 //   between steps: every transient of the step is freed), equal
-//   plan_state(...).persistent() within 1% (the bound) and, with the
-//   one allocation the planner does not count added, to the byte;
+//   plan_state(...).persistent() + plan::trainer_bytes(...) within 1% (the
+//   issue's bound) and to the byte;
 // - the bytes each rank sends per step (the communicator's counters) equal
 //   plan_comm(...) for that rank exactly.
 //
 // Counted by the allocator and the planner: the model's parameter buffer
 // (not under ZeRO-3), its full-size gradient buffer and RoPE tables, the
 // engine's padded staging buffer (ZeRO-0/1), reduced-gradient shard and
-// parameter shard (ZeRO-1..3), AdamW's moments and master copy (bf16_mixed).
-// Counted by the allocator, not by the planner: the trainer's token buffer
-// (A x B x (T+1) int32, 136 bytes here), added to the plan for the exact check.
+// parameter shard (ZeRO-1..3), AdamW's moments and master copy (bf16_mixed), the
+// engine's optimizer segment table, and the trainer's loader buffers and step
+// scalars (plan::trainer_bytes).
 // Not counted by either (outside the resource): the token file and sampler
 // vectors, the host GEMM conversion buffers (kernels::gemm_workspace_bytes),
 // the communicator's message buffers.
@@ -36,9 +36,9 @@
 #include <tessera/comm/local.hpp>
 #include <tessera/core/random.hpp>
 #include <tessera/data/token_file.hpp>
-#include <tessera/parallel/data_parallel_trainer.hpp>
 #include <tessera/plan/memory.hpp>
 #include <tessera/plan/step.hpp>
+#include <tessera/train/trainer.hpp>
 
 using namespace tessera;
 using comm::local_communicator;
@@ -100,31 +100,37 @@ void check_rank(const nn::llama_config& mc, const fs::path& tokens, local_commun
   tc.eval_windows = 2;
   parallel::data_parallel_options dpo;
   dpo.bucket_bytes = bucket_bytes_for(mc);
-  parallel::data_parallel_trainer<P, S, local_communicator> tr(mc, tc, f, c, dpo, mr);
+  const kernels::host_context ctx{&mr};
+  train::trainer<P, host, optim::adamw, S, local_communicator> tr(mc, tc, f, c, ctx, dpo);
 
   const auto d = plan::dtype_sizes::of<P>();
-  const plan::sharding sh{S::stage, c.size(), 1, dpo.bucket_bytes};
+  const plan::sharding sh{S::stage, c.size(), 1, dpo.bucket_bytes, c.rank()};
   const auto st = plan::plan_state(mc, d, plan::optimizer_spec::adamw(), sh);
   const auto cp = plan::plan_comm(mc, sh, {d.reduce, d.param, A, c.rank()});
-  const std::uint64_t token_buffer = A * B * (T + 1) * sizeof(std::int32_t);
+  plan::activation_options ao;
+  ao.micro_batch = B;
+  ao.seq = T;
+  ao.micro_batches = A;
+  const std::uint64_t token_buffer = plan::trainer_bytes(ao, T, d);
   const std::string who = tessera::detail::str(mc.name, " ", P::name, " ", S::name, " dp ",
                                                c.size(), " rank ", c.rank(), ": ");
 
   auto check_persistent = [&](const char* when) {
-    const std::uint64_t got = mr.stats().allocated, want = st.persistent();
+    const std::uint64_t got = mr.stats().allocated, want = st.persistent() + token_buffer;
     const double rel =
         std::abs(static_cast<double>(got) - static_cast<double>(want)) / static_cast<double>(want);
-    if (!(rel < tolerance) || got != want + token_buffer)
+    if (!(rel < tolerance) || got != want)
       fail.add(tessera::detail::str(who, when, ": allocated ", got, " B, planned ", want,
-                                    " B + token buffer ", token_buffer, " B (rel ", rel, ")"));
+                                    " B with trainer buffers of ", token_buffer, " B (rel ", rel,
+                                    ")"));
   };
   check_persistent("after construction");
   // The engine's own count of what it keeps (staging, shards, optimizer state).
-  if (tr.engine().persistent_bytes() !=
-      st.param_shard + st.reduce_buffers + st.master + st.optimizer)
+  const std::uint64_t engine_planned =
+      st.param_shard + st.reduce_buffers + st.master + st.optimizer + st.segment_table;
+  if (tr.engine().persistent_bytes() != engine_planned)
     fail.add(tessera::detail::str(who, "engine keeps ", tr.engine().persistent_bytes(),
-                                  " B, planned ",
-                                  st.param_shard + st.reduce_buffers + st.master + st.optimizer));
+                                  " B, planned ", engine_planned));
   for (int s = 0; s < 2; ++s) {
     c.reset_stats();  // this rank's counters; its own earlier collectives are complete
     tr.train_step();

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "tessera/kernels/attention.hpp"
 #include "tessera/kernels/gemm.hpp"
 #include "tessera/nn/llama.hpp"
 #include "tessera/optim/adamw.hpp"
@@ -81,11 +82,11 @@ TEST_CASE("bytes per parameter: 16 for seed004 and fp32, 18 for bf16_mixed", "[p
     return (s.master + s.optimizer) / static_cast<std::uint64_t>(N);
   };
   CHECK(state(plan::dtype_sizes::of<precision::fp32>()) ==
-        optim::adamw<float, float>::state_bytes_per_param);
+        optim::adamw_optimizer<float, float, float, kernels::host_context>::state_bytes_per_param);
   CHECK(state(plan::dtype_sizes::of<precision::bf16_mixed>()) ==
-        optim::adamw<bf16, float>::state_bytes_per_param);
+        optim::adamw_optimizer<bf16, float, float, kernels::host_context>::state_bytes_per_param);
   CHECK(state(plan::dtype_sizes::of<precision::fp64>()) ==
-        optim::adamw<double, double>::state_bytes_per_param);
+        optim::adamw_optimizer<double, double, double, kernels::host_context>::state_bytes_per_param);
 }
 
 TEST_CASE("ideal accounting: ZeRO shards are ceil(flat / dp) of the padded flat buffer", "[plan]") {
@@ -162,7 +163,8 @@ TEST_CASE("engine accounting pads each bucket, as parallel::bucket_plan does", "
       CHECK(s.param_shard == (z >= 1 ? sh_e * 2 : 0));
       CHECK(s.grads == (z >= 2 ? 0 : flat * 4));  // ZeRO-2/3: only the window's buckets
       CHECK(s.reduce_staging == (z >= 2 ? pad * 4 : 0));
-      CHECK(s.reduce_buffers == ((z <= 1 ? pad : 0) + (z >= 1 ? sh_e : 0)) * 4);
+      // One rank under ZeRO-0 has no staging buffer: it reduces nothing.
+      CHECK(s.reduce_buffers == ((z <= 1 && !(z == 0 && dp == 1) ? pad : 0) + (z >= 1 ? sh_e : 0)) * 4);
       CHECK(s.master == (z >= 1 ? sh_e : flat) * 4);
       CHECK(s.optimizer == (z >= 1 ? sh_e : flat) * 8);
       CHECK((s.gathered > 0) == (z == 3));
@@ -175,63 +177,99 @@ TEST_CASE("engine accounting pads each bucket, as parallel::bucket_plan does", "
   CHECK(e.padded_elems > static_cast<std::int64_t>(comm::padded_count(e.flat_elems, 3)));
 }
 
-TEST_CASE("planner's saved bytes per token equal the model's for every policy", "[plan]") {
-  for (const auto& c : {nn::llama_config::tiny(), nn::llama_config::small()}) {
-    INFO(c.name);
-    CHECK(plan::saved_bytes_per_token(c, plan::dtype_sizes::of<precision::fp32>()) ==
-          nn::llama<precision::fp32>(c).saved_bytes_per_token());
-    CHECK(plan::saved_bytes_per_token(c, plan::dtype_sizes::of<precision::bf16_mixed>()) ==
-          nn::llama<precision::bf16_mixed>(c).saved_bytes_per_token());
-    CHECK(plan::saved_bytes_per_token(c, plan::dtype_sizes::of<precision::fp64>()) ==
-          nn::llama<precision::fp64>(c).saved_bytes_per_token());
-  }
+// The planner's saved bytes are the model's own report (llama::record_bytes)
+// for every policy and checkpointing policy.
+template <precision::policy P>
+void check_saved(const nn::llama_config& c, nn::checkpoint_policy ck) {
+  nn::llama_options mo;
+  mo.checkpointing = ck;
+  plan::activation_options ao;
+  ao.micro_batch = 3;
+  ao.seq = 7;
+  ao.model = mo;
+  const auto a = plan::plan_activations(c, plan::dtype_sizes::of<P>(), ao);
+  CHECK(a.saved == static_cast<std::uint64_t>(nn::llama<P>(c, mo).record_bytes(3, 7)));
+}
+
+TEST_CASE("planner's saved bytes equal the model's for every policy", "[plan]") {
+  using nn::activation_checkpointing;
+  for (const auto& c : {nn::llama_config::tiny(), nn::llama_config::small()})
+    for (const nn::checkpoint_policy ck :
+         {nn::checkpoint_policy{}, nn::checkpoint_policy{activation_checkpointing::full, 1},
+          nn::checkpoint_policy{activation_checkpointing::full, 2}}) {
+      INFO(c.name << " checkpointing " << to_string(ck.mode) << " every " << ck.every);
+      check_saved<precision::fp32>(c, ck);
+      check_saved<precision::bf16_mixed>(c, ck);
+      check_saved<precision::bf16_mixed_bf16_grads>(c, ck);
+      check_saved<precision::fp64>(c, ck);
+    }
 }
 
 // Builds model + AdamW over the whole flat buffer from one counted resource,
-// checks the persistent bytes, then one forward_backward's peak.
+// checks the persistent bytes, then one training forward and backward's
+// peak (inputs, targets and the loss outside the resource, so the resource
+// sees exactly the model's allocations).
 template <precision::policy P>
 void check_measured(const nn::llama_config& c, std::int64_t B, std::int64_t T,
-                    std::int64_t ce_chunk) {
+                    std::int64_t ce_chunk, nn::checkpoint_policy ck = {}) {
   using Param = typename P::param_type;
   using Grad = typename P::grad_type;
   using Master = typename P::master_type;
-  INFO(c.name << " " << P::name << " B=" << B << " T=" << T << " ce_chunk=" << ce_chunk);
+  INFO(c.name << " " << P::name << " B=" << B << " T=" << T << " ce_chunk=" << ce_chunk
+              << " checkpointing " << to_string(ck.mode) << " every " << ck.every);
   host_memory_resource mr;
+  const kernels::host_context ctx{&mr};
   nn::llama_options mo;
   mo.ce_chunk = ce_chunk;
-  nn::llama<P> m(c, mo, mr);
+  mo.checkpointing = ck;
+  nn::llama<P> m(c, mo, ctx);
   m.init_weights(3);
-  optim::adamw<Param, Grad, Master> opt({}, 0, m.layout().total(), m.layout().ranges(), mr);
+  optim::adamw_optimizer<Param, Grad, Master, kernels::host_context> opt({}, m.flat_size(),
+                                                                         m.param_ranges(), ctx);
   opt.init_master(m.params());
 
   const auto d = plan::dtype_sizes::of<P>();
-  const plan::activation_options ao{B, T, mo, kernels::detail::attention_max_threads()};
-  // A bare model and optimizer, no data-parallel engine (so no staging
-  // buffer): the ideal accounting at dp 1 is exactly what they allocate.
-  const auto plan =
-      plan::plan_memory(c, d, plan::optimizer_spec::adamw(), {0, 1}, ao, plan::accounting::ideal);
+  plan::activation_options ao;
+  ao.micro_batch = B;
+  ao.seq = T;
+  ao.model = mo;
+  ao.threads = kernels::detail::attention_max_threads();
+  // A bare model and optimizer: one rank under ZeRO-0 is exactly what they
+  // allocate (the engine adds nothing there).
+  const auto plan = plan::plan_memory(c, d, plan::optimizer_spec::adamw(), {0, 1}, ao);
 
-  // Persistent: weights + grads + master + moments + RoPE tables. Tolerance
-  // 1% (the brief's bound); the components below are exact.
+  // Persistent: weights + grads + master + moments + segment table + RoPE
+  // tables. Tolerance 1% (the brief's bound); the components below are exact.
   const auto allocated = static_cast<double>(mr.stats().allocated);
   INFO("allocated " << allocated << " planned " << plan.state.persistent());
   CHECK(rel_diff(allocated, static_cast<double>(plan.state.persistent())) < 0.01);
-  CHECK(plan.state.weights == m.layout().total() * sizeof(Param));
-  CHECK(plan.state.grads == m.layout().total() * sizeof(Grad));
-  CHECK(plan.state.master + plan.state.optimizer == opt.state_bytes());
-  CHECK(plan.state.rope_tables ==
-        2 * static_cast<std::uint64_t>(c.max_seq * c.head_dim() / 2) * sizeof(float));
+  CHECK(plan.state.weights == m.flat_size() * sizeof(Param));
+  CHECK(plan.state.grads == m.flat_size() * sizeof(Grad));
+  CHECK(plan.state.master + plan.state.optimizer + plan.state.segment_table == opt.state_bytes());
+  CHECK(plan.state.rope_tables == 2 * static_cast<std::uint64_t>(c.max_seq * c.head_dim() / 2) *
+                                      sizeof(typename P::rope_type));
   CHECK(plan.state.persistent() == mr.stats().allocated);  // every byte
 
-  // Activations: the peak of one forward_backward above the persistent floor.
-  // Stated tolerance 1%; today the planner walks the same allocation phases
-  // as nn::llama and matches to the byte, so the exact check below flags any
-  // change to the model's saved set or temporaries.
+  // Activations: the peak of one forward and backward above the persistent
+  // floor. Stated tolerance 1%; the planner walks the model's allocation
+  // timeline with the modules' byte counts and matches to the byte, so the
+  // exact check below flags any change to the model's saved set or
+  // temporaries.
   auto tok = random_tokens(B, T, c.vocab, 11);
+  std::vector<std::int32_t> in(static_cast<std::size_t>(B * T)), tgt(in.size());
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t t = 0; t < T; ++t) {
+      in[static_cast<std::size_t>(b * T + t)] = tok[static_cast<std::size_t>(b * (T + 1) + t)];
+      tgt[static_cast<std::size_t>(b * T + t)] = tok[static_cast<std::size_t>(b * (T + 1) + t + 1)];
+    }
   kernels::gemm_release_workspace();
   mr.reset_peak();
   const std::size_t floor = mr.stats().allocated;
-  m.forward_backward(tok.data(), B, T, Grad(1) / static_cast<Grad>(B * T));
+  double loss = 0;
+  typename nn::llama<P>::record r;
+  m.forward({in.data(), tgt.data(), nullptr, B, T}, r, Grad(1) / static_cast<Grad>(B * T), &loss);
+  CHECK(mr.stats().allocated - floor == plan.activations.saved);  // the record, to the byte
+  m.backward(r);
   const auto peak = static_cast<double>(mr.stats().peak_allocated - floor);
   INFO("measured activation peak " << peak << " planned " << plan.activations.peak);
   CHECK(mr.stats().allocated == floor);
@@ -251,23 +289,51 @@ TEST_CASE("measured bytes equal the plan: tiny and small, fp32 and bf16_mixed", 
   check_measured<precision::fp32>(small, 2, 64, 256);
   check_measured<precision::bf16_mixed>(small, 2, 64, 32);
   check_measured<precision::bf16_mixed>(small, 1, 256, 256);
+  check_measured<precision::bf16_mixed_bf16_grads>(small, 2, 64, 32);
+}
+
+TEST_CASE("activation checkpointing: the measured peak drops by what the plan predicts",
+          "[plan][memory]") {
+  using nn::activation_checkpointing;
+  const auto small = nn::llama_config::small(), tiny = nn::llama_config::tiny();
+  for (std::int64_t every : {1, 2, 3}) {
+    check_measured<precision::fp32>(small, 2, 64, 256, {activation_checkpointing::full, every});
+    check_measured<precision::bf16_mixed>(small, 2, 64, 32, {activation_checkpointing::full, every});
+    check_measured<precision::fp64>(tiny, 1, 9, 4, {activation_checkpointing::full, every});
+  }
+  // The plan's drop, none to full: (L - 1) records without their inputs
+  // fewer at the peak (the last block's is recomputed in backward).
+  plan::activation_options ao;
+  ao.micro_batch = 2;
+  ao.seq = 64;
+  const auto d = plan::dtype_sizes::of<precision::fp32>();
+  const auto none = plan::plan_activations(small, d, ao);
+  ao.model.checkpointing = {activation_checkpointing::full, 1};
+  const auto full = plan::plan_activations(small, d, ao);
+  const auto bb = nn::block_bytes::of(small, 4, 4, 4);
+  const auto rest = static_cast<std::uint64_t>(bb.record(128) - bb.input(128));
+  CHECK(none.saved - full.saved == static_cast<std::uint64_t>(small.n_layers) * rest);
+  CHECK(none.peak > full.peak);
 }
 
 TEST_CASE("Korthikanti's 34sbh is reported beside our own count", "[plan]") {
   const auto c = nn::llama_config::llama2_7b();
-  const auto a =
-      plan::plan_activations(c, plan::dtype_sizes::of<precision::bf16_mixed>(), {1, 4096, {}, 1});
+  plan::activation_options ao;
+  ao.seq = 4096;
+  const auto a = plan::plan_activations(c, plan::dtype_sizes::of<precision::bf16_mixed>(), ao);
   CHECK(a.korthikanti_34sbh == 34ull * 4096 * 4096 * 32);
   // Our block saves 2(6H + 2KV + 3F) + 4(2 + nh) = 131720 bytes per token per layer vs 34H =
-  // 139264.
-  CHECK(a.saved == (32ull * 131720 + 2 * 2 * 4096 + 4 + 4) * 4096);
+  // 139264; plus the ids (4) and the head's float32 input gradient (4 H) per token.
+  CHECK(a.saved == (32ull * 131720 + 4 + 4 * 4096) * 4096);
   CHECK(a.logits_workspace >= 256ull * 32000 * 4);  // chunk x V x float32
 }
 
 TEST_CASE("memory plan table and JSON name every row", "[plan]") {
+  plan::activation_options ao;
+  ao.seq = 4096;
   const auto p = plan::plan_memory(nn::llama_config::llama2_7b(),
                                    plan::dtype_sizes::of<precision::bf16_mixed>(),
-                                   plan::optimizer_spec::adamw(), {3, 8}, {1, 4096, {}, 1});
+                                   plan::optimizer_spec::adamw(), {3, 8}, ao);
   const std::string t = p.to_table();
   for (const char* k : {"weights", "gradients", "master weights", "optimizer state",
                         "activations (saved)", "logits workspace", "total"})
@@ -275,7 +341,10 @@ TEST_CASE("memory plan table and JSON name every row", "[plan]") {
   const auto j = p.to_json();
   CHECK(j["total"].get<std::uint64_t>() == p.total());
   CHECK(j["state"]["weights"].get<std::uint64_t>() == p.state.weights);
-  CHECK(p.total() == p.state.total() + p.activations.peak);  // ZeRO-3: no update all-gather
+  // ZeRO-3: no update all-gather; the gathered units and the window on top of the activations.
+  CHECK(p.total() ==
+        p.persistent() + p.state.gathered + p.state.reduce_staging + p.activations.peak);
+  CHECK(p.persistent() == p.state.persistent() + p.trainer);
   CHECK(t.find("engine") != std::string::npos);
   CHECK(j["state"]["persistent"].get<std::uint64_t>() == p.state.persistent());
 }
@@ -285,8 +354,13 @@ TEST_CASE("planner rejects bad input with the numbers", "[plan][errors]") {
   const auto d = plan::dtype_sizes::of<precision::fp32>();
   CHECK_THROWS_WITH(plan::plan_state(c, d, {}, {4, 8}), Catch::Contains("zero stage 4"));
   CHECK_THROWS_WITH(plan::plan_state(c, d, {}, {0, 0}), Catch::Contains("dp=0"));
-  CHECK_THROWS_WITH(plan::plan_activations(c, d, {1, 65, {}, 1}), Catch::Contains("max_seq=64"));
-  CHECK_THROWS_WITH(plan::plan_activations(c, d, {0, 8, {}, 1}), Catch::Contains("B=0"));
+  plan::activation_options too_long;
+  too_long.seq = 65;
+  CHECK_THROWS_WITH(plan::plan_activations(c, d, too_long), Catch::Contains("max_seq=64"));
+  plan::activation_options no_rows;
+  no_rows.micro_batch = 0;
+  no_rows.seq = 8;
+  CHECK_THROWS_WITH(plan::plan_activations(c, d, no_rows), Catch::Contains("B=0"));
   CHECK_THROWS_WITH(plan::dtype_sizes::from_name("fp8"), Catch::Contains("bf16_mixed"));
   CHECK_THROWS_AS(plan::seed004_training_memory_gib(7e9, 0, 0), config_error);
 }

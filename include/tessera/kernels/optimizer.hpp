@@ -11,6 +11,7 @@
 /// on a GPU, no host synchronisation (a non-finite coefficient makes the
 /// optimizer kernel write nothing: the step is skipped on the device).
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <type_traits>

@@ -206,6 +206,9 @@ class llama {
     ctx.from_host(rope_sin_.data(), sin.data(), sin.size() * sizeof(Rope));
   }
 
+  /// A temporary context would dangle: the model keeps a pointer to it.
+  llama(llama_config, llama_options, const Ctx&&) = delete;
+
   /// Host backend only: the default host context (host::default_resource()).
   explicit llama(llama_config cfg, llama_options opt = {})
     requires std::same_as<Backend, host>
@@ -334,17 +337,42 @@ class llama {
   ///   whole optimizer step, over every micro-batch and rank).
   /// - Without the head: r.output holds the (B, T, H) stage output.
   /// Throws config_error if B or T < 1, T > max_seq, or (host) an id is
-  /// outside [0, V).
+  /// outside [0, V); a forward that throws leaves `r` empty (its tensors freed).
   void forward(const micro_batch<Param>& mb, record& r, Acc grad_scale, double* d_loss) {
     TESSERA_THROW_IF(r.filled, error, "forward: the record holds a micro-batch whose backward has "
                                       "not run (one record per micro-batch in flight)");
+    try {
+      forward_into(mb, r, grad_scale, d_loss);
+    } catch (...) {
+      r = record{};
+      throw;
+    }
+  }
+
+  /// Backward of the micro-batch in `r`, which it empties: the blocks in
+  /// reverse, then the embedding. Without the head, `d_output` (N, H,
+  /// context memory) is d(loss)/d(stage output); without the embedding,
+  /// r.d_input holds d(loss)/d(stage input) on return. Parameter gradients
+  /// accumulate (+=). A backward that throws leaves `r` empty.
+  void backward(record& r, const ActGrad* d_output = nullptr) {
+    TESSERA_THROW_IF(!r.filled, error, "backward: the record holds no forward (run forward first)");
+    try {
+      backward_from(r, d_output);
+    } catch (...) {
+      r = record{};
+      throw;
+    }
+  }
+
+ private:
+  void forward_into(const micro_batch<Param>& mb, record& r, Acc grad_scale, double* d_loss) {
     check_shapes(mb);
+    r.d_input.release();  // a stage's input gradient of the record's last use
     const Ctx& ctx = *ctx_;
     const block_shape s{mb.B, mb.T};
     const std::int64_t N = s.N(), H = cfg_.dim;
     r.B = mb.B;
     r.T = mb.T;
-    r.filled = true;
     tensor<Param, Backend> x = embed_input(mb, &r.embedding);
     r.blocks.resize(static_cast<std::size_t>(opt_.stage.last_block - opt_.stage.first_block));
     {
@@ -361,6 +389,7 @@ class llama {
     }
     if (!opt_.stage.head) {
       r.output = std::move(x);
+      r.filled = true;
       return;
     }
     TESSERA_NVTX_RANGE("lm head + cross-entropy");
@@ -370,15 +399,10 @@ class llama {
                   segment_grads_checked(L), grad_scale, d_loss, r.head);
     x.release();
     hook(&segment_hooks::after_backward, L);
+    r.filled = true;
   }
 
-  /// Backward of the micro-batch in `r`, which it empties: the blocks in
-  /// reverse, then the embedding. Without the head, `d_output` (N, H,
-  /// context memory) is d(loss)/d(stage output); without the embedding,
-  /// r.d_input holds d(loss)/d(stage input) on return. Parameter gradients
-  /// accumulate (+=).
-  void backward(record& r, const ActGrad* d_output = nullptr) {
-    TESSERA_THROW_IF(!r.filled, error, "backward: the record holds no forward (run forward first)");
+  void backward_from(record& r, const ActGrad* d_output) {
     const Ctx& ctx = *ctx_;
     const block_shape s{r.B, r.T};
     const std::int64_t N = s.N(), H = cfg_.dim;
@@ -419,6 +443,7 @@ class llama {
     r.filled = false;
   }
 
+ public:
   /// Evaluation forward of one micro-batch (the whole model): `*d_loss` =
   /// the sum of -log p over the scored targets; no gradient touched, no
   /// record kept (each block's activations are freed after it).

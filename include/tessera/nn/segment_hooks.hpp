@@ -38,7 +38,7 @@
 ///                compute.
 /// Hooks run on the calling thread, between kernels; they must not touch
 /// activation memory. An exception thrown by a hook propagates out of the
-/// model call (the model's saved activations are then cleared on the next call).
+/// model call (the micro-batch's record is then left empty, its tensors freed).
 
 namespace tessera::nn {
 

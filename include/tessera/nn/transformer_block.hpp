@@ -77,6 +77,39 @@ struct block_workspace {
   tensor<ActGrad, Backend> dh, dgate, dup;  ///< (N, F)
 };
 
+/// The bytes one block allocates for N token rows, by part, for element
+/// sizes given at run time (the planner's view of the module; the module's
+/// own counts, record_bytes_per_token() and friends, are these with the
+/// sizes of its policy).
+struct block_bytes {
+  std::int64_t H = 0, KV = 0, F = 0, nh = 0;
+  std::int64_t param = 4, act_grad = 4, accum = 4;  ///< bytes per element
+
+  static block_bytes of(const llama_config& c, std::int64_t param, std::int64_t act_grad,
+                        std::int64_t accum) {
+    return {c.dim, c.kv_dim(), c.ffn_dim, c.n_heads, param, act_grad, accum};
+  }
+  /// x_in (N, H).
+  std::int64_t input(std::int64_t N) const { return N * H * param; }
+  /// The attention part of the record: rstd1 (N), xn1, q, att (N, H), k, v
+  /// (N, KV), lse (B, nh, T).
+  std::int64_t attention_part(std::int64_t N) const {
+    return N * (param * (3 * H + 2 * KV) + accum * (1 + nh));
+  }
+  /// The MLP part: x_mid, xn2 (N, H), gate, up, h (N, F), rstd2 (N); backward
+  /// frees it before the attention backward.
+  std::int64_t mlp_part(std::int64_t N) const { return N * (param * (2 * H + 3 * F) + accum); }
+  /// The whole record: input + attention part + MLP part.
+  std::int64_t record(std::int64_t N) const {
+    return input(N) + attention_part(N) + mlp_part(N);
+  }
+  /// The backward workspace: dxn, datt, dq (N, H), dk, dv (N, KV), dh,
+  /// dgate, dup (N, F) of the activation-gradient type.
+  std::int64_t workspace(std::int64_t N) const {
+    return N * act_grad * (3 * H + 2 * KV + 3 * F);
+  }
+};
+
 /// A transformer block of a Llama: its layout in its segment, its layers,
 /// and forward/backward over a context `Ctx` (kernels::host_context or
 /// kernels::cuda_context).
@@ -203,26 +236,21 @@ class transformer_block {
 
   // ---- what the block allocates (the planner sums these) ----------------------------------
 
+  /// The block's byte counts with its policy's element sizes.
+  block_bytes bytes() const {
+    return {H_,
+            KV_,
+            F_,
+            nh_,
+            static_cast<std::int64_t>(sizeof(Param)),
+            static_cast<std::int64_t>(sizeof(ActGrad)),
+            static_cast<std::int64_t>(sizeof(Acc))};
+  }
   /// Bytes of a full record per token: (6H + 2KV + 3F) Param (x_in, xn1, q,
   /// att, x_mid, xn2; k, v; gate, up, h) and (2 + nh) Acc (rstd1, rstd2, lse).
-  std::int64_t record_bytes_per_token() const {
-    return static_cast<std::int64_t>(sizeof(Param)) * (6 * H_ + 2 * KV_ + 3 * F_) +
-           static_cast<std::int64_t>(sizeof(Acc)) * (2 + nh_);
-  }
+  std::int64_t record_bytes_per_token() const { return bytes().record(1); }
   /// Bytes per token a checkpointed block keeps: its input.
-  std::int64_t checkpoint_bytes_per_token() const {
-    return static_cast<std::int64_t>(sizeof(Param)) * H_;
-  }
-  /// Bytes per token of the record's MLP half (x_mid, xn2; gate, up, h;
-  /// rstd2), which backward frees before the attention backward.
-  std::int64_t mlp_record_bytes_per_token() const {
-    return static_cast<std::int64_t>(sizeof(Param)) * (2 * H_ + 3 * F_) +
-           static_cast<std::int64_t>(sizeof(Acc));
-  }
-  /// Bytes per token of the backward workspace (dxn, datt, dq; dk, dv; dh, dgate, dup).
-  std::int64_t workspace_bytes_per_token() const {
-    return static_cast<std::int64_t>(sizeof(ActGrad)) * (3 * H_ + 2 * KV_ + 3 * F_);
-  }
+  std::int64_t checkpoint_bytes_per_token() const { return bytes().input(1); }
 
  private:
   // Every record tensor but x_in, from r.x_in: the forward up to (not

@@ -80,6 +80,8 @@ class adamw_optimizer {
     }
     segments_ = detail::segment_table(ctx, ranges, n, cfg_.weight_decay != 0.0);
   }
+  /// A temporary context would dangle: the optimizer keeps a pointer to it.
+  adamw_optimizer(adamw_config, std::int64_t, const std::vector<param_range>&, const Ctx&&) = delete;
   adamw_optimizer(const adamw_optimizer&) = delete;
   adamw_optimizer& operator=(const adamw_optimizer&) = delete;
 
@@ -99,7 +101,8 @@ class adamw_optimizer {
   void step(Param* params, const Grad* grads, double lr, const Master* d_clip) {
     launch(params, grads, lr, 1.0, d_clip);
   }
-  /// One step with the gradient multiplier `grad_scale` given on the host.
+  /// One step with the gradient multiplier `grad_scale` given on the host; a
+  /// non-finite one skips the step (nothing written, not counted).
   void step(Param* params, const Grad* grads, double lr, double grad_scale = 1.0) {
     launch(params, grads, lr, grad_scale, nullptr);
   }
@@ -152,6 +155,7 @@ class adamw_optimizer {
  private:
   void launch(Param* params, const Grad* grads, double lr, double grad_scale,
               const Master* d_clip) {
+    if (d_clip == nullptr && !std::isfinite(grad_scale)) return;  // skipped: nothing written, not counted
     TESSERA_THROW_IF(has_master && !master_ready_, error,
                      "adamw: master weights not initialised; call init_master(params) first");
     ++t_;

@@ -14,11 +14,13 @@
 /// host synchronisation on a GPU; a non-finite one skips the step inside
 /// the kernel).
 
+#include <algorithm>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
 
+#include "tessera/core/error.hpp"
 #include "tessera/core/tensor.hpp"
 #include "tessera/kernels/context.hpp"
 #include "tessera/kernels/detail/adamw.hpp"
@@ -77,11 +79,17 @@ namespace detail {
 
 /// The segment table of an optimizer over `n` elements, in the context's
 /// memory: one segment per range, decay only where the range decays and
-/// the decay coefficient is non-zero.
+/// the decay coefficient is non-zero. Throws config_error if the ranges
+/// are not sorted and disjoint (an element would be updated twice).
 template <class Ctx>
 tensor<kernels::optimizer_segment, typename Ctx::backend_type> segment_table(
     const Ctx& ctx, const std::vector<param_range>& ranges, std::int64_t n, bool decays) {
   std::vector<kernels::optimizer_segment> segs;
+  for (std::size_t i = 1; i < ranges.size(); ++i)
+    TESSERA_THROW_IF(ranges[i].begin < ranges[i - 1].end, config_error,
+                     "optimizer ranges must be sorted and disjoint: [", ranges[i].begin, ", ",
+                     ranges[i].end, ") starts before the end ", ranges[i - 1].end,
+                     " of the range before it");
   for (const param_range& r : clip_ranges(ranges, 0, n))
     segs.push_back({r.begin, r.end, r.decay && decays ? 1 : 0});
   auto t = kernels::make_tensor<kernels::optimizer_segment>(ctx,

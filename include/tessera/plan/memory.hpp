@@ -46,6 +46,7 @@
 #include "tessera/core/error.hpp"
 #include "tessera/kernels/attention.hpp"
 #include "tessera/kernels/cross_entropy.hpp"
+#include "tessera/kernels/cuda/launch.hpp"
 #include "tessera/nn/llama.hpp"
 #include "tessera/nn/llama_config.hpp"
 #include "tessera/parallel/buckets.hpp"
@@ -63,13 +64,15 @@ inline constexpr double gib = 1073741824.0;
 struct dtype_sizes {
   std::string name = "fp32";  ///< for tables and logs
   std::size_t param = 4;      ///< weights and saved activations (param_type)
-  std::size_t grad = 4;       ///< parameter and activation gradients (grad_type)
+  std::size_t grad = 4;       ///< parameter gradients (grad_type)
   std::size_t master = 4;     ///< master weights and optimizer moments (master_type)
   std::size_t accum = 4;      ///< rstd, lse, CE logits, attention scratch (accum_type)
   bool master_copy = false;   ///< a master copy is kept: param_type != master_type
   /// Gradient reduction and its staging buffers (parallel::reduce_type_t):
   /// float32 unless the policy is float64.
   std::size_t reduce = 4;
+  std::size_t act_grad = 4;   ///< activation gradients (act_grad_type)
+  std::size_t rope = 4;       ///< RoPE tables (rope_type)
 
   /// Sizes of policy `P` (exact: sizeof of each type, master_copy as optim::adamw decides it).
   template <precision::policy P>
@@ -80,34 +83,53 @@ struct dtype_sizes {
             sizeof(typename P::master_type),
             sizeof(typename P::accum_type),
             !std::is_same_v<typename P::param_type, typename P::master_type>,
-            sizeof(parallel::reduce_type_t<P>)};
+            sizeof(parallel::reduce_type_t<P>),
+            sizeof(typename P::act_grad_type),
+            sizeof(typename P::rope_type)};
   }
   /// seeds/004's "mixed precision Adam": 2-byte weights, 2-byte gradients,
   /// 12 bytes of float32 optimizer state (master weights, two moments): 16
   /// bytes per parameter. (tessera's bf16_mixed keeps float32 gradients: 18.)
-  static dtype_sizes seed004() { return {"seed004", 2, 2, 4, 4, true}; }
+  static dtype_sizes seed004() { return {"seed004", 2, 2, 4, 4, true, 4, 2, 4}; }
   /// Names accepted by from_name().
-  static std::vector<std::string> names() { return {"fp32", "fp64", "bf16_mixed", "seed004"}; }
-  /// Looks up "fp32", "fp64", "bf16_mixed" or "seed004"; throws config_error listing them.
+  static std::vector<std::string> names() {
+    return {"fp32", "fp64", "bf16_mixed", "bf16_mixed_bf16_grads", "seed004"};
+  }
+  /// Looks up a name of names(); throws config_error listing them.
   static dtype_sizes from_name(const std::string& n) {
     if (n == "fp32") return of<precision::fp32>();
     if (n == "fp64") return of<precision::fp64>();
     if (n == "bf16_mixed") return of<precision::bf16_mixed>();
+    if (n == "bf16_mixed_bf16_grads") return of<precision::bf16_mixed_bf16_grads>();
     if (n == "seed004") return seed004();
-    throw config_error("unknown precision '" + n + "' (valid: fp32, fp64, bf16_mixed, seed004)");
+    throw config_error("unknown precision '" + n +
+                       "' (valid: fp32, fp64, bf16_mixed, bf16_mixed_bf16_grads, seed004)");
   }
 };
 
 /// Optimizer state shape: `moments` tensors of master_type per parameter
-/// (AdamW: first and second moments, Loshchilov & Hutter 2019), plus the
-/// master copy when dtype_sizes::master_copy. Matches optim::adamw's
-/// state_bytes_per_param = (master_copy ? 3 : 2) * sizeof(master_type).
+/// (AdamW: first and second moments, Loshchilov & Hutter 2019; SGD: the
+/// momentum buffer), plus the master copy when dtype_sizes::master_copy,
+/// plus the segment table of the optimizer kernels (24 bytes per tensor, or
+/// piece of a tensor, of the flat buffer the optimizer updates). Matches
+/// optim::adamw_optimizer's and optim::sgd_optimizer's state_bytes().
 struct optimizer_spec {
   std::string name = "adamw";  ///< for tables
   int moments = 2;             ///< state tensors per parameter besides the master copy
   /// AdamW: two moments.
   static optimizer_spec adamw() { return {"adamw", 2}; }
+  /// SGD with momentum: one buffer.
+  static optimizer_spec sgd() { return {"sgd", 1}; }
+  /// Looks up "adamw" or "sgd"; throws config_error listing them.
+  static optimizer_spec from_name(const std::string& n) {
+    if (n == "adamw") return adamw();
+    if (n == "sgd") return sgd();
+    throw config_error("unknown optimizer '" + n + "' (valid: adamw, sgd)");
+  }
 };
+
+/// Bytes of the optimizer kernels' segment table (kernels::optimizer_segment).
+inline constexpr std::uint64_t optimizer_segment_bytes = 24;
 
 /// Which model of the data-parallel step a plan describes (file comment).
 enum class accounting {
@@ -125,9 +147,14 @@ struct sharding {
   /// parallel::data_parallel_options::bucket_bytes (default 25 MB). Engine
   /// accounting only; ZeRO-3 ignores it (one bucket per segment).
   std::int64_t bucket_bytes = parallel::default_bucket_bytes;
+  /// The rank whose shard is planned (engine accounting: shards differ
+  /// only in the optimizer's segment table).
+  int rank = 0;
   /// Throws config_error naming the value if zero is outside 0..3, dp < 1,
-  /// prefetch < 0 or bucket_bytes < 1.
+  /// prefetch < 0, bucket_bytes < 1 or rank outside [0, dp).
   void validate() const {
+    TESSERA_THROW_IF(rank < 0 || rank >= dp, config_error, "rank ", rank, " is not in [0, dp=", dp,
+                     ")");
     TESSERA_THROW_IF(zero < 0 || zero > 3, config_error, "zero stage ", zero, " must be 0..3");
     TESSERA_THROW_IF(dp < 1, config_error, "dp=", dp, " must be >= 1");
     TESSERA_THROW_IF(prefetch < 0, config_error, "prefetch=", prefetch, " must be >= 0");
@@ -198,6 +225,9 @@ struct state_plan {
   std::uint64_t reduce_buffers = 0;
   std::uint64_t master = 0;  ///< master weights (a shard under ZeRO-1/2/3; 0 without a master copy)
   std::uint64_t optimizer = 0;    ///< optimizer moments (a shard under ZeRO-1/2/3)
+  /// Engine: the optimizer kernels' segment table, 24 bytes per range of the
+  /// flat buffer (or of the shard) it updates; ideal: 0.
+  std::uint64_t segment_table = 0;
   std::uint64_t rope_tables = 0;  ///< RoPE cos and sin tables, (max_seq, hd/2) float32 each
   /// ZeRO-3 transient, gathered parameters in param_type. Engine: the most
   /// padded segments held at once, the one computing and, with prefetch,
@@ -222,7 +252,7 @@ struct state_plan {
   /// master + optimizer under ideal), and the engine's reduction buffers and
   /// parameter shard.
   std::uint64_t model_state() const {
-    return weights + param_shard + grads + reduce_buffers + master + optimizer;
+    return weights + param_shard + grads + reduce_buffers + master + optimizer + segment_table;
   }
   /// model_state() + RoPE tables: allocated for as long as model and
   /// optimizer live, and all that is allocated between steps.
@@ -271,7 +301,7 @@ inline state_plan plan_state(const nn::llama_config& c, const dtype_sizes& d,
   state_plan s;
   s.num_params = layout.num_params();
   s.flat_elems = layout.total();
-  s.rope_tables = 2 * static_cast<std::uint64_t>(c.max_seq * (c.head_dim() / 2)) * sizeof(float);
+  s.rope_tables = 2 * static_cast<std::uint64_t>(c.max_seq * (c.head_dim() / 2)) * d.rope;
   if (mode == accounting::ideal) {
     detail::fill_state_bytes(s, d, o, sh);
     for (const auto& g : segs) s.gather_unit_elems = std::max(s.gather_unit_elems, g.end - g.begin);
@@ -283,7 +313,9 @@ inline state_plan plan_state(const nn::llama_config& c, const dtype_sizes& d,
   }
   TESSERA_THROW_IF(sh.prefetch > 1, config_error, "prefetch=", sh.prefetch,
                    ": parallel::data_parallel prefetches one segment or none (0 or 1)");
-  const parallel::bucket_plan bp = engine_buckets(c, sh, d.reduce);
+  const parallel::bucket_plan bp = engine_buckets(c, sh, d.reduce, sh.rank);
+  // One rank under ZeRO-0 reduces nothing: no staging buffer (parallel/zero.hpp).
+  const bool single = sh.zero == 0 && sh.dp == 1;
   s.padded_elems = bp.staging_size();
   s.shard_elems = bp.shard_size();
   s.buckets = static_cast<std::int64_t>(bp.size());
@@ -293,10 +325,14 @@ inline state_plan plan_state(const nn::llama_config& c, const dtype_sizes& d,
   s.weights = sh.zero >= 3 ? 0 : flat * d.param;
   s.param_shard = sh.zero >= 1 ? shard * d.param : 0;
   s.grads = sh.zero >= 2 ? 0 : flat * d.grad;
-  s.reduce_buffers = ((sh.zero <= 1 ? padded : 0) + (sh.zero >= 1 ? shard : 0)) * d.reduce;
+  s.reduce_buffers =
+      ((sh.zero <= 1 && !single ? padded : 0) + (sh.zero >= 1 ? shard : 0)) * d.reduce;
   const std::uint64_t opt_elems = sh.zero >= 1 ? shard : flat;
   s.master = d.master_copy ? opt_elems * d.master : 0;
   s.optimizer = opt_elems * d.master * static_cast<std::uint64_t>(o.moments);
+  const auto ranges = layout.ranges();
+  s.segment_table = optimizer_segment_bytes *
+                    (sh.zero >= 1 ? bp.shard_ranges(ranges).size() : ranges.size());
   if (sh.zero >= 2)
     s.reduce_staging = d.grad == d.reduce ? padded * d.grad : flat * d.grad + padded * d.reduce;
   if (sh.zero == 1 || sh.zero == 2) s.update_gather = padded * d.param;
@@ -348,40 +384,58 @@ inline double seed004_training_memory_gib(double params, int gpus, int zero_stag
   return params * (weights + grads + optimiser) / gib;
 }
 
-/// Bytes nn::llama's forward saves for backward per token, for sizes `d`:
-/// per block (6H + 2 KV + 3F) param_type elements (x_in, xn1, q, att, x_mid,
-/// xn2; k, v; gate, up, h) and (2 + nh) accum_type (rstd1, rstd2, lse), plus
-/// the final norm's input and output (2H param_type), its rstd (accum_type)
-/// and the token id (int32). Equals llama<P>::saved_bytes_per_token()
-/// (checked in tests/plan/memory.cpp for every policy).
-inline std::int64_t saved_bytes_per_token(const nn::llama_config& c, const dtype_sizes& d) {
-  const std::int64_t H = c.dim, F = c.ffn_dim, KV = c.kv_dim();
-  const auto P = static_cast<std::int64_t>(d.param), A = static_cast<std::int64_t>(d.accum);
-  const std::int64_t per_block = P * (6 * H + 2 * KV + 3 * F) + A * (2 + c.n_heads);
-  return c.n_layers * per_block + P * 2 * H + A + static_cast<std::int64_t>(sizeof(std::int32_t));
-}
+/// Which backend's kernels a plan sizes the scratch of (the model's and the
+/// optimizer's tensors are the same on both: one code path).
+enum class backend_kind { host, cuda };
 
-/// Shape of one micro-batch and the model options that size its workspaces.
+/// Shape of one micro-batch and the options that size its workspaces.
 struct activation_options {
   std::int64_t micro_batch = 1;  ///< B, sequences per micro-batch
   std::int64_t seq = 0;          ///< T, tokens per sequence (0: the config's max_seq)
-  nn::llama_options model{};     ///< ce_chunk and attention tiles, as given to nn::llama
-  int threads = 1;               ///< OpenMP threads (attention scratch is per thread)
+  nn::llama_options model{};     ///< ce_chunk and the checkpointing policy, as given to nn::llama
+  int threads = 1;               ///< host: OpenMP threads (attention scratch is per thread)
   kernels::attention_tiles tiles{};  ///< host attention tiles (kernels::host_context::tiles)
+  backend_kind backend = backend_kind::host;  ///< whose kernels' scratch to count
+  std::int64_t micro_batches = 1;  ///< A, micro-batches per step and rank (the step's loss scalars)
+  /// cuda: the context's cuBLASLt workspace (kernels::cuda_context_options).
+  std::uint64_t cublaslt_workspace = std::uint64_t(32) << 20;
 };
 
-/// Activation bytes of one forward_backward of nn::llama on a micro-batch.
+/// Bytes train::trainer allocates from the context's resource besides the
+/// model and the engine: the loader's buffers (data/device_loader.hpp: two
+/// slots of 2 B T int32 inputs and targets; on the host the "pinned" and
+/// "device" buffers are both in the resource, on a GPU the pinned ones are
+/// page-locked host memory, outside the device allocator), the step's
+/// scalars ((1 + A) doubles: the norm and each micro-batch's loss), the clip
+/// coefficient (one master_type) and two doubles that carry host values
+/// through a collective.
+inline std::uint64_t trainer_bytes(const activation_options& o, std::int64_t T,
+                                   const dtype_sizes& d) {
+  const auto N = static_cast<std::uint64_t>(o.micro_batch * T);
+  const std::uint64_t slot = 2 * N * sizeof(std::int32_t);
+  const std::uint64_t loader = (o.backend == backend_kind::host ? 4 : 2) * slot;
+  return loader + static_cast<std::uint64_t>(1 + o.micro_batches) * sizeof(double) + d.master +
+         2 * sizeof(double);
+}
+
+/// Activation bytes of one micro-batch's training forward and backward
+/// (nn::llama::forward then backward), and their peak over the timeline.
 struct activation_plan {
   std::int64_t tokens = 0;  ///< N = B T
-  std::uint64_t saved = 0;  ///< what forward keeps for backward: saved_bytes_per_token N
-  std::uint64_t forward_temporaries = 0;  ///< the (N, H) output projection buffer of forward
-  std::uint64_t logits_workspace =
-      0;  ///< fused CE: chunk V accum + chunk doubles (+ bf16 conversion blocks)
-  std::uint64_t backward_temporaries =
-      0;  ///< dx, dres, dxn, datt, dq (N,H), dk, dv (N,KV), dh, dgate, dup (N,F) in grad_type
-  std::uint64_t attention_scratch =
-      0;                   ///< largest attention workspace (backward: D + per-thread tiles)
-  std::uint64_t peak = 0;  ///< max over the phases of forward_backward of the live bytes
+  /// What the training forward leaves for the backward (llama::record_bytes):
+  /// every block's record (or, checkpointed, its input), the ids, the
+  /// head's input gradient.
+  std::uint64_t saved = 0;
+  std::uint64_t forward_temporaries = 0;  ///< the (N, H) output-projection buffer of the forward
+  /// The fused LM head: chunk V accum + chunk doubles (+ bf16 conversion
+  /// blocks on the host; the CUDA kernel's scratch and bf16 dx on a GPU).
+  std::uint64_t logits_workspace = 0;
+  /// The backward's gradients: the residual stream's (N, H) and the blocks'
+  /// workspace (nn::block_bytes::workspace), plus the recompute's
+  /// projection buffer under checkpointing.
+  std::uint64_t backward_temporaries = 0;
+  std::uint64_t attention_scratch = 0;  ///< largest attention workspace (forward or backward)
+  std::uint64_t peak = 0;  ///< the most bytes live at once over forward and backward
   /// Host backend only, outside the memory resource: bf16 GEMM conversion
   /// buffers (kernels::gemm_workspace_bytes after one step); not in peak.
   std::uint64_t host_gemm_workspace = 0;
@@ -392,71 +446,141 @@ struct activation_plan {
   std::uint64_t korthikanti_34sbh = 0;
 };
 
-/// Activation bytes of one micro-batch, phase by phase as nn::llama
-/// allocates them (forward, the fused LM head + cross-entropy, the start of
-/// backward, the last block's attention backward). Throws config_error for
-/// an invalid config, B or T < 1 or T > max_seq.
-inline activation_plan plan_activations(const nn::llama_config& c, const dtype_sizes& d,
-                                        const activation_options& o) {
-  c.validate();
-  const std::int64_t B = o.micro_batch, T = o.seq > 0 ? o.seq : c.max_seq;
-  TESSERA_THROW_IF(B < 1, config_error, "micro-batch B=", B, " must be >= 1");
-  TESSERA_THROW_IF(T > c.max_seq, config_error, "sequence length T=", T,
-                   " exceeds the model's max_seq=", c.max_seq);
-  TESSERA_THROW_IF(o.threads < 1, config_error, "threads=", o.threads, " must be >= 1");
+namespace detail {
+// The scratch the kernels of one backend allocate inside a call, in bytes.
+struct kernel_scratch {
+  std::uint64_t attention_forward = 0, attention_backward = 0;
+  std::uint64_t cross_entropy = 0;     // the fused LM head (training)
+  std::uint64_t rmsnorm_backward = 0;  // per call
+  std::uint64_t mlp_backward = 0;      // the largest bf16 copy of a float gradient into a GEMM (cuda)
+  std::uint64_t attention_gemm = 0;    // the same for the attention's GEMMs (cuda)
+};
+
+inline kernel_scratch scratch_of(const nn::llama_config& c, const dtype_sizes& d,
+                                 const activation_options& o, std::int64_t B, std::int64_t T) {
   const std::uint64_t N = static_cast<std::uint64_t>(B * T), H = static_cast<std::uint64_t>(c.dim),
                       F = static_cast<std::uint64_t>(c.ffn_dim),
                       KV = static_cast<std::uint64_t>(c.kv_dim()),
                       nh = static_cast<std::uint64_t>(c.n_heads),
                       hd = static_cast<std::uint64_t>(c.head_dim()),
                       V = static_cast<std::uint64_t>(c.vocab);
-  const std::uint64_t P = d.param, G = d.grad, A = d.accum,
-                      thr = static_cast<std::uint64_t>(o.threads);
-  activation_plan a;
-  a.tokens = B * T;
-  a.saved = static_cast<std::uint64_t>(saved_bytes_per_token(c, d)) * N;
-  // The MLP half of one block's record (x_mid, xn2; gate, up, h; rstd2):
-  // backward frees it before the block's attention backward.
-  const std::uint64_t rec_mlp = N * (P * (2 * H + 3 * F) + A);
-  const std::uint64_t fin = N * (P * 2 * H + A);  // final_in, final_xn, final_rstd
-  const std::uint64_t records = a.saved - fin;    // ids + every block record
-  a.forward_temporaries = N * H * P;
-  const auto tq = static_cast<std::uint64_t>(std::min(o.tiles.q, T)),
-             tk = static_cast<std::uint64_t>(std::min(o.tiles.k, T));
-  const std::uint64_t attn_fwd = thr * (2 * tq * hd + 2 * tk * hd + tq * tk + 2 * tq) * A;
-  const std::uint64_t attn_bwd =
-      N * nh * A + thr * (3 * tq * hd + 5 * tk * hd + 2 * tk) * A;  // D (B nh T) + tiles
-  a.attention_scratch = std::max(attn_fwd, attn_bwd);
+  const std::uint64_t A = d.accum, G = d.act_grad;
+  kernel_scratch k;
   const auto C = static_cast<std::uint64_t>(std::min<std::int64_t>(o.model.ce_chunk, B * T));
-  a.logits_workspace = C * V * A + C * sizeof(double);
-  if (P != A) {  // 16-bit storage: x rows and a block of wlm converted to accum_type
-    const std::uint64_t Vb = std::min<std::uint64_t>(
-        V, std::max<std::uint64_t>(1, static_cast<std::uint64_t>(kernels::ce_wlm_block_elems) / H));
-    a.logits_workspace += C * H * A + Vb * H * A;
+  if (o.backend == backend_kind::host) {
+    const auto thr = static_cast<std::uint64_t>(o.threads);
+    const auto tq = static_cast<std::uint64_t>(std::min(o.tiles.q, T)),
+               tk = static_cast<std::uint64_t>(std::min(o.tiles.k, T));
+    k.attention_forward = thr * (2 * tq * hd + 2 * tk * hd + tq * tk + 2 * tq) * A;
+    k.attention_backward = N * nh * A + thr * (3 * tq * hd + 5 * tk * hd + 2 * tk) * A;  // D + tiles
+    k.cross_entropy = C * V * A + C * sizeof(double);
+    if (d.param != A) {  // 16-bit storage: x rows and a block of wlm converted to accum_type
+      const std::uint64_t Vb = std::min<std::uint64_t>(
+          V, std::max<std::uint64_t>(1, static_cast<std::uint64_t>(kernels::ce_wlm_block_elems) / H));
+      k.cross_entropy += C * H * A + Vb * H * A;
+    }
+    if (G != A) k.cross_entropy += C * H * A;  // bf16 dx: each chunk's float dx first
+  } else {
+    // kernels/cuda/ops.hpp: each overload's ctx.scratch(...).
+    const bool wide = G != 2;  // float32 activation gradients go through bf16 copies
+    k.attention_backward = N * nh * 4 + (wide ? 2 * N * (2 * H + 2 * KV) : 0);
+    k.cross_entropy = kernels::cuda::lm_head_cross_entropy_scratch_bytes(
+                          B * T, c.vocab, c.dim, o.model.ce_chunk) +
+                      (wide ? 2 * N * H : 0);
+    k.rmsnorm_backward = kernels::cuda::rmsnorm_backward_scratch_bytes(B * T, c.dim);
+    k.mlp_backward = wide ? 2 * N * std::max(H, F) : 0;
+    k.attention_gemm = wide ? 2 * N * H : 0;
   }
-  const std::uint64_t dxf = N * H * G, dres = N * H * G;
-  const std::uint64_t loop_temps =
-      N * G * (3 * H + 2 * KV + 3 * F);  // dxn, datt, dq, dk, dv, dh, dgate, dup
-  a.backward_temporaries = dxf + dres + loop_temps;
-  const std::uint64_t phases[] = {
-      // forward, last block's attention: all records but the last's MLP half, proj, scratch
-      records - rec_mlp + a.forward_temporaries + attn_fwd,
-      a.saved + a.forward_temporaries,                   // forward, after the final norm
-      a.saved + dxf + a.logits_workspace,                // fused LM head + cross-entropy
-      a.saved + dxf + dres,                              // final norm backward
-      records + dres + loop_temps,                       // backward temporaries allocated
-      records - rec_mlp + dres + loop_temps + attn_bwd,  // last block's attention backward
-  };
-  a.peak = *std::max_element(std::begin(phases), std::end(phases));
-  if (P != A) {  // gemm_mixed converts bf16 A, B and C operands into per-slot float buffers
-    const std::uint64_t act = N * std::max(H, F);
-    a.host_gemm_workspace = A * (act + std::max(F * H, act) + act);
+  return k;
+}
+}  // namespace detail
+
+/// Activation bytes of one micro-batch, walking the model's allocation
+/// timeline (nn/llama.hpp: embedding, blocks, head in forward; workspace,
+/// blocks in reverse, embedding in backward) with the bytes each module
+/// reports (nn::block_bytes) and the scratch of the backend's kernels.
+/// Throws config_error for an invalid config or policy, B or T < 1 or
+/// T > max_seq.
+inline activation_plan plan_activations(const nn::llama_config& c, const dtype_sizes& d,
+                                        const activation_options& o) {
+  c.validate();
+  o.model.checkpointing.validate();
+  const std::int64_t B = o.micro_batch, T = o.seq > 0 ? o.seq : c.max_seq;
+  TESSERA_THROW_IF(B < 1, config_error, "micro-batch B=", B, " must be >= 1");
+  TESSERA_THROW_IF(T > c.max_seq, config_error, "sequence length T=", T,
+                   " exceeds the model's max_seq=", c.max_seq);
+  TESSERA_THROW_IF(o.threads < 1, config_error, "threads=", o.threads, " must be >= 1");
+  const std::int64_t Ni = B * T;
+  const std::uint64_t N = static_cast<std::uint64_t>(Ni), H = static_cast<std::uint64_t>(c.dim);
+  const std::uint64_t P = d.param, G = d.act_grad, A = d.accum;
+  const nn::block_bytes bb = nn::block_bytes::of(c, static_cast<std::int64_t>(P),
+                                                 static_cast<std::int64_t>(G),
+                                                 static_cast<std::int64_t>(A));
+  const detail::kernel_scratch ks = detail::scratch_of(c, d, o, B, T);
+  const auto u = [](std::int64_t x) { return static_cast<std::uint64_t>(x); };
+  const std::uint64_t att = u(bb.attention_part(Ni)), mlp = u(bb.mlp_part(Ni)),
+                      x = u(bb.input(Ni)), ws = u(bb.workspace(Ni));
+  const nn::checkpoint_policy& ck = o.model.checkpointing;
+  activation_plan a;
+  a.tokens = Ni;
+  std::uint64_t live = 0, peak = 0;
+  auto at = [&](std::uint64_t extra) { peak = std::max(peak, live + extra); };
+  // ---- forward: embedding (ids, x), the projection buffer, the blocks.
+  live = N * sizeof(std::int32_t) + N * H * P;
+  a.forward_temporaries = N * H * P;
+  live += a.forward_temporaries;
+  std::uint64_t held = N * sizeof(std::int32_t);  // what the record keeps from forward to backward
+  for (std::int64_t l = 0; l < c.n_layers; ++l) {
+    at(att + ks.attention_forward);  // the attention, its part of the record allocated
+    at(att + mlp + x);               // the whole record and the block's output
+    // The input moves into the record (already live); the output is new; a
+    // checkpointed block frees the rest of its record.
+    live += (ck.recomputes(l) ? 0 : att + mlp) + x;
+    held += ck.recomputes(l) ? x : x + att + mlp;
+  }
+  live -= a.forward_temporaries;  // the projection buffer goes with the forward's blocks
+  // ---- the head: final norm, fused LM head + cross-entropy, final norm backward.
+  const std::uint64_t head_fwd = N * A + N * H * P + N * H * G;  // rstd, xn, dxn
+  a.logits_workspace = ks.cross_entropy;
+  at(head_fwd + ks.cross_entropy);
+  at(head_fwd + N * H * G + ks.rmsnorm_backward);  // + the record's input gradient
+  live += N * H * G - x;  // the head keeps its input gradient; the last output goes
+  held += N * H * G;
+  a.saved = held;
+  // ---- backward: the residual gradient (the head's), the workspace, the blocks.
+  live += ws;
+  a.backward_temporaries = N * H * G + ws;
+  at(0);
+  bool proj = false;
+  for (std::int64_t l = c.n_layers - 1; l >= 0; --l) {
+    if (ck.recomputes(l)) {
+      if (!proj) {  // the recompute's projection buffer, once
+        live += N * H * P;
+        a.backward_temporaries += N * H * P;
+        proj = true;
+      }
+      at(att + ks.attention_forward);  // recomputing the attention
+      live += att + mlp;               // the record again (its input was kept)
+    }
+    at(std::max(ks.mlp_backward, ks.rmsnorm_backward));  // the MLP backward
+    live -= mlp;                                         // its part of the record goes
+    at(std::max({ks.attention_backward, ks.attention_gemm, ks.rmsnorm_backward}));
+    live -= att + x;  // the rest of the record
+  }
+  a.attention_scratch = std::max(ks.attention_forward, ks.attention_backward);
+  a.peak = peak;
+  if (o.backend == backend_kind::host && P != A) {
+    // gemm_mixed converts bf16 A, B and C operands into per-slot float buffers
+    const std::uint64_t act = N * std::max<std::uint64_t>(H, static_cast<std::uint64_t>(c.ffn_dim));
+    a.host_gemm_workspace =
+        A * (act + std::max<std::uint64_t>(static_cast<std::uint64_t>(c.ffn_dim) * H, act) + act);
   }
   a.korthikanti_34sbh = 34 * N * H * static_cast<std::uint64_t>(c.n_layers);
   return a;
 }
 
-/// A complete per-rank memory plan: model state and one micro-batch's activations.
+/// A complete per-rank memory plan: model state, the trainer's buffers and
+/// one micro-batch's activations.
 struct memory_plan {
   std::string model;   ///< preset name
   dtype_sizes dtypes;  ///< precision
@@ -465,13 +589,21 @@ struct memory_plan {
   activation_options shape;
   state_plan state;
   activation_plan activations;
+  std::uint64_t trainer = 0;  ///< trainer_bytes: the loader's buffers and the step's scalars
+  /// Backend buffers of the context: the cuBLASLt workspace on a GPU, 0 on the host.
+  std::uint64_t context = 0;
+  /// cuda: the gradient norm kernel's scratch (after the backward); 0 on the host.
+  std::uint64_t norm_scratch = 0;
 
-  /// Predicted per-rank peak: the persistent state plus the larger of
+  /// Everything allocated between steps: the state, the trainer's and the context's buffers.
+  std::uint64_t persistent() const { return state.persistent() + trainer + context; }
+  /// Predicted per-rank peak: the persistent bytes plus the larger of
   /// backward's (gathered units + reduction staging + activation peak) and
-  /// the step's update all-gather (which runs after the activations are freed).
+  /// the step's update all-gather or norm scratch (which run after the
+  /// activations are freed).
   std::uint64_t total() const {
-    return state.persistent() +
-           std::max(state.gathered + state.reduce_staging + activations.peak, state.update_gather);
+    return persistent() + std::max({state.gathered + state.reduce_staging + activations.peak,
+                                    state.update_gather, norm_scratch});
   }
 
   /// Rows (label, bytes) in table order: the persistent state, the transients, then the totals.
@@ -482,8 +614,11 @@ struct memory_plan {
             {"reduction buffers", state.reduce_buffers},
             {"master weights", state.master},
             {"optimizer state", state.optimizer},
+            {"optimizer segments", state.segment_table},
             {"rope tables", state.rope_tables},
-            {"persistent", state.persistent()},
+            {"trainer buffers", trainer},
+            {"context (cuBLASLt)", context},
+            {"persistent", persistent()},
             {"zero-3 gathered", state.gathered},
             {"reduction staging", state.reduce_staging},
             {"update all-gather", state.update_gather},
@@ -568,6 +703,13 @@ inline memory_plan plan_memory(const nn::llama_config& c, const dtype_sizes& d,
                                const optimizer_spec& o, const sharding& sh,
                                const activation_options& a, accounting mode = accounting::engine) {
   memory_plan m{c.name, d, o, sh, a, plan_state(c, d, o, sh, mode), plan_activations(c, d, a)};
+  const std::int64_t T = a.seq > 0 ? a.seq : c.max_seq;
+  m.trainer = trainer_bytes(a, T, d);
+  if (a.backend == backend_kind::cuda) {
+    m.context = a.cublaslt_workspace;
+    const std::int64_t n = sh.zero >= 1 ? m.state.shard_elems : m.state.flat_elems;
+    m.norm_scratch = kernels::cuda::grad_sum_squares_scratch_bytes(n);
+  }
   return m;
 }
 

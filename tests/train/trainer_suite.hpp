@@ -1,6 +1,6 @@
 #pragma once
-// Multi-rank bodies for parallel::data_parallel_trainer, written once and run
-// under local_communicator (tests/parallel/data_parallel_trainer.cpp) and
+// Multi-rank bodies for train::trainer over a communicator, written once and run
+// under local_communicator (tests/train/data_parallel.cpp) and
 // mpi_communicator (tests/mpi/zero.cpp). Bodies throw zero_suite::suite_failure.
 //
 // The global batch G = 12 sequences per step is the same for every dp, so
@@ -14,10 +14,9 @@
 #include <vector>
 
 #include <tessera/data/tokenizer.hpp>
-#include <tessera/parallel/data_parallel_trainer.hpp>
 #include <tessera/train/trainer.hpp>
 
-#include "zero_suite.hpp"
+#include "../parallel/zero_suite.hpp"
 
 namespace trainer_suite {
 
@@ -75,7 +74,7 @@ void matches_single_rank(Comm& c) {
   temp_file corpus{make_corpus("match", c.rank())};
   data::token_file f(corpus.path);
   train::trainer<P> one(model(), config(1), f);
-  parallel::data_parallel_trainer<P, S, Comm> many(model(), config(c.size()), f, c);
+  train::trainer<P, host, optim::adamw, S, Comm> many(model(), config(c.size()), f, c);
   for (int s = 0; s < 4; ++s) {
     const auto a = one.train_step(), b = many.train_step();
     check(std::abs(a.loss - b.loss) <= 1e-12 * a.loss, "rank ", c.rank(), " of ", c.size(), " ",
@@ -88,7 +87,9 @@ void matches_single_rank(Comm& c) {
   check(one.step() == many.step(), "step counters differ");
   const std::vector<double> ref(one.model().params(),
                                 one.model().params() + one.model().layout().total());
-  const double d = zero_suite::rel_max_diff(many.full_params(), ref);
+  std::vector<double> full(static_cast<std::size_t>(many.model().flat_size()));
+  many.engine().full_params(full.data());
+  const double d = zero_suite::rel_max_diff(full, ref);
   check(d <= 1e-12, "rank ", c.rank(), " of ", c.size(), " ", S::name,
         ": parameters differ from the 1-rank trainer by ", d);
   const double e1 = one.evaluate(), e2 = many.evaluate();
@@ -110,7 +111,7 @@ void bad_settings_fail_before_work(Comm& c) {
   const auto calls_before = c.stats().all_reduce.calls + c.stats().all_gather.calls;
   auto expect = [&](train::train_config t, const std::string& needle) {
     try {
-      parallel::data_parallel_trainer<precision::fp32, parallel::zero<1>, Comm> tr(model(), t, f,
+      train::trainer<precision::fp32, host, optim::adamw, parallel::zero<1>, Comm> tr(model(), t, f,
                                                                                    c);
     } catch (const config_error& e) {
       check(std::string(e.what()).find(needle) != std::string::npos, "rank ", c.rank(),
@@ -143,13 +144,13 @@ void checkpoint_resumes_or_refuses(Comm& c, const fs::path& dir) {
   const fs::path ck = dir / "dp.ckpt";
   std::vector<double> full;
   {
-    parallel::data_parallel_trainer<P, parallel::zero<0>, Comm> t(model(), config(c.size()), f, c);
+    train::trainer<P, host, optim::adamw, parallel::zero<0>, Comm> t(model(), config(c.size()), f, c);
     for (int s = 0; s < 4; ++s) {
       full.push_back(t.train_step().loss);
       if (s == 1) t.save_checkpoint(ck);
     }
   }
-  parallel::data_parallel_trainer<P, parallel::zero<0>, Comm> r(model(), config(c.size()), f, c);
+  train::trainer<P, host, optim::adamw, parallel::zero<0>, Comm> r(model(), config(c.size()), f, c);
   r.load_checkpoint(ck);
   check(r.step() == 2, "rank ", c.rank(), ": resumed at step ", r.step());
   for (int s = 2; s < 4; ++s) {
@@ -157,7 +158,7 @@ void checkpoint_resumes_or_refuses(Comm& c, const fs::path& dir) {
     check(l == full[static_cast<std::size_t>(s)], "rank ", c.rank(), ": resumed step ", s, " loss ",
           l, " vs ", full[static_cast<std::size_t>(s)]);
   }
-  parallel::data_parallel_trainer<P, parallel::zero<2>, Comm> z(model(), config(c.size()), f, c);
+  train::trainer<P, host, optim::adamw, parallel::zero<2>, Comm> z(model(), config(c.size()), f, c);
   try {
     z.save_checkpoint(ck);
     throw zero_suite::suite_failure("zero<2> saved a checkpoint");

@@ -1,4 +1,4 @@
-// Tests include/tessera/parallel/data_parallel_trainer.hpp on threads: for
+// Tests include/tessera/train/trainer.hpp over local_communicator: for
 // dp 1..4 and zero<0..3>, with the global batch fixed at 12 sequences, the
 // loss curve, gradient norms, parameters, evaluation and samples equal one
 // rank's train::trainer (float64 1e-12); bad degrees and batches fail before
@@ -43,7 +43,7 @@ void for_dp(Body body) {
 }
 }  // namespace
 
-TEST_CASE("data_parallel_trainer reproduces the 1-rank trainer for every dp and stage",
+TEST_CASE("the data-parallel trainer reproduces the 1-rank trainer for every dp and stage",
           "[parallel][trainer]") {
   using namespace tessera::parallel;
   for_dp([](local_communicator& c) {
@@ -54,7 +54,7 @@ TEST_CASE("data_parallel_trainer reproduces the 1-rank trainer for every dp and 
   });
 }
 
-TEST_CASE("data_parallel_trainer fails before any work naming the numbers",
+TEST_CASE("the data-parallel trainer fails before any work naming the numbers",
           "[parallel][trainer][errors]") {
   for_dp([](local_communicator& c) { trainer_suite::bad_settings_fail_before_work(c); });
 }

@@ -26,8 +26,6 @@
 // Exit status 1 if a measured figure differs from its exact formula or a
 // ratio misses its 2% band.
 
-#include <omp.h>
-
 #include <CLI/CLI.hpp>
 #include <cmath>
 #include <cstdio>
@@ -39,8 +37,12 @@
 #include <vector>
 
 #include "tessera/comm/local.hpp"
+#include "tessera/core/memory.hpp"
 #include "tessera/core/random.hpp"
+#include "tessera/kernels/context.hpp"
 #include "tessera/nn/llama.hpp"
+#include "tessera/optim/adamw.hpp"
+#include "tessera/optim/clip.hpp"
 #include "tessera/parallel/zero.hpp"
 
 using namespace tessera;
@@ -60,33 +62,38 @@ std::vector<std::uint64_t> measure(const settings& s, const nn::llama_config& cf
   using P = precision::fp32;
   std::vector<std::uint64_t> bytes(static_cast<std::size_t>(s.dp));
   comm::local_world::run(s.dp, [&](comm::local_communicator& c) {
-    omp_set_num_threads(1);
+    host_memory_resource mr;  // this rank's own
+    const kernels::host_context ctx{&mr, 1};  // one OpenMP thread per rank thread
+    ctx.apply_threads();
     nn::llama_options o;
     o.external_params = S::shards_parameters;
-    nn::llama<P> m(cfg, o);
+    nn::llama<P> m(cfg, o, ctx);
     if constexpr (!S::shards_parameters) m.init_weights(1);
     parallel::data_parallel_options dpo;
     dpo.bucket_bytes = s.bucket_mb * 1000 * 1000;
-    parallel::data_parallel<P, S, comm::local_communicator> eng(m, c, {}, 1, dpo);
+    using engine = parallel::data_parallel<nn::llama<P>, optim::adamw, S, comm::local_communicator>;
+    engine eng(m, c, {}, 1, dpo);
     std::vector<std::int32_t> tok(static_cast<std::size_t>(s.B * (s.T + 1)));
     for (int step = 0; step < 2; ++step) {
       c.reset_stats();
       std::int64_t scored = s.accum * s.B * s.T;
       c.all_reduce(&scored, 1, comm::reduce_op::sum);
       m.zero_grad();
-      eng.begin_step();
+      eng.begin_step(s.accum);
       double loss = 0;
       for (std::int64_t a = 0; a < s.accum; ++a) {
         rng r(static_cast<std::uint64_t>(step * 1000 + c.rank() * 10 + a));
         for (auto& x : tok)
           x = static_cast<std::int32_t>(r.next_u64() % static_cast<std::uint64_t>(cfg.vocab));
-        eng.begin_micro_batch(a, a == s.accum - 1);
-        loss +=
-            m.forward_backward(tok.data(), s.B, s.T, 1.0f / static_cast<float>(scored)).loss_sum;
+        eng.begin_micro_batch(a);
+        loss += m.forward_backward(tok.data(), s.B, s.T, 1.0f / static_cast<float>(scored)).sum;
       }
       eng.finish_gradients();
-      const double norm = std::sqrt(eng.grad_norm_squared());
-      eng.step(1e-3, optim::clip_coefficient(norm, 1.0));
+      double norm_sq = 0;
+      eng.grad_norm_squared(&norm_sq);  // host memory (host backend)
+      const auto clip = static_cast<typename P::master_type>(
+          optim::clip_coefficient(std::sqrt(norm_sq), 1.0));
+      eng.step(1e-3, &clip);
       c.all_reduce(&loss, 1, comm::reduce_op::sum);
     }
     bytes[static_cast<std::size_t>(c.rank())] = c.bytes_sent();

@@ -30,9 +30,11 @@
 #include "tessera/data/token_file.hpp"
 #include "tessera/kernels/attention.hpp"
 #include "tessera/kernels/blas.hpp"
+#include "tessera/kernels/context.hpp"
 #include "tessera/kernels/cross_entropy.hpp"
 #include "tessera/kernels/gemm.hpp"
 #include "tessera/kernels/rmsnorm.hpp"
+#include "tessera/nn/flops.hpp"
 #include "tessera/train/trainer.hpp"
 
 using namespace tessera;
@@ -66,8 +68,8 @@ struct row {
 };
 
 template <class T>
-void bench_linear(std::vector<row>& rows, const std::string& tag, std::int64_t M, std::int64_t N,
-                  std::int64_t K, double peak, int reps) {
+void bench_linear(const kernels::host_context& ctx, std::vector<row>& rows, const std::string& tag,
+                  std::int64_t M, std::int64_t N, std::int64_t K, double peak, int reps) {
   using G = accum_t<T>;
   auto x = random_vec<T>(M * K, 1), w = random_vec<T>(N * K, 2);
   std::vector<T> y(M * N);
@@ -78,9 +80,9 @@ void bench_linear(std::vector<row>& rows, const std::string& tag, std::int64_t M
   auto add = [&](const char* what, double s) {
     rows.push_back({tag + " " + what, shp, dtype_name<T>(), s, f, f / s, f / s / peak});
   };
-  add("fwd", best_seconds([&] { kernels::linear_forward<T>(y.data(), x.data(), w.data(), M, N, K); }, reps));
-  add("dinp", best_seconds([&] { kernels::linear_backward_input<T, G>(dx.data(), dy.data(), w.data(), M, N, K); }, reps));
-  add("dweight", best_seconds([&] { kernels::linear_backward_weight<T, G>(dw.data(), dy.data(), x.data(), M, N, K); }, reps));
+  add("fwd", best_seconds([&] { kernels::linear_forward(ctx, y.data(), x.data(), w.data(), M, N, K); }, reps));
+  add("dinp", best_seconds([&] { kernels::linear_backward_input(ctx, dx.data(), dy.data(), w.data(), M, N, K); }, reps));
+  add("dweight", best_seconds([&] { kernels::linear_backward_weight(ctx, dw.data(), dy.data(), x.data(), M, N, K); }, reps));
 }
 
 }  // namespace
@@ -98,6 +100,7 @@ int main(int argc, char** argv) {
   app.add_flag("--skip-7b", skip_7b, "skip the 7B-shape GEMMs (slow on two cores)");
   CLI11_PARSE(app, argc, argv);
 
+  const kernels::host_context& ctx = kernels::default_host_context();
   std::vector<row> rows;
   double peak = 0;
   for (int n : {1024, 1536, 2048}) {
@@ -110,16 +113,16 @@ int main(int argc, char** argv) {
 
   const auto sm = nn::llama_config::small();
   const std::int64_t tokens = 16 * 128;
-  bench_linear<float>(rows, "small wq", tokens, sm.dim, sm.dim, peak, reps);
-  bench_linear<float>(rows, "small w_gate", tokens, sm.ffn_dim, sm.dim, peak, reps);
-  bench_linear<float>(rows, "small w_down", tokens, sm.dim, sm.ffn_dim, peak, reps);
-  bench_linear<bf16>(rows, "small w_gate", tokens, sm.ffn_dim, sm.dim, peak, reps);
+  bench_linear<float>(ctx, rows, "small wq", tokens, sm.dim, sm.dim, peak, reps);
+  bench_linear<float>(ctx, rows, "small w_gate", tokens, sm.ffn_dim, sm.dim, peak, reps);
+  bench_linear<float>(ctx, rows, "small w_down", tokens, sm.dim, sm.ffn_dim, peak, reps);
+  bench_linear<bf16>(ctx, rows, "small w_gate", tokens, sm.ffn_dim, sm.dim, peak, reps);
   if (!skip_7b) {
     const auto l7 = nn::llama_config::llama2_7b();
-    bench_linear<float>(rows, "7b wq", 256, l7.dim, l7.dim, peak, 1);
-    bench_linear<float>(rows, "7b w_gate", 256, l7.ffn_dim, l7.dim, peak, 1);
-    bench_linear<float>(rows, "7b w_down", 256, l7.dim, l7.ffn_dim, peak, 1);
-    bench_linear<bf16>(rows, "7b w_gate", 256, l7.ffn_dim, l7.dim, peak, 1);
+    bench_linear<float>(ctx, rows, "7b wq", 256, l7.dim, l7.dim, peak, 1);
+    bench_linear<float>(ctx, rows, "7b w_gate", 256, l7.ffn_dim, l7.dim, peak, 1);
+    bench_linear<float>(ctx, rows, "7b w_down", 256, l7.dim, l7.ffn_dim, peak, 1);
+    bench_linear<bf16>(ctx, rows, "7b w_gate", 256, l7.ffn_dim, l7.dim, peak, 1);
   }
   {  // attention at the small preset's shape
     const std::int64_t B = 16, S = 128, nh = sm.n_heads, nkv = sm.n_kv_heads, hd = sm.head_dim();
@@ -127,21 +130,25 @@ int main(int argc, char** argv) {
          v = random_vec<float>(B * S * nkv * hd, 6, 1.0), dout = random_vec<float>(B * S * nh * hd, 7);
     std::vector<float> out(q.size()), lse(B * nh * S), dq(q.size()), dk(k.size()), dv(v.size());
     const double f_fwd = 4.0 * B * nh * hd * S * S / 2, f_bwd = 2.5 * f_fwd;
-    double s = best_seconds([&] { kernels::attention_forward<float>(out.data(), lse.data(), q.data(), k.data(), v.data(), B, S, nh, nkv, hd); }, reps);
+    double s = best_seconds([&] { kernels::attention_forward(ctx, out.data(), lse.data(), q.data(), k.data(), v.data(), B, S, nh, nkv, hd); }, reps);
     const std::string shp = "B16 S128 nh" + std::to_string(nh) + " nkv" + std::to_string(nkv) + " hd" + std::to_string(hd);
     rows.push_back({"attention fwd", shp, "float32", s, f_fwd, f_fwd / s, f_fwd / s / peak});
-    s = best_seconds([&] { kernels::attention_backward<float, float>(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(), out.data(), lse.data(), B, S, nh, nkv, hd); }, reps);
+    s = best_seconds([&] { kernels::attention_backward(ctx, dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(), out.data(), lse.data(), B, S, nh, nkv, hd); }, reps);
     rows.push_back({"attention bwd", shp, "float32", s, f_bwd, f_bwd / s, f_bwd / s / peak});
   }
   {  // fused LM head + cross-entropy
     const std::int64_t B = 16, S = 128, H = sm.dim, V = sm.vocab;
     auto x = random_vec<float>(B * S * H, 8), w = random_vec<float>(V * H, 9);
-    std::vector<std::int32_t> tok(B * (S + 1));
+    std::vector<std::int32_t> tok(B * (S + 1));  // (B, S+1) windows
     rng r(10);
     for (auto& t : tok) t = static_cast<std::int32_t>(r.next_u64() % V);
+    std::vector<std::int32_t> targets(B * S);  // (B*S) row b*S+t predicts window[b][t+1]
+    for (std::int64_t b = 0; b < B; ++b)
+      for (std::int64_t t = 0; t < S; ++t) targets[b * S + t] = tok[b * (S + 1) + t + 1];
     std::vector<float> dx(B * S * H), dw(V * H, 0.f);
     const double f = 6.0 * B * S * H * V;
-    double s = best_seconds([&] { kernels::lm_head_cross_entropy<float, float>(x.data(), w.data(), tok.data(), B, S, H, V, 256, dx.data(), dw.data(), 1.0f / (B * S)); }, reps);
+    double loss_sum = 0;
+    double s = best_seconds([&] { kernels::lm_head_cross_entropy(ctx, &loss_sum, x.data(), w.data(), targets.data(), B * S, V, H, -100, 1.0f / (B * S), dx.data(), dw.data(), 256); }, reps);
     rows.push_back({"lm_head+CE fwd+bwd", "B16 S128 H" + std::to_string(H) + " V" + std::to_string(V), "float32", s, f, f / s, f / s / peak});
   }
   // One optimizer step of the small preset on a synthetic token file.
@@ -178,7 +185,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "host_bench: step loss %.4f is not near ln(256) at init: result invalid\n", step_loss);
       return 1;
     }
-    const double fl = train::flops_per_token(sm, 128) * tokens;
+    const double fl = nn::flops_per_token(sm, 128) * tokens;
     rows.push_back({"small step fp32 (fwd+bwd+adamw)", "G16 B16 T128", "float32", step_s, fl, fl / step_s, step_mfu});
   }
 

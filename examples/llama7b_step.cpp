@@ -1,5 +1,5 @@
 // llama7b_step: the cost of real optimizer steps of a 7B-class Llama on this
-// machine (issue 4, item 5; single rank, host or one GPU). Builds the llama2_7b
+// machine (single rank, host or one GPU: train::trainer<P, Backend>). Builds the llama2_7b
 // (or llama3_8b) preset with its real sizes (H, heads, F, V) but only the
 // first --layers blocks, AdamW over the whole flat buffer at --precision,
 // and times --steps optimizer steps after --warmup-steps untimed ones on
@@ -7,9 +7,9 @@
 // a temporary path and removed at exit). It prints:
 //   - step time (best and mean) and tokens/s;
 //   - MFU and HFU against the measured sgemm peak, with the FLOP formula
-//     (train::flops_per_token: 6 N_matmul + 6 L H T per token, causal
-//     attention counted once). HFU also counts recomputation; this path has
-//     no activation checkpointing, so HFU = MFU, and the output says so;
+//     (nn::flops_per_token: 6 N_matmul + 6 L H T per token, causal
+//     attention counted once). HFU also counts the recomputation of
+//     activation checkpointing (nn::recompute_flops_per_token);
 //   - the peak bytes of the run's own host_memory_resource during a step
 //     against the planner's prediction for the same config (plan_memory,
 //     dp 1, zero 0, micro-batch B, seq T) and their ratio;
@@ -17,14 +17,14 @@
 // Before any time is reported it checks the result: the first step's loss
 // must be finite and within 1 nat of ln(V) (random tokens, fresh weights).
 //
-// --backend cuda (a build with the cuda preset) runs the full model on one
-// GPU instead: nn::cuda_llama with all 32 layers at T 4096 and B 1 by
-// default, bf16 weights and activations, float32 gradients, AdamW on the
-// device, --checkpointing full (default) or none, through
-// train::cuda_trainer and the pinned double-buffered loader. It prints the
-// planner's device memory (plan::plan_cuda_step) and margin first, then
-// step time, tokens/s, MFU and HFU (HFU adds the recomputed forward)
-// against --peak-tflops, and the allocator's peak against the plan.
+// --backend cuda (a build with the cuda preset) runs the same trainer on one
+// GPU: all 32 layers at T 4096 and B 1 by default, bf16 weights,
+// activations and activation gradients, float32 gradients, AdamW on the
+// device, --checkpointing full (default) or none, fed by the pinned
+// double-buffered loader. It prints the planner's device memory and margin
+// first, then step time, tokens/s, MFU and HFU (HFU adds the recomputed
+// forward) against --peak-tflops, and the allocator's peak against the plan.
+// --checkpointing full works on the host too (HFU then exceeds MFU).
 // --json FILE writes the figures (benchmarks/device_check.sh reads them);
 // --memory-log FILE the device allocator's event log, which
 // scripts/plot_memory.py plots against the plan.
@@ -57,7 +57,9 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <memory>
 #include <optional>
+#include <type_traits>
 #include <string>
 #include <vector>
 
@@ -69,10 +71,11 @@
 #include "tessera/nn/llama_config.hpp"
 #include "tessera/plan/memory.hpp"
 #include "tessera/plan/step.hpp"
+#include "tessera/comm/self.hpp"
+#include "tessera/nn/flops.hpp"
 #include "tessera/train/trainer.hpp"
 #if defined(TESSERA_EXAMPLE_CUDA)
-#include "tessera/plan/cuda_step.hpp"
-#include "tessera/train/cuda_trainer.hpp"
+#include "tessera/cuda.hpp"
 #endif
 
 namespace fs = std::filesystem;
@@ -83,7 +86,7 @@ namespace {
 struct options {
   std::string backend = "host";
   std::string preset = "llama2_7b";
-  std::string precision = "";  // host: fp32, cuda: bf16
+  std::string precision = "";  // host: fp32, cuda: bf16_mixed_bf16_grads
   std::int64_t layers = 0;     // host: 1, cuda: all of the preset's
   std::int64_t seq = 0;        // host: 256, cuda: 4096
   std::int64_t micro_batch = 1;
@@ -91,7 +94,8 @@ struct options {
   std::int64_t steps = 2;
   std::uint64_t seed = 1337;
   std::string checkpointing = "";      // host: none, cuda: full
-  std::int64_t ce_chunk = 1024;        // cuda: LM-head/CE chunk rows
+  std::int64_t checkpoint_layers = 1;  // with full: every k-th block recomputes
+  std::int64_t ce_chunk = 256;         // LM-head/CE chunk rows (cuda: 1024 by default)
   double peak_tflops = 989;            // cuda: dense bf16 peak of the GPU (H100/H200 SXM)
   std::string json;                    // write the results here too
   std::string memory_log;              // cuda: the allocator's event log (scripts/plot_memory.py)
@@ -187,11 +191,28 @@ std::optional<step_times> timed_steps(Trainer& tr, const options& o, std::int64_
   return r;
 }
 
-template <precision::policy P>
-int run(const options& o, const nn::llama_config& full, const nn::llama_config& mc,
-        const plan::dtype_sizes& d) {
-  const std::int64_t B = o.micro_batch, T = o.seq, V = mc.vocab;
+// Host: the measured sgemm peak; cuda: --peak-tflops. With a line saying which.
+template <class Backend>
+std::pair<double, std::string> peak_of(const options& o) {
+  if constexpr (std::is_same_v<Backend, host>) {
+    (void)o;
+    const double peak = kernels::measure_sgemm_flops();
+    return {peak, detail::str("BLAS ", kernels::blas_core_name(), ", ", kernels::blas_threads(),
+                              " threads, measured sgemm peak ", peak / 1e9, " GFLOP/s")};
+  } else {
+    return {o.peak_tflops * 1e12, detail::str(o.peak_tflops, " TFLOP/s (--peak-tflops)")};
+  }
+}
 
+// One run on backend `Backend` with precision P: the same trainer on the
+// host and on a GPU; only the peak, the device's capacity and the memory
+// log differ.
+template <precision::policy P, class Backend>
+int run(const options& o, const nn::llama_config& full, const nn::llama_config& mc) {
+  constexpr bool gpu = !std::is_same_v<Backend, host>;
+  const std::int64_t B = o.micro_batch, T = o.seq, V = mc.vocab;
+  const nn::checkpoint_policy ck{nn::parse_checkpointing(o.checkpointing), o.checkpoint_layers};
+  TESSERA_THROW_IF(o.ce_chunk < 1, config_error, "--ce-chunk ", o.ce_chunk, " must be >= 1");
   train::train_config cfg;
   cfg.steps = o.warmup_steps + o.steps;
   cfg.global_batch = B;  // one micro-batch per step
@@ -201,18 +222,41 @@ int run(const options& o, const nn::llama_config& full, const nn::llama_config& 
   cfg.warmup = 0;
   cfg.eval_windows = 1;
   cfg.seed = o.seed;
+  cfg.ce_chunk = o.ce_chunk;
+  cfg.checkpointing = ck;
 
-  // The planner's prediction for this config, before anything is allocated.
-  // dp 1, zero 0, accounting::ideal: train::trainer is a bare model and
-  // optimizer with no data-parallel engine, so no reduction staging buffer
-  // (the engine accounting would add one); tests/plan/memory.cpp holds this
-  // accounting to the byte against the same allocations.
-  plan::activation_options ao{B, T, {}, kernels::detail::attention_max_threads()};
-  ao.model.ce_chunk = cfg.ce_chunk;
-  const auto mp = plan::plan_memory(mc, d, plan::optimizer_spec::adamw(), {0, 1}, ao,
-                                    plan::accounting::ideal);
+  // The planner's prediction for this config, before anything is
+  // allocated: one rank, zero<0> (tests/plan/memory.cpp holds the host's
+  // accounting to the byte against the same allocations).
+  plan::activation_options ao;
+  ao.micro_batch = B;
+  ao.seq = T;
+  ao.model.ce_chunk = o.ce_chunk;
+  ao.model.checkpointing = ck;
+  ao.threads = kernels::detail::attention_max_threads();
+  ao.backend = gpu ? plan::backend_kind::cuda : plan::backend_kind::host;
+  const auto mp =
+      plan::plan_memory(mc, plan::dtype_sizes::of<P>(), plan::optimizer_spec::adamw(), {0, 1}, ao);
   const auto fp = plan::plan_flops(mc, B, T);
   check_json_path(o.json);
+  check_json_path(o.memory_log);
+  std::string device = "host";
+  double device_bytes = 0;
+  if constexpr (gpu) {
+    // Everything the command line can get wrong is checked: now the device.
+    TESSERA_THROW_IF(tessera::cuda::device_count() < 1, config_error,
+                     "--backend cuda: no CUDA device is visible");
+    cudaDeviceProp prop{};
+    TESSERA_CUDA_CHECK(cudaGetDeviceProperties(&prop, tessera::cuda::current_device()));
+    device_bytes = static_cast<double>(prop.totalGlobalMem);
+    device = detail::str(prop.name, " (", gib(device_bytes), " GiB, sm_", prop.major, prop.minor,
+                         ")");
+    TESSERA_THROW_IF(static_cast<double>(mp.total()) > device_bytes, config_error, "the planned ",
+                     gib(static_cast<double>(mp.total())), " GiB exceed the device's ",
+                     gib(device_bytes),
+                     " GiB; use fewer --layers, a shorter --seq, a smaller --micro-batch or "
+                     "--checkpointing full");
+  }
 
   // Random tokens: enough for the train split's windows and one validation window.
   temp_file tmp;
@@ -223,12 +267,14 @@ int run(const options& o, const nn::llama_config& full, const nn::llama_config& 
   write_random_tokens(tmp.path, n_tokens, V, o.seed);
   data::token_file corpus(tmp.path);
 
-  const double peak = kernels::measure_sgemm_flops();
+  const auto [peak, peak_line] = peak_of<Backend>(o);
   std::printf("llama7b_step: preset %s (H %lld, L %lld, heads %lld/%lld kv, F %lld, V %lld), "
-              "built %lld of %lld layers, precision %s, AdamW, single rank (dp 1, zero 0)\n",
+              "built %lld of %lld layers, precision %s, AdamW, checkpointing %s (every %lld), "
+              "single rank on %s\n",
               full.name.c_str(), (long long)mc.dim, (long long)full.n_layers,
               (long long)mc.n_heads, (long long)mc.n_kv_heads, (long long)mc.ffn_dim,
-              (long long)V, (long long)mc.n_layers, (long long)full.n_layers, P::name);
+              (long long)V, (long long)mc.n_layers, (long long)full.n_layers, P::name,
+              to_string(ck.mode), (long long)ck.every, device.c_str());
   std::printf("llama7b_step: parameters: full preset %lld (%.3fB), built %lld (%.3fB)\n",
               (long long)full.num_params(), full.num_params() / 1e9, (long long)mc.num_params(),
               mc.num_params() / 1e9);
@@ -236,166 +282,46 @@ int run(const options& o, const nn::llama_config& full, const nn::llama_config& 
               "tokens (seed %llu, %llu tokens in %s)\n",
               (long long)B, (long long)T, (long long)o.warmup_steps, (long long)o.steps,
               (unsigned long long)o.seed, (unsigned long long)n_tokens, tmp.path.c_str());
-  std::printf("llama7b_step: BLAS %s, %d threads, measured sgemm peak %.1f GFLOP/s\n",
-              kernels::blas_core_name().c_str(), kernels::blas_threads(), peak / 1e9);
+  std::printf("llama7b_step: %s\n", peak_line.c_str());
+  std::printf("llama7b_step: planned %.3f GiB: persistent %.3f (weights %.3f, gradients %.3f, "
+              "master %.3f, moments %.3f, RoPE %.3f, trainer %.6f, context %.3f) + activation "
+              "peak %.3f%s\n",
+              gib(static_cast<double>(mp.total())), gib(static_cast<double>(mp.persistent())),
+              gib(static_cast<double>(mp.state.weights)), gib(static_cast<double>(mp.state.grads)),
+              gib(static_cast<double>(mp.state.master)),
+              gib(static_cast<double>(mp.state.optimizer)),
+              gib(static_cast<double>(mp.state.rope_tables)), gib(static_cast<double>(mp.trainer)),
+              gib(static_cast<double>(mp.context)), gib(static_cast<double>(mp.activations.peak)),
+              gpu ? detail::str("; margin ", gib(device_bytes - static_cast<double>(mp.total())),
+                                " GiB")
+                        .c_str()
+                  : "");
   std::fflush(stdout);
 
-  host_memory_resource mr;
-  const auto t_build = std::chrono::steady_clock::now();
-  train::trainer<P> tr(mc, cfg, corpus, mr);
-  tr.set_peak_flops(peak);
-  const double build_s =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t_build).count();
-  const std::size_t persistent = mr.stats().allocated;
-  std::printf("llama7b_step: built in %.1f s; persistent %.3f GiB allocated (planned %.3f GiB "
-              "model state + RoPE, plus the trainer's token buffer)\n",
-              build_s, gib(static_cast<double>(persistent)), gib(static_cast<double>(mp.state.persistent())));
-  std::fflush(stdout);
-
-  const auto run = timed_steps(tr, o, V, 0);
-  if (!run) return 1;
-  const double best = run->best, mean = run->mean, first_loss = run->first_loss,
-               ln_v = std::log(static_cast<double>(V));
-  const std::size_t mem_peak = run->mem_peak;
-  const double tokens = static_cast<double>(B * T);
-  const double fpt = train::flops_per_token(mc, T);
-  const double H = static_cast<double>(mc.dim), L = static_cast<double>(mc.n_layers);
-  const double n_matmul = (fpt - 6.0 * L * H * static_cast<double>(T)) / 6.0;
-  const double mfu_mean = fpt * tokens / mean / peak, mfu_best = fpt * tokens / best / peak;
-  const double planned = static_cast<double>(mp.total());
-
-  std::printf("llama7b_step: check passed: first step's loss %.4f, ln(V) = %.4f (|diff| %.4f <= 1)\n",
-              first_loss, ln_v, std::abs(first_loss - ln_v));
-  std::printf("llama7b_step: step time best %.3f s, mean %.3f s over %zu timed steps\n", best,
-              mean, static_cast<std::size_t>(o.steps));
-  std::printf("llama7b_step: tokens/s %.1f (mean), %.1f (best); %lld tokens per step\n",
-              tokens / mean, tokens / best, (long long)(B * T));
-  std::printf("llama7b_step: FLOPs: MFU counts train::flops_per_token = 6 N_matmul + 6 L H T per "
-              "token (causal attention counted once), N_matmul = %.0f (L %lld, H %lld, T %lld): "
-              "%.4g FLOP/token, %.4g FLOP/step (plan_flops: %.4g)\n",
-              n_matmul, (long long)mc.n_layers, (long long)mc.dim, (long long)T, fpt, fpt * tokens,
-              fp.flops_per_rank);
-  std::printf("llama7b_step: MFU %.1f%% (mean), %.1f%% (best) of the measured sgemm peak %.1f "
-              "GFLOP/s\n",
-              100 * mfu_mean, 100 * mfu_best, peak / 1e9);
-  std::printf("llama7b_step: HFU %.1f%% (mean), %.1f%% (best): HFU also counts recomputed FLOPs; "
-              "there is no activation checkpointing here, so nothing is recomputed and HFU = MFU\n",
-              100 * mfu_mean, 100 * mfu_best);
-  std::printf("llama7b_step: peak memory measured %.3f GiB (%zu B, host_memory_resource during a "
-              "step), planned %.3f GiB (%llu B, plan_memory dp 1, zero 0, B %lld, T %lld): "
-              "measured/planned %.4f\n",
-              gib(static_cast<double>(mem_peak)), mem_peak, gib(planned),
-              (unsigned long long)mp.total(), (long long)B, (long long)T,
-              static_cast<double>(mem_peak) / planned);
-  std::printf("llama7b_step:   planned: persistent %.3f GiB (weights %.3f, gradients %.3f, master "
-              "%.3f, moments %.3f, RoPE %.3f) + activation peak %.3f GiB; the trainer's token "
-              "buffer (%lld B) is not in the plan",
-              gib(static_cast<double>(mp.state.persistent())), gib(static_cast<double>(mp.state.weights)),
-              gib(static_cast<double>(mp.state.grads)), gib(static_cast<double>(mp.state.master)),
-              gib(static_cast<double>(mp.state.optimizer)), gib(static_cast<double>(mp.state.rope_tables)),
-              gib(static_cast<double>(mp.activations.peak)),
-              (long long)(B * (T + 1) * static_cast<std::int64_t>(sizeof(std::int32_t))));
-  if (mp.activations.host_gemm_workspace > 0)
-    std::printf("; the bf16 GEMM conversion buffers (%.3f GiB) live outside the resource",
-                gib(static_cast<double>(mp.activations.host_gemm_workspace)));
-  std::printf("\n");
-  write_json(o.json, {{"backend", "host"},
-                      {"preset", full.name},
-                      {"layers", mc.n_layers},
-                      {"precision", P::name},
-                      {"checkpointing", "none"},
-                      {"B", B},
-                      {"T", T},
-                      {"steps", o.steps},
-                      {"first_loss", first_loss},
-                      {"step_s", mean},
-                      {"step_best_s", best},
-                      {"tokens_per_s", tokens / mean},
-                      {"flops_per_token", fpt},
-                      {"peak_flops", peak},
-                      {"mfu", mfu_mean},
-                      {"hfu", mfu_mean},
-                      {"peak_bytes", mem_peak},
-                      {"planned_peak_bytes", mp.total()}});
-  return 0;
-}
-
-#if defined(TESSERA_EXAMPLE_CUDA)
-// The full model on one GPU: nn::cuda_llama (bf16 weights and activations,
-// float32 gradients), optim::cuda_adamw, the pinned double-buffered loader,
-// activation checkpointing as --checkpointing, through train::cuda_trainer.
-int run_cuda(const options& o, const nn::llama_config& full, const nn::llama_config& mc) {
-  const std::int64_t B = o.micro_batch, T = o.seq, V = mc.vocab;
-  const nn::activation_checkpointing ck = nn::parse_checkpointing(o.checkpointing);
-  TESSERA_THROW_IF(o.precision != "bf16" && o.precision != "bf16_mixed", config_error,
-                   "--precision ", o.precision, ": the cuda backend runs bf16 (bf16_mixed)");
-  TESSERA_THROW_IF(!(o.peak_tflops > 0) || !std::isfinite(o.peak_tflops), config_error,
-                   "--peak-tflops ", o.peak_tflops, " must be a finite number > 0");
-  TESSERA_THROW_IF(o.ce_chunk < 1, config_error, "--ce-chunk ", o.ce_chunk, " must be >= 1");
-
-  train::train_config cfg;
-  cfg.steps = o.warmup_steps + o.steps;
-  cfg.global_batch = B;
-  cfg.micro_batch = B;
-  cfg.seq = T;
-  cfg.lr = 3e-4;
-  cfg.warmup = 0;
-  cfg.eval_windows = 1;
-  cfg.seed = o.seed;
-  cfg.ce_chunk = o.ce_chunk;
-
-  plan::cuda_step_options po;
-  po.micro_batch = B;
-  po.seq = T;
-  po.checkpointing = ck;
-  po.ce_chunk = o.ce_chunk;
-  const plan::cuda_step_plan pl = plan::plan_cuda_step(mc, po);  // checks B, T and the chunk
-  check_json_path(o.json);
-  check_json_path(o.memory_log);
-  // Everything the command line can get wrong is checked: now the device.
-  TESSERA_THROW_IF(tessera::cuda::device_count() < 1, config_error,
-                   "--backend cuda: no CUDA device is visible");
-  cudaDeviceProp prop{};
-  TESSERA_CUDA_CHECK(cudaGetDeviceProperties(&prop, tessera::cuda::current_device()));
-  const double device_bytes = static_cast<double>(prop.totalGlobalMem);
-  std::printf("llama7b_step: preset %s (H %lld, L %lld of %lld, heads %lld/%lld kv, F %lld, V %lld), "
-              "bf16_mixed, AdamW, activation checkpointing %s, one GPU: %s (%.1f GiB, sm_%d%d)\n",
-              full.name.c_str(), (long long)mc.dim, (long long)mc.n_layers,
-              (long long)full.n_layers, (long long)mc.n_heads, (long long)mc.n_kv_heads,
-              (long long)mc.ffn_dim, (long long)V, to_string(ck), prop.name, gib(device_bytes),
-              prop.major, prop.minor);
-  std::printf("llama7b_step: planned device memory %.3f GiB (state %.3f, activations %.3f) of "
-              "%.3f GiB: margin %.3f GiB\n",
-              gib(static_cast<double>(pl.total())), gib(static_cast<double>(pl.state())),
-              gib(static_cast<double>(pl.activations())), gib(device_bytes),
-              gib(device_bytes - static_cast<double>(pl.total())));
-  std::fflush(stdout);
-  TESSERA_THROW_IF(static_cast<double>(pl.total()) > device_bytes, config_error,
-                   "the planned ", gib(static_cast<double>(pl.total())), " GiB exceed the device's ",
-                   gib(device_bytes), " GiB; use fewer --layers, a shorter --seq or a smaller "
-                   "--micro-batch");
-
-  temp_file tmp;
-  tmp.path = fs::temp_directory_path() /
-             ("tessera_llama7b_step_" + std::to_string(::getpid()) + ".tok");
-  const std::uint64_t n_tokens =
-      std::max<std::uint64_t>(4096, static_cast<std::uint64_t>(20 * (B + 1) * (T + 1)));
-  write_random_tokens(tmp.path, n_tokens, V, o.seed);
-  data::token_file corpus(tmp.path);
-
-  auto& mr = tessera::cuda::resource(tessera::cuda::current_device());
-  tessera::cuda::synchronize();
+  using Ctx = kernels::context_t<Backend>;
+  host_memory_resource host_mr;  // the host run's own, counted resource
+  std::unique_ptr<Ctx> ctx;
+  if constexpr (gpu)
+    ctx = std::make_unique<Ctx>();
+  else
+    ctx = std::make_unique<Ctx>(Ctx{&host_mr});
+  memory_resource& mr = ctx->resource();
+  ctx->synchronize();
   const std::size_t base = mr.stats().allocated;
-  if (!o.memory_log.empty()) mr.set_event_logging(true);
+  if constexpr (gpu)
+    if (!o.memory_log.empty())
+      tessera::cuda::resource(tessera::cuda::current_device()).set_event_logging(true);
   const auto t_build = std::chrono::steady_clock::now();
-  train::cuda_trainer tr(mc, cfg, corpus, ck);
-  const double peak = o.peak_tflops * 1e12;
+  comm::self_communicator<Ctx> self(*ctx);
+  train::trainer<P, Backend> tr(mc, cfg, corpus, self, *ctx);
   tr.set_peak_flops(peak);
-  tessera::cuda::synchronize();
+  ctx->synchronize();
   const double build_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t_build).count();
-  std::printf("llama7b_step: built and initialised in %.1f s; %.3f GiB allocated\n", build_s,
-              gib(static_cast<double>(mr.stats().allocated - base)));
+  std::printf("llama7b_step: built and initialised in %.1f s; %.3f GiB allocated (planned "
+              "persistent %.3f GiB)\n",
+              build_s, gib(static_cast<double>(mr.stats().allocated - base)),
+              gib(static_cast<double>(mp.persistent())));
   std::fflush(stdout);
 
   const auto run = timed_steps(tr, o, V, base);
@@ -404,45 +330,58 @@ int run_cuda(const options& o, const nn::llama_config& full, const nn::llama_con
                ln_v = std::log(static_cast<double>(V));
   const std::size_t mem_peak = run->mem_peak;
   const double tokens = static_cast<double>(B * T);
-  const double fpt = train::flops_per_token(mc, T);
-  const double rpt = tr.model().recompute_flops_per_token();
-  const double mfu = fpt * tokens / mean / peak, hfu = (fpt + rpt) * tokens / mean / peak;
-  std::printf("llama7b_step: check passed: first step's loss %.4f, ln(V) = %.4f\n", first_loss,
-              ln_v);
-  std::printf("llama7b_step: step time best %.3f s, mean %.3f s over %zu timed steps; tokens/s "
-              "%.1f (mean)\n",
-              best, mean, static_cast<std::size_t>(o.steps), tokens / mean);
-  std::printf("llama7b_step: FLOPs: MFU counts train::flops_per_token = 6 N_matmul + 6 L H T per "
-              "token (causal attention counted once): %.4g FLOP/token; HFU adds the recomputed "
-              "forward of checkpointing (nn::cuda_llama::recompute_flops_per_token): %.4g "
-              "FLOP/token\n",
-              fpt, rpt);
-  std::printf("llama7b_step: MFU %.1f%%, HFU %.1f%% (mean step) of %.0f TFLOP/s (--peak-tflops)\n",
-              100 * mfu, 100 * hfu, o.peak_tflops);
-  std::printf("llama7b_step: peak device memory measured %.3f GiB (%zu B, caching allocator, "
-              "allocated), planned %.3f GiB (%llu B, plan_cuda_step): measured/planned %.4f\n",
-              gib(static_cast<double>(mem_peak)), mem_peak, gib(static_cast<double>(pl.total())),
-              (unsigned long long)pl.total(),
-              static_cast<double>(mem_peak) / static_cast<double>(pl.total()));
-  if (!o.memory_log.empty()) {
-    const fs::path tmp_log = o.memory_log + ".tmp";
-    {
-      std::ofstream f(tmp_log);
-      TESSERA_THROW_IF(!f, error, "cannot write '", tmp_log.string(), "'");
-      mr.write_json(f);
-      TESSERA_THROW_IF(!f, error, "writing '", tmp_log.string(), "' failed");
+  const double fpt = nn::flops_per_token(mc, T);
+  const double rpt = nn::recompute_flops_per_token(mc, T, ck);
+  const double H = static_cast<double>(mc.dim), L = static_cast<double>(mc.n_layers);
+  const double n_matmul = (fpt - 6.0 * L * H * static_cast<double>(T)) / 6.0;
+  const double mfu = fpt * tokens / mean / peak, mfu_best = fpt * tokens / best / peak;
+  const double hfu = (fpt + rpt) * tokens / mean / peak;
+  const double planned = static_cast<double>(mp.total());
+  std::printf("llama7b_step: check passed: first step's loss %.4f, ln(V) = %.4f (|diff| %.4f <= 1)\n",
+              first_loss, ln_v, std::abs(first_loss - ln_v));
+  std::printf("llama7b_step: step time best %.3f s, mean %.3f s over %zu timed steps\n", best,
+              mean, static_cast<std::size_t>(o.steps));
+  std::printf("llama7b_step: tokens/s %.1f (mean), %.1f (best); %lld tokens per step\n",
+              tokens / mean, tokens / best, (long long)(B * T));
+  std::printf("llama7b_step: FLOPs: MFU counts nn::flops_per_token = 6 N_matmul + 6 L H T per "
+              "token (causal attention counted once), N_matmul = %.0f (L %lld, H %lld, T %lld): "
+              "%.4g FLOP/token, %.4g FLOP/step (plan_flops: %.4g); HFU adds the recomputed "
+              "forward of checkpointing (nn::recompute_flops_per_token): %.4g FLOP/token\n",
+              n_matmul, (long long)mc.n_layers, (long long)mc.dim, (long long)T, fpt, fpt * tokens,
+              fp.flops_per_rank, rpt);
+  std::printf("llama7b_step: MFU %.1f%% (mean), %.1f%% (best), HFU %.1f%% (mean) of %s\n",
+              100 * mfu, 100 * mfu_best, 100 * hfu, peak_line.c_str());
+  std::printf("llama7b_step: peak memory measured %.3f GiB (%zu B, the run's allocator during a "
+              "step), planned %.3f GiB (%llu B, plan_memory dp 1, zero 0): measured/planned "
+              "%.4f\n",
+              gib(static_cast<double>(mem_peak)), mem_peak, gib(planned),
+              (unsigned long long)mp.total(), static_cast<double>(mem_peak) / planned);
+  if (mp.activations.host_gemm_workspace > 0)
+    std::printf("llama7b_step: the bf16 GEMM conversion buffers (%.3f GiB) live outside the "
+                "resource\n",
+                gib(static_cast<double>(mp.activations.host_gemm_workspace)));
+  if constexpr (gpu) {
+    if (!o.memory_log.empty()) {
+      const fs::path tmp_log = o.memory_log + ".tmp";
+      {
+        std::ofstream f(tmp_log);
+        TESSERA_THROW_IF(!f, error, "cannot write '", tmp_log.string(), "'");
+        tessera::cuda::resource(tessera::cuda::current_device()).write_json(f);
+        TESSERA_THROW_IF(!f, error, "writing '", tmp_log.string(), "' failed");
+      }
+      fs::rename(tmp_log, o.memory_log);
+      std::printf("llama7b_step: allocator event log %s (scripts/plot_memory.py %s --plan-bytes "
+                  "%llu)\n",
+                  o.memory_log.c_str(), o.memory_log.c_str(), (unsigned long long)mp.total());
     }
-    fs::rename(tmp_log, o.memory_log);
-    std::printf("llama7b_step: allocator event log %s (scripts/plot_memory.py %s --plan-bytes "
-                "%llu)\n",
-                o.memory_log.c_str(), o.memory_log.c_str(), (unsigned long long)pl.total());
   }
-  write_json(o.json, {{"backend", "cuda"},
-                      {"gpu", prop.name},
+  write_json(o.json, {{"backend", gpu ? "cuda" : "host"},
+                      {"device", device},
                       {"preset", full.name},
                       {"layers", mc.n_layers},
-                      {"precision", "bf16_mixed"},
-                      {"checkpointing", to_string(ck)},
+                      {"precision", P::name},
+                      {"checkpointing", to_string(ck.mode)},
+                      {"checkpoint_every", ck.every},
                       {"B", B},
                       {"T", T},
                       {"steps", o.steps},
@@ -456,11 +395,10 @@ int run_cuda(const options& o, const nn::llama_config& full, const nn::llama_con
                       {"mfu", mfu},
                       {"hfu", hfu},
                       {"peak_bytes", mem_peak},
-                      {"planned_peak_bytes", pl.total()},
-                      {"device_bytes", prop.totalGlobalMem}});
+                      {"planned_peak_bytes", mp.total()},
+                      {"device_bytes", device_bytes}});
   return 0;
 }
-#endif
 
 }  // namespace
 
@@ -470,15 +408,16 @@ int main(int argc, char** argv) {
   CLI::App app{"llama7b_step: time optimizer steps of a 7B-class Llama (single rank: the host, or one GPU with --backend cuda)"};
   app.add_option("--backend", o.backend, "host or cuda (a build with the cuda preset)")->capture_default_str();
   app.add_option("--preset", o.preset, "llama2_7b or llama3_8b")->capture_default_str();
-  app.add_option("--precision", o.precision, "fp32 or bf16 (bf16_mixed); default fp32 on the host, bf16 on cuda");
+  app.add_option("--precision", o.precision, "fp32, bf16 (bf16_mixed) or bf16_mixed_bf16_grads; default fp32 on the host, bf16_mixed_bf16_grads on cuda");
   app.add_option("--layers", o.layers, "blocks to build, 1 to the preset's layers; default 1 on the host, all on cuda");
   app.add_option("--seq", o.seq, "T: tokens per sequence, 1 to the preset's max_seq; default 256 on the host, 4096 on cuda");
   app.add_option("--micro-batch", o.micro_batch, "B: sequences per step")->capture_default_str();
   app.add_option("--warmup-steps", o.warmup_steps, "untimed steps first")->capture_default_str();
   app.add_option("--steps", o.steps, "timed optimizer steps")->capture_default_str();
   app.add_option("--seed", o.seed, "seed of weights and tokens")->capture_default_str();
-  app.add_option("--checkpointing", o.checkpointing, "activation checkpointing: none (host; cuda too) or full (cuda, its default)");
-  app.add_option("--ce-chunk", o.ce_chunk, "cuda: token rows per LM-head/cross-entropy chunk")->capture_default_str();
+  app.add_option("--checkpointing", o.checkpointing, "activation checkpointing: none (the host's default) or full (cuda's)");
+  app.add_option("--checkpoint-layers", o.checkpoint_layers, "with --checkpointing full: every k-th block recomputes (1: all)")->capture_default_str();
+  app.add_option("--ce-chunk", o.ce_chunk, "token rows per LM-head/cross-entropy chunk (default 256 on the host, 1024 on cuda)");
   app.add_option("--peak-tflops", o.peak_tflops, "cuda: the GPU's dense bf16 peak, for MFU/HFU")->capture_default_str();
   app.add_option("--json", o.json, "also write the results to this JSON file");
   app.add_option("--memory-log", o.memory_log,
@@ -495,8 +434,12 @@ int main(int argc, char** argv) {
     TESSERA_THROW_IF(o.backend != "host" && o.backend != "cuda", config_error, "unknown backend '",
                      o.backend, "' (valid: host, cuda)");
     const bool gpu = o.backend == "cuda";
-    if (o.precision.empty()) o.precision = gpu ? "bf16" : "fp32";
+    if (o.precision.empty()) o.precision = gpu ? "bf16_mixed_bf16_grads" : "fp32";
     if (o.checkpointing.empty()) o.checkpointing = gpu ? "full" : "none";
+    if (gpu && app.count("--ce-chunk") == 0) o.ce_chunk = 1024;
+    (void)nn::parse_checkpointing(o.checkpointing);
+    TESSERA_THROW_IF(o.checkpoint_layers < 1, config_error, "--checkpoint-layers ",
+                     o.checkpoint_layers, " must be >= 1");
     TESSERA_THROW_IF(app.count("--seq") && o.seq < 1, config_error, "--seq ", o.seq,
                      " must be >= 1");
     TESSERA_THROW_IF(app.count("--layers") && o.layers < 1, config_error, "--layers ", o.layers,
@@ -506,8 +449,10 @@ int main(int argc, char** argv) {
                      "unknown preset '", o.preset, "' (valid: llama2_7b, llama3_8b)");
     const nn::llama_config full = nn::llama_config::from_name(o.preset);
     if (o.layers == 0) o.layers = gpu ? full.n_layers : 1;
-    TESSERA_THROW_IF(o.precision != "fp32" && o.precision != "bf16" && o.precision != "bf16_mixed",
-                     config_error, "unknown precision '", o.precision, "' (valid: fp32, bf16)");
+    TESSERA_THROW_IF(o.precision != "fp32" && o.precision != "bf16" && o.precision != "bf16_mixed" &&
+                         o.precision != "bf16_mixed_bf16_grads",
+                     config_error, "unknown precision '", o.precision,
+                     "' (valid: fp32, bf16, bf16_mixed_bf16_grads)");
     TESSERA_THROW_IF(o.layers < 1 || o.layers > full.n_layers, config_error, "--layers ", o.layers,
                      " must be in [1, ", full.n_layers, "] (preset '", full.name, "')");
     TESSERA_THROW_IF(o.seq < 1 || o.seq > full.max_seq, config_error, "--seq ", o.seq,
@@ -519,22 +464,25 @@ int main(int argc, char** argv) {
                      " must be >= 0");
     nn::llama_config mc = full;
     mc.n_layers = o.layers;
-    if (o.backend == "cuda") {
+    const bool bf16g = o.precision == "bf16_mixed_bf16_grads";
+    if (gpu) {
 #if defined(TESSERA_EXAMPLE_CUDA)
-      return run_cuda(o, full, mc);
+      TESSERA_THROW_IF(o.precision == "fp32", config_error,
+                       "--precision fp32: the cuda backend trains bf16 weights (bf16, "
+                       "bf16_mixed_bf16_grads)");
+      return bf16g ? run<precision::bf16_mixed_bf16_grads, tessera::cuda>(o, full, mc)
+                   : run<precision::bf16_mixed, tessera::cuda>(o, full, mc);
 #else
       throw config_error(
           "--backend cuda: this build has no CUDA backend (configure with the cuda preset: "
           "cmake --preset cuda)");
 #endif
     }
-    TESSERA_THROW_IF(o.checkpointing != "none", config_error, "--checkpointing ", o.checkpointing,
-                     ": the host backend has no activation checkpointing (valid: none)");
     TESSERA_THROW_IF(!o.memory_log.empty(), config_error,
                      "--memory-log: the host backend has no device allocator log (--backend cuda)");
-    if (o.precision == "fp32")
-      return run<precision::fp32>(o, full, mc, plan::dtype_sizes::of<precision::fp32>());
-    return run<precision::bf16_mixed>(o, full, mc, plan::dtype_sizes::of<precision::bf16_mixed>());
+    if (o.precision == "fp32") return run<precision::fp32, host>(o, full, mc);
+    if (bf16g) return run<precision::bf16_mixed_bf16_grads, host>(o, full, mc);
+    return run<precision::bf16_mixed, host>(o, full, mc);
   } catch (const config_error& e) {
     std::fprintf(stderr, "llama7b_step: error: %s\n", e.what());
     return 2;

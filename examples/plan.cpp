@@ -10,9 +10,10 @@
 // gradient buffer, one reduction per step); --accounting ideal prints the
 // ZeRO paper's textbook formula instead. --seed004 prints seeds/004's ZeRO
 // table (16 bytes per parameter, 7B and the real llama2_7b count, ideal).
-// --gpu-step prints the one-GPU step of the CUDA model instead
-// (plan/cuda_step.hpp: bf16 weights, float32 gradients, master weights and
-// moments, activation checkpointing, every buffer the model allocates).
+// --gpu-step prints the one-GPU step of the same trainer instead
+// (plan/cuda_step.hpp: the CUDA kernels' scratch and the cuBLASLt workspace,
+// bf16 activation gradients and full activation checkpointing by default).
+// --checkpointing and --optimizer apply to both.
 //
 // clang-format off
 //   build/host/examples/plan --preset llama2_7b --precision bf16_mixed --dp 8 --zero 3 --micro-batch 1 --seq 4096
@@ -55,8 +56,10 @@ struct options {
   double step_seconds = 0;     // optional: measured step time, for MFU
   bool step_seconds_given = false;
   bool json = false, seed004 = false;
-  bool gpu_step = false;               // the one-GPU step of nn::cuda_llama instead
-  std::string checkpointing = "full";  // --gpu-step: none or full
+  bool gpu_step = false;               // the one-GPU step instead
+  std::string checkpointing;           // none or full; default: none, full with --gpu-step
+  std::int64_t checkpoint_layers = 1;  // with full: every k-th block recomputes
+  std::string optimizer = "adamw";     // adamw or sgd
   bool ce_chunk_given = false;
 };
 
@@ -78,75 +81,45 @@ void check_batch(const options& o) {
                    "memory-gib=", o.memory_gib, " must be a finite number > 0");
 }
 
-// --gpu-step: the device memory of one training step of nn::cuda_llama +
-// optim::cuda_adamw + the loader on one GPU (plan/cuda_step.hpp), buffer by
-// buffer, and whether it fits --memory-gib. One GPU: --dp, --zero and the
+// --gpu-step: the device memory of one training step of train::trainer on
+// one GPU (plan/cuda_step.hpp: the model's tensors, the CUDA kernels'
+// scratch, the cuBLASLt workspace, the loader's device buffers), row by
+// row, and whether it fits --memory-gib. One GPU: --dp, --zero and the
 // other data-parallel options do not apply and are ignored.
 int print_gpu_step(const options& o) {
   const auto cfg = nn::llama_config::from_name(o.preset);
-  TESSERA_THROW_IF(o.precision != "bf16_mixed" && o.precision != "bf16", config_error,
-                   "--gpu-step plans the bf16_mixed CUDA model; --precision ", o.precision,
-                   " is not available there");
   TESSERA_THROW_IF(!(o.memory_gib > 0), config_error, "memory-gib=", o.memory_gib, " must be > 0");
   check_batch(o);
   plan::cuda_step_options co;
   co.micro_batch = o.micro_batch;
   co.seq = o.seq;
   co.micro_batches = o.micro_batches;
-  co.checkpointing = nn::parse_checkpointing(o.checkpointing);
+  co.checkpointing = {nn::parse_checkpointing(o.checkpointing), o.checkpoint_layers};
+  co.precision = o.precision == "bf16" ? "bf16_mixed" : o.precision;
+  co.optimizer = o.optimizer;
   if (o.ce_chunk_given) co.ce_chunk = o.ce_chunk;
-  const plan::cuda_step_plan p = plan::plan_cuda_step(cfg, co);
+  const plan::memory_plan p = plan::plan_cuda_step(cfg, co);
   const double mem = o.memory_gib * plan::gib;
   const double margin = mem - static_cast<double>(p.total());
   if (o.json) {
-    nlohmann::json j{{"model", cfg.name},          {"params", p.params},
-                     {"tokens", p.tokens},         {"checkpointing", o.checkpointing},
-                     {"ce_chunk", co.ce_chunk},    {"weights", p.weights},
-                     {"grads", p.grads},           {"master", p.master},
-                     {"moments", p.moments},       {"rope_tables", p.rope_tables},
-                     {"cublaslt_workspace", p.cublaslt_workspace},
-                     {"optimizer_misc", p.optimizer_misc},
-                     {"checkpoints", p.checkpoints}, {"work_record", p.work_record},
-                     {"final_norm", p.final_norm}, {"projection", p.projection},
-                     {"grad_scratch", p.grad_scratch}, {"kernel_scratch", p.kernel_scratch},
-                     {"losses", p.losses},         {"loader_buffers", p.loader_buffers},
-                     {"state", p.state()},         {"activations", p.activations()},
-                     {"total", p.total()},         {"memory_bytes", mem},
-                     {"margin_bytes", margin},     {"fits", margin >= 0}};
+    nlohmann::json j = p.to_json();
+    j["checkpointing"] = o.checkpointing;
+    j["checkpoint_layers"] = o.checkpoint_layers;
+    j["ce_chunk"] = co.ce_chunk;
+    j["memory_bytes"] = mem;
+    j["margin_bytes"] = margin;
+    j["fits"] = margin >= 0;
     std::cout << j.dump(2) << "\n";
     return margin >= 0 ? 0 : 1;
   }
-  std::printf("One-GPU training step of nn::cuda_llama (%s, %lld parameters, bf16 weights and "
-              "activations, float32 gradients, AdamW), B %lld x T %lld = %lld tokens, %lld "
-              "micro-batch(es), activation checkpointing %s, CE chunk %lld\n",
-              cfg.name.c_str(), (long long)cfg.num_params(), (long long)o.micro_batch,
-              (long long)(p.tokens / o.micro_batch), (long long)p.tokens,
-              (long long)o.micro_batches, o.checkpointing.c_str(), (long long)co.ce_chunk);
-  auto row = [](const char* name, std::uint64_t b) {
-    std::printf("  %-28s %16llu B %10.2f GiB\n", name, (unsigned long long)b,
-                static_cast<double>(b) / plan::gib);
-  };
-  row("weights (bf16)", p.weights);
-  row("gradients (float32)", p.grads);
-  row("master weights (float32)", p.master);
-  row("moments (float32 x 2)", p.moments);
-  row("rope tables", p.rope_tables);
-  row("cuBLASLt workspace", p.cublaslt_workspace);
-  row("optimizer misc", p.optimizer_misc);
-  std::printf("--------------------------------------------------------------\n");
-  row("state", p.state());
-  std::printf("--------------------------------------------------------------\n");
-  row("block checkpoints/records", p.checkpoints);
-  row("recompute record", p.work_record);
-  row("final norm", p.final_norm);
-  row("projection buffer", p.projection);
-  row("activation gradients", p.grad_scratch);
-  row("kernel scratch", p.kernel_scratch);
-  row("losses", p.losses);
-  row("loader device buffers", p.loader_buffers);
-  std::printf("--------------------------------------------------------------\n");
-  row("activations", p.activations());
-  row("total", p.total());
+  std::printf("One-GPU training step of train::trainer<%s, cuda, %s> (%s, %lld parameters), B "
+              "%lld x T %lld, %lld micro-batch(es), activation checkpointing %s (every %lld), CE "
+              "chunk %lld\n",
+              co.precision.c_str(), o.optimizer.c_str(), cfg.name.c_str(),
+              (long long)cfg.num_params(), (long long)o.micro_batch, (long long)o.seq,
+              (long long)o.micro_batches, o.checkpointing.c_str(), (long long)o.checkpoint_layers,
+              (long long)co.ce_chunk);
+  std::printf("%s", p.to_table().c_str());
   std::printf("\nMemory: %.2f GiB (%.2f GB) of %.2f GiB: %s, margin %.2f GiB\n",
               static_cast<double>(p.total()) / plan::gib, static_cast<double>(p.total()) / 1e9,
               o.memory_gib, margin >= 0 ? "fits" : "DOES NOT FIT", margin / plan::gib);
@@ -200,13 +173,19 @@ int run(const options& o) {
                    "step-seconds=", o.step_seconds, " must be > 0");
   TESSERA_THROW_IF(o.prefetch < 0 || o.prefetch > cfg.n_layers, config_error, "prefetch=",
                    o.prefetch, " must be in [0, ", cfg.n_layers, "] (the model's blocks)");
-  plan::activation_options ao{o.micro_batch, o.seq, {}, o.threads};
+  plan::activation_options ao;
+  ao.micro_batch = o.micro_batch;
+  ao.seq = o.seq;
+  ao.threads = o.threads;
+  ao.micro_batches = o.micro_batches;
   ao.model.ce_chunk = o.ce_chunk;
+  ao.model.checkpointing = {nn::parse_checkpointing(o.checkpointing), o.checkpoint_layers};
   TESSERA_THROW_IF(o.ce_chunk < 1, config_error, "ce-chunk=", o.ce_chunk, " must be >= 1");
   TESSERA_THROW_IF(o.seq < 1, config_error, "sequence length T=", o.seq, " must be >= 1");
   auto dr = d;
   dr.reduce = static_cast<std::size_t>(reduce_bytes);
-  const auto mem = plan::plan_memory(cfg, dr, plan::optimizer_spec::adamw(), sh, ao, mode);
+  const auto mem =
+      plan::plan_memory(cfg, dr, plan::optimizer_spec::from_name(o.optimizer), sh, ao, mode);
   const auto comm =
       plan::plan_comm(cfg, sh, {static_cast<std::size_t>(reduce_bytes), d.param, o.micro_batches, 0}, mode);
   const auto flops = plan::plan_flops(cfg, o.micro_batch, o.seq, o.micro_batches, o.dp);
@@ -268,7 +247,7 @@ int main(int argc, char** argv) {
   options o;
   CLI::App app{"plan: per-rank memory, FLOPs and communication of a Llama training step"};
   app.add_option("--preset", o.preset, "tiny, small, llama2_7b, llama3_8b")->capture_default_str();
-  app.add_option("--precision", o.precision, "fp32, fp64, bf16_mixed, seed004")
+  app.add_option("--precision", o.precision, "fp32, fp64, bf16_mixed, bf16_mixed_bf16_grads, seed004 (--gpu-step: bf16_mixed_bf16_grads)")
       ->capture_default_str();
   app.add_option("--dp", o.dp, "data-parallel ranks")->capture_default_str();
   app.add_option("--zero", o.zero, "ZeRO stage 0..3")->capture_default_str();
@@ -298,7 +277,9 @@ int main(int argc, char** argv) {
   app.add_flag("--seed004", o.seed004, "print seeds/004's ZeRO table and exit");
   app.add_flag("--gpu-step", o.gpu_step,
                "plan the one-GPU step of nn::cuda_llama (bf16, AdamW, checkpointing) instead");
-  app.add_option("--checkpointing", o.checkpointing, "--gpu-step: activation checkpointing, none or full")
+  app.add_option("--checkpointing", o.checkpointing, "activation checkpointing, none or full (default: none; full with --gpu-step)");
+  app.add_option("--checkpoint-layers", o.checkpoint_layers, "with --checkpointing full: every k-th block recomputes")->capture_default_str();
+  app.add_option("--optimizer", o.optimizer, "adamw or sgd")->capture_default_str()
       ->capture_default_str();
   try {
     app.parse(argc, argv);
@@ -312,6 +293,10 @@ int main(int argc, char** argv) {
   o.ce_chunk_given = app.count("--ce-chunk") > 0;
   try {
     if (o.seed004) return print_seed004();
+    if (o.checkpointing.empty()) o.checkpointing = o.gpu_step ? "full" : "none";
+    if (o.gpu_step && app.count("--precision") == 0) o.precision = "bf16_mixed_bf16_grads";
+    TESSERA_THROW_IF(o.checkpoint_layers < 1, config_error, "checkpoint-layers=",
+                     o.checkpoint_layers, " must be >= 1");
     if (o.gpu_step) return print_gpu_step(o);
     return run(o);
   } catch (const config_error& e) {

@@ -1,10 +1,12 @@
 // Tests plan/cuda_step.hpp on the host: the one-GPU step's state is 18
-// bytes per parameter, activations follow the checkpointing policy, and the
-// full llama2_7b step at T 4096, micro-batch 1 fits one 141 GB H200.
-// (tests/cuda/llama.cpp holds the plan to the device allocator's bytes.)
+// bytes per parameter, activations follow the checkpointing policy and the
+// activation-gradient type, and the full llama2_7b step at T 4096,
+// micro-batch 1 fits one 141 GB H200. (tests/cuda/llama.cpp holds the
+// plan to the device allocator's bytes.)
 #include <catch2/catch.hpp>
 
 #include <tessera/nn/llama_layout.hpp>
+#include <tessera/nn/transformer_block.hpp>
 #include <tessera/plan/cuda_step.hpp>
 
 using namespace tessera;
@@ -17,38 +19,60 @@ TEST_CASE("plan_cuda_step: state is 2 + 4 + 4 + 8 bytes per flat element", "[pla
     o.seq = 256;
     const auto p = plan::plan_cuda_step(c, o);
     const auto n = static_cast<std::uint64_t>(nn::make_llama_layout(c).total());
-    CHECK(p.params == static_cast<std::int64_t>(n));
-    CHECK(p.weights == 2 * n);
-    CHECK(p.grads == 4 * n);
-    CHECK(p.master == 4 * n);
-    CHECK(p.moments == 8 * n);
+    CHECK(p.state.flat_elems == static_cast<std::int64_t>(n));
+    CHECK(p.state.weights == 2 * n);
+    CHECK(p.state.grads == 4 * n);
+    CHECK(p.state.master == 4 * n);
+    CHECK(p.state.optimizer == 8 * n);
+    CHECK(p.state.reduce_buffers == 0);  // one rank: nothing staged for a reduction
+    // One 24-byte optimizer segment per tensor.
+    CHECK(p.state.segment_table == 24 * nn::make_llama_layout(c).entries().size());
     // Flat elements exceed the parameters only by alignment padding.
     CHECK(n - static_cast<std::uint64_t>(c.num_params()) <
           16 * nn::make_llama_layout(c).entries().size());
-    CHECK(p.total() == p.state() + p.activations());
+    CHECK(p.context == std::uint64_t(32) << 20);  // the cuBLASLt workspace
+    // The loader's two device buffers (inputs and targets of N int32 each),
+    // the step's scalars: norm, one loss, the clip coefficient, two doubles.
+    CHECK(p.trainer == 2 * 2 * 256 * 4 + 2 * 8 + 4 + 2 * 8);
   }
 }
 
-TEST_CASE("plan_cuda_step: full checkpointing keeps L block inputs and one record",
-          "[plan]") {
+TEST_CASE("plan_cuda_step: full checkpointing keeps L block inputs", "[plan]") {
   const auto c = nn::llama_config::llama2_7b();
   plan::cuda_step_options o;
   o.seq = 4096;
-  o.checkpointing = nn::activation_checkpointing::none;
+  o.checkpointing = {};
   const auto none = plan::plan_cuda_step(c, o);
-  o.checkpointing = nn::activation_checkpointing::full;
+  o.checkpointing = {nn::activation_checkpointing::full, 1};
   const auto full = plan::plan_cuda_step(c, o);
   const std::uint64_t N = 4096, H = 4096, F = 11008, KV = 4096, nh = 32, L = 32;
   // Independent count of one block's record: bf16 x_in, xn1, q, att, x_mid,
   // xn2 (N,H), k, v (N,KV), gate, up, h (N,F); float rstd1, rstd2, lse.
   const std::uint64_t record = 2 * N * (6 * H + 2 * KV + 3 * F) + 4 * N * (2 + nh);
-  CHECK(none.checkpoints == L * record);
-  CHECK(none.work_record == 0);
-  CHECK(full.checkpoints == L * N * H * 2);
-  CHECK(full.work_record == record - N * H * 2);
-  CHECK(none.state() == full.state());
-  // Checkpointing saves (L - 1) records without their inputs.
-  CHECK(none.activations() - full.activations() == (L - 1) * (record - N * H * 2));
+  // The rest of the record: ids (4 N) and the head's bf16 input gradient (2 N H).
+  const std::uint64_t rest = 4 * N + 2 * N * H;
+  CHECK(none.activations.saved == L * record + rest);
+  CHECK(full.activations.saved == L * N * H * 2 + rest);
+  CHECK(none.state.model_state() == full.state.model_state());
+  // Checkpointing holds L records without their inputs fewer; at the peak,
+  // the block being recomputed holds one again.
+  CHECK(none.activations.peak > full.activations.peak + (L - 2) * (record - N * H * 2));
+}
+
+TEST_CASE("plan_cuda_step: float32 activation gradients cost their bytes", "[plan]") {
+  const auto c = nn::llama_config::small();
+  plan::cuda_step_options o;
+  o.seq = 256;
+  o.micro_batch = 4;
+  const auto bf16g = plan::plan_cuda_step(c, o);
+  o.precision = "bf16_mixed";
+  const auto f32g = plan::plan_cuda_step(c, o);
+  const auto N = static_cast<std::int64_t>(4 * 256);
+  // The head's input gradient is float32: 2 more bytes per element in the record.
+  CHECK(f32g.activations.saved - bf16g.activations.saved ==
+        static_cast<std::uint64_t>(N * c.dim * 2));
+  CHECK(f32g.activations.peak > bf16g.activations.peak);
+  CHECK(f32g.state.model_state() == bf16g.state.model_state());
 }
 
 TEST_CASE("plan_cuda_step: the full llama2_7b step fits one 141 GB H200", "[plan]") {
@@ -62,12 +86,12 @@ TEST_CASE("plan_cuda_step: the full llama2_7b step fits one 141 GB H200", "[plan
   // 18 bytes x 6.74e9 parameters = 121.3 GB of state, a few GB of activations.
   CHECK(gb > 121.0);
   CHECK(gb < 141.0 * 0.95);  // at least 5% margin on 141 GB
-  // Without checkpointing 31 more records (~16 GB) leave ~1% margin.
-  o.checkpointing = nn::activation_checkpointing::none;
+  // Without checkpointing the records take ~16 GB more.
+  o.checkpointing = {};
   CHECK(plan::plan_cuda_step(c, o).total() > p.total() + std::uint64_t(15) * 1000000000);
 }
 
-TEST_CASE("plan_cuda_step rejects bad sizes", "[plan]") {
+TEST_CASE("plan_cuda_step rejects bad sizes and host-only policies", "[plan]") {
   const auto c = nn::llama_config::small();
   plan::cuda_step_options o;
   o.micro_batch = 0;
@@ -80,4 +104,10 @@ TEST_CASE("plan_cuda_step rejects bad sizes", "[plan]") {
   o.seq = 16;
   o.ce_chunk = 0;
   CHECK_THROWS_AS(plan::plan_cuda_step(c, o), config_error);
+  o.ce_chunk = 16;
+  o.precision = "fp32";
+  CHECK_THROWS_WITH(plan::plan_cuda_step(c, o), Catch::Contains("bf16 weights"));
+  o.precision = "bf16_mixed";
+  o.optimizer = "lion";
+  CHECK_THROWS_WITH(plan::plan_cuda_step(c, o), Catch::Contains("adamw, sgd"));
 }

@@ -1,7 +1,7 @@
 // Tests include/tessera/plan/step.hpp: the ZeRO communication volumes against
 // the ring helpers of comm/communicator.hpp and against the bytes a
 // local_communicator really counts, and the FLOPs/MFU arithmetic against
-// train::flops_per_token and seeds/004's worked example.
+// nn::flops_per_token and seeds/004's worked example.
 #include <catch2/catch.hpp>
 
 #include <chrono>
@@ -139,12 +139,12 @@ TEST_CASE("the plan equals the bytes a local communicator counts", "[plan][comm]
   }
 }
 
-TEST_CASE("FLOPs per step reuse train::flops_per_token; 6ND and MFU", "[plan][flops]") {
+TEST_CASE("FLOPs per step reuse nn::flops_per_token; 6ND and MFU", "[plan][flops]") {
   const auto c = nn::llama_config::llama2_7b();
   const auto f = plan::plan_flops(c, 1, 4096, 2, 8);
   CHECK(f.tokens_per_rank == 8192);
   CHECK(f.tokens_global == 65536);
-  CHECK(f.flops_per_token == train::flops_per_token(c, 4096));
+  CHECK(f.flops_per_token == nn::flops_per_token(c, 4096));
   CHECK(f.flops_per_rank == f.flops_per_token * 8192);
   CHECK(f.six_nd == 6.0 * static_cast<double>(c.num_params()) * 65536);
   // The model count exceeds 6N by the attention term and is below it by the

@@ -361,6 +361,7 @@ class trainer {
   }
   // The feed of the executor: micro-batch a of this step from the loader.
   nn::micro_batch<Param> next_micro_batch(std::int64_t a) {
+    (void)a;  // checked only with contracts on
     const data::device_batch b = loader_.next();
     TESSERA_EXPECTS(b.step == static_cast<std::uint64_t>(step_) &&
                         b.micro_batch == first_micro_batch() + static_cast<std::uint64_t>(a),

@@ -1,0 +1,234 @@
+// train_llama: the main job. Trains a Llama on a token file (or UTF-8 text,
+// byte-tokenized on the fly) with train::trainer on the host backend (or,
+// with --backend cuda in a cuda-preset build, on GPUs), evaluates on the
+// held-out split, writes step logs, a JSONL metrics file and checkpoints,
+// and prints a sample at the end. With no arguments it trains the `small`
+// preset on the bundled corpus (data/fortunes.txt).
+//
+//   build/host/examples/train_llama                       # the main job
+//   build/host/examples/train_llama --preset tiny --steps 50 --out runs/tiny
+//   build/host/examples/train_llama --resume runs/tiny    # continue exactly
+//   build/host/examples/train_llama --optimizer sgd --lr 0.05 --out runs/sgd
+//   build/host/examples/train_llama --checkpointing full --out runs/ckpt   # recompute blocks
+//   build/cuda/examples/train_llama --backend cuda --out runs/gpu          # one GPU
+//
+// Data parallel (docs/parallel.md): --dp N ranks, --zero {0,1,2,3} the ZeRO
+// stage, --comm local (ranks are threads of this process), mpi (ranks are
+// the processes of mpirun; the default when launched by mpirun) or nccl
+// (--backend cuda: one process per GPU). The global batch --global-batch
+// stays the sequences per optimizer step whatever dp is.
+//
+//   build/host/examples/train_llama --steps 50 --dp 4 --micro-batch 4 --zero 2   # threads
+//   OMP_NUM_THREADS=1 mpirun -np 4 build/host/examples/train_llama --steps 50 --dp 4 --micro-batch 4 --zero 3
+//   mpirun -np 8 build/cuda/examples/train_llama --backend cuda --comm nccl --dp 8 --zero 1
+//
+// The trainers are instantiated in run_host*.cpp and run_cuda.cpp; this
+// file reads and checks the command line and dispatches once, at the top.
+//
+// Exit status: 0 on success, 2 on bad input (one-line error naming the value
+// and the limit; nothing partial left behind), 1 on any other failure.
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "run.hpp"
+#include "tessera/data/token_file.hpp"
+#include "tessera/data/tokenizer.hpp"
+#include "tessera/kernels/blas.hpp"
+#include "tessera/nn/checkpointing.hpp"
+
+namespace fs = std::filesystem;
+using namespace tessera;
+using train_llama::created_paths;
+using train_llama::options;
+
+namespace {
+
+bool is_token_file(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  char m[8] = {};
+  in.read(m, 8);
+  return in.gcount() == 8 && std::string(m, 8) == data::token_file_magic;
+}
+
+// Returns a token file path for `data`: the file itself, or (for UTF-8 text)
+// a byte-tokenized copy in the output folder.
+fs::path prepare_tokens(const fs::path& data, const fs::path& out, created_paths& created) {
+  std::error_code ec;
+  TESSERA_THROW_IF(!fs::exists(data, ec), io_error, "data file '", data.string(), "' does not exist");
+  TESSERA_THROW_IF(fs::is_directory(data, ec), io_error, "data path '", data.string(),
+                   "' is a directory, not a file");
+  std::ifstream probe(data, std::ios::binary);
+  TESSERA_THROW_IF(!probe, io_error, "data file '", data.string(), "' is not readable");
+  if (is_token_file(data)) return data;
+  // Text: byte-tokenized into the output folder on every run (2.5 MB takes
+  // milliseconds), so a cached file can never stand in for different text.
+  const fs::path tok = out / (data.stem().string() + ".tok");
+  std::string text((std::istreambuf_iterator<char>(probe)), std::istreambuf_iterator<char>());
+  TESSERA_THROW_IF(text.empty(), io_error, "data file '", data.string(), "' is empty");
+  const std::size_t bad = data::first_invalid_utf8(text);
+  TESSERA_THROW_IF(bad != std::string::npos, io_error, "data file '", data.string(),
+                   "' is neither a tessera token file nor UTF-8 text (invalid UTF-8 at byte ", bad,
+                   " of ", text.size(), ")");
+  const bool existed = fs::exists(tok);
+  auto tokens = data::byte_tokenizer::encode(text);
+  data::write_token_file(tok, tokens, data::byte_tokenizer::vocab_size, data::token_dtype::u16);
+  if (existed) return tok;
+  created.paths.push_back(tok);
+  return tok;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  kernels::check_blas_core(argv);
+  options o;
+  // The main job's defaults: about 2400 x 2048 tokens (~2 epochs of the
+  // corpus) in under 10 minutes on two cores (benchmarks/RESULTS.md).
+  o.cfg.steps = 2400;
+  o.cfg.global_batch = 16;
+  o.cfg.micro_batch = 16;
+  o.cfg.seq = 128;
+  o.cfg.lr = 2e-3;
+  o.cfg.warmup = 50;
+  o.cfg.eval_every = 200;
+  o.cfg.eval_windows = 256;
+  o.cfg.adamw.weight_decay = 0.1;
+  o.cfg.adamw.beta2 = 0.99;
+
+  CLI::App app{"train_llama: train a Llama on a token file or UTF-8 text (on the host, or on GPUs with --backend cuda)"};
+  app.add_option("--preset", o.preset, "model preset: tiny, small, llama2_7b, llama3_8b")->capture_default_str();
+  app.add_option("--dim", o.dim, "override the preset's model dimension H");
+  app.add_option("--layers", o.layers, "override the preset's number of blocks L");
+  app.add_option("--heads", o.heads, "override the preset's query heads nh");
+  app.add_option("--kv-heads", o.kv_heads, "override the preset's key/value heads nkv");
+  app.add_option("--ffn", o.ffn, "override the preset's SwiGLU dimension F");
+  app.add_option("--data", o.data, "token file, or UTF-8 text to byte-tokenize")->capture_default_str();
+  app.add_option("--steps", o.cfg.steps, "optimizer steps")->capture_default_str();
+  app.add_option("--seed", o.cfg.seed, "seed of weights and data order")->capture_default_str();
+  app.add_option("--precision", o.precision, "fp32, bf16 (bf16_mixed), bf16_mixed_bf16_grads or fp64; default fp32 on the host, bf16_mixed_bf16_grads on cuda");
+  app.add_option("--optimizer", o.optimizer, "adamw or sgd (with momentum)")->capture_default_str();
+  app.add_option("--momentum", o.cfg.sgd.momentum, "sgd: momentum")->capture_default_str();
+  app.add_flag("--nesterov", o.cfg.sgd.nesterov, "sgd: Nesterov momentum");
+  app.add_option("--global-batch", o.cfg.global_batch, "G: sequences per optimizer step")->capture_default_str();
+  app.add_option("--micro-batch", o.cfg.micro_batch, "B: sequences per forward")->capture_default_str();
+  app.add_option("--seq", o.cfg.seq, "T: tokens per sequence")->capture_default_str();
+  app.add_option("--lr", o.cfg.lr, "peak learning rate")->capture_default_str();
+  app.add_option("--min-lr-ratio", o.cfg.min_lr_ratio, "final lr / peak lr")->capture_default_str();
+  app.add_option("--warmup", o.cfg.warmup, "linear warmup steps")->capture_default_str();
+  app.add_option("--weight-decay", o.cfg.adamw.weight_decay, "weight decay (AdamW: decoupled; sgd: L2 added to the gradient)")->capture_default_str();
+  app.add_option("--grad-clip", o.cfg.grad_clip, "max global gradient norm (0: off)")->capture_default_str();
+  app.add_option("--eval-every", o.cfg.eval_every, "evaluate every N steps (0: only at the end)")->capture_default_str();
+  app.add_option("--eval-windows", o.cfg.eval_windows, "validation windows per evaluation (0: all)")->capture_default_str();
+  app.add_option("--checkpoint-every", o.checkpoint_every, "save a checkpoint every N steps (and at the end)")->capture_default_str();
+  app.add_option("--out", o.out, "output folder: checkpoint.bin, metrics.jsonl")->capture_default_str();
+  app.add_option("--resume", o.resume, "folder whose checkpoint.bin to continue from");
+  app.add_option("--dp", o.dp, "data-parallel ranks (threads with --comm local, processes under mpirun)")->capture_default_str();
+  app.add_option("--zero", o.zero, "ZeRO stage of data parallelism: 0, 1, 2 or 3")->capture_default_str();
+  app.add_option("--bucket-mb", o.bucket_mb, "gradient bucket size in MB (data parallel; zero 3 uses one per block)")->capture_default_str();
+  app.add_option("--comm", o.comm, "communicator: local (threads), mpi, nccl (--backend cuda), or auto (mpi or nccl under mpirun)")->capture_default_str();
+  app.add_option("--sample-bytes", o.sample_bytes, "bytes to generate at the end (0: none)")->capture_default_str();
+  app.add_option("--prompt", o.prompt, "prompt of the sample")->capture_default_str();
+  app.add_option("--baseline", o.baseline, "4-gram baseline in nats/byte to print beside val loss");
+  app.add_flag("--no-baseline", o.no_baseline, "do not run scripts/ngram_baseline.py");
+  app.add_option("--ce-chunk", o.cfg.ce_chunk, "token rows per LM-head/cross-entropy chunk")->capture_default_str();
+  app.add_option("--backend", o.backend, "host, or cuda (GPUs; a build with the cuda preset)")->capture_default_str();
+  app.add_option("--checkpointing", o.checkpointing, "activation checkpointing: none (the host's default) or full (cuda's default)");
+  app.add_option("--checkpoint-layers", o.checkpoint_layers, "with --checkpointing full: every k-th block recomputes (1: all)")->capture_default_str();
+  app.add_option("--peak-tflops", o.peak_tflops, "cuda: the GPU's dense bf16 peak TFLOP/s, for MFU")->capture_default_str();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "train_llama: error: %s\n", e.what());
+    return 2;
+  }
+  // The default warmup (50) suits the main job; a short run that did not ask
+  // for a warmup gets a tenth of its steps instead of an error.
+  if (app.count("--warmup") == 0 && o.cfg.warmup >= o.cfg.steps) o.cfg.warmup = o.cfg.steps / 10;
+  created_paths created;
+  try {
+    TESSERA_THROW_IF(!(o.cfg.lr > 0 && o.cfg.lr <= 1), config_error, "lr=", o.cfg.lr,
+                     " must be in (0, 1]");
+    TESSERA_THROW_IF(o.sample_bytes < 0 || o.sample_bytes > 100000, config_error, "--sample-bytes ",
+                     o.sample_bytes, " must be in [0, 100000]");
+    TESSERA_THROW_IF(o.sample_bytes > 0 && o.prompt.empty(), config_error,
+                     "--prompt is empty; generation needs at least one byte of prompt");
+    TESSERA_THROW_IF(o.checkpoint_every < 0, config_error, "--checkpoint-every ", o.checkpoint_every,
+                     " must be >= 0 (0: only at the end)");
+    TESSERA_THROW_IF(!(o.cfg.grad_clip >= 0), config_error, "--grad-clip ", o.cfg.grad_clip,
+                     " must be >= 0 (0: off)");
+    TESSERA_THROW_IF(o.dp < 1, config_error, "dp=", o.dp, " must be >= 1");
+    TESSERA_THROW_IF(o.zero < 0 || o.zero > 3, config_error, "--zero ", o.zero,
+                     " is not a ZeRO stage (valid: 0, 1, 2, 3)");
+    TESSERA_THROW_IF(o.backend != "host" && o.backend != "cuda", config_error, "unknown backend '",
+                     o.backend, "' (valid: host, cuda)");
+    const bool gpu = o.backend == "cuda";
+    if (o.precision.empty()) o.precision = gpu ? "bf16_mixed_bf16_grads" : "fp32";
+    if (o.checkpointing.empty()) o.checkpointing = gpu ? "full" : "none";
+    TESSERA_THROW_IF(o.precision != "fp32" && o.precision != "bf16" && o.precision != "bf16_mixed" &&
+                         o.precision != "bf16_mixed_bf16_grads" && o.precision != "fp64",
+                     config_error, "unknown precision '", o.precision,
+                     "' (valid: fp32, bf16, bf16_mixed_bf16_grads, fp64)");
+    TESSERA_THROW_IF(o.optimizer != "adamw" && o.optimizer != "sgd", config_error,
+                     "unknown optimizer '", o.optimizer, "' (valid: adamw, sgd)");
+    if (o.optimizer == "sgd") o.cfg.sgd.weight_decay = app.count("--weight-decay") ? o.cfg.adamw.weight_decay : 0.0;
+    (void)nn::parse_checkpointing(o.checkpointing);
+    TESSERA_THROW_IF(o.checkpoint_layers < 1 || o.checkpoint_layers > 1000000, config_error,
+                     "--checkpoint-layers ", o.checkpoint_layers, " must be in [1, 1000000]");
+    TESSERA_THROW_IF(!std::isfinite(o.bucket_mb) || !(o.bucket_mb > 0) || o.bucket_mb > 1e6,
+                     config_error, "--bucket-mb ", o.bucket_mb, " must be in (0, 1e6]");
+    TESSERA_THROW_IF(o.dp > 1024, config_error, "dp=", o.dp, " exceeds the limit of 1024 ranks");
+    if (o.comm == "auto")
+      o.comm = train_llama::launched_by_mpi() ? (gpu ? "nccl" : "mpi") : "local";
+    TESSERA_THROW_IF(o.comm != "local" && o.comm != "mpi" && o.comm != "nccl", config_error,
+                     "--comm '", o.comm, "' is not one of local, mpi, nccl");
+    TESSERA_THROW_IF(o.comm == "nccl" && !gpu, config_error,
+                     "--comm nccl reduces GPU memory: it needs --backend cuda");
+    TESSERA_THROW_IF(gpu && o.comm != "nccl" && (o.dp > 1 || app.count("--comm") > 0),
+                     config_error, "--backend cuda --comm ", o.comm,
+                     ": GPUs reduce over --comm nccl (one MPI process per GPU)");
+    // The data-parallel path: any of --dp > 1, --zero, --comm, or mpirun.
+    o.parallel = o.dp > 1 || app.count("--zero") > 0 || app.count("--comm") > 0 ||
+                 o.comm == "mpi" || o.comm == "nccl";
+    if (!o.resume.empty() && o.out == "runs/main") o.out = o.resume;
+    const fs::path out(o.out);
+    std::error_code ec;
+    if (!fs::exists(out)) {
+      // Every folder this run creates (runs/ too, for runs/main) is removed
+      // again if the run fails on bad input.
+      std::vector<fs::path> missing;
+      for (fs::path p = fs::absolute(out); !p.empty() && !fs::exists(p); p = p.parent_path()) {
+        missing.push_back(p);
+        if (p == p.parent_path()) break;
+      }
+      fs::create_directories(out, ec);
+      TESSERA_THROW_IF(ec, io_error, "cannot create output folder '", out.string(), "': ", ec.message());
+      for (auto it = missing.rbegin(); it != missing.rend(); ++it) created.paths.push_back(*it);
+    }
+    TESSERA_THROW_IF(::access(out.c_str(), W_OK) != 0, io_error, "output folder '", out.string(),
+                     "' is not writable");
+    const fs::path tok = prepare_tokens(o.data, out, created);
+    return gpu ? train_llama::run_cuda(o, tok, created) : train_llama::run_host(o, tok, created);
+  } catch (const config_error& e) {
+    std::fprintf(stderr, "train_llama: error: %s\n", e.what());
+    return 2;
+  } catch (const io_error& e) {
+    std::fprintf(stderr, "train_llama: error: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "train_llama: failed: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,249 @@
+// train_llama's shared parts: the options, the checks and helpers main.cpp
+// runs before any training, and the one loop every trainer runs
+// (train::trainer<P, Backend, Optimizer, Sharding, Communicator>: one CPU
+// rank, thread or MPI ranks, one GPU or NCCL ranks). The trainers are
+// instantiated in run_host_*.cpp and run_cuda.cpp, one translation unit per
+// precision, so they compile in parallel.
+#pragma once
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tessera/data/token_file.hpp"
+#include "tessera/data/tokenizer.hpp"
+#include "tessera/nn/checkpointing.hpp"
+#include "tessera/nn/llama_config.hpp"
+#include "tessera/train/metrics.hpp"
+#include "tessera/train/trainer.hpp"
+
+#ifndef TESSERA_SOURCE_DIR
+#define TESSERA_SOURCE_DIR "."
+#endif
+
+namespace train_llama {
+
+namespace fs = std::filesystem;
+using namespace tessera;
+
+struct options {
+  std::string backend = "host";  // host, or cuda (builds with the cuda preset)
+  double peak_tflops = 989;      // cuda: the GPU's dense bf16 peak, for MFU
+  std::string checkpointing;     // none or full; default: none on the host, full on cuda
+  std::int64_t checkpoint_layers = 1;  // with full: every k-th block recomputes
+  std::string preset = "small";
+  std::string data = std::string(TESSERA_SOURCE_DIR) + "/data/fortunes.txt";
+  std::string precision;  // fp32, bf16, bf16_mixed_bf16_grads, fp64; default: fp32 / bf16 grads on cuda
+  std::string optimizer = "adamw";  // adamw or sgd
+  std::string out = "runs/main";
+  std::string resume;
+  train::train_config cfg;
+  std::int64_t checkpoint_every = 200;
+  std::int64_t sample_bytes = 300;
+  std::optional<double> baseline;
+  bool no_baseline = false;
+  std::string prompt = "The ";
+  int dp = 1;
+  int zero = 0;               // ZeRO stage of the data-parallel path
+  std::string comm = "auto";  // local, mpi, nccl, or auto (mpi or nccl under mpirun, else local)
+  double bucket_mb = 25;      // gradient bucket size of the data-parallel path
+  bool parallel = false;      // the data-parallel path (dp > 1, --zero, --comm or mpirun)
+  // Overrides of the preset's sizes.
+  std::optional<std::int64_t> dim, layers, heads, kv_heads, ffn;
+};
+
+/// Files and folders this run created, removed again if it fails on bad input.
+struct created_paths {
+  std::vector<fs::path> paths;
+  bool keep = false;
+  ~created_paths() {
+    if (keep) return;
+    std::error_code ec;
+    for (auto it = paths.rbegin(); it != paths.rend(); ++it) fs::remove(*it, ec);
+  }
+};
+
+/// The model sizes of the run: the preset with the --dim/--layers/... overrides.
+inline nn::llama_config model_config(const options& o) {
+  nn::llama_config mc = nn::llama_config::from_name(o.preset);
+  if (o.dim) mc.dim = *o.dim;
+  if (o.layers) mc.n_layers = *o.layers;
+  if (o.heads) mc.n_heads = *o.heads;
+  if (o.kv_heads) mc.n_kv_heads = *o.kv_heads;
+  if (o.ffn) mc.ffn_dim = *o.ffn;
+  return mc;
+}
+
+/// Quotes a string for /bin/sh (single quotes, embedded ones escaped).
+inline std::string shell_quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+/// Runs scripts/ngram_baseline.py on the token file: the 4-gram Kneser-Ney
+/// validation loss printed beside the model's. nullopt if python3 or the
+/// script is unavailable (the run goes on without it).
+inline std::optional<double> compute_baseline(const fs::path& tok) {
+  const std::string script = std::string(TESSERA_SOURCE_DIR) + "/scripts/ngram_baseline.py";
+  if (!fs::exists(script)) return std::nullopt;
+  const std::string cmd =
+      "python3 " + shell_quote(script) + " --json " + shell_quote(tok.string()) + " 2>/dev/null";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (!p) return std::nullopt;
+  std::string outp;
+  char buf[512];
+  while (std::fgets(buf, sizeof buf, p)) outp += buf;
+  ::pclose(p);
+  auto nl = outp.find_last_of('{');
+  if (nl == std::string::npos) return std::nullopt;
+  auto j = nlohmann::json::parse(outp.substr(nl), nullptr, false);
+  if (j.is_discarded() || !j.contains("val_nats_per_byte")) return std::nullopt;
+  return j["val_nats_per_byte"].get<double>();
+}
+
+/// True when this process was started by mpirun / srun (an MPI launcher).
+inline bool launched_by_mpi() {
+  return std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") ||
+         std::getenv("PMIX_RANK");
+}
+
+/// The train_config of the run: the options' with dp and the checkpointing policy.
+inline train::train_config run_config(const options& o) {
+  train::train_config c = o.cfg;
+  c.dp = o.dp;
+  c.checkpointing = {nn::parse_checkpointing(o.checkpointing), o.checkpoint_layers};
+  return c;
+}
+
+/// The one training loop: resume, step logs, evaluations, metrics,
+/// checkpoints, the final sample. Every rank runs it (the trainer's calls
+/// are collectives); rank 0 prints and writes. `peak` is one rank's peak
+/// FLOP/s for MFU and `peak_line` says what it is.
+template <class Trainer>
+int train_loop(options& o, Trainer& tr, const data::token_file& data, const fs::path& tok_path,
+               created_paths& created, double peak, const std::string& peak_line) {
+  const bool lead = tr.rank() == 0;
+  const int dp = tr.communicator().size();
+  const fs::path out(o.out);
+  const fs::path ckpt = out / "checkpoint.bin";
+  const fs::path metrics_path = out / "metrics.jsonl";
+  if (!o.resume.empty()) tr.load_checkpoint(fs::path(o.resume) / "checkpoint.bin");
+  tr.communicator().barrier();
+  std::optional<train::jsonl_writer> metrics;
+  if (lead) {
+    if (!o.resume.empty()) {
+      train::jsonl_writer::truncate_after(metrics_path, tr.step());
+    } else {
+      std::error_code ec;
+      fs::remove(metrics_path, ec);
+    }
+    created.keep = true;  // inputs are valid: from here on, outputs are kept
+    if (!o.no_baseline && !o.baseline) o.baseline = compute_baseline(tok_path);
+    const auto& c = tr.model().config();
+    std::printf("train_llama: model %s (dim %lld, layers %lld, heads %lld/%lld kv, ffn %lld, "
+                "vocab %lld) %.2fM params, precision %s, optimizer %s, backend %s\n",
+                c.name.c_str(), (long long)c.dim, (long long)c.n_layers, (long long)c.n_heads,
+                (long long)c.n_kv_heads, (long long)c.ffn_dim, (long long)c.vocab,
+                tr.model().num_params() / 1e6, o.precision.c_str(), o.optimizer.c_str(),
+                o.backend.c_str());
+    std::printf("train_llama: data %s (%llu tokens, train %llu, val %llu)\n", tok_path.c_str(),
+                (unsigned long long)data.size(), (unsigned long long)data.split().train.size(),
+                (unsigned long long)data.split().val.size());
+    if (o.parallel)
+      std::printf("train_llama: data parallel dp=%d, zero%d, %s communicator, %zu gradient "
+                  "buckets\n",
+                  dp, o.zero, o.comm.c_str(), tr.engine().plan().size());
+    std::printf("train_llama: G=%lld sequences/step = dp %d x %lld micro-batches x B=%lld, "
+                "T=%lld, %lld steps, lr %.1e, warmup %lld, checkpointing %s\n",
+                (long long)o.cfg.global_batch, dp, (long long)tr.config().accum_steps(),
+                (long long)o.cfg.micro_batch, (long long)o.cfg.seq, (long long)o.cfg.steps,
+                o.cfg.lr, (long long)o.cfg.warmup, o.checkpointing.c_str());
+    std::printf("train_llama: %s\n", peak_line.c_str());
+    if (o.zero > 0)
+      std::printf("train_llama: zero%d: no checkpoints are written (sharded checkpoints are not "
+                  "supported yet; use --zero 0 to checkpoint)\n",
+                  o.zero);
+    if (o.baseline)
+      std::printf("train_llama: 4-gram Kneser-Ney baseline on val: %.4f nats/byte\n", *o.baseline);
+    if (tr.step() > 0) std::printf("train_llama: resumed from step %lld\n", (long long)tr.step());
+    std::fflush(stdout);
+    metrics.emplace(metrics_path);
+  }
+  tr.set_peak_flops(peak);
+  const bool tty = lead && train::stdout_is_terminal();
+  const auto t_start = std::chrono::steady_clock::now();
+  std::optional<double> last_val;
+  while (tr.step() < o.cfg.steps) {
+    train::step_metrics m = tr.train_step();
+    const bool last = m.step == o.cfg.steps;
+    const bool eval_now = last || (o.cfg.eval_every > 0 && m.step % o.cfg.eval_every == 0);
+    // Periodic evaluations use the first --eval-windows windows; the last one
+    // scores the whole held-out split, as the 4-gram baseline does.
+    if (eval_now) last_val = m.val_loss = tr.evaluate(last ? 0 : -1);
+    if (lead) {
+      nlohmann::json j = m.to_json();
+      j["dp"] = dp;
+      j["zero"] = o.zero;
+      if (o.baseline) j["baseline_4gram"] = *o.baseline;
+      metrics->write(j);
+      const std::string line = train::format_step(m, o.cfg.steps, o.baseline);
+      if (tty) {
+        std::printf("\r\033[K%s", train::progress_bar(m.step, o.cfg.steps, line).c_str());
+        if (eval_now) std::printf("\n");
+      } else {
+        std::printf("%s\n", line.c_str());
+      }
+      std::fflush(stdout);
+    }
+    if (o.zero == 0 && ((o.checkpoint_every > 0 && m.step % o.checkpoint_every == 0) || last))
+      tr.save_checkpoint(ckpt);
+  }
+  const double secs =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+  if (lead) {
+    if (tty) std::printf("\n");
+    std::printf("train_llama: done, %lld steps in %.1f s", (long long)o.cfg.steps, secs);
+    if (last_val) std::printf(", final val loss %.4f nats/byte (whole held-out split)", *last_val);
+    if (last_val && o.baseline)
+      std::printf(" (4-gram %.4f: %s)", *o.baseline,
+                  *last_val < *o.baseline ? "beaten" : "NOT beaten");
+    std::printf("\ntrain_llama: %s%s, metrics %s\n", o.zero > 0 ? "no checkpoint" : "checkpoint ",
+                o.zero > 0 ? "" : ckpt.c_str(), metrics_path.c_str());
+  }
+  if (last_val && !std::isfinite(*last_val)) {
+    // Check the result before reporting success: a diverged run is a failure.
+    if (lead)
+      std::fprintf(stderr, "train_llama: training diverged: final validation loss %f (lr %g)\n",
+                   *last_val, o.cfg.lr);
+    return 1;
+  }
+  if (o.sample_bytes > 0) {  // every rank generates (zero 3 gathers), rank 0 prints
+    auto ids = data::byte_tokenizer::encode(o.prompt);
+    std::vector<std::int32_t> prompt(ids.begin(), ids.end());
+    auto outp = tr.generate(prompt, o.sample_bytes, 0.8, o.cfg.seed);
+    std::vector<std::uint32_t> u(outp.begin(), outp.end());
+    if (lead)
+      std::printf("---- sample (temperature 0.8) ----\n%s\n----\n",
+                  data::byte_tokenizer::decode(u).c_str());
+  }
+  return 0;
+}
+
+/// The backends' entry points (run_host.cpp, run_cuda.cpp): build the
+/// trainer the options name and run the loop.
+int run_host(options& o, const fs::path& tok, created_paths& created);
+int run_cuda(options& o, const fs::path& tok, created_paths& created);
+
+}  // namespace train_llama

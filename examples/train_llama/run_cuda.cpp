@@ -1,0 +1,118 @@
+// train_llama --backend cuda: the same trainer on one GPU, or one GPU per
+// MPI process over NCCL (--comm nccl --dp N --zero K under mpirun), in
+// builds with the CUDA kernels (the cuda preset).
+#include "run.hpp"
+
+#if defined(TESSERA_EXAMPLE_CUDA)
+#include <cstdlib>
+
+#include "tessera/cuda.hpp"
+#include "tessera/optim/sgd.hpp"
+#if defined(TESSERA_EXAMPLE_NCCL)
+#include "tessera/comm/nccl.hpp"
+#endif
+
+namespace train_llama {
+namespace {
+
+std::string gpu_line(const options& o) {
+  cudaDeviceProp p{};
+  TESSERA_CUDA_CHECK(cudaGetDeviceProperties(&p, tessera::cuda::current_device()));
+  return tessera::detail::str("GPU ", p.name, " (sm_", p.major, p.minor, "), MFU against ",
+                              o.peak_tflops, " TFLOP/s (--peak-tflops), checkpointing ",
+                              o.checkpointing);
+}
+
+#if defined(TESSERA_EXAMPLE_NCCL)
+// One process per GPU: the device is the process's local rank.
+template <precision::policy P, class O, class S>
+int run_cuda_nccl(options& o, const fs::path& tok, created_paths& created) {
+  comm::mpi_environment env;
+  comm::mpi_communicator boot(MPI_COMM_WORLD);
+  const int n_dev = tessera::cuda::device_count();
+  TESSERA_THROW_IF(n_dev < 1, config_error, "--comm nccl: no CUDA device is visible");
+  const char* lr = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+  const int device = (lr ? std::atoi(lr) : boot.rank()) % n_dev;
+  TESSERA_CUDA_CHECK(cudaSetDevice(device));
+  comm::nccl_communicator c(boot, device);
+  parallel::data_parallel_options dpo;
+  dpo.bucket_bytes = static_cast<std::int64_t>(o.bucket_mb * 1e6);
+  data::token_file data(tok);
+  train::trainer<P, tessera::cuda, O, S, comm::nccl_communicator> tr(model_config(o),
+                                                                     run_config(o), data, c, dpo);
+  return train_loop(o, tr, data, tok, created, o.peak_tflops * 1e12, gpu_line(o));
+}
+#endif
+
+template <precision::policy P, class O>
+int run_cuda_opt(options& o, const fs::path& tok, created_paths& created) {
+  TESSERA_THROW_IF(!(o.peak_tflops > 0) || !std::isfinite(o.peak_tflops), config_error,
+                   "--peak-tflops ", o.peak_tflops, " must be a finite number > 0");
+  data::token_file data(tok);
+  {  // what the trainer would refuse, checked before asking for the device
+    train::check_run(model_config(o), run_config(o), data, o.dp);
+    (void)data::val_windows(data, data.split().val, o.cfg.seq, o.cfg.eval_windows);
+    (void)data::batch_sampler(data, data.split().train, o.cfg.micro_batch, o.cfg.seq, o.cfg.seed);
+    if (!o.resume.empty()) {
+      const fs::path from = fs::path(o.resume) / "checkpoint.bin";
+      TESSERA_THROW_IF(!fs::exists(from), io_error, "cannot open checkpoint '", from.string(), "'");
+    }
+  }
+  if (o.parallel) {
+#if defined(TESSERA_EXAMPLE_NCCL)
+    TESSERA_THROW_IF(o.comm != "nccl", config_error, "--backend cuda --comm ", o.comm,
+                     ": GPUs reduce over --comm nccl (one MPI process per GPU)");
+    switch (o.zero) {
+      case 0:
+        return run_cuda_nccl<P, O, parallel::zero<0>>(o, tok, created);
+      case 1:
+        return run_cuda_nccl<P, O, parallel::zero<1>>(o, tok, created);
+      case 2:
+        return run_cuda_nccl<P, O, parallel::zero<2>>(o, tok, created);
+      case 3:
+        return run_cuda_nccl<P, O, parallel::zero<3>>(o, tok, created);
+    }
+    throw config_error("--zero " + std::to_string(o.zero) + " is not a ZeRO stage");
+#else
+    throw config_error("--backend cuda: this build has no NCCL (data parallelism on GPUs needs "
+                       "tessera::nccl: NCCL and MPI)");
+#endif
+  }
+  TESSERA_THROW_IF(tessera::cuda::device_count() < 1, config_error,
+                   "--backend cuda: no CUDA device is visible");
+  train::trainer<P, tessera::cuda, O> tr(model_config(o), run_config(o), data);
+  return train_loop(o, tr, data, tok, created, o.peak_tflops * 1e12, gpu_line(o));
+}
+
+template <precision::policy P>
+int run_cuda_with(options& o, const fs::path& tok, created_paths& created) {
+  if (o.optimizer == "adamw") return run_cuda_opt<P, optim::adamw>(o, tok, created);
+  if (o.optimizer == "sgd") return run_cuda_opt<P, optim::sgd>(o, tok, created);
+  throw config_error("unknown optimizer '" + o.optimizer + "' (valid: adamw, sgd)");
+}
+
+}  // namespace
+
+int run_cuda(options& o, const fs::path& tok, created_paths& created) {
+  if (o.precision == "bf16_mixed_bf16_grads")
+    return run_cuda_with<precision::bf16_mixed_bf16_grads>(o, tok, created);
+  if (o.precision == "bf16" || o.precision == "bf16_mixed")
+    return run_cuda_with<precision::bf16_mixed>(o, tok, created);
+  throw config_error("--precision " + o.precision +
+                     ": the cuda backend trains bf16 weights (bf16_mixed_bf16_grads, the "
+                     "default, or bf16); fp32 and fp64 run on the host");
+}
+
+}  // namespace train_llama
+
+#else
+
+namespace train_llama {
+int run_cuda(options&, const fs::path&, created_paths&) {
+  throw tessera::config_error(
+      "--backend cuda: this build has no CUDA backend (configure with the cuda preset: cmake "
+      "--preset cuda)");
+}
+}  // namespace train_llama
+
+#endif

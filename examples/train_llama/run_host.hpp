@@ -1,0 +1,101 @@
+// train_llama on the host: one CPU rank, thread ranks (--comm local) or MPI
+// ranks (--comm mpi), for precision P (instantiated in run_host_<p>.cpp).
+#pragma once
+
+#include <omp.h>
+
+#include <algorithm>
+#include <string>
+
+#include "run.hpp"
+#include "tessera/comm/local.hpp"
+#include "tessera/kernels/blas.hpp"
+#include "tessera/optim/sgd.hpp"
+#if defined(TESSERA_HAS_MPI) && TESSERA_HAS_MPI
+#include "tessera/comm/mpi.hpp"
+#endif
+
+namespace train_llama {
+
+inline std::string blas_line(double peak) {
+  return tessera::detail::str("BLAS ", kernels::blas_core_name(), ", ", kernels::blas_threads(),
+                              " threads, measured sgemm peak ", peak / 1e9,
+                              " GFLOP/s (MFU is against it)");
+}
+
+// One data-parallel run under ZeRO stage S over --comm local or mpi.
+template <precision::policy P, class O, class S>
+int run_host_dp(options& o, const fs::path& tok, created_paths& created) {
+  parallel::data_parallel_options dpo;
+  dpo.bucket_bytes = static_cast<std::int64_t>(o.bucket_mb * 1e6);
+  if (o.comm == "local") {
+    // Ranks are threads: each gets its share of the OpenMP threads.
+    const int per_rank = std::max(1, omp_get_max_threads() / o.dp);
+    const double peak = kernels::measure_sgemm_flops() / o.dp;
+    int rc = 0;
+    comm::local_world::run(o.dp, [&](comm::local_communicator& c) {
+      omp_set_num_threads(per_rank);
+      data::token_file data(tok);
+      train::trainer<P, host, O, S, comm::local_communicator> tr(model_config(o), run_config(o),
+                                                                  data, c, dpo);
+      const int r = train_loop(o, tr, data, tok, created, peak, blas_line(peak * o.dp));
+      if (c.rank() == 0) rc = r;
+    });
+    return rc;
+  }
+#if defined(TESSERA_HAS_MPI) && TESSERA_HAS_MPI
+  if (o.comm == "mpi") {
+    comm::mpi_environment env;
+    comm::mpi_communicator c(MPI_COMM_WORLD);
+    double peak = c.rank() == 0 ? kernels::measure_sgemm_flops() : 0.0;
+    c.broadcast(&peak, 1, 0);
+    data::token_file data(tok);
+    train::trainer<P, host, O, S, comm::mpi_communicator> tr(model_config(o), run_config(o), data,
+                                                             c, dpo);
+    return train_loop(o, tr, data, tok, created, peak, blas_line(peak));
+  }
+  throw config_error("--comm '" + o.comm + "' is not one of local, mpi (the host backend)");
+#else
+  throw config_error("--comm '" + o.comm + "': this build has no MPI (valid: local)");
+#endif
+}
+
+template <precision::policy P, class O>
+int run_host_opt(options& o, const fs::path& tok, created_paths& created) {
+  if (!o.parallel) {
+    data::token_file data(tok);
+    // Validates everything before any output.
+    train::trainer<P, host, O> tr(model_config(o), run_config(o), data);
+    const double peak = kernels::measure_sgemm_flops();
+    return train_loop(o, tr, data, tok, created, peak, blas_line(peak));
+  }
+  switch (o.zero) {
+    case 0:
+      return run_host_dp<P, O, parallel::zero<0>>(o, tok, created);
+    case 1:
+      return run_host_dp<P, O, parallel::zero<1>>(o, tok, created);
+    case 2:
+      return run_host_dp<P, O, parallel::zero<2>>(o, tok, created);
+    case 3:
+      return run_host_dp<P, O, parallel::zero<3>>(o, tok, created);
+  }
+  throw config_error("--zero " + std::to_string(o.zero) +
+                     " is not a ZeRO stage (valid: 0, 1, 2, 3)");
+}
+
+/// The host run of precision P: picks the optimizer.
+template <precision::policy P>
+int run_host_with(options& o, const fs::path& tok, created_paths& created) {
+  if (o.optimizer == "adamw") return run_host_opt<P, optim::adamw>(o, tok, created);
+  if (o.optimizer == "sgd") return run_host_opt<P, optim::sgd>(o, tok, created);
+  throw config_error("unknown optimizer '" + o.optimizer + "' (valid: adamw, sgd)");
+}
+
+extern template int run_host_with<precision::fp32>(options&, const fs::path&, created_paths&);
+extern template int run_host_with<precision::bf16_mixed>(options&, const fs::path&,
+                                                         created_paths&);
+extern template int run_host_with<precision::bf16_mixed_bf16_grads>(options&, const fs::path&,
+                                                                    created_paths&);
+extern template int run_host_with<precision::fp64>(options&, const fs::path&, created_paths&);
+
+}  // namespace train_llama

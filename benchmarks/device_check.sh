@@ -51,10 +51,10 @@
 #   ctest        ctest -L cuda --output-on-failure, 90 s a test          120 s
 #   cuda_bench   <build>/benchmarks/cuda_bench --json                     60 s
 #   llama7b      <build>/examples/llama7b_step --backend cuda --preset   120 s
-#                llama2_7b --precision bf16 --seq 4096 --micro-batch 1
+#                llama2_7b --precision bf16_mixed_bf16_grads --seq 4096 --micro-batch 1
 #                --warmup-steps 1 --steps 3 --json (init ~10 s, ~1 s a step)
 #   main_job     <build>/examples/train_llama --backend cuda --precision 120 s
-#                bf16: the main job (2400 steps of `small`) on the GPU
+#                bf16_mixed_bf16_grads: the main job (2400 steps of `small`) on the GPU
 #   llama7b_none llama7b with --checkpointing none                     120 s
 #
 # Timeouts: DC_TIMEOUT_{ENV,CONFIGURE,BUILD,SPILLS,GPU,CTEST,CTEST_TEST,BENCH,
@@ -222,18 +222,19 @@ fi
 cmd_spills=(cmake --build "$build" -j "$jobs" --target tessera_cuda_kernels "${build_args[@]}")
 cmd_ctest=(ctest --test-dir "$build" -L cuda --output-on-failure --timeout "$t_ctest_test")
 cmd_bench=("$build/benchmarks/cuda_bench" --json "$bench_json")
-cmd_llama=("$build/examples/llama7b_step" --backend cuda --preset llama2_7b --precision bf16
-           --seq 4096 --micro-batch 1 --warmup-steps 1 --steps 3 --json "$llama_json")
-# The same step without activation checkpointing (129.7 GiB planned: it fits
-# one H200 too, and recomputes nothing).
-cmd_llama_none=("$build/examples/llama7b_step" --backend cuda --preset llama2_7b --precision bf16
-                --seq 4096 --micro-batch 1 --warmup-steps 1 --steps 3 --checkpointing none
-                --json "$llama_none_json")
+cmd_llama=("$build/examples/llama7b_step" --backend cuda --preset llama2_7b
+           --precision bf16_mixed_bf16_grads --seq 4096 --micro-batch 1 --warmup-steps 1 --steps 3
+           --json "$llama_json")
+# The same step without activation checkpointing (it fits one H200 too, and
+# recomputes nothing: plan --gpu-step --checkpointing none).
+cmd_llama_none=("$build/examples/llama7b_step" --backend cuda --preset llama2_7b
+                --precision bf16_mixed_bf16_grads --seq 4096 --micro-batch 1 --warmup-steps 1
+                --steps 3 --checkpointing none --json "$llama_none_json")
 # The main job on the GPU (README's set-up command with --backend cuda):
 # 2400 steps of the small preset on the bundled text, final validation loss
 # over the whole held-out split (host: 1.5982 nats/byte, benchmarks/RESULTS.md).
-cmd_main=("$build/examples/train_llama" --backend cuda --precision bf16 --out "$work/main-gpu"
-          --no-baseline --sample-bytes 200)
+cmd_main=("$build/examples/train_llama" --backend cuda --precision bf16_mixed_bf16_grads
+          --out "$work/main-gpu" --no-baseline --sample-bytes 200)
 
 # The targets the check needs (DC_BUILD_ALL=1: all): the GPU test
 # executables (from ctest's list; test_cuda_nccl_npN is test_cuda_nccl), the
@@ -244,7 +245,8 @@ device_targets() {
   names+=($(ctest --test-dir "$build" -N -L cuda 2>/dev/null \
             | sed -n 's/^ *Test *#[0-9]*: *\([A-Za-z0-9_]*\).*/\1/p' | sed 's/_np[0-9]*$//' | sort -u))
   for t in benchmarks/cuda_*.cpp; do [[ -f $t ]] && names+=("$(basename "$t" .cpp)"); done
-  names+=(llama7b_step train_llama tessera_cuda_kernels tessera_cuda_headers_check)
+  names+=(llama7b_step train_llama tessera_cuda_kernels tessera_cuda_headers_check
+          tessera_trainer_check)
   for t in "${names[@]}"; do
     if [[ -f $build/build.ninja ]]; then grep -q "^build $t: phony" "$build/build.ninja" && echo "$t"
     elif [[ -f $build/Makefile ]]; then grep -q "^$t: " "$build/Makefile" && echo "$t"
@@ -265,6 +267,32 @@ if [[ $dry_run == 1 ]]; then
     "$t_spills" "$build/cuda/libtessera_cuda_kernels.a"
   printf '  gpu        (%4s s)  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader\n' "$t_gpu"
   printf '  ctest      (%4s s)  %s\n' "$t_ctest" "${cmd_ctest[*]}"
+  # The GPU tests that ctest would run: from the configured build's list, or
+  # from tests/cuda/ when the build folder is not configured yet.
+  if [[ -f $build/CTestTestfile.cmake ]]; then
+    gpu_tests=$(ctest --test-dir "$build" -N -L cuda 2>/dev/null |
+                sed -n 's/^ *Test *#[0-9]*: *\([A-Za-z0-9_]*\).*/\1/p')
+  else
+    gpu_tests=$(for t in tests/cuda/*.cpp; do
+                  b=$(basename "$t" .cpp)
+                  case $b in main|nccl_main|nccl_trainer) ;; nccl) for n in 1 2 4 8; do echo "test_cuda_nccl_np$n"; done ;;
+                                                   *) echo "test_cuda_$b" ;; esac
+                done)
+  fi
+  for t in $gpu_tests; do
+    case $t in
+      test_cuda_llama) what="llama<P, cuda> and trainer<P, cuda> against the host, checkpointing, the plan, resume" ;;
+      test_cuda_nccl_np*) what="nccl_communicator; trainer<P, cuda, adamw, zero<0..3>, nccl_communicator> against one GPU" ;;
+      test_cuda_kernels) what="every CUDA kernel against the host kernels" ;;
+      test_cuda_attention) what="flash attention against float64" ;;
+      test_cuda_cross_entropy) what="the fused LM head and cross-entropy against float64" ;;
+      test_cuda_loader) what="the pinned double-buffered loader" ;;
+      test_cuda_gemm) what="cuBLASLt GEMMs" ;;
+      test_cuda_core) what="caching allocator, streams, events" ;;
+      *) what="" ;;
+    esac
+    printf '               %-26s %s\n' "$t" "$what"
+  done
   printf '  cuda_bench (%4s s)  %s\n' "$t_bench" "${cmd_bench[*]}"
   printf '  llama7b    (%4s s)  %s\n' "$t_llama" "${cmd_llama[*]}"
   printf '  main_job   (%4s s)  %s\n' "$t_main" "${cmd_main[*]}"

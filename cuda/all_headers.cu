@@ -10,10 +10,10 @@
 #include <tessera/kernels/cuda/attention.hpp>
 #include <tessera/kernels/cuda/attention_launch.hpp>
 #include <tessera/kernels/cuda/cross_entropy.hpp>
-#include <tessera/nn/cuda_llama.hpp>
-#include <tessera/optim/cuda_adamw.hpp>
+#include <tessera/cuda.hpp>
+#include <tessera/kernels/cuda/context.hpp>
+#include <tessera/kernels/cuda/ops.hpp>
 #include <tessera/plan/cuda_step.hpp>
-#include <tessera/train/cuda_trainer.hpp>
 #include <tessera/kernels/cuda/adamw.cuh>
 #include <tessera/kernels/cuda/elementwise.cuh>
 #include <tessera/kernels/cuda/embedding.cuh>

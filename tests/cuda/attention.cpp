@@ -16,6 +16,8 @@
 
 namespace kc = tessera::kernels::cuda;
 namespace hk = tessera::kernels;
+/// The host context of the reference kernels.
+const tessera::kernels::host_context hctx{};
 using tessera::bf16;
 using namespace tessera::testing;
 
@@ -84,7 +86,7 @@ TEST_CASE("cuda flash attention forward and backward match float64 attention",
 
         // Forward.
         std::vector<double> out_ref(nq), lse_ref(nl);
-        hk::attention_forward<double>(out_ref.data(), lse_ref.data(), qd.data(), kd.data(),
+        hk::attention_forward<double>(hctx, out_ref.data(), lse_ref.data(), qd.data(), kd.data(),
                                       vd.data(), c.B, c.S, c.nh, c.nkv, c.hd);
         auto d_q = to_device(q), d_k = to_device(k), d_v = to_device(v), d_do = to_device(dout);
         auto d_out = poisoned_device<bf16>(nq);
@@ -103,7 +105,7 @@ TEST_CASE("cuda flash attention forward and backward match float64 attention",
         // reference gets the same values.
         std::vector<double> dq_ref(nq), dk_ref(nk), dv_ref(nk);
         const auto outd = to_double(out), lsed = to_double(lse);
-        hk::attention_backward<double, double>(
+        hk::attention_backward<double, double>(hctx, 
             dq_ref.data(), dk_ref.data(), dv_ref.data(), dod.data(), qd.data(), kd.data(),
             vd.data(), outd.data(), lsed.data(), c.B, c.S, c.nh, c.nkv, c.hd);
         const std::size_t sb =

@@ -20,6 +20,8 @@
 
 namespace kc = tessera::kernels::cuda;
 namespace hk = tessera::kernels;
+/// The host context of the reference kernels.
+const tessera::kernels::host_context hctx{};
 using tessera::bf16;
 using namespace tessera::testing;
 
@@ -58,7 +60,7 @@ TEST_CASE("cuda rmsnorm_forward float32 matches the host kernel", "[cuda][rmsnor
     const auto x = random_vector<float>(static_cast<std::size_t>(N * H + offset), rng, -2, 2);
     const auto w = random_vector<float>(static_cast<std::size_t>(H + offset), rng, 0.5, 1.5);
     std::vector<float> y(static_cast<std::size_t>(N * H)), r(static_cast<std::size_t>(N));
-    hk::rmsnorm_forward(y.data(), r.data(), x.data() + offset, w.data() + offset, N, H, 1e-5);
+    hk::rmsnorm_forward(hctx, y.data(), r.data(), x.data() + offset, w.data() + offset, N, H, 1e-5);
     auto dx = to_device(x);
     auto dw = to_device(w);
     auto dy = poisoned_device<float>(static_cast<std::size_t>(N * H + offset));
@@ -106,9 +108,9 @@ TEST_CASE("cuda rmsnorm_backward float32 matches the host kernel", "[cuda][rmsno
     const auto dw0 = random_vector<float>(static_cast<std::size_t>(H), rng);
     const auto dx0 = random_vector<float>(static_cast<std::size_t>(N * H), rng);
     std::vector<float> y(x.size()), r(static_cast<std::size_t>(N));
-    hk::rmsnorm_forward(y.data(), r.data(), x.data(), w.data(), N, H, 1e-5);
+    hk::rmsnorm_forward(hctx, y.data(), r.data(), x.data(), w.data(), N, H, 1e-5);
     std::vector<float> dx = dx0, dw = dw0;
-    hk::rmsnorm_backward(dx.data(), dw.data(), dout.data(), x.data(), w.data(), r.data(), N, H,
+    hk::rmsnorm_backward(hctx, dx.data(), dw.data(), dout.data(), x.data(), w.data(), r.data(), N, H,
                          accumulate);
     auto d_x = to_device(x);
     auto d_w = to_device(w);
@@ -180,8 +182,8 @@ TEST_CASE("cuda swiglu forward and backward match the host", "[cuda][swiglu]") {
     const auto u = random_vector<float>(un, rng, -2, 2);
     const auto dy = random_vector<float>(un, rng);
     std::vector<float> out(un), dg(un), du(un);
-    hk::swiglu_forward(out.data(), g.data(), u.data(), n);
-    hk::swiglu_backward(dg.data(), du.data(), dy.data(), g.data(), u.data(), n);
+    hk::swiglu_forward(hctx, out.data(), g.data(), u.data(), n);
+    hk::swiglu_backward(hctx, dg.data(), du.data(), dy.data(), g.data(), u.data(), n);
     auto d_g = to_device(g), d_u = to_device(u), d_dy = to_device(dy);
     auto d_out = poisoned_device<float>(un), d_dg = poisoned_device<float>(un),
          d_du = poisoned_device<float>(un);
@@ -224,7 +226,7 @@ TEST_CASE("cuda embedding forward copies rows and backward equals the host bit f
   for (auto& t : tok) t = static_cast<std::int32_t>(rng() % 40 == 0 ? 7 : rng() % V);  // a hot row
   const auto wte = random_vector<bf16>(static_cast<std::size_t>(V * H), rng);
   std::vector<bf16> out(static_cast<std::size_t>(N * H));
-  hk::embedding_forward(out.data(), tok.data(), wte.data(), N, V, H);
+  hk::embedding_forward(hctx, out.data(), tok.data(), wte.data(), N, V, H);
   auto d_tok = to_device(tok);
   auto d_wte = to_device(wte);
   auto d_out = poisoned_device<bf16>(out.size());
@@ -235,7 +237,7 @@ TEST_CASE("cuda embedding forward copies rows and backward equals the host bit f
   const auto dout = random_vector<float>(static_cast<std::size_t>(N * H), rng);
   const auto dw0 = random_vector<float>(static_cast<std::size_t>(V * H), rng);
   std::vector<float> dw = dw0;
-  hk::embedding_backward(dw.data(), dout.data(), tok.data(), N, V, H);
+  hk::embedding_backward(hctx, dw.data(), dout.data(), tok.data(), N, V, H);
   auto d_dout = to_device(dout);
   auto d_dw = to_device(dw0);
   kc::embedding_backward(d_dw.data(), d_dout.data(), d_tok.data(), N, V, H, s);
@@ -245,9 +247,9 @@ TEST_CASE("cuda embedding forward copies rows and backward equals the host bit f
   // bf16 dout: the host sums the exactly widened values.
   const auto doutb = random_vector<bf16>(static_cast<std::size_t>(N * H), rng);
   std::vector<float> doutf(doutb.size());
-  hk::cast(doutf.data(), doutb.data(), static_cast<std::int64_t>(doutb.size()));
+  hk::cast(hctx, doutf.data(), doutb.data(), static_cast<std::int64_t>(doutb.size()));
   std::vector<float> dwb = dw0;
-  hk::embedding_backward(dwb.data(), doutf.data(), tok.data(), N, V, H);
+  hk::embedding_backward(hctx, dwb.data(), doutf.data(), tok.data(), N, V, H);
   auto d_doutb = to_device(doutb);
   auto d_dwb = to_device(dw0);
   kc::embedding_backward(d_dwb.data(), d_doutb.data(), d_tok.data(), N, V, H, s);
@@ -264,9 +266,9 @@ TEST_CASE("cuda casts give the host's bits", "[cuda][cast]") {
     f[1] = -0.0f;
     f[2] = 1e-40f;  // subnormal
     std::vector<bf16> b(f.size());
-    hk::cast(b.data(), f.data(), n);
+    hk::cast(hctx, b.data(), f.data(), n);
     std::vector<float> back(f.size());
-    hk::cast(back.data(), b.data(), n);
+    hk::cast(hctx, back.data(), b.data(), n);
     auto d_f = to_device(f);
     auto d_b = poisoned_device<bf16>(f.size());
     auto d_back = poisoned_device<float>(f.size());
@@ -285,8 +287,9 @@ TEST_CASE("cuda grad_sum_squares is deterministic and matches the host in float6
   const std::int64_t n = 3'000'001;
   const auto g = random_vector<bf16>(static_cast<std::size_t>(n), rng);
   const auto f = random_vector<float>(static_cast<std::size_t>(n), rng);
-  const double host =
-      tessera::optim::grad_sum_squares(g.data(), n) + tessera::optim::grad_sum_squares(f.data(), n);
+  double host = 0;
+  hk::grad_sum_squares(hctx, &host, g.data(), n);
+  hk::grad_sum_squares(hctx, &host, f.data(), n, /*accumulate=*/true);
   auto d_g = to_device(g);
   auto d_f = to_device(f);
   auto d_out = poisoned_device<double>(1);
@@ -340,11 +343,12 @@ TEST_CASE("cuda adamw_step matches the host optimizer over segments", "[cuda][ad
 
   SECTION("bf16 parameters, float32 master, bf16 gradients") {
     auto p = random_vector<bf16>(static_cast<std::size_t>(n), rng);
-    tessera::optim::adamw<bf16, bf16, float> host(cfg, 0, n, ranges);
+    tessera::optim::adamw_optimizer<bf16, bf16, float, tessera::kernels::host_context> host(
+        cfg, n, ranges, hctx);
     host.init_master(p.data());
     auto d_p = to_device(p);
     std::vector<float> master(p.size());
-    hk::cast(master.data(), p.data(), n);
+    hk::cast(hctx, master.data(), p.data(), n);
     auto d_master = to_device(master);
     auto d_m = to_device(std::vector<float>(p.size(), 0.f));
     auto d_v = to_device(std::vector<float>(p.size(), 0.f));
@@ -371,7 +375,8 @@ TEST_CASE("cuda adamw_step matches the host optimizer over segments", "[cuda][ad
 
   SECTION("float32 parameters in place, a device-side gradient scale") {
     auto p = random_vector<float>(static_cast<std::size_t>(n), rng);
-    tessera::optim::adamw<float, float, float> host(cfg, 0, n, ranges);
+    tessera::optim::adamw_optimizer<float, float, float, tessera::kernels::host_context> host(
+        cfg, n, ranges, hctx);
     host.init_master(p.data());
     auto d_p = to_device(p);
     auto d_m = to_device(std::vector<float>(p.size(), 0.f));
@@ -409,8 +414,8 @@ TEST_CASE("cuda rope forward and backward float32 match the host", "[cuda][rope]
     const auto x = random_vector<float>(n + offset, rng, -2, 2);
     const auto dy = random_vector<float>(n + offset, rng);
     std::vector<float> y(x.begin() + offset, x.end()), dx(dy.begin() + offset, dy.end());
-    hk::rope_forward(y.data(), cos.data(), sin.data(), B, T, nh, hd);
-    hk::rope_backward(dx.data(), cos.data(), sin.data(), B, T, nh, hd);
+    hk::rope_forward(hctx, y.data(), cos.data(), sin.data(), B, T, nh, hd);
+    hk::rope_backward(hctx, dx.data(), cos.data(), sin.data(), B, T, nh, hd);
     auto d_cos = to_device(cos);
     auto d_sin = to_device(sin);
     auto d_x = to_device(x);

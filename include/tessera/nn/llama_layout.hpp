@@ -1,7 +1,7 @@
 #pragma once
 /// \file nn/llama_layout.hpp
 /// The flat parameter layout of a Llama (DESIGN.md, principle 4), shared by
-/// the host model (nn/llama.hpp), the CUDA model (nn/cuda_llama.hpp) and
+/// the model (nn/llama.hpp, every backend) and
 /// the planners, and its initial weights. No kernels, no backend: any translation unit may include it.
 
 #include <algorithm>

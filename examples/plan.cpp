@@ -197,11 +197,11 @@ int run(const options& o) {
     if (k == "persistent") break;
     sum += v;
   }
-  TESSERA_THROW_IF(sum != mem.state.persistent(), error, "plan rows sum to ", sum,
-                   " != persistent ", mem.state.persistent());
-  TESSERA_THROW_IF(mem.total() != sum + std::max(mem.state.gathered + mem.state.reduce_staging +
-                                                     mem.activations.peak,
-                                                 mem.state.update_gather),
+  TESSERA_THROW_IF(sum != mem.persistent(), error, "plan rows sum to ", sum, " != persistent ",
+                   mem.persistent());
+  TESSERA_THROW_IF(mem.total() != sum + std::max({mem.state.gathered + mem.state.reduce_staging +
+                                                      mem.activations.peak,
+                                                  mem.state.update_gather, mem.norm_scratch}),
                    error, "plan total ", mem.total(), " does not add up");
 
   const double capacity = o.memory_gib * plan::gib;
@@ -276,7 +276,7 @@ int main(int argc, char** argv) {
   app.add_flag("--json", o.json, "print JSON instead of tables");
   app.add_flag("--seed004", o.seed004, "print seeds/004's ZeRO table and exit");
   app.add_flag("--gpu-step", o.gpu_step,
-               "plan the one-GPU step of nn::cuda_llama (bf16, AdamW, checkpointing) instead");
+               "plan the one-GPU step of train::trainer<P, cuda> instead (bf16 activation gradients and full checkpointing by default)");
   app.add_option("--checkpointing", o.checkpointing, "activation checkpointing, none or full (default: none; full with --gpu-step)");
   app.add_option("--checkpoint-layers", o.checkpoint_layers, "with --checkpointing full: every k-th block recomputes")->capture_default_str();
   app.add_option("--optimizer", o.optimizer, "adamw or sgd")->capture_default_str()

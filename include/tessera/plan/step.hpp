@@ -7,10 +7,10 @@
 ///
 /// Communication per optimizer step, Psi = flat gradient elements, N = dp,
 /// k = micro-batches per rank per step (gradient accumulation), two
-/// accountings (plan/memory.hpp, `accounting`):
+/// accountings (plan/state.hpp, `accounting`):
 ///
-/// engine (default for a llama_config): what parallel::data_parallel and
-/// data_parallel_trainer send (parallel/zero.hpp), over the buckets of
+/// engine (default for a llama_config): what parallel::data_parallel sends
+/// (parallel/zero.hpp; train::trainer runs it), over the buckets of
 /// engine_buckets() (each padded to N equal chunks, P_k elements; P_head the
 /// head segment's), reduced once per optimizer step whatever k is (no_sync
 /// on the first k-1 micro-batches):
@@ -149,8 +149,8 @@ inline comm_plan plan_comm(std::int64_t flat_elems, const sharding& sh,
 
 /// Communication of one optimizer step of `c` (flat buffer of
 /// nn::make_llama_layout(c), alignment padding included) for rank o.rank,
-/// under `mode` (file comment; default: what parallel::data_parallel and
-/// data_parallel_trainer send, over engine_buckets(c, sh, o.reduce_bytes)).
+/// under `mode` (file comment; default: what parallel::data_parallel
+/// sends, over engine_buckets(c, sh, o.reduce_bytes)).
 /// Throws config_error as the element-count overload.
 inline comm_plan plan_comm(const nn::llama_config& c, const sharding& sh,
                            const comm_options& o = {}, accounting mode = accounting::engine) {

@@ -1,0 +1,378 @@
+#pragma once
+/// \file plan/state.hpp
+/// Per-rank bytes of the model state: weights, gradients, master weights,
+/// optimizer state and segment table, the data-parallel engine's reduction
+/// buffers and shards, and the ZeRO-3 gathered blocks (plan/memory.hpp puts
+/// them beside the activations).
+///
+/// Two accountings of the model state (`accounting`):
+///
+/// - `engine` (the default for a llama_config): what parallel::data_parallel
+///   (parallel/zero.hpp) and its trainer allocate on each rank. Buckets come
+///   from parallel::bucket_plan (parallel/buckets.hpp), each padded to dp
+///   equal chunks of a multiple of parallel::chunk_align elements; a shard is
+///   the sum of this rank's chunks. On ZeRO-0/1 the model's gradient buffer
+///   is full size and persistent (it sums the accumulation window's
+///   micro-batches before the step's one reduction), with a persistent
+///   padded staging buffer; ZeRO-1..3 add a reduced-gradient shard and a
+///   parameter shard; ZeRO-2/3 keep no full gradient buffer between steps,
+///   only each bucket's padded gradient buffer during the accumulation
+///   window (a transient); ZeRO-3 keeps no full parameter buffer.
+///   tests/parallel/memory.cpp holds these figures against each rank's
+///   allocator.
+/// - `ideal`: the textbook formula of ZeRO (Rajbhandari et al. 2020, "ZeRO:
+///   Memory Optimizations Toward Training Trillion Parameter Models",
+///   section 5): stage 1 shards the optimizer state (and master weights),
+///   stage 2 also the gradients, stage 3 also the weights; a shard is
+///   ceil(flat / dp) elements of the whole flat buffer padded to a multiple
+///   of dp; no reduction buffers. seeds/004 ("Where the memory goes",
+///   training_memory_gib) is its 16 bytes per parameter special case:
+///   dtype_sizes::seed004() with the bare-count plan_state().
+///
+/// All figures are bytes unless a name says otherwise; GiB = 2^30 bytes.
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tessera/comm/communicator.hpp"
+#include "tessera/core/error.hpp"
+#include "tessera/nn/llama_config.hpp"
+#include "tessera/nn/llama_layout.hpp"
+#include "tessera/parallel/buckets.hpp"
+#include "tessera/parallel/sharding.hpp"
+#include "tessera/precision/policy.hpp"
+
+namespace tessera::plan {
+
+/// Bytes in one GiB (2^30), the unit seeds/004 reports in.
+inline constexpr double gib = 1073741824.0;
+
+/// Bytes per element of each buffer kind: the run-time image of a precision
+/// policy (precision/policy.hpp), so that a plan can be made for any policy
+/// chosen on a command line.
+struct dtype_sizes {
+  std::string name = "fp32";  ///< for tables and logs
+  std::size_t param = 4;      ///< weights and saved activations (param_type)
+  std::size_t grad = 4;       ///< parameter gradients (grad_type)
+  std::size_t master = 4;     ///< master weights and optimizer moments (master_type)
+  std::size_t accum = 4;      ///< rstd, lse, CE logits, attention scratch (accum_type)
+  bool master_copy = false;   ///< a master copy is kept: param_type != master_type
+  /// Gradient reduction and its staging buffers (parallel::reduce_type_t):
+  /// float32 unless the policy is float64.
+  std::size_t reduce = 4;
+  std::size_t act_grad = 4;   ///< activation gradients (act_grad_type)
+  std::size_t rope = 4;       ///< RoPE tables (rope_type)
+
+  /// Sizes of policy `P` (exact: sizeof of each type, master_copy as optim::adamw decides it).
+  template <precision::policy P>
+  static dtype_sizes of() {
+    return {P::name,
+            sizeof(typename P::param_type),
+            sizeof(typename P::grad_type),
+            sizeof(typename P::master_type),
+            sizeof(typename P::accum_type),
+            !std::is_same_v<typename P::param_type, typename P::master_type>,
+            sizeof(parallel::reduce_type_t<P>),
+            sizeof(typename P::act_grad_type),
+            sizeof(typename P::rope_type)};
+  }
+  /// seeds/004's "mixed precision Adam": 2-byte weights, 2-byte gradients,
+  /// 12 bytes of float32 optimizer state (master weights, two moments): 16
+  /// bytes per parameter. (tessera's bf16_mixed keeps float32 gradients: 18.)
+  static dtype_sizes seed004() { return {"seed004", 2, 2, 4, 4, true, 4, 2, 4}; }
+  /// Names accepted by from_name().
+  static std::vector<std::string> names() {
+    return {"fp32", "fp64", "bf16_mixed", "bf16_mixed_bf16_grads", "seed004"};
+  }
+  /// Looks up a name of names(); throws config_error listing them.
+  static dtype_sizes from_name(const std::string& n) {
+    if (n == "fp32") return of<precision::fp32>();
+    if (n == "fp64") return of<precision::fp64>();
+    if (n == "bf16_mixed") return of<precision::bf16_mixed>();
+    if (n == "bf16_mixed_bf16_grads") return of<precision::bf16_mixed_bf16_grads>();
+    if (n == "seed004") return seed004();
+    throw config_error("unknown precision '" + n +
+                       "' (valid: fp32, fp64, bf16_mixed, bf16_mixed_bf16_grads, seed004)");
+  }
+};
+
+/// Optimizer state shape: `moments` tensors of master_type per parameter
+/// (AdamW: first and second moments, Loshchilov & Hutter 2019; SGD: the
+/// momentum buffer), plus the master copy when dtype_sizes::master_copy,
+/// plus the segment table of the optimizer kernels (24 bytes per tensor, or
+/// piece of a tensor, of the flat buffer the optimizer updates). Matches
+/// optim::adamw_optimizer's and optim::sgd_optimizer's state_bytes().
+struct optimizer_spec {
+  std::string name = "adamw";  ///< for tables
+  int moments = 2;             ///< state tensors per parameter besides the master copy
+  /// AdamW: two moments.
+  static optimizer_spec adamw() { return {"adamw", 2}; }
+  /// SGD with momentum: one buffer.
+  static optimizer_spec sgd() { return {"sgd", 1}; }
+  /// Looks up "adamw" or "sgd"; throws config_error listing them.
+  static optimizer_spec from_name(const std::string& n) {
+    if (n == "adamw") return adamw();
+    if (n == "sgd") return sgd();
+    throw config_error("unknown optimizer '" + n + "' (valid: adamw, sgd)");
+  }
+};
+
+/// Bytes of the optimizer kernels' segment table (kernels::optimizer_segment).
+inline constexpr std::uint64_t optimizer_segment_bytes = 24;
+
+/// Which model of the data-parallel step a plan describes (file comment).
+enum class accounting {
+  engine,  ///< what parallel::data_parallel (and so train::trainer) allocates and sends
+  ideal,   ///< the ZeRO paper's textbook formula (seeds/004's table)
+};
+
+/// Data-parallel sharding strategy: ZeRO stage 0 (plain data parallel) to 3
+/// over `dp` ranks.
+struct sharding {
+  int zero = 0;      ///< ZeRO stage, 0..3
+  int dp = 1;        ///< data-parallel degree (ranks sharing the model state), >= 1
+  int prefetch = 1;  ///< ZeRO-3: gather units held beyond the one in use (prefetched)
+  /// Bucket capacity in bytes of the reduce type, as
+  /// parallel::data_parallel_options::bucket_bytes (default 25 MB). Engine
+  /// accounting only; ZeRO-3 ignores it (one bucket per segment).
+  std::int64_t bucket_bytes = parallel::default_bucket_bytes;
+  /// The rank whose shard is planned (engine accounting: shards differ
+  /// only in the optimizer's segment table).
+  int rank = 0;
+  /// Throws config_error naming the value if zero is outside 0..3, dp < 1,
+  /// prefetch < 0, bucket_bytes < 1 or rank outside [0, dp).
+  void validate() const {
+    TESSERA_THROW_IF(rank < 0 || rank >= dp, config_error, "rank ", rank, " is not in [0, dp=", dp,
+                     ")");
+    TESSERA_THROW_IF(zero < 0 || zero > 3, config_error, "zero stage ", zero, " must be 0..3");
+    TESSERA_THROW_IF(dp < 1, config_error, "dp=", dp, " must be >= 1");
+    TESSERA_THROW_IF(prefetch < 0, config_error, "prefetch=", prefetch, " must be >= 0");
+    TESSERA_THROW_IF(bucket_bytes < 1, config_error, "bucket_bytes=", bucket_bytes,
+                     " must be >= 1");
+  }
+};
+
+/// nn::llama's segments over make_llama_layout(c): -1 the embedding, 0..L-1
+/// the blocks, L the head (final norm + LM head), each from its first tensor
+/// to the next segment's first tensor (alignment padding included): the
+/// boundaries nn::llama::segment_begin/segment_end compute, which
+/// parallel::data_parallel hands to its bucket_plan.
+inline std::vector<parallel::segment_range> llama_segments(const nn::llama_config& c) {
+  const nn::param_layout layout = nn::make_llama_layout(c);
+  std::vector<std::int64_t> b{0};
+  for (std::int64_t l = 0; l < c.n_layers; ++l)
+    b.push_back(layout.at("blocks." + std::to_string(l) + ".attn_norm").offset);
+  b.push_back(layout.at("final_norm").offset);
+  b.push_back(layout.total());
+  std::vector<parallel::segment_range> v;
+  for (std::size_t i = 0; i + 1 < b.size(); ++i)
+    v.push_back({static_cast<int>(i) - 1, b[i], b[i + 1]});
+  return v;
+}
+
+/// The buckets parallel::data_parallel builds for `c` on rank `rank` of
+/// sh.dp: capacity max(1, bucket_bytes / reduce_bytes) elements, one bucket
+/// per segment under ZeRO-3 (the same constructor call as the engine's).
+/// Chunk sizes do not depend on the rank. Throws config_error for an
+/// invalid sharding or rank.
+inline parallel::bucket_plan engine_buckets(const nn::llama_config& c, const sharding& sh,
+                                            std::size_t reduce_bytes, int rank = 0) {
+  sh.validate();
+  return parallel::bucket_plan(
+      llama_segments(c), sh.dp, rank,
+      std::max<std::int64_t>(1, sh.bucket_bytes / static_cast<std::int64_t>(reduce_bytes)),
+      sh.zero >= 3);
+}
+
+/// Per-rank model state, in bytes (and element counts). Fields an
+/// accounting does not have are 0 (ideal: param_shard, reduce_buffers,
+/// reduce_staging, update_gather).
+struct state_plan {
+  accounting mode = accounting::engine;  ///< how the fields below were counted
+  std::int64_t num_params = 0;           ///< real parameters
+  std::int64_t flat_elems = 0;           ///< flat buffer, with the layout's alignment padding
+  /// Engine: the sum of the padded buckets (bucket_plan::staging_size);
+  /// ideal: flat_elems rounded up to a multiple of dp.
+  std::int64_t padded_elems = 0;
+  /// padded_elems / dp: one rank's ZeRO shard (engine: bucket_plan::shard_size).
+  std::int64_t shard_elems = 0;
+  std::int64_t buckets = 0;  ///< engine: gradient buckets (bucket_plan::size); ideal: 0
+  /// Largest ZeRO-3 gather unit (a block, the embedding or the head; engine: padded).
+  std::int64_t gather_unit_elems = 0;
+  /// Full parameters in param_type: engine, the model's flat buffer on
+  /// stages 0-2 and none on 3; ideal, replicated (padded on 1-2) or a shard on 3.
+  std::uint64_t weights = 0;
+  /// Engine ZeRO-1..3: this rank's parameter shard in param_type (shard_elems),
+  /// the copy AdamW updates and the all-gathers send.
+  std::uint64_t param_shard = 0;
+  /// The model's gradient buffer in grad_type: engine, flat_elems on
+  /// ZeRO-0/1 and none on 2/3 (see reduce_staging); ideal, a shard on ZeRO-2/3.
+  std::uint64_t grads = 0;
+  /// Engine, in the reduce type: the persistent padded staging buffer on
+  /// ZeRO-0/1 (padded_elems) plus the reduced-gradient shard on ZeRO-1..3
+  /// (shard_elems).
+  std::uint64_t reduce_buffers = 0;
+  std::uint64_t master = 0;  ///< master weights (a shard under ZeRO-1/2/3; 0 without a master copy)
+  std::uint64_t optimizer = 0;    ///< optimizer moments (a shard under ZeRO-1/2/3)
+  /// Engine: the optimizer kernels' segment table, 24 bytes per range of the
+  /// flat buffer (or of the shard) it updates; ideal: 0.
+  std::uint64_t segment_table = 0;
+  std::uint64_t rope_tables = 0;  ///< RoPE cos and sin tables, (max_seq, hd/2) float32 each
+  /// ZeRO-3 transient, gathered parameters in param_type. Engine: the most
+  /// padded segments held at once, the one computing and, with prefetch,
+  /// its neighbour (the largest adjacent pair); ideal: (1 + prefetch)
+  /// gathered units plus one unit's unsharded gradient in grad_type.
+  std::uint64_t gathered = 0;
+  /// Engine ZeRO-2/3 transient: each bucket's gradient buffer of the
+  /// accumulation window, padded, in grad_type (= the reduce type, the
+  /// reduce-scatter's send buffer), allocated when the window's first
+  /// backward reaches the bucket and freed when its reduce-scatter on the
+  /// last micro-batch completes; all of them (padded_elems) once the first
+  /// micro-batch's backward ends (with accumulation; a bound without). If
+  /// grad_type and the reduce type differ: flat_elems grad_type plus
+  /// padded_elems reduce type (a bound: the conversion buffers).
+  std::uint64_t reduce_staging = 0;
+  /// Engine ZeRO-1/2 transient: the all-gather destination of the updated
+  /// shards in step() (padded_elems param_type), after the activations and
+  /// the reduction buffers of the micro-batches are freed.
+  std::uint64_t update_gather = 0;
+
+  /// What seeds/004's training_memory_gib counts (weights + gradients +
+  /// master + optimizer under ideal), and the engine's reduction buffers and
+  /// parameter shard.
+  std::uint64_t model_state() const {
+    return weights + param_shard + grads + reduce_buffers + master + optimizer + segment_table;
+  }
+  /// model_state() + RoPE tables: allocated for as long as model and
+  /// optimizer live, and all that is allocated between steps.
+  std::uint64_t persistent() const { return model_state() + rope_tables; }
+  /// Transient model-state bytes at their most: the backward's
+  /// (gathered + reduce_staging) or the step's update_gather, whichever is larger.
+  std::uint64_t transient() const { return std::max(gathered + reduce_staging, update_gather); }
+  /// persistent() + transient().
+  std::uint64_t total() const { return persistent() + transient(); }
+};
+
+namespace detail {
+// Fills the byte fields of `s` from its element counts, ideal accounting
+// (shared by both ideal plan_state overloads).
+inline void fill_state_bytes(state_plan& s, const dtype_sizes& d, const optimizer_spec& o,
+                             const sharding& sh) {
+  sh.validate();
+  s.mode = accounting::ideal;
+  s.padded_elems =
+      static_cast<std::int64_t>(comm::padded_count(static_cast<std::size_t>(s.flat_elems), sh.dp));
+  s.shard_elems = s.padded_elems / sh.dp;
+  // Replicated buffers are the model's flat buffer at stage 0; at stages 1-2
+  // they are the destination of an all-gather of equal chunks: padded.
+  const auto replicated = static_cast<std::uint64_t>(sh.zero == 0 ? s.flat_elems : s.padded_elems);
+  const auto shard = static_cast<std::uint64_t>(s.shard_elems);
+  s.weights = (sh.zero >= 3 ? shard : replicated) * d.param;
+  s.grads = (sh.zero >= 2 ? shard : replicated) * d.grad;
+  const std::uint64_t opt_elems = sh.zero >= 1 ? shard : replicated;
+  s.master = d.master_copy ? opt_elems * d.master : 0;
+  s.optimizer = opt_elems * d.master * static_cast<std::uint64_t>(o.moments);
+}
+}  // namespace detail
+
+/// Per-rank model state of `c` laid out by nn::make_llama_layout (alignment
+/// padding included), with the RoPE tables the model allocates and the
+/// transients, under `mode` (file comment; default: what the engine
+/// allocates). Throws config_error for an invalid config or sharding, and
+/// under engine accounting for prefetch > 1 (the engine prefetches one
+/// segment or none).
+inline state_plan plan_state(const nn::llama_config& c, const dtype_sizes& d,
+                             const optimizer_spec& o, const sharding& sh,
+                             accounting mode = accounting::engine) {
+  sh.validate();
+  const nn::param_layout layout = nn::make_llama_layout(c);
+  const std::vector<parallel::segment_range> segs = llama_segments(c);
+  state_plan s;
+  s.num_params = layout.num_params();
+  s.flat_elems = layout.total();
+  s.rope_tables = 2 * static_cast<std::uint64_t>(c.max_seq * (c.head_dim() / 2)) * d.rope;
+  if (mode == accounting::ideal) {
+    detail::fill_state_bytes(s, d, o, sh);
+    for (const auto& g : segs) s.gather_unit_elems = std::max(s.gather_unit_elems, g.end - g.begin);
+    if (sh.zero >= 3) {
+      const auto unit = static_cast<std::uint64_t>(s.gather_unit_elems);
+      s.gathered = static_cast<std::uint64_t>(1 + sh.prefetch) * unit * d.param + unit * d.grad;
+    }
+    return s;
+  }
+  TESSERA_THROW_IF(sh.prefetch > 1, config_error, "prefetch=", sh.prefetch,
+                   ": parallel::data_parallel prefetches one segment or none (0 or 1)");
+  const parallel::bucket_plan bp = engine_buckets(c, sh, d.reduce, sh.rank);
+  // One rank under ZeRO-0 reduces nothing: no staging buffer (parallel/zero.hpp).
+  const bool single = sh.zero == 0 && sh.dp == 1;
+  s.padded_elems = bp.staging_size();
+  s.shard_elems = bp.shard_size();
+  s.buckets = static_cast<std::int64_t>(bp.size());
+  const auto flat = static_cast<std::uint64_t>(s.flat_elems),
+             padded = static_cast<std::uint64_t>(s.padded_elems),
+             shard = static_cast<std::uint64_t>(s.shard_elems);
+  s.weights = sh.zero >= 3 ? 0 : flat * d.param;
+  s.param_shard = sh.zero >= 1 ? shard * d.param : 0;
+  s.grads = sh.zero >= 2 ? 0 : flat * d.grad;
+  s.reduce_buffers =
+      ((sh.zero <= 1 && !single ? padded : 0) + (sh.zero >= 1 ? shard : 0)) * d.reduce;
+  const std::uint64_t opt_elems = sh.zero >= 1 ? shard : flat;
+  s.master = d.master_copy ? opt_elems * d.master : 0;
+  s.optimizer = opt_elems * d.master * static_cast<std::uint64_t>(o.moments);
+  const auto ranges = layout.ranges();
+  s.segment_table = optimizer_segment_bytes *
+                    (sh.zero >= 1 ? bp.shard_ranges(ranges).size() : ranges.size());
+  if (sh.zero >= 2)
+    s.reduce_staging = d.grad == d.reduce ? padded * d.grad : flat * d.grad + padded * d.reduce;
+  if (sh.zero == 1 || sh.zero == 2) s.update_gather = padded * d.param;
+  if (sh.zero >= 3) {
+    // One bucket per segment, bucket k = segment L - k (buckets run from the head down).
+    std::int64_t held = 0;
+    const auto& b = bp.buckets();
+    for (std::size_t k = 0; k < b.size(); ++k) {
+      s.gather_unit_elems = std::max(s.gather_unit_elems, b[k].padded);
+      held =
+          std::max(held, b[k].padded + (sh.prefetch > 0 && k + 1 < b.size() ? b[k + 1].padded : 0));
+    }
+    s.gathered = static_cast<std::uint64_t>(held) * d.param;
+  }
+  return s;
+}
+
+/// Ideal accounting over the layout: plan_state(c, d, o, sh, accounting::ideal).
+inline state_plan plan_state_ideal(const nn::llama_config& c, const dtype_sizes& d,
+                                   const optimizer_spec& o, const sharding& sh) {
+  return plan_state(c, d, o, sh, accounting::ideal);
+}
+
+/// Per-rank model state for a bare parameter count, ideal accounting
+/// (seeds/004 style: no layout, no buckets, no RoPE tables, no gathered
+/// units; not what parallel::data_parallel allocates, which needs the
+/// layout: use the llama_config overload). Throws config_error if
+/// num_params < 1 or the sharding is invalid.
+inline state_plan plan_state(std::int64_t num_params, const dtype_sizes& d, const optimizer_spec& o,
+                             const sharding& sh) {
+  TESSERA_THROW_IF(num_params < 1, config_error, "num_params=", num_params, " must be >= 1");
+  state_plan s;
+  s.num_params = s.flat_elems = num_params;
+  detail::fill_state_bytes(s, d, o, sh);
+  return s;
+}
+
+/// seeds/004's training_memory_gib, transcribed: per-GPU GiB of model state
+/// for bf16 mixed-precision Adam (2 + 2 + 12 bytes per parameter), the
+/// optimizer term divided by `gpus` from ZeRO stage 1, gradients from 2,
+/// weights from 3. Throws config_error as the seed raises ValueError.
+inline double seed004_training_memory_gib(double params, int gpus, int zero_stage) {
+  TESSERA_THROW_IF(zero_stage < 0 || zero_stage > 3 || gpus < 1, config_error,
+                   "need zero_stage in 0..3 and gpus >= 1, got ", zero_stage, ", ", gpus);
+  double weights = 2.0, grads = 2.0, optimiser = 12.0;
+  if (zero_stage >= 1) optimiser /= gpus;
+  if (zero_stage >= 2) grads /= gpus;
+  if (zero_stage >= 3) weights /= gpus;
+  return params * (weights + grads + optimiser) / gib;
+}
+
+}  // namespace tessera::plan

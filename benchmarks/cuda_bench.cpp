@@ -434,8 +434,8 @@ void bench_adamw(bench& b, std::int64_t n, double ref) {
   pmo.fill(m);
   pv.fill(v);
   pg.fill(grads);
-  const kc::adamw_segment seg{0, n, 1};
-  dbuf<kc::adamw_segment> d_seg(1);
+  const kc::optimizer_segment seg{0, n, 1};
+  dbuf<kc::optimizer_segment> d_seg(1);
   TESSERA_CUDA_CHECK(cudaMemcpy(d_seg.p, &seg, sizeof seg, cudaMemcpyHostToDevice));
   settle();
   const kernels::detail::adamw_step_params<float> sp{1e-4f, 0.9f,     0.95f,     1e-8f,

@@ -67,8 +67,7 @@ bool report(const char* what, std::pair<double, double> l) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  kernels::check_blas_core(argv);
+int run(int argc, char** argv) {
   const std::string text_path = argc > 1 ? argv[1] : TESSERA_SOURCE_DIR "/data/fortunes.txt";
   std::ifstream in(text_path, std::ios::binary);
   std::string text((std::istreambuf_iterator<char>(in)), {});
@@ -108,8 +107,16 @@ int main(int argc, char** argv) {
 #if defined(TESSERA_EXAMPLE_CUDA)
   if (tessera::cuda::device_count() > 0) {
     // The same trainer on one GPU: the backend is a template argument too.
-    train::trainer<precision::bf16_mixed_bf16_grads, tessera::cuda> trainer(model, run_config(1),
-                                                                            corpus);
+    // The flash attention kernels take head dims 32, 64 and 128: tiny's
+    // width with 2 heads of 32.
+    nn::llama_config gpu_model = model;
+    gpu_model.name = "tiny_hd32";
+    gpu_model.dim = 64;
+    gpu_model.n_heads = 2;
+    gpu_model.n_kv_heads = 1;
+    gpu_model.ffn_dim = 96;
+    train::trainer<precision::bf16_mixed_bf16_grads, tessera::cuda> trainer(gpu_model,
+                                                                            run_config(1), corpus);
     ok &= report("bf16_mixed_bf16_grads on the GPU", fit(trainer));
   } else {
     std::printf("compose_trainer: no CUDA device: the GPU composition is compiled, not run\n");
@@ -117,4 +124,17 @@ int main(int argc, char** argv) {
 #endif
   std::filesystem::remove(tok_path);
   return ok ? 0 : 1;
+}
+
+int main(int argc, char** argv) {
+  kernels::check_blas_core(argv);
+  try {
+    return run(argc, argv);
+  } catch (const config_error& e) {
+    std::fprintf(stderr, "compose_trainer: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "compose_trainer: %s\n", e.what());
+    return 1;
+  }
 }

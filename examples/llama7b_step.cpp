@@ -156,8 +156,8 @@ struct step_times {
   std::size_t mem_peak = 0;   // peak bytes allocated during a step, less `base`
 };
 
-// Runs --warmup-steps + --steps optimizer steps of `tr` (train::trainer or
-// train::cuda_trainer), printing each. Checks the result before any time is
+// Runs --warmup-steps + --steps optimizer steps of `tr` (train::trainer on
+// either backend), printing each. Checks the result before any time is
 // reported: the first step's loss must be finite and within 1 nat of ln(V)
 // (random tokens, fresh weights); otherwise prints why and returns nothing.
 template <class Trainer>
@@ -204,6 +204,29 @@ std::pair<double, std::string> peak_of(const options& o) {
   }
 }
 
+// The visible GPU of backend B (its name and capability, and its memory in
+// bytes); defined for tessera::cuda in a CUDA build only, and called only
+// there (the host's run discards the branch that names it).
+struct device_facts {
+  std::string name;
+  double bytes = 0;
+};
+template <class B>
+device_facts visible_device();
+#if defined(TESSERA_EXAMPLE_CUDA)
+template <>
+device_facts visible_device<tessera::cuda>() {
+  TESSERA_THROW_IF(tessera::cuda::device_count() < 1, config_error,
+                   "--backend cuda: no CUDA device is visible");
+  cudaDeviceProp prop{};
+  TESSERA_CUDA_CHECK(cudaGetDeviceProperties(&prop, tessera::cuda::current_device()));
+  const double bytes = static_cast<double>(prop.totalGlobalMem);
+  return {detail::str(prop.name, " (", gib(bytes), " GiB, sm_", prop.major, prop.minor,
+                      ")"),
+          bytes};
+}
+#endif
+
 // One run on backend `Backend` with precision P: the same trainer on the
 // host and on a GPU; only the peak, the device's capacity and the memory
 // log differ.
@@ -244,13 +267,9 @@ int run(const options& o, const nn::llama_config& full, const nn::llama_config& 
   double device_bytes = 0;
   if constexpr (gpu) {
     // Everything the command line can get wrong is checked: now the device.
-    TESSERA_THROW_IF(tessera::cuda::device_count() < 1, config_error,
-                     "--backend cuda: no CUDA device is visible");
-    cudaDeviceProp prop{};
-    TESSERA_CUDA_CHECK(cudaGetDeviceProperties(&prop, tessera::cuda::current_device()));
-    device_bytes = static_cast<double>(prop.totalGlobalMem);
-    device = detail::str(prop.name, " (", gib(device_bytes), " GiB, sm_", prop.major, prop.minor,
-                         ")");
+    const device_facts d = visible_device<Backend>();
+    device = d.name;
+    device_bytes = d.bytes;
     TESSERA_THROW_IF(static_cast<double>(mp.total()) > device_bytes, config_error, "the planned ",
                      gib(static_cast<double>(mp.total())), " GiB exceed the device's ",
                      gib(device_bytes),
@@ -310,7 +329,7 @@ int run(const options& o, const nn::llama_config& full, const nn::llama_config& 
   const std::size_t base = mr.stats().allocated;
   if constexpr (gpu)
     if (!o.memory_log.empty())
-      tessera::cuda::resource(tessera::cuda::current_device()).set_event_logging(true);
+      Backend::resource(Backend::current_device()).set_event_logging(true);
   const auto t_build = std::chrono::steady_clock::now();
   comm::self_communicator<Ctx> self(*ctx);
   train::trainer<P, Backend> tr(mc, cfg, corpus, self, *ctx);
@@ -366,7 +385,7 @@ int run(const options& o, const nn::llama_config& full, const nn::llama_config& 
       {
         std::ofstream f(tmp_log);
         TESSERA_THROW_IF(!f, error, "cannot write '", tmp_log.string(), "'");
-        tessera::cuda::resource(tessera::cuda::current_device()).write_json(f);
+        Backend::resource(Backend::current_device()).write_json(f);
         TESSERA_THROW_IF(!f, error, "writing '", tmp_log.string(), "' failed");
       }
       fs::rename(tmp_log, o.memory_log);

@@ -8,6 +8,7 @@
 /// comm/nccl.hpp, which is included separately: it needs MPI).
 
 #include "tessera/core/cuda.hpp"
+#include "tessera/data/cuda_loader.hpp"
 #include "tessera/kernels/cuda/context.hpp"
 #include "tessera/kernels/cuda/ops.hpp"
 #include "tessera/tessera.hpp"

@@ -323,7 +323,7 @@ TEST_CASE("cuda adamw_step matches the host optimizer over segments", "[cuda][ad
   // Decay, no decay, a gap left alone, decay again.
   const std::vector<tessera::optim::param_range> ranges = {
       {0, 40'000, true}, {40'000, 40'100, false}, {50'000, n, true}};
-  std::vector<kc::adamw_segment> segs;
+  std::vector<kc::optimizer_segment> segs;
   for (const auto& r : ranges) segs.push_back({r.begin, r.end, r.decay ? 1 : 0});
   auto d_segs = to_device(segs);
   tessera::optim::adamw_config cfg;

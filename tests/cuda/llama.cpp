@@ -307,11 +307,13 @@ TEST_CASE("llama<P, cuda> refuses what the GPU kernels cannot run", "[cuda][llam
   using P = precision::bf16_mixed_bf16_grads;
   kernels::cuda_context ctx;
   auto odd = gpu_config();
-  odd.dim = 240;  // hd 60: no flash-attention kernel
-  nn::llama<P, tessera::cuda> m(odd, {}, ctx);
-  m.init_weights(1);
-  const auto w = make_windows(1, 16, odd.vocab, 3);
-  CHECK_THROWS_AS(m.forward_backward(w.data(), 1, 16, 1.0f), config_error);
+  odd.dim = 240;  // hd 60: no flash-attention kernel; refused at construction
+  const std::size_t before = ctx.resource().stats().allocated;
+  CHECK_THROWS_WITH((nn::llama<P, tessera::cuda>(odd, {}, ctx)), Catch::Contains("hd=60"));
+  CHECK(ctx.resource().stats().allocated == before);  // before anything was allocated
+  // tiny's heads too (hd 4: compose_trainer gives its GPU run hd 32).
+  auto tiny = nn::llama_config::tiny();
+  CHECK_THROWS_AS((nn::llama<P, tessera::cuda>(tiny, {}, ctx)), config_error);
   nn::llama_options o;
   o.ignore_index = 3;  // an id the GPU embedding would embed: refused
   nn::llama<P, tessera::cuda> m2(gpu_config(), o, ctx);

@@ -17,7 +17,7 @@
 #include <vector>
 
 #include <tessera/core/nvtx.hpp>
-#include <tessera/data/device_loader.hpp>
+#include <tessera/data/cuda_loader.hpp>
 
 #include "cuda_testing.hpp"
 

@@ -317,8 +317,8 @@ TEMPLATE_TEST_CASE("two pipeline stages chained compute the whole model's bits",
     REQUIRE(ra.output.numel() == B * T * c.dim);
     b.forward({nullptr, mbs[m].targets.data(), ra.output.data(), B, T}, rb, scale, &loss_b);
     b.backward(rb);
-    REQUIRE(rb.d_input.numel() == B * T * c.dim);
-    a.backward(ra, rb.d_input.data());
+    REQUIRE(rb.grad_input.numel() == B * T * c.dim);
+    a.backward(ra, rb.grad_input.data());
     // The stages run the whole model's kernels on the same operands (the
     // boundary hidden states and their gradient are copied, not rounded):
     // the same bits.

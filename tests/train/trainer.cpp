@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "tessera/data/tokenizer.hpp"
@@ -205,4 +206,71 @@ TEST_CASE("the first SGD step equals a float64 reference of SGD with momentum an
       worst = std::max(worst, std::abs(got - want) / std::max(std::abs(want), 1e-3));
     }
   CHECK(worst < 1e-14);
+}
+
+namespace {
+// An optimizer policy of the user's: SGD's state under another name, with
+// its hyper-parameters chosen from the train_config by config_from (the
+// trainer's hook for policies train_config does not know).
+struct half_momentum_sgd : optim::sgd {
+  static constexpr const char* name = "half_momentum_sgd";
+  static optim::sgd_config config_from(const train::train_config& c) {
+    optim::sgd_config s = c.sgd;
+    s.momentum = 0.5;
+    return s;
+  }
+};
+}  // namespace
+
+TEST_CASE("a user's optimizer policy reaches the trainer through config_from", "[train][optim]") {
+  temp_file corpus{make_corpus("user_opt")};
+  data::token_file f(corpus.path);
+  auto c = tcfg();
+  c.lr = 0.1;
+  c.sgd = {0.9, false, 0.0};
+  train::trainer<precision::fp32, host, half_momentum_sgd> mine(model(), c, f);
+  auto ref_cfg = c;
+  ref_cfg.sgd.momentum = 0.5;
+  train::trainer<precision::fp32, host, optim::sgd> ref(model(), ref_cfg, f);
+  while (mine.step() < c.steps) {
+    const auto a = mine.train_step(), b = ref.train_step();
+    CHECK(a.loss == b.loss);  // the same update, bit for bit
+    CHECK(a.grad_norm == b.grad_norm);
+  }
+  CHECK(mine.metadata()["optimizer"] == "half_momentum_sgd");
+  CHECK(mine.metadata()["half_momentum_sgd"]["momentum"] == 0.5);
+  // A temporary context would dangle: refused at compile time.
+  using tr = train::trainer<precision::fp32, host, optim::adamw, parallel::zero<0>,
+                            comm::self_communicator<kernels::host_context>>;
+  static_assert(!std::is_constructible_v<tr, nn::llama_config, train::train_config,
+                                          const data::token_file&,
+                                          comm::self_communicator<kernels::host_context>&,
+                                          kernels::host_context&&>);
+  static_assert(std::is_constructible_v<tr, nn::llama_config, train::train_config,
+                                        const data::token_file&,
+                                        comm::self_communicator<kernels::host_context>&,
+                                        const kernels::host_context&>);
+  static_assert(!std::is_constructible_v<comm::self_communicator<kernels::host_context>,
+                                         kernels::host_context&&>);
+}
+
+TEST_CASE("a trainer on a context of its own counts its memory on its own resource",
+          "[train]") {
+  // Two trainers in one process (as thread ranks are): each one's figures
+  // are its own, and the default resource holds none of their tensors.
+  temp_file corpus{make_corpus("own_mr")};
+  data::token_file f(corpus.path);
+  const std::size_t before = host::default_resource().stats().allocated;
+  train::trainer<precision::fp32> a(model(), tcfg(), f);
+  const std::size_t one = a.context().resource().stats().allocated;
+  train::trainer<precision::fp32> b(model(), tcfg(), f);
+  CHECK(&a.context().resource() != &b.context().resource());
+  CHECK(&a.context().resource() != &host::default_resource());
+  CHECK(b.context().resource().stats().allocated == one);
+  CHECK(a.context().resource().stats().allocated == one);
+  CHECK(host::default_resource().stats().allocated == before);
+  const auto ma = a.train_step();
+  CHECK(ma.mem_peak >= ma.mem_allocated);
+  CHECK(ma.mem_allocated == a.context().resource().stats().allocated);
+  CHECK(b.context().resource().stats().allocated == one);
 }

@@ -44,6 +44,8 @@ class self_communicator {
 
   /// A one-rank group whose copies go through `ctx` (not owned).
   explicit self_communicator(const Ctx& ctx) : ctx_(&ctx) {}
+  /// A temporary context would dangle: refused.
+  explicit self_communicator(const Ctx&&) = delete;
 
   [[nodiscard]] int rank() const { return 0; }
   [[nodiscard]] int size() const { return 1; }

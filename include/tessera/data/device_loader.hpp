@@ -76,11 +76,6 @@
 #include "tessera/core/nvtx.hpp"
 #include "tessera/data/sampler.hpp"
 
-#if __has_include(<cuda_runtime_api.h>)
-#include "tessera/core/cuda.hpp"
-#define TESSERA_DEVICE_LOADER_HAS_CUDA 1
-#endif
-
 namespace tessera::data {
 
 /// What a device loader needs from the system below it. All copies and
@@ -430,7 +425,8 @@ class host_loader_system {
 static_assert(loader_system<host_loader_system>);
 
 /// The loader system of a backend: `type`, and `make(ctx)` building it for
-/// an execution context of that backend (kernels/context.hpp).
+/// an execution context of that backend (kernels/context.hpp); the cuda
+/// specialisation is in data/cuda_loader.hpp (<tessera/cuda.hpp>).
 template <class Backend>
 struct loader_system_for;
 template <>
@@ -446,90 +442,5 @@ struct loader_system_for<host> {
 template <class Backend>
 using loader_for = basic_device_loader<typename loader_system_for<Backend>::type>;
 
-#if defined(TESSERA_DEVICE_LOADER_HAS_CUDA)
-
-/// The CUDA system of the loader: pinned buffers from
-/// cuda::pinned_resource() (cudaHostAlloc, counted), device buffers from the
-/// device's caching allocator (counted; allocated on the copy stream and
-/// record_stream'ed on the compute stream, so freeing them never lets a
-/// later allocation overwrite data a queued kernel still reads), events
-/// without timing, and its own non-blocking copy stream.
-/// Every CUDA status is checked (cuda_error naming the call).
-class cuda_loader_system {
- public:
-  using event_type = cudaEvent_t;
-
-  /// `compute` is the stream the model's kernels run on (not owned; any
-  /// stream, the legacy default one included). Creates the copy stream on
-  /// the current device.
-  explicit cuda_loader_system(cudaStream_t compute)
-      : compute_(compute), device_(cuda::current_device()) {}
-
-  void* allocate_pinned(std::size_t n) { return cuda::pinned_resource().allocate(n, 64); }
-  void deallocate_pinned(void* p, std::size_t n) noexcept {
-    cuda::pinned_resource().deallocate(p, n);
-  }
-  void* allocate_device(std::size_t n) {
-    auto& mr = cuda::resource(device_);
-    void* p = mr.allocate_on(n, copy_.get());
-    if (compute_ != copy_.get()) mr.record_stream(p, compute_);
-    return p;
-  }
-  void deallocate_device(void* p, std::size_t n) noexcept {
-    cuda::resource(device_).deallocate(p, n);
-  }
-  cudaEvent_t create_event() {
-    cudaEvent_t e = nullptr;
-    TESSERA_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-    return e;
-  }
-  void destroy_event(cudaEvent_t& e) noexcept {
-    if (e) (void)cudaEventDestroy(e);
-    e = nullptr;
-  }
-  void copy_to_device(void* d_dst, const void* h_src, std::size_t n) {
-    TESSERA_CUDA_CHECK(cudaMemcpyAsync(d_dst, h_src, n, cudaMemcpyHostToDevice, copy_.get()));
-  }
-  void record_on_copy_stream(cudaEvent_t& e) {
-    TESSERA_CUDA_CHECK(cudaEventRecord(e, copy_.get()));
-  }
-  void record_on_compute_stream(cudaEvent_t& e) {
-    TESSERA_CUDA_CHECK(cudaEventRecord(e, compute_));
-  }
-  void copy_stream_wait(cudaEvent_t& e) {
-    TESSERA_CUDA_CHECK(cudaStreamWaitEvent(copy_.get(), e, 0));
-  }
-  void compute_stream_wait(cudaEvent_t& e) {
-    TESSERA_CUDA_CHECK(cudaStreamWaitEvent(compute_, e, 0));
-  }
-  void host_wait(cudaEvent_t& e) { TESSERA_CUDA_CHECK(cudaEventSynchronize(e)); }
-
-  /// The side stream the copies run on (owned).
-  cudaStream_t copy_stream() const { return copy_.get(); }
-  /// The compute stream (not owned).
-  cudaStream_t compute_stream() const { return compute_; }
-  /// The device whose memory the buffers are in.
-  int device() const { return device_; }
-
- private:
-  cudaStream_t compute_;
-  int device_;
-  cuda::stream copy_;
-};
-
-static_assert(loader_system<cuda_loader_system>);
-
-/// The loader of the cuda backend.
-using device_loader = basic_device_loader<cuda_loader_system>;
-template <>
-struct loader_system_for<cuda> {
-  using type = cuda_loader_system;
-  template <class Ctx>
-  static type make(const Ctx& ctx) {
-    return type(ctx.stream());
-  }
-};
-
-#endif  // TESSERA_DEVICE_LOADER_HAS_CUDA
 
 }  // namespace tessera::data

@@ -53,6 +53,21 @@ inline void attention_check_sizes(const char* fn, std::int64_t B, std::int64_t S
                    ": attention tile sizes must be >= 1, got q=", tiles.q, " k=", tiles.k);
 }
 
+}  // namespace detail
+
+/// Throws config_error, naming the values, when the attention kernels of
+/// `ctx` cannot run nh query heads over nkv key/value heads of size hd on
+/// sequences of up to S tokens (host: every size >= 1, nkv dividing nh,
+/// tiles >= 1). The model checks its shape with it at construction, before
+/// it allocates; the CUDA overload (kernels/cuda/ops.hpp) adds the GPU
+/// kernels' limits.
+inline void attention_check_shape(const host_context& ctx, std::int64_t S, std::int64_t nh,
+                                  std::int64_t nkv, std::int64_t hd) {
+  detail::attention_check_sizes("attention", 1, S, nh, nkv, hd, ctx.tiles);
+}
+
+namespace detail {
+
 /// Problems with fewer score-times-hd terms than this (B nh S^2 hd) run on the
 /// calling thread: an OpenMP parallel region costs microseconds (far more on
 /// a loaded machine, where the team's barrier spins), more than such a

@@ -90,9 +90,13 @@ inline const host_context& default_host_context() {
 }
 
 /// Maps a backend tag to its execution context (specialised for `cuda` in
-/// kernels/cuda/context.hpp).
+/// kernels/cuda/context.hpp, which <tessera/cuda.hpp> includes).
 template <class Backend>
-struct context_of;
+struct context_of {
+  static_assert(!std::same_as<Backend, Backend>,
+                "no execution context for this backend: include <tessera/cuda.hpp> (and compile "
+                "with nvcc or link tessera::cuda) for the cuda backend");
+};
 template <>
 struct context_of<host> {
   using type = host_context;
@@ -101,8 +105,26 @@ struct context_of<host> {
 template <class Backend>
 using context_t = typename context_of<Backend>::type;
 
+/// A context that a component builds for itself when it is given none
+/// (specialised per context type): on the host, a context over a counted
+/// resource of its own, so that each rank's memory figures and peak are its
+/// own (thread ranks share a process); on a GPU (kernels/cuda/context.hpp),
+/// a cuda_context on a stream of its own or on a given one. Not copyable or
+/// movable: the context refers to the resource; hold it by unique_ptr.
+template <class Ctx>
+struct owned_context;
+template <>
+struct owned_context<host_context> {
+  host_memory_resource mr;  ///< this context's memory, counted on its own
+  host_context ctx{&mr};    ///< OpenMP threads and attention tiles at their defaults
+  owned_context() = default;
+  owned_context(const owned_context&) = delete;
+  owned_context& operator=(const owned_context&) = delete;
+};
+
 /// What code above the kernels needs of a context: its backend, a memory
-/// resource in that backend's memory, byte moves and synchronisation.
+/// resource in that backend's memory, byte moves, synchronisation, and
+/// apply_threads() (the host's OpenMP thread count; nothing on a GPU).
 template <class C>
 concept execution_context = requires(const C& c, void* p, const void* cp, std::size_t n) {
   typename C::backend_type;
@@ -113,6 +135,7 @@ concept execution_context = requires(const C& c, void* p, const void* cp, std::s
   c.to_host(p, cp, n);
   c.from_host(p, cp, n);
   c.synchronize();
+  c.apply_threads();
 };
 static_assert(execution_context<host_context>);
 

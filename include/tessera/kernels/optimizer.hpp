@@ -21,20 +21,10 @@
 #include "tessera/core/numeric.hpp"
 #include "tessera/kernels/context.hpp"
 #include "tessera/kernels/detail/adamw.hpp"
+#include "tessera/kernels/detail/clip.hpp"
 #include "tessera/kernels/detail/sgd.hpp"
 
 namespace tessera::kernels {
-
-/// Clip coefficient for a global norm, as torch.nn.utils.clip_grad_norm_:
-/// min(1, max_norm / (norm + 1e-6)). max_norm <= 0 disables clipping
-/// (returns 1). A non-finite norm returns NaN so the caller skips the step.
-/// Source: Pascanu et al. 2013, "On the difficulty of training RNNs".
-inline double clip_coefficient_of(double norm, double max_norm) {
-  if (!std::isfinite(norm)) return std::nan("");
-  if (max_norm <= 0) return 1.0;
-  const double c = max_norm / (norm + 1e-6);
-  return c < 1.0 ? c : 1.0;
-}
 
 /// Sum of squares of g[0, n) in float64 into `*out` (or `*out += sum` when
 /// `accumulate`, to cover several buffers in a fixed order).

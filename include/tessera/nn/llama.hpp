@@ -61,6 +61,7 @@
 #include "tessera/nn/linear.hpp"
 #include "tessera/nn/llama_config.hpp"
 #include "tessera/nn/llama_layout.hpp"
+#include "tessera/nn/llama_record.hpp"
 #include "tessera/nn/lm_head.hpp"
 #include "tessera/nn/param_layout.hpp"
 #include "tessera/nn/segment_hooks.hpp"
@@ -68,62 +69,6 @@
 #include "tessera/precision/policy.hpp"
 
 namespace tessera::nn {
-
-/// The modules one model instance holds: blocks [first_block, last_block)
-/// (last_block -1: to the end), and whether the embedding and the head are
-/// here. The whole model by default.
-struct stage_range {
-  std::int64_t first_block = 0;
-  std::int64_t last_block = -1;
-  bool embedding = true;
-  bool head = true;
-};
-
-/// Options of a model instance that are not model sizes.
-struct llama_options {
-  std::int64_t ce_chunk = 256;       ///< token rows per LM-head/cross-entropy chunk
-  std::int32_t ignore_index = -100;  ///< target id that is not scored; input id that is padding
-  /// Do not allocate the flat parameter buffer: params() is null and a
-  /// strategy must point every segment at its parameters
-  /// (set_segment_params) before the model reads them (ZeRO-3).
-  bool external_params = false;
-  /// Do not allocate the flat gradient buffer: grads() is null and a
-  /// strategy must point every segment at its gradients
-  /// (set_segment_grads) before a backward pass writes them (ZeRO-2/3).
-  bool external_grads = false;
-  /// Which blocks keep only their input and recompute the rest in backward.
-  checkpoint_policy checkpointing{};
-  /// The modules of this instance (a pipeline stage), the whole model by default.
-  stage_range stage{};
-};
-
-/// What one micro-batch's training forward leaves for its backward.
-template <precision::policy P, class Backend>
-struct llama_record {
-  embedding_record<Backend> embedding;                 ///< the input ids (stages with it)
-  std::vector<block_record<P, Backend>> blocks;        ///< one per block of the stage
-  head_record<P, Backend> head;                        ///< d(loss)/d(head input) (stages with it)
-  tensor<typename P::param_type, Backend> output;      ///< (N, H) stage output (stages without the head)
-  tensor<typename P::act_grad_type, Backend> d_input;  ///< (N, H) after backward: d(loss)/d(stage input) (stages without the embedding)
-  std::int64_t B = 0, T = 0;
-  bool filled = false;  ///< between forward and backward
-};
-
-/// The loss of a host-memory call: the sum of -log p over scored targets
-/// (nats) and how many were scored.
-struct loss_sum {
-  double sum = 0;
-  std::int64_t scored = 0;
-};
-
-/// One micro-batch, in the context's memory.
-template <class Param>
-struct micro_batch {
-  const std::int32_t* inputs = nullptr;   ///< (B, T) input ids (stages with the embedding)
-  const std::int32_t* targets = nullptr;  ///< (B, T) target ids (stages with the head)
-  const Param* hidden = nullptr;          ///< (B, T, H) stage input (stages without the embedding)
-  std::int64_t B = 0, T = 0;
-};
 
 /// Llama model (or a stage of one) with precision policy `P` on backend
 /// `Backend` (host or cuda), its GEMMs through the layer family `Layers`.
@@ -147,11 +92,15 @@ class llama {
   /// init_weights) and gradients (zero, unless opt.external_grads) of the
   /// stage, and the RoPE tables, from the context's resource. `ctx` is not
   /// owned and must outlive the model. Throws config_error for an invalid
-  /// config, ce_chunk < 1, a bad checkpointing policy or stage range.
+  /// config, ce_chunk < 1, a bad checkpointing policy or stage range, or
+  /// heads the backend's attention kernels cannot run (kernels::
+  /// attention_check_shape; on a GPU the head dim must be 32, 64 or 128).
   llama(llama_config cfg, llama_options opt, const Ctx& ctx)
       : cfg_(std::move(cfg)), opt_(opt), layout_(make_llama_layout(cfg_)), ctx_(&ctx) {
     TESSERA_THROW_IF(opt_.ce_chunk < 1, config_error, "ce_chunk=", opt_.ce_chunk, " must be >= 1");
     opt_.checkpointing.validate();
+    kernels::attention_check_shape(ctx, cfg_.max_seq, cfg_.n_heads, cfg_.n_kv_heads,
+                                   cfg_.head_dim());
     const std::int64_t L = cfg_.n_layers;
     stage_range& st = opt_.stage;
     if (st.last_block < 0) st.last_block = L;
@@ -350,14 +299,14 @@ class llama {
   }
 
   /// Backward of the micro-batch in `r`, which it empties: the blocks in
-  /// reverse, then the embedding. Without the head, `d_output` (N, H,
+  /// reverse, then the embedding. Without the head, `grad_output` (N, H,
   /// context memory) is d(loss)/d(stage output); without the embedding,
-  /// r.d_input holds d(loss)/d(stage input) on return. Parameter gradients
+  /// r.grad_input holds d(loss)/d(stage input) on return. Parameter gradients
   /// accumulate (+=). A backward that throws leaves `r` empty.
-  void backward(record& r, const ActGrad* d_output = nullptr) {
+  void backward(record& r, const ActGrad* grad_output = nullptr) {
     TESSERA_THROW_IF(!r.filled, error, "backward: the record holds no forward (run forward first)");
     try {
-      backward_from(r, d_output);
+      backward_from(r, grad_output);
     } catch (...) {
       r = record{};
       throw;
@@ -367,7 +316,7 @@ class llama {
  private:
   void forward_into(const micro_batch<Param>& mb, record& r, Acc grad_scale, double* d_loss) {
     check_shapes(mb);
-    r.d_input.release();  // a stage's input gradient of the record's last use
+    r.grad_input.release();  // a stage's input gradient of the record's last use
     const Ctx& ctx = *ctx_;
     const block_shape s{mb.B, mb.T};
     const std::int64_t N = s.N(), H = cfg_.dim;
@@ -402,7 +351,7 @@ class llama {
     r.filled = true;
   }
 
-  void backward_from(record& r, const ActGrad* d_output) {
+  void backward_from(record& r, const ActGrad* grad_output) {
     const Ctx& ctx = *ctx_;
     const block_shape s{r.B, r.T};
     const std::int64_t N = s.N(), H = cfg_.dim;
@@ -410,10 +359,10 @@ class llama {
     if (opt_.stage.head) {
       dres = head_.backward(r.head);
     } else {
-      TESSERA_THROW_IF(d_output == nullptr, error,
+      TESSERA_THROW_IF(grad_output == nullptr, error,
                        "backward: a stage without the head needs the gradient of its output");
       dres = kernels::make_tensor<ActGrad>(ctx, N * H);
-      kernels::copy_elements(ctx, dres.data(), d_output, N * H);
+      kernels::copy_elements(ctx, dres.data(), grad_output, N * H);
       r.output.release();
     }
     if (opt_.stage.last_block > opt_.stage.first_block) {
@@ -438,7 +387,7 @@ class llama {
       embed_.backward(ctx, r.embedding, dres.data(), segment_grads_checked(-1));
       hook(&segment_hooks::after_backward, -1);
     } else {
-      r.d_input = std::move(dres);
+      r.grad_input = std::move(dres);
     }
     r.filled = false;
   }
@@ -642,7 +591,7 @@ class llama {
   std::int64_t lo_ = 0, hi_ = 0;         // this instance's part of the whole layout
   tensor<Param, Backend> params_;        // (flat_size) flat parameters; empty with external_params
   tensor<Grad, Backend> grads_;          // (flat_size) flat gradients; empty with external_grads
-  tensor<Rope, Backend> rope_cos_, rope_sin_;
+  tensor<Rope, Backend> rope_cos_, rope_sin_;  // (max_seq, hd/2) each, in the policy's rope_type
   std::vector<const Param*> seg_params_;  // L+2: where segment s's parameters are read
   std::vector<Grad*> seg_grads_;          // L+2: where segment s's gradients accumulate
   segment_hooks* hooks_ = nullptr;

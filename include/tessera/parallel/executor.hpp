@@ -15,8 +15,9 @@
 ///                     clip_coefficient(ctx, d_clip, d_sum_squares, max_norm)
 ///   optimizer_step    engine.step(lr, d_clip)
 /// The step starts with model.zero_grad() and engine.begin_step(number of
-/// backwards). Every scalar stays in the context's memory: nothing here
-/// synchronises the host with a GPU.
+/// backwards). Every scalar stays in the context's memory: the executor
+/// reads nothing back. (The engine's waits on its collectives do block the
+/// host: a device communicator's wait returns once the collective is done.)
 ///
 /// `feed(m)` returns micro-batch m's inputs (an nn::micro_batch in the
 /// context's memory). It is called once per forward, in the list's forward
@@ -24,8 +25,10 @@
 /// copies what its backward needs).
 ///
 /// On an exception the records in flight are dropped (their memory
-/// freed) and the exception propagates; the model's gradients are then
-/// those of a partial step.
+/// freed), the engine abandons the step (engine.abandon_step(): its
+/// reductions waited for, its buffers freed) and the exception propagates;
+/// the model's gradients are then those of a partial step, and the next
+/// run() starts afresh.
 
 #include <cstdint>
 #include <vector>
@@ -78,6 +81,7 @@ class executor {
       for (const action& a : actions) run_one(a, feed, in);
     } catch (...) {
       pool_.clear();
+      engine_->abandon_step();
       throw;
     }
   }

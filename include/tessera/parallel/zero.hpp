@@ -75,8 +75,10 @@
 /// below the smallest segment to compare).
 ///
 /// Streams (device communicators): the collectives run on the
-/// communicator's stream; the trainer uses that stream as its compute
-/// stream, so kernels and collectives are ordered on one stream.
+/// communicator's stream, which must be the context's compute stream (the
+/// constructor throws otherwise), so kernels, collectives and the caching
+/// allocator's reuse of freed blocks are ordered on one stream. Collectives
+/// therefore do not overlap compute on a GPU.
 ///
 /// Thread-safety: one engine per rank, used from that rank's thread.
 ///
@@ -172,7 +174,8 @@ class data_parallel final : public nn::segment_hooks {
   /// should be built with llama_options::external_grads (else its flat
   /// gradient buffer stays allocated, unused). Throws config_error naming
   /// the values if the model's parameter storage does not match the stage,
-  /// or zero<0,1> get a model without a gradient buffer.
+  /// zero<0,1> get a model without a gradient buffer, or a device
+  /// communicator's stream is not the model context's stream.
   data_parallel(Model& model, C& comm, typename O::config opt_cfg, std::uint64_t seed,
                 data_parallel_options opt = {})
       : model_(&model),
@@ -185,6 +188,13 @@ class data_parallel final : public nn::segment_hooks {
               S::shards_parameters),
         optimizer_(make_optimizer(opt_cfg)) {
     const Ctx& ctx = *ctx_;
+    if constexpr (requires { comm.stream(); ctx.stream(); }) {
+      TESSERA_THROW_IF(static_cast<const void*>(comm.stream()) !=
+                           static_cast<const void*>(ctx.stream()),
+                       config_error, "data_parallel: the communicator's stream ", comm.stream(),
+                       " is not the model context's stream ", ctx.stream(),
+                       ": build the context on the communicator's stream");
+    }
     const std::size_t nb = plan_.size();
     reductions_.assign(nb, 0);
     backwards_.assign(static_cast<std::size_t>(model.last_segment() - model.first_segment() + 1),
@@ -301,6 +311,18 @@ class data_parallel final : public nn::segment_hooks {
       release_window();  // what an abandoned window left
       max_window_ = 0;
     }
+  }
+  /// After a step that threw part-way: waits for the reductions it issued
+  /// (their errors dropped: the step's own exception is the one to report)
+  /// and frees what it held, so that the next begin_step() can start. The
+  /// gradients are those of a partial step; the next step zeroes them.
+  void abandon_step() noexcept {
+    try {
+      drain();
+    } catch (...) {
+      pending_.clear();
+    }
+    if constexpr (S::shards_gradients) release_window();
   }
   /// Before micro-batch `m` (0-based, for the reduction log) of the step
   /// runs a training forward (whose backward follows).
@@ -429,6 +451,15 @@ class data_parallel final : public nn::segment_hooks {
  private:
   using request = decltype(std::declval<C&>().iall_reduce(static_cast<float*>(nullptr),
                                                           std::size_t{0}, comm::reduce_op::sum));
+  static_assert(
+      std::same_as<request, decltype(std::declval<C&>().iall_gather(
+                                static_cast<const std::int32_t*>(nullptr),
+                                static_cast<std::int32_t*>(nullptr), std::size_t{0}))> &&
+          std::same_as<request, decltype(std::declval<C&>().ireduce_scatter(
+                                    static_cast<const float*>(nullptr),
+                                    static_cast<float*>(nullptr), std::size_t{0},
+                                    comm::reduce_op::sum))>,
+      "data_parallel: the communicator's asynchronous collectives must return one request type");
   struct gathered_segment {
     tensor<Param, Backend> buf;  // (padded) the segment in flat order, then padding
     std::optional<request> req;

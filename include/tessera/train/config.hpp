@@ -66,15 +66,24 @@ struct train_config {
   }
   optim::warmup_cosine schedule() const { return {lr, lr * min_lr_ratio, warmup, steps}; }
 
-  /// The hyper-parameters of optimizer policy O (adamw or sgd).
+  /// The hyper-parameters of optimizer policy O: a policy's own
+  /// `static typename O::config config_from(const train_config&)` when it
+  /// has one (an optimizer of the user's), else `adamw` or `sgd` for those
+  /// policies' configs. Another policy without config_from fails to compile
+  /// with a message saying so.
   template <class O>
-  const typename O::config& optimizer_config() const {
-    if constexpr (std::is_same_v<typename O::config, optim::adamw_config>)
+  typename O::config optimizer_config() const {
+    if constexpr (requires(const train_config& c) {
+                    { O::config_from(c) } -> std::convertible_to<typename O::config>;
+                  })
+      return O::config_from(*this);
+    else if constexpr (std::is_same_v<typename O::config, optim::adamw_config>)
       return adamw;
     else {
       static_assert(std::is_same_v<typename O::config, optim::sgd_config>,
                     "train_config holds the configs of optim::adamw and optim::sgd; another "
-                    "optimizer policy needs its config added here");
+                    "optimizer policy gives its own: static typename O::config "
+                    "config_from(const tessera::train::train_config&)");
       return sgd;
     }
   }

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <string>
+#include <type_traits>
 
 #include <nlohmann/json.hpp>
 
@@ -37,6 +38,21 @@ inline nlohmann::json optimizer_metadata(const optim::sgd_config& s) {
   return {{"momentum", s.momentum}, {"nesterov", s.nesterov}, {"weight_decay", s.weight_decay}};
 }
 
+/// The hyper-parameters of another optimizer's config: its
+/// optimizer_metadata overload (found by argument-dependent lookup) or its
+/// nlohmann-json conversion (to_json), which the resume check compares.
+template <class OptConfig>
+nlohmann::json optimizer_config_json(const OptConfig& opt) {
+  if constexpr (requires { optimizer_metadata(opt); })
+    return optimizer_metadata(opt);
+  else {
+    static_assert(std::is_constructible_v<nlohmann::json, const OptConfig&>,
+                  "an optimizer config needs optimizer_metadata(const config&) or a "
+                  "nlohmann-json to_json(json&, const config&) for the checkpoint metadata");
+    return nlohmann::json(opt);
+  }
+}
+
 /// The checkpoint metadata of a run at `step` (every trainer writes this).
 /// `optimizer` names the policy and `opt` is its config; `sharding` the
 /// ZeRO strategy's name, `dp` the data-parallel degree; `flat_elements`
@@ -49,7 +65,7 @@ nlohmann::json run_metadata(const nn::llama_config& c, const train_config& cfg,
   return {{"model", model_metadata(c)},
           {"precision", precision},
           {"optimizer", optimizer},
-          {optimizer, optimizer_metadata(opt)},
+          {optimizer, optimizer_config_json(opt)},
           {"sharding", sharding},
           {"dp", dp},
           {"step", step},

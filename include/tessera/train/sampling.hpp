@@ -33,14 +33,20 @@ inline std::int32_t sample_token(const float* logits, std::int64_t V, double tem
 /// Samples `n` tokens after `prompt` (token ids) from the full softmax at
 /// `temperature`, deterministic in `seed`: each step asks
 /// `next_logits(ids, len, logits)` for the V logits (host memory) after the
-/// last min(ctx, prompt length) tokens and draws with sample_token. Throws
-/// config_error for an empty prompt or a temperature that is not > 0.
+/// last min(ctx, prompt length) tokens and draws with sample_token. Returns
+/// the prompt followed by the n sampled tokens. Throws config_error for an
+/// empty prompt, a prompt id outside [0, V), a negative n, or a temperature
+/// that is not > 0.
 template <class NextLogits>
 std::vector<std::int32_t> generate_tokens(std::vector<std::int32_t> prompt, std::int64_t n,
                                           double temperature, std::uint64_t seed, std::int64_t V,
                                           std::int64_t ctx, NextLogits&& next_logits) {
   TESSERA_THROW_IF(prompt.empty(), config_error, "generation needs a non-empty prompt");
   TESSERA_THROW_IF(!(temperature > 0), config_error, "temperature=", temperature, " must be > 0");
+  TESSERA_THROW_IF(n < 0, config_error, "tokens to generate n=", n, " must be >= 0");
+  for (std::size_t i = 0; i < prompt.size(); ++i)
+    TESSERA_THROW_IF(prompt[i] < 0 || prompt[i] >= V, config_error, "prompt token ", i, " has id ",
+                     prompt[i], " outside the vocabulary [0, ", V, ")");
   std::vector<float> logits(static_cast<std::size_t>(V));
   std::vector<double> p;
   rng r(seed);

@@ -27,7 +27,9 @@
 /// So `G` stays the number of sequences per optimizer step whatever dp and
 /// the strategy are, and the loss curve does not change beyond rounding.
 /// train_step(), evaluate() and generate() are collectives: every rank
-/// calls them in the same order and gets the same global figures.
+/// calls them in the same order and gets the same global figures. The
+/// constructor and each of them set the calling thread's OpenMP thread
+/// count to the context's `threads` (kernels::host_context; 0 keeps it).
 
 #include <chrono>
 #include <cmath>
@@ -71,11 +73,18 @@ namespace tessera::train {
 
 /// One rank of a training run (file comment). `P` precision policy,
 /// `Backend` host or cuda, `O` optimizer policy, `S` sharding strategy,
-/// `C` communicator over the dp ranks in the backend's memory.
-template <precision::policy P, class Backend = host, optim::optimizer_policy O = optim::adamw,
-          parallel::sharding_strategy S = parallel::zero<0>,
-          comm::communicator C = comm::self_communicator<kernels::context_t<Backend>>>
+/// `C` communicator over the dp ranks in the backend's memory. A type that
+/// is not an optimizer policy, a sharding strategy or a communicator fails
+/// to compile with a message naming what it lacks.
+/// Thread-safety: one trainer per rank, used from that rank's thread.
+template <precision::policy P, class Backend = host, class O = optim::adamw,
+          class S = parallel::zero<0>,
+          class C = comm::self_communicator<kernels::context_t<Backend>>>
 class trainer {
+  static_assert(optim::check_optimizer_policy<O>());
+  static_assert(parallel::check_sharding_strategy<S>());
+  static_assert(comm::check_communicator<C>());
+
  public:
   using Ctx = kernels::context_t<Backend>;
   using model_type = nn::llama<P, Backend>;
@@ -87,8 +96,8 @@ class trainer {
   static constexpr std::int32_t ignore_index = -100;
 
   /// One rank (dp = 1, zero<0> over a one-rank communicator) on a context
-  /// of its own: host::default_resource() on the host, a new stream of the
-  /// current device on a GPU. Builds the model (weights from cfg.seed), the
+  /// of its own (kernels::owned_context: a counted host resource of its own
+  /// on the host, a new stream of the current device on a GPU). Builds the model (weights from cfg.seed), the
   /// optimizer state (now, so the memory floor is visible before step 0),
   /// the samplers and the loader, and prefetches the first micro-batch.
   /// `data` is not owned and must outlive the trainer. Throws config_error
@@ -110,10 +119,13 @@ class trainer {
       : trainer(own_context{}, std::move(model_cfg), cfg, data, &comm, dpo) {}
 
   /// As above, on the caller's context `ctx` (not owned; must outlive the
-  /// trainer): its memory resource, threads, tiles or stream.
+  /// trainer): its memory resource, threads, tiles or stream. A temporary
+  /// context is refused at compile time.
   trainer(nn::llama_config model_cfg, train_config cfg, const data::token_file& data, C& comm,
           const Ctx& ctx, parallel::data_parallel_options dpo = {})
       : trainer(&ctx, std::move(model_cfg), cfg, data, &comm, dpo) {}
+  trainer(nn::llama_config, train_config, const data::token_file&, C&, const Ctx&&,
+          parallel::data_parallel_options = {}) = delete;
 
   trainer(const trainer&) = delete;
   trainer& operator=(const trainer&) = delete;
@@ -138,6 +150,7 @@ class trainer {
   step_metrics train_step() {
     TESSERA_NVTX_RANGE("train step");
     const auto t0 = std::chrono::steady_clock::now();
+    ctx_->apply_threads();
     memory_resource& mr = ctx_->resource();
     mr.reset_peak();
     const std::int64_t A = cfg_.accum_steps(), B = cfg_.micro_batch, T = cfg_.seq;
@@ -199,6 +212,7 @@ class trainer {
   /// gathers need). Collective; the same value on every rank.
   double evaluate(std::int64_t windows = -1) {
     TESSERA_NVTX_RANGE("evaluate");
+    ctx_->apply_threads();
     const std::int64_t B = cfg_.micro_batch, T = cfg_.seq, dp = comm_->size();
     const data::val_windows val =
         windows < 0 ? val_ : data::val_windows(*data_, split_.val, T, windows);
@@ -222,11 +236,13 @@ class trainer {
   /// Samples `n` tokens after `prompt` (token ids) from the full softmax at
   /// `temperature`, deterministic in `seed`, on the model's own backend
   /// (V logits read back per token). The context is the last min(max_seq,
-  /// seq) tokens. Collective (zero<3> gathers); the same tokens on every
-  /// rank. Throws config_error for an empty prompt, a temperature that is
-  /// not > 0, or (host) an id outside the vocabulary.
+  /// seq) tokens. Returns the prompt followed by the n sampled tokens.
+  /// Collective (zero<3> gathers); the same tokens on every rank. Throws
+  /// config_error for an empty prompt, an id outside the vocabulary, a
+  /// negative n or a temperature that is not > 0.
   std::vector<std::int32_t> generate(std::vector<std::int32_t> prompt, std::int64_t n,
                                      double temperature, std::uint64_t seed) {
+    ctx_->apply_threads();
     return generate_tokens(std::move(prompt), n, temperature, seed, model_.config().vocab,
                            std::min(model_.config().max_seq, cfg_.seq),
                            [&](const std::int32_t* ids, std::int64_t len, float* logits) {
@@ -295,14 +311,15 @@ class trainer {
   trainer(own_context, nn::llama_config model_cfg, train_config cfg, const data::token_file& data,
           C* comm, parallel::data_parallel_options dpo)
       : trainer(make_context(comm), std::move(model_cfg), cfg, data, comm, dpo) {}
-  trainer(std::unique_ptr<Ctx> own, nn::llama_config model_cfg, train_config cfg,
-          const data::token_file& data, C* comm, parallel::data_parallel_options dpo)
-      : trainer(own.get(), std::move(model_cfg), cfg, data, comm, dpo) {
+  trainer(std::unique_ptr<kernels::owned_context<Ctx>> own, nn::llama_config model_cfg,
+          train_config cfg, const data::token_file& data, C* comm,
+          parallel::data_parallel_options dpo)
+      : trainer(&own->ctx, std::move(model_cfg), cfg, data, comm, dpo) {
     own_ctx_ = std::move(own);
   }
   trainer(const Ctx* ctx, nn::llama_config model_cfg, train_config cfg,
           const data::token_file& data, C* comm, parallel::data_parallel_options dpo)
-      : ctx_(ctx),
+      : ctx_((ctx->apply_threads(), ctx)),
         self_(comm ? std::nullopt : make_self(*ctx)),
         comm_(comm ? comm : &*self_),
         cfg_(checked(model_cfg, cfg, data, *comm_)),
@@ -325,11 +342,14 @@ class trainer {
     loader_.prefetch(0, first_micro_batch());
   }
 
-  static std::unique_ptr<Ctx> make_context(C* comm) {
-    if constexpr (requires(C& c) { Ctx(c.stream()); }) {
-      if (comm) return std::make_unique<Ctx>(comm->stream());
+  // A device communicator's stream becomes the context's stream (the engine
+  // requires one stream for kernels and collectives).
+  static std::unique_ptr<kernels::owned_context<Ctx>> make_context(C* comm) {
+    using owned = kernels::owned_context<Ctx>;
+    if constexpr (requires(C& c) { owned(c.stream()); }) {
+      if (comm) return std::make_unique<owned>(comm->stream());
     }
-    return std::make_unique<Ctx>();
+    return std::make_unique<owned>();
   }
   static std::optional<C> make_self(const Ctx& ctx) {
     if constexpr (std::is_constructible_v<C, const Ctx&>)
@@ -388,7 +408,7 @@ class trainer {
                      "checkpoint a data-parallel run)");
   }
 
-  std::unique_ptr<Ctx> own_ctx_;  // set after delegation: ctx_ points at it
+  std::unique_ptr<kernels::owned_context<Ctx>> own_ctx_;  // set after delegation: ctx_ points at it
   const Ctx* ctx_;
   std::optional<C> self_;  // the one-rank communicator of a single-rank trainer
   C* comm_;

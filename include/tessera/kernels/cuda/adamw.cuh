@@ -21,7 +21,7 @@ namespace detail {
 template <class Param, class Grad, bool Master>
 __global__ void __launch_bounds__(elementwise_threads)
     adamw_kernel(Param* params, float* master, float* m, float* v, const Grad* grads,
-                 std::int64_t n, const adamw_segment* segments, int num_segments,
+                 std::int64_t n, const optimizer_segment* segments, int num_segments,
                  kernels::detail::adamw_step_params<float> s, const float* grad_scale) {
   if (grad_scale) {
     // A non-finite clip coefficient (the gradient norm overflowed): the
@@ -63,7 +63,7 @@ __global__ void __launch_bounds__(elementwise_threads)
 template <class Param, class Grad, bool Master>
 __global__ void __launch_bounds__(elementwise_threads)
     sgd_kernel(Param* params, float* master, float* buf, const Grad* grads, std::int64_t n,
-               const adamw_segment* segments, int num_segments,
+               const optimizer_segment* segments, int num_segments,
                kernels::detail::sgd_step_params<float> s, const float* grad_scale) {
   if (grad_scale) {
     const float c = *grad_scale;
@@ -103,7 +103,7 @@ __global__ void __launch_bounds__(elementwise_threads)
 
 template <class Param, class Grad>
 void adamw_step(Param* d_params, float* d_master, float* d_m, float* d_v, const Grad* d_grads,
-                std::int64_t n, const adamw_segment* d_segments, int num_segments,
+                std::int64_t n, const optimizer_segment* d_segments, int num_segments,
                 const kernels::detail::adamw_step_params<float>& step, const float* d_grad_scale,
                 cudaStream_t stream) {
   constexpr bool has_master = !std::is_same_v<Param, float>;
@@ -124,7 +124,7 @@ void adamw_step(Param* d_params, float* d_master, float* d_m, float* d_v, const 
 
 template <class Param, class Grad>
 void sgd_step(Param* d_params, float* d_master, float* d_buf, const Grad* d_grads, std::int64_t n,
-              const adamw_segment* d_segments, int num_segments,
+              const optimizer_segment* d_segments, int num_segments,
               const kernels::detail::sgd_step_params<float>& step, const float* d_grad_scale,
               cudaStream_t stream) {
   constexpr bool has_master = !std::is_same_v<Param, float>;

@@ -61,11 +61,16 @@ class cuda_context {
   cuda_context(const cuda_context&) = delete;
   cuda_context& operator=(const cuda_context&) = delete;
 
+  /// The device, fixed at construction (the methods do not call
+  /// cudaSetDevice: use the context from a thread whose current device it is).
   int device() const { return device_; }
+  /// The stream every operation of this context is enqueued on.
   cudaStream_t stream() const { return stream_; }
   /// The device's caching allocator, allocating on stream() (stream-ordered reuse).
   memory_resource& resource() const { return *mr_; }
-  /// The cuBLASLt handle, workspace and plan cache of stream().
+  /// The cuBLASLt handle, workspace and plan cache of stream(). Mutable
+  /// through a const context (the plan cache fills on first use): like the
+  /// context, use it from one thread.
   cuda::cublaslt_context& blas() const { return *blas_; }
 
   /// Sets `bytes` bytes at device address `p` to zero (enqueued).
@@ -86,6 +91,8 @@ class cuda_context {
   void from_host(void* dst, const void* h_src, std::size_t bytes) const {
     tessera::cuda::copy_from_host(dst, h_src, bytes, stream_);
   }
+  /// Nothing to set: the kernels' parallelism is the device's.
+  void apply_threads() const {}
   /// Waits for the work queued on stream(). Throws cuda_error: where an
   /// asynchronous kernel fault surfaces.
   void synchronize() const { TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
@@ -106,6 +113,17 @@ class cuda_context {
 template <>
 struct context_of<tessera::cuda> {
   using type = cuda_context;
+};
+
+/// A cuda_context a component builds for itself (kernels/context.hpp): on
+/// a new stream of the current device, or on `stream` (not owned).
+template <>
+struct owned_context<cuda_context> {
+  cuda_context ctx;
+  owned_context() = default;
+  explicit owned_context(cudaStream_t stream) : ctx(stream) {}
+  owned_context(const owned_context&) = delete;
+  owned_context& operator=(const owned_context&) = delete;
 };
 
 static_assert(execution_context<cuda_context>);

@@ -14,6 +14,7 @@
 #include <math.h>
 
 #include "tessera/kernels/cuda/common.cuh"
+#include "tessera/kernels/detail/clip.hpp"
 #include "tessera/kernels/cuda/kernels.hpp"
 
 namespace tessera::kernels::cuda {
@@ -58,17 +59,7 @@ __global__ void __launch_bounds__(grad_norm_threads)
 }
 
 __global__ void clip_coefficient_kernel(float* coef, const double* sum_squares, double max_norm) {
-  const double norm = sqrt(*sum_squares);
-  double c;
-  if (!isfinite(norm))
-    c = nan("");
-  else if (max_norm <= 0)
-    c = 1.0;
-  else {
-    c = max_norm / (norm + 1e-6);
-    c = c < 1.0 ? c : 1.0;
-  }
-  *coef = static_cast<float>(c);
+  *coef = static_cast<float>(clip_coefficient_of(sqrt(*sum_squares), max_norm));
 }
 
 }  // namespace detail

@@ -155,7 +155,7 @@ void clip_coefficient(F* d_coef, const double* d_sum_squares, double max_norm, c
 
 /// The segment table of the optimizer kernels (kernels/detail/adamw.hpp):
 /// [begin, end) of the optimizer's elements and the decay flag.
-using adamw_segment = kernels::optimizer_segment;
+using optimizer_segment = kernels::optimizer_segment;
 
 /// One AdamW step over a flat buffer in one launch (multi-tensor), as the
 /// host optim::adamw::step: per element kernels::detail::adamw_update on the
@@ -178,7 +178,7 @@ using adamw_segment = kernels::optimizer_segment;
 /// Source: Loshchilov & Hutter, ICLR 2019, Algorithm 2 (torch.optim.AdamW form).
 template <class Param, class Grad>
 void adamw_step(Param* d_params, float* d_master, float* d_m, float* d_v, const Grad* d_grads,
-                std::int64_t n, const adamw_segment* d_segments, int num_segments,
+                std::int64_t n, const optimizer_segment* d_segments, int num_segments,
                 const kernels::detail::adamw_step_params<float>& step, const float* d_grad_scale,
                 cudaStream_t stream);
 
@@ -190,7 +190,7 @@ void adamw_step(Param* d_params, float* d_master, float* d_m, float* d_v, const 
 /// throws). Source: torch.optim.SGD (dampening 0).
 template <class Param, class Grad>
 void sgd_step(Param* d_params, float* d_master, float* d_buf, const Grad* d_grads, std::int64_t n,
-              const adamw_segment* d_segments, int num_segments,
+              const optimizer_segment* d_segments, int num_segments,
               const kernels::detail::sgd_step_params<float>& step, const float* d_grad_scale,
               cudaStream_t stream);
 
@@ -261,27 +261,27 @@ void rope_backward(G* d_dx, const float* d_cos, const float* d_sin, std::int64_t
                                 cudaStream_t, bool);                                                \
   X void clip_coefficient<float>(float*, const double*, double, cudaStream_t);                     \
   X void adamw_step<float, float>(float*, float*, float*, float*, const float*, std::int64_t,      \
-                                  const adamw_segment*, int,                                        \
+                                  const optimizer_segment*, int,                                        \
                                   const kernels::detail::adamw_step_params<float>&, const float*,  \
                                   cudaStream_t);                                                    \
   X void adamw_step<bf16, float>(bf16*, float*, float*, float*, const float*, std::int64_t,        \
-                                 const adamw_segment*, int,                                         \
+                                 const optimizer_segment*, int,                                         \
                                  const kernels::detail::adamw_step_params<float>&, const float*,   \
                                  cudaStream_t);                                                     \
   X void adamw_step<bf16, bf16>(bf16*, float*, float*, float*, const bf16*, std::int64_t,          \
-                                const adamw_segment*, int,                                          \
+                                const optimizer_segment*, int,                                          \
                                 const kernels::detail::adamw_step_params<float>&, const float*,    \
                                 cudaStream_t);                                                    \
   X void sgd_step<float, float>(float*, float*, float*, const float*, std::int64_t,                 \
-                                const adamw_segment*, int,                                          \
+                                const optimizer_segment*, int,                                          \
                                 const kernels::detail::sgd_step_params<float>&, const float*,      \
                                 cudaStream_t);                                                      \
   X void sgd_step<bf16, float>(bf16*, float*, float*, const float*, std::int64_t,                   \
-                               const adamw_segment*, int,                                           \
+                               const optimizer_segment*, int,                                           \
                                const kernels::detail::sgd_step_params<float>&, const float*,       \
                                cudaStream_t);                                                       \
   X void sgd_step<bf16, bf16>(bf16*, float*, float*, const bf16*, std::int64_t,                     \
-                              const adamw_segment*, int,                                            \
+                              const optimizer_segment*, int,                                            \
                               const kernels::detail::sgd_step_params<float>&, const float*,        \
                               cudaStream_t);                                                        \
   X void rope_forward<float>(float*, const float*, const float*, std::int64_t, std::int64_t,      \

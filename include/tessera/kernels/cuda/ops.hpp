@@ -73,6 +73,8 @@ const bf16* as_bf16(const cuda_context& ctx, const G* src, std::int64_t n,
 
 // ---- embedding --------------------------------------------------------------------------------
 
+/// out (N, H) = wte[tokens] (wte (V, H) bf16); an id outside [0, V) embeds to zeros.
+/// Throws config_error for a non-negative ignore_index (file comment).
 template <class T>
 void embedding_forward(const cuda_context& ctx, T* out, const std::int32_t* tokens, const T* wte,
                        std::int64_t N, std::int64_t V, std::int64_t H,
@@ -83,6 +85,8 @@ void embedding_forward(const cuda_context& ctx, T* out, const std::int32_t* toke
   cuda::embedding_forward<T>(out, tokens, wte, N, V, H, ctx.stream());
 }
 
+/// dwte (V, H) float32 += dout rows scattered by token (out-of-range ids skipped).
+/// Throws config_error for a non-negative ignore_index.
 template <class G, class GA>
 void embedding_backward(const cuda_context& ctx, G* dwte, const GA* dout,
                         const std::int32_t* tokens, std::int64_t N, std::int64_t V, std::int64_t H,
@@ -96,12 +100,15 @@ void embedding_backward(const cuda_context& ctx, G* dwte, const GA* dout,
 
 // ---- rmsnorm ----------------------------------------------------------------------------------
 
+/// out (N, H) = rmsnorm(inp) * weight; rstd (N) float32 saved for the backward.
 template <class T>
 void rmsnorm_forward(const cuda_context& ctx, T* out, float* rstd, const T* inp, const T* weight,
                      std::int64_t N, std::int64_t H, double eps) {
   cuda::rmsnorm_forward<T>(out, rstd, inp, weight, N, H, eps, ctx.stream());
 }
 
+/// dinp (N, H) = (or += with accumulate_dinp) the input gradient; dweight (H)
+/// float32 +=. Scratch: cuda::rmsnorm_backward_scratch_bytes(N, H).
 template <class T, class GA, class G>
 void rmsnorm_backward(const cuda_context& ctx, GA* dinp, G* dweight, const GA* dout, const T* inp,
                       const T* weight, const float* rstd, std::int64_t N, std::int64_t H,
@@ -114,6 +121,8 @@ void rmsnorm_backward(const cuda_context& ctx, GA* dinp, G* dweight, const GA* d
 
 // ---- linear layers (cuBLASLt) -----------------------------------------------------------------
 
+/// out (M, N) = inp (M, K) weight^T (weight (N, K)), bf16, cuBLASLt. Throws
+/// cuda_error when cuBLASLt has no algorithm for the shape.
 template <class T>
 void linear_forward(const cuda_context& ctx, T* out, const T* inp, const T* weight, std::int64_t M,
                     std::int64_t N, std::int64_t K) {
@@ -121,6 +130,8 @@ void linear_forward(const cuda_context& ctx, T* out, const T* inp, const T* weig
   cuda::linear_forward<T>(ctx.blas(), out, inp, weight, M, N, K, ctx.stream());
 }
 
+/// dinp (M, K) = (or += with accumulate) dout (M, N) weight; a float32 dout is
+/// rounded to bf16 scratch first. Throws as linear_forward.
 template <class T, class GA>
 void linear_backward_input(const cuda_context& ctx, GA* dinp, const GA* dout, const T* weight,
                            std::int64_t M, std::int64_t N, std::int64_t K,
@@ -133,6 +144,7 @@ void linear_backward_input(const cuda_context& ctx, GA* dinp, const GA* dout, co
                                   accumulate);
 }
 
+/// dweight (N, K) float32 += dout^T (M, N) inp (M, K). Throws as linear_forward.
 template <class T, class GA, class G>
 void linear_backward_weight(const cuda_context& ctx, G* dweight, const GA* dout, const T* inp,
                             std::int64_t M, std::int64_t N, std::int64_t K) {
@@ -146,6 +158,7 @@ void linear_backward_weight(const cuda_context& ctx, G* dweight, const GA* dout,
 
 // ---- rope, swiglu, element-wise ---------------------------------------------------------------
 
+/// Rotates x (B, T, nh, hd) in place by the float32 tables (T, hd/2).
 template <class Storage, class R>
 void rope_forward(const cuda_context& ctx, Storage* x, const R* cos, const R* sin, std::int64_t B,
                   std::int64_t T, std::int64_t nh, std::int64_t hd) {
@@ -153,6 +166,7 @@ void rope_forward(const cuda_context& ctx, Storage* x, const R* cos, const R* si
   cuda::rope_forward<Storage>(x, cos, sin, B, T, nh, hd, ctx.stream());
 }
 
+/// The inverse rotation of the gradient dx (B, T, nh, hd), in place.
 template <class G, class R>
 void rope_backward(const cuda_context& ctx, G* dx, const R* cos, const R* sin, std::int64_t B,
                    std::int64_t T, std::int64_t nh, std::int64_t hd) {
@@ -161,11 +175,13 @@ void rope_backward(const cuda_context& ctx, G* dx, const R* cos, const R* sin, s
   cuda::rope_backward<G>(dx, cos, sin, B, T, nh, hd, ctx.stream());
 }
 
+/// out (n) = silu(gate) * up.
 template <class T>
 void swiglu_forward(const cuda_context& ctx, T* out, const T* gate, const T* up, std::int64_t n) {
   cuda::swiglu_forward<T>(out, gate, up, n, ctx.stream());
 }
 
+/// dgate, dup (n) = the gradients of swiglu_forward given dout (=, not +=).
 template <class T, class G>
 void swiglu_backward(const cuda_context& ctx, G* dgate, G* dup, const G* dout, const T* gate,
                      const T* up, std::int64_t n) {
@@ -173,11 +189,13 @@ void swiglu_backward(const cuda_context& ctx, G* dgate, G* dup, const G* dout, c
   cuda::swiglu_backward<T, G>(dgate, dup, dout, gate, up, n, ctx.stream());
 }
 
+/// out (n) = a + b (out may alias a).
 template <class T>
 void residual_add(const cuda_context& ctx, T* out, const T* a, const T* b, std::int64_t n) {
   cuda::residual_add<T>(out, a, b, n, ctx.stream());
 }
 
+/// out (n) = in converted to To (round to nearest even).
 template <class To, class From>
 void cast(const cuda_context& ctx, To* out, const From* in, std::int64_t n) {
   cuda::cast<To, From>(out, in, n, ctx.stream());
@@ -185,6 +203,18 @@ void cast(const cuda_context& ctx, To* out, const From* in, std::int64_t n) {
 
 // ---- attention (flash attention, bf16) --------------------------------------------------------
 
+/// Throws config_error, naming the values and the limit, when the flash
+/// attention kernels cannot run these heads on sequences of up to S tokens:
+/// hd not 32, 64 or 128, nkv not dividing nh, S or nh over the kernels'
+/// limits (cuda::attention_check_args).
+inline void attention_check_shape(const cuda_context&, std::int64_t S, std::int64_t nh,
+                                  std::int64_t nkv, std::int64_t hd) {
+  cuda::attention_check_args("attention", 1, S, nh, nkv, hd);
+}
+
+/// Causal flash attention: out (B, S, nh, hd) and lse (B, nh, S) float32 from
+/// q (B, S, nh, hd), k, v (B, S, nkv, hd), bf16. Throws config_error as
+/// attention_check_shape.
 template <class T>
 void attention_forward(const cuda_context& ctx, T* out, float* lse, const T* q, const T* k,
                        const T* v, std::int64_t B, std::int64_t S, std::int64_t nh, std::int64_t nkv,
@@ -193,6 +223,9 @@ void attention_forward(const cuda_context& ctx, T* out, float* lse, const T* q, 
   cuda::flash_attention_forward(out, lse, q, k, v, B, S, nh, nkv, hd, ctx.stream());
 }
 
+/// dq, dk, dv (=, not +=) from dout and the forward's out and lse; float32
+/// gradients go through bf16 scratch. Scratch:
+/// cuda::flash_attention_backward_scratch_bytes. Throws as attention_forward.
 template <class T, class G>
 void attention_backward(const cuda_context& ctx, G* dq, G* dk, G* dv, const G* dout, const T* q,
                         const T* k, const T* v, const T* out, const float* lse, std::int64_t B,
@@ -221,6 +254,10 @@ void attention_backward(const cuda_context& ctx, G* dq, G* dk, G* dv, const G* d
 
 // ---- the LM head with cross-entropy -----------------------------------------------------------
 
+/// The fused LM head in chunks of `chunk` rows: *loss_sum (double, device)
+/// += the sum of -log softmax(x wlm^T)[target] over scored rows; dx (N, H)
+/// = grad_scale * dloss/dx (null: forward only), dwlm (V, H) float32 +=.
+/// Scratch: cuda::lm_head_cross_entropy_scratch_bytes(N, V, H, chunk).
 template <class T, class GA, class G>
 void lm_head_cross_entropy(const cuda_context& ctx, double* loss_sum, const T* x, const T* wlm,
                            const std::int32_t* targets, std::int64_t N, std::int64_t V,
@@ -246,6 +283,7 @@ void lm_head_cross_entropy(const cuda_context& ctx, double* loss_sum, const T* x
   }
 }
 
+/// logits (V) float32 = wlm (V, H) x_row (H): one row, for sampling.
 template <class T>
 void lm_head_logits(const cuda_context& ctx, float* logits, const T* x_row, const T* wlm,
                     std::int64_t H, std::int64_t V) {
@@ -255,6 +293,8 @@ void lm_head_logits(const cuda_context& ctx, float* logits, const T* x_row, cons
 
 // ---- the optimizer's kernels ------------------------------------------------------------------
 
+/// *out (double, device) = (or += with accumulate) the sum of g[0, n)^2 in
+/// float64, in a fixed order (not the host's: equal to float64 rounding).
 template <class G>
 void grad_sum_squares(const cuda_context& ctx, double* out, const G* g, std::int64_t n,
                       bool accumulate = false) {
@@ -262,6 +302,7 @@ void grad_sum_squares(const cuda_context& ctx, double* out, const G* g, std::int
   cuda::grad_sum_squares<G>(out, g, n, s.data(), s.bytes(), ctx.stream(), accumulate);
 }
 
+/// *coef (float32, device) = clip_coefficient_of(sqrt(*sum_squares), max_norm).
 template <class M>
 void clip_coefficient(const cuda_context& ctx, M* coef, const double* sum_squares,
                       double max_norm) {
@@ -269,6 +310,8 @@ void clip_coefficient(const cuda_context& ctx, M* coef, const double* sum_square
   cuda::clip_coefficient<M>(coef, sum_squares, max_norm, ctx.stream());
 }
 
+/// One AdamW step over n flat elements in `segments` (device memory), the
+/// gradient multiplied by *grad_scale (device; NaN: no update). float32 state.
 template <class Param, class Grad, class M>
 void adamw_step(const cuda_context& ctx, Param* params, M* master, M* m, M* v, const Grad* grads,
                 std::int64_t n, const optimizer_segment* segments, int num_segments,
@@ -278,6 +321,7 @@ void adamw_step(const cuda_context& ctx, Param* params, M* master, M* m, M* v, c
                                 grad_scale, ctx.stream());
 }
 
+/// One SGD step (momentum, Nesterov, decoupled decay) as adamw_step.
 template <class Param, class Grad, class M>
 void sgd_step(const cuda_context& ctx, Param* params, M* master, M* buf, const Grad* grads,
               std::int64_t n, const optimizer_segment* segments, int num_segments,

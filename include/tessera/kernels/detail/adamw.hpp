@@ -2,7 +2,7 @@
 /// \file kernels/detail/adamw.hpp
 /// Per-element AdamW arithmetic shared by the host loop and the CUDA kernel.
 
-#include <cmath>
+#include <math.h>
 
 #include <cstdint>
 
@@ -38,6 +38,16 @@ struct adamw_step_params {
   A grad_scale;        ///< gradient multiplier (clip coefficient)
 };
 
+/// Correctly rounded square root in the accumulation type on host and device
+/// (an unqualified sqrt(float) would resolve to ::sqrt(double) in a
+/// translation unit that includes <cmath> but not <math.h>).
+TESSERA_HOST_DEVICE inline float adamw_sqrt(float x) {
+  return sqrtf(x);
+}
+TESSERA_HOST_DEVICE inline double adamw_sqrt(double x) {
+  return sqrt(x);
+}
+
 /// One AdamW update of a single element (Loshchilov & Hutter 2019, Algorithm 2,
 /// in PyTorch's form): decay first, then the Adam step with
 /// eps added to sqrt(v / (1 - beta2^t)). `decay` selects whether weight decay
@@ -51,7 +61,7 @@ TESSERA_HOST_DEVICE inline void adamw_update(A& p, A& m, A& v, A g,
   v = s.beta2 * v + (A(1) - s.beta2) * g * g;
   A m_hat = m / s.bias_correction1;
   A v_hat = v / s.bias_correction2;
-  p -= s.lr * m_hat / (sqrt(v_hat) + s.eps);
+  p -= s.lr * m_hat / (adamw_sqrt(v_hat) + s.eps);
 }
 
 }  // namespace tessera::kernels::detail

@@ -42,6 +42,13 @@ void for_dp(Body body) {
 }
 }  // namespace
 
+TEST_CASE("a step abandoned with its reductions in flight leaves no trace, zero<0..3>",
+          "[parallel][zero]") {
+  for_dp([](local_communicator& c) {
+    zero_suite::abandoned_step_leaves_no_trace<tessera::precision::fp32>(c);
+  });
+}
+
 TEST_CASE("zero<0..3> match the 1-rank run and each other bit for bit (float64)",
           "[parallel][zero]") {
   for_dp([](local_communicator& c) {

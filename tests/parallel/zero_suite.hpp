@@ -52,6 +52,10 @@ struct setup {
   double max_norm = 1.0;  // set by calibrate() so that some steps clip
   std::int64_t bucket_bytes = parallel::default_bucket_bytes;
   optim::adamw_config adamw{0.9, 0.95, 1e-8, 0.1};
+  /// Before step 0, run its micro-batches' backwards (every bucket's
+  /// reduction issued) and abandon the step (engine.abandon_step(), as the
+  /// executor does when a step throws): the run must not change.
+  bool abandon_first = false;
   double lr(int s) const { return 3e-3 * (1.0 + 0.25 * s); }
 };
 
@@ -160,6 +164,25 @@ dp_result<typename P::param_type> run_dp(Comm& c, const setup& st) {
   const std::size_t want_reductions = reduces ? plan.size() : 0;
   dp_result<Param> out;
   out.buckets = plan.size();
+  if (st.abandon_first) {
+    std::int64_t n = 0;
+    std::vector<std::vector<std::int32_t>> mb;
+    for (std::int64_t a = 0; a < st.A; ++a) {
+      mb.push_back(micro_batch(st, 0, r * st.A + a));
+      n += scored(mb.back(), st);
+    }
+    m.zero_grad();
+    eng.begin_step(st.A);
+    for (std::int64_t a = 0; a < st.A; ++a) {
+      eng.begin_micro_batch(a);
+      m.forward_backward(mb[static_cast<std::size_t>(a)].data(), st.B, st.T,
+                         static_cast<typename P::accum_type>(1.0 / static_cast<double>(n)));
+    }
+    eng.abandon_step();  // no finish_gradients: the reductions are still in flight
+    if constexpr (S::shards_gradients)
+      check(eng.grad_buckets_held() == 0, "rank ", r, ": ", eng.grad_buckets_held(),
+            " bucket gradient buffers held after abandon_step");
+  }
   for (int s = 0; s < st.steps; ++s) {
     const auto before = c.stats();
     std::vector<std::vector<std::int32_t>> mb;
@@ -231,9 +254,10 @@ dp_result<typename P::param_type> run_dp(Comm& c, const setup& st) {
       check(rs == 0 && ar == plan.size() + 2, "rank ", r, ": ", ar, " all_reduces in step ", s,
             ", expected ", plan.size() + 2);
   }
+  const std::int64_t issued = st.steps + (st.abandon_first ? 1 : 0);
   for (std::size_t k = 0; k < plan.size() && reduces; ++k)
-    check(eng.reductions_per_bucket()[k] == st.steps, "rank ", r, ": bucket ", k, " reduced ",
-          eng.reductions_per_bucket()[k], " times in ", st.steps, " steps");
+    check(eng.reductions_per_bucket()[k] == issued, "rank ", r, ": bucket ", k, " reduced ",
+          eng.reductions_per_bucket()[k], " times in ", issued, " steps");
   out.params.resize(static_cast<std::size_t>(m.flat_size()));
   eng.full_params(out.params.data());
   return out;
@@ -380,6 +404,27 @@ std::vector<std::uint64_t> comm_bytes_per_step(Comm& c) {
           got[2], " bytes, zero<0> ", got[0]);
   }
   return {got[0], got[1], got[2], got[3]};
+}
+
+/// A step abandoned part-way (its reductions in flight) leaves no trace:
+/// the run after it equals the run without it bit for bit, under zero<0..3>.
+template <class P, class Comm>
+void abandoned_step_leaves_no_trace(Comm& c) {
+  setup st;
+  st.steps = 2;
+  st.bucket_bytes = 4096;  // several buckets
+  auto same = [&](auto strategy) {
+    using S = decltype(strategy);
+    setup a = st;
+    a.abandon_first = true;
+    const auto want = run_dp<P, S>(c, st).params, got = run_dp<P, S>(c, a).params;
+    check(std::memcmp(want.data(), got.data(), want.size() * sizeof(want[0])) == 0, "rank ",
+          c.rank(), ": ", S::name, ": the run after an abandoned step differs");
+  };
+  same(parallel::zero<0>{});
+  same(parallel::zero<1>{});
+  same(parallel::zero<2>{});
+  same(parallel::zero<3>{});
 }
 
 }  // namespace zero_suite

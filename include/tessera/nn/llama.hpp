@@ -99,8 +99,7 @@ class llama {
       : cfg_(std::move(cfg)), opt_(opt), layout_(make_llama_layout(cfg_)), ctx_(&ctx) {
     TESSERA_THROW_IF(opt_.ce_chunk < 1, config_error, "ce_chunk=", opt_.ce_chunk, " must be >= 1");
     opt_.checkpointing.validate();
-    kernels::attention_check_shape(ctx, cfg_.max_seq, cfg_.n_heads, cfg_.n_kv_heads,
-                                   cfg_.head_dim());
+    attention_check_shape(ctx, cfg_.max_seq, cfg_.n_heads, cfg_.n_kv_heads, cfg_.head_dim());
     const std::int64_t L = cfg_.n_layers;
     stage_range& st = opt_.stage;
     if (st.last_block < 0) st.last_block = L;

@@ -27,6 +27,7 @@
 #include <cstring>
 
 #include "tessera/core/backend.hpp"
+#include "tessera/core/caching_allocator.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/memory.hpp"
 #include "tessera/core/tensor.hpp"
@@ -106,16 +107,18 @@ template <class Backend>
 using context_t = typename context_of<Backend>::type;
 
 /// A context that a component builds for itself when it is given none
-/// (specialised per context type): on the host, a context over a counted
-/// resource of its own, so that each rank's memory figures and peak are its
-/// own (thread ranks share a process); on a GPU (kernels/cuda/context.hpp),
+/// (specialised per context type): on the host, a context over a caching
+/// resource of its own (host_caching_resource: a steady-state step reuses
+/// the blocks of the step before and makes no system allocation), so that
+/// each rank's memory figures and peak are its own (thread ranks share a
+/// process); on a GPU (kernels/cuda/context.hpp),
 /// a cuda_context on a stream of its own or on a given one. Not copyable or
 /// movable: the context refers to the resource; hold it by unique_ptr.
 template <class Ctx>
 struct owned_context;
 template <>
 struct owned_context<host_context> {
-  host_memory_resource mr;  ///< this context's memory, counted on its own
+  host_caching_resource mr;  ///< this context's memory, cached and counted on its own
   host_context ctx{&mr};    ///< OpenMP threads and attention tiles at their defaults
   owned_context() = default;
   owned_context(const owned_context&) = delete;

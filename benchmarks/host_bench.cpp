@@ -8,7 +8,11 @@
 //     bf16 storage (float32 accumulation);
 //   - attention forward/backward, RMSNorm, the fused LM head + cross-entropy;
 //   - one optimizer step of the `small` preset (G=B=16, T=128): time,
-//     tokens/s and MFU against the measured sgemm peak.
+//     tokens/s and MFU against the measured sgemm peak;
+//   - memory bandwidth: STREAM copy and triad over the same OpenMP threads,
+//     and the optimizer kernels (AdamW fp32, AdamW bf16 with fp32 master
+//     weights, SGD with momentum) in bytes moved per second, as a fraction
+//     of the copy rate (bytes per element stated in each row).
 //
 //   build/host/benchmarks/host_bench --json benchmarks/host_bench.json
 //
@@ -33,6 +37,7 @@
 #include "tessera/kernels/context.hpp"
 #include "tessera/kernels/cross_entropy.hpp"
 #include "tessera/kernels/gemm.hpp"
+#include "tessera/kernels/optimizer.hpp"
 #include "tessera/kernels/rmsnorm.hpp"
 #include "tessera/nn/flops.hpp"
 #include "tessera/train/trainer.hpp"
@@ -83,6 +88,62 @@ void bench_linear(const kernels::host_context& ctx, std::vector<row>& rows, cons
   add("fwd", best_seconds([&] { kernels::linear_forward(ctx, y.data(), x.data(), w.data(), M, N, K); }, reps));
   add("dinp", best_seconds([&] { kernels::linear_backward_input(ctx, dx.data(), dy.data(), w.data(), M, N, K); }, reps));
   add("dweight", best_seconds([&] { kernels::linear_backward_weight(ctx, dw.data(), dy.data(), x.data(), M, N, K); }, reps));
+}
+
+struct bandwidth_row {
+  std::string name;
+  double bytes_per_element, seconds, bytes_per_s, of_copy;
+};
+
+// STREAM copy and triad (McCalpin) over n floats, then one optimizer step
+// over n elements of each kind, best of `reps`: bytes moved per second.
+std::vector<bandwidth_row> bench_bandwidth(const kernels::host_context& ctx, std::int64_t n, int reps) {
+  std::vector<bandwidth_row> rows;
+  auto add = [&](const std::string& name, double bpe, double s) {
+    rows.push_back({name, bpe, s, bpe * static_cast<double>(n) / s, 0});
+  };
+  std::vector<float> a(n), b = random_vec<float>(n, 21), c = random_vec<float>(n, 22);
+  float* pa = a.data();
+  const float* pb = b.data();
+  const float* pc = c.data();
+  add("STREAM copy a = b", 8, best_seconds([&] {
+#pragma omp parallel for simd schedule(static)
+        for (std::int64_t i = 0; i < n; ++i) pa[i] = pb[i];
+      }, reps));
+  add("STREAM triad a = b + s c", 12, best_seconds([&] {
+#pragma omp parallel for simd schedule(static)
+        for (std::int64_t i = 0; i < n; ++i) pa[i] = pb[i] + 3.0f * pc[i];
+      }, reps));
+  const kernels::optimizer_segment seg{0, n, 1};
+  kernels::detail::adamw_step_params<float> ap{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.1f, 0.05f, 1.0f};
+  {
+    auto p = random_vec<float>(n, 23), g = random_vec<float>(n, 24);
+    std::vector<float> m(n, 0.f), v(n, 0.f);
+    // reads g, p, m, v; writes p, m, v: 7 x 4 bytes
+    add("AdamW fp32 (p, m, v, g)", 28, best_seconds([&] {
+          kernels::adamw_step(ctx, p.data(), static_cast<float*>(nullptr), m.data(), v.data(), g.data(), n, &seg, 1, ap, static_cast<const float*>(nullptr));
+        }, reps));
+  }
+  {
+    auto master = random_vec<float>(n, 25), g = random_vec<float>(n, 26);
+    std::vector<float> m(n, 0.f), v(n, 0.f);
+    std::vector<bf16> p(n);
+    // reads g, master, m, v (4 x 4); writes master, m, v (3 x 4) and the bf16 weight (2)
+    add("AdamW bf16 weights, fp32 master", 30, best_seconds([&] {
+          kernels::adamw_step(ctx, p.data(), master.data(), m.data(), v.data(), g.data(), n, &seg, 1, ap, static_cast<const float*>(nullptr));
+        }, reps));
+  }
+  {
+    auto p = random_vec<float>(n, 27), g = random_vec<float>(n, 28);
+    std::vector<float> buf(n, 0.f);
+    const kernels::detail::sgd_step_params<float> sp{1e-2f, 0.9f, 1e-4f, 1.0f, false};
+    // reads g, p, buf; writes p, buf: 5 x 4 bytes
+    add("SGD momentum fp32 (p, buf, g)", 20, best_seconds([&] {
+          kernels::sgd_step(ctx, p.data(), static_cast<float*>(nullptr), buf.data(), g.data(), n, &seg, 1, sp, static_cast<const float*>(nullptr));
+        }, reps));
+  }
+  for (auto& r : rows) r.of_copy = r.bytes_per_s / rows[0].bytes_per_s;
+  return rows;
 }
 
 }  // namespace
@@ -189,6 +250,9 @@ int main(int argc, char** argv) {
     rows.push_back({"small step fp32 (fwd+bwd+adamw)", "G16 B16 T128", "float32", step_s, fl, fl / step_s, step_mfu});
   }
 
+  const std::int64_t bw_n = 16 << 20;  // 64 MiB per float buffer: far beyond the caches
+  const auto bw = bench_bandwidth(ctx, bw_n, std::max(reps, 5));
+
   std::printf("host_bench: %s, sgemm peak %.1f GFLOP/s\n\n", blas.c_str(), peak / 1e9);
   std::printf("%-34s %-24s %-8s %10s %10s %8s\n", "what", "shape (MxNxK)", "dtype", "ms", "GFLOP/s", "of peak");
   nlohmann::json j;
@@ -199,6 +263,13 @@ int main(int argc, char** argv) {
                 r.dtype.c_str(), r.seconds * 1e3, r.rate / 1e9, 100 * r.ratio);
     j["rows"].push_back({{"name", r.name}, {"shape", r.shape}, {"dtype", r.dtype}, {"seconds", r.seconds},
                          {"flops", r.flops}, {"flops_per_s", r.rate}, {"fraction_of_peak", r.ratio}});
+  }
+  std::printf("\n%-34s %10s %10s %10s %9s\n", "bandwidth (16M elements)", "B/element", "ms", "GB/s", "of copy");
+  for (const auto& r : bw) {
+    std::printf("%-34s %10.0f %10.3f %10.2f %8.1f%%\n", r.name.c_str(), r.bytes_per_element,
+                r.seconds * 1e3, r.bytes_per_s / 1e9, 100 * r.of_copy);
+    j["bandwidth"].push_back({{"name", r.name}, {"elements", bw_n}, {"bytes_per_element", r.bytes_per_element},
+                              {"seconds", r.seconds}, {"bytes_per_s", r.bytes_per_s}, {"fraction_of_copy", r.of_copy}});
   }
   j["small_step"] = {{"seconds", step_s}, {"tokens_per_s", step_tps}, {"mfu", step_mfu}, {"initial_loss", step_loss}};
   std::printf("\nsmall preset step: %.3f s, %.0f tokens/s, MFU %.1f%% of measured sgemm peak\n", step_s, step_tps, 100 * step_mfu);

@@ -79,6 +79,36 @@ void check_optimizer_step(const char* who, const Master* master, std::int64_t n,
   TESSERA_THROW_IF(!has_master && master != nullptr, config_error, who, ": ", dtype_name<Param>(),
                    " parameters are updated in place; pass master = nullptr");
 }
+/// Calls f(i, decay) for every element i of every segment: the segments in
+/// order, each split over the OpenMP threads in static chunks and
+/// vectorised (`omp simd`: f must be element-wise, as the optimizer
+/// updates are), with `decay` a std::bool_constant, so that the loop body
+/// has no branch. Each thread calls its own copy of f (its captures then
+/// stay in registers instead of being reloaded through the shared closure
+/// at every element). The vector and the scalar instructions round alike
+/// (IEEE add, multiply, divide and square root are correctly rounded), so
+/// the results do not depend on the vector width or the thread count.
+/// tessera::host compiles with -fno-math-errno, without which sqrt keeps
+/// the loop scalar (docs/performance.md).
+template <class F>
+void for_each_optimizer_element(const optimizer_segment* segments, int num_segments, const F& f) {
+  for (int k = 0; k < num_segments; ++k) {
+    const std::int64_t b = segments[k].begin, e = segments[k].end;
+    auto run = [&](auto decay) {
+#pragma omp parallel
+      {
+        const F body = f;
+#pragma omp for simd schedule(static)
+        for (std::int64_t i = b; i < e; ++i) body(i, decay);
+      }
+    };
+    if (segments[k].decay != 0)
+      run(std::true_type{});
+    else
+      run(std::false_type{});
+  }
+}
+
 }  // namespace detail
 
 /// One AdamW step over a flat buffer in one pass (multi-tensor): per element
@@ -108,20 +138,15 @@ void adamw_step(const host_context& ctx, Param* params, M* master, M* m, M* v, c
     if (!std::isfinite(*grad_scale)) return;
     step.grad_scale *= *grad_scale;
   }
-  for (int k = 0; k < num_segments; ++k) {
-    const optimizer_segment sg = segments[k];
-    const bool decay = sg.decay != 0;
-#pragma omp parallel for schedule(static)
-    for (std::int64_t i = sg.begin; i < sg.end; ++i) {
-      const M g = to<M>(grads[i]);
-      if constexpr (!std::is_same_v<Param, M>) {
-        detail::adamw_update(master[i], m[i], v[i], g, step, decay);
-        params[i] = to<Param>(master[i]);
-      } else {
-        detail::adamw_update(params[i], m[i], v[i], g, step, decay);
-      }
+  detail::for_each_optimizer_element(segments, num_segments, [=](std::int64_t i, auto decay) {
+    const M g = to<M>(grads[i]);
+    if constexpr (!std::is_same_v<Param, M>) {
+      detail::adamw_update(master[i], m[i], v[i], g, step, decay());
+      params[i] = to<Param>(master[i]);
+    } else {
+      detail::adamw_update(params[i], m[i], v[i], g, step, decay());
     }
-  }
+  });
 }
 
 /// One SGD-with-momentum step over a flat buffer in one pass, as
@@ -139,20 +164,15 @@ void sgd_step(const host_context& ctx, Param* params, M* master, M* buf, const G
     if (!std::isfinite(*grad_scale)) return;
     step.grad_scale *= *grad_scale;
   }
-  for (int k = 0; k < num_segments; ++k) {
-    const optimizer_segment sg = segments[k];
-    const bool decay = sg.decay != 0;
-#pragma omp parallel for schedule(static)
-    for (std::int64_t i = sg.begin; i < sg.end; ++i) {
-      const M g = to<M>(grads[i]);
-      if constexpr (!std::is_same_v<Param, M>) {
-        detail::sgd_update(master[i], buf[i], g, step, decay);
-        params[i] = to<Param>(master[i]);
-      } else {
-        detail::sgd_update(params[i], buf[i], g, step, decay);
-      }
+  detail::for_each_optimizer_element(segments, num_segments, [=](std::int64_t i, auto decay) {
+    const M g = to<M>(grads[i]);
+    if constexpr (!std::is_same_v<Param, M>) {
+      detail::sgd_update(master[i], buf[i], g, step, decay());
+      params[i] = to<Param>(master[i]);
+    } else {
+      detail::sgd_update(params[i], buf[i], g, step, decay());
     }
-  }
+  });
 }
 
 }  // namespace tessera::kernels

@@ -6,11 +6,14 @@
 // seeded random tokens of the preset's vocabulary (a token file written to
 // a temporary path and removed at exit). It prints:
 //   - step time (best and mean) and tokens/s;
-//   - MFU and HFU against the measured sgemm peak, with the FLOP formula
+//   - MFU and HFU against the device's peak (host: the theoretical fp32
+//     rate, threads x clock x FLOPs per cycle, kernels/peak.hpp, with the
+//     measured sgemm rate beside it; GPU: the datasheet's dense bf16 rate;
+//     or --peak-tflops), with the FLOP formula
 //     (nn::flops_per_token: 6 N_matmul + 6 L H T per token, causal
 //     attention counted once). HFU also counts the recomputation of
 //     activation checkpointing (nn::recompute_flops_per_token);
-//   - the peak bytes of the run's own host_memory_resource during a step
+//   - the peak bytes of the run's own caching resource during a step
 //     against the planner's prediction for the same config (plan_memory,
 //     dp 1, zero 0, micro-batch B, seq T) and their ratio;
 //   - the parameter count of the full preset and of the layers built.
@@ -23,7 +26,7 @@
 // device, --checkpointing full (default) or none, fed by the pinned
 // double-buffered loader. It prints the planner's device memory and margin
 // first, then step time, tokens/s, MFU and HFU (HFU adds the recomputed
-// forward) against --peak-tflops, and the allocator's peak against the plan.
+// forward) against the datasheet's rate, and the allocator's peak against the plan.
 // --checkpointing full works on the host too (HFU then exceeds MFU).
 // --json FILE writes the figures (benchmarks/device_check.sh reads them);
 // --memory-log FILE the device allocator's event log, which
@@ -50,6 +53,8 @@
 
 #include <unistd.h>
 
+#include <omp.h>
+
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cmath>
@@ -63,6 +68,7 @@
 #include <string>
 #include <vector>
 
+#include "tessera/kernels/peak.hpp"
 #include "tessera/core/memory.hpp"
 #include "tessera/core/random.hpp"
 #include "tessera/data/token_file.hpp"
@@ -96,7 +102,7 @@ struct options {
   std::string checkpointing = "";      // host: none, cuda: full
   std::int64_t checkpoint_layers = 1;  // with full: every k-th block recomputes
   std::int64_t ce_chunk = 256;         // LM-head/CE chunk rows (cuda: 1024 by default)
-  double peak_tflops = 989;            // cuda: dense bf16 peak of the GPU (H100/H200 SXM)
+  double peak_tflops = 0;              // 0: theoretical (host) or datasheet (GPU) peak
   std::string json;                    // write the results here too
   std::string memory_log;              // cuda: the allocator's event log (scripts/plot_memory.py)
 };
@@ -191,16 +197,28 @@ std::optional<step_times> timed_steps(Trainer& tr, const options& o, std::int64_
   return r;
 }
 
-// Host: the measured sgemm peak; cuda: --peak-tflops. With a line saying which.
+// The peak MFU is taken against: --peak-tflops if given; else on the host
+// the theoretical fp32 peak (threads x clock x FLOPs per cycle, with the
+// measured sgemm rate beside it), on a GPU its datasheet's dense bf16 rate.
 template <class Backend>
-std::pair<double, std::string> peak_of(const options& o) {
+kernels::peak_flops peak_of(const options& o) {
   if constexpr (std::is_same_v<Backend, host>) {
-    (void)o;
-    const double peak = kernels::measure_sgemm_flops();
-    return {peak, detail::str("BLAS ", kernels::blas_core_name(), ", ", kernels::blas_threads(),
-                              " threads, measured sgemm peak ", peak / 1e9, " GFLOP/s")};
+    auto p = kernels::host_peak(omp_get_max_threads(), kernels::measure_sgemm_flops(),
+                                o.peak_tflops * 1e12);
+    p.how += detail::str(", BLAS ", kernels::blas_core_name());
+    return p;
   } else {
-    return {o.peak_tflops * 1e12, detail::str(o.peak_tflops, " TFLOP/s (--peak-tflops)")};
+    kernels::peak_flops p;
+    if (o.peak_tflops > 0) {
+      p.flops = o.peak_tflops * 1e12;
+      p.how = "given (--peak-tflops)";
+    } else {
+      p.flops = Backend::datasheet_bf16_flops(Backend::current_device());
+      TESSERA_THROW_IF(!(p.flops > 0), config_error,
+                       "this GPU is not in the table of datasheet bf16 rates: pass --peak-tflops");
+      p.how = "the GPU's datasheet dense bf16 rate";
+    }
+    return p;
   }
 }
 
@@ -286,7 +304,8 @@ int run(const options& o, const nn::llama_config& full, const nn::llama_config& 
   write_random_tokens(tmp.path, n_tokens, V, o.seed);
   data::token_file corpus(tmp.path);
 
-  const auto [peak, peak_line] = peak_of<Backend>(o);
+  const kernels::peak_flops pk = peak_of<Backend>(o);
+  const double peak = pk.flops;
   std::printf("llama7b_step: preset %s (H %lld, L %lld, heads %lld/%lld kv, F %lld, V %lld), "
               "built %lld of %lld layers, precision %s, AdamW, checkpointing %s (every %lld), "
               "single rank on %s\n",
@@ -301,7 +320,7 @@ int run(const options& o, const nn::llama_config& full, const nn::llama_config& 
               "tokens (seed %llu, %llu tokens in %s)\n",
               (long long)B, (long long)T, (long long)o.warmup_steps, (long long)o.steps,
               (unsigned long long)o.seed, (unsigned long long)n_tokens, tmp.path.c_str());
-  std::printf("llama7b_step: %s\n", peak_line.c_str());
+  std::printf("llama7b_step: MFU against %s\n", kernels::describe_peak(pk).c_str());
   std::printf("llama7b_step: planned %.3f GiB: persistent %.3f (weights %.3f, gradients %.3f, "
               "master %.3f, moments %.3f, RoPE %.3f, trainer %.6f, context %.3f) + activation "
               "peak %.3f%s\n",
@@ -318,7 +337,7 @@ int run(const options& o, const nn::llama_config& full, const nn::llama_config& 
   std::fflush(stdout);
 
   using Ctx = kernels::context_t<Backend>;
-  host_memory_resource host_mr;  // the host run's own, counted resource
+  host_caching_resource host_mr;  // the host run's own resource: cached, counted
   std::unique_ptr<Ctx> ctx;
   if constexpr (gpu)
     ctx = std::make_unique<Ctx>();
@@ -334,6 +353,7 @@ int run(const options& o, const nn::llama_config& full, const nn::llama_config& 
   comm::self_communicator<Ctx> self(*ctx);
   train::trainer<P, Backend> tr(mc, cfg, corpus, self, *ctx);
   tr.set_peak_flops(peak);
+  tr.set_blas_flops(pk.blas_flops);
   ctx->synchronize();
   const double build_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t_build).count();
@@ -368,8 +388,13 @@ int run(const options& o, const nn::llama_config& full, const nn::llama_config& 
               "forward of checkpointing (nn::recompute_flops_per_token): %.4g FLOP/token\n",
               n_matmul, (long long)mc.n_layers, (long long)mc.dim, (long long)T, fpt, fpt * tokens,
               fp.flops_per_rank, rpt);
-  std::printf("llama7b_step: MFU %.1f%% (mean), %.1f%% (best), HFU %.1f%% (mean) of %s\n",
-              100 * mfu, 100 * mfu_best, 100 * hfu, peak_line.c_str());
+  std::printf("llama7b_step: MFU %s (mean), %s (best), HFU %s (mean) of peak %.1f GFLOP/s",
+              train::format_utilisation(mfu).c_str(), train::format_utilisation(mfu_best).c_str(),
+              train::format_utilisation(hfu).c_str(), peak / 1e9);
+  if (pk.blas_flops > 0)
+    std::printf("; %s (mean) of the measured sgemm rate",
+                train::format_utilisation(fpt * tokens / mean / pk.blas_flops).c_str());
+  std::printf("\n");
   std::printf("llama7b_step: peak memory measured %.3f GiB (%zu B, the run's allocator during a "
               "step), planned %.3f GiB (%llu B, plan_memory dp 1, zero 0): measured/planned "
               "%.4f\n",
@@ -411,6 +436,8 @@ int run(const options& o, const nn::llama_config& full, const nn::llama_config& 
                       {"flops_per_token", fpt},
                       {"recompute_flops_per_token", rpt},
                       {"peak_flops", peak},
+                      {"peak_how", pk.how},
+                      {"blas_flops", pk.blas_flops},
                       {"mfu", mfu},
                       {"hfu", hfu},
                       {"peak_bytes", mem_peak},
@@ -437,7 +464,7 @@ int main(int argc, char** argv) {
   app.add_option("--checkpointing", o.checkpointing, "activation checkpointing: none (the host's default) or full (cuda's)");
   app.add_option("--checkpoint-layers", o.checkpoint_layers, "with --checkpointing full: every k-th block recomputes (1: all)")->capture_default_str();
   app.add_option("--ce-chunk", o.ce_chunk, "token rows per LM-head/cross-entropy chunk (default 256 on the host, 1024 on cuda)");
-  app.add_option("--peak-tflops", o.peak_tflops, "cuda: the GPU's dense bf16 peak, for MFU/HFU")->capture_default_str();
+  app.add_option("--peak-tflops", o.peak_tflops, "the peak TFLOP/s for MFU/HFU (default: the host's theoretical fp32 peak; a GPU's datasheet dense bf16 rate)")->check(CLI::Range(0.0, 1e9));
   app.add_option("--json", o.json, "also write the results to this JSON file");
   app.add_option("--memory-log", o.memory_log,
                  "cuda: write the device allocator's event log here (scripts/plot_memory.py plots it)");

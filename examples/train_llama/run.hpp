@@ -21,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "tessera/kernels/peak.hpp"
 #include "tessera/data/token_file.hpp"
 #include "tessera/data/tokenizer.hpp"
 #include "tessera/nn/checkpointing.hpp"
@@ -39,7 +40,7 @@ using namespace tessera;
 
 struct options {
   std::string backend = "host";  // host, or cuda (builds with the cuda preset)
-  double peak_tflops = 989;      // cuda: the GPU's dense bf16 peak, for MFU
+  double peak_tflops = 0;        // the peak for MFU; 0: theoretical (host) or datasheet (GPU)
   std::string checkpointing;     // none or full; default: none on the host, full on cuda
   std::int64_t checkpoint_layers = 1;  // with full: every k-th block recomputes
   std::string preset = "small";
@@ -130,10 +131,10 @@ inline train::train_config run_config(const options& o) {
 /// The one training loop: resume, step logs, evaluations, metrics,
 /// checkpoints, the final sample. Every rank runs it (the trainer's calls
 /// are collectives); rank 0 prints and writes. `peak` is one rank's peak
-/// FLOP/s for MFU and `peak_line` says what it is.
+/// for MFU (with the sgemm rate beside it on the host) and how it was obtained.
 template <class Trainer>
 int train_loop(options& o, Trainer& tr, const data::token_file& data, const fs::path& tok_path,
-               created_paths& created, double peak, const std::string& peak_line) {
+               created_paths& created, const kernels::peak_flops& peak) {
   const bool lead = tr.rank() == 0;
   const int dp = tr.communicator().size();
   const fs::path out(o.out);
@@ -170,7 +171,7 @@ int train_loop(options& o, Trainer& tr, const data::token_file& data, const fs::
                 (long long)o.cfg.global_batch, dp, (long long)tr.config().accum_steps(),
                 (long long)o.cfg.micro_batch, (long long)o.cfg.seq, (long long)o.cfg.steps,
                 o.cfg.lr, (long long)o.cfg.warmup, o.checkpointing.c_str());
-    std::printf("train_llama: %s\n", peak_line.c_str());
+    std::printf("train_llama: MFU against %s\n", kernels::describe_peak(peak).c_str());
     if (o.zero > 0)
       std::printf("train_llama: zero%d: no checkpoints are written (sharded checkpoints are not "
                   "supported yet; use --zero 0 to checkpoint)\n",
@@ -181,7 +182,8 @@ int train_loop(options& o, Trainer& tr, const data::token_file& data, const fs::
     std::fflush(stdout);
     metrics.emplace(metrics_path);
   }
-  tr.set_peak_flops(peak);
+  tr.set_peak_flops(peak.flops);
+  tr.set_blas_flops(peak.blas_flops);
   const bool tty = lead && train::stdout_is_terminal();
   const auto t_start = std::chrono::steady_clock::now();
   std::optional<double> last_val;

@@ -15,12 +15,23 @@
 namespace train_llama {
 namespace {
 
-std::string gpu_line(const options& o) {
+// The GPU's peak for MFU: --peak-tflops, else its datasheet's dense bf16 rate.
+kernels::peak_flops gpu_peak(const options& o) {
+  const int dev = tessera::cuda::current_device();
   cudaDeviceProp p{};
-  TESSERA_CUDA_CHECK(cudaGetDeviceProperties(&p, tessera::cuda::current_device()));
-  return tessera::detail::str("GPU ", p.name, " (sm_", p.major, p.minor, "), MFU against ",
-                              o.peak_tflops, " TFLOP/s (--peak-tflops), checkpointing ",
-                              o.checkpointing);
+  TESSERA_CUDA_CHECK(cudaGetDeviceProperties(&p, dev));
+  kernels::peak_flops k;
+  if (o.peak_tflops > 0) {
+    k.flops = o.peak_tflops * 1e12;
+    k.how = tessera::detail::str("GPU ", p.name, " (sm_", p.major, p.minor, "), given (--peak-tflops)");
+  } else {
+    k.flops = tessera::cuda::datasheet_bf16_flops(dev);
+    TESSERA_THROW_IF(!(k.flops > 0), config_error, "GPU ", p.name,
+                     " is not in the table of datasheet bf16 rates: pass --peak-tflops");
+    k.how = tessera::detail::str("GPU ", p.name, " (sm_", p.major, p.minor,
+                                 "), the datasheet's dense bf16 rate");
+  }
+  return k;
 }
 
 #if defined(TESSERA_EXAMPLE_NCCL)
@@ -40,14 +51,12 @@ int run_cuda_nccl(options& o, const fs::path& tok, created_paths& created) {
   data::token_file data(tok);
   train::trainer<P, tessera::cuda, O, S, comm::nccl_communicator> tr(model_config(o),
                                                                      run_config(o), data, c, dpo);
-  return train_loop(o, tr, data, tok, created, o.peak_tflops * 1e12, gpu_line(o));
+  return train_loop(o, tr, data, tok, created, gpu_peak(o));
 }
 #endif
 
 template <precision::policy P, class O>
 int run_cuda_opt(options& o, const fs::path& tok, created_paths& created) {
-  TESSERA_THROW_IF(!(o.peak_tflops > 0) || !std::isfinite(o.peak_tflops), config_error,
-                   "--peak-tflops ", o.peak_tflops, " must be a finite number > 0");
   data::token_file data(tok);
   {  // what the trainer would refuse, checked before asking for the device
     train::check_run(model_config(o), run_config(o), data, o.dp);
@@ -81,7 +90,7 @@ int run_cuda_opt(options& o, const fs::path& tok, created_paths& created) {
   TESSERA_THROW_IF(tessera::cuda::device_count() < 1, config_error,
                    "--backend cuda: no CUDA device is visible");
   train::trainer<P, tessera::cuda, O> tr(model_config(o), run_config(o), data);
-  return train_loop(o, tr, data, tok, created, o.peak_tflops * 1e12, gpu_line(o));
+  return train_loop(o, tr, data, tok, created, gpu_peak(o));
 }
 
 template <precision::policy P>

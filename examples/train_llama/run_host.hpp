@@ -10,6 +10,7 @@
 #include "run.hpp"
 #include "tessera/comm/local.hpp"
 #include "tessera/kernels/blas.hpp"
+#include "tessera/kernels/peak.hpp"
 #include "tessera/optim/sgd.hpp"
 #if defined(TESSERA_HAS_MPI) && TESSERA_HAS_MPI
 #include "tessera/comm/mpi.hpp"
@@ -17,10 +18,12 @@
 
 namespace train_llama {
 
-inline std::string blas_line(double peak) {
-  return tessera::detail::str("BLAS ", kernels::blas_core_name(), ", ", kernels::blas_threads(),
-                              " threads, measured sgemm peak ", peak / 1e9,
-                              " GFLOP/s (MFU is against it)");
+// One rank's peak for MFU on `threads` threads, with the sgemm rate
+// `blas` measured on that rank's share of the machine beside it.
+inline kernels::peak_flops host_peak(const options& o, int threads, double blas) {
+  auto p = kernels::host_peak(threads, blas, o.peak_tflops * 1e12);
+  p.how += tessera::detail::str(", BLAS ", kernels::blas_core_name());
+  return p;
 }
 
 // One data-parallel run under ZeRO stage S over --comm local or mpi.
@@ -31,14 +34,14 @@ int run_host_dp(options& o, const fs::path& tok, created_paths& created) {
   if (o.comm == "local") {
     // Ranks are threads: each gets its share of the OpenMP threads.
     const int per_rank = std::max(1, omp_get_max_threads() / o.dp);
-    const double peak = kernels::measure_sgemm_flops() / o.dp;
+    const auto peak = host_peak(o, per_rank, kernels::measure_sgemm_flops() / o.dp);
     int rc = 0;
     comm::local_world::run(o.dp, [&](comm::local_communicator& c) {
       omp_set_num_threads(per_rank);
       data::token_file data(tok);
       train::trainer<P, host, O, S, comm::local_communicator> tr(model_config(o), run_config(o),
                                                                   data, c, dpo);
-      const int r = train_loop(o, tr, data, tok, created, peak, blas_line(peak * o.dp));
+      const int r = train_loop(o, tr, data, tok, created, peak);
       if (c.rank() == 0) rc = r;
     });
     return rc;
@@ -47,12 +50,13 @@ int run_host_dp(options& o, const fs::path& tok, created_paths& created) {
   if (o.comm == "mpi") {
     comm::mpi_environment env;
     comm::mpi_communicator c(MPI_COMM_WORLD);
-    double peak = c.rank() == 0 ? kernels::measure_sgemm_flops() : 0.0;
-    c.broadcast(&peak, 1, 0);
+    double blas = c.rank() == 0 ? kernels::measure_sgemm_flops() : 0.0;
+    c.broadcast(&blas, 1, 0);
+    const auto peak = host_peak(o, omp_get_max_threads(), blas);
     data::token_file data(tok);
     train::trainer<P, host, O, S, comm::mpi_communicator> tr(model_config(o), run_config(o), data,
                                                              c, dpo);
-    return train_loop(o, tr, data, tok, created, peak, blas_line(peak));
+    return train_loop(o, tr, data, tok, created, peak);
   }
   throw config_error("--comm '" + o.comm + "' is not one of local, mpi (the host backend)");
 #else
@@ -66,8 +70,8 @@ int run_host_opt(options& o, const fs::path& tok, created_paths& created) {
     data::token_file data(tok);
     // Validates everything before any output.
     train::trainer<P, host, O> tr(model_config(o), run_config(o), data);
-    const double peak = kernels::measure_sgemm_flops();
-    return train_loop(o, tr, data, tok, created, peak, blas_line(peak));
+    const auto peak = host_peak(o, omp_get_max_threads(), kernels::measure_sgemm_flops());
+    return train_loop(o, tr, data, tok, created, peak);
   }
   switch (o.zero) {
     case 0:

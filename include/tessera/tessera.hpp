@@ -22,6 +22,7 @@
 #include "tessera/kernels/attention.hpp"
 #include "tessera/kernels/context.hpp"
 #include "tessera/kernels/optimizer.hpp"
+#include "tessera/kernels/peak.hpp"
 #include "tessera/kernels/blas.hpp"
 #include "tessera/kernels/cross_entropy.hpp"
 #include "tessera/kernels/elementwise.hpp"

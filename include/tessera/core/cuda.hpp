@@ -366,6 +366,24 @@ struct cuda {
   /// The current device's caching allocator (the `backend` concept).
   static memory_resource& default_resource() { return resource(current_device()); }
 
+  /// The datasheet's dense bf16 tensor-core rate of `device`, FLOP/s, from
+  /// its name (NVIDIA's datasheets, without sparsity): H100 and H200 SXM
+  /// 989.4 TFLOP/s, H100 PCIe 756, H100 NVL 835, A100 312, L40S 362.05,
+  /// L4 121; 0 for a GPU not in this table (pass the rate instead: MFU is
+  /// taken against a fixed peak, not a measured one). Throws cuda_error.
+  static double datasheet_bf16_flops(int device) {
+    cudaDeviceProp p{};
+    TESSERA_CUDA_CHECK(cudaGetDeviceProperties(&p, device));
+    const std::string n = p.name;
+    auto has = [&](const char* s) { return n.find(s) != std::string::npos; };
+    if (has("H200")) return 989.4e12;
+    if (has("H100")) return has("PCIe") ? 756e12 : has("NVL") ? 835e12 : 989.4e12;
+    if (has("A100")) return 312e12;
+    if (has("L40S")) return 362.05e12;
+    if (has("L4")) return 121e12;
+    return 0.0;
+  }
+
   /// Device -> host copy of `bytes`, synchronous. Ordered with the legacy
   /// stream only: synchronise a non-blocking stream that writes `d_src`
   /// first. Throws cuda_error.

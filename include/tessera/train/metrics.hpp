@@ -36,7 +36,8 @@ struct step_metrics {
   double seconds = 0;                 ///< wall time of the step
   double tokens_per_s = 0;            ///< tokens / seconds
   double flops = 0;                   ///< model FLOPs of the step (see trainer::flops_per_token)
-  double mfu = 0;                     ///< flops / seconds / peak
+  double mfu = 0;                     ///< flops / seconds / peak (kernels::peak_flops::flops)
+  double mfu_blas = 0;                ///< flops / seconds / measured sgemm rate (0: not measured)
   std::size_t mem_allocated = 0;      ///< bytes allocated at the end of the step
   std::size_t mem_peak = 0;           ///< peak bytes allocated during the step
 
@@ -45,7 +46,7 @@ struct step_metrics {
     nlohmann::json j{{"step", step},     {"loss", loss},         {"lr", lr},
                      {"grad_norm", grad_norm}, {"clip", clip},   {"tokens", tokens},
                      {"scored", scored}, {"seconds", seconds},   {"tokens_per_s", tokens_per_s},
-                     {"mfu", mfu},       {"mem_allocated", mem_allocated},
+                     {"mfu", mfu},       {"mfu_of_blas", mfu_blas}, {"mem_allocated", mem_allocated},
                      {"mem_peak", mem_peak}};
     if (val_loss) j["val_loss"] = *val_loss;
     if (skipped) j["skipped"] = true;
@@ -66,8 +67,17 @@ inline std::string format_bytes(double b) {
   return buf;
 }
 
+/// A utilisation (0.231) as "23.1%"; above 1 (a peak set too low, or a
+/// step timed wrong) it reads "n/a": a figure over 100% is never printed.
+inline std::string format_utilisation(double u) {
+  if (!(u >= 0) || u > 1.0) return "n/a";
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "%.1f%%", 100.0 * u);
+  return buf;
+}
+
 /// The step log line: every field named, e.g.
-/// `step 120/1000 loss 2.4100 val 2.4700 (4-gram 2.1000) lr 3.00e-04 norm 0.512 tok/s 12345 mfu 23.1% mem 12.3MiB peak 45.6MiB`
+/// `step 120/1000 loss 2.4100 val 2.4700 (4-gram 2.1000) lr 3.00e-04 norm 0.512 tok/s 12345 mfu 23.1% (35.2% of BLAS) mem 12.3MiB peak 45.6MiB`
 inline std::string format_step(const step_metrics& m, std::int64_t total_steps,
                                std::optional<double> baseline = std::nullopt) {
   char buf[512];
@@ -83,8 +93,11 @@ inline std::string format_step(const step_metrics& m, std::int64_t total_steps,
       os << buf;
     }
   }
-  std::snprintf(buf, sizeof buf, " lr %.2e norm %.3f%s tok/s %.0f mfu %.1f%% mem %s peak %s",
-                m.lr, m.grad_norm, m.skipped ? " SKIPPED" : "", m.tokens_per_s, 100.0 * m.mfu,
+  std::snprintf(buf, sizeof buf, " lr %.2e norm %.3f%s tok/s %.0f mfu %s", m.lr, m.grad_norm,
+                m.skipped ? " SKIPPED" : "", m.tokens_per_s, format_utilisation(m.mfu).c_str());
+  os << buf;
+  if (m.mfu_blas > 0) os << " (" << format_utilisation(m.mfu_blas) << " of BLAS)";
+  std::snprintf(buf, sizeof buf, " mem %s peak %s",
                 format_bytes(static_cast<double>(m.mem_allocated)).c_str(),
                 format_bytes(static_cast<double>(m.mem_peak)).c_str());
   os << buf;

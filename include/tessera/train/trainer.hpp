@@ -139,8 +139,10 @@ class trainer {
   int rank() const { return comm_->rank(); }
   /// Optimizer steps taken so far (the data position: step s reads the windows of step s).
   std::int64_t step() const { return step_; }
-  /// Peak FLOP/s of one rank, for MFU.
+  /// Peak FLOP/s of one rank, for MFU (kernels::peak_flops::flops; 0: no MFU).
   void set_peak_flops(double f) { peak_flops_ = f; }
+  /// The sgemm rate one rank measured, for MFU "of BLAS peak" beside it (0: none).
+  void set_blas_flops(double f) { blas_flops_ = f; }
 
   /// One optimizer step over A = G / (B dp) micro-batches on this rank
   /// (collective). Returns the global figures, the same on every rank:
@@ -198,6 +200,7 @@ class trainer {
     m.tokens_per_s = static_cast<double>(m.tokens) / m.seconds;
     m.flops = nn::flops_per_token(model_.config(), T) * static_cast<double>(m.tokens);
     m.mfu = peak_flops_ > 0 ? m.flops / m.seconds / (peak_flops_ * comm_->size()) : 0.0;
+    m.mfu_blas = blas_flops_ > 0 ? m.flops / m.seconds / (blas_flops_ * comm_->size()) : 0.0;
     const auto st = mr.stats();
     m.mem_allocated = st.allocated;
     m.mem_peak = st.peak_allocated;
@@ -428,7 +431,7 @@ class trainer {
   tensor<double, Backend> count_;    // (2): host values on their way through a collective
   std::vector<std::int32_t> windows_;  // (B, T+1): the host's scored-token count
   std::int64_t step_ = 0;
-  double peak_flops_ = 0;
+  double peak_flops_ = 0, blas_flops_ = 0;
 };
 
 }  // namespace tessera::train

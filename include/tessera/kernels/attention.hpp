@@ -233,13 +233,18 @@ void attention_forward(const host_context& ctx, T* out, accum_t<T>* lse, const T
 ///   (same sizes and tiles not required: any tiles give the same function).
 /// - G is accum_t<T> (double for double, float otherwise), or bf16 with
 ///   16-bit storage (read and written through accum_t<T>, rounded once).
-/// - Two passes after D = rowsum(dout * out): dk, dv parallel over
-///   (b, kv head, key tile), each accumulating over its query heads and query
-///   tiles in a fixed order; then dq parallel over (b, head, query tile).
-///   Deterministic and thread-count independent; scores are recomputed in both
-///   passes (about 2x the forward's score work) instead of reduced with atomics.
-/// - Scratch from `ctx.mr`: D, B nh S elements of accum_t<T> (linear in S), plus per
-///   OpenMP thread (3 Bq hd + 5 Bk hd + 2 Bk) elements; no O(S^2) memory.
+/// - One pass after D = rowsum(dout * out), parallel over (b, kv head): for
+///   each key tile in order, each query head of the group and each query
+///   row at or after the tile, the scores and probabilities are computed
+///   once and feed dV += P^T dO, dK += dS^T Q and dQ += dS K (FA-2's
+///   backward with the query loop inside, so no dQ atomics: each (b, kv
+///   head) owns the dQ rows of its query heads). Every output element is
+///   summed by one thread in a fixed order (dK, dV over heads, query tiles,
+///   rows; dQ over key tiles, then keys): deterministic and thread-count
+///   independent.
+/// - Scratch from `ctx.mr`: D, B nh S elements of accum_t<T>; per OpenMP
+///   thread (2 Bq hd + 5 Bk hd + 2 Bk) elements; with bf16 G, the float dQ
+///   accumulator, B S nh hd elements. No O(S^2) memory.
 /// - Aliasing: the outputs must not overlap each other or the inputs.
 /// - Throws config_error (before any write) on the same conditions as
 ///   attention_forward; tessera::error if `mr` cannot allocate.
@@ -275,128 +280,92 @@ void attention_backward(const host_context& ctx, G* dq, G* dk, G* dv, const G* d
     D[row] = s;
   }
 
-  // Per-thread tiles: Q, dO, dQ (Bq, hd); K^T, V^T (hd, Bk); K, dK, dV (Bk, hd);
+  // Per-thread tiles: Q, dO (Bq, hd); K^T, V^T (hd, Bk); K, dK, dV (Bk, hd);
   // one row of scores and one of dP (Bk).
-  const std::int64_t per_thread = 3 * Bq * hd + 5 * Bk * hd + 2 * Bk;
+  const std::int64_t per_thread = 2 * Bq * hd + 5 * Bk * hd + 2 * Bk;
   tensor<A> scratch(shape{detail::attention_max_threads() * per_thread}, mr);
   A* const ws_base = scratch.data();
-  struct tiles_t {
-    A *Qt, *dOt, *dQt, *KT, *VT, *Kt, *dKt, *dVt, *srow, *dprow;
-  };
-  auto thread_tiles = [&]() {
-    A* ws = ws_base + detail::attention_thread_id() * per_thread;
-    tiles_t w;
-    w.Qt = ws;
-    w.dOt = w.Qt + Bq * hd;
-    w.dQt = w.dOt + Bq * hd;
-    w.KT = w.dQt + Bq * hd;
-    w.VT = w.KT + Bk * hd;
-    w.Kt = w.VT + Bk * hd;
-    w.dKt = w.Kt + Bk * hd;
-    w.dVt = w.dKt + Bk * hd;
-    w.srow = w.dVt + Bk * hd;
-    w.dprow = w.srow + Bk;
-    return w;
-  };
+  // dQ is accumulated in place, in A: the output itself, or a float copy for bf16.
+  constexpr bool wide_dq = !std::is_same_v<G, A>;
+  tensor<A> dq_acc(shape{wide_dq ? B * S * nh * hd : 0}, mr);
+  A* const dqa = wide_dq ? dq_acc.data() : reinterpret_cast<A*>(dq);
 
-  // Pass 1: dk, dv for one (b, kv head g, key tile) per work item.
-  const std::int64_t kv_items = B * nkv * nkt;
+  const std::int64_t items = B * nkv;
 #pragma omp parallel for schedule(dynamic, 1) if (parallel)
-  for (std::int64_t it = 0; it < kv_items; ++it) {
-    const std::int64_t ik = it % nkt;  // early key tiles see the most queries: first
-    const std::int64_t g = (it / nkt) % nkv;
-    const std::int64_t b = it / (nkt * nkv);
-    const std::int64_t s0 = ik * Bk, nk = std::min(s0 + Bk, S) - s0;
-    const tiles_t w = thread_tiles();
+  for (std::int64_t it = 0; it < items; ++it) {
+    const std::int64_t g = it % nkv, b = it / nkv;
+    A* ws = ws_base + detail::attention_thread_id() * per_thread;
+    A* Qt = ws;
+    A* dOt = Qt + Bq * hd;
+    A* KT = dOt + Bq * hd;
+    A* VT = KT + Bk * hd;
+    A* Kt = VT + Bk * hd;
+    A* dKt = Kt + Bk * hd;
+    A* dVt = dKt + Bk * hd;
+    A* srow = dVt + Bk * hd;
+    A* dprow = srow + Bk;
 
     const T* kb = k + (b * S * nkv + g) * hd;
     const T* vb = v + (b * S * nkv + g) * hd;
-    detail::attention_load_tile_transposed(w.KT, Bk, kb + s0 * kstride, nk, kstride, hd);
-    detail::attention_load_tile_transposed(w.VT, Bk, vb + s0 * kstride, nk, kstride, hd);
-    std::fill(w.dKt, w.dKt + nk * hd, A(0));
-    std::fill(w.dVt, w.dVt + nk * hd, A(0));
-
     for (std::int64_t h = g * group; h < (g + 1) * group; ++h) {
-      const T* qb = q + (b * S * nh + h) * hd;
-      const G* dob = dout + (b * S * nh + h) * hd;
-      const A* lse_b = lse + (b * nh + h) * S;
-      const A* D_b = D + (b * nh + h) * S;
-      // Query tiles holding a row t >= s0.
-      for (std::int64_t iq = s0 / Bq; iq < nqt; ++iq) {
-        const std::int64_t t0 = iq * Bq, nq = std::min(t0 + Bq, S) - t0;
-        detail::attention_load_tile(w.Qt, qb + t0 * qstride, nq, qstride, hd);
-        detail::attention_load_tile(w.dOt, dob + t0 * qstride, nq, qstride, hd);
-        for (std::int64_t r = 0; r < nq; ++r) {
-          const std::int64_t t = t0 + r;
-          if (t < s0) continue;
-          const std::int64_t ne = std::min(nk, t - s0 + 1);
-          const A* qr = w.Qt + r * hd;
-          const A* dor = w.dOt + r * hd;
-          detail::attention_row_scores(w.srow, qr, w.KT, Bk, ne, hd);    // q_t . k_s
-          detail::attention_row_scores(w.dprow, dor, w.VT, Bk, ne, hd);  // dP = dO_t . v_s
-          for (std::int64_t c = 0; c < ne; ++c) {
-            const A p = detail::attention_prob(scale * w.srow[c], lse_b[t]);
-            const A ds = detail::attention_dscore(p, w.dprow[c], D_b[t]);
-            detail::attention_axpy(w.dVt + c * hd, p, dor, hd);          // dV += P^T dO
-            detail::attention_axpy(w.dKt + c * hd, scale * ds, qr, hd);  // dK += dS^T Q
+      A* dqb = dqa + (b * S * nh + h) * hd;
+      for (std::int64_t t = 0; t < S; ++t) std::fill(dqb + t * qstride, dqb + t * qstride + hd, A(0));
+    }
+    for (std::int64_t ik = 0; ik < nkt; ++ik) {
+      const std::int64_t s0 = ik * Bk, nk = std::min(s0 + Bk, S) - s0;
+      detail::attention_load_tile_transposed(KT, Bk, kb + s0 * kstride, nk, kstride, hd);
+      detail::attention_load_tile_transposed(VT, Bk, vb + s0 * kstride, nk, kstride, hd);
+      detail::attention_load_tile(Kt, kb + s0 * kstride, nk, kstride, hd);
+      std::fill(dKt, dKt + nk * hd, A(0));
+      std::fill(dVt, dVt + nk * hd, A(0));
+
+      for (std::int64_t h = g * group; h < (g + 1) * group; ++h) {
+        const T* qb = q + (b * S * nh + h) * hd;
+        const G* dob = dout + (b * S * nh + h) * hd;
+        A* dqb = dqa + (b * S * nh + h) * hd;
+        const A* lse_b = lse + (b * nh + h) * S;
+        const A* D_b = D + (b * nh + h) * S;
+        // Query tiles holding a row t >= s0.
+        for (std::int64_t iq = s0 / Bq; iq < nqt; ++iq) {
+          const std::int64_t t0 = iq * Bq, nq = std::min(t0 + Bq, S) - t0;
+          detail::attention_load_tile(Qt, qb + t0 * qstride, nq, qstride, hd);
+          detail::attention_load_tile(dOt, dob + t0 * qstride, nq, qstride, hd);
+          for (std::int64_t r = 0; r < nq; ++r) {
+            const std::int64_t t = t0 + r;
+            if (t < s0) continue;
+            const std::int64_t ne = std::min(nk, t - s0 + 1);
+            const A* qr = Qt + r * hd;
+            const A* dor = dOt + r * hd;
+            A* dqr = dqb + t * qstride;
+            detail::attention_row_scores(srow, qr, KT, Bk, ne, hd);    // q_t . k_s
+            detail::attention_row_scores(dprow, dor, VT, Bk, ne, hd);  // dP = dO_t . v_s
+            for (std::int64_t c = 0; c < ne; ++c) {
+              const A p = detail::attention_prob(scale * srow[c], lse_b[t]);
+              const A ds = detail::attention_dscore(p, dprow[c], D_b[t]);
+              detail::attention_axpy(dVt + c * hd, p, dor, hd);          // dV += P^T dO
+              detail::attention_axpy(dKt + c * hd, scale * ds, qr, hd);  // dK += dS^T Q
+              detail::attention_axpy(dqr, scale * ds, Kt + c * hd, hd);  // dQ += dS K
+            }
           }
         }
       }
-    }
 
-    G* dkb = dk + (b * S * nkv + g) * hd;
-    G* dvb = dv + (b * S * nkv + g) * hd;
-    for (std::int64_t c = 0; c < nk; ++c)
-      for (std::int64_t d = 0; d < hd; ++d) {
-        dkb[(s0 + c) * kstride + d] = to<G>(w.dKt[c * hd + d]);
-        dvb[(s0 + c) * kstride + d] = to<G>(w.dVt[c * hd + d]);
-      }
-  }
-
-  // Pass 2: dq for one (b, head h, query tile) per work item.
-  const std::int64_t q_items = B * nh * nqt;
-#pragma omp parallel for schedule(dynamic, 1) if (parallel)
-  for (std::int64_t it = 0; it < q_items; ++it) {
-    const std::int64_t iq = nqt - 1 - it % nqt;
-    const std::int64_t h = (it / nqt) % nh;
-    const std::int64_t b = it / (nqt * nh);
-    const std::int64_t g = detail::attention_kv_head(h, nh, nkv);
-    const std::int64_t t0 = iq * Bq, t1 = std::min(t0 + Bq, S), nq = t1 - t0;
-    const tiles_t w = thread_tiles();
-
-    const T* qb = q + (b * S * nh + h) * hd;
-    const G* dob = dout + (b * S * nh + h) * hd;
-    const T* kb = k + (b * S * nkv + g) * hd;
-    const T* vb = v + (b * S * nkv + g) * hd;
-    const A* lse_b = lse + (b * nh + h) * S;
-    const A* D_b = D + (b * nh + h) * S;
-    detail::attention_load_tile(w.Qt, qb + t0 * qstride, nq, qstride, hd);
-    detail::attention_load_tile(w.dOt, dob + t0 * qstride, nq, qstride, hd);
-    std::fill(w.dQt, w.dQt + nq * hd, A(0));
-
-    for (std::int64_t k0 = 0; k0 < t1; k0 += Bk) {
-      const std::int64_t nk = std::min(k0 + Bk, t1) - k0;
-      detail::attention_load_tile_transposed(w.KT, Bk, kb + k0 * kstride, nk, kstride, hd);
-      detail::attention_load_tile_transposed(w.VT, Bk, vb + k0 * kstride, nk, kstride, hd);
-      detail::attention_load_tile(w.Kt, kb + k0 * kstride, nk, kstride, hd);
-      for (std::int64_t r = 0; r < nq; ++r) {
-        const std::int64_t t = t0 + r;
-        if (t < k0) continue;
-        const std::int64_t ne = std::min(nk, t - k0 + 1);
-        A* dqr = w.dQt + r * hd;
-        detail::attention_row_scores(w.srow, w.Qt + r * hd, w.KT, Bk, ne, hd);
-        detail::attention_row_scores(w.dprow, w.dOt + r * hd, w.VT, Bk, ne, hd);
-        for (std::int64_t c = 0; c < ne; ++c) {
-          const A p = detail::attention_prob(scale * w.srow[c], lse_b[t]);
-          const A ds = detail::attention_dscore(p, w.dprow[c], D_b[t]);
-          detail::attention_axpy(dqr, scale * ds, w.Kt + c * hd, hd);  // dQ += dS K
+      G* dkb = dk + (b * S * nkv + g) * hd;
+      G* dvb = dv + (b * S * nkv + g) * hd;
+      for (std::int64_t c = 0; c < nk; ++c)
+        for (std::int64_t d = 0; d < hd; ++d) {
+          dkb[(s0 + c) * kstride + d] = to<G>(dKt[c * hd + d]);
+          dvb[(s0 + c) * kstride + d] = to<G>(dVt[c * hd + d]);
         }
+    }
+    if constexpr (wide_dq) {
+      for (std::int64_t h = g * group; h < (g + 1) * group; ++h) {
+        const A* src = dqa + (b * S * nh + h) * hd;
+        G* dst = dq + (b * S * nh + h) * hd;
+        for (std::int64_t t = 0; t < S; ++t)
+          for (std::int64_t d = 0; d < hd; ++d) dst[t * qstride + d] = to<G>(src[t * qstride + d]);
       }
     }
-
-    G* dqb = dq + (b * S * nh + h) * hd;
-    for (std::int64_t r = 0; r < nq; ++r)
-      for (std::int64_t d = 0; d < hd; ++d) dqb[(t0 + r) * qstride + d] = to<G>(w.dQt[r * hd + d]);
   }
 }
 

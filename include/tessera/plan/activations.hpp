@@ -110,7 +110,9 @@ inline kernel_scratch scratch_of(const nn::llama_config& c, const dtype_sizes& d
     const auto tq = static_cast<std::uint64_t>(std::min(o.tiles.q, T)),
                tk = static_cast<std::uint64_t>(std::min(o.tiles.k, T));
     k.attention_forward = thr * (2 * tq * hd + 2 * tk * hd + tq * tk + 2 * tq) * A;
-    k.attention_backward = N * nh * A + thr * (3 * tq * hd + 5 * tk * hd + 2 * tk) * A;  // D + tiles
+    // D, the tiles, and with 16-bit activation gradients a float dQ accumulator
+    k.attention_backward = N * nh * A + thr * (2 * tq * hd + 5 * tk * hd + 2 * tk) * A +
+                           (G != A ? N * nh * hd * A : 0);
     k.cross_entropy = C * V * A + C * sizeof(double);
     if (d.param != A) {  // 16-bit storage: x rows and a block of wlm converted to accum_type
       const std::uint64_t Vb = std::min<std::uint64_t>(

@@ -195,6 +195,8 @@ def main():
     ap.add_argument("--quick", action="store_true", help="small preset only, 2 rounds")
     a = ap.parse_args()
     if a.rounds < 1 or a.threads < 1:
+        print(f"peer_pytorch: --rounds {a.rounds} and --threads {a.threads} must be >= 1",
+              file=sys.stderr)
         sys.exit(2)
     if not os.access(a.bin, os.X_OK):
         print(f"peer_pytorch: {a.bin} is missing: build the host preset first", file=sys.stderr)

@@ -90,6 +90,21 @@ TEST_CASE("format_step names every field", "[train][metrics]") {
     CHECK_THAT(s, Catch::Contains(field));
 }
 
+TEST_CASE("format_step never prints a utilisation over 100% or without a peak",
+          "[train][metrics]") {
+  auto m = sample_metrics();
+  m.mfu_blas = 0.352;
+  CHECK_THAT(train::format_step(m, 1000), Catch::Contains(" mfu 23.1% (35.2% of BLAS) mem "));
+  m.mfu = 1.0001;
+  m.mfu_blas = 1.7;
+  CHECK_THAT(train::format_step(m, 1000), Catch::Contains(" mfu n/a (n/a of BLAS) mem "));
+  m.mfu = 0;  // no peak set
+  m.mfu_blas = 0;
+  CHECK_THAT(train::format_step(m, 1000), Catch::Contains(" mfu n/a mem "));
+  CHECK(train::format_utilisation(1.0) == "100.0%");
+  CHECK(train::format_utilisation(std::nan("")) == "n/a");
+}
+
 TEST_CASE("format_step shows val and the baseline only on eval steps, and SKIPPED",
           "[train][metrics]") {
   auto m = sample_metrics();

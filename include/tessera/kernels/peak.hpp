@@ -112,7 +112,8 @@ inline peak_flops host_theoretical_peak(int threads) {
 /// measurement gives a peak (pass --peak-tflops).
 inline peak_flops host_peak(int threads, double blas_flops, double override_flops = 0) {
   TESSERA_THROW_IF(!(override_flops >= 0) || override_flops > 1e21, config_error,
-                   "peak FLOP/s ", override_flops, " must be >= 0 and finite");
+                   "the given peak (--peak-tflops) of ", override_flops / 1e12,
+                   " TFLOP/s must be >= 0 and finite");
   peak_flops p;
   if (override_flops > 0) {
     p.flops = override_flops;
@@ -139,9 +140,12 @@ inline peak_flops host_peak(int threads, double blas_flops, double override_flop
 /// GFLOP/s (96.7% of peak, best of 5)".
 inline std::string describe_peak(const peak_flops& p) {
   char buf[512];
-  if (p.blas_flops > 0)
+  if (p.blas_flops > 0 && p.blas_flops <= p.flops)
     std::snprintf(buf, sizeof buf, "peak %.1f GFLOP/s = %s; measured sgemm %.1f GFLOP/s (%.1f%% of peak)",
                   p.flops / 1e9, p.how.c_str(), p.blas_flops / 1e9, 100 * p.blas_flops / p.flops);
+  else if (p.blas_flops > 0)  // a given peak below what the BLAS reaches: MFU may read n/a
+    std::snprintf(buf, sizeof buf, "peak %.1f GFLOP/s = %s; measured sgemm %.1f GFLOP/s, above it",
+                  p.flops / 1e9, p.how.c_str(), p.blas_flops / 1e9);
   else
     std::snprintf(buf, sizeof buf, "peak %.1f GFLOP/s = %s", p.flops / 1e9, p.how.c_str());
   return buf;

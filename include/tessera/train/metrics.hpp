@@ -67,10 +67,11 @@ inline std::string format_bytes(double b) {
   return buf;
 }
 
-/// A utilisation (0.231) as "23.1%"; above 1 (a peak set too low, or a
-/// step timed wrong) it reads "n/a": a figure over 100% is never printed.
+/// A utilisation (0.231) as "23.1%"; 0 (no peak set) or above 1 (a peak
+/// set too low, or a step timed wrong) reads "n/a": a figure over 100% is
+/// never printed.
 inline std::string format_utilisation(double u) {
-  if (!(u >= 0) || u > 1.0) return "n/a";
+  if (!(u > 0) || u > 1.0) return "n/a";
   char buf[16];
   std::snprintf(buf, sizeof buf, "%.1f%%", 100.0 * u);
   return buf;

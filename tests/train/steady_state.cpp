@@ -11,34 +11,14 @@
 #include <filesystem>
 #include <string>
 
-#include "tessera/data/tokenizer.hpp"
 #include "tessera/train/trainer.hpp"
+
+#include "trainer_suite.hpp"
 
 using namespace tessera;
 namespace fs = std::filesystem;
 
 namespace {
-
-struct temp_file {
-  fs::path path;
-  ~temp_file() {
-    std::error_code ec;
-    fs::remove(path, ec);
-  }
-};
-
-fs::path make_corpus() {
-  std::string text;
-  const char* words[] = {"the ", "cat ", "sat ", "on ", "a ", "mat, ", "and ", "then ", "it ", "ran.\n"};
-  std::uint64_t s = 1;
-  while (text.size() < 60000) {
-    s = mix64(s);
-    text += words[s % 10];
-  }
-  auto p = fs::temp_directory_path() / ("tessera_steady_" + std::to_string(::getpid()) + ".tok");
-  data::write_token_file(p, data::byte_tokenizer::encode(text), 256, data::token_dtype::u16);
-  return p;
-}
 
 long minor_faults() {
   rusage u{};
@@ -51,7 +31,7 @@ long minor_faults() {
 // counted.
 template <class P>
 void steady_state(int micro_batch, const char* label) {
-  temp_file corpus{make_corpus()};
+  trainer_suite::temp_file corpus{trainer_suite::make_corpus("steady", 0)};
   data::token_file f(corpus.path);
   auto mc = nn::llama_config::small();
   mc.vocab = 256;

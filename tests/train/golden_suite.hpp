@@ -53,7 +53,11 @@ struct point {
 };
 using trajectory = std::vector<point>;
 
+/// The recorded file: TESSERA_GOLDEN_FILE when set (a set recorded on a
+/// machine whose BLAS core differs from the committed one, to hold a change
+/// there to bit-for-bit replay), else tests/train/golden_trajectories.txt.
 inline fs::path golden_path() {
+  if (const char* p = std::getenv("TESSERA_GOLDEN_FILE"); p != nullptr && *p != 0) return p;
   return fs::path(TESSERA_SOURCE_DIR) / "tests" / "train" / "golden_trajectories.txt";
 }
 

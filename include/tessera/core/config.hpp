@@ -18,6 +18,22 @@
 
 #define TESSERA_FORCE_INLINE inline __attribute__((always_inline))
 
+/// TESSERA_SIMD asks the host compiler to vectorise the loop that follows
+/// (OpenMP simd): at -O2 GCC's cheap cost model leaves the kernels' tile
+/// loops scalar (measured 5x slower on the attention forward). Only on loops
+/// without a reduction, so the result does not depend on the vector width.
+/// TESSERA_SIMD_MAX(var) is the same for a loop whose only reduction is a
+/// maximum into `var`, exact in any order. Both are empty in device code
+/// and without OpenMP.
+#if defined(_OPENMP) && !defined(__CUDA_ARCH__)
+#define TESSERA_SIMD _Pragma("omp simd")
+#define TESSERA_SIMD_PRAGMA_(x) _Pragma(#x)
+#define TESSERA_SIMD_MAX(var) TESSERA_SIMD_PRAGMA_(omp simd reduction(max : var))
+#else
+#define TESSERA_SIMD
+#define TESSERA_SIMD_MAX(var)
+#endif
+
 #if defined(__CUDA_ARCH__)
 #define TESSERA_DEVICE_CODE 1
 #else

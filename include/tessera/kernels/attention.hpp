@@ -194,19 +194,20 @@ void attention_forward(const host_context& ctx, T* out, accum_t<T>* lse, const T
         A* p = Pt + r * Bk;
         detail::attention_row_scores(p, Qt + r * hd, KT, Bk, ne, hd);  // q_t . k_s
         A mx = detail::attention_neg_inf<A>();
+        TESSERA_SIMD_MAX(mx)
         for (std::int64_t c = 0; c < ne; ++c) {
           p[c] *= scale;
           mx = std::max(mx, p[c]);
         }
         const A alpha = detail::online_softmax_rescale(m[r], mx);
+        const A mr = m[r];
+        TESSERA_SIMD
+        for (std::int64_t c = 0; c < ne; ++c) p[c] = detail::attention_prob(p[c], mr);
         A rowsum = 0;
-        for (std::int64_t c = 0; c < ne; ++c) {
-          p[c] = detail::attention_prob(p[c], m[r]);
-          rowsum += p[c];
-        }
+        for (std::int64_t c = 0; c < ne; ++c) rowsum += p[c];  // in order: not vectorised
         l[r] = l[r] * alpha + rowsum;
         A* o = Ot + r * hd;
-        TESSERA_ATTENTION_SIMD
+        TESSERA_SIMD
         for (std::int64_t d = 0; d < hd; ++d) o[d] *= alpha;
         for (std::int64_t c = 0; c < ne; ++c) detail::attention_axpy(o, p[c], Vt + c * hd, hd);
       }
@@ -339,12 +340,19 @@ void attention_backward(const host_context& ctx, G* dq, G* dk, G* dv, const G* d
             A* dqr = dqb + t * qstride;
             detail::attention_row_scores(srow, qr, KT, Bk, ne, hd);    // q_t . k_s
             detail::attention_row_scores(dprow, dor, VT, Bk, ne, hd);  // dP = dO_t . v_s
+            // The row's probabilities (into srow) and scaled score gradients
+            // (into dprow), vectorised, then the three rank-1 updates.
+            const A lse_t = lse_b[t], D_t = D_b[t];
+            TESSERA_SIMD
             for (std::int64_t c = 0; c < ne; ++c) {
-              const A p = detail::attention_prob(scale * srow[c], lse_b[t]);
-              const A ds = detail::attention_dscore(p, dprow[c], D_b[t]);
-              detail::attention_axpy(dVt + c * hd, p, dor, hd);          // dV += P^T dO
-              detail::attention_axpy(dKt + c * hd, scale * ds, qr, hd);  // dK += dS^T Q
-              detail::attention_axpy(dqr, scale * ds, Kt + c * hd, hd);  // dQ += dS K
+              const A p = detail::attention_prob(scale * srow[c], lse_t);
+              dprow[c] = scale * detail::attention_dscore(p, dprow[c], D_t);
+              srow[c] = p;
+            }
+            for (std::int64_t c = 0; c < ne; ++c) {
+              detail::attention_axpy(dVt + c * hd, srow[c], dor, hd);   // dV += P^T dO
+              detail::attention_axpy(dKt + c * hd, dprow[c], qr, hd);   // dK += dS^T Q
+              detail::attention_axpy(dqr, dprow[c], Kt + c * hd, hd);  // dQ += dS K
             }
           }
         }

@@ -175,16 +175,17 @@ void lm_head_cross_entropy(const host_context& ctx, double* loss_sum, const T* x
         continue;
       }
       A mx = z[0];
+      TESSERA_SIMD_MAX(mx)
       for (std::int64_t v = 1; v < V; ++v) mx = std::max(mx, z[v]);
       const A zy = z[y];
+      TESSERA_SIMD
+      for (std::int64_t v = 0; v < V; ++v) z[v] = detail::ce_exp(z[v], mx);
       A sum = 0;
-      for (std::int64_t v = 0; v < V; ++v) {
-        z[v] = detail::ce_exp(z[v], mx);
-        sum += z[v];
-      }
+      for (std::int64_t v = 0; v < V; ++v) sum += z[v];  // in order: not vectorised
       row_loss[i] = static_cast<double>(detail::ce_row_loss(mx, sum, zy));
       if (grad) {
         const A inv = A(1) / sum;
+        TESSERA_SIMD
         for (std::int64_t v = 0; v < V; ++v)
           z[v] = detail::ce_dlogit(z[v], inv, v == y, grad_scale);
       }

@@ -28,7 +28,7 @@ void swiglu_forward(const host_context& ctx, T* out, const T* gate, const T* up,
   using A = accum_t<T>;
   (void)ctx;
   TESSERA_THROW_IF(n < 0, config_error, "swiglu_forward: negative n=", n);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for simd schedule(static)
   for (std::int64_t i = 0; i < n; ++i)
     out[i] = to<T>(detail::swiglu_out(to<A>(gate[i]), to<A>(up[i])));
 }
@@ -51,7 +51,7 @@ void swiglu_backward(const host_context& ctx, G* dgate, G* dup, const G* dout, c
                 "accum_t<T> (double for double storage, float for float and bf16), or bf16 with "
                 "16-bit storage");
   TESSERA_THROW_IF(n < 0, config_error, "swiglu_backward: negative n=", n);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for simd schedule(static)
   for (std::int64_t i = 0; i < n; ++i) {
     A dg, du;
     detail::swiglu_grad(to<A>(dout[i]), to<A>(gate[i]), to<A>(up[i]), dg, du);

@@ -12,13 +12,14 @@
 #include <cmath>
 
 #include "tessera/core/config.hpp"
+#include "tessera/kernels/detail/exp.hpp"
 
 namespace tessera::kernels::detail {
 
 /// exp(z - row_max): the unnormalised softmax term of a logit, in (0, 1].
 template <class A>
 TESSERA_HOST_DEVICE inline A ce_exp(A z, A row_max) {
-  return std::exp(z - row_max);
+  return detail::exp(z - row_max);
 }
 
 /// -log softmax(z)[y] = row_max + log(sum_exp) - z[y], where

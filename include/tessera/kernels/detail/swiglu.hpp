@@ -7,17 +7,15 @@
 /// Source: Shazeer, "GLU Variants Improve Transformer", 2020, eq. 6 (SwiGLU
 /// with beta = 1, i.e. SiLU; Elfwing et al. 2017).
 
-#include <math.h>
-
 #include "tessera/core/config.hpp"
+#include "tessera/kernels/detail/exp.hpp"
 
 namespace tessera::kernels::detail {
 
-TESSERA_HOST_DEVICE inline float swiglu_exp(float x) {
-  return expf(x);
-}
-TESSERA_HOST_DEVICE inline double swiglu_exp(double x) {
-  return exp(x);
+/// e^x of the SiLU: libm's value; on the host, a form that vectorises (detail/exp.hpp).
+template <class A>
+TESSERA_HOST_DEVICE inline A swiglu_exp(A x) {
+  return detail::exp(x);
 }
 
 /// silu(g) = g / (1 + exp(-g)). For g -> -inf, exp overflows to inf and the

@@ -37,6 +37,7 @@
 #include "tessera/core/tensor.hpp"
 #include "tessera/kernels/context.hpp"
 #include "tessera/kernels/detail/attention.hpp"
+#include "tessera/kernels/detail/attention_host.hpp"
 
 namespace tessera::kernels {
 
@@ -96,6 +97,27 @@ inline int attention_thread_id() {
 #endif
 }
 
+/// Per-thread scratch of attention_forward, in elements of the accumulation
+/// type: Q and the O accumulator (Bq, hd), K^T (hd, ldk), V (Bk, hd), the
+/// scores (Bq, ldk), the running max and sum (Bq); Bq, Bk the tiles clamped
+/// to S, ldk = Bk rounded up to attention_lanes. The planner counts it.
+inline std::int64_t attention_forward_tile_elements(attention_tiles tiles, std::int64_t S,
+                                                    std::int64_t hd) {
+  const std::int64_t Bq = std::min(tiles.q, S), Bk = std::min(tiles.k, S);
+  const std::int64_t ldk = attention_padded(Bk);
+  return 2 * Bq * hd + hd * ldk + Bk * hd + Bq * ldk + 2 * Bq;
+}
+
+/// Per-thread scratch of attention_backward, in elements of the accumulation
+/// type: Q and dO (Bq, hd), K^T and V^T (hd, ldk), K, dK, dV (Bk, hd), P and
+/// dS (Bq, ldk). The planner counts it.
+inline std::int64_t attention_backward_tile_elements(attention_tiles tiles, std::int64_t S,
+                                                     std::int64_t hd) {
+  const std::int64_t Bq = std::min(tiles.q, S), Bk = std::min(tiles.k, S);
+  const std::int64_t ldk = attention_padded(Bk);
+  return 2 * Bq * hd + 2 * hd * ldk + 3 * Bk * hd + 2 * Bq * ldk;
+}
+
 /// Copies `rows` rows of length hd, `stride` elements apart, from `src` into
 /// the dense tile `dst` (rows x hd), converting to the accumulation type.
 template <class A, class U>
@@ -125,9 +147,10 @@ inline void attention_load_tile_transposed(A* dst, std::int64_t ld, const U* src
 ///   scaled scores (what attention_backward needs besides q, k, v, out).
 /// - `q` (B, S, nh, hd); `k`, `v` (B, S, nkv, hd); T in {float, double, bf16}.
 /// - Arithmetic in accum_t<T>; a bf16 output is rounded once, at the store.
-/// - Scratch: one tile set per OpenMP thread, (2 Bq hd + 2 Bk hd + Bq Bk + 2 Bq)
-///   elements of accum_t<T>, allocated once per call from `ctx.mr`; no O(S^2)
-///   memory. Tiles: `ctx.tiles`.
+/// - Scratch: one tile set per OpenMP thread, attention_forward_tile_elements
+///   of accum_t<T>, allocated once per call from `ctx.mr`; no O(S^2) memory.
+///   Tiles: `ctx.tiles`; the tile products are register-blocked
+///   (detail/attention_host.hpp) without changing any summation order.
 /// - Parallel over (b, h, query tile); deterministic, thread-count independent.
 /// - Aliasing: out and lse must not overlap the inputs.
 /// - Throws config_error (before any write) if a size is <= 0, nkv does not
@@ -147,11 +170,11 @@ void attention_forward(const host_context& ctx, T* out, accum_t<T>* lse, const T
   const A scale = A(1) / std::sqrt(static_cast<A>(hd));
   const bool parallel = detail::attention_parallel(B, S, nh, hd);
 
-  // Per-thread tiles: Q (Bq, hd), O accumulator (Bq, hd), K^T (hd, Bk), V (Bk, hd),
-  // P (Bq, Bk), running max m and sum l (Bq).
-  const std::int64_t per_thread = 2 * Bq * hd + 2 * Bk * hd + Bq * Bk + 2 * Bq;
+  const std::int64_t ldk = detail::attention_padded(Bk);  // K^T and P columns, padded
+  const std::int64_t per_thread = detail::attention_forward_tile_elements(tiles, S, hd);
   tensor<A> scratch(shape{detail::attention_max_threads() * per_thread}, mr);
   A* const ws_base = scratch.data();
+  std::fill(ws_base, ws_base + scratch.numel(), A(0));  // the padding columns are read
 
   const std::int64_t items = B * nh * nqt;
 #pragma omp parallel for schedule(dynamic, 1) if (parallel)
@@ -163,13 +186,15 @@ void attention_forward(const host_context& ctx, T* out, accum_t<T>* lse, const T
     const std::int64_t g = detail::attention_kv_head(h, nh, nkv);
     const std::int64_t t0 = iq * Bq, t1 = std::min(t0 + Bq, S), nq = t1 - t0;
 
+    // Per-thread tiles: Q (Bq, hd), O accumulator (Bq, hd), K^T (hd, ldk),
+    // V (Bk, hd), P (Bq, ldk), running max m and sum l (Bq).
     A* ws = ws_base + detail::attention_thread_id() * per_thread;
     A* Qt = ws;
     A* Ot = Qt + Bq * hd;
     A* KT = Ot + Bq * hd;
-    A* Vt = KT + Bk * hd;
+    A* Vt = KT + hd * ldk;
     A* Pt = Vt + Bk * hd;
-    A* m = Pt + Bq * Bk;
+    A* m = Pt + Bq * ldk;
     A* l = m + Bq;
 
     const T* qb = q + (b * S * nh + h) * hd;  // row t at qb + t * qstride
@@ -185,14 +210,15 @@ void attention_forward(const host_context& ctx, T* out, accum_t<T>* lse, const T
     // Key tiles that hold at least one key s <= t1 - 1.
     for (std::int64_t k0 = 0; k0 < t1; k0 += Bk) {
       const std::int64_t nk = std::min(k0 + Bk, t1) - k0;
-      detail::attention_load_tile_transposed(KT, Bk, kb + k0 * kstride, nk, kstride, hd);
+      detail::attention_load_tile_transposed(KT, ldk, kb + k0 * kstride, nk, kstride, hd);
       detail::attention_load_tile(Vt, vb + k0 * kstride, nk, kstride, hd);
-      for (std::int64_t r = 0; r < nq; ++r) {
-        const std::int64_t t = t0 + r;
-        if (t < k0) continue;                              // fully masked row of this tile
-        const std::int64_t ne = std::min(nk, t - k0 + 1);  // causal: keys s <= t
-        A* p = Pt + r * Bk;
-        detail::attention_row_scores(p, Qt + r * hd, KT, Bk, ne, hd);  // q_t . k_s
+      // Rows from r0 on see at least one key of the tile (causal: s <= t).
+      const std::int64_t r0 = std::max<std::int64_t>(0, k0 - t0), diag = t0 + r0 - k0;
+      const std::int64_t rows = nq - r0;
+      detail::attention_tile_scores(Pt + r0 * ldk, ldk, Qt + r0 * hd, KT, ldk, rows, nk, hd);
+      for (std::int64_t r = r0; r < nq; ++r) {
+        const std::int64_t ne = detail::attention_row_keys(r - r0, diag, nk);
+        A* p = Pt + r * ldk;
         A mx = detail::attention_neg_inf<A>();
         TESSERA_SIMD_MAX(mx)
         for (std::int64_t c = 0; c < ne; ++c) {
@@ -209,8 +235,10 @@ void attention_forward(const host_context& ctx, T* out, accum_t<T>* lse, const T
         A* o = Ot + r * hd;
         TESSERA_SIMD
         for (std::int64_t d = 0; d < hd; ++d) o[d] *= alpha;
-        for (std::int64_t c = 0; c < ne; ++c) detail::attention_axpy(o, p[c], Vt + c * hd, hd);
       }
+      // O += P V, each row over its keys in order.
+      detail::attention_tile_rows_acc(Ot + r0 * hd, hd, Pt + r0 * ldk, ldk, Vt, rows, diag, nk,
+                                      hd);
     }
 
     T* ob = out + (b * S * nh + h) * hd;
@@ -244,7 +272,7 @@ void attention_forward(const host_context& ctx, T* out, accum_t<T>* lse, const T
 ///   rows; dQ over key tiles, then keys): deterministic and thread-count
 ///   independent.
 /// - Scratch from `ctx.mr`: D, B nh S elements of accum_t<T>; per OpenMP
-///   thread (2 Bq hd + 5 Bk hd + 2 Bk) elements; with bf16 G, the float dQ
+///   thread attention_backward_tile_elements; with bf16 G, the float dQ
 ///   accumulator, B S nh hd elements. No O(S^2) memory.
 /// - Aliasing: the outputs must not overlap each other or the inputs.
 /// - Throws config_error (before any write) on the same conditions as
@@ -281,11 +309,11 @@ void attention_backward(const host_context& ctx, G* dq, G* dk, G* dv, const G* d
     D[row] = s;
   }
 
-  // Per-thread tiles: Q, dO (Bq, hd); K^T, V^T (hd, Bk); K, dK, dV (Bk, hd);
-  // one row of scores and one of dP (Bk).
-  const std::int64_t per_thread = 2 * Bq * hd + 5 * Bk * hd + 2 * Bk;
+  const std::int64_t ldk = detail::attention_padded(Bk);
+  const std::int64_t per_thread = detail::attention_backward_tile_elements(tiles, S, hd);
   tensor<A> scratch(shape{detail::attention_max_threads() * per_thread}, mr);
   A* const ws_base = scratch.data();
+  std::fill(ws_base, ws_base + scratch.numel(), A(0));  // the padding columns are read
   // dQ is accumulated in place, in A: the output itself, or a float copy for bf16.
   constexpr bool wide_dq = !std::is_same_v<G, A>;
   tensor<A> dq_acc(shape{wide_dq ? B * S * nh * hd : 0}, mr);
@@ -295,16 +323,18 @@ void attention_backward(const host_context& ctx, G* dq, G* dk, G* dv, const G* d
 #pragma omp parallel for schedule(dynamic, 1) if (parallel)
   for (std::int64_t it = 0; it < items; ++it) {
     const std::int64_t g = it % nkv, b = it / nkv;
+    // Per-thread tiles: Q, dO (Bq, hd); K^T, V^T (hd, ldk); K, dK, dV (Bk, hd);
+    // P and dS (Bq, ldk).
     A* ws = ws_base + detail::attention_thread_id() * per_thread;
     A* Qt = ws;
     A* dOt = Qt + Bq * hd;
     A* KT = dOt + Bq * hd;
-    A* VT = KT + Bk * hd;
-    A* Kt = VT + Bk * hd;
+    A* VT = KT + hd * ldk;
+    A* Kt = VT + hd * ldk;
     A* dKt = Kt + Bk * hd;
     A* dVt = dKt + Bk * hd;
-    A* srow = dVt + Bk * hd;
-    A* dprow = srow + Bk;
+    A* Pt = dVt + Bk * hd;
+    A* dSt = Pt + Bq * ldk;
 
     const T* kb = k + (b * S * nkv + g) * hd;
     const T* vb = v + (b * S * nkv + g) * hd;
@@ -314,8 +344,8 @@ void attention_backward(const host_context& ctx, G* dq, G* dk, G* dv, const G* d
     }
     for (std::int64_t ik = 0; ik < nkt; ++ik) {
       const std::int64_t s0 = ik * Bk, nk = std::min(s0 + Bk, S) - s0;
-      detail::attention_load_tile_transposed(KT, Bk, kb + s0 * kstride, nk, kstride, hd);
-      detail::attention_load_tile_transposed(VT, Bk, vb + s0 * kstride, nk, kstride, hd);
+      detail::attention_load_tile_transposed(KT, ldk, kb + s0 * kstride, nk, kstride, hd);
+      detail::attention_load_tile_transposed(VT, ldk, vb + s0 * kstride, nk, kstride, hd);
       detail::attention_load_tile(Kt, kb + s0 * kstride, nk, kstride, hd);
       std::fill(dKt, dKt + nk * hd, A(0));
       std::fill(dVt, dVt + nk * hd, A(0));
@@ -326,35 +356,32 @@ void attention_backward(const host_context& ctx, G* dq, G* dk, G* dv, const G* d
         A* dqb = dqa + (b * S * nh + h) * hd;
         const A* lse_b = lse + (b * nh + h) * S;
         const A* D_b = D + (b * nh + h) * S;
-        // Query tiles holding a row t >= s0.
+        // Query tiles holding a row t >= s0; of each, the rows from t = u0 on.
         for (std::int64_t iq = s0 / Bq; iq < nqt; ++iq) {
-          const std::int64_t t0 = iq * Bq, nq = std::min(t0 + Bq, S) - t0;
-          detail::attention_load_tile(Qt, qb + t0 * qstride, nq, qstride, hd);
-          detail::attention_load_tile(dOt, dob + t0 * qstride, nq, qstride, hd);
-          for (std::int64_t r = 0; r < nq; ++r) {
-            const std::int64_t t = t0 + r;
-            if (t < s0) continue;
-            const std::int64_t ne = std::min(nk, t - s0 + 1);
-            const A* qr = Qt + r * hd;
-            const A* dor = dOt + r * hd;
-            A* dqr = dqb + t * qstride;
-            detail::attention_row_scores(srow, qr, KT, Bk, ne, hd);    // q_t . k_s
-            detail::attention_row_scores(dprow, dor, VT, Bk, ne, hd);  // dP = dO_t . v_s
-            // The row's probabilities (into srow) and scaled score gradients
-            // (into dprow), vectorised, then the three rank-1 updates.
-            const A lse_t = lse_b[t], D_t = D_b[t];
+          const std::int64_t u0 = std::max(iq * Bq, s0), rows = std::min(iq * Bq + Bq, S) - u0;
+          const std::int64_t diag = u0 - s0;  // row i sees keys c <= i + diag
+          detail::attention_load_tile(Qt, qb + u0 * qstride, rows, qstride, hd);
+          detail::attention_load_tile(dOt, dob + u0 * qstride, rows, qstride, hd);
+          detail::attention_tile_scores(Pt, ldk, Qt, KT, ldk, rows, nk, hd);    // q_t . k_s
+          detail::attention_tile_scores(dSt, ldk, dOt, VT, ldk, rows, nk, hd);  // dP = dO_t . v_s
+          // Each row's probabilities (into P) and scaled score gradients
+          // (into dS, over dP), vectorised.
+          for (std::int64_t i = 0; i < rows; ++i) {
+            const std::int64_t ne = detail::attention_row_keys(i, diag, nk);
+            const A lse_t = lse_b[u0 + i], D_t = D_b[u0 + i];
+            A* p = Pt + i * ldk;
+            A* ds = dSt + i * ldk;
             TESSERA_SIMD
             for (std::int64_t c = 0; c < ne; ++c) {
-              const A p = detail::attention_prob(scale * srow[c], lse_t);
-              dprow[c] = scale * detail::attention_dscore(p, dprow[c], D_t);
-              srow[c] = p;
-            }
-            for (std::int64_t c = 0; c < ne; ++c) {
-              detail::attention_axpy(dVt + c * hd, srow[c], dor, hd);   // dV += P^T dO
-              detail::attention_axpy(dKt + c * hd, dprow[c], qr, hd);   // dK += dS^T Q
-              detail::attention_axpy(dqr, dprow[c], Kt + c * hd, hd);  // dQ += dS K
+              const A pc = detail::attention_prob(scale * p[c], lse_t);
+              ds[c] = scale * detail::attention_dscore(pc, ds[c], D_t);
+              p[c] = pc;
             }
           }
+          detail::attention_tile_cols_acc(dVt, Pt, ldk, dOt, rows, diag, nk, hd);   // dV += P^T dO
+          detail::attention_tile_cols_acc(dKt, dSt, ldk, Qt, rows, diag, nk, hd);   // dK += dS^T Q
+          detail::attention_tile_rows_acc(dqb + u0 * qstride, qstride, dSt, ldk, Kt, rows, diag,
+                                          nk, hd);                                   // dQ += dS K
         }
       }
 

@@ -107,12 +107,13 @@ inline kernel_scratch scratch_of(const nn::llama_config& c, const dtype_sizes& d
   const auto C = static_cast<std::uint64_t>(std::min<std::int64_t>(o.model.ce_chunk, B * T));
   if (o.backend == backend_kind::host) {
     const auto thr = static_cast<std::uint64_t>(o.threads);
-    const auto tq = static_cast<std::uint64_t>(std::min(o.tiles.q, T)),
-               tk = static_cast<std::uint64_t>(std::min(o.tiles.k, T));
-    k.attention_forward = thr * (2 * tq * hd + 2 * tk * hd + tq * tk + 2 * tq) * A;
+    const auto tiles_fwd = static_cast<std::uint64_t>(
+        kernels::detail::attention_forward_tile_elements(o.tiles, T, c.head_dim()));
+    const auto tiles_bwd = static_cast<std::uint64_t>(
+        kernels::detail::attention_backward_tile_elements(o.tiles, T, c.head_dim()));
+    k.attention_forward = thr * tiles_fwd * A;
     // D, the tiles, and with 16-bit activation gradients a float dQ accumulator
-    k.attention_backward = N * nh * A + thr * (2 * tq * hd + 5 * tk * hd + 2 * tk) * A +
-                           (G != A ? N * nh * hd * A : 0);
+    k.attention_backward = N * nh * A + thr * tiles_bwd * A + (G != A ? N * nh * hd * A : 0);
     k.cross_entropy = C * V * A + C * sizeof(double);
     if (d.param != A) {  // 16-bit storage: x rows and a block of wlm converted to accum_type
       const std::uint64_t Vb = std::min<std::uint64_t>(

@@ -19,7 +19,9 @@ bf16, where the two round differently).
 Then R rounds, interleaved (tessera, then PyTorch, in each round, so both
 see the same load): each side runs its warm-up steps and S timed steps and
 reports the median step time. The table gives the median over the rounds
-of each side's medians and of the per-round ratio of tokens/s.
+of each side's medians and of the per-round ratio of tokens/s. Both sides
+run with the OpenMP runtime's default wait policy (or the caller's
+OMP_WAIT_POLICY, which both then read).
 
   benchmarks/peer_pytorch.py [--rounds 5] [--threads 2] [--quick]
 
@@ -203,7 +205,10 @@ def main():
         sys.exit(2)
     torch.set_num_threads(a.threads)
     os.environ["OMP_NUM_THREADS"] = str(a.threads)
-    os.environ.setdefault("OMP_WAIT_POLICY", "passive")
+    # No OMP_WAIT_POLICY of its own: PyTorch's OpenMP runtime read the
+    # environment at import, so one set here would slow tessera's side only
+    # (passive: every parallel region wakes its threads from sleep). One set
+    # in the caller's environment applies to both.
     cases = [
         {"name": "small preset, fp32, G = B = 16, T = 128", "preset": "small",
          "precision": "fp32", "B": 16, "T": 128, "warmup": 3, "steps": 10},

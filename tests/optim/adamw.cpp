@@ -317,6 +317,37 @@ TEST_CASE("warmup-cosine schedule", "[optim]") {
   CHECK_THROWS_AS((optim::warmup_cosine{1e-4, 1e-3, 1, 2}.validate()), config_error);
 }
 
+TEST_CASE("grad_sum_squares sums 4096-element blocks in order, then the blocks in order",
+          "[optim]") {
+  // The documented order, one block at a time, against the kernel (which
+  // runs eight blocks side by side): the same bits, for every tail shape and
+  // float, bf16 and double gradients.
+  const ctx_t ctx{};
+  auto check = [&](auto tag, std::int64_t n) {
+    using G = decltype(tag);
+    std::vector<G> g(static_cast<std::size_t>(n));
+    for (std::int64_t i = 0; i < n; ++i) g[static_cast<std::size_t>(i)] = to<G>(std::sin(0.37 * i));
+    double want = 0;
+    for (std::int64_t b = 0; b * 4096 < n; ++b) {
+      double s = 0;
+      for (std::int64_t i = b * 4096; i < std::min(n, (b + 1) * 4096); ++i) {
+        const double x = to<double>(g[static_cast<std::size_t>(i)]);
+        s += x * x;
+      }
+      want += s;
+    }
+    double got = -1;
+    kernels::grad_sum_squares(ctx, &got, g.data(), n);
+    INFO(dtype_name<G>() << " n = " << n);
+    CHECK(std::memcmp(&got, &want, sizeof got) == 0);
+  };
+  for (std::int64_t n : {0, 1, 4095, 4096, 8 * 4096, 8 * 4096 + 1, 17 * 4096 + 5, 40 * 4096}) {
+    check(float{}, n);
+    check(bf16{}, n);
+    check(double{}, n);
+  }
+}
+
 TEST_CASE("global gradient norm and clip coefficient", "[optim]") {
   const ctx_t ctx{};
   std::vector<double> g(10007);

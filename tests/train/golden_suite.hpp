@@ -137,16 +137,21 @@ inline void record(const std::string& set, const std::string& name, const trajec
   const bool fresh = !fs::exists(p);
   std::ofstream out(p, std::ios::app);
   if (fresh)
-    out << "# set " << set << ", blas core " << tessera::kernels::blas_core_name() << "\n";
+    out << "# set " << set << "\n# blas_core " << tessera::kernels::blas_core_name() << "\n";
   for (const point& q : t)
     out << name << " " << q.step << " " << hex(q.loss) << " " << hex(q.grad_norm) << " "
         << hex(q.lr) << "\n";
 }
 
 /// Compares `got` with the recorded case `name`: every step, every value,
-/// bit for bit when the BLAS core is the recorded one, else within `rel`
-/// relative. Returns "" when they agree, else the first difference.
-inline std::string compare(const std::string& name, const trajectory& got, double rel = 1e-3) {
+/// bit for bit when the BLAS core is the recorded one. On another core
+/// (another sgemm kernel) the runs drift apart: then the first five steps'
+/// loss and gradient norm within 1e-3 relative, every later loss within
+/// `rel`, and the learning rate bit for bit. Measured between OpenBLAS's Zen
+/// and Prescott cores: up to 9e-5 over the first five steps, 1.2% on a
+/// later bf16 loss, 87% on a later bf16 step's norm. Returns "" when they
+/// agree, else the first difference.
+inline std::string compare(const std::string& name, const trajectory& got, double rel = 3e-2) {
   const file f = read_file();
   auto it = f.cases.find(name);
   if (it == f.cases.end()) return "no recorded case '" + name + "'";
@@ -155,14 +160,22 @@ inline std::string compare(const std::string& name, const trajectory& got, doubl
     return name + ": " + std::to_string(got.size()) + " steps, recorded " +
            std::to_string(want.size());
   const bool exact = f.blas_core == tessera::kernels::blas_core_name();
+  auto bits_differ = [](double a, double b) { return std::memcmp(&a, &b, sizeof a) != 0; };
+  auto differs = [&](double a, double b, double tol) {
+    if (exact) return bits_differ(a, b);
+    return !(std::fabs(a - b) <= tol * std::fabs(b));
+  };
   for (std::size_t i = 0; i < want.size(); ++i) {
     const point &w = want[i], &g = got[i];
-    auto differs = [&](double a, double b) {
-      if (exact) return std::memcmp(&a, &b, sizeof a) != 0;
-      return !(std::fabs(a - b) <= rel * std::fabs(b));
-    };
-    if (w.step != g.step || differs(g.loss, w.loss) || differs(g.grad_norm, w.grad_norm) ||
-        differs(g.lr, w.lr))
+    // On another BLAS core the GEMMs round differently and the trajectory
+    // drifts: the first five steps are held to 1e-3 (loss and norm), later
+    // losses to `rel`, later norms not at all (single steps' norms of bf16
+    // runs moved by up to 87%); the learning rate never depends on the BLAS.
+    const bool early = w.step <= 5;
+    const bool off = exact ? bits_differ(g.loss, w.loss) || bits_differ(g.grad_norm, w.grad_norm)
+                           : differs(g.loss, w.loss, early ? 1e-3 : rel) ||
+                                 (early && differs(g.grad_norm, w.grad_norm, 1e-3));
+    if (w.step != g.step || off || bits_differ(g.lr, w.lr))
       return name + " step " + std::to_string(g.step) + ": loss " + hex(g.loss) + " norm " +
              hex(g.grad_norm) + " lr " + hex(g.lr) + ", recorded step " + std::to_string(w.step) +
              " loss " + hex(w.loss) + " norm " + hex(w.grad_norm) + " lr " + hex(w.lr) +

@@ -19,11 +19,13 @@
 #define TESSERA_FORCE_INLINE inline __attribute__((always_inline))
 
 /// TESSERA_SIMD asks the host compiler to vectorise the loop that follows
-/// (OpenMP simd): at -O2 GCC's cheap cost model leaves the kernels' tile
-/// loops scalar (measured 5x slower on the attention forward). Only on loops
-/// without a reduction, so the result does not depend on the vector width.
-/// TESSERA_SIMD_MAX(var) is the same for a loop whose only reduction is a
-/// maximum into `var`, exact in any order. Both are empty in device code
+/// (OpenMP simd: it also promises that the loop's pointers do not alias
+/// across iterations; at -O2 GCC's cheap cost model would leave the kernels'
+/// tile loops scalar, measured 5x slower on the attention forward). Only on
+/// loops without a reduction, so the result does not depend on the vector
+/// width. TESSERA_SIMD_MAX(var) is the same for a loop whose only reduction
+/// is a maximum into `var`, exact in any order for non-NaN values (a NaN
+/// input gives NaN downstream either way). Both are empty in device code
 /// and without OpenMP.
 #if defined(_OPENMP) && !defined(__CUDA_ARCH__)
 #define TESSERA_SIMD _Pragma("omp simd")

@@ -174,7 +174,8 @@ void attention_forward(const host_context& ctx, T* out, accum_t<T>* lse, const T
   const std::int64_t per_thread = detail::attention_forward_tile_elements(tiles, S, hd);
   tensor<A> scratch(shape{detail::attention_max_threads() * per_thread}, mr);
   A* const ws_base = scratch.data();
-  std::fill(ws_base, ws_base + scratch.numel(), A(0));  // the padding columns are read
+  // The score kernel reads the padding columns of K^T (and V^T): finite values.
+  std::fill(ws_base, ws_base + scratch.numel(), A(0));
 
   const std::int64_t items = B * nh * nqt;
 #pragma omp parallel for schedule(dynamic, 1) if (parallel)
@@ -226,9 +227,9 @@ void attention_forward(const host_context& ctx, T* out, accum_t<T>* lse, const T
           mx = std::max(mx, p[c]);
         }
         const A alpha = detail::online_softmax_rescale(m[r], mx);
-        const A mr = m[r];
+        const A m_r = m[r];
         TESSERA_SIMD
-        for (std::int64_t c = 0; c < ne; ++c) p[c] = detail::attention_prob(p[c], mr);
+        for (std::int64_t c = 0; c < ne; ++c) p[c] = detail::attention_prob(p[c], m_r);
         A rowsum = 0;
         for (std::int64_t c = 0; c < ne; ++c) rowsum += p[c];  // in order: not vectorised
         l[r] = l[r] * alpha + rowsum;
@@ -313,7 +314,8 @@ void attention_backward(const host_context& ctx, G* dq, G* dk, G* dv, const G* d
   const std::int64_t per_thread = detail::attention_backward_tile_elements(tiles, S, hd);
   tensor<A> scratch(shape{detail::attention_max_threads() * per_thread}, mr);
   A* const ws_base = scratch.data();
-  std::fill(ws_base, ws_base + scratch.numel(), A(0));  // the padding columns are read
+  // The score kernel reads the padding columns of K^T (and V^T): finite values.
+  std::fill(ws_base, ws_base + scratch.numel(), A(0));
   // dQ is accumulated in place, in A: the output itself, or a float copy for bf16.
   constexpr bool wide_dq = !std::is_same_v<G, A>;
   tensor<A> dq_acc(shape{wide_dq ? B * S * nh * hd : 0}, mr);

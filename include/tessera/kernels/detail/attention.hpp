@@ -1,7 +1,8 @@
 #pragma once
 /// \file detail/attention.hpp
 /// Per-element arithmetic of tiled causal attention, shared by the host loops
-/// (kernels/attention.hpp) and the CUDA kernels. Every function is
+/// (kernels/attention.hpp, whose tile products are in
+/// detail/attention_host.hpp) and the CUDA kernels. Every function is
 /// TESSERA_HOST_DEVICE and nvcc-clean; `A` is the accumulation type
 /// (accum_t<T>: float or double).
 ///
@@ -61,37 +62,6 @@ TESSERA_HOST_DEVICE inline A attention_lse(A m, A l) {
 template <class A>
 TESSERA_HOST_DEVICE inline A attention_dscore(A p, A dp, A d_row) {
   return p * (dp - d_row);
-}
-
-/// Dot product of two rows of length n (a tile-sized inner product).
-template <class A>
-TESSERA_HOST_DEVICE inline A attention_dot(const A* a, const A* b, std::int64_t n) {
-  A s = 0;
-  for (std::int64_t i = 0; i < n; ++i) s += a[i] * b[i];
-  return s;
-}
-
-/// s[c] = sum_d a[d] * bt[d * ldb + c] for c < n: one row of length hd times a
-/// transposed (hd, ldb) tile. Each s[c] sums over d in order, as a dot product
-/// would, but the inner loop runs over c, so it vectorises without reassociation.
-template <class A>
-TESSERA_HOST_DEVICE inline void attention_row_scores(A* s, const A* a, const A* bt,
-                                                     std::int64_t ldb, std::int64_t n,
-                                                     std::int64_t hd) {
-  for (std::int64_t c = 0; c < n; ++c) s[c] = 0;
-  for (std::int64_t d = 0; d < hd; ++d) {
-    const A ad = a[d];
-    const A* b = bt + d * ldb;
-    TESSERA_SIMD
-    for (std::int64_t c = 0; c < n; ++c) s[c] += ad * b[c];
-  }
-}
-
-/// y += alpha * x over a row of length n (y and x must not overlap).
-template <class A>
-TESSERA_HOST_DEVICE inline void attention_axpy(A* y, A alpha, const A* x, std::int64_t n) {
-  TESSERA_SIMD
-  for (std::int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
 }
 
 }  // namespace tessera::kernels::detail

@@ -19,7 +19,16 @@
 /// rounded once to float. Error 0.502 ulp. The coefficients are that
 /// routine's (a minimax fit); the table is 2^(i/32) rounded to double.
 /// Every multiply-add is an explicit fma, as in glibc's FMA build that x86-64
-/// machines select, so the result does not depend on -ffp-contract.
+/// machines with FMA select, so the result does not depend on -ffp-contract;
+/// compiled without FMA instructions (no -mfma or -march with it) it calls
+/// std::exp instead. The bit-for-bit match is with glibc (2.28 or later) on
+/// a CPU with FMA; another libm may round some inputs differently, and this
+/// function's results stay the same. Not for -ffast-math builds (the range
+/// clamps assume NaN is not folded away).
+///
+/// The coefficients and the table's layout are those of Arm's
+/// optimized-routines (Copyright (c) 2017-2018, Arm Limited; MIT licence,
+/// SPDX-License-Identifier: MIT).
 
 #include <bit>
 #include <cmath>
@@ -49,6 +58,11 @@ alignas(64) inline constexpr std::uint64_t exp2_32_table[32] = {
 TESSERA_HOST_DEVICE inline float exp(float x) {
 #if defined(__CUDA_ARCH__)
   return expf(x);
+#elif !defined(__FMA__) && !defined(__ARM_FEATURE_FMA)
+  // Without FMA instructions std::fma is a library call, slower than expf
+  // itself; glibc's expf then gives the same bits (its FMA build on a CPU
+  // with FMA, which is what this path reproduces).
+  return std::exp(x);
 #else
   constexpr double n = 32;
   constexpr double inv_ln2_n = 0x1.71547652b82fep+0 * n;

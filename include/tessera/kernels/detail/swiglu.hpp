@@ -12,7 +12,8 @@
 
 namespace tessera::kernels::detail {
 
-/// e^x of the SiLU: libm's value; on the host, a form that vectorises (detail/exp.hpp).
+/// e^x of the SiLU: on the host libm's value in a form that vectorises
+/// (detail/exp.hpp); on the device CUDA's expf.
 template <class A>
 TESSERA_HOST_DEVICE inline A swiglu_exp(A x) {
   return detail::exp(x);

@@ -88,6 +88,13 @@ void bench_linear(const kernels::host_context& ctx, std::vector<row>& rows, cons
   add("fwd", best_seconds([&] { kernels::linear_forward(ctx, y.data(), x.data(), w.data(), M, N, K); }, reps));
   add("dinp", best_seconds([&] { kernels::linear_backward_input(ctx, dx.data(), dy.data(), w.data(), M, N, K); }, reps));
   add("dweight", best_seconds([&] { kernels::linear_backward_weight(ctx, dw.data(), dy.data(), x.data(), M, N, K); }, reps));
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (kernels::detail::bf16_gemm_native()) {  // the same call without oneDNN, for the ratio
+      kernels::detail::onednn_bf16_allowed() = false;
+      add("fwd, convert + sgemm", best_seconds([&] { kernels::linear_forward(ctx, y.data(), x.data(), w.data(), M, N, K); }, reps));
+      kernels::detail::onednn_bf16_allowed() = true;
+    }
+  }
 }
 
 struct bandwidth_row {
@@ -253,10 +260,12 @@ int main(int argc, char** argv) {
   const std::int64_t bw_n = 16 << 20;  // 64 MiB per float buffer: far beyond the caches
   const auto bw = bench_bandwidth(ctx, bw_n, std::max(reps, 5));
 
-  std::printf("host_bench: %s, sgemm peak %.1f GFLOP/s\n\n", blas.c_str(), peak / 1e9);
+  std::printf("host_bench: %s, sgemm peak %.1f GFLOP/s, bf16 GEMMs: %s\n\n", blas.c_str(),
+              peak / 1e9, kernels::detail::bf16_gemm_engine().c_str());
   std::printf("%-34s %-24s %-8s %10s %10s %8s\n", "what", "shape (MxNxK)", "dtype", "ms", "GFLOP/s", "of peak");
   nlohmann::json j;
   j["blas"] = blas;
+  j["bf16_gemm"] = kernels::detail::bf16_gemm_engine();
   j["sgemm_peak_flops"] = peak;
   for (const auto& r : rows) {
     std::printf("%-34s %-24s %-8s %10.3f %10.1f %7.1f%%\n", r.name.c_str(), r.shape.c_str(),

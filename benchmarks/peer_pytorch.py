@@ -23,7 +23,7 @@ of each side's medians and of the per-round ratio of tokens/s. Both sides
 run with the OpenMP runtime's default wait policy (or the caller's
 OMP_WAIT_POLICY, which both then read).
 
-  benchmarks/peer_pytorch.py [--rounds 5] [--threads 2] [--quick]
+  benchmarks/peer_pytorch.py [--rounds 5] [--threads 2] [--quick] [--case TEXT]
 
 Writes benchmarks/peer_pytorch.json and benchmarks/peer_pytorch.md. Exits
 0 with a message (and writes nothing) where PyTorch is not installed.
@@ -195,6 +195,7 @@ def main():
     ap.add_argument("--bin", default=os.path.join(ROOT, "build/host/benchmarks/peer_step"))
     ap.add_argument("--out-dir", default=os.path.join(ROOT, "benchmarks"))
     ap.add_argument("--quick", action="store_true", help="small preset only, 2 rounds")
+    ap.add_argument("--case", default="", help="run only the cases whose name contains this")
     a = ap.parse_args()
     if a.rounds < 1 or a.threads < 1:
         print(f"peer_pytorch: --rounds {a.rounds} and --threads {a.threads} must be >= 1",
@@ -220,6 +221,10 @@ def main():
     rounds = a.rounds
     if a.quick:
         cases, rounds = cases[:1], min(rounds, 2)
+    cases = [c for c in cases if a.case in c["name"]]
+    if not cases:
+        print(f"peer_pytorch: no case name contains --case '{a.case}'", file=sys.stderr)
+        sys.exit(2)
     results = []
     for case in cases:
         bf16 = case["precision"] == "bf16_mixed"

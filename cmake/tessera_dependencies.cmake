@@ -26,6 +26,14 @@ if(NOT TESSERA_OPENBLAS_LIBRARY OR NOT TESSERA_CBLAS_INCLUDE_DIR)
     "On Debian: apt-get install libopenblas-openmp-dev")
 endif()
 
+# oneDNN (Debian's libdnnl-dev), optional: bf16 x bf16 GEMMs on its native
+# bf16 matmul where the CPU has AVX-512 BF16 or AMX (kernels/detail/
+# onednn_gemm.hpp); without it they convert to float and run sgemm.
+option(TESSERA_WITH_ONEDNN "Run host bf16 GEMMs on oneDNN when it is found" ON)
+if(TESSERA_WITH_ONEDNN)
+  find_package(dnnl CONFIG QUIET)
+endif()
+
 macro(tessera_add_blas_target)
   if(NOT TARGET tessera_blas)
     add_library(tessera_blas INTERFACE)
@@ -33,5 +41,9 @@ macro(tessera_add_blas_target)
     target_link_libraries(tessera_blas INTERFACE ${TESSERA_OPENBLAS_LIBRARY}
       "-Wl,-rpath,${_tessera_blas_dir}")
     target_include_directories(tessera_blas SYSTEM INTERFACE ${TESSERA_CBLAS_INCLUDE_DIR})
+    if(TESSERA_WITH_ONEDNN AND TARGET DNNL::dnnl)
+      target_link_libraries(tessera_blas INTERFACE DNNL::dnnl)
+      target_compile_definitions(tessera_blas INTERFACE TESSERA_HAS_ONEDNN=1)
+    endif()
   endif()
 endmacro()

@@ -8,7 +8,10 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstring>
+#include <fstream>
 #include <random>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -52,7 +55,8 @@ ref_result reference(transpose ta, transpose tb, std::int64_t M, std::int64_t N,
 // that padding is untouched, and (beta == 0) that NaN in C is never read.
 template <class TA, class TB, class TC>
 void check_gemm(transpose ta, transpose tb, std::int64_t M, std::int64_t N, std::int64_t K,
-                double beta, double rel_out, double rel_acc_per_k, std::uint64_t seed) {
+                double beta, double rel_out, double rel_acc_per_k, std::uint64_t seed,
+                double alpha = 0.75) {
   std::mt19937_64 rng(seed);
   const std::int64_t pad = 3;
   const std::int64_t a_rows = ta == transpose::no ? M : K, a_cols = ta == transpose::no ? K : M;
@@ -67,7 +71,6 @@ void check_gemm(transpose ta, transpose tb, std::int64_t M, std::int64_t N, std:
   if (beta == 0)
     for (std::int64_t i = 0; i < M; ++i)
       for (std::int64_t j = 0; j < N; ++j) C[i * ldc + j] = nan_value<TC>();
-  const double alpha = 0.75;
   const auto ref = reference(ta, tb, M, N, K, alpha, to_double(A), lda, to_double(B), ldb, beta,
                              to_double(C), ldc);
   gemm(ta, tb, M, N, K, alpha, A.data(), lda, B.data(), ldb, beta, C.data(), ldc);
@@ -100,16 +103,26 @@ const std::vector<std::tuple<std::int64_t, std::int64_t, std::int64_t>> kSizes =
 const transpose kOps[] = {transpose::no, transpose::yes};
 
 template <class TA, class TB, class TC>
-void check_all(double rel_out, double rel_acc_per_k) {
+void check_all(double rel_out, double rel_acc_per_k, double alpha = 0.75) {
   std::uint64_t seed = 100;
   for (auto [M, N, K] : kSizes)
     for (auto ta : kOps)
       for (auto tb : kOps)
-        for (double beta : {0.0, -0.5}) {
+        for (double beta : {0.0, -0.5, 1.0}) {
           INFO("M=" << M << " N=" << N << " K=" << K << " ta=" << (ta == transpose::yes)
-                    << " tb=" << (tb == transpose::yes) << " beta=" << beta);
-          check_gemm<TA, TB, TC>(ta, tb, M, N, K, beta, rel_out, rel_acc_per_k, ++seed);
+                    << " tb=" << (tb == transpose::yes) << " beta=" << beta
+                    << " alpha=" << alpha);
+          check_gemm<TA, TB, TC>(ta, tb, M, N, K, beta, rel_out, rel_acc_per_k, ++seed, alpha);
         }
+}
+
+// Whether /proc/cpuinfo lists `flag` (whole word).
+bool cpu_flag(const std::string& flag) {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("flags", 0) == 0) return (line + " ").find(" " + flag + " ") != std::string::npos;
+  return false;
 }
 
 }  // namespace
@@ -142,6 +155,33 @@ TEST_CASE("gemm bf16 matches float64 on the same rounded inputs", "[kernels][gem
   }
   SECTION("float x float -> bf16") {
     check_all<float, float, bf16>(u_bf16, u_f32);
+  }
+}
+
+TEST_CASE("bf16 x bf16 GEMMs on oneDNN's native bf16 matmul match float64", "[kernels][gemm]") {
+  // alpha = 1: the calls oneDNN takes where it is built in and the CPU has
+  // bf16 dot products (the tests above, alpha 0.75, take convert + sgemm).
+  const std::string engine = kernels::detail::bf16_gemm_engine();
+  INFO("bf16 GEMM engine: " << engine);
+#if defined(TESSERA_HAS_ONEDNN)
+  if (cpu_flag("avx512_bf16") || cpu_flag("amx_bf16")) CHECK(engine.rfind("oneDNN ", 0) == 0);
+#else
+  CHECK(engine == "convert + sgemm");
+#endif
+  SECTION("bf16 x bf16 -> bf16") { check_all<bf16, bf16, bf16>(u_bf16, u_f32, 1.0); }
+  SECTION("bf16 x bf16 -> float") { check_all<bf16, bf16, float>(0.0, u_f32, 1.0); }
+  SECTION("a model-sized call, each transpose") {
+    for (auto ta : kOps)
+      for (auto tb : kOps) check_gemm<bf16, bf16, float>(ta, tb, 300, 200, 130, 1.0, 0.0, u_f32, 9, 1.0);
+  }
+  SECTION("the same bits on every call") {
+    std::mt19937_64 rng(3);
+    auto a = random_vector<bf16>(257 * 130, rng), b = random_vector<bf16>(130 * 96, rng);
+    std::vector<float> c1(257 * 96), c2(c1.size());
+    for (auto* c : {&c1, &c2})
+      gemm(transpose::no, transpose::yes, 257, 96, 130, 1.0f, a.data(), 130, b.data(), 130, 0.0f,
+           c->data(), 96);
+    CHECK(std::memcmp(c1.data(), c2.data(), c1.size() * sizeof(float)) == 0);
   }
 }
 
@@ -180,12 +220,14 @@ TEST_CASE("gemm workspace is reused and can be released", "[kernels][gemm]") {
   gemm_release_workspace();
   CHECK(gemm_workspace_bytes() == 0);
   std::mt19937_64 rng(7);
-  auto a = random_vector<bf16>(20 * 30, rng), b = random_vector<bf16>(30 * 10, rng);
+  // bf16 x float: converted on every build (bf16 x bf16 may run on oneDNN)
+  auto a = random_vector<bf16>(20 * 30, rng);
+  auto b = random_vector<float>(30 * 10, rng);
   std::vector<float> c(20 * 10);
   gemm(transpose::no, transpose::no, 20, 10, 30, 1.0f, a.data(), 30, b.data(), 10, 0.0f, c.data(),
        10);
   const auto bytes = gemm_workspace_bytes();
-  CHECK(bytes == (20 * 30 + 30 * 10) * sizeof(float));
+  CHECK(bytes == 20 * 30 * sizeof(float));
   gemm(transpose::no, transpose::no, 10, 10, 30, 1.0f, a.data(), 30, b.data(), 10, 0.0f, c.data(),
        10);
   CHECK(gemm_workspace_bytes() == bytes);  // smaller call: no growth

@@ -14,8 +14,10 @@
 //                            saved at step 25, rebuilt, loaded and continued
 // Thread counts are part of the arithmetic (OpenBLAS blocks by threads):
 // 2 OpenMP threads on one rank, 1 per rank under dp. The OpenBLAS core is
-// recorded too: on another core (another kernel) the BLAS rounds
-// differently, and the replay falls back to a relative tolerance.
+// recorded too, and the bf16 GEMM engine (convert + sgemm, or oneDNN's
+// native bf16 matmul: kernels/detail/onednn_gemm.hpp): on another core or
+// engine the GEMMs round differently, and the replay of the cases they
+// touch falls back to a relative tolerance.
 #pragma once
 
 #include <omp.h>
@@ -37,6 +39,7 @@
 #include "tessera/data/token_file.hpp"
 #include "tessera/data/tokenizer.hpp"
 #include "tessera/kernels/blas.hpp"
+#include "tessera/kernels/gemm.hpp"
 
 #ifndef TESSERA_SOURCE_DIR
 #error "golden_suite.hpp needs TESSERA_SOURCE_DIR (the repository root)"
@@ -101,10 +104,13 @@ inline std::string hex(double x) {
   return b;
 }
 
-/// The recorded file: case name -> trajectory, plus the header's blas core.
+/// The recorded file: case name -> trajectory, plus the header's BLAS core
+/// and bf16 GEMM engine (kernels::detail::bf16_gemm_engine; a file without
+/// the line was recorded before oneDNN ran them: "convert + sgemm").
 struct file {
   std::map<std::string, trajectory> cases;
   std::string blas_core;
+  std::string bf16_gemm = "convert + sgemm";
 };
 
 inline file read_file() {
@@ -114,6 +120,7 @@ inline file read_file() {
   std::string line;
   while (std::getline(in, line)) {
     if (line.rfind("# blas_core ", 0) == 0) f.blas_core = line.substr(12);
+    if (line.rfind("# bf16_gemm ", 0) == 0) f.bf16_gemm = line.substr(12);
     if (line.empty() || line[0] == '#') continue;
     std::istringstream s(line);
     std::string name, l, g, r;
@@ -137,14 +144,16 @@ inline void record(const std::string& set, const std::string& name, const trajec
   const bool fresh = !fs::exists(p);
   std::ofstream out(p, std::ios::app);
   if (fresh)
-    out << "# set " << set << "\n# blas_core " << tessera::kernels::blas_core_name() << "\n";
+    out << "# set " << set << "\n# blas_core " << tessera::kernels::blas_core_name()
+        << "\n# bf16_gemm " << tessera::kernels::detail::bf16_gemm_engine() << "\n";
   for (const point& q : t)
     out << name << " " << q.step << " " << hex(q.loss) << " " << hex(q.grad_norm) << " "
         << hex(q.lr) << "\n";
 }
 
 /// Compares `got` with the recorded case `name`: every step, every value,
-/// bit for bit when the BLAS core is the recorded one. On another core
+/// bit for bit when the BLAS core (and for a bf16 case the bf16 GEMM engine) is
+/// the recorded one. On another core
 /// (another sgemm kernel) the runs drift apart: then the first five steps'
 /// loss and gradient norm within 1e-3 relative, every later loss within
 /// `rel`, and the learning rate bit for bit. Measured between OpenBLAS's Zen
@@ -159,7 +168,10 @@ inline std::string compare(const std::string& name, const trajectory& got, doubl
   if (want.size() != got.size())
     return name + ": " + std::to_string(got.size()) + " steps, recorded " +
            std::to_string(want.size());
-  const bool exact = f.blas_core == tessera::kernels::blas_core_name();
+  // A bf16 case (its name says so) also needs the recorded bf16 GEMM engine.
+  const bool exact = f.blas_core == tessera::kernels::blas_core_name() &&
+                     (name.find("bf16") == std::string::npos ||
+                      f.bf16_gemm == tessera::kernels::detail::bf16_gemm_engine());
   auto bits_differ = [](double a, double b) { return std::memcmp(&a, &b, sizeof a) != 0; };
   auto differs = [&](double a, double b, double tol) {
     if (exact) return bits_differ(a, b);
@@ -179,7 +191,8 @@ inline std::string compare(const std::string& name, const trajectory& got, doubl
       return name + " step " + std::to_string(g.step) + ": loss " + hex(g.loss) + " norm " +
              hex(g.grad_norm) + " lr " + hex(g.lr) + ", recorded step " + std::to_string(w.step) +
              " loss " + hex(w.loss) + " norm " + hex(w.grad_norm) + " lr " + hex(w.lr) +
-             (exact ? " (bit for bit)" : " (relative tolerance: another BLAS core)");
+             (exact ? " (bit for bit)"
+                    : " (relative tolerance: another BLAS core or bf16 GEMM engine)");
   }
   return "";
 }

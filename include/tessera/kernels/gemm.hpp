@@ -8,6 +8,9 @@
 /// `linear_backward_input`, unless `accumulate` is set).
 ///
 /// Precision: float and double call `cblas_sgemm` / `cblas_dgemm` directly.
+/// bf16 A and B with a float or bf16 C run on oneDNN's native bf16 matmul
+/// where the build has oneDNN and the CPU bf16 dot products
+/// (detail/onednn_gemm.hpp; `detail::bf16_gemm_engine()` says which).
 /// Any other combination (bf16 operands, a float operand with a bf16 one, a
 /// bf16 output) converts the operands exactly to the compute type (float, or
 /// double when any operand is double) in a per-thread workspace, runs the
@@ -30,6 +33,7 @@
 #include "tessera/core/numeric.hpp"
 #include "tessera/kernels/context.hpp"
 #include "tessera/kernels/detail/gemm_args.hpp"
+#include "tessera/kernels/detail/onednn_gemm.hpp"
 
 namespace tessera::kernels {
 
@@ -141,6 +145,11 @@ void gemm_mixed(transpose ta, transpose tb, std::int64_t M, std::int64_t N, std:
   using Acc = gemm_compute_t<TA, TB, TC>;
   detail::check_gemm_args(ta, tb, M, N, K, lda, ldb, ldc);
   if (M == 0 || N == 0) return;
+  if constexpr (std::is_same_v<TA, bf16> && std::is_same_v<TB, bf16> &&
+                !std::is_same_v<TC, double>) {
+    // native bf16 dot products where oneDNN has them (detail/onednn_gemm.hpp)
+    if (detail::onednn_bf16_gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc)) return;
+  }
 
   // op(A)'s storage is a_rows x a_cols, op(B)'s b_rows x b_cols.
   const std::int64_t a_rows = ta == transpose::no ? M : K;

@@ -34,6 +34,10 @@ struct activation_options {
   int threads = 1;               ///< host: OpenMP threads (attention scratch is per thread)
   kernels::attention_tiles tiles{};  ///< host attention tiles (kernels::host_context::tiles)
   backend_kind backend = backend_kind::host;  ///< whose kernels' scratch to count
+  /// host: bf16 x bf16 GEMMs run on oneDNN's native bf16 matmul and need
+  /// no conversion buffers (kernels::detail::bf16_gemm_native(): this build
+  /// on this CPU).
+  bool host_bf16_gemm_native = kernels::detail::bf16_gemm_native();
   std::int64_t micro_batches = 1;  ///< A, micro-batches per step and rank (the step's loss scalars)
   /// cuda: the context's cuBLASLt workspace (kernels::cuda_context_options).
   std::uint64_t cublaslt_workspace = std::uint64_t(32) << 20;
@@ -75,7 +79,8 @@ struct activation_plan {
   std::uint64_t attention_scratch = 0;  ///< largest attention workspace (forward or backward)
   std::uint64_t peak = 0;  ///< the most bytes live at once over forward and backward
   /// Host backend only, outside the memory resource: bf16 GEMM conversion
-  /// buffers (kernels::gemm_workspace_bytes after one step); not in peak.
+  /// buffers (kernels::gemm_workspace_bytes after one step); not in peak,
+  /// nor is oneDNN's scratchpad (kernels::detail::onednn_workspace_bytes).
   std::uint64_t host_gemm_workspace = 0;
   /// Korthikanti et al. 2022 (seeds/001, "Phase 1"): 34 s b h bytes per layer
   /// for a standard 16-bit transformer without recomputation, L layers. For
@@ -211,10 +216,19 @@ inline activation_plan plan_activations(const nn::llama_config& c, const dtype_s
   a.attention_scratch = std::max(ks.attention_forward, ks.attention_backward);
   a.peak = peak;
   if (o.backend == backend_kind::host && P != A) {
-    // gemm_mixed converts bf16 A, B and C operands into per-slot float buffers
+    // gemm_mixed converts bf16 A, B and C operands into per-slot float
+    // buffers: A (N x max(H, F)), B (the larger of a weight and an
+    // activation) and C. With native bf16 GEMMs the forward's bf16 x bf16
+    // calls need none, and the backward's float x bf16 calls only B (dout
+    // is A, in float); with 16-bit activation gradients every call is bf16
+    // x bf16.
     const std::uint64_t act = N * std::max<std::uint64_t>(H, static_cast<std::uint64_t>(c.ffn_dim));
-    a.host_gemm_workspace =
-        A * (act + std::max<std::uint64_t>(static_cast<std::uint64_t>(c.ffn_dim) * H, act) + act);
+    const std::uint64_t b_slot =
+        std::max<std::uint64_t>(static_cast<std::uint64_t>(c.ffn_dim) * H, act);
+    if (!o.host_bf16_gemm_native)
+      a.host_gemm_workspace = A * (act + b_slot + act);
+    else if (G == A)
+      a.host_gemm_workspace = A * b_slot;
   }
   a.korthikanti_34sbh = 34 * N * H * static_cast<std::uint64_t>(c.n_layers);
   return a;

@@ -22,6 +22,11 @@
 //   OMP_NUM_THREADS=1 mpirun -np 4 build/host/examples/train_llama --steps 50 --dp 4 --micro-batch 4 --zero 3
 //   mpirun -np 8 build/cuda/examples/train_llama --backend cuda --comm nccl --dp 8 --zero 1
 //
+// Tensor parallel (docs/tensor_parallel.md): --tp T ranks per dp rank, the
+// world dp x T in Megatron order (tp fastest):
+//
+//   build/host/examples/train_llama --steps 50 --dp 2 --tp 2 --zero 1 --micro-batch 8
+//
 // The trainers are instantiated in run_host*.cpp and run_cuda.cpp; this
 // file reads and checks the command line and dispatches once, at the top.
 //
@@ -135,6 +140,7 @@ int main(int argc, char** argv) {
   app.add_option("--resume", o.resume, "folder whose checkpoint.bin to continue from");
   app.add_option("--dp", o.dp, "data-parallel ranks (threads with --comm local, processes under mpirun)")->capture_default_str();
   app.add_option("--zero", o.zero, "ZeRO stage of data parallelism: 0, 1, 2 or 3")->capture_default_str();
+  app.add_option("--tp", o.tp, "tensor-parallel ranks per dp rank (Megatron layout; world = dp x tp; fp32 or fp64 on the host)")->capture_default_str();
   app.add_option("--bucket-mb", o.bucket_mb, "gradient bucket size in MB (data parallel; zero 3 uses one per block)")->capture_default_str();
   app.add_option("--comm", o.comm, "communicator: local (threads), mpi, nccl (--backend cuda), or auto (mpi or nccl under mpirun)")->capture_default_str();
   app.add_option("--sample-bytes", o.sample_bytes, "bytes to generate at the end (0: none)")->capture_default_str();
@@ -190,6 +196,11 @@ int main(int argc, char** argv) {
     TESSERA_THROW_IF(!std::isfinite(o.bucket_mb) || !(o.bucket_mb > 0) || o.bucket_mb > 1e6,
                      config_error, "--bucket-mb ", o.bucket_mb, " must be in (0, 1e6]");
     TESSERA_THROW_IF(o.dp > 1024, config_error, "dp=", o.dp, " exceeds the limit of 1024 ranks");
+    TESSERA_THROW_IF(o.tp < 1 || o.tp > 64, config_error, "tp=", o.tp,
+                     " must be in [1, 64] (one node's ranks)");
+    TESSERA_THROW_IF(o.tp > 1 && gpu, config_error,
+                     "--tp ", o.tp, " --backend cuda: tensor parallelism runs on the host "
+                     "communicators in this build (--comm local or mpi)");
     if (o.comm == "auto")
       o.comm = train_llama::launched_by_mpi() ? (gpu ? "nccl" : "mpi") : "local";
     TESSERA_THROW_IF(o.comm != "local" && o.comm != "mpi" && o.comm != "nccl", config_error,
@@ -200,7 +211,7 @@ int main(int argc, char** argv) {
                      config_error, "--backend cuda --comm ", o.comm,
                      ": GPUs reduce over --comm nccl (one MPI process per GPU)");
     // The data-parallel path: any of --dp > 1, --zero, --comm, or mpirun.
-    o.parallel = o.dp > 1 || app.count("--zero") > 0 || app.count("--comm") > 0 ||
+    o.parallel = o.dp > 1 || o.tp > 1 || app.count("--zero") > 0 || app.count("--comm") > 0 ||
                  o.comm == "mpi" || o.comm == "nccl";
     if (!o.resume.empty() && o.out == "runs/main") o.out = o.resume;
     const fs::path out(o.out);

@@ -56,6 +56,7 @@ struct options {
   bool no_baseline = false;
   std::string prompt = "The ";
   int dp = 1;
+  int tp = 1;                 // tensor-parallel degree (threads with --comm local, or MPI ranks)
   int zero = 0;               // ZeRO stage of the data-parallel path
   std::string comm = "auto";  // local, mpi, nccl, or auto (mpi or nccl under mpirun, else local)
   double bucket_mb = 25;      // gradient bucket size of the data-parallel path
@@ -124,6 +125,7 @@ inline bool launched_by_mpi() {
 inline train::train_config run_config(const options& o) {
   train::train_config c = o.cfg;
   c.dp = o.dp;
+  c.tp = o.tp;
   c.checkpointing = {nn::parse_checkpointing(o.checkpointing), o.checkpoint_layers};
   return c;
 }
@@ -135,7 +137,7 @@ inline train::train_config run_config(const options& o) {
 template <class Trainer>
 int train_loop(options& o, Trainer& tr, const data::token_file& data, const fs::path& tok_path,
                created_paths& created, const kernels::peak_flops& peak) {
-  const bool lead = tr.rank() == 0;
+  const bool lead = tr.rank() == 0 && tr.tp_rank() == 0;
   const int dp = tr.communicator().size();
   const fs::path out(o.out);
   const fs::path ckpt = out / "checkpoint.bin";
@@ -166,6 +168,10 @@ int train_loop(options& o, Trainer& tr, const data::token_file& data, const fs::
       std::printf("train_llama: data parallel dp=%d, zero%d, %s communicator, %zu gradient "
                   "buckets\n",
                   dp, o.zero, o.comm.c_str(), tr.engine().plan().size());
+    if (tr.tp_size() > 1)
+      std::printf("train_llama: tensor parallel tp=%d (mesh dp %d x tp %d, tp fastest): each "
+                  "rank holds %.2fM of the parameters\n",
+                  tr.tp_size(), dp, tr.tp_size(), tr.model().num_params() / 1e6);
     std::printf("train_llama: G=%lld sequences/step = dp %d x %lld micro-batches x B=%lld, "
                 "T=%lld, %lld steps, lr %.1e, warmup %lld, checkpointing %s\n",
                 (long long)o.cfg.global_batch, dp, (long long)tr.config().accum_steps(),

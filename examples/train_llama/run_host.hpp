@@ -8,7 +8,9 @@
 #include <string>
 
 #include "run.hpp"
+#include "tessera/comm/device_mesh.hpp"
 #include "tessera/comm/local.hpp"
+#include "tessera/nn/tensor_parallel.hpp"
 #include "tessera/kernels/blas.hpp"
 #include "tessera/kernels/peak.hpp"
 #include "tessera/optim/sgd.hpp"
@@ -26,11 +28,62 @@ inline kernels::peak_flops host_peak(const options& o, int threads, double blas)
   return p;
 }
 
+// A run on a dp x tp mesh under ZeRO stage S over --comm local or mpi: the
+// world splits into tp groups (consecutive ranks) and dp groups.
+template <precision::policy P, class O, class S>
+int run_host_tp(options& o, const fs::path& tok, created_paths& created,
+                const parallel::data_parallel_options& dpo) {
+  const comm::device_mesh mesh(o.dp, o.tp, 1);
+  if (o.comm == "local") {
+    const int per_rank = std::max(1, omp_get_max_threads() / mesh.size());
+    const auto peak = host_peak(o, per_rank, kernels::measure_sgemm_flops() / mesh.size());
+    int rc = 0;
+    comm::local_world::run(mesh.size(), [&](comm::local_communicator& world) {
+      omp_set_num_threads(per_rank);
+      auto g = comm::make_groups(world, mesh);
+      using layers = nn::tensor_parallel_layers<comm::local_communicator>;
+      data::token_file data(tok);
+      train::trainer<P, host, O, S, comm::local_communicator, layers> tr(
+          model_config(o), run_config(o), data, g.dp, layers{&g.tp}, dpo);
+      const int r = train_loop(o, tr, data, tok, created, peak);
+      if (world.rank() == 0) rc = r;
+    });
+    return rc;
+  }
+#if defined(TESSERA_HAS_MPI) && TESSERA_HAS_MPI
+  if (o.comm == "mpi") {
+    comm::mpi_environment env;
+    comm::mpi_communicator world(MPI_COMM_WORLD);
+    double blas = world.rank() == 0 ? kernels::measure_sgemm_flops() : 0.0;
+    world.broadcast(&blas, 1, 0);
+    const auto peak = host_peak(o, omp_get_max_threads(), blas);
+    auto g = comm::make_groups(world, mesh);
+    using layers = nn::tensor_parallel_layers<comm::mpi_communicator>;
+    data::token_file data(tok);
+    train::trainer<P, host, O, S, comm::mpi_communicator, layers> tr(
+        model_config(o), run_config(o), data, g.dp, layers{&g.tp}, dpo);
+    return train_loop(o, tr, data, tok, created, peak);
+  }
+  throw config_error("--comm '" + o.comm + "' is not one of local, mpi (the host backend)");
+#else
+  throw config_error("--comm '" + o.comm + "': this build has no MPI (valid: local)");
+#endif
+}
+
 // One data-parallel run under ZeRO stage S over --comm local or mpi.
 template <precision::policy P, class O, class S>
 int run_host_dp(options& o, const fs::path& tok, created_paths& created) {
   parallel::data_parallel_options dpo;
   dpo.bucket_bytes = static_cast<std::int64_t>(o.bucket_mb * 1e6);
+  if (o.tp > 1) {
+    // 16-bit activations would need 16-bit all-reduces, which the host
+    // communicators do not move; ZeRO-3 gathers whole segments per block.
+    if constexpr (sizeof(typename P::param_type) >= 4 && S::stage <= 2)
+      return run_host_tp<P, O, S>(o, tok, created, dpo);
+    throw config_error("--tp " + std::to_string(o.tp) + " with --precision " + o.precision +
+                       " --zero " + std::to_string(o.zero) +
+                       ": tensor parallelism on the host runs fp32 or fp64 with ZeRO 0, 1 or 2");
+  }
   if (o.comm == "local") {
     // Ranks are threads: each gets its share of the OpenMP threads.
     const int per_rank = std::max(1, omp_get_max_threads() / o.dp);

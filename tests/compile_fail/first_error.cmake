@@ -1,5 +1,5 @@
 # Builds one compile-failure target and checks that the compiler's first
-# error line contains the expected text (the test's "// EXPECT:" line).
+# error line contains the expected text (the test's "// FIRST_ERROR:" line).
 #   cmake -DBUILD_DIR=<dir> -DTARGET=<target> -DEXPECT=<text> -P first_error.cmake
 execute_process(COMMAND ${CMAKE_COMMAND} --build ${BUILD_DIR} --target ${TARGET}
   OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc)

@@ -1,6 +1,6 @@
-// Tests of include/tessera/nn/tensor_parallel.hpp on thread ranks: the
-// column- and row-parallel layers, alone and chained as the MLP chains
-// them (column, row, one all_reduce each way), against the dense layer on
+// Tests of the column- and row-parallel layers (nn/linear.hpp) and the
+// placement collectives (nn/tensor_parallel.hpp) on thread ranks: the
+// layers alone and chained as the MLP chains them (column, row, one all_reduce each way), against the dense layer on
 // one rank: float64 to 1e-12, float32 to 1e-5 relative. The bytes each
 // placement collective sends equal the communicator's ring formulas, and
 // a divisor that does not divide is refused with the numbers.
@@ -92,7 +92,7 @@ void check_column(int tp, double tol) {
       tp,
       [&](comm::local_communicator& c) {
         kernels::host_context ctx;
-        const nn::shard_range s = nn::even_shard(out, tp, c.rank(), "out_features");
+        const shard_range s = even_shard(out, tp, c.rank(), "out_features");
         const nn::column_parallel_linear layer{s.count, in, 0};
         const std::vector<T> w_r = rows_of(w, in, s.begin, s.count);
         std::vector<T> y(M * s.count), dx(M * in), dw(s.count * in, T(0));
@@ -128,7 +128,7 @@ void check_row(int tp, double tol) {
       tp,
       [&](comm::local_communicator& c) {
         kernels::host_context ctx;
-        const nn::shard_range s = nn::even_shard(in, tp, c.rank(), "in_features");
+        const shard_range s = even_shard(in, tp, c.rank(), "in_features");
         const nn::row_parallel_linear layer{out, s.count, 0};
         const std::vector<T> w_r = cols_of(w, out, in, s.begin, s.count);
         const std::vector<T> x_r = cols_of(x, M, in, s.begin, s.count);
@@ -184,7 +184,7 @@ TEST_CASE("column then row parallel (the MLP's pattern) equals two dense layers"
         tp,
         [&](comm::local_communicator& c) {
           kernels::host_context ctx;
-          const nn::shard_range s = nn::even_shard(F, tp, c.rank(), "ffn_dim");
+          const shard_range s = even_shard(F, tp, c.rank(), "ffn_dim");
           const nn::column_parallel_linear up{s.count, H, 0};
           const nn::row_parallel_linear down{H, s.count, 0};
           const auto w1_r = rows_of(w1, H, s.begin, s.count);
@@ -226,9 +226,9 @@ TEST_CASE("reduce_scatter and all_gather move token shards and count the ring's 
           std::vector<double> mine(rows / tp * cols), full(rows * cols);
           c.reset_stats();
           const token_sharded<double> sh =
-              nn::reduce_scatter(c, partial_sum<const double>{p.data(), rows, cols}, mine.data());
+              nn::reduce_scatter(c, partial_sum<double>{p.data(), rows, cols}, mine.data());
           const std::uint64_t rs_bytes = c.stats().reduce_scatter.bytes;
-          const replicated<double> g = nn::all_gather(c, token_sharded<const double>(sh), full.data());
+          const replicated<double> g = nn::all_gather(c, sh, full.data());
           std::lock_guard<std::mutex> lock(mu);
           INFO("tp " << tp << " rank " << c.rank());
           CHECK(sh.rows == rows / tp);
@@ -247,11 +247,11 @@ TEST_CASE("reduce_scatter and all_gather move token shards and count the ring's 
 }
 
 TEST_CASE("a tp that does not divide is refused with the numbers", "[nn][tp]") {
-  CHECK_THROWS_WITH(nn::even_shard(11008, 3, 0, "ffn_dim"),
+  CHECK_THROWS_WITH(even_shard(11008, 3, 0, "ffn_dim"),
                     Catch::Contains("ffn_dim=11008") && Catch::Contains("tp=3"));
-  CHECK_THROWS_WITH(nn::even_shard(8, 0, 0, "n_heads"), Catch::Contains("tp=0"));
-  CHECK_THROWS_WITH(nn::even_shard(8, 2, 2, "n_heads"), Catch::Contains("rank 2"));
-  const auto s = nn::even_shard(12, 4, 3, "rows");
+  CHECK_THROWS_WITH(even_shard(8, 0, 0, "n_heads"), Catch::Contains("tp=0"));
+  CHECK_THROWS_WITH(even_shard(8, 2, 2, "n_heads"), Catch::Contains("rank 2"));
+  const auto s = even_shard(12, 4, 3, "rows");
   CHECK(s.begin == 9);
   CHECK(s.count == 3);
 }

@@ -27,6 +27,8 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "tessera/core/error.hpp"
+
 namespace tessera {
 
 namespace detail {
@@ -98,5 +100,24 @@ using feature_sharded = sharded<T, 1>;
 /// parallelism.
 template <class T>
 using token_sharded = sharded<T, 0>;
+
+// ---- shards ------------------------------------------------------------------------------
+
+/// The slice [begin, begin + count) rank `rank` of `tp` holds of `n` items
+/// split evenly (`what` names them in the error). Throws config_error
+/// naming n, tp and the item when tp does not divide n, or tp < 1, or rank
+/// is outside [0, tp).
+struct shard_range {
+  std::int64_t begin = 0, count = 0;
+};
+inline shard_range even_shard(std::int64_t n, int tp, int rank, const char* what) {
+  TESSERA_THROW_IF(tp < 1, config_error, "tensor parallelism: tp=", tp, " must be >= 1");
+  TESSERA_THROW_IF(rank < 0 || rank >= tp, config_error, "tensor parallelism: rank ", rank,
+                   " is not in [0, ", tp, ")");
+  TESSERA_THROW_IF(n % tp != 0, config_error, "tensor parallelism: ", what, "=", n,
+                   " is not divisible by tp=", tp);
+  const std::int64_t c = n / tp;
+  return {c * rank, c};
+}
 
 }  // namespace tessera

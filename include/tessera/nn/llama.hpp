@@ -96,7 +96,21 @@ class llama {
   /// heads the backend's attention kernels cannot run (kernels::
   /// attention_check_shape; on a GPU the head dim must be 32, 64 or 128).
   llama(llama_config cfg, llama_options opt, const Ctx& ctx)
-      : cfg_(std::move(cfg)), opt_(opt), layout_(make_llama_layout(cfg_)), ctx_(&ctx) {
+    requires std::same_as<Layers, dense_layers>
+      : llama(std::move(cfg), opt, ctx, Layers{}) {}
+
+  /// As above, on the tp group of `layers` (tensor_parallel_layers; not
+  /// owned, must outlive the model): the flat buffers hold this tp rank's
+  /// shards (make_llama_layout(cfg, {tp, rank})), init_weights draws each
+  /// shard as its slice of the single-rank model's tensor, and the blocks
+  /// reduce their partial sums over the group. Throws config_error as
+  /// check_tensor_parallel when tp does not split the heads or F.
+  llama(llama_config cfg, llama_options opt, const Ctx& ctx, Layers layers)
+      : cfg_(std::move(cfg)),
+        opt_(opt),
+        layout_(make_llama_layout(cfg_, {layers.size(), layers.rank()})),
+        ctx_(&ctx),
+        layers_(layers) {
     TESSERA_THROW_IF(opt_.ce_chunk < 1, config_error, "ce_chunk=", opt_.ce_chunk, " must be >= 1");
     opt_.checkpointing.validate();
     attention_check_shape(ctx, cfg_.max_seq, cfg_.n_heads, cfg_.n_kv_heads, cfg_.head_dim());
@@ -123,7 +137,7 @@ class llama {
     lo_ = global_segment_begin(first_segment());
     hi_ = global_segment_end(last_segment());
     for (int l = 0; l < static_cast<int>(L); ++l)
-      blocks_.emplace_back(cfg_, layout_, l, global_segment_begin(l));
+      blocks_.emplace_back(cfg_, layout_, l, global_segment_begin(l), layers);
     if (st.embedding) embed_ = embedding<P, Ctx>(cfg_.vocab, cfg_.dim, 0, opt_.ignore_index);
     if (st.head) {
       const std::int64_t s0 = global_segment_begin(static_cast<int>(L));
@@ -156,6 +170,7 @@ class llama {
 
   /// A temporary context would dangle: the model keeps a pointer to it.
   llama(llama_config, llama_options, const Ctx&&) = delete;
+  llama(llama_config, llama_options, const Ctx&&, Layers) = delete;
 
   /// Host backend only: the default host context (host::default_resource()).
   explicit llama(llama_config cfg, llama_options opt = {})
@@ -183,7 +198,8 @@ class llama {
   /// llama_options::external_grads.
   Grad* grads() { return grads_.data(); }
   const Grad* grads() const { return grads_.data(); }
-  /// Real parameters of the whole model (no padding).
+  /// Real parameters this instance's layout holds (no padding): the whole
+  /// model on one rank, this tp rank's shards under tensor parallelism.
   std::int64_t num_params() const { return layout_.num_params(); }
   /// RoPE tables (max_seq, hd/2) of the policy's rope_type, in the context's memory.
   const Rope* rope_cos() const { return rope_cos_.data(); }
@@ -196,6 +212,26 @@ class llama {
         r.push_back({e.offset - lo_, e.offset - lo_ + e.numel, e.decay});
     return r;
   }
+
+  /// The tensor-parallel degree of the layer family (1: dense).
+  int tp_size() const { return layers_.size(); }
+
+  /// The ranges of this instance's flat buffer (offsets from flat_begin())
+  /// whose squares this rank adds to the global gradient norm, so that the
+  /// sum over the tp group counts every element of the model once: every
+  /// tp shard, and the tensors every tp rank holds whole (norm gains,
+  /// embedding, LM head: the same gradient on each) on tp rank 0 only.
+  /// Padding is never in a range. On one rank: every tensor.
+  std::vector<param_range> norm_ranges() const {
+    std::vector<param_range> r;
+    for (const auto& e : layout_.entries())
+      if (e.offset >= lo_ && e.offset < hi_ && (e.shard_dim >= 0 || layers_.rank() == 0))
+        r.push_back({e.offset - lo_, e.offset - lo_ + e.numel, e.decay});
+    return r;
+  }
+  /// Sums one double in the context's memory over the tp group (nothing
+  /// on one rank). Collective over the group.
+  void tp_all_reduce_sum(double* d) const { layers_.all_reduce(partial_sum<double>{d, 1, 1}); }
 
   /// Segments of this instance: -1 embedding, 0..L-1 blocks, L head.
   int first_segment() const {
@@ -586,6 +622,7 @@ class llama {
   llama_options opt_;
   param_layout layout_;
   const Ctx* ctx_;
+  Layers layers_{};                      // the layer family (its tp group under tensor parallelism)
   std::vector<std::int64_t> seg_begin_;  // L+3 boundaries of the whole layout
   std::int64_t lo_ = 0, hi_ = 0;         // this instance's part of the whole layout
   tensor<Param, Backend> params_;        // (flat_size) flat parameters; empty with external_params

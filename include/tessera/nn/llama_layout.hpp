@@ -17,24 +17,59 @@
 
 namespace tessera::nn {
 
+/// This rank's place in its tensor-parallel group (size 1: no tensor
+/// parallelism).
+struct tp_rank {
+  int size = 1;  ///< tp, the group's size
+  int rank = 0;  ///< this rank's index in the group, [0, tp)
+};
+
+/// Throws config_error unless a model of config `c` splits over tp ranks:
+/// tp divides the query heads nh and the key/value heads nkv (each rank
+/// holds nkv/tp key/value heads and the nh/tp query heads that use them)
+/// and the SwiGLU width F. The message names tp and the numbers.
+inline void check_tensor_parallel(const llama_config& c, int tp) {
+  TESSERA_THROW_IF(tp < 1, config_error, "tensor parallelism: tp=", tp, " must be >= 1");
+  TESSERA_THROW_IF(c.n_heads % tp != 0 || c.n_kv_heads % tp != 0, config_error,
+                   "tensor parallelism: tp=", tp, " must divide the query heads nh=", c.n_heads,
+                   " and the key/value heads nkv=", c.n_kv_heads,
+                   " (each rank holds nkv/tp key/value heads and their query heads)");
+  TESSERA_THROW_IF(c.ffn_dim % tp != 0, config_error, "tensor parallelism: tp=", tp,
+                   " does not divide the SwiGLU width F=", c.ffn_dim);
+}
+
 /// Builds the parameter layout of a config: embedding, blocks (attn_norm, wq,
-/// wk, wv, wo, mlp_norm, w_gate, w_up, w_down), final norm, LM head.
-inline param_layout make_llama_layout(const llama_config& c) {
+/// wk, wv, wo, mlp_norm, w_gate, w_up, w_down), final norm, LM head. With
+/// tensor parallelism (`t.size` > 1) it is rank `t.rank`'s: wq, wk, wv,
+/// w_gate and w_up hold their rows (output features) [r n/tp, (r+1) n/tp)
+/// (whole heads: hd rows each), wo and w_down their columns (input
+/// features) likewise; the norms, the embedding and the LM head are whole
+/// on every rank. Throws config_error as check_tensor_parallel.
+inline param_layout make_llama_layout(const llama_config& c, tp_rank t = {}) {
   c.validate();
+  check_tensor_parallel(c, t.size);
+  TESSERA_THROW_IF(t.rank < 0 || t.rank >= t.size, config_error, "tensor parallelism: rank ",
+                   t.rank, " is not in [0, ", t.size, ")");
   param_layout p;
-  const std::int64_t H = c.dim, F = c.ffn_dim, KV = c.kv_dim();
+  const std::int64_t H = c.dim, F = c.ffn_dim, KV = c.kv_dim(), tp = t.size, r = t.rank;
+  auto rows = [&](const std::string& name, std::int64_t out, std::int64_t in, int l) {
+    p.add_shard(name, {out / tp, in}, true, l, {out, in}, tp > 1 ? 0 : -1, r * (out / tp));
+  };
+  auto cols = [&](const std::string& name, std::int64_t out, std::int64_t in, int l) {
+    p.add_shard(name, {out, in / tp}, true, l, {out, in}, tp > 1 ? 1 : -1, r * (in / tp));
+  };
   p.add("embedding", {c.vocab, H}, true, -1);
   for (int l = 0; l < static_cast<int>(c.n_layers); ++l) {
     const std::string b = "blocks." + std::to_string(l) + ".";
     p.add(b + "attn_norm", {H}, false, l);
-    p.add(b + "attn.wq", {H, H}, true, l);
-    p.add(b + "attn.wk", {KV, H}, true, l);
-    p.add(b + "attn.wv", {KV, H}, true, l);
-    p.add(b + "attn.wo", {H, H}, true, l);
+    rows(b + "attn.wq", H, H, l);
+    rows(b + "attn.wk", KV, H, l);
+    rows(b + "attn.wv", KV, H, l);
+    cols(b + "attn.wo", H, H, l);
     p.add(b + "mlp_norm", {H}, false, l);
-    p.add(b + "mlp.w_gate", {F, H}, true, l);
-    p.add(b + "mlp.w_up", {F, H}, true, l);
-    p.add(b + "mlp.w_down", {H, F}, true, l);
+    rows(b + "mlp.w_gate", F, H, l);
+    rows(b + "mlp.w_up", F, H, l);
+    cols(b + "mlp.w_down", H, F, l);
   }
   p.add("final_norm", {H}, false, -1);
   p.add("lm_head", {c.vocab, H}, true, -1);
@@ -44,7 +79,9 @@ inline param_layout make_llama_layout(const llama_config& c) {
 /// The initial weights of a Llama (llama::init_weights) for flat elements
 /// [lo, hi) of `layout` (make_llama_layout(c)): out[i - lo] for i in [lo, hi).
 /// Matrices ~ N(0, 0.02^2) with attn.wo and mlp.w_down scaled by
-/// 1/sqrt(2 L) (GPT-2), norm gains 1, alignment padding 0. Each tensor draws
+/// 1/sqrt(2 L) (GPT-2), drawn over the whole tensor (a tensor-parallel
+/// shard holds its slice of the same draw), norm gains 1, alignment
+/// padding 0. Each tensor draws
 /// from its own seeded stream, so any range (a ZeRO shard, one tensor on
 /// one thread) gets the same values as the whole buffer.
 /// Precondition: 0 <= lo <= hi <= layout.total(); out holds hi - lo elements.
@@ -67,8 +104,17 @@ void init_llama_weights_range(const llama_config& c, const param_layout& layout,
     rng r(mix64(seed) ^ mix64(idx * 0x9e3779b97f4a7c15ull));
     const bool is_out = e.name.ends_with("attn.wo") || e.name.ends_with("mlp.w_down");
     const double s = is_out ? std0 * out_scale : std0;
+    // The whole tensor's stream, drawn in its row-major order: a shard
+    // keeps the draws of its own elements, so a tp run starts from exactly
+    // the single-rank model.
+    std::int64_t drawn = 0;
+    double z = 0;
     for (std::int64_t i = e.offset; i < en; ++i) {
-      const double z = r.normal();
+      const std::int64_t want = e.full_index(i - e.offset);
+      while (drawn <= want) {
+        z = r.normal();
+        ++drawn;
+      }
       if (i >= b) out[i - lo] = to<Param>(s * z);
     }
   }

@@ -44,6 +44,20 @@ struct param_entry {
   std::int64_t numel = 0;    ///< elements
   bool decay = true;         ///< weight decay applies (false for norms and 1-D tensors)
   int block = -1;            ///< transformer block index, -1 outside the blocks
+  /// Under tensor parallelism the tensor may be this rank's shard of a
+  /// larger one: `full` is the whole tensor's shape, `shard_dim` the
+  /// dimension it is split along (0 rows, 1 columns; -1 whole: replicated
+  /// on every tp rank) and `shard_begin` the first row or column held.
+  tessera::shape full;
+  int shard_dim = -1;
+  std::int64_t shard_begin = 0;
+  /// The element of the whole tensor (row-major over `full`) that local
+  /// element j (row-major over `shp`) holds. Precondition: 0 <= j < numel.
+  [[nodiscard]] std::int64_t full_index(std::int64_t j) const {
+    if (shard_dim == 0) return shard_begin * shp[1] + j;
+    if (shard_dim == 1) return (j / shp[1]) * full[1] + shard_begin + j % shp[1];
+    return j;
+  }
 };
 
 /// Ordered list of parameters with offsets aligned to `align` elements.
@@ -54,9 +68,29 @@ public:
 
   /// Appends a tensor. 1-D tensors never decay (norm gains, biases).
   param_entry& add(std::string name, tessera::shape s, bool decay, int block) {
+    return add_shard(std::move(name), s, decay, block, s, -1, 0);
+  }
+  /// Appends this rank's shard `s` of a tensor of shape `full`, split along
+  /// `shard_dim` (0 rows, 1 columns) from row/column `shard_begin`.
+  param_entry& add_shard(std::string name, tessera::shape s, bool decay, int block,
+                         tessera::shape full, int shard_dim, std::int64_t shard_begin) {
+    TESSERA_THROW_IF(shard_dim < -1 || shard_dim > 1, config_error, "parameter '", name,
+                     "': shard_dim=", shard_dim, " must be -1 (whole), 0 (rows) or 1 (columns)");
+    TESSERA_THROW_IF(shard_dim >= 0 && (s.rank != 2 || full.rank != 2), config_error,
+                     "parameter '", name, "': only matrices are sharded (rank ", s.rank, ")");
+    TESSERA_THROW_IF(shard_dim >= 0 && (s[1 - shard_dim] != full[1 - shard_dim] ||
+                                        shard_begin < 0 ||
+                                        shard_begin + s[shard_dim] > full[shard_dim]),
+                     config_error, "parameter '", name, "': a shard of ", s[0], " x ", s[1],
+                     " from ", shard_begin, " is not a slice of ", full[0], " x ", full[1]);
+    TESSERA_THROW_IF(shard_dim < 0 && !(s == full), config_error, "parameter '", name,
+                     "': a whole tensor's shape must equal its full shape");
     param_entry e;
     e.name = std::move(name);
     e.shp = s;
+    e.full = full;
+    e.shard_dim = shard_dim;
+    e.shard_begin = shard_begin;
     e.offset = (total_ + align - 1) / align * align;
     e.numel = s.numel();
     e.decay = decay && s.rank >= 2;

@@ -2,8 +2,8 @@
 /// \file nn/tensor_parallel.hpp
 /// Megatron-style tensor parallelism (Shoeybi et al. 2019, "Megatron-LM",
 /// section 3): the collectives that change a tensor's placement
-/// (core/placement.hpp), the column- and row-parallel linear layers, and
-/// the placement-checked forms of the norm and the residual add.
+/// (core/placement.hpp) and the layer family whose column- and
+/// row-parallel layers (nn/linear.hpp) a model on a tp group uses.
 ///
 /// A column-parallel layer splits W (out, in) by output features: rank r
 /// of the tp group holds rows [r out/tp, (r+1) out/tp) of W and computes
@@ -25,7 +25,13 @@
 ///
 /// The collectives run on any communicator (comm/communicator.hpp) whose
 /// buffer space holds the views; on a one-rank group they move nothing.
+/// The views' memory must not be touched by other work while they run; on
+/// a GPU the tp communicator must run on the stream of the context whose
+/// kernels produced and consume the views (one stream orders them, as the
+/// data-parallel engine requires). `out` of reduce_scatter and all_gather
+/// must not overlap their input.
 
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <type_traits>
@@ -33,30 +39,9 @@
 #include "tessera/comm/communicator.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/placement.hpp"
-#include "tessera/kernels/elementwise.hpp"
-#include "tessera/kernels/gemm.hpp"
-#include "tessera/kernels/rmsnorm.hpp"
+#include "tessera/nn/linear.hpp"
 
 namespace tessera::nn {
-
-// ---- shards ------------------------------------------------------------------------------
-
-/// The slice [begin, begin + count) rank `rank` of `tp` holds of `n` items
-/// split evenly (`what` names them in the error). Throws config_error
-/// naming n, tp and the item when tp does not divide n, or tp < 1, or rank
-/// is outside [0, tp).
-struct shard_range {
-  std::int64_t begin = 0, count = 0;
-};
-inline shard_range even_shard(std::int64_t n, int tp, int rank, const char* what) {
-  TESSERA_THROW_IF(tp < 1, config_error, "tensor parallelism: tp=", tp, " must be >= 1");
-  TESSERA_THROW_IF(rank < 0 || rank >= tp, config_error, "tensor parallelism: rank ", rank,
-                   " is not in [0, ", tp, ")");
-  TESSERA_THROW_IF(n % tp != 0, config_error, "tensor parallelism: ", what, "=", n,
-                   " is not divisible by tp=", tp);
-  const std::int64_t c = n / tp;
-  return {c * rank, c};
-}
 
 // ---- the collectives that change placement ------------------------------------------------
 
@@ -76,7 +61,7 @@ replicated<T> all_reduce(Comm& tp, partial_sum<T> p) {
 /// sequence-parallel form of all_reduce. Throws config_error when tp does
 /// not divide rows. Traffic: (tp-1) rows/tp cols elements.
 template <class Comm, class T>
-token_sharded<T> reduce_scatter(Comm& tp, partial_sum<const T> p, T* out) {
+token_sharded<T> reduce_scatter(Comm& tp, std::type_identity_t<partial_sum<const T>> p, T* out) {
   const shard_range s = even_shard(p.rows, tp.size(), tp.rank(), "rows (tokens)");
   const auto chunk = static_cast<std::size_t>(s.count * p.cols);
   tp.reduce_scatter(p.data, out, chunk, comm::reduce_op::sum);
@@ -87,126 +72,46 @@ token_sharded<T> reduce_scatter(Comm& tp, partial_sum<const T> p, T* out) {
 /// (tp rows, cols), in rank order: the complete tensor. Traffic: (tp-1)
 /// rows cols elements.
 template <class Comm, class T>
-replicated<T> all_gather(Comm& tp, token_sharded<const T> s, T* out) {
+replicated<T> all_gather(Comm& tp, std::type_identity_t<token_sharded<const T>> s, T* out) {
   tp.all_gather(s.data, out, static_cast<std::size_t>(s.numel()));
   return {out, s.rows * tp.size(), s.cols};
 }
 
-// ---- the layers ----------------------------------------------------------------------------
+// ---- the layer family ---------------------------------------------------------------------
 
-/// W (out, in) split by output features; this rank holds `out_features`
-/// (= out/tp) rows of it. Trivially copyable; holds no memory.
-struct column_parallel_linear {
-  std::int64_t out_features = 0;  ///< this rank's output features (N of the GEMMs)
-  std::int64_t in_features = 0;   ///< K of the GEMMs, whole
-  std::int64_t offset = 0;        ///< the shard's first element in its segment
-
-  /// y_r(M, out_features) = x(M, in) W_r^T; y is written. x must be
-  /// complete on every rank (replicated); a partial-sum x does not compile.
-  /// FLOPs: kernels::gemm_flops(M, out_features, in_features).
-  template <class Ctx, class T>
-  feature_sharded<T> forward(const Ctx& ctx, T* y, std::type_identity_t<replicated<const T>> x,
-                             const T* seg) const {
-    kernels::linear_forward(ctx, y, x.data, seg + offset, x.rows, out_features, in_features);
-    return {y, x.rows, out_features};
-  }
-  /// dx(M, in) = dy_r W_r, written (or added with `accumulate`): this
-  /// rank's part of the input gradient, a partial sum over the group.
-  template <class Ctx, class T, class GA>
-  partial_sum<GA> backward_input(const Ctx& ctx, GA* dx,
-                                 std::type_identity_t<feature_sharded<const GA>> dy,
-                                 const T* seg, bool accumulate = false) const {
-    kernels::linear_backward_input(ctx, dx, dy.data, seg + offset, dy.rows, out_features,
-                                   in_features, accumulate);
-    return {dx, dy.rows, in_features};
-  }
-  /// dW_r(out_features, in) += dy_r^T x; `seg_grads` the segment's first
-  /// gradient element (same offsets as its parameters).
-  template <class Ctx, class GA, class T, class G>
-  void backward_weight(const Ctx& ctx, G* seg_grads, feature_sharded<GA> dy,
-                       replicated<T> x) const {
-    kernels::linear_backward_weight(ctx, seg_grads + offset, dy.data, x.data, x.rows,
-                                    out_features, in_features);
-  }
-  /// Weight elements of the shard.
-  [[nodiscard]] std::int64_t numel() const { return out_features * in_features; }
-};
-
-/// W (out, in) split by input features; this rank holds the (out,
-/// in_features = in/tp) block of columns. Trivially copyable.
-struct row_parallel_linear {
-  std::int64_t out_features = 0;  ///< N of the GEMMs, whole
-  std::int64_t in_features = 0;   ///< this rank's input features (K of the GEMMs)
-  std::int64_t offset = 0;        ///< the shard's first element in its segment
-
-  /// y(M, out) = x_r(M, in_features) W_r^T, this rank's partial sum of
-  /// x W^T; all_reduce it before use. FLOPs: gemm_flops(M, out, in_features).
-  template <class Ctx, class T>
-  partial_sum<T> forward(const Ctx& ctx, T* y, std::type_identity_t<feature_sharded<const T>> x,
-                         const T* seg) const {
-    kernels::linear_forward(ctx, y, x.data, seg + offset, x.rows, out_features, in_features);
-    return {y, x.rows, out_features};
-  }
-  /// dx_r(M, in_features) = dy W_r, written (or added with `accumulate`):
-  /// this rank's slice of the input gradient, no communication. dy must be
-  /// complete (the all-reduced output's gradient is replicated).
-  template <class Ctx, class T, class GA>
-  feature_sharded<GA> backward_input(const Ctx& ctx, GA* dx,
-                                     std::type_identity_t<replicated<const GA>> dy, const T* seg,
-                                     bool accumulate = false) const {
-    kernels::linear_backward_input(ctx, dx, dy.data, seg + offset, dy.rows, out_features,
-                                   in_features, accumulate);
-    return {dx, dy.rows, in_features};
-  }
-  /// dW_r(out, in_features) += dy^T x_r.
-  template <class Ctx, class GA, class T, class G>
-  void backward_weight(const Ctx& ctx, G* seg_grads, replicated<GA> dy,
-                       feature_sharded<T> x) const {
-    kernels::linear_backward_weight(ctx, seg_grads + offset, dy.data, x.data, x.rows,
-                                    out_features, in_features);
-  }
-  [[nodiscard]] std::int64_t numel() const { return out_features * in_features; }
-};
-
-/// The layer family of a tensor-parallel model (nn/linear.hpp's seam).
+/// The layer family of a tensor-parallel model (nn/linear.hpp's seam):
+/// column- and row-parallel layers whose partial sums are reduced over the
+/// tp group `group` (not owned; it must outlive the model).
+template <class Comm>
 struct tensor_parallel_layers {
   using column = column_parallel_linear;  ///< q, k, v, gate, up
   using row = row_parallel_linear;        ///< attention output, down
+  Comm* group = nullptr;                  ///< the tp group
+  /// When set, each all_reduce adds its wall time in seconds here (the
+  /// communication share a benchmark reports; not owned).
+  double* comm_seconds = nullptr;
+
+  /// Sums a partial-sum tensor over the group (nn::all_reduce).
+  template <class T>
+  replicated<T> all_reduce(partial_sum<T> p) const {
+    if (comm_seconds == nullptr) return nn::all_reduce(checked(), p);
+    const auto t0 = std::chrono::steady_clock::now();
+    const replicated<T> r = nn::all_reduce(checked(), p);
+    *comm_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return r;
+  }
+  /// The group's size and this rank's index in it. Throws config_error
+  /// when no group was given.
+  [[nodiscard]] int size() const { return checked().size(); }
+  [[nodiscard]] int rank() const { return checked().rank(); }
+
+ private:
+  Comm& checked() const {
+    TESSERA_THROW_IF(group == nullptr, config_error,
+                     "tensor_parallel_layers: no tp group (set `group` to the rank's tp "
+                     "communicator, e.g. comm::make_groups(world, mesh).tp)");
+    return *group;
+  }
 };
-
-// ---- placement-checked element-wise operations --------------------------------------------
-
-namespace placed {
-
-/// out = a + b over a (rows, cols) tensor; a and b complete (replicated, or
-/// both token-sharded under sequence parallelism). A partial-sum operand
-/// does not compile ("missing all_reduce"). Throws config_error when the
-/// shapes differ.
-template <class Ctx, class T>
-replicated<T> residual_add(const Ctx& ctx, replicated<T> out,
-                           std::type_identity_t<replicated<const T>> a,
-                           std::type_identity_t<replicated<const T>> b) {
-  TESSERA_THROW_IF(a.rows != out.rows || a.cols != out.cols || b.rows != out.rows ||
-                       b.cols != out.cols,
-                   config_error, "residual_add: shapes (", a.rows, ", ", a.cols, ") + (", b.rows,
-                   ", ", b.cols, ") -> (", out.rows, ", ", out.cols, ") differ");
-  kernels::residual_add(ctx, out.data, a.data, b.data, out.numel());
-  return out;
-}
-
-/// RMSNorm of every row of a complete x (rows N, cols H) with gains w (H):
-/// out (N, H) and rstd (N), as kernels::rmsnorm_forward. A partial-sum x
-/// does not compile ("missing all_reduce").
-template <class Ctx, class T, class A>
-replicated<T> rmsnorm_forward(const Ctx& ctx, replicated<T> out, A* rstd,
-                              std::type_identity_t<replicated<const T>> x, const T* w, double eps) {
-  TESSERA_THROW_IF(x.rows != out.rows || x.cols != out.cols, config_error,
-                   "rmsnorm_forward: input (", x.rows, ", ", x.cols, ") and output (", out.rows,
-                   ", ", out.cols, ") differ");
-  kernels::rmsnorm_forward(ctx, out.data, rstd, x.data, w, x.rows, x.cols, eps);
-  return out;
-}
-
-}  // namespace placed
 
 }  // namespace tessera::nn

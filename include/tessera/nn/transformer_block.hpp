@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <string>
 
+#include "tessera/core/placement.hpp"
 #include "tessera/core/tensor.hpp"
 #include "tessera/kernels/attention.hpp"
 #include "tessera/kernels/context.hpp"
@@ -50,14 +51,14 @@ struct block_record {
   tensor<Param, Backend> x_in;   ///< (N, H) block input (residual stream)
   tensor<Acc, Backend> rstd1;    ///< (N)
   tensor<Param, Backend> xn1;    ///< (N, H)
-  tensor<Param, Backend> q;      ///< (N, nh*hd) after RoPE
+  tensor<Param, Backend> q;      ///< (N, nh*hd) after RoPE (this rank's heads under tp)
   tensor<Param, Backend> k, v;   ///< (N, nkv*hd), k after RoPE
   tensor<Param, Backend> att;    ///< (N, nh*hd) attention output
   tensor<Acc, Backend> lse;      ///< (B, nh, T)
   tensor<Param, Backend> x_mid;  ///< (N, H) after the attention residual
   tensor<Acc, Backend> rstd2;    ///< (N)
   tensor<Param, Backend> xn2;    ///< (N, H)
-  tensor<Param, Backend> gate;   ///< (N, F)
+  tensor<Param, Backend> gate;   ///< (N, F) (F/tp under tp)
   tensor<Param, Backend> up;     ///< (N, F)
   tensor<Param, Backend> h;      ///< (N, F) silu(gate) * up
 };
@@ -72,7 +73,8 @@ struct block_shape {
 template <precision::policy P, class Backend>
 struct block_workspace {
   using ActGrad = typename P::act_grad_type;
-  tensor<ActGrad, Backend> dxn, datt, dq;   ///< (N, H)
+  tensor<ActGrad, Backend> dxn;             ///< (N, H)
+  tensor<ActGrad, Backend> datt, dq;        ///< (N, Hq): nh*hd of this rank's heads
   tensor<ActGrad, Backend> dk, dv;          ///< (N, KV)
   tensor<ActGrad, Backend> dh, dgate, dup;  ///< (N, F)
 };
@@ -84,17 +86,20 @@ struct block_workspace {
 struct block_bytes {
   std::int64_t H = 0, KV = 0, F = 0, nh = 0;
   std::int64_t param = 4, act_grad = 4, accum = 4;  ///< bytes per element
+  /// q and attention-output features: nh*hd of this rank's heads (H on one
+  /// rank; KV, F and nh are this rank's too under tensor parallelism).
+  std::int64_t Hq = 0;
 
   static block_bytes of(const llama_config& c, std::int64_t param, std::int64_t act_grad,
                         std::int64_t accum) {
-    return {c.dim, c.kv_dim(), c.ffn_dim, c.n_heads, param, act_grad, accum};
+    return {c.dim, c.kv_dim(), c.ffn_dim, c.n_heads, param, act_grad, accum, c.dim};
   }
   /// x_in (N, H).
   std::int64_t input(std::int64_t N) const { return N * H * param; }
-  /// The attention part of the record: rstd1 (N), xn1, q, att (N, H), k, v
-  /// (N, KV), lse (B, nh, T).
+  /// The attention part of the record: rstd1 (N), xn1 (N, H), q, att (N,
+  /// Hq), k, v (N, KV), lse (B, nh, T).
   std::int64_t attention_part(std::int64_t N) const {
-    return N * (param * (3 * H + 2 * KV) + accum * (1 + nh));
+    return N * (param * (H + 2 * Hq + 2 * KV) + accum * (1 + nh));
   }
   /// The MLP part: x_mid, xn2 (N, H), gate, up, h (N, F), rstd2 (N); backward
   /// frees it before the attention backward.
@@ -103,16 +108,23 @@ struct block_bytes {
   std::int64_t record(std::int64_t N) const {
     return input(N) + attention_part(N) + mlp_part(N);
   }
-  /// The backward workspace: dxn, datt, dq (N, H), dk, dv (N, KV), dh,
-  /// dgate, dup (N, F) of the activation-gradient type.
+  /// The backward workspace: dxn (N, H), datt, dq (N, Hq), dk, dv (N, KV),
+  /// dh, dgate, dup (N, F) of the activation-gradient type.
   std::int64_t workspace(std::int64_t N) const {
-    return N * act_grad * (3 * H + 2 * KV + 3 * F);
+    return N * act_grad * (H + 2 * Hq + 2 * KV + 3 * F);
   }
 };
 
 /// A transformer block of a Llama: its layout in its segment, its layers,
 /// and forward/backward over a context `Ctx` (kernels::host_context or
-/// kernels::cuda_context).
+/// kernels::cuda_context). Under tensor parallelism (`Layers` =
+/// tensor_parallel_layers, a layout of one tp rank) the block holds its
+/// rank's heads and SwiGLU columns: q, k, v, gate and up are column-
+/// parallel, the attention output and down projections row-parallel, and
+/// the four partial sums of a block (the two row-parallel outputs forward,
+/// the input gradients of q/k/v and of gate/up backward) are reduced over
+/// the tp group (Megatron-LM, figure 3's f and g). On one rank
+/// (`dense_layers`) the same code reduces nothing.
 template <precision::policy P, class Ctx, class Layers = dense_layers>
 class transformer_block {
  public:
@@ -126,21 +138,32 @@ class transformer_block {
   using workspace = block_workspace<P, Backend>;
 
   transformer_block() = default;
-  /// Block `l` of `layout` (make_llama_layout(c)), whose segment starts at
-  /// flat offset `segment_begin`. Throws tessera::error if a tensor of the
-  /// block is missing.
+  /// Block `l` of `layout` (make_llama_layout(c), or its tp rank's), whose
+  /// segment starts at flat offset `segment_begin`; `layers` reduces the
+  /// partial sums (its group must outlive the block). Throws tessera::error
+  /// if a tensor of the block is missing.
   transformer_block(const llama_config& c, const param_layout& layout, int l,
-                    std::int64_t segment_begin)
-      : l_(l), H_(c.dim), F_(c.ffn_dim), KV_(c.kv_dim()), nh_(c.n_heads), nkv_(c.n_kv_heads),
-        hd_(c.head_dim()), eps_(c.norm_eps) {
+                    std::int64_t segment_begin, Layers layers = {})
+      : layers_(layers), l_(l), H_(c.dim), hd_(c.head_dim()), eps_(c.norm_eps) {
     const std::string b = "blocks." + std::to_string(l) + ".";
-    auto at = [&](const char* n) { return layout.at(b + n).offset - segment_begin; };
+    auto entry = [&](const char* n) -> const param_entry& { return layout.at(b + n); };
+    const param_entry& wq = entry("attn.wq");
+    TESSERA_THROW_IF(wq.full[0] != wq.shp[0] * layers.size(), config_error, "block ", l,
+                     ": the layout holds ", wq.shp[0], " of ", wq.full[0],
+                     " query features, which is not a shard of a tp group of ", layers.size(),
+                     " (build the layout with make_llama_layout(c, {tp, rank}))");
+    auto at = [&](const char* n) { return entry(n).offset - segment_begin; };
+    Hq_ = entry("attn.wq").shp[0];   // this rank's query features
+    KV_ = entry("attn.wk").shp[0];   // this rank's key/value features
+    F_ = entry("mlp.w_gate").shp[0];  // this rank's SwiGLU width
+    nh_ = Hq_ / hd_;
+    nkv_ = KV_ / hd_;
     attn_norm_ = at("attn_norm");
     mlp_norm_ = at("mlp_norm");
-    wq_ = {H_, H_, at("attn.wq")};
+    wq_ = {Hq_, H_, at("attn.wq")};
     wk_ = {KV_, H_, at("attn.wk")};
     wv_ = {KV_, H_, at("attn.wv")};
-    wo_ = {H_, H_, at("attn.wo")};
+    wo_ = {H_, Hq_, at("attn.wo")};
     w_gate_ = {F_, H_, at("mlp.w_gate")};
     w_up_ = {F_, H_, at("mlp.w_up")};
     w_down_ = {H_, F_, at("mlp.w_down")};
@@ -159,9 +182,10 @@ class transformer_block {
     r.x_in = std::move(x);
     fill_record(ctx, r, p, s, proj, cos, sin);
     const std::int64_t N = s.N();
-    w_down_.forward(ctx, proj.data(), r.h.data(), p, N);
+    const replicated<Param> down =
+        layers_.all_reduce(w_down_.forward(ctx, proj.data(), features(r.h, N, F_), p));
     x = kernels::make_tensor<Param>(ctx, N * H_);
-    residual_add(ctx, x.data(), r.x_mid.data(), proj.data(), N * H_);
+    placed::residual_add(ctx, full(x, N), full(r.x_mid, N), down);
     if (recompute) release_all_but_input(r);
   }
 
@@ -183,17 +207,21 @@ class transformer_block {
                 const Rope* sin) const {
     if (r.h.empty()) fill_record(ctx, r, p, s, proj, cos, sin);  // recompute (checkpointed)
     const std::int64_t N = s.N();
+    const replicated<const ActGrad> dy = full(dres, N);
     // MLP: y = x_mid + h Wd^T
-    w_down_.backward_input(ctx, w.dh.data(), dres.data(), p, N);
-    w_down_.backward_weight(ctx, g, dres.data(), r.h.data(), N);
-    swiglu_backward(ctx, w.dgate.data(), w.dup.data(), w.dh.data(), r.gate.data(), r.up.data(),
+    const feature_sharded<ActGrad> dh = w_down_.backward_input(ctx, w.dh.data(), dy, p);
+    w_down_.backward_weight(ctx, g, dy, features(r.h, N, F_));
+    swiglu_backward(ctx, w.dgate.data(), w.dup.data(), dh.data, r.gate.data(), r.up.data(),
                     N * F_);
-    w_gate_.backward_input(ctx, w.dxn.data(), w.dgate.data(), p, N);
-    w_up_.backward_input(ctx, w.dxn.data(), w.dup.data(), p, N, true);
-    w_gate_.backward_weight(ctx, g, w.dgate.data(), r.xn2.data(), N);
-    w_up_.backward_weight(ctx, g, w.dup.data(), r.xn2.data(), N);
-    rmsnorm_backward(ctx, dres.data(), g + mlp_norm_, w.dxn.data(), r.x_mid.data(), p + mlp_norm_,
-                     r.rstd2.data(), N, H_, true);
+    const feature_sharded<const ActGrad> dgate = features(w.dgate, N, F_),
+                                         dup = features(w.dup, N, F_);
+    w_gate_.backward_input(ctx, w.dxn.data(), dgate, p);
+    const replicated<ActGrad> dxn2 =
+        layers_.all_reduce(w_up_.backward_input(ctx, w.dxn.data(), dup, p, true));
+    w_gate_.backward_weight(ctx, g, dgate, full(r.xn2, N));
+    w_up_.backward_weight(ctx, g, dup, full(r.xn2, N));
+    placed::rmsnorm_backward(ctx, dres.data(), g + mlp_norm_, dxn2, r.x_mid.data(),
+                             p + mlp_norm_, r.rstd2.data(), true);
     r.h.release();
     r.gate.release();
     r.up.release();
@@ -201,21 +229,25 @@ class transformer_block {
     r.x_mid.release();
     r.rstd2.release();
     // Attention: x_mid = x_in + att Wo^T
-    wo_.backward_input(ctx, w.datt.data(), dres.data(), p, N);
-    wo_.backward_weight(ctx, g, dres.data(), r.att.data(), N);
-    attention_backward(ctx, w.dq.data(), w.dk.data(), w.dv.data(), w.datt.data(), r.q.data(),
+    const feature_sharded<ActGrad> datt = wo_.backward_input(ctx, w.datt.data(), dy, p);
+    wo_.backward_weight(ctx, g, dy, features(r.att, N, Hq_));
+    attention_backward(ctx, w.dq.data(), w.dk.data(), w.dv.data(), datt.data, r.q.data(),
                        r.k.data(), r.v.data(), r.att.data(), r.lse.data(), s.B, s.T, nh_, nkv_,
                        hd_);
     rope_backward(ctx, w.dq.data(), cos, sin, s.B, s.T, nh_, hd_);
     rope_backward(ctx, w.dk.data(), cos, sin, s.B, s.T, nkv_, hd_);
-    wq_.backward_input(ctx, w.dxn.data(), w.dq.data(), p, N);
-    wk_.backward_input(ctx, w.dxn.data(), w.dk.data(), p, N, true);
-    wv_.backward_input(ctx, w.dxn.data(), w.dv.data(), p, N, true);
-    wq_.backward_weight(ctx, g, w.dq.data(), r.xn1.data(), N);
-    wk_.backward_weight(ctx, g, w.dk.data(), r.xn1.data(), N);
-    wv_.backward_weight(ctx, g, w.dv.data(), r.xn1.data(), N);
-    rmsnorm_backward(ctx, dres.data(), g + attn_norm_, w.dxn.data(), r.x_in.data(),
-                     p + attn_norm_, r.rstd1.data(), N, H_, true);
+    const feature_sharded<const ActGrad> dq = features(w.dq, N, Hq_), dk = features(w.dk, N, KV_),
+                                         dv = features(w.dv, N, KV_);
+    wq_.backward_input(ctx, w.dxn.data(), dq, p);
+    wk_.backward_input(ctx, w.dxn.data(), dk, p, true);
+    const replicated<ActGrad> dxn1 =
+        layers_.all_reduce(wv_.backward_input(ctx, w.dxn.data(), dv, p, true));
+    const replicated<const Param> xn1 = full(r.xn1, N);
+    wq_.backward_weight(ctx, g, dq, xn1);
+    wk_.backward_weight(ctx, g, dk, xn1);
+    wv_.backward_weight(ctx, g, dv, xn1);
+    placed::rmsnorm_backward(ctx, dres.data(), g + attn_norm_, dxn1, r.x_in.data(),
+                             p + attn_norm_, r.rstd1.data(), true);
     r = record{};
   }
 
@@ -224,8 +256,8 @@ class transformer_block {
     const std::int64_t N = s.N();
     workspace w;
     w.dxn = kernels::make_tensor<ActGrad>(ctx, N * H_);
-    w.datt = kernels::make_tensor<ActGrad>(ctx, N * H_);
-    w.dq = kernels::make_tensor<ActGrad>(ctx, N * H_);
+    w.datt = kernels::make_tensor<ActGrad>(ctx, N * Hq_);
+    w.dq = kernels::make_tensor<ActGrad>(ctx, N * Hq_);
     w.dk = kernels::make_tensor<ActGrad>(ctx, N * KV_);
     w.dv = kernels::make_tensor<ActGrad>(ctx, N * KV_);
     w.dh = kernels::make_tensor<ActGrad>(ctx, N * F_);
@@ -236,7 +268,8 @@ class transformer_block {
 
   // ---- what the block allocates (the planner sums these) ----------------------------------
 
-  /// The block's byte counts with its policy's element sizes.
+  /// The block's byte counts with its policy's element sizes (this rank's
+  /// heads and SwiGLU width under tensor parallelism).
   block_bytes bytes() const {
     return {H_,
             KV_,
@@ -244,46 +277,63 @@ class transformer_block {
             nh_,
             static_cast<std::int64_t>(sizeof(Param)),
             static_cast<std::int64_t>(sizeof(ActGrad)),
-            static_cast<std::int64_t>(sizeof(Acc))};
+            static_cast<std::int64_t>(sizeof(Acc)),
+            Hq_};
   }
-  /// Bytes of a full record per token: (6H + 2KV + 3F) Param (x_in, xn1, q,
-  /// att, x_mid, xn2; k, v; gate, up, h) and (2 + nh) Acc (rstd1, rstd2, lse).
+  /// Bytes of a full record per token: (3H + 2Hq + 2KV + 3F) Param (x_in,
+  /// xn1, x_mid, xn2; q, att; k, v; gate, up, h) and (2 + nh) Acc (rstd1,
+  /// rstd2, lse).
   std::int64_t record_bytes_per_token() const { return bytes().record(1); }
   /// Bytes per token a checkpointed block keeps: its input.
   std::int64_t checkpoint_bytes_per_token() const { return bytes().input(1); }
 
  private:
+  // Placed views of a record or workspace tensor of N rows.
+  template <class T>
+  replicated<T> full(tensor<T, Backend>& t, std::int64_t N) const {
+    return {t.data(), N, H_};
+  }
+  template <class T>
+  static feature_sharded<T> features(tensor<T, Backend>& t, std::int64_t N, std::int64_t cols) {
+    return {t.data(), N, cols};
+  }
+
   // Every record tensor but x_in, from r.x_in: the forward up to (not
   // including) the down projection.
   void fill_record(const Ctx& ctx, record& r, const Param* p, block_shape s,
                    tensor<Param, Backend>& proj, const Rope* cos, const Rope* sin) const {
-    const std::int64_t N = s.N(), H = H_, F = F_, KV = KV_;
+    const std::int64_t N = s.N(), H = H_, F = F_, KV = KV_, Hq = Hq_;
     r.rstd1 = kernels::make_tensor<Acc>(ctx, N);
     r.xn1 = kernels::make_tensor<Param>(ctx, N * H);
-    rmsnorm_forward(ctx, r.xn1.data(), r.rstd1.data(), r.x_in.data(), p + attn_norm_, N, H, eps_);
-    r.q = kernels::make_tensor<Param>(ctx, N * H);
+    const replicated<const Param> xn1 =
+        placed::rmsnorm_forward(ctx, full(r.xn1, N), r.rstd1.data(), full(r.x_in, N),
+                                p + attn_norm_, eps_);
+    r.q = kernels::make_tensor<Param>(ctx, N * Hq);
     r.k = kernels::make_tensor<Param>(ctx, N * KV);
     r.v = kernels::make_tensor<Param>(ctx, N * KV);
-    wq_.forward(ctx, r.q.data(), r.xn1.data(), p, N);
-    wk_.forward(ctx, r.k.data(), r.xn1.data(), p, N);
-    wv_.forward(ctx, r.v.data(), r.xn1.data(), p, N);
+    const feature_sharded<const Param> q = wq_.forward(ctx, r.q.data(), xn1, p),
+                                       k = wk_.forward(ctx, r.k.data(), xn1, p),
+                                       v = wv_.forward(ctx, r.v.data(), xn1, p);
     rope_forward(ctx, r.q.data(), cos, sin, s.B, s.T, nh_, hd_);
     rope_forward(ctx, r.k.data(), cos, sin, s.B, s.T, nkv_, hd_);
-    r.att = kernels::make_tensor<Param>(ctx, N * H);
+    r.att = kernels::make_tensor<Param>(ctx, N * Hq);
     r.lse = kernels::make_tensor<Acc>(ctx, s.B * nh_ * s.T);
-    attention_forward(ctx, r.att.data(), r.lse.data(), r.q.data(), r.k.data(), r.v.data(), s.B,
-                      s.T, nh_, nkv_, hd_);
-    wo_.forward(ctx, proj.data(), r.att.data(), p, N);
+    attention_forward(ctx, r.att.data(), r.lse.data(), q.data, k.data, v.data, s.B, s.T, nh_,
+                      nkv_, hd_);
+    const replicated<Param> o =
+        layers_.all_reduce(wo_.forward(ctx, proj.data(), features(r.att, N, Hq), p));
     r.x_mid = kernels::make_tensor<Param>(ctx, N * H);
-    residual_add(ctx, r.x_mid.data(), r.x_in.data(), proj.data(), N * H);
+    placed::residual_add(ctx, full(r.x_mid, N), full(r.x_in, N), o);
     r.rstd2 = kernels::make_tensor<Acc>(ctx, N);
     r.xn2 = kernels::make_tensor<Param>(ctx, N * H);
-    rmsnorm_forward(ctx, r.xn2.data(), r.rstd2.data(), r.x_mid.data(), p + mlp_norm_, N, H, eps_);
+    const replicated<const Param> xn2 =
+        placed::rmsnorm_forward(ctx, full(r.xn2, N), r.rstd2.data(), full(r.x_mid, N),
+                                p + mlp_norm_, eps_);
     r.gate = kernels::make_tensor<Param>(ctx, N * F);
     r.up = kernels::make_tensor<Param>(ctx, N * F);
     r.h = kernels::make_tensor<Param>(ctx, N * F);
-    w_gate_.forward(ctx, r.gate.data(), r.xn2.data(), p, N);
-    w_up_.forward(ctx, r.up.data(), r.xn2.data(), p, N);
+    w_gate_.forward(ctx, r.gate.data(), xn2, p);
+    w_up_.forward(ctx, r.up.data(), xn2, p);
     swiglu_forward(ctx, r.h.data(), r.gate.data(), r.up.data(), N * F);
   }
   static void release_all_but_input(record& r) {
@@ -292,8 +342,9 @@ class transformer_block {
     r.x_in = std::move(x);
   }
 
+  Layers layers_{};
   int l_ = 0;
-  std::int64_t H_ = 0, F_ = 0, KV_ = 0, nh_ = 0, nkv_ = 0, hd_ = 0;
+  std::int64_t H_ = 0, Hq_ = 0, F_ = 0, KV_ = 0, nh_ = 0, nkv_ = 0, hd_ = 0;
   double eps_ = 1e-5;
   std::int64_t attn_norm_ = 0, mlp_norm_ = 0;  // norm gains, offsets in the segment
   typename Layers::column wq_, wk_, wv_, w_gate_, w_up_;

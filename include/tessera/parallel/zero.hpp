@@ -366,6 +366,10 @@ class data_parallel final : public nn::segment_hooks {
   void grad_norm_squared(double* d_out) {
     TESSERA_NVTX_RANGE("zero: grad_norm_squared");
     const Ctx& ctx = *ctx_;
+    if (model_->tp_size() > 1) {
+      tp_grad_norm_squared(d_out);
+      return;
+    }
     if (local_) {
       grad_sum_squares(ctx, d_out, model_->grads(), model_->flat_size());
       return;
@@ -510,6 +514,36 @@ class data_parallel final : public nn::segment_hooks {
       kernels::copy_elements(*ctx_, dst, src, n);
     else
       cast(*ctx_, dst, src, n);
+  }
+
+  // The norm under tensor parallelism: only the ranges the model counts on
+  // this tp rank (nn::llama::norm_ranges: its shards, and the replicated
+  // tensors on tp rank 0), within this rank's reduced chunks, summed over
+  // dp and then over tp, so every element of the model counts once.
+  void tp_grad_norm_squared(double* d_out) {
+    const Ctx& ctx = *ctx_;
+    const std::vector<nn::param_range> counted = model_->norm_ranges();
+    bool first = true;
+    // [lo, hi) of the flat buffer, read from `base` (which holds element lo).
+    auto add = [&](const auto* base, std::int64_t lo, std::int64_t hi) {
+      for (const nn::param_range& r : counted) {
+        const std::int64_t b = std::max(r.begin, lo), e = std::min(r.end, hi);
+        if (b >= e) continue;
+        grad_sum_squares(ctx, d_out, base + (b - lo), e - b, !first);
+        first = false;
+      }
+    };
+    if (local_) {
+      add(model_->grads(), 0, model_->flat_size());
+    } else {
+      for (const bucket& b : plan_.buckets()) {
+        const std::int64_t c0 = b.begin + plan_.rank() * b.chunk;
+        add(reduced_chunk(b), c0, std::min(c0 + b.chunk, b.end));
+      }
+    }
+    if (first) grad_sum_squares(ctx, d_out, static_cast<const Reduce*>(nullptr), 0, false);
+    if (!local_) comm_->all_reduce(d_out, 1, comm::reduce_op::sum);
+    model_->tp_all_reduce_sum(d_out);
   }
 
   // This rank's reduced chunk of bucket b.

@@ -54,6 +54,7 @@
 #include <vector>
 
 #include "tessera/comm/communicator.hpp"
+#include "tessera/nn/checkpointing.hpp"
 #include "tessera/nn/llama_config.hpp"
 #include "tessera/plan/memory.hpp"
 #include "tessera/nn/flops.hpp"
@@ -198,6 +199,31 @@ inline comm_plan plan_comm(const nn::llama_config& c, const sharding& sh,
       break;
   }
   return p;
+}
+
+/// Bytes one tp rank sends in the tensor-parallel all-reduces of one
+/// optimizer step: per block and micro-batch, Megatron-LM's two forward
+/// all-reduces (after the attention output and the down projections) and
+/// two backward (the input gradients of q/k/v and of gate/up), each over the
+/// (B T, H) activations of `elem` bytes; two more for every block that
+/// activation checkpointing recomputes; and the gradient norm's one double.
+/// Ring traffic: comm::ring_all_reduce_bytes (seeds/004). 0 when tp = 1.
+/// Throws config_error for a size < 1 or rank outside [0, tp).
+inline std::uint64_t plan_tp_bytes(const nn::llama_config& c, std::int64_t micro_batch,
+                                   std::int64_t seq, std::int64_t micro_batches, int tp, int rank,
+                                   std::size_t elem, const nn::checkpoint_policy& ck = {}) {
+  TESSERA_THROW_IF(micro_batch < 1 || seq < 1 || micro_batches < 1 || tp < 1, config_error,
+                   "plan_tp_bytes: B=", micro_batch, " T=", seq, " micro_batches=", micro_batches,
+                   " tp=", tp, " must all be >= 1");
+  TESSERA_THROW_IF(rank < 0 || rank >= tp, config_error, "plan_tp_bytes: rank ", rank,
+                   " is not in [0, ", tp, ")");
+  if (tp == 1) return 0;
+  const auto n = static_cast<std::size_t>(micro_batch * seq * c.dim);
+  const std::uint64_t one = comm::ring_all_reduce_bytes(n, elem, tp, rank);
+  const std::uint64_t per_mb =
+      one * static_cast<std::uint64_t>(4 * c.n_layers + 2 * ck.recomputed_blocks(c.n_layers));
+  return per_mb * static_cast<std::uint64_t>(micro_batches) +
+         comm::ring_all_reduce_bytes(1, sizeof(double), tp, rank);
 }
 
 /// Model FLOPs of one optimizer step.

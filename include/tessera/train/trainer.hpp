@@ -79,7 +79,8 @@ namespace tessera::train {
 /// Thread-safety: one trainer per rank, used from that rank's thread.
 template <precision::policy P, class Backend = host, class O = optim::adamw,
           class S = parallel::zero<0>,
-          class C = comm::self_communicator<kernels::context_t<Backend>>>
+          class C = comm::self_communicator<kernels::context_t<Backend>>,
+          class L = nn::dense_layers>
 class trainer {
   static_assert(optim::check_optimizer_policy<O>());
   static_assert(parallel::check_sharding_strategy<S>());
@@ -87,7 +88,7 @@ class trainer {
 
  public:
   using Ctx = kernels::context_t<Backend>;
-  using model_type = nn::llama<P, Backend>;
+  using model_type = nn::llama<P, Backend, L>;
   using engine_type = parallel::data_parallel<model_type, O, S, C>;
   using optimizer_type = typename engine_type::optimizer_type;
   using Param = typename P::param_type;
@@ -106,7 +107,7 @@ class trainer {
   trainer(nn::llama_config model_cfg, train_config cfg, const data::token_file& data,
           parallel::data_parallel_options dpo = {})
     requires std::same_as<C, comm::self_communicator<Ctx>>
-      : trainer(own_context{}, std::move(model_cfg), cfg, data, nullptr, dpo) {}
+      : trainer(own_context{}, std::move(model_cfg), cfg, data, nullptr, L{}, dpo) {}
 
   /// One rank of a data-parallel run over `comm` (cfg.dp == comm.size()),
   /// on a context of its own (on a GPU: the communicator's stream, so
@@ -116,14 +117,30 @@ class trainer {
   /// constructor, and config_error naming dp and the world size.
   trainer(nn::llama_config model_cfg, train_config cfg, const data::token_file& data, C& comm,
           parallel::data_parallel_options dpo = {})
-      : trainer(own_context{}, std::move(model_cfg), cfg, data, &comm, dpo) {}
+    requires std::same_as<L, nn::dense_layers>
+      : trainer(own_context{}, std::move(model_cfg), cfg, data, &comm, L{}, dpo) {}
+
+  /// One rank of a run on a dp x tp mesh: `comm` is this rank's dp group
+  /// (cfg.dp == comm.size()), `layers` holds its tp group
+  /// (nn::tensor_parallel_layers; cfg.tp == its size; not owned, it must
+  /// outlive the trainer). The ranks of a tp group train on the same
+  /// micro-batches (the dp rank picks them), each holds its shards of the
+  /// blocks' weights, gradients and optimizer state; ZeRO shards over the
+  /// dp group. Every rank of the world must construct it with the same
+  /// settings and call the same member functions in the same order. Throws
+  /// as above, and config_error naming tp when it does not match the group
+  /// or does not split the heads or F (nn::check_tensor_parallel).
+  trainer(nn::llama_config model_cfg, train_config cfg, const data::token_file& data, C& comm,
+          L layers, parallel::data_parallel_options dpo = {})
+      : trainer(own_context{}, std::move(model_cfg), cfg, data, &comm, layers, dpo) {}
 
   /// As above, on the caller's context `ctx` (not owned; must outlive the
   /// trainer): its memory resource, threads, tiles or stream. A temporary
   /// context is refused at compile time.
   trainer(nn::llama_config model_cfg, train_config cfg, const data::token_file& data, C& comm,
           const Ctx& ctx, parallel::data_parallel_options dpo = {})
-      : trainer(&ctx, std::move(model_cfg), cfg, data, &comm, dpo) {}
+    requires std::same_as<L, nn::dense_layers>
+      : trainer(&ctx, std::move(model_cfg), cfg, data, &comm, L{}, dpo) {}
   trainer(nn::llama_config, train_config, const data::token_file&, C&, const Ctx&&,
           parallel::data_parallel_options = {}) = delete;
 
@@ -137,6 +154,10 @@ class trainer {
   const Ctx& context() const { return *ctx_; }
   C& communicator() { return *comm_; }
   int rank() const { return comm_->rank(); }
+  /// This rank's index in its tensor-parallel group (0 without one).
+  int tp_rank() const { return layers_.rank(); }
+  /// The tensor-parallel degree (1 without tensor parallelism).
+  int tp_size() const { return layers_.size(); }
   /// Optimizer steps taken so far (the data position: step s reads the windows of step s).
   std::int64_t step() const { return step_; }
   /// Peak FLOP/s of one rank, for MFU (kernels::peak_flops::flops; 0: no MFU).
@@ -199,8 +220,9 @@ class trainer {
     m.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     m.tokens_per_s = static_cast<double>(m.tokens) / m.seconds;
     m.flops = nn::flops_per_token(model_.config(), T) * static_cast<double>(m.tokens);
-    m.mfu = peak_flops_ > 0 ? m.flops / m.seconds / (peak_flops_ * comm_->size()) : 0.0;
-    m.mfu_blas = blas_flops_ > 0 ? m.flops / m.seconds / (blas_flops_ * comm_->size()) : 0.0;
+    const double ranks = static_cast<double>(comm_->size()) * model_.tp_size();
+    m.mfu = peak_flops_ > 0 ? m.flops / m.seconds / (peak_flops_ * ranks) : 0.0;
+    m.mfu_blas = blas_flops_ > 0 ? m.flops / m.seconds / (blas_flops_ * ranks) : 0.0;
     const auto st = mr.stats();
     m.mem_allocated = st.allocated;
     m.mem_peak = st.peak_allocated;
@@ -257,11 +279,15 @@ class trainer {
   /// zero<0>: rank 0 writes the parameters and the optimizer state to
   /// `path` (streamed to a temporary file through host blocks, fsync'ed,
   /// renamed; train/checkpoint.hpp), with the run's metadata; collective
-  /// (the ranks wait for the file). zero<1..3>: throws config_error before
+  /// (the ranks wait for the file). Under tensor parallelism dp rank 0 of
+  /// every tp rank writes its shards, tp rank r to `path`.tp<r> (r > 0),
+  /// and the metadata records tp and the tp rank: a resume needs the same
+  /// layout. zero<1..3>: throws config_error before
   /// any work: sharded checkpoints are not supported yet. Throws io_error
   /// if the file cannot be written.
-  void save_checkpoint(const std::filesystem::path& path) {
+  void save_checkpoint(const std::filesystem::path& path_) {
     refuse_sharded("save");
+    const std::filesystem::path path = tp_path(path_);
     if (rank() == 0) {
       const std::size_t pbytes = sizeof(Param) * static_cast<std::size_t>(model_.flat_size());
       const optimizer_type& opt = engine_.optimizer();
@@ -281,8 +307,9 @@ class trainer {
   /// (model, precision, optimizer, batch, dp, strategy, ...) differ from
   /// this run's, naming the field and both values; zero<1..3>: config_error
   /// as save_checkpoint.
-  void load_checkpoint(const std::filesystem::path& path) {
+  void load_checkpoint(const std::filesystem::path& path_) {
     refuse_sharded("load");
+    const std::filesystem::path path = tp_path(path_);
     nlohmann::json meta;
     std::vector<char> payload;
     read_checkpoint(path, meta, payload);
@@ -300,9 +327,14 @@ class trainer {
 
   /// The checkpoint's metadata (train/metadata.hpp).
   nlohmann::json metadata() const {
-    return run_metadata(model_.config(), cfg_, P::name, O::name,
-                        cfg_.template optimizer_config<O>(), S::name, comm_->size(), step_,
-                        model_.flat_size(), *data_);
+    nlohmann::json m = run_metadata(model_.config(), cfg_, P::name, O::name,
+                                    cfg_.template optimizer_config<O>(), S::name, comm_->size(),
+                                    step_, model_.flat_size(), *data_);
+    if (model_.tp_size() > 1) {  // a tp rank's shards resume at the same layout only
+      m["tp"] = model_.tp_size();
+      m["tp_rank"] = layers_rank();
+    }
+    return m;
   }
 
  private:
@@ -312,21 +344,22 @@ class trainer {
   static constexpr std::int64_t scalar_sum_squares = 0, scalar_losses = 1;
 
   trainer(own_context, nn::llama_config model_cfg, train_config cfg, const data::token_file& data,
-          C* comm, parallel::data_parallel_options dpo)
-      : trainer(make_context(comm), std::move(model_cfg), cfg, data, comm, dpo) {}
+          C* comm, L layers, parallel::data_parallel_options dpo)
+      : trainer(make_context(comm), std::move(model_cfg), cfg, data, comm, layers, dpo) {}
   trainer(std::unique_ptr<kernels::owned_context<Ctx>> own, nn::llama_config model_cfg,
-          train_config cfg, const data::token_file& data, C* comm,
+          train_config cfg, const data::token_file& data, C* comm, L layers,
           parallel::data_parallel_options dpo)
-      : trainer(&own->ctx, std::move(model_cfg), cfg, data, comm, dpo) {
+      : trainer(&own->ctx, std::move(model_cfg), cfg, data, comm, layers, dpo) {
     own_ctx_ = std::move(own);
   }
   trainer(const Ctx* ctx, nn::llama_config model_cfg, train_config cfg,
-          const data::token_file& data, C* comm, parallel::data_parallel_options dpo)
+          const data::token_file& data, C* comm, L layers, parallel::data_parallel_options dpo)
       : ctx_((ctx->apply_threads(), ctx)),
         self_(comm ? std::nullopt : make_self(*ctx)),
         comm_(comm ? comm : &*self_),
-        cfg_(checked(model_cfg, cfg, data, *comm_)),
-        model_(std::move(model_cfg), model_options(cfg_), *ctx_),
+        layers_(layers),
+        cfg_(checked(model_cfg, cfg, data, *comm_, layers.size())),
+        model_(std::move(model_cfg), model_options(cfg_), *ctx_, layers),
         engine_(init_model(model_, cfg_.seed), *comm_, cfg_.template optimizer_config<O>(),
                 cfg_.seed, dpo),
         executor_(model_, engine_, 1),
@@ -361,8 +394,11 @@ class trainer {
       throw config_error("trainer: a data-parallel trainer needs its communicator");
   }
   static train_config checked(const nn::llama_config& c, train_config cfg,
-                              const data::token_file& d, const C& comm) {
+                              const data::token_file& d, const C& comm, int tp) {
     check_run(c, cfg, d, comm.size());
+    TESSERA_THROW_IF(cfg.tp != tp, config_error, "tp=", cfg.tp,
+                     " does not match the tensor-parallel group's ", tp, " ranks");
+    nn::check_tensor_parallel(c, tp);
     return cfg;
   }
   static nn::llama_options model_options(const train_config& cfg) {
@@ -391,6 +427,14 @@ class trainer {
                     "loader out of order");
     return {b.d_inputs, b.d_targets, nullptr, cfg_.micro_batch, cfg_.seq};
   }
+  // Under tensor parallelism each tp rank keeps its shards in a file of its
+  // own: `path` for tp rank 0, `path`.tp<r> for rank r.
+  std::filesystem::path tp_path(const std::filesystem::path& p) const {
+    if (model_.tp_size() == 1 || layers_rank() == 0) return p;
+    return std::filesystem::path(p.string() + ".tp" + std::to_string(layers_rank()));
+  }
+  int layers_rank() const { return layers_.rank(); }
+
   // Sum over the ranks of a host value, through the context's memory.
   template <class T>
   T all_reduce_value(T v) {
@@ -415,6 +459,7 @@ class trainer {
   const Ctx* ctx_;
   std::optional<C> self_;  // the one-rank communicator of a single-rank trainer
   C* comm_;
+  L layers_;  // the layer family (its tp group under tensor parallelism)
   train_config cfg_;
   model_type model_;
   engine_type engine_;

@@ -27,9 +27,11 @@
 /// the thread count at creation); their scratchpad is a per-thread
 /// grow-only buffer, so a steady-state step allocates nothing.
 
+#include <atomic>
 #include <cstdint>
 #include <string>
 
+#include "tessera/core/error.hpp"
 #include "tessera/core/numeric.hpp"
 #include "tessera/kernels/detail/gemm_args.hpp"
 
@@ -106,11 +108,16 @@ inline onednn_matmul onednn_make_matmul(onednn_state& st, transpose ta, transpos
     attr.set_post_ops(po);
   }
   onednn_matmul m;
+  dnnl::matmul::primitive_desc pd;
+  try {
 #if DNNL_VERSION_MAJOR >= 3
-  dnnl::matmul::primitive_desc pd(st.eng, a_md, b_md, c_md, attr);
+    pd = dnnl::matmul::primitive_desc(st.eng, a_md, b_md, c_md, attr);
 #else
-  dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), attr, st.eng);
+    pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, c_md), attr, st.eng);
 #endif
+  } catch (const dnnl::error&) {
+    return m;  // no implementation for these strides: convert + sgemm
+  }
   m.native = onednn_impl_is_native_bf16(pd.impl_info_str());
   if (!m.native) return m;
   m.prim = dnnl::matmul(pd);
@@ -127,8 +134,8 @@ inline onednn_matmul onednn_make_matmul(onednn_state& st, transpose ta, transpos
 /// Whether bf16 x bf16 GEMMs may use oneDNN (default true; the
 /// benchmarks turn it off to time convert + sgemm in the same run). Not
 /// for use while GEMMs run on other threads.
-inline bool& onednn_bf16_allowed() {
-  static bool allowed = true;
+inline std::atomic<bool>& onednn_bf16_allowed() {
+  static std::atomic<bool> allowed{true};
   return allowed;
 }
 
@@ -137,8 +144,9 @@ inline bool& onednn_bf16_allowed() {
 /// through oneDNN. Returns false, having done nothing, when oneDNN is not
 /// built in or not allowed (onednn_bf16_allowed), the CPU has no native
 /// bf16 kernel, alpha != 1 or K = 0. The
-/// caller has checked the arguments (check_gemm_args). Throws dnnl::error
-/// only on a failure inside oneDNN.
+/// caller has checked the arguments (check_gemm_args). A shape oneDNN has
+/// no primitive for also returns false. Throws tessera::error naming the
+/// oneDNN status when a primitive fails to run.
 template <class TC>
 bool onednn_bf16_gemm(transpose ta, transpose tb, std::int64_t M, std::int64_t N, std::int64_t K,
                       float alpha, const bf16* A, std::int64_t lda, const bf16* B,
@@ -161,11 +169,17 @@ bool onednn_bf16_gemm(transpose ta, transpose tb, std::int64_t M, std::int64_t N
   m.b.set_data_handle(const_cast<bf16*>(B));
   m.c.set_data_handle(C);
   m.scratch.set_data_handle(st.scratchpad(m.scratch_bytes > 0 ? m.scratch_bytes : 1));
-  m.prim.execute(st.strm, {{DNNL_ARG_SRC, m.a},
-                           {DNNL_ARG_WEIGHTS, m.b},
-                           {DNNL_ARG_DST, m.c},
-                           {DNNL_ARG_SCRATCHPAD, m.scratch}});
-  st.strm.wait();
+  try {
+    m.prim.execute(st.strm, {{DNNL_ARG_SRC, m.a},
+                             {DNNL_ARG_WEIGHTS, m.b},
+                             {DNNL_ARG_DST, m.c},
+                             {DNNL_ARG_SCRATCHPAD, m.scratch}});
+    st.strm.wait();
+  } catch (const dnnl::error& e) {
+    throw error("oneDNN matmul M=" + std::to_string(M) + " N=" + std::to_string(N) +
+                " K=" + std::to_string(K) + " failed: " + e.what() + " (status " +
+                std::to_string(static_cast<int>(e.status)) + ")");
+  }
   return true;
 #else
   (void)ta, (void)tb, (void)M, (void)N, (void)K, (void)alpha, (void)A, (void)lda, (void)B;

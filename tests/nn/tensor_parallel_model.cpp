@@ -1,0 +1,177 @@
+// A Llama on a tensor-parallel group of thread ranks computes what one rank
+// computes: the initial weights are slices of the single-rank model's, and
+// one training forward and backward give the same loss and, shard by
+// shard, the same parameter gradients (float64 to 1e-10, float32 to 1e-5
+// relative), with and without activation checkpointing. Heads and F that
+// tp does not divide are refused before any collective, with the numbers.
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <mutex>
+#include <random>
+#include <vector>
+
+#include "tessera/comm/local.hpp"
+#include "tessera/nn/llama.hpp"
+#include "tessera/nn/tensor_parallel.hpp"
+
+using namespace tessera;
+
+namespace {
+
+struct run_result {
+  double loss = 0;
+  std::vector<double> params, grads;  // this rank's flat buffers, as double
+  nn::param_layout layout;
+};
+
+comm::comm_options quick() {
+  comm::comm_options o;
+  o.timeout = std::chrono::seconds(30);
+  return o;
+}
+
+std::vector<std::int32_t> tokens(std::int64_t n, std::int64_t V, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<std::int32_t> t(static_cast<std::size_t>(n));
+  for (auto& x : t) x = static_cast<std::int32_t>(rng() % static_cast<std::uint64_t>(V));
+  return t;
+}
+
+// One training forward and backward of model `m` on a fixed batch.
+template <class Model>
+run_result forward_backward(Model& m, std::int64_t B, std::int64_t T) {
+  using P = typename Model::precision_type;
+  using Grad = typename P::grad_type;
+  const auto& c = m.config();
+  const auto in = tokens(B * T, c.vocab, 5), tgt = tokens(B * T, c.vocab, 6);
+  m.init_weights(1234);
+  typename Model::record r;
+  double loss = 0;
+  m.forward({in.data(), tgt.data(), nullptr, B, T}, r, Grad(1) / static_cast<Grad>(B * T), &loss);
+  m.backward(r);
+  run_result out;
+  out.loss = loss;
+  out.layout = m.layout();
+  for (std::int64_t i = 0; i < m.flat_size(); ++i) {
+    out.params.push_back(tessera::to<double>(m.params()[i]));
+    out.grads.push_back(static_cast<double>(m.grads()[i]));
+  }
+  return out;
+}
+
+// Every tensor of a tp rank's layout against the single-rank run: the
+// weights bit for bit, the gradients to `tol` relative to the tensor's
+// largest gradient.
+void compare_shards(const run_result& one, const run_result& shard, double tol) {
+  for (const auto& e : shard.layout.entries()) {
+    const auto& f = one.layout.at(e.name);
+    double num = 0, den = 0;
+    bool same_weights = true;
+    for (std::int64_t j = 0; j < e.numel; ++j) {
+      const std::int64_t i = f.offset + e.full_index(j);
+      const std::int64_t k = e.offset + j;
+      same_weights = same_weights && shard.params[k] == one.params[i];
+      num = std::max(num, std::fabs(shard.grads[k] - one.grads[i]));
+      den = std::max(den, std::fabs(one.grads[i]));
+    }
+    INFO(e.name << ": gradient error " << num << " of " << den);
+    CHECK(same_weights);
+    CHECK(num <= tol * den);
+  }
+}
+
+template <class P>
+void check_equivalence(const nn::llama_config& c, int tp, bool checkpoint, double tol) {
+  nn::llama_options opt;
+  if (checkpoint) opt.checkpointing.mode = nn::activation_checkpointing::full;
+  const std::int64_t B = 2, T = 12;
+  nn::llama<P> one_model(c, opt);
+  const run_result one = forward_backward(one_model, B, T);
+  std::mutex mu;
+  comm::local_world::run(
+      tp,
+      [&](comm::local_communicator& g) {
+        kernels::host_context ctx;
+        ctx.threads = 1;
+        ctx.apply_threads();
+        using layers = nn::tensor_parallel_layers<comm::local_communicator>;
+        nn::llama<P, host, layers> m(c, opt, ctx, layers{&g});
+        const run_result mine = forward_backward(m, B, T);
+        std::lock_guard<std::mutex> lock(mu);
+        INFO("tp " << tp << " rank " << g.rank() << (checkpoint ? ", checkpointed" : ""));
+        CHECK(std::fabs(mine.loss - one.loss) <= tol * std::fabs(one.loss));
+        CHECK(m.flat_size() < one_model.flat_size());
+        compare_shards(one, mine, tol);
+      },
+      quick());
+}
+
+nn::llama_config tiny_mha() {
+  auto c = nn::llama_config::tiny();
+  c.n_kv_heads = c.n_heads;  // 4 key/value heads: tp 4 holds one each
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("a shard's elements map to the whole tensor's, by hand", "[nn][tp]") {
+  // W (6, 4): rank 1 of 2 by rows holds rows 3..5; by columns, columns 2..3.
+  nn::param_layout p;
+  const nn::param_entry rows = p.add_shard("w_rows", {3, 4}, true, 0, {6, 4}, 0, 3);
+  CHECK(rows.full_index(0) == 12);  // (3, 0)
+  CHECK(rows.full_index(5) == 17);  // (4, 1)
+  const nn::param_entry cols = p.add_shard("w_cols", {6, 2}, true, 0, {6, 4}, 1, 2);
+  CHECK(cols.full_index(0) == 2);   // (0, 2)
+  CHECK(cols.full_index(1) == 3);   // (0, 3)
+  CHECK(cols.full_index(2) == 6);   // (1, 2)
+  CHECK(cols.full_index(11) == 23);  // (5, 3)
+  CHECK_THROWS_WITH(p.add_shard("bad", {4, 4}, true, 0, {6, 4}, 0, 3),
+                    Catch::Contains("not a slice of 6 x 4"));
+  CHECK_THROWS_WITH(p.add_shard("bad", {3, 4}, true, 0, {6, 4}, 2, 0),
+                    Catch::Contains("shard_dim=2"));
+}
+
+TEST_CASE("a tp-sharded Llama's weights are slices of the single-rank model's", "[nn][tp]") {
+  // init only, no collectives: the draws of every shard
+  const auto c = nn::llama_config::tiny();
+  nn::llama<precision::fp64> one(c);
+  one.init_weights(77);
+  for (int r = 0; r < 2; ++r) {
+    const nn::param_layout shard = nn::make_llama_layout(c, {2, r});
+    std::vector<double> mine(static_cast<std::size_t>(shard.total()));
+    nn::init_llama_weights_range(c, shard, 77, 0, shard.total(), mine.data());
+    for (const auto& e : shard.entries()) {
+      const auto& f = one.layout().at(e.name);
+      bool same = true;
+      for (std::int64_t j = 0; j < e.numel; ++j)
+        same = same && mine[e.offset + j] == one.params()[f.offset + e.full_index(j)];
+      INFO(e.name << " rank " << r);
+      CHECK(same);
+    }
+  }
+}
+
+TEST_CASE("tp Llama: one forward and backward equal one rank's (float64)", "[nn][tp]") {
+  check_equivalence<precision::fp64>(nn::llama_config::tiny(), 2, false, 1e-10);
+  check_equivalence<precision::fp64>(nn::llama_config::tiny(), 2, true, 1e-10);
+  check_equivalence<precision::fp64>(tiny_mha(), 4, false, 1e-10);
+}
+
+TEST_CASE("tp Llama: one forward and backward equal one rank's (float32)", "[nn][tp]") {
+  check_equivalence<precision::fp32>(nn::llama_config::tiny(), 2, false, 1e-5);
+  check_equivalence<precision::fp32>(tiny_mha(), 4, true, 1e-5);
+}
+
+TEST_CASE("tp that does not split the heads or F is refused with the numbers", "[nn][tp]") {
+  const auto c = nn::llama_config::tiny();  // nh 4, nkv 2, F 24
+  CHECK_THROWS_WITH(nn::make_llama_layout(c, {4, 0}),
+                    Catch::Contains("tp=4") && Catch::Contains("nkv=2") && Catch::Contains("nh=4"));
+  CHECK_THROWS_WITH(nn::make_llama_layout(c, {3, 0}), Catch::Contains("tp=3"));
+  auto f = tiny_mha();
+  f.ffn_dim = 26;
+  CHECK_THROWS_WITH(nn::make_llama_layout(f, {4, 1}),
+                    Catch::Contains("tp=4") && Catch::Contains("F=26"));
+  CHECK_THROWS_WITH(nn::make_llama_layout(c, {2, 2}), Catch::Contains("rank 2"));
+}

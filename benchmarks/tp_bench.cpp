@@ -118,7 +118,7 @@ result run_case(const bench_case& bc, int tp, std::int64_t warmup, std::int64_t 
     res.tokens_per_s = static_cast<double>(bc.B * bc.T) / res.median_s;
     res.comm_share = total > 0 ? comm_s / total : 0.0;
     res.bytes_per_step = g.tp.stats().all_reduce.bytes / static_cast<std::uint64_t>(steps);
-    res.planned_bytes = plan::plan_tp_bytes(mc, bc.B, bc.T, 1, tp, 0, sizeof(float));
+    res.planned_bytes = plan::plan_tp_bytes(mc, bc.B, bc.T, 1, tp, 0, plan::tp_traffic{});
     res.params_per_rank = static_cast<double>(tr.model().num_params());
   });
   return res;

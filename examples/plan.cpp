@@ -45,7 +45,7 @@ namespace {
 struct options {
   std::string preset = "llama2_7b";
   std::string precision = "bf16_mixed";
-  int dp = 8, zero = 3, prefetch = 1;
+  int dp = 8, zero = 3, prefetch = 1, tp = 1;
   std::int64_t micro_batch = 1, seq = 4096, micro_batches = 1, ce_chunk = 256;
   int threads = 1;
   std::int64_t reduce_bytes = 0;  // 0: the precision's reduce type
@@ -160,8 +160,13 @@ int run(const options& o) {
                    "accounting '", o.accounting, "' (valid: engine, ideal)");
   const auto mode = o.accounting == "ideal" ? plan::accounting::ideal : plan::accounting::engine;
   TESSERA_THROW_IF(!(o.bucket_mb > 0) || !(o.bucket_mb <= 1e6), config_error, "bucket-mb=", o.bucket_mb, " must be in (0, 1e6]");
-  const plan::sharding sh{o.zero, o.dp, o.prefetch,
-                          std::max<std::int64_t>(1, std::llround(o.bucket_mb * 1e6))};
+  const plan::sharding sh{o.zero,
+                          o.dp,
+                          o.prefetch,
+                          std::max<std::int64_t>(1, std::llround(o.bucket_mb * 1e6)),
+                          0,
+                          o.tp,
+                          0};
   sh.validate();
   const std::int64_t reduce_bytes = o.reduce_bytes ? o.reduce_bytes : static_cast<std::int64_t>(d.reduce);
   check_batch(o);
@@ -178,6 +183,7 @@ int run(const options& o) {
   ao.seq = o.seq;
   ao.threads = o.threads;
   ao.micro_batches = o.micro_batches;
+  ao.tp = o.tp;
   ao.model.ce_chunk = o.ce_chunk;
   ao.model.checkpointing = {nn::parse_checkpointing(o.checkpointing), o.checkpoint_layers};
   TESSERA_THROW_IF(o.ce_chunk < 1, config_error, "ce-chunk=", o.ce_chunk, " must be >= 1");
@@ -188,7 +194,10 @@ int run(const options& o) {
       plan::plan_memory(cfg, dr, plan::optimizer_spec::from_name(o.optimizer), sh, ao, mode);
   const auto comm =
       plan::plan_comm(cfg, sh, {static_cast<std::size_t>(reduce_bytes), d.param, o.micro_batches, 0}, mode);
-  const auto flops = plan::plan_flops(cfg, o.micro_batch, o.seq, o.micro_batches, o.dp);
+  const auto flops = plan::plan_flops(cfg, o.micro_batch, o.seq, o.micro_batches, o.dp, o.tp);
+  const std::uint64_t tp_bytes = plan::plan_tp_bytes(
+      cfg, o.micro_batch, o.seq, o.micro_batches, o.tp, 0,
+      {d.param, d.act_grad, d.accum, o.ce_chunk, ao.model.checkpointing});
 
   // Check before reporting: the persistent rows add up to their subtotal,
   // and the total is it plus the larger of backward's and the update's transients.
@@ -212,6 +221,8 @@ int run(const options& o) {
     nlohmann::json j = mem.to_json();
     j["comm"] = plan::to_json(comm);
     j["flops"] = plan::to_json(flops);
+    j["tp"] = o.tp;
+    j["tp_all_reduce_bytes_per_step"] = tp_bytes;
     j["memory_gib"] = o.memory_gib;
     j["fits"] = fits;
     j["margin_bytes"] = margin;
@@ -235,6 +246,12 @@ int run(const options& o) {
       "parameters, %lld micro-batches):\n%s",
       o.zero, o.dp, o.accounting.c_str(), reduce_bytes, d.param,
       static_cast<long long>(o.micro_batches), plan::to_table(comm).c_str());
+  if (o.tp > 1)
+    std::printf("\nTensor parallelism tp=%d: each rank holds its shards of the blocks (the "
+                "norms, embedding and LM head whole) and sends %.4g GB per step in the tp "
+                "all-reduces (per block and micro-batch four of B T H elements, ring; plus the "
+                "vocabulary-parallel embedding and cross-entropy)\n",
+                o.tp, static_cast<double>(tp_bytes) / 1e9);
   std::printf("\nMemory: %.2f GiB of %.2f GiB: %s, margin %.2f GiB\n",
               static_cast<double>(mem.total()) / plan::gib, o.memory_gib,
               fits ? "fits" : "DOES NOT FIT", margin / plan::gib);
@@ -250,6 +267,7 @@ int main(int argc, char** argv) {
   app.add_option("--precision", o.precision, "fp32, fp64, bf16_mixed, bf16_mixed_bf16_grads, seed004 (--gpu-step: bf16_mixed_bf16_grads)")
       ->capture_default_str();
   app.add_option("--dp", o.dp, "data-parallel ranks")->capture_default_str();
+  app.add_option("--tp", o.tp, "tensor-parallel ranks (per-rank bytes are one tp rank's)")->capture_default_str();
   app.add_option("--zero", o.zero, "ZeRO stage 0..3")->capture_default_str();
   app.add_option("--prefetch", o.prefetch, "ZeRO-3 units gathered ahead")->capture_default_str();
   app.add_option("--micro-batch", o.micro_batch, "sequences per micro-batch (B)")

@@ -140,7 +140,7 @@ int main(int argc, char** argv) {
   app.add_option("--resume", o.resume, "folder whose checkpoint.bin to continue from");
   app.add_option("--dp", o.dp, "data-parallel ranks (threads with --comm local, processes under mpirun)")->capture_default_str();
   app.add_option("--zero", o.zero, "ZeRO stage of data parallelism: 0, 1, 2 or 3")->capture_default_str();
-  app.add_option("--tp", o.tp, "tensor-parallel ranks per dp rank (Megatron layout; world = dp x tp; fp32 or fp64 on the host)")->capture_default_str();
+  app.add_option("--tp", o.tp, "tensor-parallel ranks per dp rank (Megatron layout; world = dp x tp)")->capture_default_str();
   app.add_option("--bucket-mb", o.bucket_mb, "gradient bucket size in MB (data parallel; zero 3 uses one per block)")->capture_default_str();
   app.add_option("--comm", o.comm, "communicator: local (threads), mpi, nccl (--backend cuda), or auto (mpi or nccl under mpirun)")->capture_default_str();
   app.add_option("--sample-bytes", o.sample_bytes, "bytes to generate at the end (0: none)")->capture_default_str();

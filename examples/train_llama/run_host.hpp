@@ -75,15 +75,7 @@ template <precision::policy P, class O, class S>
 int run_host_dp(options& o, const fs::path& tok, created_paths& created) {
   parallel::data_parallel_options dpo;
   dpo.bucket_bytes = static_cast<std::int64_t>(o.bucket_mb * 1e6);
-  if (o.tp > 1) {
-    // 16-bit activations would need 16-bit all-reduces, which the host
-    // communicators do not move; ZeRO-3 gathers whole segments per block.
-    if constexpr (sizeof(typename P::param_type) >= 4 && S::stage <= 2)
-      return run_host_tp<P, O, S>(o, tok, created, dpo);
-    throw config_error("--tp " + std::to_string(o.tp) + " with --precision " + o.precision +
-                       " --zero " + std::to_string(o.zero) +
-                       ": tensor parallelism on the host runs fp32 or fp64 with ZeRO 0, 1 or 2");
-  }
+  if (o.tp > 1) return run_host_tp<P, O, S>(o, tok, created, dpo);
   if (o.comm == "local") {
     // Ranks are threads: each gets its share of the OpenMP threads.
     const int per_rank = std::max(1, omp_get_max_threads() / o.dp);

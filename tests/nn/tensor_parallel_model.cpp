@@ -39,17 +39,27 @@ std::vector<std::int32_t> tokens(std::int64_t n, std::int64_t V, std::uint64_t s
   return t;
 }
 
+// Which targets a batch scores: random ones, only ids of the first slice
+// of the vocabulary (every target owned by tp rank 0), or random ones with
+// every third position ignored.
+enum class targets { random, first_slice, some_ignored };
+
 // One training forward and backward of model `m` on a fixed batch.
 template <class Model>
-run_result forward_backward(Model& m, std::int64_t B, std::int64_t T) {
+run_result forward_backward(Model& m, std::int64_t B, std::int64_t T,
+                            targets kind = targets::random) {
   using P = typename Model::precision_type;
   using Grad = typename P::grad_type;
   const auto& c = m.config();
-  const auto in = tokens(B * T, c.vocab, 5), tgt = tokens(B * T, c.vocab, 6);
+  const auto in = tokens(B * T, c.vocab, 5);
+  auto tgt = tokens(B * T, kind == targets::first_slice ? c.vocab / 4 : c.vocab, 6);
+  std::int64_t scored = B * T;
+  if (kind == targets::some_ignored)
+    for (std::size_t i = 0; i < tgt.size(); i += 3, --scored) tgt[i] = -100;
   m.init_weights(1234);
   typename Model::record r;
   double loss = 0;
-  m.forward({in.data(), tgt.data(), nullptr, B, T}, r, Grad(1) / static_cast<Grad>(B * T), &loss);
+  m.forward({in.data(), tgt.data(), nullptr, B, T}, r, Grad(1) / static_cast<Grad>(scored), &loss);
   m.backward(r);
   run_result out;
   out.loss = loss;
@@ -63,32 +73,39 @@ run_result forward_backward(Model& m, std::int64_t B, std::int64_t T) {
 
 // Every tensor of a tp rank's layout against the single-rank run: the
 // weights bit for bit, the gradients to `tol` relative to the tensor's
-// largest gradient.
+// largest gradient; padding rows of the vocabulary zero, with zero
+// gradient.
 void compare_shards(const run_result& one, const run_result& shard, double tol) {
   for (const auto& e : shard.layout.entries()) {
     const auto& f = one.layout.at(e.name);
     double num = 0, den = 0;
-    bool same_weights = true;
+    bool same_weights = true, padding_zero = true;
     for (std::int64_t j = 0; j < e.numel; ++j) {
-      const std::int64_t i = f.offset + e.full_index(j);
       const std::int64_t k = e.offset + j;
+      if (e.full_index(j) >= e.full.numel()) {
+        padding_zero = padding_zero && shard.params[k] == 0 && shard.grads[k] == 0;
+        continue;
+      }
+      const std::int64_t i = f.offset + e.full_index(j);
       same_weights = same_weights && shard.params[k] == one.params[i];
       num = std::max(num, std::fabs(shard.grads[k] - one.grads[i]));
       den = std::max(den, std::fabs(one.grads[i]));
     }
     INFO(e.name << ": gradient error " << num << " of " << den);
     CHECK(same_weights);
+    CHECK(padding_zero);
     CHECK(num <= tol * den);
   }
 }
 
 template <class P>
-void check_equivalence(const nn::llama_config& c, int tp, bool checkpoint, double tol) {
+void check_equivalence(const nn::llama_config& c, int tp, bool checkpoint, double tol,
+                       targets kind = targets::random) {
   nn::llama_options opt;
   if (checkpoint) opt.checkpointing.mode = nn::activation_checkpointing::full;
   const std::int64_t B = 2, T = 12;
   nn::llama<P> one_model(c, opt);
-  const run_result one = forward_backward(one_model, B, T);
+  const run_result one = forward_backward(one_model, B, T, kind);
   std::mutex mu;
   comm::local_world::run(
       tp,
@@ -98,7 +115,7 @@ void check_equivalence(const nn::llama_config& c, int tp, bool checkpoint, doubl
         ctx.apply_threads();
         using layers = nn::tensor_parallel_layers<comm::local_communicator>;
         nn::llama<P, host, layers> m(c, opt, ctx, layers{&g});
-        const run_result mine = forward_backward(m, B, T);
+        const run_result mine = forward_backward(m, B, T, kind);
         std::lock_guard<std::mutex> lock(mu);
         INFO("tp " << tp << " rank " << g.rank() << (checkpoint ? ", checkpointed" : ""));
         CHECK(std::fabs(mine.loss - one.loss) <= tol * std::fabs(one.loss));
@@ -127,8 +144,14 @@ TEST_CASE("a shard's elements map to the whole tensor's, by hand", "[nn][tp]") {
   CHECK(cols.full_index(1) == 3);   // (0, 3)
   CHECK(cols.full_index(2) == 6);   // (1, 2)
   CHECK(cols.full_index(11) == 23);  // (5, 3)
-  CHECK_THROWS_WITH(p.add_shard("bad", {4, 4}, true, 0, {6, 4}, 0, 3),
+  CHECK_THROWS_WITH(p.add_shard("bad", {6, 3}, true, 0, {6, 4}, 1, 2),
                     Catch::Contains("not a slice of 6 x 4"));
+  CHECK_THROWS_WITH(p.add_shard("bad", {3, 5}, true, 0, {6, 4}, 0, 3),
+                    Catch::Contains("not a slice of 6 x 4"));
+  // A row shard may run past the rows: padding, mapped beyond the tensor.
+  const nn::param_entry pad = p.add_shard("vocab", {4, 4}, true, -1, {6, 4}, 0, 4);
+  CHECK(pad.full_index(7) == 23);
+  CHECK(pad.full_index(8) >= pad.full.numel());
   CHECK_THROWS_WITH(p.add_shard("bad", {3, 4}, true, 0, {6, 4}, 2, 0),
                     Catch::Contains("shard_dim=2"));
 }
@@ -157,6 +180,18 @@ TEST_CASE("tp Llama: one forward and backward equal one rank's (float64)", "[nn]
   check_equivalence<precision::fp64>(nn::llama_config::tiny(), 2, false, 1e-10);
   check_equivalence<precision::fp64>(nn::llama_config::tiny(), 2, true, 1e-10);
   check_equivalence<precision::fp64>(tiny_mha(), 4, false, 1e-10);
+}
+
+TEST_CASE("tp Llama: a vocabulary tp does not divide, targets on one rank, ignored targets",
+          "[nn][tp]") {
+  auto odd = nn::llama_config::tiny();
+  odd.vocab = 257;  // padded to 258 over tp 2: one padding row on rank 1
+  check_equivalence<precision::fp64>(odd, 2, false, 1e-10);
+  check_equivalence<precision::fp64>(odd, 2, false, 1e-10, targets::first_slice);
+  check_equivalence<precision::fp64>(odd, 2, false, 1e-10, targets::some_ignored);
+  auto mha = tiny_mha();
+  mha.vocab = 30;  // over tp 4: slices of 8, the last with 6 ids and 2 padding rows
+  check_equivalence<precision::fp64>(mha, 4, true, 1e-10, targets::some_ignored);
 }
 
 TEST_CASE("tp Llama: one forward and backward equal one rank's (float32)", "[nn][tp]") {

@@ -40,7 +40,6 @@ expect "unknown precision" "unknown precision" "$train" --precision fp8 "${commo
 expect "bad flag" "error" "$train" --no-such-flag "${common[@]}"
 expect "tp does not split the kv heads" "tp=4 must divide the query heads nh=4 and the key/value heads nkv=2" "$train" --tp 4 "${common[@]}"
 expect "tp does not split F" "F=385" "$train" --tp 2 --ffn 385 "${common[@]}"
-expect "tp with bf16 on the host" "fp32 or fp64" "$train" --tp 2 --precision bf16 "${common[@]}"
 expect "tp of zero" "tp=0" "$train" --tp 0 "${common[@]}"
 expect "foreign checkpoint" "not a tessera checkpoint" bash -c "mkdir -p '$work/ck' && echo junk > '$work/ck/checkpoint.bin' && '$train' --resume '$work/ck' --out '$work/out' --no-baseline --sample-bytes 0 --steps 2"
 expect "G not divisible by dp x B" "G=16 is not divisible by micro-batch B=2 x dp=3" "$train" --dp 3 --global-batch 16 --micro-batch 2 "${common[@]}"

@@ -17,7 +17,9 @@
 /// per-element arithmetic is in kernels/detail/cross_entropy.hpp.
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <type_traits>
 
 #include "tessera/core/backend.hpp"
@@ -220,6 +222,152 @@ void lm_head_cross_entropy(const host_context& ctx, double* loss_sum, const T* x
 #pragma omp parallel for schedule(static) if (c * H >= ce_parallel_min_elems)
       for (std::int64_t i = 0; i < c * H; ++i) out[i] = to<GA>(dxc[i]);
     }
+  }
+  *loss_sum = res_loss;
+}
+
+/// The vocabulary-parallel form of lm_head_cross_entropy (Megatron-LM's
+/// parallel cross-entropy): this rank holds rows [v_begin, v_begin + Vl) of
+/// the LM head, a slice of the vocabulary padded to a multiple of the tp
+/// group (rows at or beyond V are padding), and never sees the other
+/// slices' logits. Per chunk of rows it computes its logits, and `reduce`
+/// combines over the group (every rank calls it in the same order): the
+/// row maxima (max), then the rows' sums of exp(z - max) with the target
+/// logits (sum; the rank owning a target contributes it, the others 0).
+/// Every rank then has each row's loss; padding never enters the softmax
+/// and gets no gradient; an ignored target contributes nothing, as on one
+/// rank.
+/// - `wlm` (Vl, H) this rank's rows; `dwlm` (Vl, H) accumulates their
+///   gradient; `dx` (N, H) is written with this rank's partial sum of
+///   d(loss)/dx (all_reduce it over the group).
+/// - `reduce(bool max, accum_t<T>* values, std::int64_t n)`: in-place
+///   all-reduce over the group, max or sum.
+/// - `*loss_sum`, grad_scale, chunk, ignore_index, the types and the throws
+///   as lm_head_cross_entropy; also config_error for a slice outside
+///   [0, V + Vl) or Vl < 1. Targets are checked against V.
+template <class T, class GA, class G, class Reduce>
+void lm_head_cross_entropy_vocab_parallel(const host_context& ctx, double* loss_sum, const T* x,
+                                          const T* wlm, const std::int32_t* targets,
+                                          std::int64_t N, std::int64_t V, std::int64_t v_begin,
+                                          std::int64_t Vl, std::int64_t H,
+                                          std::int32_t ignore_index, accum_t<T> grad_scale,
+                                          GA* dx, G* dwlm, std::int64_t chunk, Reduce&& reduce) {
+  using A = accum_t<T>;
+  static_assert(std::is_same_v<G, A>, "lm_head_cross_entropy_vocab_parallel: G must be accum_t<T>");
+  static_assert(std::is_same_v<GA, A> || (std::is_same_v<GA, bf16> && is_half_v<T>),
+                "lm_head_cross_entropy_vocab_parallel: the activation-gradient type must be "
+                "accum_t<T>, or bf16 with 16-bit storage");
+  constexpr bool convert = !std::is_same_v<T, A>;
+  constexpr bool narrow_dx = !std::is_same_v<GA, A>;
+  memory_resource& mr = ctx.resource();
+  TESSERA_THROW_IF(N <= 0 || H <= 0 || V <= 0 || Vl <= 0, config_error,
+                   "lm_head_cross_entropy_vocab_parallel: every size must be >= 1, got N=", N,
+                   " H=", H, " V=", V, " Vl=", Vl);
+  TESSERA_THROW_IF(v_begin < 0 || v_begin >= V + Vl, config_error,
+                   "lm_head_cross_entropy_vocab_parallel: slice [", v_begin, ", ", v_begin + Vl,
+                   ") is outside the padded vocabulary of V=", V);
+  TESSERA_THROW_IF(chunk <= 0, config_error, "lm_head_cross_entropy_vocab_parallel: chunk=",
+                   chunk, " must be >= 1 token rows");
+  TESSERA_THROW_IF((dx == nullptr) != (dwlm == nullptr), config_error,
+                   "lm_head_cross_entropy_vocab_parallel: pass both dx and dwlm or neither");
+  for (std::int64_t row = 0; row < N; ++row) {
+    const std::int32_t y = targets[row];
+    TESSERA_THROW_IF(y != ignore_index && (y < 0 || y >= V), config_error,
+                     "lm_head_cross_entropy: target token ", y, " at row ", row,
+                     " is outside the vocabulary [0, V=", V, "); use ignore_index=", ignore_index,
+                     " to skip a position");
+  }
+  const bool grad = dx != nullptr;
+  const std::int64_t real = std::max<std::int64_t>(0, std::min(Vl, V - v_begin));  // not padding
+  const std::int64_t C = std::min(chunk, N);
+  tensor<A> logits_buf(shape{C * Vl}, mr);  // (C, Vl) logits, then their gradient
+  tensor<A> stats(shape{3 * C}, mr);        // max, then sum of exps and target logit
+  tensor<A> xbuf, wbuf, dxbuf;
+  if constexpr (convert) {
+    xbuf = tensor<A>(shape{C * H}, mr);
+    wbuf = tensor<A>(shape{Vl * H}, mr);
+    A* w = wbuf.data();
+    for (std::int64_t i = 0; i < Vl * H; ++i) w[i] = to<A>(wlm[i]);
+  }
+  if constexpr (narrow_dx)
+    if (grad) dxbuf = tensor<A>(shape{C * H}, mr);
+  const A* wa = nullptr;
+  if constexpr (convert)
+    wa = wbuf.data();
+  else
+    wa = wlm;
+  A* const L = logits_buf.data();
+  A* const mx = stats.data();
+  A* const se = mx + C;  // se[0, c): sums of exps; se[c, 2c): target logits
+  double res_loss = 0;
+  for (std::int64_t r0 = 0; r0 < N; r0 += C) {
+    const std::int64_t c = std::min(C, N - r0);
+    std::int64_t chunk_scored = 0;
+    for (std::int64_t i = 0; i < c; ++i) chunk_scored += targets[r0 + i] != ignore_index;
+    if (chunk_scored == 0) {  // the same decision on every rank: the targets are replicated
+      if (grad) std::fill(dx + r0 * H, dx + (r0 + c) * H, to<GA>(0.0));
+      continue;
+    }
+    const A* xa = nullptr;
+    if constexpr (convert) {
+      A* xc = xbuf.data();
+      for (std::int64_t i = 0; i < c * H; ++i) xc[i] = to<A>(x[r0 * H + i]);
+      xa = xc;
+    } else {
+      xa = x + r0 * H;
+    }
+    gemm<A>(transpose::no, transpose::yes, c, Vl, H, A(1), xa, H, wa, H, A(0), L, Vl);
+    const A neg_inf = -std::numeric_limits<A>::infinity();
+    for (std::int64_t i = 0; i < c; ++i) {
+      const A* z = L + i * Vl;
+      A m = neg_inf;
+      for (std::int64_t v = 0; v < real; ++v) m = std::max(m, z[v]);
+      mx[i] = m;
+    }
+    reduce(true, mx, c);
+    for (std::int64_t i = 0; i < c; ++i) {
+      A* z = L + i * Vl;
+      const std::int32_t y = targets[r0 + i];
+      const std::int64_t yl = static_cast<std::int64_t>(y) - v_begin;
+      const bool owned = y != ignore_index && yl >= 0 && yl < real;
+      se[c + i] = owned ? z[yl] : A(0);  // the target logit, on the rank that holds it
+      A sum = 0;
+      if (y != ignore_index)
+        for (std::int64_t v = 0; v < real; ++v) {
+          z[v] = detail::ce_exp(z[v], mx[i]);
+          sum += z[v];  // in order
+        }
+      se[i] = sum;
+    }
+    reduce(false, se, 2 * c);
+    for (std::int64_t i = 0; i < c; ++i) {
+      A* z = L + i * Vl;
+      const std::int32_t y = targets[r0 + i];
+      if (y == ignore_index) {
+        if (grad) std::fill(z, z + Vl, A(0));
+        continue;
+      }
+      res_loss += static_cast<double>(detail::ce_row_loss(mx[i], se[i], se[c + i]));
+      if (grad) {
+        const A inv = A(1) / se[i];
+        const std::int64_t yl = static_cast<std::int64_t>(y) - v_begin;
+        for (std::int64_t v = 0; v < real; ++v)
+          z[v] = detail::ce_dlogit(z[v], inv, v == yl, grad_scale);
+        std::fill(z + real, z + Vl, A(0));  // padding: no gradient
+      }
+    }
+    if (!grad) continue;
+    A* dxc = nullptr;
+    if constexpr (narrow_dx)
+      dxc = dxbuf.data();
+    else
+      dxc = dx + r0 * H;
+    gemm<A>(transpose::no, transpose::no, c, H, Vl, A(1), L, Vl, wa, H, A(0), dxc, H);
+    gemm<A>(transpose::yes, transpose::no, Vl, H, c, A(1), L, Vl, xa, H, A(1), dwlm, H);
+    for (std::int64_t i = 0; i < c; ++i)
+      if (targets[r0 + i] == ignore_index) std::fill(dxc + i * H, dxc + (i + 1) * H, A(0));
+    if constexpr (narrow_dx)
+      for (std::int64_t i = 0; i < c * H; ++i) dx[r0 * H + i] = to<GA>(dxc[i]);
   }
   *loss_sum = res_loss;
 }

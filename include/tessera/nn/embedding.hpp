@@ -14,6 +14,7 @@
 #include "tessera/core/tensor.hpp"
 #include "tessera/kernels/context.hpp"
 #include "tessera/kernels/embedding.hpp"
+#include "tessera/nn/linear.hpp"
 #include "tessera/precision/policy.hpp"
 
 namespace tessera::nn {
@@ -29,8 +30,13 @@ struct embedding_record {
   }
 };
 
-/// The embedding of a Llama: V x H weights at `offset` of its segment.
-template <precision::policy P, class Ctx>
+/// The embedding of a Llama: V x H weights at `offset` of its segment. With
+/// a tensor-parallel `Layers` family it is vocabulary-parallel (Megatron's
+/// VocabParallelEmbedding): this rank holds rows [v_begin, v_begin + Vl) of
+/// the vocabulary padded to a multiple of tp, looks up the ids it holds
+/// (the others give zero rows), and the group sums the rows with one
+/// all_reduce; the backward adds to its own rows only.
+template <precision::policy P, class Ctx, class Layers = dense_layers>
 class embedding {
  public:
   using Backend = typename Ctx::backend_type;
@@ -42,7 +48,13 @@ class embedding {
   embedding() = default;
   /// V x H weights at `offset` of the segment; `ignore_index` marks padding.
   embedding(std::int64_t V, std::int64_t H, std::int64_t offset, std::int32_t ignore_index)
-      : V_(V), H_(H), offset_(offset), ignore_(ignore_index) {}
+      : V_(V), H_(H), offset_(offset), ignore_(ignore_index), Vl_(V) {}
+  /// Vocabulary-parallel: this rank's Vl rows from v_begin of the padded
+  /// vocabulary, reduced over `layers`' group.
+  embedding(std::int64_t V, std::int64_t H, std::int64_t offset, std::int32_t ignore_index,
+            Layers layers, std::int64_t v_begin, std::int64_t Vl)
+      : V_(V), H_(H), offset_(offset), ignore_(ignore_index), layers_(layers), v_begin_(v_begin),
+        Vl_(Vl) {}
 
   /// Returns x(N, H) = wte[ids[n]] (a padding id gives a zero row). `ids`
   /// (N) in the context's memory; copied into `r` (allocated first, as it
@@ -53,22 +65,35 @@ class embedding {
                                  const Param* seg, record& r) const {
     r.ids = kernels::make_tensor<std::int32_t>(ctx, N);
     tensor<Param, Backend> x = kernels::make_tensor<Param>(ctx, N * H_);
-    kernels::copy_elements(ctx, r.ids.data(), ids, N);
-    embedding_forward(ctx, x.data(), r.ids.data(), seg + offset_, N, V_, H_, ignore_);
+    if constexpr (Layers::tensor_parallel) {
+      local_ids(r.ids.data(), ids, N);  // the record keeps this rank's row indices
+      embedding_forward(ctx, x.data(), r.ids.data(), seg + offset_, N, Vl_, H_, ignore_);
+      layers_.all_reduce(partial_sum<Param>{x.data(), N, H_});
+    } else {
+      kernels::copy_elements(ctx, r.ids.data(), ids, N);
+      embedding_forward(ctx, x.data(), r.ids.data(), seg + offset_, N, V_, H_, ignore_);
+    }
     return x;
   }
   /// As forward, keeping nothing (evaluation, generation).
   tensor<Param, Backend> forward_no_record(const Ctx& ctx, const std::int32_t* ids, std::int64_t N,
                                            const Param* seg) const {
     tensor<Param, Backend> x = kernels::make_tensor<Param>(ctx, N * H_);
-    embedding_forward(ctx, x.data(), ids, seg + offset_, N, V_, H_, ignore_);
+    if constexpr (Layers::tensor_parallel) {
+      tensor<std::int32_t, Backend> mine = kernels::make_tensor<std::int32_t>(ctx, N);
+      local_ids(mine.data(), ids, N);
+      embedding_forward(ctx, x.data(), mine.data(), seg + offset_, N, Vl_, H_, ignore_);
+      layers_.all_reduce(partial_sum<Param>{x.data(), N, H_});
+    } else {
+      embedding_forward(ctx, x.data(), ids, seg + offset_, N, V_, H_, ignore_);
+    }
     return x;
   }
   /// dwte[ids[n]] += dx[n] for every non-padding row, in row order
   /// (deterministic). `seg_grads`: the segment's first gradient element.
   /// Frees the record.
   void backward(const Ctx& ctx, record& r, const ActGrad* dx, Grad* seg_grads) const {
-    embedding_backward(ctx, seg_grads + offset_, dx, r.ids.data(), r.ids.numel(), V_, H_,
+    embedding_backward(ctx, seg_grads + offset_, dx, r.ids.data(), r.ids.numel(), Vl_, H_,
                        ignore_);
     r.ids.release();
   }
@@ -77,8 +102,24 @@ class embedding {
   std::int64_t dim() const { return H_; }
 
  private:
+  // ids (N) -> this rank's row of each id, or ignore_index where another
+  // rank holds it (a zero row, no gradient). Host memory (the tp families
+  // run on host communicators). Throws config_error for an id outside
+  // [0, V) that is not the ignore index, as the kernel does on one rank.
+  void local_ids(std::int32_t* out, const std::int32_t* ids, std::int64_t N) const {
+    for (std::int64_t i = 0; i < N; ++i) {
+      const std::int32_t id = ids[i];
+      TESSERA_THROW_IF(id != ignore_ && (id < 0 || id >= V_), config_error, "embedding: token id ",
+                       id, " at row ", i, " is outside the vocabulary [0, V=", V_, ")");
+      const std::int64_t l = static_cast<std::int64_t>(id) - v_begin_;
+      out[i] = (id != ignore_ && l >= 0 && l < Vl_) ? static_cast<std::int32_t>(l) : ignore_;
+    }
+  }
+
   std::int64_t V_ = 0, H_ = 0, offset_ = 0;
   std::int32_t ignore_ = -100;
+  Layers layers_{};
+  std::int64_t v_begin_ = 0, Vl_ = 0;  // this rank's rows of the (padded) vocabulary
 };
 
 }  // namespace tessera::nn

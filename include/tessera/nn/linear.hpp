@@ -120,11 +120,16 @@ struct row_parallel_linear {
 struct dense_layers {
   using column = column_parallel_linear;  ///< q, k, v, gate, up
   using row = row_parallel_linear;        ///< attention output, down
+  /// Whether the family splits the model over a tp group.
+  static constexpr bool tensor_parallel = false;
   /// On one rank a partial sum is the sum.
   template <class T>
   replicated<T> all_reduce(partial_sum<T> p) const {
     return {p.data, p.rows, p.cols};
   }
+  /// On one rank a reduction of values leaves them as they are.
+  template <class T>
+  void all_reduce_values(T*, std::size_t, bool /*max*/) const {}
   [[nodiscard]] int size() const { return 1; }
   [[nodiscard]] int rank() const { return 0; }
 };

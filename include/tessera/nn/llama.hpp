@@ -87,6 +87,8 @@ class llama {
   using Rope = typename P::rope_type;
   using record = llama_record<P, Backend>;
   using block_type = transformer_block<P, Ctx, Layers>;
+  using embed_type = embedding<P, Ctx, Layers>;
+  using head_type = lm_head<P, Ctx, Layers>;
 
   /// Allocates parameters (unless opt.external_params; zero: call
   /// init_weights) and gradients (zero, unless opt.external_grads) of the
@@ -138,12 +140,26 @@ class llama {
     hi_ = global_segment_end(last_segment());
     for (int l = 0; l < static_cast<int>(L); ++l)
       blocks_.emplace_back(cfg_, layout_, l, global_segment_begin(l), layers);
-    if (st.embedding) embed_ = embedding<P, Ctx>(cfg_.vocab, cfg_.dim, 0, opt_.ignore_index);
+    // Under tensor parallelism the vocabulary is split by rows (padded to a
+    // multiple of tp): this rank's slice starts at the layout's shard_begin.
+    const param_entry& emb = layout_.at("embedding");
+    const std::int64_t v_begin = emb.shard_begin, Vl = emb.shp[0];
+    if (st.embedding) {
+      if constexpr (Layers::tensor_parallel)
+        embed_ = embed_type(cfg_.vocab, cfg_.dim, 0, opt_.ignore_index, layers, v_begin, Vl);
+      else
+        embed_ = embed_type(cfg_.vocab, cfg_.dim, 0, opt_.ignore_index);
+    }
     if (st.head) {
       const std::int64_t s0 = global_segment_begin(static_cast<int>(L));
-      head_ = lm_head<P, Ctx>(cfg_.vocab, cfg_.dim, cfg_.norm_eps,
-                              layout_.at("final_norm").offset - s0,
-                              layout_.at("lm_head").offset - s0, opt_.ce_chunk, opt_.ignore_index);
+      if constexpr (Layers::tensor_parallel)
+        head_ = head_type(cfg_.vocab, cfg_.dim, cfg_.norm_eps,
+                          layout_.at("final_norm").offset - s0, layout_.at("lm_head").offset - s0,
+                          opt_.ce_chunk, opt_.ignore_index, layers, v_begin, Vl);
+      else
+        head_ = head_type(cfg_.vocab, cfg_.dim, cfg_.norm_eps,
+                          layout_.at("final_norm").offset - s0, layout_.at("lm_head").offset - s0,
+                          opt_.ce_chunk, opt_.ignore_index);
     }
     if (!opt_.external_params) {
       params_ = kernels::make_tensor<Param>(ctx, flat_size());
@@ -631,9 +647,9 @@ class llama {
   std::vector<const Param*> seg_params_;  // L+2: where segment s's parameters are read
   std::vector<Grad*> seg_grads_;          // L+2: where segment s's gradients accumulate
   segment_hooks* hooks_ = nullptr;
-  embedding<P, Ctx> embed_;
+  embed_type embed_;
   std::vector<block_type> blocks_;  // every block of the model (only the stage's run)
-  lm_head<P, Ctx> head_;
+  head_type head_;
 };
 
 }  // namespace tessera::nn

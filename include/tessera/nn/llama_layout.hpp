@@ -43,8 +43,10 @@ inline void check_tensor_parallel(const llama_config& c, int tp) {
 /// tensor parallelism (`t.size` > 1) it is rank `t.rank`'s: wq, wk, wv,
 /// w_gate and w_up hold their rows (output features) [r n/tp, (r+1) n/tp)
 /// (whole heads: hd rows each), wo and w_down their columns (input
-/// features) likewise; the norms, the embedding and the LM head are whole
-/// on every rank. Throws config_error as check_tensor_parallel.
+/// features) likewise; the embedding and the LM head hold their rows of the
+/// vocabulary padded to a multiple of tp (ceil(V/tp) each, the padding
+/// last); the norms are whole on every rank. Throws config_error as
+/// check_tensor_parallel.
 inline param_layout make_llama_layout(const llama_config& c, tp_rank t = {}) {
   c.validate();
   check_tensor_parallel(c, t.size);
@@ -58,7 +60,16 @@ inline param_layout make_llama_layout(const llama_config& c, tp_rank t = {}) {
   auto cols = [&](const std::string& name, std::int64_t out, std::int64_t in, int l) {
     p.add_shard(name, {out, in / tp}, true, l, {out, in}, tp > 1 ? 1 : -1, r * (in / tp));
   };
-  p.add("embedding", {c.vocab, H}, true, -1);
+  // The vocabulary splits by rows, padded to a multiple of tp (padding rows
+  // hold zeros, take no part in the softmax and get no gradient).
+  const std::int64_t Vl = (c.vocab + tp - 1) / tp;
+  auto vocab = [&](const std::string& name) {
+    if (tp == 1)
+      p.add(name, {c.vocab, H}, true, -1);
+    else
+      p.add_shard(name, {Vl, H}, true, -1, {c.vocab, H}, 0, r * Vl);
+  };
+  vocab("embedding");
   for (int l = 0; l < static_cast<int>(c.n_layers); ++l) {
     const std::string b = "blocks." + std::to_string(l) + ".";
     p.add(b + "attn_norm", {H}, false, l);
@@ -72,7 +83,7 @@ inline param_layout make_llama_layout(const llama_config& c, tp_rank t = {}) {
     cols(b + "mlp.w_down", H, F, l);
   }
   p.add("final_norm", {H}, false, -1);
-  p.add("lm_head", {c.vocab, H}, true, -1);
+  vocab("lm_head");
   return p;
 }
 
@@ -109,8 +120,10 @@ void init_llama_weights_range(const llama_config& c, const param_layout& layout,
     // the single-rank model.
     std::int64_t drawn = 0;
     double z = 0;
+    const std::int64_t whole = e.full.numel();
     for (std::int64_t i = e.offset; i < en; ++i) {
       const std::int64_t want = e.full_index(i - e.offset);
+      if (want >= whole) break;  // padding rows (the last ones) stay 0
       while (drawn <= want) {
         z = r.normal();
         ++drawn;

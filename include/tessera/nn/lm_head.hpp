@@ -17,12 +17,15 @@
 /// (no host synchronisation); grad_scale (1 / the scored tokens of the
 /// whole optimizer step) multiplies the gradients.
 
+#include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #include "tessera/core/tensor.hpp"
 #include "tessera/kernels/context.hpp"
 #include "tessera/kernels/cross_entropy.hpp"
 #include "tessera/kernels/rmsnorm.hpp"
+#include "tessera/nn/linear.hpp"
 #include "tessera/precision/policy.hpp"
 
 namespace tessera::nn {
@@ -35,8 +38,14 @@ struct head_record {
 };
 
 /// Final norm (H gains at `norm_offset`) and LM head (V x H at
-/// `lm_offset`), offsets in the head's segment.
-template <precision::policy P, class Ctx>
+/// `lm_offset`), offsets in the head's segment. With a tensor-parallel
+/// `Layers` family the LM head is vocabulary-parallel: this rank holds Vl
+/// rows from v_begin of the vocabulary padded to a multiple of tp, the
+/// cross-entropy combines the slices' row maxima, sums of exponentials and
+/// target logits over the group and never gathers the logits
+/// (kernels::lm_head_cross_entropy_vocab_parallel), and the input gradient,
+/// a partial sum, is all-reduced before the final norm's backward.
+template <precision::policy P, class Ctx, class Layers = dense_layers>
 class lm_head {
  public:
   using Backend = typename Ctx::backend_type;
@@ -50,7 +59,13 @@ class lm_head {
   lm_head(std::int64_t V, std::int64_t H, double eps, std::int64_t norm_offset,
           std::int64_t lm_offset, std::int64_t chunk, std::int32_t ignore_index)
       : V_(V), H_(H), eps_(eps), norm_(norm_offset), lm_(lm_offset), chunk_(chunk),
-        ignore_(ignore_index) {}
+        ignore_(ignore_index), Vl_(V) {}
+  /// Vocabulary-parallel: this rank's Vl rows from v_begin, over `layers`' group.
+  lm_head(std::int64_t V, std::int64_t H, double eps, std::int64_t norm_offset,
+          std::int64_t lm_offset, std::int64_t chunk, std::int32_t ignore_index, Layers layers,
+          std::int64_t v_begin, std::int64_t Vl)
+      : V_(V), H_(H), eps_(eps), norm_(norm_offset), lm_(lm_offset), chunk_(chunk),
+        ignore_(ignore_index), layers_(layers), v_begin_(v_begin), Vl_(Vl) {}
 
   /// Training forward (and the head's backward, fused): from `x` (N, H),
   /// the last block's output, and `targets` (N) (ignore_index: not
@@ -65,8 +80,15 @@ class lm_head {
     tensor<Param, Backend> xn = kernels::make_tensor<Param>(ctx, N * H_);
     rmsnorm_forward(ctx, xn.data(), rstd.data(), x, p + norm_, N, H_, eps_);
     tensor<ActGrad, Backend> dxn = kernels::make_tensor<ActGrad>(ctx, N * H_);
-    lm_head_cross_entropy(ctx, d_loss, xn.data(), p + lm_, targets, N, V_, H_, ignore_, grad_scale,
-                          dxn.data(), g + lm_, chunk_);
+    if constexpr (Layers::tensor_parallel) {
+      lm_head_cross_entropy_vocab_parallel(ctx, d_loss, xn.data(), p + lm_, targets, N, V_,
+                                           v_begin_, Vl_, H_, ignore_, grad_scale, dxn.data(),
+                                           g + lm_, chunk_, reducer());
+      layers_.all_reduce(partial_sum<ActGrad>{dxn.data(), N, H_});
+    } else {
+      lm_head_cross_entropy(ctx, d_loss, xn.data(), p + lm_, targets, N, V_, H_, ignore_,
+                            grad_scale, dxn.data(), g + lm_, chunk_);
+    }
     r.dx = kernels::make_tensor<ActGrad>(ctx, N * H_);
     rmsnorm_backward(ctx, r.dx.data(), g + norm_, dxn.data(), x, p + norm_, rstd.data(), N, H_,
                      false);
@@ -78,8 +100,14 @@ class lm_head {
     tensor<Acc, Backend> rstd = kernels::make_tensor<Acc>(ctx, N);
     tensor<Param, Backend> xn = kernels::make_tensor<Param>(ctx, N * H_);
     rmsnorm_forward(ctx, xn.data(), rstd.data(), x, p + norm_, N, H_, eps_);
-    lm_head_cross_entropy(ctx, d_loss, xn.data(), p + lm_, targets, N, V_, H_, ignore_, Acc(0),
-                          static_cast<ActGrad*>(nullptr), static_cast<Grad*>(nullptr), chunk_);
+    if constexpr (Layers::tensor_parallel)
+      lm_head_cross_entropy_vocab_parallel(ctx, d_loss, xn.data(), p + lm_, targets, N, V_,
+                                           v_begin_, Vl_, H_, ignore_, Acc(0),
+                                           static_cast<ActGrad*>(nullptr),
+                                           static_cast<Grad*>(nullptr), chunk_, reducer());
+    else
+      lm_head_cross_entropy(ctx, d_loss, xn.data(), p + lm_, targets, N, V_, H_, ignore_, Acc(0),
+                            static_cast<ActGrad*>(nullptr), static_cast<Grad*>(nullptr), chunk_);
   }
 
   /// The V float32 logits after row `x_row` (H), for generation, into
@@ -88,7 +116,16 @@ class lm_head {
     tensor<Acc, Backend> rstd = kernels::make_tensor<Acc>(ctx, 1);
     tensor<Param, Backend> xn = kernels::make_tensor<Param>(ctx, H_);
     rmsnorm_forward(ctx, xn.data(), rstd.data(), x_row, p + norm_, 1, H_, eps_);
-    lm_head_logits(ctx, d_logits, xn.data(), p + lm_, H_, V_);
+    if constexpr (Layers::tensor_parallel) {
+      // This rank's slice into a zeroed padded row, summed over the group:
+      // every rank gets all V logits (host memory).
+      std::vector<float> all(static_cast<std::size_t>(Vl_ * layers_.size()), 0.0f);
+      lm_head_logits(ctx, all.data() + v_begin_, xn.data(), p + lm_, H_, Vl_);
+      layers_.all_reduce_values(all.data(), all.size(), false);
+      std::copy(all.begin(), all.begin() + V_, d_logits);
+    } else {
+      lm_head_logits(ctx, d_logits, xn.data(), p + lm_, H_, V_);
+    }
   }
 
   /// Hands over d(loss)/d(head input) (N, H): the record's gradient, moved out.
@@ -102,10 +139,19 @@ class lm_head {
   }
 
  private:
+  // The cross-entropy's reductions over the group.
+  auto reducer() const {
+    return [this](bool max, Acc* v, std::int64_t n) {
+      layers_.all_reduce_values(v, static_cast<std::size_t>(n), max);
+    };
+  }
+
   std::int64_t V_ = 0, H_ = 0;
   double eps_ = 1e-5;
   std::int64_t norm_ = 0, lm_ = 0, chunk_ = 256;
   std::int32_t ignore_ = -100;
+  Layers layers_{};
+  std::int64_t v_begin_ = 0, Vl_ = 0;  // this rank's rows of the (padded) vocabulary
 };
 
 }  // namespace tessera::nn

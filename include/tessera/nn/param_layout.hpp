@@ -52,7 +52,8 @@ struct param_entry {
   int shard_dim = -1;
   std::int64_t shard_begin = 0;
   /// The element of the whole tensor (row-major over `full`) that local
-  /// element j (row-major over `shp`) holds. Precondition: 0 <= j < numel.
+  /// element j (row-major over `shp`) holds; full.numel() or more for a
+  /// padding row. Precondition: 0 <= j < numel.
   [[nodiscard]] std::int64_t full_index(std::int64_t j) const {
     if (shard_dim == 0) return shard_begin * shp[1] + j;
     if (shard_dim == 1) return (j / shp[1]) * full[1] + shard_begin + j % shp[1];
@@ -78,9 +79,12 @@ public:
                      "': shard_dim=", shard_dim, " must be -1 (whole), 0 (rows) or 1 (columns)");
     TESSERA_THROW_IF(shard_dim >= 0 && (s.rank != 2 || full.rank != 2), config_error,
                      "parameter '", name, "': only matrices are sharded (rank ", s.rank, ")");
+    // A row shard may run past the whole tensor's rows: padding (a
+    // vocabulary padded to a multiple of tp).
     TESSERA_THROW_IF(shard_dim >= 0 && (s[1 - shard_dim] != full[1 - shard_dim] ||
                                         shard_begin < 0 ||
-                                        shard_begin + s[shard_dim] > full[shard_dim]),
+                                        (shard_dim == 1 &&
+                                         shard_begin + s[shard_dim] > full[shard_dim])),
                      config_error, "parameter '", name, "': a shard of ", s[0], " x ", s[1],
                      " from ", shard_begin, " is not a slice of ", full[0], " x ", full[1]);
     TESSERA_THROW_IF(shard_dim < 0 && !(s == full), config_error, "parameter '", name,

@@ -34,10 +34,12 @@
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <vector>
 #include <type_traits>
 
 #include "tessera/comm/communicator.hpp"
 #include "tessera/core/error.hpp"
+#include "tessera/core/numeric.hpp"
 #include "tessera/core/placement.hpp"
 #include "tessera/nn/linear.hpp"
 
@@ -52,7 +54,22 @@ namespace tessera::nn {
 template <class Comm, class T>
 replicated<T> all_reduce(Comm& tp, partial_sum<T> p) {
   static_assert(!std::is_const_v<T>, "all_reduce sums in place: the view must be writable");
-  if (tp.size() > 1) tp.all_reduce(p.data, static_cast<std::size_t>(p.numel()), comm::reduce_op::sum);
+  if (tp.size() == 1) return {p.data, p.rows, p.cols};
+  const auto n = static_cast<std::size_t>(p.numel());
+  if constexpr (requires(T* d) { tp.all_reduce(d, n, comm::reduce_op::sum); }) {
+    tp.all_reduce(p.data, n, comm::reduce_op::sum);
+  } else {
+    // A 16-bit tensor on a communicator that moves float and double (the
+    // host's): widened exactly to float, summed in float, rounded once.
+    // The traffic is then that of n floats.
+    static_assert(sizeof(T) == 2 && comm::buffer_space_of<Comm> == comm::buffer_space::host,
+                  "all_reduce: this communicator cannot move the tensor's element type");
+    thread_local std::vector<float> wide;
+    if (wide.size() < n) wide.resize(n);
+    for (std::size_t i = 0; i < n; ++i) wide[i] = to<float>(p.data[i]);
+    tp.all_reduce(wide.data(), n, comm::reduce_op::sum);
+    for (std::size_t i = 0; i < n; ++i) p.data[i] = to<T>(wide[i]);
+  }
   return {p.data, p.rows, p.cols};
 }
 
@@ -100,6 +117,18 @@ struct tensor_parallel_layers {
     *comm_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return r;
   }
+  /// Reduces n values (context memory) in place over the group: their
+  /// maximum with `max`, else their sum.
+  template <class T>
+  void all_reduce_values(T* v, std::size_t n, bool max) const {
+    const auto t0 = std::chrono::steady_clock::now();
+    checked().all_reduce(v, n, max ? comm::reduce_op::max : comm::reduce_op::sum);
+    if (comm_seconds != nullptr)
+      *comm_seconds +=
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  static constexpr bool tensor_parallel = true;
+
   /// The group's size and this rank's index in it. Throws config_error
   /// when no group was given.
   [[nodiscard]] int size() const { return checked().size(); }

@@ -39,6 +39,10 @@ struct activation_options {
   /// on this CPU).
   bool host_bf16_gemm_native = kernels::detail::bf16_gemm_native();
   std::int64_t micro_batches = 1;  ///< A, micro-batches per step and rank (the step's loss scalars)
+  /// Tensor parallelism: each block's record and workspace hold this
+  /// rank's heads and SwiGLU columns (nh/tp, nkv/tp, F/tp); the embedding
+  /// and the head are whole.
+  int tp = 1;
   /// cuda: the context's cuBLASLt workspace (kernels::cuda_context_options).
   std::uint64_t cublaslt_workspace = std::uint64_t(32) << 20;
 };
@@ -159,9 +163,14 @@ inline activation_plan plan_activations(const nn::llama_config& c, const dtype_s
   const std::int64_t Ni = B * T;
   const std::uint64_t N = static_cast<std::uint64_t>(Ni), H = static_cast<std::uint64_t>(c.dim);
   const std::uint64_t P = d.param, G = d.act_grad, A = d.accum;
-  const nn::block_bytes bb = nn::block_bytes::of(c, static_cast<std::int64_t>(P),
-                                                 static_cast<std::int64_t>(G),
-                                                 static_cast<std::int64_t>(A));
+  nn::check_tensor_parallel(c, o.tp);
+  nn::block_bytes bb = nn::block_bytes::of(c, static_cast<std::int64_t>(P),
+                                           static_cast<std::int64_t>(G),
+                                           static_cast<std::int64_t>(A));
+  bb.Hq /= o.tp;
+  bb.KV /= o.tp;
+  bb.F /= o.tp;
+  bb.nh /= o.tp;
   const detail::kernel_scratch ks = detail::scratch_of(c, d, o, B, T);
   const auto u = [](std::int64_t x) { return static_cast<std::uint64_t>(x); };
   const std::uint64_t att = u(bb.attention_part(Ni)), mlp = u(bb.mlp_part(Ni)),

@@ -141,6 +141,12 @@ struct sharding {
   /// The rank whose shard is planned (engine accounting: shards differ
   /// only in the optimizer's segment table).
   int rank = 0;
+  /// Tensor parallelism: the tp degree and the tp rank planned. The model
+  /// state is that rank's layout (nn::make_llama_layout(c, {tp, tp_rank}):
+  /// its block shards, the norms, embedding and LM head whole), sharded
+  /// over dp as above.
+  int tp = 1;
+  int tp_rank = 0;
   /// Throws config_error naming the value if zero is outside 0..3, dp < 1,
   /// prefetch < 0, bucket_bytes < 1 or rank outside [0, dp).
   void validate() const {
@@ -148,6 +154,8 @@ struct sharding {
                      ")");
     TESSERA_THROW_IF(zero < 0 || zero > 3, config_error, "zero stage ", zero, " must be 0..3");
     TESSERA_THROW_IF(dp < 1, config_error, "dp=", dp, " must be >= 1");
+    TESSERA_THROW_IF(tp < 1 || tp_rank < 0 || tp_rank >= tp, config_error, "tp=", tp,
+                     " must be >= 1 and the tp rank ", tp_rank, " in [0, tp)");
     TESSERA_THROW_IF(prefetch < 0, config_error, "prefetch=", prefetch, " must be >= 0");
     TESSERA_THROW_IF(bucket_bytes < 1, config_error, "bucket_bytes=", bucket_bytes,
                      " must be >= 1");
@@ -159,8 +167,9 @@ struct sharding {
 /// to the next segment's first tensor (alignment padding included): the
 /// boundaries nn::llama::segment_begin/segment_end compute, which
 /// parallel::data_parallel hands to its bucket_plan.
-inline std::vector<parallel::segment_range> llama_segments(const nn::llama_config& c) {
-  const nn::param_layout layout = nn::make_llama_layout(c);
+inline std::vector<parallel::segment_range> llama_segments(const nn::llama_config& c,
+                                                           nn::tp_rank t = {}) {
+  const nn::param_layout layout = nn::make_llama_layout(c, t);
   std::vector<std::int64_t> b{0};
   for (std::int64_t l = 0; l < c.n_layers; ++l)
     b.push_back(layout.at("blocks." + std::to_string(l) + ".attn_norm").offset);
@@ -181,7 +190,7 @@ inline parallel::bucket_plan engine_buckets(const nn::llama_config& c, const sha
                                             std::size_t reduce_bytes, int rank = 0) {
   sh.validate();
   return parallel::bucket_plan(
-      llama_segments(c), sh.dp, rank,
+      llama_segments(c, {sh.tp, sh.tp_rank}), sh.dp, rank,
       std::max<std::int64_t>(1, sh.bucket_bytes / static_cast<std::int64_t>(reduce_bytes)),
       sh.zero >= 3);
 }
@@ -278,7 +287,7 @@ inline void fill_state_bytes(state_plan& s, const dtype_sizes& d, const optimize
 }  // namespace detail
 
 /// Per-rank model state of `c` laid out by nn::make_llama_layout (alignment
-/// padding included), with the RoPE tables the model allocates and the
+/// padding included; the tp rank's layout under sh.tp > 1), with the RoPE tables the model allocates and the
 /// transients, under `mode` (file comment; default: what the engine
 /// allocates). Throws config_error for an invalid config or sharding, and
 /// under engine accounting for prefetch > 1 (the engine prefetches one
@@ -287,8 +296,8 @@ inline state_plan plan_state(const nn::llama_config& c, const dtype_sizes& d,
                              const optimizer_spec& o, const sharding& sh,
                              accounting mode = accounting::engine) {
   sh.validate();
-  const nn::param_layout layout = nn::make_llama_layout(c);
-  const std::vector<parallel::segment_range> segs = llama_segments(c);
+  const nn::param_layout layout = nn::make_llama_layout(c, {sh.tp, sh.tp_rank});
+  const std::vector<parallel::segment_range> segs = llama_segments(c, {sh.tp, sh.tp_rank});
   state_plan s;
   s.num_params = layout.num_params();
   s.flat_elems = layout.total();

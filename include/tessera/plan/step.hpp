@@ -201,29 +201,54 @@ inline comm_plan plan_comm(const nn::llama_config& c, const sharding& sh,
   return p;
 }
 
+/// Element sizes and settings the tensor-parallel traffic depends on.
+struct tp_traffic {
+  std::size_t act = 4;       ///< bytes per activation element the forward all-reduces move
+  std::size_t act_grad = 4;  ///< bytes per activation-gradient element (the backward's)
+  std::size_t accum = 4;     ///< bytes per element of the cross-entropy's row statistics
+  std::int64_t ce_chunk = 256;               ///< token rows per LM-head chunk
+  nn::checkpoint_policy checkpointing = {};  ///< recomputed blocks all-reduce their forward again
+};
+
 /// Bytes one tp rank sends in the tensor-parallel all-reduces of one
-/// optimizer step: per block and micro-batch, Megatron-LM's two forward
-/// all-reduces (after the attention output and the down projections) and
-/// two backward (the input gradients of q/k/v and of gate/up), each over the
-/// (B T, H) activations of `elem` bytes; two more for every block that
-/// activation checkpointing recomputes; and the gradient norm's one double.
-/// Ring traffic: comm::ring_all_reduce_bytes (seeds/004). 0 when tp = 1.
-/// Throws config_error for a size < 1 or rank outside [0, tp).
+/// optimizer step (ring traffic, comm::ring_all_reduce_bytes; seeds/004),
+/// per micro-batch of N = B T rows:
+/// - forward, of (N, H) activations: two per block (after the attention
+///   output and the down projections: Megatron-LM's g), two more per block
+///   activation checkpointing recomputes, one for the vocabulary-parallel
+///   embedding;
+/// - backward, of (N, H) activation gradients: two per block (the input
+///   gradients of q/k/v and of gate/up: Megatron-LM's f), one for the LM
+///   head's input gradient;
+/// - the vocabulary-parallel cross-entropy, per chunk of c rows: the row
+///   maxima (c) and the sums of exponentials with the target logits (2c);
+/// and once per step the gradient norm's double. 0 when tp = 1. Throws
+/// config_error for a size < 1 or rank outside [0, tp).
 inline std::uint64_t plan_tp_bytes(const nn::llama_config& c, std::int64_t micro_batch,
                                    std::int64_t seq, std::int64_t micro_batches, int tp, int rank,
-                                   std::size_t elem, const nn::checkpoint_policy& ck = {}) {
-  TESSERA_THROW_IF(micro_batch < 1 || seq < 1 || micro_batches < 1 || tp < 1, config_error,
-                   "plan_tp_bytes: B=", micro_batch, " T=", seq, " micro_batches=", micro_batches,
-                   " tp=", tp, " must all be >= 1");
+                                   const tp_traffic& t = {}) {
+  TESSERA_THROW_IF(micro_batch < 1 || seq < 1 || micro_batches < 1 || tp < 1 || t.ce_chunk < 1,
+                   config_error, "plan_tp_bytes: B=", micro_batch, " T=", seq,
+                   " micro_batches=", micro_batches, " tp=", tp, " ce_chunk=", t.ce_chunk,
+                   " must all be >= 1");
   TESSERA_THROW_IF(rank < 0 || rank >= tp, config_error, "plan_tp_bytes: rank ", rank,
                    " is not in [0, ", tp, ")");
   if (tp == 1) return 0;
-  const auto n = static_cast<std::size_t>(micro_batch * seq * c.dim);
-  const std::uint64_t one = comm::ring_all_reduce_bytes(n, elem, tp, rank);
-  const std::uint64_t per_mb =
-      one * static_cast<std::uint64_t>(4 * c.n_layers + 2 * ck.recomputed_blocks(c.n_layers));
-  return per_mb * static_cast<std::uint64_t>(micro_batches) +
-         comm::ring_all_reduce_bytes(1, sizeof(double), tp, rank);
+  const std::int64_t N = micro_batch * seq;
+  const auto nh = static_cast<std::size_t>(N * c.dim);
+  auto ring = [&](std::size_t n, std::size_t elem) {
+    return comm::ring_all_reduce_bytes(n, elem, tp, rank);
+  };
+  const auto L = static_cast<std::uint64_t>(c.n_layers);
+  const auto recomputed = static_cast<std::uint64_t>(t.checkpointing.recomputed_blocks(c.n_layers));
+  std::uint64_t per_mb = (2 * L + 2 * recomputed + 1) * ring(nh, t.act) +
+                         (2 * L + 1) * ring(nh, t.act_grad);
+  const std::int64_t C = std::min(t.ce_chunk, N);
+  for (std::int64_t r0 = 0; r0 < N; r0 += C) {
+    const auto rows = static_cast<std::size_t>(std::min(C, N - r0));
+    per_mb += ring(rows, t.accum) + ring(2 * rows, t.accum);
+  }
+  return per_mb * static_cast<std::uint64_t>(micro_batches) + ring(1, sizeof(double));
 }
 
 /// Model FLOPs of one optimizer step.
@@ -231,7 +256,7 @@ struct flops_plan {
   std::int64_t tokens_per_rank = 0;  ///< B T k
   std::int64_t tokens_global = 0;    ///< B T k dp
   double flops_per_token = 0;        ///< nn::flops_per_token(c, T): 6 N_matmul + 6 L H T
-  double flops_per_rank = 0;         ///< flops_per_token * tokens_per_rank
+  double flops_per_rank = 0;         ///< flops_per_token * tokens_per_rank / tp
   double six_nd = 0;  ///< 6 N D over the global batch (seeds/003, /004; Kaplan et al. 2020)
   /// Model FLOPs utilisation of one rank: flops_per_rank / (step_seconds peak_flops),
   /// peak_flops per device (FLOP/s). 0 when either is not positive.
@@ -245,18 +270,20 @@ struct flops_plan {
 };
 
 /// FLOPs of one optimizer step: B sequences of T tokens, k micro-batches,
-/// dp ranks. N in 6ND is llama_config::num_params() (embedding included, as
-/// the seeds count it). Throws config_error for a size < 1.
+/// dp ranks, each a tp group sharing its tokens (a rank's share of the
+/// model FLOPs is 1/tp of its group's, as the trainer's MFU counts it). N
+/// in 6ND is llama_config::num_params() (embedding included, as the seeds
+/// count it). Throws config_error for a size < 1.
 inline flops_plan plan_flops(const nn::llama_config& c, std::int64_t micro_batch, std::int64_t seq,
-                             std::int64_t micro_batches = 1, int dp = 1) {
-  TESSERA_THROW_IF(micro_batch < 1 || seq < 1 || micro_batches < 1 || dp < 1, config_error,
-                   "plan_flops: B=", micro_batch, " T=", seq, " micro_batches=", micro_batches,
-                   " dp=", dp, " must all be >= 1");
+                             std::int64_t micro_batches = 1, int dp = 1, int tp = 1) {
+  TESSERA_THROW_IF(micro_batch < 1 || seq < 1 || micro_batches < 1 || dp < 1 || tp < 1,
+                   config_error, "plan_flops: B=", micro_batch, " T=", seq, " micro_batches=",
+                   micro_batches, " dp=", dp, " tp=", tp, " must all be >= 1");
   flops_plan f;
   f.tokens_per_rank = micro_batch * seq * micro_batches;
   f.tokens_global = f.tokens_per_rank * dp;
   f.flops_per_token = nn::flops_per_token(c, seq);
-  f.flops_per_rank = f.flops_per_token * static_cast<double>(f.tokens_per_rank);
+  f.flops_per_rank = f.flops_per_token * static_cast<double>(f.tokens_per_rank) / tp;
   f.six_nd = 6.0 * static_cast<double>(c.num_params()) * static_cast<double>(f.tokens_global);
   return f;
 }

@@ -35,7 +35,23 @@
 #include "tessera/core/numeric.hpp"
 #include "tessera/kernels/detail/gemm_args.hpp"
 
+// nvcc's front end cannot parse oneDNN's C++ header (an internal error in
+// EDG), and CUDA translation units run no host bf16 GEMM: they see the
+// fallback, with internal linkage so that it never meets the g++
+// translation units' definitions of the same functions.
+#if defined(TESSERA_HAS_ONEDNN) && !defined(__CUDACC__)
+#define TESSERA_ONEDNN_GEMM 1
+#define TESSERA_ONEDNN_LINKAGE inline
+#else
+#define TESSERA_ONEDNN_GEMM 0
 #if defined(TESSERA_HAS_ONEDNN)
+#define TESSERA_ONEDNN_LINKAGE static inline
+#else
+#define TESSERA_ONEDNN_LINKAGE inline
+#endif
+#endif
+
+#if TESSERA_ONEDNN_GEMM
 #include <omp.h>
 
 #include <map>
@@ -47,7 +63,7 @@
 
 namespace tessera::kernels::detail {
 
-#if defined(TESSERA_HAS_ONEDNN)
+#if TESSERA_ONEDNN_GEMM
 
 /// One cached matmul: the primitive (empty when oneDNN has no native bf16
 /// kernel for the key), its operands' memory objects (the data handles are
@@ -129,12 +145,12 @@ inline onednn_matmul onednn_make_matmul(onednn_state& st, transpose ta, transpos
   return m;
 }
 
-#endif  // TESSERA_HAS_ONEDNN
+#endif  // TESSERA_ONEDNN_GEMM
 
 /// Whether bf16 x bf16 GEMMs may use oneDNN (default true; the
 /// benchmarks turn it off to time convert + sgemm in the same run). Not
 /// for use while GEMMs run on other threads.
-inline std::atomic<bool>& onednn_bf16_allowed() {
+TESSERA_ONEDNN_LINKAGE std::atomic<bool>& onednn_bf16_allowed() {
   static std::atomic<bool> allowed{true};
   return allowed;
 }
@@ -148,10 +164,10 @@ inline std::atomic<bool>& onednn_bf16_allowed() {
 /// no primitive for also returns false. Throws tessera::error naming the
 /// oneDNN status when a primitive fails to run.
 template <class TC>
-bool onednn_bf16_gemm(transpose ta, transpose tb, std::int64_t M, std::int64_t N, std::int64_t K,
+TESSERA_ONEDNN_LINKAGE bool onednn_bf16_gemm(transpose ta, transpose tb, std::int64_t M, std::int64_t N, std::int64_t K,
                       float alpha, const bf16* A, std::int64_t lda, const bf16* B,
                       std::int64_t ldb, float beta, TC* C, std::int64_t ldc) {
-#if defined(TESSERA_HAS_ONEDNN)
+#if TESSERA_ONEDNN_GEMM
   static_assert(std::is_same_v<TC, float> || std::is_same_v<TC, bf16>);
   if (alpha != 1.0f || K == 0 || !onednn_bf16_allowed()) return false;
   using dt = dnnl::memory::data_type;
@@ -191,8 +207,8 @@ bool onednn_bf16_gemm(transpose ta, transpose tb, std::int64_t M, std::int64_t N
 /// How this build runs a bf16 x bf16 GEMM on this CPU: "oneDNN <impl>"
 /// (e.g. "oneDNN brg:avx512_core_bf16") or "convert + sgemm". Probes one
 /// small matmul on the first call.
-inline std::string bf16_gemm_engine() {
-#if defined(TESSERA_HAS_ONEDNN)
+TESSERA_ONEDNN_LINKAGE std::string bf16_gemm_engine() {
+#if TESSERA_ONEDNN_GEMM
   static const std::string name = [] {
     onednn_state& st = onednn_state::get();
     using dt = dnnl::memory::data_type;
@@ -214,11 +230,11 @@ inline std::string bf16_gemm_engine() {
 
 /// Whether bf16 x bf16 GEMMs run on oneDNN's native bf16 kernels here
 /// (bf16_gemm_engine() is not "convert + sgemm").
-inline bool bf16_gemm_native() { return bf16_gemm_engine() != "convert + sgemm"; }
+TESSERA_ONEDNN_LINKAGE bool bf16_gemm_native() { return bf16_gemm_engine() != "convert + sgemm"; }
 
 /// Bytes of oneDNN scratchpad the calling thread holds (grow-only).
-inline std::size_t onednn_workspace_bytes() {
-#if defined(TESSERA_HAS_ONEDNN)
+TESSERA_ONEDNN_LINKAGE std::size_t onednn_workspace_bytes() {
+#if TESSERA_ONEDNN_GEMM
   return onednn_state::get().scratch_capacity;
 #else
   return 0;

@@ -195,9 +195,12 @@ int run(const options& o) {
   const auto comm =
       plan::plan_comm(cfg, sh, {static_cast<std::size_t>(reduce_bytes), d.param, o.micro_batches, 0}, mode);
   const auto flops = plan::plan_flops(cfg, o.micro_batch, o.seq, o.micro_batches, o.dp, o.tp);
+  // Tensor parallelism runs on the host communicators, which move float
+  // and double: 16-bit tensors travel as float.
   const std::uint64_t tp_bytes = plan::plan_tp_bytes(
       cfg, o.micro_batch, o.seq, o.micro_batches, o.tp, 0,
-      {d.param, d.act_grad, d.accum, o.ce_chunk, ao.model.checkpointing});
+      {std::max<std::size_t>(4, d.param), std::max<std::size_t>(4, d.act_grad), d.accum,
+       o.ce_chunk, ao.model.checkpointing});
 
   // Check before reporting: the persistent rows add up to their subtotal,
   // and the total is it plus the larger of backward's and the update's transients.
@@ -247,11 +250,13 @@ int run(const options& o) {
       o.zero, o.dp, o.accounting.c_str(), reduce_bytes, d.param,
       static_cast<long long>(o.micro_batches), plan::to_table(comm).c_str());
   if (o.tp > 1)
-    std::printf("\nTensor parallelism tp=%d: each rank holds its shards of the blocks (the "
-                "norms, embedding and LM head whole) and sends %.4g GB per step in the tp "
-                "all-reduces (per block and micro-batch four of B T H elements, ring; plus the "
-                "vocabulary-parallel embedding and cross-entropy)\n",
-                o.tp, static_cast<double>(tp_bytes) / 1e9);
+    std::printf("\nTensor parallelism tp=%d: each rank holds its shards of the blocks and of "
+                "the vocabulary (the norm gains whole) and sends %llu B (%.2f GiB) per step in "
+                "the tp all-reduces, on top of the data-parallel traffic above (per block and "
+                "micro-batch four of B T H elements, ring, plus the embedding and the "
+                "cross-entropy; 16-bit elements as float, as the host communicators move them)\n",
+                o.tp, static_cast<unsigned long long>(tp_bytes),
+                static_cast<double>(tp_bytes) / plan::gib);
   std::printf("\nMemory: %.2f GiB of %.2f GiB: %s, margin %.2f GiB\n",
               static_cast<double>(mem.total()) / plan::gib, o.memory_gib,
               fits ? "fits" : "DOES NOT FIT", margin / plan::gib);
@@ -315,6 +320,10 @@ int main(int argc, char** argv) {
     if (o.gpu_step && app.count("--precision") == 0) o.precision = "bf16_mixed_bf16_grads";
     TESSERA_THROW_IF(o.checkpoint_layers < 1, config_error, "checkpoint-layers=",
                      o.checkpoint_layers, " must be >= 1");
+    TESSERA_THROW_IF(o.tp < 1 || o.tp > 64, config_error, "tp=", o.tp,
+                     " must be in [1, 64] (one node's ranks)");
+    TESSERA_THROW_IF(o.gpu_step && o.tp > 1, config_error, "--gpu-step plans one GPU: --tp ",
+                     o.tp, " must be 1 (tensor parallelism runs on the host communicators)");
     if (o.gpu_step) return print_gpu_step(o);
     return run(o);
   } catch (const config_error& e) {

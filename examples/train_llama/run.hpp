@@ -204,6 +204,7 @@ int train_loop(options& o, Trainer& tr, const data::token_file& data, const fs::
       nlohmann::json j = m.to_json();
       j["dp"] = dp;
       j["zero"] = o.zero;
+      j["tp"] = tr.tp_size();
       if (o.baseline) j["baseline_4gram"] = *o.baseline;
       metrics->write(j);
       const std::string line = train::format_step(m, o.cfg.steps, o.baseline);

@@ -30,6 +30,7 @@
 
 #include <unistd.h>
 
+#include "bench_io.hpp"
 #include "tessera/core/random.hpp"
 #include "tessera/data/sampler.hpp"
 #include "tessera/data/token_file.hpp"
@@ -62,15 +63,6 @@ struct temp_file {
   }
 };
 
-// Writes `j` to `path` through a temporary name and a rename.
-void write_json(const fs::path& path, const nlohmann::json& j) {
-  const fs::path tmp = path.string() + ".tmp";
-  {
-    std::ofstream f(tmp);
-    TESSERA_THROW_IF(!(f << j.dump(1) << "\n"), io_error, "cannot write '", tmp.string(), "'");
-  }
-  fs::rename(tmp, path);
-}
 
 // The model's parameters as float32 and their table (DIR/weights.bin).
 template <class Model>
@@ -111,16 +103,9 @@ int run(const options& o) {
 
   temp_file corpus_file{fs::temp_directory_path() /
                         ("tessera_peer_step_" + std::to_string(::getpid()) + ".tok")};
-  {
-    const std::uint64_t n = std::max<std::uint64_t>(4096, static_cast<std::uint64_t>(20 * (B + 1) * (T + 1)));
-    std::vector<std::uint32_t> tok(n);
-    rng r(o.seed);
-    for (auto& t : tok)
-      t = std::min<std::uint32_t>(static_cast<std::uint32_t>(r.uniform() * static_cast<double>(V)),
-                                  static_cast<std::uint32_t>(V - 1));
-    data::write_token_file(corpus_file.path, tok, static_cast<std::uint64_t>(V),
-                           V <= 65536 ? data::token_dtype::u16 : data::token_dtype::u32);
-  }
+  bench::write_random_tokens(
+      corpus_file.path, V,
+      std::max<std::uint64_t>(4096, static_cast<std::uint64_t>(20 * (B + 1) * (T + 1))), o.seed);
   data::token_file corpus(corpus_file.path);
 
   train::train_config cfg;
@@ -163,7 +148,7 @@ int run(const options& o) {
   }
   if (!o.dump.empty()) {
     peer["loss"] = first_loss;
-    write_json(fs::path(o.dump) / "peer.json", peer);
+    bench::write_json(fs::path(o.dump) / "peer.json", peer);
   }
   std::vector<double> sorted = secs;
   std::sort(sorted.begin(), sorted.end());
@@ -174,7 +159,7 @@ int run(const options& o) {
               o.preset.c_str(), (long long)mc.n_layers, P::name, (long long)B, (long long)T,
               first_loss, median, sorted.front(), n, static_cast<double>(B * T) / median);
   if (!o.json.empty())
-    write_json(o.json, {{"median_s", median}, {"best_s", sorted.front()}, {"steps", secs},
+    bench::write_json(o.json, {{"median_s", median}, {"best_s", sorted.front()}, {"steps", secs},
                         {"first_loss", first_loss}, {"tokens_per_step", B * T}});
   return 0;
 }

@@ -30,6 +30,7 @@
 #include <omp.h>
 #include <unistd.h>
 
+#include "bench_io.hpp"
 #include "tessera/comm/device_mesh.hpp"
 #include "tessera/comm/local.hpp"
 #include "tessera/core/random.hpp"
@@ -61,13 +62,7 @@ struct corpus {
   fs::path path;
   corpus(std::int64_t V, std::uint64_t n) {
     path = fs::temp_directory_path() / ("tessera_tp_bench_" + std::to_string(::getpid()) + ".tok");
-    std::vector<std::uint32_t> tok(n);
-    rng r(7);
-    for (auto& t : tok)
-      t = std::min<std::uint32_t>(static_cast<std::uint32_t>(r.uniform() * static_cast<double>(V)),
-                                  static_cast<std::uint32_t>(V - 1));
-    data::write_token_file(path, tok, static_cast<std::uint64_t>(V),
-                           V <= 65536 ? data::token_dtype::u16 : data::token_dtype::u32);
+    bench::write_random_tokens(path, V, n, 7);
   }
   ~corpus() {
     std::error_code ec;
@@ -175,12 +170,7 @@ int main(int argc, char** argv) {
                             {"comm_share", r.comm_share}, {"bytes_per_step", r.bytes_per_step},
                             {"planned_bytes_per_step", r.planned_bytes}});
     }
-    const fs::path tmp = json_path + ".tmp";
-    {
-      std::ofstream f(tmp);
-      TESSERA_THROW_IF(!(f << j.dump(1) << "\n"), io_error, "cannot write '", tmp.string(), "'");
-    }
-    fs::rename(tmp, json_path);
+    bench::write_json(json_path, j);
     std::printf("\ntp_bench: wrote %s\n", json_path.c_str());
   } catch (const tessera::config_error& e) {
     std::fprintf(stderr, "tp_bench: %s\n", e.what());

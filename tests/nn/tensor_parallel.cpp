@@ -17,6 +17,7 @@
 #include "tessera/comm/local.hpp"
 #include "tessera/comm/self.hpp"
 #include "tessera/kernels/context.hpp"
+#include "../kernels/kernel_testing.hpp"
 
 using namespace tessera;
 
@@ -25,10 +26,7 @@ namespace {
 template <class T>
 std::vector<T> random_values(std::size_t n, std::uint64_t seed) {
   std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<double> u(-1.0, 1.0);
-  std::vector<T> v(n);
-  for (auto& x : v) x = static_cast<T>(u(rng));
-  return v;
+  return testing::random_vector<T>(n, rng);
 }
 
 // Largest |a - b| / (max |b| over the tensor): the relative error of a

@@ -30,8 +30,18 @@ endif()
 # bf16 matmul where the CPU has AVX-512 BF16 or AMX (kernels/detail/
 # onednn_gemm.hpp); without it they convert to float and run sgemm.
 option(TESSERA_WITH_ONEDNN "Run host bf16 GEMMs on oneDNN when it is found" ON)
+# Debian's build has an OpenCL GPU runtime, so its package config requires
+# OpenCL (ocl-icd-opencl-dev, a recommended package that scripts/deps.sh
+# installs); without it the config would stop the configure, so oneDNN is
+# skipped instead, with a message.
 if(TESSERA_WITH_ONEDNN)
-  find_package(dnnl CONFIG QUIET)
+  find_package(OpenCL QUIET)
+  if(OpenCL_FOUND)
+    find_package(dnnl CONFIG QUIET)
+  else()
+    message(STATUS "tessera: OpenCL not found, which Debian's oneDNN config requires; "
+      "host bf16 GEMMs convert and run sgemm (apt-get install ocl-icd-opencl-dev)")
+  endif()
 endif()
 
 macro(tessera_add_blas_target)

@@ -206,21 +206,27 @@ TESSERA_ONEDNN_LINKAGE bool onednn_bf16_gemm(transpose ta, transpose tb, std::in
 
 /// How this build runs a bf16 x bf16 GEMM on this CPU: "oneDNN <impl>"
 /// (e.g. "oneDNN brg:avx512_core_bf16") or "convert + sgemm". Probes one
-/// small matmul on the first call.
+/// small matmul on the first call. A CPU without any bf16 matmul in oneDNN
+/// (AVX2 only: oneDNN then has no implementation at all and throws) gets
+/// "convert + sgemm".
 TESSERA_ONEDNN_LINKAGE std::string bf16_gemm_engine() {
 #if TESSERA_ONEDNN_GEMM
-  static const std::string name = [] {
-    onednn_state& st = onednn_state::get();
-    using dt = dnnl::memory::data_type;
-    const dnnl::memory::desc a_md({64, 64}, dt::bf16, dnnl::memory::dims{64, 1});
-    const dnnl::memory::desc c_md({64, 64}, dt::f32, dnnl::memory::dims{64, 1});
+  static const std::string name = []() -> std::string {
+    try {
+      onednn_state& st = onednn_state::get();
+      using dt = dnnl::memory::data_type;
+      const dnnl::memory::desc a_md({64, 64}, dt::bf16, dnnl::memory::dims{64, 1});
+      const dnnl::memory::desc c_md({64, 64}, dt::f32, dnnl::memory::dims{64, 1});
 #if DNNL_VERSION_MAJOR >= 3
-    dnnl::matmul::primitive_desc pd(st.eng, a_md, a_md, c_md);
+      dnnl::matmul::primitive_desc pd(st.eng, a_md, a_md, c_md);
 #else
-    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, a_md, c_md), st.eng);
+      dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, a_md, c_md), st.eng);
 #endif
-    const std::string impl = pd.impl_info_str();
-    return onednn_impl_is_native_bf16(impl) ? "oneDNN " + impl : std::string("convert + sgemm");
+      const std::string impl = pd.impl_info_str();
+      return onednn_impl_is_native_bf16(impl) ? "oneDNN " + impl : std::string("convert + sgemm");
+    } catch (const dnnl::error&) {
+      return "convert + sgemm";
+    }
   }();
   return name;
 #else

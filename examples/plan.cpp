@@ -46,6 +46,7 @@ struct options {
   std::string preset = "llama2_7b";
   std::string precision = "bf16_mixed";
   int dp = 8, zero = 3, prefetch = 1, tp = 1;
+  bool sequence_parallel = false;  // --sequence-parallel (with --tp > 1)
   std::int64_t micro_batch = 1, seq = 4096, micro_batches = 1, ce_chunk = 256;
   int threads = 1;
   std::int64_t reduce_bytes = 0;  // 0: the precision's reduce type
@@ -184,6 +185,7 @@ int run(const options& o) {
   ao.threads = o.threads;
   ao.micro_batches = o.micro_batches;
   ao.tp = o.tp;
+  ao.sequence_parallel = o.sequence_parallel;
   ao.model.ce_chunk = o.ce_chunk;
   ao.model.checkpointing = {nn::parse_checkpointing(o.checkpointing), o.checkpoint_layers};
   TESSERA_THROW_IF(o.ce_chunk < 1, config_error, "ce-chunk=", o.ce_chunk, " must be >= 1");
@@ -197,10 +199,18 @@ int run(const options& o) {
   const auto flops = plan::plan_flops(cfg, o.micro_batch, o.seq, o.micro_batches, o.dp, o.tp);
   // Tensor parallelism runs on the host communicators, which move float
   // and double: 16-bit tensors travel as float.
-  const std::uint64_t tp_bytes = plan::plan_tp_bytes(
-      cfg, o.micro_batch, o.seq, o.micro_batches, o.tp, 0,
-      {std::max<std::size_t>(4, d.param), std::max<std::size_t>(4, d.act_grad), d.accum,
-       o.ce_chunk, ao.model.checkpointing});
+  plan::tp_traffic traffic;
+  traffic.act = std::max<std::size_t>(4, d.param);
+  traffic.act_grad = std::max<std::size_t>(4, d.act_grad);
+  traffic.accum = d.accum;
+  traffic.grad = d.grad;
+  traffic.ce_chunk = o.ce_chunk;
+  traffic.checkpointing = ao.model.checkpointing;
+  traffic.sequence_parallel = o.sequence_parallel;
+  const std::uint64_t tp_bytes =
+      plan::plan_tp_bytes(cfg, o.micro_batch, o.seq, o.micro_batches, o.tp, 0, traffic);
+  const std::uint64_t kv_bytes =
+      plan::plan_kv_replica_bytes(cfg, o.micro_batches, o.tp, 0, d.grad);
 
   // Check before reporting: the persistent rows add up to their subtotal,
   // and the total is it plus the larger of backward's and the update's transients.
@@ -225,7 +235,9 @@ int run(const options& o) {
     j["comm"] = plan::to_json(comm);
     j["flops"] = plan::to_json(flops);
     j["tp"] = o.tp;
-    j["tp_all_reduce_bytes_per_step"] = tp_bytes;
+    j["sequence_parallel"] = o.sequence_parallel;
+    j["tp_bytes_per_step"] = tp_bytes;
+    j["kv_replica_bytes_per_step"] = kv_bytes;
     j["memory_gib"] = o.memory_gib;
     j["fits"] = fits;
     j["margin_bytes"] = margin;
@@ -252,11 +264,20 @@ int run(const options& o) {
   if (o.tp > 1)
     std::printf("\nTensor parallelism tp=%d: each rank holds its shards of the blocks and of "
                 "the vocabulary (the norm gains whole) and sends %llu B (%.2f GiB) per step in "
-                "the tp all-reduces, on top of the data-parallel traffic above (per block and "
+                "the tp %s, on top of the data-parallel traffic above (per block and "
                 "micro-batch four of B T H elements, ring, plus the embedding and the "
                 "cross-entropy; 16-bit elements as float, as the host communicators move them)\n",
                 o.tp, static_cast<unsigned long long>(tp_bytes),
-                static_cast<double>(tp_bytes) / plan::gib);
+                static_cast<double>(tp_bytes) / plan::gib,
+                o.sequence_parallel
+                    ? "all-gathers and reduce-scatters (sequence parallel: norms and residuals "
+                      "hold T/tp tokens; the norm outputs are gathered again in backward)"
+                    : "all-reduces");
+  if (kv_bytes > 0)
+    std::printf("Key/value heads: tp=%d > nkv=%lld, each head on %d ranks, whose wk and wv "
+                "gradients they sum: %llu B per step per rank\n",
+                o.tp, static_cast<long long>(cfg.n_kv_heads), nn::kv_replicas(cfg, o.tp),
+                static_cast<unsigned long long>(kv_bytes));
   std::printf("\nMemory: %.2f GiB of %.2f GiB: %s, margin %.2f GiB\n",
               static_cast<double>(mem.total()) / plan::gib, o.memory_gib,
               fits ? "fits" : "DOES NOT FIT", margin / plan::gib);
@@ -273,6 +294,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--dp", o.dp, "data-parallel ranks")->capture_default_str();
   app.add_option("--tp", o.tp, "tensor-parallel ranks (per-rank bytes are one tp rank's)")->capture_default_str();
+  app.add_flag("--sequence-parallel", o.sequence_parallel, "with --tp > 1: norms and residuals hold T/tp tokens");
   app.add_option("--zero", o.zero, "ZeRO stage 0..3")->capture_default_str();
   app.add_option("--prefetch", o.prefetch, "ZeRO-3 units gathered ahead")->capture_default_str();
   app.add_option("--micro-batch", o.micro_batch, "sequences per micro-batch (B)")
@@ -322,6 +344,9 @@ int main(int argc, char** argv) {
                      o.checkpoint_layers, " must be >= 1");
     TESSERA_THROW_IF(o.tp < 1 || o.tp > 64, config_error, "tp=", o.tp,
                      " must be in [1, 64] (one node's ranks)");
+    TESSERA_THROW_IF(o.sequence_parallel && o.tp < 2, config_error,
+                     "--sequence-parallel shards the tokens over the tensor-parallel group: it "
+                     "needs --tp > 1 (tp=", o.tp, ")");
     TESSERA_THROW_IF(o.gpu_step && o.tp > 1, config_error, "--gpu-step plans one GPU: --tp ",
                      o.tp, " must be 1 (tensor parallelism runs on the host communicators)");
     if (o.gpu_step) return print_gpu_step(o);

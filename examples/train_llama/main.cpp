@@ -26,6 +26,7 @@
 // world dp x T in Megatron order (tp fastest):
 //
 //   build/host/examples/train_llama --steps 50 --dp 2 --tp 2 --zero 1 --micro-batch 8
+//   build/host/examples/train_llama --steps 50 --tp 2 --sequence-parallel
 //
 // The trainers are instantiated in run_host*.cpp and run_cuda.cpp; this
 // file reads and checks the command line and dispatches once, at the top.
@@ -141,6 +142,7 @@ int main(int argc, char** argv) {
   app.add_option("--dp", o.dp, "data-parallel ranks (threads with --comm local, processes under mpirun)")->capture_default_str();
   app.add_option("--zero", o.zero, "ZeRO stage of data parallelism: 0, 1, 2 or 3")->capture_default_str();
   app.add_option("--tp", o.tp, "tensor-parallel ranks per dp rank (Megatron layout; world = dp x tp)")->capture_default_str();
+  app.add_flag("--sequence-parallel", o.cfg.sequence_parallel, "with --tp > 1: shard the norm and residual regions along the tokens (T divisible by tp)");
   app.add_option("--bucket-mb", o.bucket_mb, "gradient bucket size in MB (data parallel; zero 3 uses one per block)")->capture_default_str();
   app.add_option("--comm", o.comm, "communicator: local (threads), mpi, nccl (--backend cuda), or auto (mpi or nccl under mpirun)")->capture_default_str();
   app.add_option("--sample-bytes", o.sample_bytes, "bytes to generate at the end (0: none)")->capture_default_str();
@@ -201,6 +203,12 @@ int main(int argc, char** argv) {
     TESSERA_THROW_IF(o.tp > 1 && gpu, config_error,
                      "--tp ", o.tp, " --backend cuda: tensor parallelism runs on the host "
                      "communicators in this build (--comm local or mpi)");
+    TESSERA_THROW_IF(o.cfg.sequence_parallel && o.tp < 2, config_error,
+                     "--sequence-parallel shards the tokens over the tensor-parallel group: it "
+                     "needs --tp > 1 (tp=", o.tp, ")");
+    TESSERA_THROW_IF(o.cfg.sequence_parallel && o.cfg.seq % o.tp != 0, config_error,
+                     "--sequence-parallel: --seq ", o.cfg.seq, " is not divisible by --tp ",
+                     o.tp);
     if (o.comm == "auto")
       o.comm = train_llama::launched_by_mpi() ? (gpu ? "nccl" : "mpi") : "local";
     TESSERA_THROW_IF(o.comm != "local" && o.comm != "mpi" && o.comm != "nccl", config_error,

@@ -170,8 +170,11 @@ int train_loop(options& o, Trainer& tr, const data::token_file& data, const fs::
                   dp, o.zero, o.comm.c_str(), tr.engine().plan().size());
     if (tr.tp_size() > 1)
       std::printf("train_llama: tensor parallel tp=%d (mesh dp %d x tp %d, tp fastest): each "
-                  "rank holds %.2fM of the parameters\n",
-                  tr.tp_size(), dp, tr.tp_size(), tr.model().num_params() / 1e6);
+                  "rank holds %.2fM of the parameters%s\n",
+                  tr.tp_size(), dp, tr.tp_size(), tr.model().num_params() / 1e6,
+                  tr.model().sequence_parallel()
+                      ? "; sequence parallel: norms and residuals hold T/tp tokens"
+                      : "");
     std::printf("train_llama: G=%lld sequences/step = dp %d x %lld micro-batches x B=%lld, "
                 "T=%lld, %lld steps, lr %.1e, warmup %lld, checkpointing %s\n",
                 (long long)o.cfg.global_batch, dp, (long long)tr.config().accum_steps(),

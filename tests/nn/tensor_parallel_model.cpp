@@ -2,14 +2,17 @@
 // computes: the initial weights are slices of the single-rank model's, and
 // one training forward and backward give the same loss and, shard by
 // shard, the same parameter gradients (float64 to 1e-10, float32 to 1e-5
-// relative), with and without activation checkpointing. Heads and F that
-// tp does not divide are refused before any collective, with the numbers.
+// relative), with and without activation checkpointing and sequence
+// parallelism, with key/value heads split or replicated (tp > nkv). Heads,
+// F and (sequence-parallel) T that tp does not divide are refused before
+// any collective, with the numbers.
 #include <catch2/catch.hpp>
 
 #include <chrono>
 #include <cmath>
 #include <mutex>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "tessera/comm/local.hpp"
@@ -100,7 +103,7 @@ void compare_shards(const run_result& one, const run_result& shard, double tol) 
 
 template <class P>
 void check_equivalence(const nn::llama_config& c, int tp, bool checkpoint, double tol,
-                       targets kind = targets::random) {
+                       targets kind = targets::random, bool sequence_parallel = false) {
   nn::llama_options opt;
   if (checkpoint) opt.checkpointing.mode = nn::activation_checkpointing::full;
   const std::int64_t B = 2, T = 12;
@@ -114,10 +117,14 @@ void check_equivalence(const nn::llama_config& c, int tp, bool checkpoint, doubl
         ctx.threads = 1;
         ctx.apply_threads();
         using layers = nn::tensor_parallel_layers<comm::local_communicator>;
-        nn::llama<P, host, layers> m(c, opt, ctx, layers{&g});
+        layers l{&g};
+        l.sequence_parallel = sequence_parallel;
+        nn::llama<P, host, layers> m(c, opt, ctx, l);
         const run_result mine = forward_backward(m, B, T, kind);
         std::lock_guard<std::mutex> lock(mu);
-        INFO("tp " << tp << " rank " << g.rank() << (checkpoint ? ", checkpointed" : ""));
+        INFO("tp " << tp << " rank " << g.rank() << (checkpoint ? ", checkpointed" : "")
+                   << (sequence_parallel ? ", sequence-parallel" : ""));
+        CHECK(m.sequence_parallel() == sequence_parallel);
         CHECK(std::fabs(mine.loss - one.loss) <= tol * std::fabs(one.loss));
         CHECK(m.flat_size() < one_model.flat_size());
         compare_shards(one, mine, tol);
@@ -199,11 +206,79 @@ TEST_CASE("tp Llama: one forward and backward equal one rank's (float32)", "[nn]
   check_equivalence<precision::fp32>(tiny_mha(), 4, true, 1e-5);
 }
 
+TEST_CASE("tp > nkv: key/value heads replicated on the ranks that share them", "[nn][tp]") {
+  const auto c = nn::llama_config::tiny();  // nh 4, nkv 2: tp 4 puts each kv head on 2 ranks
+  for (int r = 0; r < 4; ++r) {
+    const nn::param_layout l = nn::make_llama_layout(c, {4, r});
+    const nn::param_entry& wk = l.at("blocks.0.attn.wk");
+    INFO("rank " << r);
+    CHECK(wk.shp[0] == c.head_dim());        // one head
+    CHECK(wk.shard_begin == (r / 2) * c.head_dim());  // the head its query heads use
+    CHECK(wk.replicas == 2);
+    CHECK(wk.replica == r % 2);
+    CHECK(l.at("blocks.0.attn.wq").replicas == 1);
+  }
+  check_equivalence<precision::fp64>(c, 4, false, 1e-10);
+  check_equivalence<precision::fp64>(c, 4, true, 1e-10, targets::some_ignored);
+  check_equivalence<precision::fp32>(c, 4, false, 1e-5);
+}
+
+TEST_CASE("sequence parallelism: one forward and backward equal one rank's", "[nn][tp][sp]") {
+  check_equivalence<precision::fp64>(nn::llama_config::tiny(), 2, false, 1e-10, targets::random,
+                                     true);
+  check_equivalence<precision::fp64>(nn::llama_config::tiny(), 2, true, 1e-10, targets::random,
+                                     true);
+  check_equivalence<precision::fp64>(nn::llama_config::tiny(), 4, true, 1e-10,
+                                     targets::some_ignored, true);  // kv replicated too
+  auto odd = tiny_mha();
+  odd.vocab = 257;
+  check_equivalence<precision::fp64>(odd, 4, false, 1e-10, targets::first_slice, true);
+  check_equivalence<precision::fp32>(tiny_mha(), 4, false, 1e-5, targets::random, true);
+}
+
+TEST_CASE("sequence parallelism: T not divisible by tp is refused before any collective",
+          "[nn][tp][sp]") {
+  std::mutex mu;
+  comm::local_world::run(
+      4,
+      [&](comm::local_communicator& g) {
+        kernels::host_context ctx;
+        ctx.threads = 1;
+        using layers = nn::tensor_parallel_layers<comm::local_communicator>;
+        layers l{&g};
+        l.sequence_parallel = true;
+        nn::llama<precision::fp64, host, layers> m(tiny_mha(), {}, ctx, l);
+        m.init_weights(1);
+        g.reset_stats();
+        const std::vector<std::int32_t> w(2 * 11, 1);  // B 2, T 10: 10 % 4 != 0
+        std::string message;
+        try {
+          m.forward_backward(w.data(), 2, 10, 1.0);
+        } catch (const config_error& e) {
+          message = e.what();
+        }
+        const std::uint64_t sent = g.stats().bytes_sent();
+        // Generation is never token-sharded: a length tp does not divide runs.
+        std::vector<float> logits(static_cast<std::size_t>(m.config().vocab));
+        m.next_token_logits(w.data(), 5, logits.data());
+        std::lock_guard<std::mutex> lock(mu);
+        CHECK_THAT(message, Catch::Contains("T=10") && Catch::Contains("tp=4"));
+        CHECK(sent == 0);
+        for (float x : logits) CHECK(std::isfinite(x));
+      },
+      quick());
+}
+
 TEST_CASE("tp that does not split the heads or F is refused with the numbers", "[nn][tp]") {
   const auto c = nn::llama_config::tiny();  // nh 4, nkv 2, F 24
-  CHECK_THROWS_WITH(nn::make_llama_layout(c, {4, 0}),
-                    Catch::Contains("tp=4") && Catch::Contains("nkv=2") && Catch::Contains("nh=4"));
   CHECK_THROWS_WITH(nn::make_llama_layout(c, {3, 0}), Catch::Contains("tp=3"));
+  auto g = nn::llama_config::tiny();  // tp 6 divides nh 12 but is no multiple of nkv 4
+  g.dim = 24;
+  g.n_heads = 12;
+  g.n_kv_heads = 4;
+  CHECK_THROWS_WITH(nn::make_llama_layout(g, {6, 0}),
+                    Catch::Contains("tp=6") && Catch::Contains("nkv=4") &&
+                        Catch::Contains("nh=12"));
   auto f = tiny_mha();
   f.ffn_dim = 26;
   CHECK_THROWS_WITH(nn::make_llama_layout(f, {4, 1}),

@@ -96,8 +96,50 @@ TEST_CASE("plan_tp_bytes: the ring formula of every tp all-reduce of a step", "[
   plan::tp_traffic full = t;
   full.checkpointing = {nn::activation_checkpointing::full, 1};
   const double f2 = 1.0;  // tp 2
+  // One more per recomputed block: the recompute reruns the attention
+  // output's all-reduce and stops before the down projection (the trainer
+  // test measures it).
   CHECK(static_cast<double>(plan::plan_tp_bytes(c, B, T, 1, 2, 0, full) -
                             plan::plan_tp_bytes(c, B, T, 1, 2, 0, t)) ==
-        f2 * n * 2 * 2 * static_cast<double>(c.n_layers));  // two more per recomputed block
+        f2 * n * 2 * static_cast<double>(c.n_layers));
   CHECK_THROWS_WITH(plan::plan_tp_bytes(c, B, T, A, 2, 2, t), Catch::Contains("rank 2"));
+}
+
+TEST_CASE("plan_tp_bytes: sequence parallelism moves the all-reduces' bytes and more",
+          "[plan][tp][sp]") {
+  // Korthikanti et al. 2022: an all-reduce is a reduce-scatter plus an
+  // all-gather, so replacing each by its halves moves the same ring bytes;
+  // the backward also gathers each norm output again (activation elements)
+  // and all-reduces the gains' gradients.
+  const auto c = nn::llama_config::llama2_7b();
+  const std::int64_t B = 1, T = 4096;
+  const double n = static_cast<double>(B * T * c.dim), L = static_cast<double>(c.n_layers);
+  plan::tp_traffic t;
+  t.act = 2;
+  t.act_grad = 4;
+  plan::tp_traffic sp = t;
+  sp.sequence_parallel = true;
+  for (int tp : {2, 4, 8}) {
+    const double half = static_cast<double>(tp - 1) / tp * n;  // one all-gather or reduce-scatter
+    const double extra = 2 * L * half * 2 +                   // the norm outputs gathered again
+                         (2 * L + 1) * 2.0 * (tp - 1) / tp * static_cast<double>(c.dim) * 4;
+    const double got = static_cast<double>(plan::plan_tp_bytes(c, B, T, 1, tp, 1, sp)) -
+                       static_cast<double>(plan::plan_tp_bytes(c, B, T, 1, tp, 1, t));
+    INFO("tp " << tp);
+    CHECK(std::abs(got - extra) <= 64.0);
+  }
+  CHECK_THROWS_WITH(plan::plan_tp_bytes(c, B, 4095, 1, 2, 0, sp),
+                    Catch::Contains("T=4095") && Catch::Contains("tp=2"));
+}
+
+TEST_CASE("plan_kv_replica_bytes: wk and wv summed over the ranks sharing a head",
+          "[plan][tp]") {
+  auto c = nn::llama_config::llama2_7b();
+  c.n_kv_heads = 4;  // tp 8: each head on 2 ranks
+  const double n = static_cast<double>(c.head_dim() * c.dim);
+  // 2 tensors per block, per micro-batch, a 2-rank ring: 2 (2-1)/2 n floats
+  CHECK(static_cast<double>(plan::plan_kv_replica_bytes(c, 3, 8, 5)) ==
+        3 * static_cast<double>(c.n_layers) * 2 * n * 4);
+  CHECK(plan::plan_kv_replica_bytes(c, 3, 4, 1) == 0);  // tp divides nkv: nothing shared
+  CHECK_THROWS_WITH(plan::plan_kv_replica_bytes(c, 1, 6, 0), Catch::Contains("tp=6"));
 }

@@ -1,12 +1,15 @@
 // The trainer on a dp x tp mesh of thread ranks (tp fastest, Megatron
-// order) computes the single-rank run: five AdamW steps with gradient
-// accumulation, (dp, tp) = (1, 2), (2, 2) and (4, 2) on 8 ranks, under
-// ZeRO 0 to 3 — the loss and the gradient norm of every step at
-// float64 1e-10 and float32 1e-5 relative, then every parameter shard
-// against the single-rank model's slice; the norm gains stay bit-identical
-// across the tp ranks; the tp group's all-reduce bytes equal the planner's
-// formula; a tp checkpoint resumes at its layout; a tp that
-// does not match the group or split the heads fails before any collective.
+// order) computes the single-rank run (tests/train/tp_suite.hpp): five
+// AdamW steps with gradient accumulation, (dp, tp) = (1, 2), (1, 4), (2, 2)
+// and (4, 2) on 8 ranks, with and without sequence parallelism, under
+// ZeRO 0 to 3 — the loss and the gradient norm of every step and every
+// parameter shard at float64 1e-10 and float32 1e-5 relative; tp 4 over
+// the tiny model's 2 key/value heads replicates each on 2 ranks; the norm
+// gains and the replicated heads stay bit-identical; the tp group's and
+// the replica group's bytes equal the planner's formulas; a tp checkpoint
+// resumes at its layout; a tp that does not match the group or split the
+// heads, and a sequence-parallel T that tp does not divide, fail before
+// any collective.
 #include <catch2/catch.hpp>
 
 #include <omp.h>
@@ -14,7 +17,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
-#include <mutex>
 #include <vector>
 
 #include <tessera/comm/device_mesh.hpp>
@@ -22,6 +24,7 @@
 #include <tessera/nn/tensor_parallel.hpp>
 #include <tessera/plan/step.hpp>
 
+#include "tp_suite.hpp"
 #include "trainer_suite.hpp"
 
 using namespace tessera;
@@ -39,112 +42,30 @@ comm::comm_options test_options() {
 using tp_layers = nn::tensor_parallel_layers<local_communicator>;
 
 train::train_config tp_config(int dp, int tp, std::int64_t steps) {
-  train::train_config t = trainer_suite::config(dp);
-  t.steps = steps;
-  t.global_batch = 8;  // A = 8 / (dp B) micro-batches per rank
-  t.micro_batch = 1;
-  t.tp = tp;
-  return t;
-}
-
-struct step_figures {
-  double loss = 0, norm = 0;
-};
-
-// Runs `steps` steps of the single-rank trainer.
-template <class P>
-std::vector<step_figures> single_rank(const data::token_file& f, std::int64_t steps,
-                                      std::vector<double>* params, nn::param_layout* layout) {
-  train::trainer<P> one(trainer_suite::model(), tp_config(1, 1, steps), f);
-  std::vector<step_figures> out;
-  for (std::int64_t s = 0; s < steps; ++s) {
-    const auto m = one.train_step();
-    out.push_back({m.loss, m.grad_norm});
-  }
-  *layout = one.model().layout();
-  params->clear();
-  for (std::int64_t i = 0; i < one.model().flat_size(); ++i)
-    params->push_back(tessera::to<double>(one.model().params()[i]));
-  return out;
+  return tp_suite::config(dp, tp, steps, false);
 }
 
 template <class P, class S>
-void check_mesh(int dp, int tp, double tol) {
+void check_mesh(int dp, int tp, double tol, bool sp = false,
+                const nn::checkpoint_policy& ck = {}) {
   trainer_suite::temp_file corpus{trainer_suite::make_corpus("tp", 0)};
   data::token_file f(corpus.path);
-  const std::int64_t steps = 5;
-  std::vector<double> ref_params;
-  nn::param_layout ref_layout;
-  const auto ref = single_rank<P>(f, steps, &ref_params, &ref_layout);
-  const comm::device_mesh mesh(dp, tp, 1);
-  std::mutex mu;
-  std::vector<std::vector<double>> gains(static_cast<std::size_t>(dp * tp));
+  const tp_suite::reference ref = tp_suite::single_rank<P>(f, 5, ck);
+  INFO("dp " << dp << " tp " << tp << (sp ? " sequence-parallel " : " ") << S::name);
   REQUIRE_NOTHROW(local_world::run(
       dp * tp,
       [&](local_communicator& world) {
         omp_set_num_threads(1);
-        auto g = comm::make_groups(world, mesh);
-        train::trainer<P, host, optim::adamw, S, local_communicator, tp_layers> tr(
-            trainer_suite::model(), tp_config(dp, tp, steps), f, g.dp, tp_layers{&g.tp});
-        g.tp.reset_stats();
-        std::vector<step_figures> got;
-        for (std::int64_t s = 0; s < steps; ++s) {
-          const auto m = tr.train_step();
-          got.push_back({m.loss, m.grad_norm});
-        }
-        const auto cfg = tp_config(dp, tp, steps);
-        const std::uint64_t tp_bytes = g.tp.stats().all_reduce.bytes;
-        plan::tp_traffic traffic;
-        // 16-bit partial sums travel as float on threads
-        traffic.act = std::max<std::size_t>(4, sizeof(typename P::param_type));
-        traffic.act_grad = std::max<std::size_t>(4, sizeof(typename P::act_grad_type));
-        traffic.accum = sizeof(typename P::accum_type);
-        traffic.ce_chunk = cfg.ce_chunk;
-        const std::uint64_t planned =
-            steps * plan::plan_tp_bytes(trainer_suite::model(), cfg.micro_batch, cfg.seq,
-                                        cfg.accum_steps(), tp, g.tp.rank(), traffic);
-        std::vector<typename P::param_type> fullp(static_cast<std::size_t>(tr.model().flat_size()));
-        tr.engine().full_params(fullp.data());
-        std::vector<double> full;
-        for (auto x : fullp) full.push_back(tessera::to<double>(x));
-        std::vector<double> norms;
-        for (const auto& e : tr.model().layout().entries())
-          if (e.shp.rank == 1)
-            for (std::int64_t j = 0; j < e.numel; ++j)
-              norms.push_back(full[static_cast<std::size_t>(e.offset + j)]);
-        std::lock_guard<std::mutex> lock(mu);
-        INFO("dp " << dp << " tp " << tp << " " << S::name << " world rank " << world.rank());
-        for (std::int64_t s = 0; s < steps; ++s) {
-          INFO("step " << s + 1);
-          CHECK(std::fabs(got[s].loss - ref[s].loss) <= tol * ref[s].loss);
-          CHECK(std::fabs(got[s].norm - ref[s].norm) <= tol * ref[s].norm);
-        }
-        double worst = 0, scale = 0;
-        for (const auto& e : tr.model().layout().entries()) {
-          const auto& r = ref_layout.at(e.name);
-          for (std::int64_t j = 0; j < e.numel; ++j) {
-            const double a = full[static_cast<std::size_t>(e.offset + j)];
-            const double b = ref_params[static_cast<std::size_t>(r.offset + e.full_index(j))];
-            worst = std::max(worst, std::fabs(a - b));
-            scale = std::max(scale, std::fabs(b));
-          }
-        }
-        CHECK(worst <= tol * scale);
-        CHECK(tp_bytes == planned);  // the planner's formula, to the byte
-        gains[static_cast<std::size_t>(world.rank())] = std::move(norms);
+        tp_suite::check_mesh<P, S>(world, ref, f, dp, tp, sp, tol, ck);
       },
       test_options()));
-  // The norm gains (replicated) hold the same bits on every rank.
-  for (std::size_t r = 1; r < gains.size(); ++r) {
-    REQUIRE(gains[r].size() == gains[0].size());
-    CHECK(std::memcmp(gains[r].data(), gains[0].data(), gains[0].size() * sizeof(double)) == 0);
-  }
 }
 
 }  // namespace
 
 TEST_CASE("tp trainer: five AdamW steps equal one rank's (float64)", "[train][tp]") {
   check_mesh<precision::fp64, parallel::zero<0>>(1, 2, 1e-10);
+  check_mesh<precision::fp64, parallel::zero<0>>(1, 4, 1e-10);  // key/value heads replicated
   check_mesh<precision::fp64, parallel::zero<0>>(2, 2, 1e-10);
   check_mesh<precision::fp64, parallel::zero<1>>(2, 2, 1e-10);
   check_mesh<precision::fp64, parallel::zero<1>>(4, 2, 1e-10);
@@ -152,16 +73,32 @@ TEST_CASE("tp trainer: five AdamW steps equal one rank's (float64)", "[train][tp
   check_mesh<precision::fp64, parallel::zero<3>>(2, 2, 1e-10);
 }
 
+TEST_CASE("tp trainer: sequence parallelism equals one rank's (float64)", "[train][tp][sp]") {
+  check_mesh<precision::fp64, parallel::zero<0>>(1, 2, 1e-10, true);
+  check_mesh<precision::fp64, parallel::zero<1>>(1, 4, 1e-10, true);
+  check_mesh<precision::fp64, parallel::zero<0>>(2, 2, 1e-10, true);
+  check_mesh<precision::fp64, parallel::zero<1>>(4, 2, 1e-10, true);
+  check_mesh<precision::fp64, parallel::zero<3>>(2, 2, 1e-10, true);
+}
+
+TEST_CASE("tp trainer: activation checkpointing, its traffic as planned", "[train][tp]") {
+  const nn::checkpoint_policy full{nn::activation_checkpointing::full, 1};
+  check_mesh<precision::fp64, parallel::zero<1>>(1, 2, 1e-10, false, full);
+  check_mesh<precision::fp64, parallel::zero<1>>(1, 2, 1e-10, true, full);
+}
+
 TEST_CASE("tp trainer: bf16_mixed follows one rank's run", "[train][tp]") {
   // 16-bit partial sums are rounded to bf16 on each rank before their
   // float all-reduce, where one rank rounds the whole sum once: the runs
   // agree to bf16's precision, not bit for bit.
   check_mesh<precision::bf16_mixed, parallel::zero<1>>(1, 2, 2e-2);
+  check_mesh<precision::bf16_mixed, parallel::zero<1>>(1, 2, 2e-2, true);
 }
 
 TEST_CASE("tp trainer: five AdamW steps equal one rank's (float32)", "[train][tp]") {
   check_mesh<precision::fp32, parallel::zero<0>>(1, 2, 1e-5);
   check_mesh<precision::fp32, parallel::zero<1>>(2, 2, 1e-5);
+  check_mesh<precision::fp32, parallel::zero<1>>(1, 4, 1e-5, true);
 }
 
 TEST_CASE("tp trainer: a tp that does not match or split fails before any collective",
@@ -181,6 +118,11 @@ TEST_CASE("tp trainer: a tp that does not match or split fails before any collec
         odd.ffn_dim = 25;
         CHECK_THROWS_WITH(T(odd, tp_config(1, 2, 2), f, g.dp, tp_layers{&g.tp}),
                           Catch::Contains("F=25") && Catch::Contains("tp=2"));
+        train::train_config sp = tp_suite::config(1, 2, 2, true);
+        sp.seq = 15;
+        CHECK_THROWS_WITH(T(trainer_suite::model(), sp, f, g.dp, tp_layers{&g.tp}),
+                          Catch::Contains("T=15") && Catch::Contains("tp=2"));
+        CHECK(g.tp.stats().bytes_sent() == 0);
       },
       test_options()));
 }

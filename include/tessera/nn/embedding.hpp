@@ -59,42 +59,58 @@ class embedding {
   /// Returns x(N, H) = wte[ids[n]] (a padding id gives a zero row). `ids`
   /// (N) in the context's memory; copied into `r` (allocated first, as it
   /// lives longest), so the caller's buffer may be reused before backward.
-  /// `seg`: the segment's first parameter. Throws config_error (host) for
-  /// an id outside [0, V) that is not the ignore index.
+  /// `seg`: the segment's first parameter. With `sequence_parallel` (a
+  /// tensor-parallel family) the rows are reduce-scattered instead of
+  /// all-reduced: x holds this rank's N/tp rows. Throws config_error (host)
+  /// for an id outside [0, V) that is not the ignore index.
   tensor<Param, Backend> forward(const Ctx& ctx, const std::int32_t* ids, std::int64_t N,
-                                 const Param* seg, record& r) const {
+                                 const Param* seg, record& r,
+                                 bool sequence_parallel = false) const {
     r.ids = kernels::make_tensor<std::int32_t>(ctx, N);
-    tensor<Param, Backend> x = kernels::make_tensor<Param>(ctx, N * H_);
     if constexpr (Layers::tensor_parallel) {
       local_ids(r.ids.data(), ids, N);  // the record keeps this rank's row indices
-      embedding_forward(ctx, x.data(), r.ids.data(), seg + offset_, N, Vl_, H_, ignore_);
-      layers_.all_reduce(partial_sum<Param>{x.data(), N, H_});
+      return lookup(ctx, r.ids.data(), N, seg, sequence_parallel);
     } else {
+      tensor<Param, Backend> x = kernels::make_tensor<Param>(ctx, N * H_);
       kernels::copy_elements(ctx, r.ids.data(), ids, N);
       embedding_forward(ctx, x.data(), r.ids.data(), seg + offset_, N, V_, H_, ignore_);
+      return x;
     }
-    return x;
   }
+
   /// As forward, keeping nothing (evaluation, generation).
   tensor<Param, Backend> forward_no_record(const Ctx& ctx, const std::int32_t* ids, std::int64_t N,
-                                           const Param* seg) const {
-    tensor<Param, Backend> x = kernels::make_tensor<Param>(ctx, N * H_);
+                                           const Param* seg,
+                                           bool sequence_parallel = false) const {
     if constexpr (Layers::tensor_parallel) {
       tensor<std::int32_t, Backend> mine = kernels::make_tensor<std::int32_t>(ctx, N);
       local_ids(mine.data(), ids, N);
-      embedding_forward(ctx, x.data(), mine.data(), seg + offset_, N, Vl_, H_, ignore_);
-      layers_.all_reduce(partial_sum<Param>{x.data(), N, H_});
+      return lookup(ctx, mine.data(), N, seg, sequence_parallel);
     } else {
+      tensor<Param, Backend> x = kernels::make_tensor<Param>(ctx, N * H_);
       embedding_forward(ctx, x.data(), ids, seg + offset_, N, V_, H_, ignore_);
+      return x;
     }
-    return x;
   }
+
   /// dwte[ids[n]] += dx[n] for every non-padding row, in row order
   /// (deterministic). `seg_grads`: the segment's first gradient element.
-  /// Frees the record.
-  void backward(const Ctx& ctx, record& r, const ActGrad* dx, Grad* seg_grads) const {
-    embedding_backward(ctx, seg_grads + offset_, dx, r.ids.data(), r.ids.numel(), Vl_, H_,
-                       ignore_);
+  /// With `sequence_parallel`, dx holds this rank's N/tp rows and is
+  /// all-gathered first. Frees the record.
+  void backward(const Ctx& ctx, record& r, const ActGrad* dx, Grad* seg_grads,
+                bool sequence_parallel = false) const {
+    const std::int64_t N = r.ids.numel();
+    if constexpr (Layers::tensor_parallel) {
+      if (sequence_parallel) {
+        tensor<ActGrad, Backend> all = kernels::make_tensor<ActGrad>(ctx, N * H_);
+        layers_.all_gather(token_sharded<const ActGrad>{dx, N / layers_.size(), H_}, all.data());
+        embedding_backward(ctx, seg_grads + offset_, all.data(), r.ids.data(), N, Vl_, H_,
+                           ignore_);
+        r.ids.release();
+        return;
+      }
+    }
+    embedding_backward(ctx, seg_grads + offset_, dx, r.ids.data(), N, Vl_, H_, ignore_);
     r.ids.release();
   }
 
@@ -114,6 +130,22 @@ class embedding {
       const std::int64_t l = static_cast<std::int64_t>(id) - v_begin_;
       out[i] = (id != ignore_ && l >= 0 && l < Vl_) ? static_cast<std::int32_t>(l) : ignore_;
     }
+  }
+
+  // This rank's rows of the embedding of `mine` (this rank's row indices),
+  // summed over the group: (N, H), or under sequence parallelism this
+  // rank's N/tp token rows.
+  tensor<Param, Backend> lookup(const Ctx& ctx, const std::int32_t* mine, std::int64_t N,
+                                const Param* seg, bool sequence_parallel) const {
+    tensor<Param, Backend> x = kernels::make_tensor<Param>(ctx, N * H_);
+    embedding_forward(ctx, x.data(), mine, seg + offset_, N, Vl_, H_, ignore_);
+    if (!sequence_parallel) {
+      layers_.all_reduce(partial_sum<Param>{x.data(), N, H_});
+      return x;
+    }
+    tensor<Param, Backend> rows = kernels::make_tensor<Param>(ctx, N / layers_.size() * H_);
+    layers_.reduce_scatter(partial_sum<const Param>{x.data(), N, H_}, rows.data());
+    return rows;
   }
 
   std::int64_t V_ = 0, H_ = 0, offset_ = 0;

@@ -132,6 +132,8 @@ struct dense_layers {
   void all_reduce_values(T*, std::size_t, bool /*max*/) const {}
   [[nodiscard]] int size() const { return 1; }
   [[nodiscard]] int rank() const { return 0; }
+  /// One rank holds every token.
+  [[nodiscard]] bool sequence_parallel_enabled() const { return false; }
 };
 
 // ---- placement-checked element-wise operations --------------------------------------------
@@ -177,6 +179,46 @@ void rmsnorm_backward(const Ctx& ctx, GA* dinp, G* dw, std::type_identity_t<repl
                       const T* x, const T* w, const A* rstd, bool accumulate) {
   rmsnorm_backward(ctx, dinp, dw, dout.data, x, w, rstd, dout.rows, dout.cols,
                             accumulate);
+}
+
+// Under sequence parallelism the norm and residual regions hold this
+// rank's token rows (token_sharded): every row has all its features, so the
+// row-wise operations run on the rows held. A token-sharded operand next to
+// a replicated one does not compile.
+
+/// out = a + b over this rank's token rows (sequence parallelism).
+template <class Ctx, class T>
+token_sharded<T> residual_add(const Ctx& ctx, token_sharded<T> out,
+                              std::type_identity_t<token_sharded<const T>> a,
+                              std::type_identity_t<token_sharded<const T>> b) {
+  TESSERA_THROW_IF(a.rows != out.rows || a.cols != out.cols || b.rows != out.rows ||
+                       b.cols != out.cols,
+                   config_error, "residual_add: shapes (", a.rows, ", ", a.cols, ") + (", b.rows,
+                   ", ", b.cols, ") -> (", out.rows, ", ", out.cols, ") differ");
+  residual_add(ctx, out.data, a.data, b.data, out.numel());
+  return out;
+}
+
+/// RMSNorm of this rank's token rows (sequence parallelism).
+template <class Ctx, class T, class A>
+token_sharded<T> rmsnorm_forward(const Ctx& ctx, token_sharded<T> out, A* rstd,
+                                 std::type_identity_t<token_sharded<const T>> x, const T* w,
+                                 double eps) {
+  TESSERA_THROW_IF(x.rows != out.rows || x.cols != out.cols, config_error,
+                   "rmsnorm_forward: input (", x.rows, ", ", x.cols, ") and output (", out.rows,
+                   ", ", out.cols, ") differ");
+  rmsnorm_forward(ctx, out.data, rstd, x.data, w, x.rows, x.cols, eps);
+  return out;
+}
+
+/// The RMSNorm backward over this rank's token rows (sequence
+/// parallelism): dw receives this rank's part of the gains' gradient, a
+/// partial sum over the tp group.
+template <class Ctx, class GA, class G, class T, class A>
+void rmsnorm_backward(const Ctx& ctx, GA* dinp, G* dw,
+                      std::type_identity_t<token_sharded<const GA>> dout, const T* x, const T* w,
+                      const A* rstd, bool accumulate) {
+  rmsnorm_backward(ctx, dinp, dw, dout.data, x, w, rstd, dout.rows, dout.cols, accumulate);
 }
 
 }  // namespace placed

@@ -46,6 +46,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -67,6 +68,19 @@
 #include "tessera/nn/segment_hooks.hpp"
 #include "tessera/nn/transformer_block.hpp"
 #include "tessera/precision/policy.hpp"
+
+namespace tessera::detail {
+// The communicator of a tensor-parallel layer family (a placeholder for dense).
+template <class Layers>
+struct kv_group_of {
+  using type = char;
+};
+template <class Layers>
+  requires Layers::tensor_parallel
+struct kv_group_of<Layers> {
+  using type = typename Layers::comm_type;
+};
+}  // namespace tessera::detail
 
 namespace tessera::nn {
 
@@ -105,7 +119,12 @@ class llama {
   /// owned, must outlive the model): the flat buffers hold this tp rank's
   /// shards (make_llama_layout(cfg, {tp, rank})), init_weights draws each
   /// shard as its slice of the single-rank model's tensor, and the blocks
-  /// reduce their partial sums over the group. Throws config_error as
+  /// reduce their partial sums over the group. When tp > nkv the model
+  /// splits the group of the ranks sharing its key/value heads from the tp
+  /// group (a collective: every tp rank constructs its model together).
+  /// With layers.sequence_parallel the training and evaluation forwards
+  /// shard the norm and residual regions along the tokens (T must then be
+  /// divisible by tp); generation never does. Throws config_error as
   /// check_tensor_parallel when tp does not split the heads or F.
   llama(llama_config cfg, llama_options opt, const Ctx& ctx, Layers layers)
       : cfg_(std::move(cfg)),
@@ -113,6 +132,17 @@ class llama {
         layout_(make_llama_layout(cfg_, {layers.size(), layers.rank()})),
         ctx_(&ctx),
         layers_(layers) {
+    if constexpr (Layers::tensor_parallel) {
+      const int rep = kv_replicas(cfg_, layers.size());
+      if (rep > 1) {
+        using Comm = typename Layers::comm_type;
+        kv_group_ = std::make_unique<Comm>(
+            layers.group->split(layers.rank() / rep, layers.rank() % rep));
+        layers.kv_group = kv_group_.get();
+        layers_.kv_group = kv_group_.get();
+      }
+      sequence_parallel_ = layers.sequence_parallel && layers.size() > 1;
+    }
     TESSERA_THROW_IF(opt_.ce_chunk < 1, config_error, "ce_chunk=", opt_.ce_chunk, " must be >= 1");
     opt_.checkpointing.validate();
     attention_check_shape(ctx, cfg_.max_seq, cfg_.n_heads, cfg_.n_kv_heads, cfg_.head_dim());
@@ -231,17 +261,35 @@ class llama {
 
   /// The tensor-parallel degree of the layer family (1: dense).
   int tp_size() const { return layers_.size(); }
+  /// Whether training and evaluation shard the norm and residual regions
+  /// along the tokens over the tp group (sequence parallelism).
+  bool sequence_parallel() const { return sequence_parallel_; }
+  /// The group of the tp ranks holding this rank's key/value heads when tp
+  /// > nkv (their weight gradients are summed over it); nullptr otherwise.
+  const auto* kv_replica_group() const {
+    if constexpr (Layers::tensor_parallel)
+      return kv_group_.get();
+    else
+      return static_cast<const void*>(nullptr);
+  }
+  /// Token rows of the residual stream for N = B T tokens: N, or N/tp under
+  /// sequence parallelism (this rank's consecutive rows [r N/tp, (r+1) N/tp)).
+  std::int64_t stream_rows(std::int64_t N) const {
+    return sequence_parallel_ ? N / layers_.size() : N;
+  }
 
   /// The ranges of this instance's flat buffer (offsets from flat_begin())
   /// whose squares this rank adds to the global gradient norm, so that the
   /// sum over the tp group counts every element of the model once: every
-  /// tp shard, and the tensors every tp rank holds whole (norm gains,
-  /// embedding, LM head: the same gradient on each) on tp rank 0 only.
-  /// Padding is never in a range. On one rank: every tensor.
+  /// tp shard (a key/value shard replicated over tp/nkv ranks on its first
+  /// replica only), and the tensors every tp rank holds whole (the norm
+  /// gains: the same gradient on each) on tp rank 0 only. Padding is never
+  /// in a range. On one rank: every tensor.
   std::vector<param_range> norm_ranges() const {
     std::vector<param_range> r;
     for (const auto& e : layout_.entries())
-      if (e.offset >= lo_ && e.offset < hi_ && (e.shard_dim >= 0 || layers_.rank() == 0))
+      if (e.offset >= lo_ && e.offset < hi_ &&
+          (e.shard_dim >= 0 ? e.replica == 0 : layers_.rank() == 0))
         r.push_back({e.offset - lo_, e.offset - lo_ + e.numel, e.decay});
     return r;
   }
@@ -369,14 +417,14 @@ class llama {
     check_shapes(mb);
     r.grad_input.release();  // a stage's input gradient of the record's last use
     const Ctx& ctx = *ctx_;
-    const block_shape s{mb.B, mb.T};
-    const std::int64_t N = s.N(), H = cfg_.dim;
+    const block_shape s = shape(mb, sequence_parallel_);
+    const std::int64_t N = s.N();
     r.B = mb.B;
     r.T = mb.T;
-    tensor<Param, Backend> x = embed_input(mb, &r.embedding);
+    tensor<Param, Backend> x = embed_input(mb, &r.embedding, s);
     r.blocks.resize(static_cast<std::size_t>(opt_.stage.last_block - opt_.stage.first_block));
-    {
-      tensor<Param, Backend> proj = kernels::make_tensor<Param>(ctx, N * H);
+    if (!blocks_.empty()) {
+      typename block_type::scratch proj = blocks_.front().make_scratch(ctx, s);
       for (std::int64_t l = opt_.stage.first_block; l < opt_.stage.last_block; ++l) {
         nvtx_range range("forward block ", l);
         hook(&segment_hooks::before_forward, static_cast<int>(l));
@@ -396,7 +444,7 @@ class llama {
     const int L = static_cast<int>(cfg_.n_layers);
     hook(&segment_hooks::before_forward, L);
     head_.forward(ctx, x.data(), mb.targets, N, segment_params_checked(L),
-                  segment_grads_checked(L), grad_scale, d_loss, r.head);
+                  segment_grads_checked(L), grad_scale, d_loss, r.head, s.sequence_parallel);
     x.release();
     hook(&segment_hooks::after_backward, L);
     r.filled = true;
@@ -404,16 +452,16 @@ class llama {
 
   void backward_from(record& r, const ActGrad* grad_output) {
     const Ctx& ctx = *ctx_;
-    const block_shape s{r.B, r.T};
-    const std::int64_t N = s.N(), H = cfg_.dim;
+    const block_shape s{r.B, r.T, sequence_parallel_};
+    const std::int64_t N = s.N(), H = cfg_.dim, R = stream_rows(N);
     tensor<ActGrad, Backend> dres;
     if (opt_.stage.head) {
       dres = head_.backward(r.head);
     } else {
       TESSERA_THROW_IF(grad_output == nullptr, error,
                        "backward: a stage without the head needs the gradient of its output");
-      dres = kernels::make_tensor<ActGrad>(ctx, N * H);
-      kernels::copy_elements(ctx, dres.data(), grad_output, N * H);
+      dres = kernels::make_tensor<ActGrad>(ctx, R * H);
+      kernels::copy_elements(ctx, dres.data(), grad_output, R * H);
       r.output.release();
     }
     if (opt_.stage.last_block > opt_.stage.first_block) {
@@ -435,7 +483,8 @@ class llama {
     if (opt_.stage.embedding) {
       TESSERA_NVTX_RANGE("embedding backward");
       hook(&segment_hooks::before_backward, -1);
-      embed_.backward(ctx, r.embedding, dres.data(), segment_grads_checked(-1));
+      embed_.backward(ctx, r.embedding, dres.data(), segment_grads_checked(-1),
+                      s.sequence_parallel);
       hook(&segment_hooks::after_backward, -1);
     } else {
       r.grad_input = std::move(dres);
@@ -449,13 +498,13 @@ class llama {
   /// record kept (each block's activations are freed after it).
   void forward_loss(const micro_batch<Param>& mb, double* d_loss) {
     require_whole_model("forward_loss");
-    check_shapes(mb);
     const Ctx& ctx = *ctx_;
-    const block_shape s{mb.B, mb.T};
+    const block_shape s = shape(mb, sequence_parallel_);
     tensor<Param, Backend> x = forward_no_record(mb, s);
     const int L = static_cast<int>(cfg_.n_layers);
     hook(&segment_hooks::before_forward, L);
-    head_.forward_loss(ctx, x.data(), mb.targets, s.N(), segment_params_checked(L), d_loss);
+    head_.forward_loss(ctx, x.data(), mb.targets, s.N(), segment_params_checked(L), d_loss,
+                       s.sequence_parallel);
     hook(&segment_hooks::after_forward, L);
   }
 
@@ -491,8 +540,7 @@ class llama {
     tensor<std::int32_t, Backend> ids = kernels::make_tensor<std::int32_t>(ctx, T);
     ctx.from_host(ids.data(), h_ids, static_cast<std::size_t>(T) * sizeof(std::int32_t));
     micro_batch<Param> mb{ids.data(), nullptr, nullptr, 1, T};
-    check_shapes(mb);
-    const block_shape s{1, T};
+    const block_shape s = shape(mb, false);  // one sequence of any length: never token-sharded
     tensor<Param, Backend> x = forward_no_record(mb, s);
     const int L = static_cast<int>(cfg_.n_layers);
     hook(&segment_hooks::before_forward, L);
@@ -508,16 +556,16 @@ class llama {
   /// for the backward: each block's record (or, checkpointed, its input),
   /// the embedding's ids and the head's input gradient (or the stage output).
   std::int64_t record_bytes(std::int64_t B, std::int64_t T) const {
-    const std::int64_t N = B * T;
+    const std::int64_t N = B * T, R = stream_rows(N);
     std::int64_t bytes = 0;
     for (std::int64_t l = opt_.stage.first_block; l < opt_.stage.last_block; ++l) {
-      const block_type& b = blocks_[static_cast<std::size_t>(l)];
-      bytes += N * (opt_.checkpointing.recomputes(l) ? b.checkpoint_bytes_per_token()
-                                                     : b.record_bytes_per_token());
+      block_bytes b = blocks_[static_cast<std::size_t>(l)].bytes();
+      if (sequence_parallel_) b.rows_div = layers_.size();
+      bytes += opt_.checkpointing.recomputes(l) ? b.input(N) : b.record(N);
     }
     if (opt_.stage.embedding) bytes += embedding_record<Backend>::bytes(N);
-    bytes += opt_.stage.head ? N * head_.record_bytes_per_token()
-                             : N * cfg_.dim * static_cast<std::int64_t>(sizeof(Param));
+    bytes += opt_.stage.head ? R * head_.record_bytes_per_token()
+                             : R * cfg_.dim * static_cast<std::int64_t>(sizeof(Param));
     return bytes;
   }
   /// The blocks' modules (the planner reads their byte counts).
@@ -591,31 +639,43 @@ class llama {
     TESSERA_THROW_IF(!opt_.stage.embedding || !opt_.stage.head, config_error, what,
                      " needs the whole model (this instance is a pipeline stage)");
   }
-  void check_shapes(const micro_batch<Param>& mb) const {
+  void check_shapes(const micro_batch<Param>& mb) const { (void)shape(mb, sequence_parallel_); }
+  // The blocks' shape of a micro-batch, sequence-parallel if `sp`. Throws
+  // config_error for B or T < 1, T > max_seq, or (sp) T not divisible by tp.
+  block_shape shape(const micro_batch<Param>& mb, bool sp) const {
     TESSERA_THROW_IF(mb.B < 1, config_error, "micro-batch B=", mb.B, " must be >= 1");
     TESSERA_THROW_IF(mb.T < 1, config_error, "sequence length T=", mb.T, " must be >= 1");
     TESSERA_THROW_IF(mb.T > cfg_.max_seq, config_error, "sequence length T=", mb.T,
                      " exceeds the model's max_seq=", cfg_.max_seq);
+    TESSERA_THROW_IF(sp && mb.T % layers_.size() != 0, config_error,
+                     "sequence parallelism: sequence length T=", mb.T,
+                     " is not divisible by tp=", layers_.size());
+    return {mb.B, mb.T, sp};
   }
 
   // The stage input as (N, H) hidden states: the embedding of the ids (into
   // `rec` when training), or a copy of the previous stage's output.
-  tensor<Param, Backend> embed_input(const micro_batch<Param>& mb, embedding_record<Backend>* rec) {
+  // Under sequence parallelism (s) the hidden states are this rank's rows.
+  tensor<Param, Backend> embed_input(const micro_batch<Param>& mb, embedding_record<Backend>* rec,
+                                     block_shape s) {
     const Ctx& ctx = *ctx_;
-    const std::int64_t N = mb.B * mb.T, H = cfg_.dim;
+    const std::int64_t N = mb.B * mb.T, H = cfg_.dim,
+                       R = s.sequence_parallel ? N / layers_.size() : N;
     if (!opt_.stage.embedding) {
       TESSERA_THROW_IF(mb.hidden == nullptr, error,
                        "forward: a stage without the embedding needs the hidden states");
-      tensor<Param, Backend> x = kernels::make_tensor<Param>(ctx, N * H);
-      kernels::copy_elements(ctx, x.data(), mb.hidden, N * H);
+      tensor<Param, Backend> x = kernels::make_tensor<Param>(ctx, R * H);
+      kernels::copy_elements(ctx, x.data(), mb.hidden, R * H);
       return x;
     }
     TESSERA_THROW_IF(mb.inputs == nullptr, error, "forward: no input ids");
     TESSERA_NVTX_RANGE("embedding forward");
     hook(&segment_hooks::before_forward, -1);
     tensor<Param, Backend> x =
-        rec ? embed_.forward(ctx, mb.inputs, N, segment_params_checked(-1), *rec)
-            : embed_.forward_no_record(ctx, mb.inputs, N, segment_params_checked(-1));
+        rec ? embed_.forward(ctx, mb.inputs, N, segment_params_checked(-1), *rec,
+                             s.sequence_parallel)
+            : embed_.forward_no_record(ctx, mb.inputs, N, segment_params_checked(-1),
+                                       s.sequence_parallel);
     hook(&segment_hooks::after_forward, -1);
     return x;
   }
@@ -623,8 +683,9 @@ class llama {
   // Embedding and blocks of the whole model without records (evaluation).
   tensor<Param, Backend> forward_no_record(const micro_batch<Param>& mb, block_shape s) {
     const Ctx& ctx = *ctx_;
-    tensor<Param, Backend> x = embed_input(mb, nullptr);
-    tensor<Param, Backend> proj = kernels::make_tensor<Param>(ctx, s.N() * cfg_.dim);
+    tensor<Param, Backend> x = embed_input(mb, nullptr, s);
+    typename block_type::scratch proj;
+    if (!blocks_.empty()) proj = blocks_.front().make_scratch(ctx, s);
     for (std::int64_t l = 0; l < cfg_.n_layers; ++l) {
       hook(&segment_hooks::before_forward, static_cast<int>(l));
       blocks_[static_cast<std::size_t>(l)].forward_no_record(
@@ -647,6 +708,9 @@ class llama {
   std::vector<const Param*> seg_params_;  // L+2: where segment s's parameters are read
   std::vector<Grad*> seg_grads_;          // L+2: where segment s's gradients accumulate
   segment_hooks* hooks_ = nullptr;
+  bool sequence_parallel_ = false;  // training and evaluation shard the tokens over tp
+  // tp > nkv: the ranks sharing this rank's key/value heads, split from the tp group
+  std::unique_ptr<typename tessera::detail::kv_group_of<Layers>::type> kv_group_;
   embed_type embed_;
   std::vector<block_type> blocks_;  // every block of the model (only the stage's run)
   head_type head_;

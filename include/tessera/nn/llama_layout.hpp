@@ -25,17 +25,28 @@ struct tp_rank {
 };
 
 /// Throws config_error unless a model of config `c` splits over tp ranks:
-/// tp divides the query heads nh and the key/value heads nkv (each rank
-/// holds nkv/tp key/value heads and the nh/tp query heads that use them)
-/// and the SwiGLU width F. The message names tp and the numbers.
+/// tp divides the query heads nh and the SwiGLU width F, and either tp
+/// divides the key/value heads nkv (each rank holds nkv/tp of them and the
+/// nh/tp query heads that use them) or tp is a multiple of nkv (each
+/// key/value head replicated on the tp/nkv ranks whose query heads use it).
+/// The message names tp and the numbers.
 inline void check_tensor_parallel(const llama_config& c, int tp) {
   TESSERA_THROW_IF(tp < 1, config_error, "tensor parallelism: tp=", tp, " must be >= 1");
-  TESSERA_THROW_IF(c.n_heads % tp != 0 || c.n_kv_heads % tp != 0, config_error,
-                   "tensor parallelism: tp=", tp, " must divide the query heads nh=", c.n_heads,
-                   " and the key/value heads nkv=", c.n_kv_heads,
-                   " (each rank holds nkv/tp key/value heads and their query heads)");
+  TESSERA_THROW_IF(c.n_heads % tp != 0 || (c.n_kv_heads % tp != 0 && tp % c.n_kv_heads != 0),
+                   config_error, "tensor parallelism: tp=", tp,
+                   " must divide the query heads nh=", c.n_heads,
+                   " and either divide the key/value heads nkv=", c.n_kv_heads,
+                   " or be a multiple of them (each rank holds its query heads and the "
+                   "key/value heads they use)");
   TESSERA_THROW_IF(c.ffn_dim % tp != 0, config_error, "tensor parallelism: tp=", tp,
                    " does not divide the SwiGLU width F=", c.ffn_dim);
+}
+
+/// How many tp ranks hold each key/value head: 1 when tp divides nkv,
+/// tp/nkv when tp is a multiple of nkv (grouped-query heads replicated).
+/// Precondition: check_tensor_parallel(c, tp) holds.
+inline int kv_replicas(const llama_config& c, int tp) {
+  return tp > c.n_kv_heads ? static_cast<int>(tp / c.n_kv_heads) : 1;
 }
 
 /// Builds the parameter layout of a config: embedding, blocks (attn_norm, wq,
@@ -43,7 +54,9 @@ inline void check_tensor_parallel(const llama_config& c, int tp) {
 /// tensor parallelism (`t.size` > 1) it is rank `t.rank`'s: wq, wk, wv,
 /// w_gate and w_up hold their rows (output features) [r n/tp, (r+1) n/tp)
 /// (whole heads: hd rows each), wo and w_down their columns (input
-/// features) likewise; the embedding and the LM head hold their rows of the
+/// features) likewise (when tp > nkv, wk and wv hold the one key/value
+/// head rank r's query heads use, head r / (tp/nkv), replicated on tp/nkv
+/// ranks); the embedding and the LM head hold their rows of the
 /// vocabulary padded to a multiple of tp (ceil(V/tp) each, the padding
 /// last); the norms are whole on every rank. Throws config_error as
 /// check_tensor_parallel.
@@ -69,13 +82,22 @@ inline param_layout make_llama_layout(const llama_config& c, tp_rank t = {}) {
     else
       p.add_shard(name, {Vl, H}, true, -1, {c.vocab, H}, 0, r * Vl);
   };
+  // Key/value heads: tp/nkv ranks share each one when tp > nkv.
+  const int rep = kv_replicas(c, t.size);
+  auto kv = [&](const std::string& name, int l) {
+    if (rep == 1) return rows(name, KV, H, l);
+    const std::int64_t hd = c.head_dim();
+    param_entry& e = p.add_shard(name, {hd, H}, true, l, {KV, H}, 0, (r / rep) * hd);
+    e.replicas = rep;
+    e.replica = static_cast<int>(r % rep);
+  };
   vocab("embedding");
   for (int l = 0; l < static_cast<int>(c.n_layers); ++l) {
     const std::string b = "blocks." + std::to_string(l) + ".";
     p.add(b + "attn_norm", {H}, false, l);
     rows(b + "attn.wq", H, H, l);
-    rows(b + "attn.wk", KV, H, l);
-    rows(b + "attn.wv", KV, H, l);
+    kv(b + "attn.wk", l);
+    kv(b + "attn.wv", l);
     cols(b + "attn.wo", H, H, l);
     p.add(b + "mlp_norm", {H}, false, l);
     rows(b + "mlp.w_gate", F, H, l);

@@ -72,10 +72,20 @@ class lm_head {
   /// scored), writes *d_loss = the sum of token losses, accumulates the
   /// final norm's and the LM head's gradients into `g` (the segment's first
   /// gradient element) and leaves d(loss)/dx (N, H) in r.dx. `p`: the
-  /// segment's first parameter. `x` is not kept. Throws config_error (host)
-  /// for a target outside [0, V).
+  /// segment's first parameter. `x` is not kept. With `sequence_parallel`
+  /// (a tensor-parallel family) x and r.dx hold this rank's N/tp token
+  /// rows: the normed rows are all-gathered before the LM head, its input
+  /// gradient reduce-scattered, the final norm's gain gradient summed over
+  /// the group. Throws config_error (host) for a target outside [0, V).
   void forward(const Ctx& ctx, const Param* x, const std::int32_t* targets, std::int64_t N,
-               const Param* p, Grad* g, Acc grad_scale, double* d_loss, record& r) const {
+               const Param* p, Grad* g, Acc grad_scale, double* d_loss, record& r,
+               bool sequence_parallel = false) const {
+    if constexpr (Layers::tensor_parallel) {
+      if (sequence_parallel) {
+        forward_sequence_parallel(ctx, x, targets, N, p, g, grad_scale, d_loss, r);
+        return;
+      }
+    }
     tensor<Acc, Backend> rstd = kernels::make_tensor<Acc>(ctx, N);
     tensor<Param, Backend> xn = kernels::make_tensor<Param>(ctx, N * H_);
     rmsnorm_forward(ctx, xn.data(), rstd.data(), x, p + norm_, N, H_, eps_);
@@ -93,23 +103,30 @@ class lm_head {
     rmsnorm_backward(ctx, r.dx.data(), g + norm_, dxn.data(), x, p + norm_, rstd.data(), N, H_,
                      false);
   }
-
-  /// Evaluation: *d_loss = the sum of token losses; no gradient, nothing kept.
+  /// Evaluation: *d_loss = the sum of token losses; no gradient, nothing
+  /// kept. With `sequence_parallel`, x holds this rank's N/tp rows.
   void forward_loss(const Ctx& ctx, const Param* x, const std::int32_t* targets, std::int64_t N,
-                    const Param* p, double* d_loss) const {
-    tensor<Acc, Backend> rstd = kernels::make_tensor<Acc>(ctx, N);
-    tensor<Param, Backend> xn = kernels::make_tensor<Param>(ctx, N * H_);
-    rmsnorm_forward(ctx, xn.data(), rstd.data(), x, p + norm_, N, H_, eps_);
-    if constexpr (Layers::tensor_parallel)
-      lm_head_cross_entropy_vocab_parallel(ctx, d_loss, xn.data(), p + lm_, targets, N, V_,
-                                           v_begin_, Vl_, H_, ignore_, Acc(0),
+                    const Param* p, double* d_loss, bool sequence_parallel = false) const {
+    const std::int64_t R = sequence_parallel ? N / layers_.size() : N;
+    tensor<Acc, Backend> rstd = kernels::make_tensor<Acc>(ctx, R);
+    tensor<Param, Backend> xn = kernels::make_tensor<Param>(ctx, R * H_);
+    rmsnorm_forward(ctx, xn.data(), rstd.data(), x, p + norm_, R, H_, eps_);
+    if constexpr (Layers::tensor_parallel) {
+      tensor<Param, Backend> all;
+      const Param* in = xn.data();
+      if (sequence_parallel) {
+        all = kernels::make_tensor<Param>(ctx, N * H_);
+        in = layers_.all_gather(token_sharded<const Param>{xn.data(), R, H_}, all.data()).data;
+      }
+      lm_head_cross_entropy_vocab_parallel(ctx, d_loss, in, p + lm_, targets, N, V_, v_begin_,
+                                           Vl_, H_, ignore_, Acc(0),
                                            static_cast<ActGrad*>(nullptr),
                                            static_cast<Grad*>(nullptr), chunk_, reducer());
-    else
+    } else {
       lm_head_cross_entropy(ctx, d_loss, xn.data(), p + lm_, targets, N, V_, H_, ignore_, Acc(0),
                             static_cast<ActGrad*>(nullptr), static_cast<Grad*>(nullptr), chunk_);
+    }
   }
-
   /// The V float32 logits after row `x_row` (H), for generation, into
   /// `d_logits` (context memory).
   void logits(const Ctx& ctx, float* d_logits, const Param* x_row, const Param* p) const {
@@ -133,12 +150,40 @@ class lm_head {
 
   std::int64_t chunk() const { return chunk_; }
 
-  /// Bytes per token the training forward keeps (r.dx).
+  /// Bytes per token the training forward keeps (r.dx; per token row held
+  /// under sequence parallelism).
   std::int64_t record_bytes_per_token() const {
     return static_cast<std::int64_t>(sizeof(ActGrad)) * H_;
   }
 
  private:
+  // The training forward under sequence parallelism: x (R = N/tp rows).
+  void forward_sequence_parallel(const Ctx& ctx, const Param* x, const std::int32_t* targets,
+                                 std::int64_t N, const Param* p, Grad* g, Acc grad_scale,
+                                 double* d_loss, record& r) const {
+    const std::int64_t R = N / layers_.size();
+    tensor<Acc, Backend> rstd = kernels::make_tensor<Acc>(ctx, R);
+    tensor<Param, Backend> xn = kernels::make_tensor<Param>(ctx, R * H_);
+    rmsnorm_forward(ctx, xn.data(), rstd.data(), x, p + norm_, R, H_, eps_);
+    tensor<Param, Backend> all = kernels::make_tensor<Param>(ctx, N * H_);
+    layers_.all_gather(token_sharded<const Param>{xn.data(), R, H_}, all.data());
+    tensor<ActGrad, Backend> dxn = kernels::make_tensor<ActGrad>(ctx, N * H_);
+    lm_head_cross_entropy_vocab_parallel(ctx, d_loss, all.data(), p + lm_, targets, N, V_,
+                                         v_begin_, Vl_, H_, ignore_, grad_scale, dxn.data(),
+                                         g + lm_, chunk_, reducer());
+    all.release();
+    tensor<ActGrad, Backend> dxn_rows = kernels::make_tensor<ActGrad>(ctx, R * H_);
+    layers_.reduce_scatter(partial_sum<const ActGrad>{dxn.data(), N, H_}, dxn_rows.data());
+    dxn.release();
+    r.dx = kernels::make_tensor<ActGrad>(ctx, R * H_);
+    tensor<Grad, Backend> dgain = kernels::make_tensor<Grad>(ctx, H_);
+    kernels::zero_elements(ctx, dgain.data(), H_);
+    rmsnorm_backward(ctx, r.dx.data(), dgain.data(), dxn_rows.data(), x, p + norm_, rstd.data(),
+                     R, H_, false);
+    layers_.all_reduce(partial_sum<Grad>{dgain.data(), 1, H_});
+    residual_add(ctx, g + norm_, g + norm_, dgain.data(), H_);
+  }
+
   // The cross-entropy's reductions over the group.
   auto reducer() const {
     return [this](bool max, Acc* v, std::int64_t n) {

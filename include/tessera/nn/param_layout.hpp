@@ -51,6 +51,12 @@ struct param_entry {
   tessera::shape full;
   int shard_dim = -1;
   std::int64_t shard_begin = 0;
+  /// How many ranks of the tp group hold this same shard (key/value heads
+  /// replicated when tp > nkv: tp/nkv ranks share each head) and which of
+  /// them this rank is, [0, replicas). The global gradient norm counts a
+  /// shard on its replica 0 only. 1 and 0 for an unreplicated shard.
+  int replicas = 1;
+  int replica = 0;
   /// The element of the whole tensor (row-major over `full`) that local
   /// element j (row-major over `shp`) holds; full.numel() or more for a
   /// padding row. Precondition: 0 <= j < numel.

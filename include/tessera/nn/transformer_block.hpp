@@ -23,6 +23,7 @@
 
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "tessera/core/placement.hpp"
 #include "tessera/core/tensor.hpp"
@@ -64,8 +65,12 @@ struct block_record {
 };
 
 /// Sizes of one block call (a micro-batch of B sequences of T tokens).
+/// With `sequence_parallel` (a tensor-parallel family only) the residual
+/// stream, the norms and their records hold N/tp token rows: this rank's
+/// consecutive rows [r N/tp, (r+1) N/tp) of the (B T) rows.
 struct block_shape {
   std::int64_t B = 0, T = 0;
+  bool sequence_parallel = false;
   std::int64_t N() const { return B * T; }
 };
 
@@ -73,10 +78,29 @@ struct block_shape {
 template <precision::policy P, class Backend>
 struct block_workspace {
   using ActGrad = typename P::act_grad_type;
+  using Param = typename P::param_type;
+  using Grad = typename P::grad_type;
   tensor<ActGrad, Backend> dxn;             ///< (N, H)
   tensor<ActGrad, Backend> datt, dq;        ///< (N, Hq): nh*hd of this rank's heads
   tensor<ActGrad, Backend> dk, dv;          ///< (N, KV)
   tensor<ActGrad, Backend> dh, dgate, dup;  ///< (N, F)
+  // Sequence parallelism only (empty otherwise):
+  tensor<ActGrad, Backend> dy;       ///< (N, H) the residual gradient gathered over tp
+  tensor<ActGrad, Backend> dx_rows;  ///< (N/tp, H) a norm input gradient, reduce-scattered
+  tensor<Param, Backend> xg;         ///< (N, H) a norm output gathered again (and the recompute's)
+  tensor<Grad, Backend> dgain;       ///< (H) this rank's part of a norm gain's gradient
+  /// Replicated key/value heads only: (KV, H) this rank's part of wk's or
+  /// wv's gradient before the replicas sum it.
+  tensor<Grad, Backend> dw;
+};
+
+/// The forward's (N, H) scratch, reused across the blocks: the
+/// row-parallel outputs' partial sums, and under sequence parallelism the
+/// norm output gathered over tp.
+template <precision::policy P, class Backend>
+struct block_scratch {
+  tensor<typename P::param_type, Backend> proj;      ///< (N, H)
+  tensor<typename P::param_type, Backend> gathered;  ///< (N, H), sequence parallelism only
 };
 
 /// The bytes one block allocates for N token rows, by part, for element
@@ -89,29 +113,42 @@ struct block_bytes {
   /// q and attention-output features: nh*hd of this rank's heads (H on one
   /// rank; KV, F and nh are this rank's too under tensor parallelism).
   std::int64_t Hq = 0;
+  /// The divisor of the token rows of the residual stream and the norms:
+  /// tp under sequence parallelism, else 1.
+  std::int64_t rows_div = 1;
+  std::int64_t grad = 4;       ///< bytes per parameter-gradient element
+  std::int64_t kv_scratch = 0;  ///< KV H under replicated key/value heads, else 0
 
   static block_bytes of(const llama_config& c, std::int64_t param, std::int64_t act_grad,
                         std::int64_t accum) {
     return {c.dim, c.kv_dim(), c.ffn_dim, c.n_heads, param, act_grad, accum, c.dim};
   }
-  /// x_in (N, H).
-  std::int64_t input(std::int64_t N) const { return N * H * param; }
-  /// The attention part of the record: rstd1 (N), xn1 (N, H), q, att (N,
-  /// Hq), k, v (N, KV), lse (B, nh, T).
+  /// Token rows of the residual stream: N, or N/tp under sequence parallelism.
+  std::int64_t rows(std::int64_t N) const { return N / rows_div; }
+  /// x_in (rows, H).
+  std::int64_t input(std::int64_t N) const { return rows(N) * H * param; }
+  /// The attention part of the record: rstd1 (rows), xn1 (rows, H), q, att
+  /// (N, Hq), k, v (N, KV), lse (B, nh, T).
   std::int64_t attention_part(std::int64_t N) const {
-    return N * (param * (H + 2 * Hq + 2 * KV) + accum * (1 + nh));
+    return rows(N) * (param * H + accum) + N * (param * (2 * Hq + 2 * KV) + accum * nh);
   }
-  /// The MLP part: x_mid, xn2 (N, H), gate, up, h (N, F), rstd2 (N); backward
-  /// frees it before the attention backward.
-  std::int64_t mlp_part(std::int64_t N) const { return N * (param * (2 * H + 3 * F) + accum); }
+  /// The MLP part: x_mid, xn2 (rows, H), rstd2 (rows), gate, up, h (N, F);
+  /// backward frees it before the attention backward.
+  std::int64_t mlp_part(std::int64_t N) const {
+    return rows(N) * (param * 2 * H + accum) + N * param * 3 * F;
+  }
   /// The whole record: input + attention part + MLP part.
   std::int64_t record(std::int64_t N) const {
     return input(N) + attention_part(N) + mlp_part(N);
   }
   /// The backward workspace: dxn (N, H), datt, dq (N, Hq), dk, dv (N, KV),
-  /// dh, dgate, dup (N, F) of the activation-gradient type.
+  /// dh, dgate, dup (N, F) of the activation-gradient type; under sequence
+  /// parallelism dy (N, H) and dx_rows (rows, H) of it, xg (N, H) params and
+  /// dgain (H) gradients; with replicated key/value heads dw (KV H) gradients.
   std::int64_t workspace(std::int64_t N) const {
-    return N * act_grad * (H + 2 * Hq + 2 * KV + 3 * F);
+    std::int64_t b = N * act_grad * (H + 2 * Hq + 2 * KV + 3 * F) + kv_scratch * grad;
+    if (rows_div > 1) b += (N + rows(N)) * H * act_grad + N * H * param + H * grad;
+    return b;
   }
 };
 
@@ -125,6 +162,19 @@ struct block_bytes {
 /// the input gradients of q/k/v and of gate/up backward) are reduced over
 /// the tp group (Megatron-LM, figure 3's f and g). On one rank
 /// (`dense_layers`) the same code reduces nothing.
+///
+/// Sequence parallelism (block_shape::sequence_parallel; Korthikanti et
+/// al. 2022, figure 5): the residual stream and the norms hold this rank's
+/// token rows; each norm output is all-gathered before its column-parallel
+/// layers and each row-parallel output reduce-scattered, and backward
+/// gathers the residual gradient before the row-parallel layers, gathers
+/// each norm output again for the weight gradients (the record keeps only
+/// this rank's rows), reduce-scatters the norms' input gradients and sums
+/// the gains' gradients over the group.
+///
+/// Key/value heads replicated over tp/nkv ranks (tp > nkv): each replica's
+/// wk and wv gradient is its query heads' part, summed over exactly the
+/// replicas (Layers::all_reduce_kv_replicas) before it is accumulated.
 template <precision::policy P, class Ctx, class Layers = dense_layers>
 class transformer_block {
  public:
@@ -136,12 +186,14 @@ class transformer_block {
   using Rope = typename P::rope_type;
   using record = block_record<P, Backend>;
   using workspace = block_workspace<P, Backend>;
+  using scratch = block_scratch<P, Backend>;
 
   transformer_block() = default;
   /// Block `l` of `layout` (make_llama_layout(c), or its tp rank's), whose
   /// segment starts at flat offset `segment_begin`; `layers` reduces the
   /// partial sums (its group must outlive the block). Throws tessera::error
-  /// if a tensor of the block is missing.
+  /// if a tensor of the block is missing, config_error if the layout is
+  /// not a shard of `layers`' group.
   transformer_block(const llama_config& c, const param_layout& layout, int l,
                     std::int64_t segment_begin, Layers layers = {})
       : layers_(layers), l_(l), H_(c.dim), hd_(c.head_dim()), eps_(c.norm_eps) {
@@ -156,6 +208,7 @@ class transformer_block {
     Hq_ = entry("attn.wq").shp[0];   // this rank's query features
     KV_ = entry("attn.wk").shp[0];   // this rank's key/value features
     F_ = entry("mlp.w_gate").shp[0];  // this rank's SwiGLU width
+    kv_replicas_ = entry("attn.wk").replicas;
     nh_ = Hq_ / hd_;
     nkv_ = KV_ / hd_;
     attn_norm_ = at("attn_norm");
@@ -172,83 +225,38 @@ class transformer_block {
   /// The block's index in the model.
   int index() const { return l_; }
 
-  /// Forward: consumes `x` (N, H), the block input, into r.x_in and leaves
-  /// the block output (N, H) in `x`. `p`: the segment's first parameter;
-  /// `proj` (N, H) scratch; `cos`, `sin` the RoPE tables (max_seq, hd/2).
-  /// With `recompute`, the record keeps x_in only (activation checkpointing).
+  /// Forward: consumes `x` (rows, H), the block input, into r.x_in and
+  /// leaves the block output (rows, H) in `x`; rows = N, or N/tp under
+  /// sequence parallelism. `p`: the segment's first parameter; `sc` the
+  /// forward's scratch (make_scratch); `cos`, `sin` the RoPE tables
+  /// (max_seq, hd/2). With `recompute`, the record keeps x_in only
+  /// (activation checkpointing).
   void forward(const Ctx& ctx, tensor<Param, Backend>& x, record& r, const Param* p,
-               block_shape s, tensor<Param, Backend>& proj, const Rope* cos, const Rope* sin,
+               block_shape s, scratch& sc, const Rope* cos, const Rope* sin,
                bool recompute) const {
-    r.x_in = std::move(x);
-    fill_record(ctx, r, p, s, proj, cos, sin);
-    const std::int64_t N = s.N();
-    const replicated<Param> down =
-        layers_.all_reduce(w_down_.forward(ctx, proj.data(), features(r.h, N, F_), p));
-    x = kernels::make_tensor<Param>(ctx, N * H_);
-    placed::residual_add(ctx, full(x, N), full(r.x_mid, N), down);
-    if (recompute) release_all_but_input(r);
+    if constexpr (Layers::tensor_parallel)
+      if (s.sequence_parallel) return forward_as<true>(ctx, x, r, p, s, sc, cos, sin, recompute);
+    forward_as<false>(ctx, x, r, p, s, sc, cos, sin, recompute);
   }
 
-  /// Forward without a record (evaluation): `x` (N, H) in, the output in `x`.
+  /// Forward without a record (evaluation): `x` (rows, H) in, the output in `x`.
   void forward_no_record(const Ctx& ctx, tensor<Param, Backend>& x, const Param* p,
-                         block_shape s, tensor<Param, Backend>& proj, const Rope* cos,
-                         const Rope* sin) const {
+                         block_shape s, scratch& sc, const Rope* cos, const Rope* sin) const {
     record r;
-    forward(ctx, x, r, p, s, proj, cos, sin, false);
+    forward(ctx, x, r, p, s, sc, cos, sin, false);
   }
 
-  /// Backward. dres: (N, H) gradient of the block output on entry, of the
-  /// block input on return (=). Parameter gradients accumulate (+=) into
-  /// `g` (the segment's first gradient element, same offsets as `p`). A
-  /// checkpointed record is recomputed first (`proj` (N, H) scratch); the
+  /// Backward. dres: (rows, H) gradient of the block output on entry, of
+  /// the block input on return (=). Parameter gradients accumulate (+=)
+  /// into `g` (the segment's first gradient element, same offsets as `p`).
+  /// A checkpointed record is recomputed first (`proj` (N, H) scratch); the
   /// record is empty on return.
   void backward(const Ctx& ctx, record& r, tensor<ActGrad, Backend>& dres, const Param* p, Grad* g,
                 block_shape s, workspace& w, tensor<Param, Backend>& proj, const Rope* cos,
                 const Rope* sin) const {
-    if (r.h.empty()) fill_record(ctx, r, p, s, proj, cos, sin);  // recompute (checkpointed)
-    const std::int64_t N = s.N();
-    const replicated<const ActGrad> dy = full(dres, N);
-    // MLP: y = x_mid + h Wd^T
-    const feature_sharded<ActGrad> dh = w_down_.backward_input(ctx, w.dh.data(), dy, p);
-    w_down_.backward_weight(ctx, g, dy, features(r.h, N, F_));
-    swiglu_backward(ctx, w.dgate.data(), w.dup.data(), dh.data, r.gate.data(), r.up.data(),
-                    N * F_);
-    const feature_sharded<const ActGrad> dgate = features(w.dgate, N, F_),
-                                         dup = features(w.dup, N, F_);
-    w_gate_.backward_input(ctx, w.dxn.data(), dgate, p);
-    const replicated<ActGrad> dxn2 =
-        layers_.all_reduce(w_up_.backward_input(ctx, w.dxn.data(), dup, p, true));
-    w_gate_.backward_weight(ctx, g, dgate, full(r.xn2, N));
-    w_up_.backward_weight(ctx, g, dup, full(r.xn2, N));
-    placed::rmsnorm_backward(ctx, dres.data(), g + mlp_norm_, dxn2, r.x_mid.data(),
-                             p + mlp_norm_, r.rstd2.data(), true);
-    r.h.release();
-    r.gate.release();
-    r.up.release();
-    r.xn2.release();
-    r.x_mid.release();
-    r.rstd2.release();
-    // Attention: x_mid = x_in + att Wo^T
-    const feature_sharded<ActGrad> datt = wo_.backward_input(ctx, w.datt.data(), dy, p);
-    wo_.backward_weight(ctx, g, dy, features(r.att, N, Hq_));
-    attention_backward(ctx, w.dq.data(), w.dk.data(), w.dv.data(), datt.data, r.q.data(),
-                       r.k.data(), r.v.data(), r.att.data(), r.lse.data(), s.B, s.T, nh_, nkv_,
-                       hd_);
-    rope_backward(ctx, w.dq.data(), cos, sin, s.B, s.T, nh_, hd_);
-    rope_backward(ctx, w.dk.data(), cos, sin, s.B, s.T, nkv_, hd_);
-    const feature_sharded<const ActGrad> dq = features(w.dq, N, Hq_), dk = features(w.dk, N, KV_),
-                                         dv = features(w.dv, N, KV_);
-    wq_.backward_input(ctx, w.dxn.data(), dq, p);
-    wk_.backward_input(ctx, w.dxn.data(), dk, p, true);
-    const replicated<ActGrad> dxn1 =
-        layers_.all_reduce(wv_.backward_input(ctx, w.dxn.data(), dv, p, true));
-    const replicated<const Param> xn1 = full(r.xn1, N);
-    wq_.backward_weight(ctx, g, dq, xn1);
-    wk_.backward_weight(ctx, g, dk, xn1);
-    wv_.backward_weight(ctx, g, dv, xn1);
-    placed::rmsnorm_backward(ctx, dres.data(), g + attn_norm_, dxn1, r.x_in.data(),
-                             p + attn_norm_, r.rstd1.data(), true);
-    r = record{};
+    if constexpr (Layers::tensor_parallel)
+      if (s.sequence_parallel) return backward_as<true>(ctx, r, dres, p, g, s, w, proj, cos, sin);
+    backward_as<false>(ctx, r, dres, p, g, s, w, proj, cos, sin);
   }
 
   /// The scratch of one backward pass over blocks of these sizes.
@@ -263,22 +271,40 @@ class transformer_block {
     w.dh = kernels::make_tensor<ActGrad>(ctx, N * F_);
     w.dgate = kernels::make_tensor<ActGrad>(ctx, N * F_);
     w.dup = kernels::make_tensor<ActGrad>(ctx, N * F_);
+    if (s.sequence_parallel) {
+      w.dy = kernels::make_tensor<ActGrad>(ctx, N * H_);
+      w.dx_rows = kernels::make_tensor<ActGrad>(ctx, rows(s) * H_);
+      w.xg = kernels::make_tensor<Param>(ctx, N * H_);
+      w.dgain = kernels::make_tensor<Grad>(ctx, H_);
+    }
+    if (kv_replicas_ > 1) w.dw = kernels::make_tensor<Grad>(ctx, KV_ * H_);
     return w;
+  }
+  /// The scratch of one forward pass over blocks of these sizes.
+  scratch make_scratch(const Ctx& ctx, block_shape s) const {
+    scratch sc;
+    sc.proj = kernels::make_tensor<Param>(ctx, s.N() * H_);
+    if (s.sequence_parallel) sc.gathered = kernels::make_tensor<Param>(ctx, s.N() * H_);
+    return sc;
   }
 
   // ---- what the block allocates (the planner sums these) ----------------------------------
 
   /// The block's byte counts with its policy's element sizes (this rank's
-  /// heads and SwiGLU width under tensor parallelism).
+  /// heads and SwiGLU width under tensor parallelism), for calls without
+  /// sequence parallelism (set rows_div to tp for it).
   block_bytes bytes() const {
-    return {H_,
-            KV_,
-            F_,
-            nh_,
-            static_cast<std::int64_t>(sizeof(Param)),
-            static_cast<std::int64_t>(sizeof(ActGrad)),
-            static_cast<std::int64_t>(sizeof(Acc)),
-            Hq_};
+    block_bytes b{H_,
+                  KV_,
+                  F_,
+                  nh_,
+                  static_cast<std::int64_t>(sizeof(Param)),
+                  static_cast<std::int64_t>(sizeof(ActGrad)),
+                  static_cast<std::int64_t>(sizeof(Acc)),
+                  Hq_};
+    b.grad = static_cast<std::int64_t>(sizeof(Grad));
+    b.kv_scratch = kv_replicas_ > 1 ? KV_ * H_ : 0;
+    return b;
   }
   /// Bytes of a full record per token: (3H + 2Hq + 2KV + 3F) Param (x_in,
   /// xn1, x_mid, xn2; q, att; k, v; gate, up, h) and (2 + nh) Acc (rstd1,
@@ -286,28 +312,168 @@ class transformer_block {
   std::int64_t record_bytes_per_token() const { return bytes().record(1); }
   /// Bytes per token a checkpointed block keeps: its input.
   std::int64_t checkpoint_bytes_per_token() const { return bytes().input(1); }
+  /// How many tp ranks hold this rank's key/value heads (1: not replicated).
+  int kv_replicas() const { return kv_replicas_; }
 
  private:
-  // Placed views of a record or workspace tensor of N rows.
-  template <class T>
-  replicated<T> full(tensor<T, Backend>& t, std::int64_t N) const {
-    return {t.data(), N, H_};
+  // The residual stream's placement: whole on every rank, or this rank's
+  // token rows under sequence parallelism.
+  template <bool SP, class T>
+  using rows_t = std::conditional_t<SP, token_sharded<T>, replicated<T>>;
+
+  // Token rows of the residual stream.
+  std::int64_t rows(block_shape s) const {
+    return s.sequence_parallel ? s.N() / layers_.size() : s.N();
+  }
+  // Placed views of a record or workspace tensor.
+  template <bool SP, class T>
+  rows_t<SP, T> stream(tensor<T, Backend>& t, block_shape s) const {
+    return {t.data(), rows(s), H_};
+  }
+  template <bool SP, class T>
+  rows_t<SP, const T> cstream(const tensor<T, Backend>& t, block_shape s) const {
+    return {t.data(), rows(s), H_};
   }
   template <class T>
   static feature_sharded<T> features(tensor<T, Backend>& t, std::int64_t N, std::int64_t cols) {
     return {t.data(), N, cols};
   }
+  // The complete (N, H) input of a column-parallel layer: the norm output
+  // itself, or under sequence parallelism every rank's rows gathered into
+  // `buf`.
+  template <bool SP, class T>
+  replicated<const T> complete(rows_t<SP, const T> x, T* buf) const {
+    if constexpr (SP)
+      return layers_.all_gather(x, buf);
+    else
+      return x;
+  }
+  // A row-parallel output or a column-parallel input gradient reduced:
+  // all_reduce in place, or under sequence parallelism reduce_scatter into
+  // `rows_out` (this rank's rows).
+  template <bool SP, class T>
+  rows_t<SP, T> reduce(partial_sum<T> p, T* rows_out) const {
+    if constexpr (SP)
+      return layers_.reduce_scatter(partial_sum<const T>(p), rows_out);
+    else
+      return layers_.all_reduce(p);
+  }
+  // A norm's backward from the complete gradient of its output: the gains'
+  // gradient accumulates into gw; under sequence parallelism it is this
+  // rank's rows' part, summed over the group first.
+  template <bool SP>
+  void norm_backward(const Ctx& ctx, ActGrad* dinp, Grad* gw, rows_t<SP, const ActGrad> dout,
+                     const Param* x, const Param* w, const Acc* rstd, workspace& ws) const {
+    if constexpr (SP) {
+      kernels::zero_elements(ctx, ws.dgain.data(), H_);
+      placed::rmsnorm_backward(ctx, dinp, ws.dgain.data(), dout, x, w, rstd, true);
+      layers_.all_reduce(partial_sum<Grad>{ws.dgain.data(), 1, H_});
+      residual_add(ctx, gw, gw, ws.dgain.data(), H_);
+    } else {
+      placed::rmsnorm_backward(ctx, dinp, gw, dout, x, w, rstd, true);
+    }
+  }
+  // wk's or wv's gradient: accumulated directly, or with replicated
+  // key/value heads computed apart, summed over the replicas, then added.
+  template <class GA, class T>
+  void kv_backward_weight(const Ctx& ctx, const typename Layers::column& layer, Grad* g,
+                          feature_sharded<GA> d, replicated<T> x, workspace& w) const {
+    if constexpr (Layers::tensor_parallel) {
+      if (kv_replicas_ > 1) {
+        typename Layers::column apart = layer;
+        apart.offset = 0;
+        kernels::zero_elements(ctx, w.dw.data(), layer.numel());
+        apart.backward_weight(ctx, w.dw.data(), d, x);
+        layers_.all_reduce_kv_replicas(
+            partial_sum<Grad>{w.dw.data(), layer.out_features, layer.in_features});
+        residual_add(ctx, g + layer.offset, g + layer.offset, w.dw.data(), layer.numel());
+        return;
+      }
+    }
+    layer.backward_weight(ctx, g, d, x);
+  }
+
+  template <bool SP>
+  void forward_as(const Ctx& ctx, tensor<Param, Backend>& x, record& r, const Param* p,
+                  block_shape s, scratch& sc, const Rope* cos, const Rope* sin,
+                  bool recompute) const {
+    r.x_in = std::move(x);
+    fill_record<SP>(ctx, r, p, s, sc.proj.data(), sc.gathered.data(), cos, sin);
+    const std::int64_t N = s.N();
+    const partial_sum<Param> down =
+        w_down_.forward(ctx, sc.proj.data(), features(r.h, N, F_), p);
+    x = kernels::make_tensor<Param>(ctx, rows(s) * H_);
+    const rows_t<SP, Param> d = reduce<SP>(down, x.data());
+    placed::residual_add(ctx, stream<SP>(x, s), cstream<SP>(r.x_mid, s), d);
+    if (recompute) release_all_but_input(r);
+  }
+
+  template <bool SP>
+  void backward_as(const Ctx& ctx, record& r, tensor<ActGrad, Backend>& dres, const Param* p,
+                   Grad* g, block_shape s, workspace& w, tensor<Param, Backend>& proj,
+                   const Rope* cos, const Rope* sin) const {
+    if (r.h.empty())  // recompute (checkpointed)
+      fill_record<SP>(ctx, r, p, s, proj.data(), w.xg.data(), cos, sin);
+    const std::int64_t N = s.N();
+    // MLP: y = x_mid + h Wd^T. dy reads dres (gathered under sequence
+    // parallelism), which the MLP norm's backward then adds to.
+    const replicated<const ActGrad> dy = complete<SP>(cstream<SP>(dres, s), w.dy.data());
+    const feature_sharded<ActGrad> dh = w_down_.backward_input(ctx, w.dh.data(), dy, p);
+    w_down_.backward_weight(ctx, g, dy, features(r.h, N, F_));
+    swiglu_backward(ctx, w.dgate.data(), w.dup.data(), dh.data, r.gate.data(), r.up.data(),
+                    N * F_);
+    const feature_sharded<const ActGrad> dgate = features(w.dgate, N, F_),
+                                         dup = features(w.dup, N, F_);
+    w_gate_.backward_input(ctx, w.dxn.data(), dgate, p);
+    const rows_t<SP, ActGrad> dxn2 =
+        reduce<SP>(w_up_.backward_input(ctx, w.dxn.data(), dup, p, true), w.dx_rows.data());
+    const replicated<const Param> xn2 = complete<SP>(cstream<SP>(r.xn2, s), w.xg.data());
+    w_gate_.backward_weight(ctx, g, dgate, xn2);
+    w_up_.backward_weight(ctx, g, dup, xn2);
+    norm_backward<SP>(ctx, dres.data(), g + mlp_norm_, dxn2, r.x_mid.data(), p + mlp_norm_,
+                      r.rstd2.data(), w);
+    r.h.release();
+    r.gate.release();
+    r.up.release();
+    r.xn2.release();
+    r.x_mid.release();
+    r.rstd2.release();
+    // Attention: x_mid = x_in + att Wo^T
+    const replicated<const ActGrad> dy2 = complete<SP>(cstream<SP>(dres, s), w.dy.data());
+    const feature_sharded<ActGrad> datt = wo_.backward_input(ctx, w.datt.data(), dy2, p);
+    wo_.backward_weight(ctx, g, dy2, features(r.att, N, Hq_));
+    attention_backward(ctx, w.dq.data(), w.dk.data(), w.dv.data(), datt.data, r.q.data(),
+                       r.k.data(), r.v.data(), r.att.data(), r.lse.data(), s.B, s.T, nh_, nkv_,
+                       hd_);
+    rope_backward(ctx, w.dq.data(), cos, sin, s.B, s.T, nh_, hd_);
+    rope_backward(ctx, w.dk.data(), cos, sin, s.B, s.T, nkv_, hd_);
+    const feature_sharded<const ActGrad> dq = features(w.dq, N, Hq_), dk = features(w.dk, N, KV_),
+                                         dv = features(w.dv, N, KV_);
+    wq_.backward_input(ctx, w.dxn.data(), dq, p);
+    wk_.backward_input(ctx, w.dxn.data(), dk, p, true);
+    const rows_t<SP, ActGrad> dxn1 =
+        reduce<SP>(wv_.backward_input(ctx, w.dxn.data(), dv, p, true), w.dx_rows.data());
+    const replicated<const Param> xn1 = complete<SP>(cstream<SP>(r.xn1, s), w.xg.data());
+    wq_.backward_weight(ctx, g, dq, xn1);
+    kv_backward_weight(ctx, wk_, g, dk, xn1, w);
+    kv_backward_weight(ctx, wv_, g, dv, xn1, w);
+    norm_backward<SP>(ctx, dres.data(), g + attn_norm_, dxn1, r.x_in.data(), p + attn_norm_,
+                      r.rstd1.data(), w);
+    r = record{};
+  }
 
   // Every record tensor but x_in, from r.x_in: the forward up to (not
-  // including) the down projection.
-  void fill_record(const Ctx& ctx, record& r, const Param* p, block_shape s,
-                   tensor<Param, Backend>& proj, const Rope* cos, const Rope* sin) const {
-    const std::int64_t N = s.N(), H = H_, F = F_, KV = KV_, Hq = Hq_;
-    r.rstd1 = kernels::make_tensor<Acc>(ctx, N);
-    r.xn1 = kernels::make_tensor<Param>(ctx, N * H);
-    const replicated<const Param> xn1 =
-        placed::rmsnorm_forward(ctx, full(r.xn1, N), r.rstd1.data(), full(r.x_in, N),
-                                p + attn_norm_, eps_);
+  // including) the down projection. `proj` (N, H) scratch; `gathered`
+  // (N, H) under sequence parallelism.
+  template <bool SP>
+  void fill_record(const Ctx& ctx, record& r, const Param* p, block_shape s, Param* proj,
+                   Param* gathered, const Rope* cos, const Rope* sin) const {
+    const std::int64_t N = s.N(), R = rows(s), H = H_, F = F_, KV = KV_, Hq = Hq_;
+    r.rstd1 = kernels::make_tensor<Acc>(ctx, R);
+    r.xn1 = kernels::make_tensor<Param>(ctx, R * H);
+    const rows_t<SP, const Param> xn1_rows = placed::rmsnorm_forward(
+        ctx, stream<SP>(r.xn1, s), r.rstd1.data(), cstream<SP>(r.x_in, s), p + attn_norm_, eps_);
+    const replicated<const Param> xn1 = complete<SP>(xn1_rows, gathered);
     r.q = kernels::make_tensor<Param>(ctx, N * Hq);
     r.k = kernels::make_tensor<Param>(ctx, N * KV);
     r.v = kernels::make_tensor<Param>(ctx, N * KV);
@@ -320,15 +486,15 @@ class transformer_block {
     r.lse = kernels::make_tensor<Acc>(ctx, s.B * nh_ * s.T);
     attention_forward(ctx, r.att.data(), r.lse.data(), q.data, k.data, v.data, s.B, s.T, nh_,
                       nkv_, hd_);
-    const replicated<Param> o =
-        layers_.all_reduce(wo_.forward(ctx, proj.data(), features(r.att, N, Hq), p));
-    r.x_mid = kernels::make_tensor<Param>(ctx, N * H);
-    placed::residual_add(ctx, full(r.x_mid, N), full(r.x_in, N), o);
-    r.rstd2 = kernels::make_tensor<Acc>(ctx, N);
-    r.xn2 = kernels::make_tensor<Param>(ctx, N * H);
-    const replicated<const Param> xn2 =
-        placed::rmsnorm_forward(ctx, full(r.xn2, N), r.rstd2.data(), full(r.x_mid, N),
-                                p + mlp_norm_, eps_);
+    const partial_sum<Param> o_part = wo_.forward(ctx, proj, features(r.att, N, Hq), p);
+    r.x_mid = kernels::make_tensor<Param>(ctx, R * H);
+    const rows_t<SP, Param> o = reduce<SP>(o_part, r.x_mid.data());
+    placed::residual_add(ctx, stream<SP>(r.x_mid, s), cstream<SP>(r.x_in, s), o);
+    r.rstd2 = kernels::make_tensor<Acc>(ctx, R);
+    r.xn2 = kernels::make_tensor<Param>(ctx, R * H);
+    const rows_t<SP, const Param> xn2_rows = placed::rmsnorm_forward(
+        ctx, stream<SP>(r.xn2, s), r.rstd2.data(), cstream<SP>(r.x_mid, s), p + mlp_norm_, eps_);
+    const replicated<const Param> xn2 = complete<SP>(xn2_rows, gathered);
     r.gate = kernels::make_tensor<Param>(ctx, N * F);
     r.up = kernels::make_tensor<Param>(ctx, N * F);
     r.h = kernels::make_tensor<Param>(ctx, N * F);
@@ -345,6 +511,7 @@ class transformer_block {
   Layers layers_{};
   int l_ = 0;
   std::int64_t H_ = 0, Hq_ = 0, F_ = 0, KV_ = 0, nh_ = 0, nkv_ = 0, hd_ = 0;
+  int kv_replicas_ = 1;  // tp ranks holding this rank's key/value heads
   double eps_ = 1e-5;
   std::int64_t attn_norm_ = 0, mlp_norm_ = 0;  // norm gains, offsets in the segment
   typename Layers::column wq_, wk_, wv_, w_gate_, w_up_;

@@ -43,6 +43,12 @@ struct activation_options {
   /// rank's heads and SwiGLU columns (nh/tp, nkv/tp, F/tp); the embedding
   /// and the head are whole.
   int tp = 1;
+  /// Sequence parallelism over tp: the residual stream, the norms and the
+  /// head's input gradient hold N/tp token rows; the forward keeps a
+  /// gathered (N, H) norm output beside the projection buffer, and the
+  /// backward workspace the gathered and reduce-scattered buffers
+  /// (nn::block_bytes with rows_div = tp).
+  bool sequence_parallel = false;
   /// cuda: the context's cuBLASLt workspace (kernels::cuda_context_options).
   std::uint64_t cublaslt_workspace = std::uint64_t(32) << 20;
 };
@@ -167,10 +173,18 @@ inline activation_plan plan_activations(const nn::llama_config& c, const dtype_s
   nn::block_bytes bb = nn::block_bytes::of(c, static_cast<std::int64_t>(P),
                                            static_cast<std::int64_t>(G),
                                            static_cast<std::int64_t>(A));
+  const int kv_rep = nn::kv_replicas(c, o.tp);
   bb.Hq /= o.tp;
-  bb.KV /= o.tp;
+  bb.KV = kv_rep > 1 ? c.head_dim() : bb.KV / o.tp;  // one head, replicated, when tp > nkv
   bb.F /= o.tp;
   bb.nh /= o.tp;
+  bb.grad = static_cast<std::int64_t>(d.grad);
+  bb.kv_scratch = kv_rep > 1 ? bb.KV * c.dim : 0;
+  const bool sp = o.sequence_parallel && o.tp > 1;
+  TESSERA_THROW_IF(sp && T % o.tp != 0, config_error, "sequence parallelism: sequence length T=",
+                   T, " is not divisible by tp=", o.tp);
+  if (sp) bb.rows_div = o.tp;
+  const std::uint64_t R = sp ? N / static_cast<std::uint64_t>(o.tp) : N;  // residual rows
   const detail::kernel_scratch ks = detail::scratch_of(c, d, o, B, T);
   const auto u = [](std::int64_t x) { return static_cast<std::uint64_t>(x); };
   const std::uint64_t att = u(bb.attention_part(Ni)), mlp = u(bb.mlp_part(Ni)),
@@ -181,8 +195,9 @@ inline activation_plan plan_activations(const nn::llama_config& c, const dtype_s
   std::uint64_t live = 0, peak = 0;
   auto at = [&](std::uint64_t extra) { peak = std::max(peak, live + extra); };
   // ---- forward: embedding (ids, x), the projection buffer, the blocks.
-  live = N * sizeof(std::int32_t) + N * H * P;
-  a.forward_temporaries = N * H * P;
+  live = N * sizeof(std::int32_t) + R * H * P;
+  if (sp) at(N * H * P);  // the embedding's rows before their reduce-scatter
+  a.forward_temporaries = N * H * P * (sp ? 2 : 1);
   live += a.forward_temporaries;
   std::uint64_t held = N * sizeof(std::int32_t);  // what the record keeps from forward to backward
   for (std::int64_t l = 0; l < c.n_layers; ++l) {
@@ -195,16 +210,20 @@ inline activation_plan plan_activations(const nn::llama_config& c, const dtype_s
   }
   live -= a.forward_temporaries;  // the projection buffer goes with the forward's blocks
   // ---- the head: final norm, fused LM head + cross-entropy, final norm backward.
-  const std::uint64_t head_fwd = N * A + N * H * P + N * H * G;  // rstd, xn, dxn
+  // rstd, xn, dxn (and under sequence parallelism the gathered xn, and
+  // dxn's reduce-scattered rows)
+  const std::uint64_t head_fwd = R * A + R * H * P + N * H * G + (sp ? N * H * P : 0);
   a.logits_workspace = ks.cross_entropy;
   at(head_fwd + ks.cross_entropy);
-  at(head_fwd + N * H * G + ks.rmsnorm_backward);  // + the record's input gradient
-  live += N * H * G - x;  // the head keeps its input gradient; the last output goes
-  held += N * H * G;
+  const std::uint64_t head_bwd = sp ? R * A + R * H * P + 2 * R * H * G + H * d.grad
+                                    : head_fwd + N * H * G;  // + the record's input gradient
+  at(head_bwd + ks.rmsnorm_backward);
+  live += R * H * G - x;  // the head keeps its input gradient; the last output goes
+  held += R * H * G;
   a.saved = held;
   // ---- backward: the residual gradient (the head's), the workspace, the blocks.
   live += ws;
-  a.backward_temporaries = N * H * G + ws;
+  a.backward_temporaries = R * H * G + ws;
   at(0);
   bool proj = false;
   for (std::int64_t l = c.n_layers - 1; l >= 0; --l) {

@@ -203,27 +203,41 @@ inline comm_plan plan_comm(const nn::llama_config& c, const sharding& sh,
 
 /// Element sizes and settings the tensor-parallel traffic depends on.
 struct tp_traffic {
-  std::size_t act = 4;       ///< bytes per activation element the forward all-reduces move
+  std::size_t act = 4;       ///< bytes per activation element the forward collectives move
   std::size_t act_grad = 4;  ///< bytes per activation-gradient element (the backward's)
   std::size_t accum = 4;     ///< bytes per element of the cross-entropy's row statistics
+  std::size_t grad = 4;      ///< bytes per parameter-gradient element (norm gains, wk, wv)
   std::int64_t ce_chunk = 256;               ///< token rows per LM-head chunk
-  nn::checkpoint_policy checkpointing = {};  ///< recomputed blocks all-reduce their forward again
+  nn::checkpoint_policy checkpointing = {};  ///< recomputed blocks reduce their forward again
+  bool sequence_parallel = false;            ///< all-gathers and reduce-scatters (Korthikanti)
 };
 
-/// Bytes one tp rank sends in the tensor-parallel all-reduces of one
-/// optimizer step (ring traffic, comm::ring_all_reduce_bytes; seeds/004),
-/// per micro-batch of N = B T rows:
-/// - forward, of (N, H) activations: two per block (after the attention
-///   output and the down projections: Megatron-LM's g), two more per block
-///   activation checkpointing recomputes, one for the vocabulary-parallel
-///   embedding;
-/// - backward, of (N, H) activation gradients: two per block (the input
-///   gradients of q/k/v and of gate/up: Megatron-LM's f), one for the LM
-///   head's input gradient;
+/// Bytes one tp rank sends on its tp group in one optimizer step (ring
+/// traffic, comm::ring_all_reduce_bytes and ring_scatter_gather_bytes;
+/// seeds/004), per micro-batch of N = B T rows (M = N H elements):
+/// - without sequence parallelism, all-reduces of M elements: forward two
+///   per block (after the attention output and the down projections:
+///   Megatron-LM's g), one more per block activation checkpointing
+///   recomputes (its attention output's; the recompute stops before the
+///   down projection), one for the vocabulary-parallel embedding; backward two
+///   per block (the input gradients of q/k/v and of gate/up: Megatron-LM's
+///   f), one for the LM head's input gradient;
+/// - with sequence parallelism, all-gathers and reduce-scatters of M/tp
+///   elements per rank instead: forward per block an all-gather before q/k/v
+///   and gate/up and a reduce-scatter after the attention output and down
+///   projections (a recomputed block gathers both norm outputs and
+///   reduce-scatters the attention output again), a reduce-scatter for the
+///   embedding and an all-gather before the LM head; backward per block
+///   two all-gathers of the residual gradient, two of the norm outputs
+///   again (activation elements) and two reduce-scatters of the norms'
+///   input gradients, a reduce-scatter of the LM head's input gradient and
+///   an all-gather for the embedding's; and all-reduces of H gain
+///   gradients, two per block and one for the final norm;
 /// - the vocabulary-parallel cross-entropy, per chunk of c rows: the row
 ///   maxima (c) and the sums of exponentials with the target logits (2c);
 /// and once per step the gradient norm's double. 0 when tp = 1. Throws
-/// config_error for a size < 1 or rank outside [0, tp).
+/// config_error for a size < 1, rank outside [0, tp), or with sequence
+/// parallelism T not divisible by tp.
 inline std::uint64_t plan_tp_bytes(const nn::llama_config& c, std::int64_t micro_batch,
                                    std::int64_t seq, std::int64_t micro_batches, int tp, int rank,
                                    const tp_traffic& t = {}) {
@@ -233,22 +247,56 @@ inline std::uint64_t plan_tp_bytes(const nn::llama_config& c, std::int64_t micro
                    " must all be >= 1");
   TESSERA_THROW_IF(rank < 0 || rank >= tp, config_error, "plan_tp_bytes: rank ", rank,
                    " is not in [0, ", tp, ")");
+  TESSERA_THROW_IF(t.sequence_parallel && seq % tp != 0, config_error,
+                   "sequence parallelism: sequence length T=", seq, " is not divisible by tp=",
+                   tp);
   if (tp == 1) return 0;
   const std::int64_t N = micro_batch * seq;
   const auto nh = static_cast<std::size_t>(N * c.dim);
   auto ring = [&](std::size_t n, std::size_t elem) {
     return comm::ring_all_reduce_bytes(n, elem, tp, rank);
   };
+  auto sg = [&](std::size_t elem) {  // one all-gather or reduce-scatter of this rank's rows
+    return comm::ring_scatter_gather_bytes(nh / static_cast<std::size_t>(tp), elem, tp);
+  };
   const auto L = static_cast<std::uint64_t>(c.n_layers);
   const auto recomputed = static_cast<std::uint64_t>(t.checkpointing.recomputed_blocks(c.n_layers));
-  std::uint64_t per_mb = (2 * L + 2 * recomputed + 1) * ring(nh, t.act) +
-                         (2 * L + 1) * ring(nh, t.act_grad);
+  std::uint64_t per_mb = 0;
+  if (!t.sequence_parallel) {
+    per_mb = (2 * L + recomputed + 1) * ring(nh, t.act) + (2 * L + 1) * ring(nh, t.act_grad);
+  } else {
+    const auto H = static_cast<std::size_t>(c.dim);
+    per_mb = (4 * L + 3 * recomputed + 2) * sg(t.act)  // forward, with the recompute
+             + 2 * L * sg(t.act)                         // norm outputs gathered again
+             + (4 * L + 2) * sg(t.act_grad)              // residual gradients, norm inputs
+             + (2 * L + 1) * ring(H, t.grad);            // the gains' gradients
+  }
   const std::int64_t C = std::min(t.ce_chunk, N);
   for (std::int64_t r0 = 0; r0 < N; r0 += C) {
     const auto rows = static_cast<std::size_t>(std::min(C, N - r0));
     per_mb += ring(rows, t.accum) + ring(2 * rows, t.accum);
   }
   return per_mb * static_cast<std::uint64_t>(micro_batches) + ring(1, sizeof(double));
+}
+
+/// Bytes one tp rank sends on its key/value replica group (tp > nkv: the
+/// tp/nkv ranks holding the same key/value head) in one optimizer step:
+/// per micro-batch and block, the all-reduces of wk's and wv's gradient
+/// (hd H elements each, `grad_bytes` per element). 0 when tp <= nkv.
+/// Throws config_error as nn::check_tensor_parallel, for micro_batches < 1
+/// or rank outside [0, tp).
+inline std::uint64_t plan_kv_replica_bytes(const nn::llama_config& c, std::int64_t micro_batches,
+                                           int tp, int rank, std::size_t grad_bytes = 4) {
+  nn::check_tensor_parallel(c, tp);
+  TESSERA_THROW_IF(micro_batches < 1, config_error, "plan_kv_replica_bytes: micro_batches=",
+                   micro_batches, " must be >= 1");
+  TESSERA_THROW_IF(rank < 0 || rank >= tp, config_error, "plan_kv_replica_bytes: rank ", rank,
+                   " is not in [0, ", tp, ")");
+  const int rep = nn::kv_replicas(c, tp);
+  if (rep == 1) return 0;
+  const auto n = static_cast<std::size_t>(c.head_dim() * c.dim);
+  return static_cast<std::uint64_t>(micro_batches) * static_cast<std::uint64_t>(c.n_layers) * 2 *
+         comm::ring_all_reduce_bytes(n, grad_bytes, rep, rank % rep);
 }
 
 /// Model FLOPs of one optimizer step.

@@ -24,6 +24,9 @@ struct train_config {
   std::int64_t seq = 128;           ///< T, tokens per sequence
   std::int64_t dp = 1;              ///< data-parallel degree (the communicator's size)
   std::int64_t tp = 1;              ///< tensor-parallel degree (the layer family's group size)
+  /// Sequence parallelism over the tp group (tp > 1, seq divisible by tp):
+  /// the trainer sets the layer family's `sequence_parallel` from it.
+  bool sequence_parallel = false;
   double lr = 1e-3;                 ///< peak learning rate
   double min_lr_ratio = 0.1;        ///< final lr = lr * min_lr_ratio
   std::int64_t warmup = 50;         ///< warmup steps

@@ -129,7 +129,9 @@ class trainer {
   /// dp group. Every rank of the world must construct it with the same
   /// settings and call the same member functions in the same order. Throws
   /// as above, and config_error naming tp when it does not match the group
-  /// or does not split the heads or F (nn::check_tensor_parallel).
+  /// or does not split the heads or F (nn::check_tensor_parallel), or
+  /// with cfg.sequence_parallel when tp is 1 or does not divide T. The
+  /// family's `sequence_parallel` is taken from cfg.sequence_parallel.
   trainer(nn::llama_config model_cfg, train_config cfg, const data::token_file& data, C& comm,
           L layers, parallel::data_parallel_options dpo = {})
       : trainer(own_context{}, std::move(model_cfg), cfg, data, &comm, layers, dpo) {}
@@ -333,6 +335,7 @@ class trainer {
     if (model_.tp_size() > 1) {  // a tp rank's shards resume at the same layout only
       m["tp"] = model_.tp_size();
       m["tp_rank"] = layers_rank();
+      m["sequence_parallel"] = cfg_.sequence_parallel;
     }
     return m;
   }
@@ -359,7 +362,7 @@ class trainer {
         comm_(comm ? comm : &*self_),
         layers_(layers),
         cfg_(checked(model_cfg, cfg, data, *comm_, layers.size())),
-        model_(std::move(model_cfg), model_options(cfg_), *ctx_, layers),
+        model_(std::move(model_cfg), model_options(cfg_), *ctx_, with_config(layers, cfg_)),
         engine_(init_model(model_, cfg_.seed), *comm_, cfg_.template optimizer_config<O>(),
                 cfg_.seed, dpo),
         executor_(model_, engine_, 1),
@@ -399,7 +402,18 @@ class trainer {
     TESSERA_THROW_IF(cfg.tp != tp, config_error, "tp=", cfg.tp,
                      " does not match the tensor-parallel group's ", tp, " ranks");
     nn::check_tensor_parallel(c, tp);
+    TESSERA_THROW_IF(cfg.sequence_parallel && tp == 1, config_error,
+                     "sequence parallelism shards the tokens over the tensor-parallel group: it "
+                     "needs tp > 1 (tp=", tp, ")");
+    TESSERA_THROW_IF(cfg.sequence_parallel && cfg.seq % tp != 0, config_error,
+                     "sequence parallelism: sequence length T=", cfg.seq,
+                     " is not divisible by tp=", tp);
     return cfg;
+  }
+  // The layer family as the run configures it (sequence parallelism).
+  static L with_config(L layers, const train_config& cfg) {
+    if constexpr (L::tensor_parallel) layers.sequence_parallel = cfg.sequence_parallel;
+    return layers;
   }
   static nn::llama_options model_options(const train_config& cfg) {
     nn::llama_options o;

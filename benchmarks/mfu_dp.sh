@@ -58,10 +58,15 @@ out, rounds, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 rows = [list(map(float, l.split())) for l in open(sys.argv[4]) if l.strip()]
 one_mfu = statistics.median(r[0] for r in rows); dp_mfu = statistics.median(r[2] for r in rows)
 one_tps = statistics.median(r[1] for r in rows); dp_tps = statistics.median(r[3] for r in rows)
+# Each round runs the two back to back: its ratio compares them under the
+# same load, so the median of the rounds' ratios is the figure to read on a
+# shared machine (a round whose two halves saw different load is an outlier).
+ratios = [r[2] / r[0] for r in rows]
 j = {"date": datetime.date.today().isoformat(), "rounds": rounds, "steps": steps,
      "one_rank": {"threads": 1, "micro_batch": 8, "mfu": one_mfu, "tokens_per_s": one_tps},
      "dp2_local": {"threads_per_rank": 1, "micro_batch": 8, "mfu": dp_mfu, "tokens_per_s": dp_tps},
      "mfu_ratio": dp_mfu / one_mfu,
+     "mfu_ratio_per_round": ratios, "mfu_ratio_median_of_rounds": statistics.median(ratios),
      "per_rank_throughput_ratio": dp_tps / 2 / one_tps, "rounds_raw": rows}
 with open(os.path.join(out, "mfu_dp.json.tmp"), "w") as f: json.dump(j, f, indent=1)
 os.replace(os.path.join(out, "mfu_dp.json.tmp"), os.path.join(out, "mfu_dp.json"))
@@ -70,7 +75,9 @@ md = (f"MFU at equal per-rank work (small preset, B 8 per rank, T 128, 1 thread 
       "| run | MFU | tokens/s (all ranks) |\n|---|---|---|\n"
       f"| one rank | {100*one_mfu:.1f}% | {one_tps:.0f} |\n"
       f"| dp 2 on threads (--comm local) | {100*dp_mfu:.1f}% | {dp_tps:.0f} |\n"
-      f"\ndp 2 / one rank MFU: {dp_mfu/one_mfu:.3f}; per-rank tokens/s of dp 2 / one rank's: "
+      f"\ndp 2 / one rank MFU, median of the rounds' ratios: {statistics.median(ratios):.3f} "
+      f"(rounds: {', '.join(f'{x:.2f}' for x in ratios)}); of the medians: "
+      f"{dp_mfu/one_mfu:.3f}; per-rank tokens/s of dp 2 / one rank's: "
       f"{dp_tps/2/one_tps:.3f} (the MFU is the per-rank figure: the two ratios agree, and "
       f"what separates them from 1 is the scaling loss of the run)\n")
 with open(os.path.join(out, "mfu_dp.md.tmp"), "w") as f: f.write(md)

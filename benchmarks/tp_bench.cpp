@@ -155,6 +155,10 @@ int main(int argc, char** argv) {
       for (auto [tp, sp] : {std::pair{1, false}, std::pair{2, false}, std::pair{2, true}}) {
         rows.push_back(run_case(c, tp, sp, warmup, steps));
         const auto& r = rows.back();
+        // Check before reporting: the communicators' count is the plan's.
+        TESSERA_THROW_IF(r.bytes_per_step != r.planned_bytes, error, "tp_bench: ", r.name,
+                         " tp ", r.tp, r.sp ? " sp" : "", ": ", r.bytes_per_step,
+                         " bytes sent per step, the plan says ", r.planned_bytes);
         std::printf("tp_bench: %s, tp %d%s: median step %.4f s, %.0f tokens/s, tp collectives "
                     "%.1f%% of the step, %llu bytes sent per step (planned %llu)\n",
                     r.name.c_str(), r.tp, r.sp ? " sp" : "", r.median_s, r.tokens_per_s,

@@ -34,6 +34,7 @@
 #include <string>
 
 #include "tessera/nn/llama_config.hpp"
+#include "tessera/nn/llama_layout.hpp"
 #include "tessera/plan/cuda_step.hpp"
 #include "tessera/plan/memory.hpp"
 #include "tessera/plan/step.hpp"
@@ -344,9 +345,7 @@ int main(int argc, char** argv) {
                      o.checkpoint_layers, " must be >= 1");
     TESSERA_THROW_IF(o.tp < 1 || o.tp > 64, config_error, "tp=", o.tp,
                      " must be in [1, 64] (one node's ranks)");
-    TESSERA_THROW_IF(o.sequence_parallel && o.tp < 2, config_error,
-                     "--sequence-parallel shards the tokens over the tensor-parallel group: it "
-                     "needs --tp > 1 (tp=", o.tp, ")");
+    if (o.sequence_parallel) nn::check_sequence_parallel(o.seq, o.tp);
     TESSERA_THROW_IF(o.gpu_step && o.tp > 1, config_error, "--gpu-step plans one GPU: --tp ",
                      o.tp, " must be 1 (tensor parallelism runs on the host communicators)");
     if (o.gpu_step) return print_gpu_step(o);

@@ -52,6 +52,7 @@
 #include "tessera/data/tokenizer.hpp"
 #include "tessera/kernels/blas.hpp"
 #include "tessera/nn/checkpointing.hpp"
+#include "tessera/nn/llama_layout.hpp"
 
 namespace fs = std::filesystem;
 using namespace tessera;
@@ -203,12 +204,7 @@ int main(int argc, char** argv) {
     TESSERA_THROW_IF(o.tp > 1 && gpu, config_error,
                      "--tp ", o.tp, " --backend cuda: tensor parallelism runs on the host "
                      "communicators in this build (--comm local or mpi)");
-    TESSERA_THROW_IF(o.cfg.sequence_parallel && o.tp < 2, config_error,
-                     "--sequence-parallel shards the tokens over the tensor-parallel group: it "
-                     "needs --tp > 1 (tp=", o.tp, ")");
-    TESSERA_THROW_IF(o.cfg.sequence_parallel && o.cfg.seq % o.tp != 0, config_error,
-                     "--sequence-parallel: --seq ", o.cfg.seq, " is not divisible by --tp ",
-                     o.tp);
+    if (o.cfg.sequence_parallel) nn::check_sequence_parallel(o.cfg.seq, o.tp);
     if (o.comm == "auto")
       o.comm = train_llama::launched_by_mpi() ? (gpu ? "nccl" : "mpi") : "local";
     TESSERA_THROW_IF(o.comm != "local" && o.comm != "mpi" && o.comm != "nccl", config_error,

@@ -143,3 +143,55 @@ TEST_CASE("plan_kv_replica_bytes: wk and wv summed over the ranks sharing a head
   CHECK(plan::plan_kv_replica_bytes(c, 3, 4, 1) == 0);  // tp divides nkv: nothing shared
   CHECK_THROWS_WITH(plan::plan_kv_replica_bytes(c, 1, 6, 0), Catch::Contains("tp=6"));
 }
+
+TEST_CASE("planned saved activations under tp, sequence parallelism and replicated heads",
+          "[plan][tp][sp]") {
+  // What a training forward leaves for its backward, three ways: the
+  // allocator's bytes after the forward, the model's count
+  // (llama::record_bytes) and the planner's (activation_plan::saved).
+  struct setup {
+    int tp;
+    bool sp;
+  };
+  for (const setup su : {setup{2, false}, setup{2, true}, setup{4, true}}) {
+    const auto c = nn::llama_config::tiny();  // tp 4 > nkv 2: replicated heads
+    const std::int64_t B = 2, T = 12;
+    std::mutex mu;
+    comm::comm_options co;
+    co.timeout = std::chrono::seconds(30);
+    comm::local_world::run(
+        su.tp,
+        [&](comm::local_communicator& g) {
+          host_memory_resource mr;
+          kernels::host_context ctx{&mr};
+          ctx.threads = 1;
+          using layers = nn::tensor_parallel_layers<comm::local_communicator>;
+          layers l{&g};
+          l.sequence_parallel = su.sp;
+          nn::llama<precision::fp32, host, layers> m(c, {}, ctx, l);
+          m.init_weights(3);
+          std::vector<std::int32_t> ids(static_cast<std::size_t>(B * T), 5);
+          auto in = kernels::make_tensor<std::int32_t>(ctx, B * T);
+          auto tg = kernels::make_tensor<std::int32_t>(ctx, B * T);
+          auto loss = kernels::make_tensor<double>(ctx, 1);
+          ctx.from_host(in.data(), ids.data(), ids.size() * sizeof(std::int32_t));
+          ctx.from_host(tg.data(), ids.data(), ids.size() * sizeof(std::int32_t));
+          typename nn::llama<precision::fp32, host, layers>::record r;
+          const std::uint64_t before = mr.stats().allocated;
+          m.forward({in.data(), tg.data(), nullptr, B, T}, r, 1.0f / (B * T), loss.data());
+          const std::uint64_t held = mr.stats().allocated - before;
+          m.backward(r);
+          plan::activation_options o;
+          o.micro_batch = B;
+          o.seq = T;
+          o.tp = su.tp;
+          o.sequence_parallel = su.sp;
+          const auto a = plan::plan_activations(c, plan::dtype_sizes::of<precision::fp32>(), o);
+          std::lock_guard<std::mutex> lock(mu);
+          INFO("tp " << su.tp << (su.sp ? " sequence-parallel" : "") << " rank " << g.rank());
+          CHECK(held == static_cast<std::uint64_t>(m.record_bytes(B, T)));
+          CHECK(a.saved == held);
+        },
+        co);
+  }
+}

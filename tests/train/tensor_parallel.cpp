@@ -154,6 +154,10 @@ TEST_CASE("tp trainer: a checkpoint resumes at its layout", "[train][tp]") {
         }
       },
       test_options()));
+  // One rank cannot resume a tp 2 checkpoint: the message names both degrees.
+  train::trainer<precision::fp64> one(trainer_suite::model(), tp_config(1, 1, 6), f);
+  CHECK_THROWS_WITH(one.load_checkpoint(ck),
+                    Catch::Contains("written at tp=2") && Catch::Contains("this run has tp=1"));
   std::error_code ec;
   std::filesystem::remove(ck, ec);
   std::filesystem::remove(ck.string() + ".tp1", ec);

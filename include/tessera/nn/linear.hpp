@@ -132,8 +132,6 @@ struct dense_layers {
   void all_reduce_values(T*, std::size_t, bool /*max*/) const {}
   [[nodiscard]] int size() const { return 1; }
   [[nodiscard]] int rank() const { return 0; }
-  /// One rank holds every token.
-  [[nodiscard]] bool sequence_parallel_enabled() const { return false; }
 };
 
 // ---- placement-checked element-wise operations --------------------------------------------
@@ -212,13 +210,19 @@ token_sharded<T> rmsnorm_forward(const Ctx& ctx, token_sharded<T> out, A* rstd,
 }
 
 /// The RMSNorm backward over this rank's token rows (sequence
-/// parallelism): dw receives this rank's part of the gains' gradient, a
-/// partial sum over the tp group.
-template <class Ctx, class GA, class G, class T, class A>
-void rmsnorm_backward(const Ctx& ctx, GA* dinp, G* dw,
+/// parallelism) from the complete gradient of their output `dout` (rows,
+/// H): dinp (rows, H) written, or added with `accumulate` (it may be the
+/// residual gradient, not `dout`); the gains' gradient, this rank's rows'
+/// part, is summed over `layers`' tp group in `scratch` (H, zeroed here)
+/// and added to gw (H). Collective over the group (one all-reduce of H).
+template <class Ctx, class Layers, class GA, class G, class T, class A>
+void rmsnorm_backward(const Ctx& ctx, const Layers& layers, GA* dinp, G* gw, G* scratch,
                       std::type_identity_t<token_sharded<const GA>> dout, const T* x, const T* w,
                       const A* rstd, bool accumulate) {
-  rmsnorm_backward(ctx, dinp, dw, dout.data, x, w, rstd, dout.rows, dout.cols, accumulate);
+  kernels::zero_elements(ctx, scratch, dout.cols);
+  rmsnorm_backward(ctx, dinp, scratch, dout.data, x, w, rstd, dout.rows, dout.cols, accumulate);
+  layers.all_reduce(partial_sum<G>{scratch, 1, dout.cols});
+  residual_add(ctx, gw, gw, scratch, dout.cols);
 }
 
 }  // namespace placed

@@ -51,6 +51,7 @@
 #include <utility>
 #include <vector>
 
+#include "tessera/comm/communicator.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/numeric.hpp"
 #include "tessera/core/nvtx.hpp"
@@ -132,17 +133,6 @@ class llama {
         layout_(make_llama_layout(cfg_, {layers.size(), layers.rank()})),
         ctx_(&ctx),
         layers_(layers) {
-    if constexpr (Layers::tensor_parallel) {
-      const int rep = kv_replicas(cfg_, layers.size());
-      if (rep > 1) {
-        using Comm = typename Layers::comm_type;
-        kv_group_ = std::make_unique<Comm>(
-            layers.group->split(layers.rank() / rep, layers.rank() % rep));
-        layers.kv_group = kv_group_.get();
-        layers_.kv_group = kv_group_.get();
-      }
-      sequence_parallel_ = layers.sequence_parallel && layers.size() > 1;
-    }
     TESSERA_THROW_IF(opt_.ce_chunk < 1, config_error, "ce_chunk=", opt_.ce_chunk, " must be >= 1");
     opt_.checkpointing.validate();
     attention_check_shape(ctx, cfg_.max_seq, cfg_.n_heads, cfg_.n_kv_heads, cfg_.head_dim());
@@ -168,6 +158,23 @@ class llama {
     seg_begin_.push_back(layout_.total());
     lo_ = global_segment_begin(first_segment());
     hi_ = global_segment_end(last_segment());
+    if constexpr (Layers::tensor_parallel) {
+      static_assert((comm::buffer_space_of<typename Layers::comm_type> ==
+                     comm::buffer_space::host) == Ctx::host_accessible,
+                    "llama: the tp group's communicator must reduce the backend's memory (a "
+                    "host communicator, local or mpi, for the host backend; "
+                    "nccl_communicator for cuda)");
+      // After every check above: the split is a collective of the tp group.
+      const int rep = kv_replicas(cfg_, layers.size());
+      if (rep > 1) {
+        using Comm = typename Layers::comm_type;
+        kv_group_ = std::make_unique<Comm>(
+            layers.group->split(layers.rank() / rep, layers.rank() % rep));
+        layers.kv_group = kv_group_.get();
+        layers_.kv_group = kv_group_.get();
+      }
+      sequence_parallel_ = layers.sequence_parallel && layers.size() > 1;
+    }
     for (int l = 0; l < static_cast<int>(L); ++l)
       blocks_.emplace_back(cfg_, layout_, l, global_segment_begin(l), layers);
     // Under tensor parallelism the vocabulary is split by rows (padded to a
@@ -384,8 +391,11 @@ class llama {
   ///   gradients, each scaled by `grad_scale` (1 / the scored tokens of the
   ///   whole optimizer step, over every micro-batch and rank).
   /// - Without the head: r.output holds the (B, T, H) stage output.
-  /// Throws config_error if B or T < 1, T > max_seq, or (host) an id is
-  /// outside [0, V); a forward that throws leaves `r` empty (its tensors freed).
+  /// Under sequence parallelism hidden states and the stage output hold
+  /// this rank's N/tp token rows.
+  /// Throws config_error if B or T < 1, T > max_seq, (sequence parallelism)
+  /// T not divisible by tp, or (host) an id is outside [0, V); a forward
+  /// that throws leaves `r` empty (its tensors freed).
   void forward(const micro_batch<Param>& mb, record& r, Acc grad_scale, double* d_loss) {
     TESSERA_THROW_IF(r.filled, error, "forward: the record holds a micro-batch whose backward has "
                                       "not run (one record per micro-batch in flight)");
@@ -398,7 +408,7 @@ class llama {
   }
 
   /// Backward of the micro-batch in `r`, which it empties: the blocks in
-  /// reverse, then the embedding. Without the head, `grad_output` (N, H,
+  /// reverse, then the embedding. Without the head, `grad_output` (rows, H,
   /// context memory) is d(loss)/d(stage output); without the embedding,
   /// r.grad_input holds d(loss)/d(stage input) on return. Parameter gradients
   /// accumulate (+=). A backward that throws leaves `r` empty.
@@ -647,9 +657,7 @@ class llama {
     TESSERA_THROW_IF(mb.T < 1, config_error, "sequence length T=", mb.T, " must be >= 1");
     TESSERA_THROW_IF(mb.T > cfg_.max_seq, config_error, "sequence length T=", mb.T,
                      " exceeds the model's max_seq=", cfg_.max_seq);
-    TESSERA_THROW_IF(sp && mb.T % layers_.size() != 0, config_error,
-                     "sequence parallelism: sequence length T=", mb.T,
-                     " is not divisible by tp=", layers_.size());
+    if (sp) check_sequence_parallel(mb.T, layers_.size());
     return {mb.B, mb.T, sp};
   }
 

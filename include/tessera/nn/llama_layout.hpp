@@ -42,6 +42,17 @@ inline void check_tensor_parallel(const llama_config& c, int tp) {
                    " does not divide the SwiGLU width F=", c.ffn_dim);
 }
 
+/// Throws config_error unless sequence parallelism can shard a sequence
+/// of T tokens over tp ranks (each holds T/tp of every sequence's rows):
+/// tp > 1 and tp divides T. The message names T and tp.
+inline void check_sequence_parallel(std::int64_t T, int tp) {
+  TESSERA_THROW_IF(tp < 2, config_error,
+                   "sequence parallelism shards the tokens over the tensor-parallel group: it "
+                   "needs tp > 1 (tp=", tp, ")");
+  TESSERA_THROW_IF(T % tp != 0, config_error, "sequence parallelism: sequence length T=", T,
+                   " is not divisible by tp=", tp);
+}
+
 /// How many tp ranks hold each key/value head: 1 when tp divides nkv,
 /// tp/nkv when tp is a multiple of nkv (grouped-query heads replicated).
 /// Precondition: check_tensor_parallel(c, tp) holds.

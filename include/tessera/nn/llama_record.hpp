@@ -52,8 +52,8 @@ struct llama_record {
   embedding_record<Backend> embedding;                 ///< the input ids (stages with it)
   std::vector<block_record<P, Backend>> blocks;        ///< one per block of the stage
   head_record<P, Backend> head;                        ///< d(loss)/d(head input) (stages with it)
-  tensor<typename P::param_type, Backend> output;      ///< (N, H) stage output (stages without the head)
-  tensor<typename P::act_grad_type, Backend> grad_input;  ///< (N, H) after backward: d(loss)/d(stage input) (stages without the embedding)
+  tensor<typename P::param_type, Backend> output;      ///< (rows, H) stage output (stages without the head; rows = N, or N/tp sequence-parallel)
+  tensor<typename P::act_grad_type, Backend> grad_input;  ///< (rows, H) after backward: d(loss)/d(stage input) (stages without the embedding)
   std::int64_t B = 0, T = 0;  ///< the micro-batch's rows and tokens per row (N = B T)
   bool filled = false;        ///< between forward and backward
 };
@@ -70,7 +70,7 @@ template <class Param>
 struct micro_batch {
   const std::int32_t* inputs = nullptr;   ///< (B, T) input ids (stages with the embedding)
   const std::int32_t* targets = nullptr;  ///< (B, T) target ids (stages with the head)
-  const Param* hidden = nullptr;          ///< (B, T, H) stage input (stages without the embedding)
+  const Param* hidden = nullptr;          ///< (B, T, H) stage input (stages without the embedding; this rank's N/tp rows under sequence parallelism)
   std::int64_t B = 0, T = 0;
 };
 

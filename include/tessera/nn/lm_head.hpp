@@ -33,7 +33,8 @@ namespace tessera::nn {
 /// What the head's training forward leaves for the backward pass.
 template <precision::policy P, class Backend>
 struct head_record {
-  /// (N, H) d(loss)/d(head input), scaled by grad_scale.
+  /// (rows, H) d(loss)/d(head input), scaled by grad_scale (rows = N, or
+  /// N/tp under sequence parallelism).
   tensor<typename P::act_grad_type, Backend> dx;
 };
 
@@ -80,20 +81,30 @@ class lm_head {
   void forward(const Ctx& ctx, const Param* x, const std::int32_t* targets, std::int64_t N,
                const Param* p, Grad* g, Acc grad_scale, double* d_loss, record& r,
                bool sequence_parallel = false) const {
-    if constexpr (Layers::tensor_parallel) {
-      if (sequence_parallel) {
-        forward_sequence_parallel(ctx, x, targets, N, p, g, grad_scale, d_loss, r);
-        return;
-      }
-    }
-    tensor<Acc, Backend> rstd = kernels::make_tensor<Acc>(ctx, N);
-    tensor<Param, Backend> xn = kernels::make_tensor<Param>(ctx, N * H_);
-    rmsnorm_forward(ctx, xn.data(), rstd.data(), x, p + norm_, N, H_, eps_);
+    const std::int64_t R = rows(N, sequence_parallel);
+    tensor<Acc, Backend> rstd = kernels::make_tensor<Acc>(ctx, R);
+    tensor<Param, Backend> xn = kernels::make_tensor<Param>(ctx, R * H_);
+    rmsnorm_forward(ctx, xn.data(), rstd.data(), x, p + norm_, R, H_, eps_);
+    tensor<Param, Backend> all;  // sequence parallelism: every rank's normed rows
+    const Param* in = gather(ctx, xn, R, N, sequence_parallel, all);
     tensor<ActGrad, Backend> dxn = kernels::make_tensor<ActGrad>(ctx, N * H_);
     if constexpr (Layers::tensor_parallel) {
-      lm_head_cross_entropy_vocab_parallel(ctx, d_loss, xn.data(), p + lm_, targets, N, V_,
-                                           v_begin_, Vl_, H_, ignore_, grad_scale, dxn.data(),
-                                           g + lm_, chunk_, reducer());
+      lm_head_cross_entropy_vocab_parallel(ctx, d_loss, in, p + lm_, targets, N, V_, v_begin_,
+                                           Vl_, H_, ignore_, grad_scale, dxn.data(), g + lm_,
+                                           chunk_, reducer());
+      all.release();
+      if (sequence_parallel) {
+        // dxn, a partial sum of every row, reduce-scattered to this rank's rows
+        tensor<ActGrad, Backend> mine = kernels::make_tensor<ActGrad>(ctx, R * H_);
+        layers_.reduce_scatter(partial_sum<const ActGrad>{dxn.data(), N, H_}, mine.data());
+        dxn = std::move(mine);
+        r.dx = kernels::make_tensor<ActGrad>(ctx, R * H_);
+        tensor<Grad, Backend> dgain = kernels::make_tensor<Grad>(ctx, H_);
+        placed::rmsnorm_backward(ctx, layers_, r.dx.data(), g + norm_, dgain.data(),
+                                 token_sharded<const ActGrad>{dxn.data(), R, H_}, x, p + norm_,
+                                 rstd.data(), false);
+        return;
+      }
       layers_.all_reduce(partial_sum<ActGrad>{dxn.data(), N, H_});
     } else {
       lm_head_cross_entropy(ctx, d_loss, xn.data(), p + lm_, targets, N, V_, H_, ignore_,
@@ -107,25 +118,20 @@ class lm_head {
   /// kept. With `sequence_parallel`, x holds this rank's N/tp rows.
   void forward_loss(const Ctx& ctx, const Param* x, const std::int32_t* targets, std::int64_t N,
                     const Param* p, double* d_loss, bool sequence_parallel = false) const {
-    const std::int64_t R = sequence_parallel ? N / layers_.size() : N;
+    const std::int64_t R = rows(N, sequence_parallel);
     tensor<Acc, Backend> rstd = kernels::make_tensor<Acc>(ctx, R);
     tensor<Param, Backend> xn = kernels::make_tensor<Param>(ctx, R * H_);
     rmsnorm_forward(ctx, xn.data(), rstd.data(), x, p + norm_, R, H_, eps_);
-    if constexpr (Layers::tensor_parallel) {
-      tensor<Param, Backend> all;
-      const Param* in = xn.data();
-      if (sequence_parallel) {
-        all = kernels::make_tensor<Param>(ctx, N * H_);
-        in = layers_.all_gather(token_sharded<const Param>{xn.data(), R, H_}, all.data()).data;
-      }
+    tensor<Param, Backend> all;
+    const Param* in = gather(ctx, xn, R, N, sequence_parallel, all);
+    if constexpr (Layers::tensor_parallel)
       lm_head_cross_entropy_vocab_parallel(ctx, d_loss, in, p + lm_, targets, N, V_, v_begin_,
                                            Vl_, H_, ignore_, Acc(0),
                                            static_cast<ActGrad*>(nullptr),
                                            static_cast<Grad*>(nullptr), chunk_, reducer());
-    } else {
-      lm_head_cross_entropy(ctx, d_loss, xn.data(), p + lm_, targets, N, V_, H_, ignore_, Acc(0),
+    else
+      lm_head_cross_entropy(ctx, d_loss, in, p + lm_, targets, N, V_, H_, ignore_, Acc(0),
                             static_cast<ActGrad*>(nullptr), static_cast<Grad*>(nullptr), chunk_);
-    }
   }
   /// The V float32 logits after row `x_row` (H), for generation, into
   /// `d_logits` (context memory).
@@ -157,31 +163,22 @@ class lm_head {
   }
 
  private:
-  // The training forward under sequence parallelism: x (R = N/tp rows).
-  void forward_sequence_parallel(const Ctx& ctx, const Param* x, const std::int32_t* targets,
-                                 std::int64_t N, const Param* p, Grad* g, Acc grad_scale,
-                                 double* d_loss, record& r) const {
-    const std::int64_t R = N / layers_.size();
-    tensor<Acc, Backend> rstd = kernels::make_tensor<Acc>(ctx, R);
-    tensor<Param, Backend> xn = kernels::make_tensor<Param>(ctx, R * H_);
-    rmsnorm_forward(ctx, xn.data(), rstd.data(), x, p + norm_, R, H_, eps_);
-    tensor<Param, Backend> all = kernels::make_tensor<Param>(ctx, N * H_);
-    layers_.all_gather(token_sharded<const Param>{xn.data(), R, H_}, all.data());
-    tensor<ActGrad, Backend> dxn = kernels::make_tensor<ActGrad>(ctx, N * H_);
-    lm_head_cross_entropy_vocab_parallel(ctx, d_loss, all.data(), p + lm_, targets, N, V_,
-                                         v_begin_, Vl_, H_, ignore_, grad_scale, dxn.data(),
-                                         g + lm_, chunk_, reducer());
-    all.release();
-    tensor<ActGrad, Backend> dxn_rows = kernels::make_tensor<ActGrad>(ctx, R * H_);
-    layers_.reduce_scatter(partial_sum<const ActGrad>{dxn.data(), N, H_}, dxn_rows.data());
-    dxn.release();
-    r.dx = kernels::make_tensor<ActGrad>(ctx, R * H_);
-    tensor<Grad, Backend> dgain = kernels::make_tensor<Grad>(ctx, H_);
-    kernels::zero_elements(ctx, dgain.data(), H_);
-    rmsnorm_backward(ctx, r.dx.data(), dgain.data(), dxn_rows.data(), x, p + norm_, rstd.data(),
-                     R, H_, false);
-    layers_.all_reduce(partial_sum<Grad>{dgain.data(), 1, H_});
-    residual_add(ctx, g + norm_, g + norm_, dgain.data(), H_);
+  // Token rows of the head's input: N, or N/tp under sequence parallelism.
+  std::int64_t rows(std::int64_t N, bool sequence_parallel) const {
+    return sequence_parallel ? N / layers_.size() : N;
+  }
+  // The normed rows the LM head reads: xn itself, or under sequence
+  // parallelism every rank's R rows gathered into `all` (allocated here).
+  const Param* gather(const Ctx& ctx, const tensor<Param, Backend>& xn, std::int64_t R,
+                      std::int64_t N, bool sequence_parallel, tensor<Param, Backend>& all) const {
+    if constexpr (Layers::tensor_parallel) {
+      if (sequence_parallel) {
+        all = kernels::make_tensor<Param>(ctx, N * H_);
+        return layers_.all_gather(token_sharded<const Param>{xn.data(), R, H_}, all.data()).data;
+      }
+    }
+    (void)ctx, (void)R, (void)N, (void)all;
+    return xn.data();
   }
 
   // The cross-entropy's reductions over the group.

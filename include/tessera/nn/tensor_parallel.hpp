@@ -213,8 +213,6 @@ struct tensor_parallel_layers {
   /// when no group was given.
   [[nodiscard]] int size() const { return checked().size(); }
   [[nodiscard]] int rank() const { return checked().rank(); }
-  /// Whether the norm and residual regions are sharded along the tokens.
-  [[nodiscard]] bool sequence_parallel_enabled() const { return sequence_parallel; }
 
  private:
   Comm& checked() const {

@@ -49,16 +49,16 @@ template <precision::policy P, class Backend>
 struct block_record {
   using Param = typename P::param_type;
   using Acc = typename P::accum_type;
-  tensor<Param, Backend> x_in;   ///< (N, H) block input (residual stream)
-  tensor<Acc, Backend> rstd1;    ///< (N)
-  tensor<Param, Backend> xn1;    ///< (N, H)
+  tensor<Param, Backend> x_in;   ///< (rows, H) block input (residual stream; rows = N, N/tp sequence-parallel)
+  tensor<Acc, Backend> rstd1;    ///< (rows)
+  tensor<Param, Backend> xn1;    ///< (rows, H)
   tensor<Param, Backend> q;      ///< (N, nh*hd) after RoPE (this rank's heads under tp)
   tensor<Param, Backend> k, v;   ///< (N, nkv*hd), k after RoPE
   tensor<Param, Backend> att;    ///< (N, nh*hd) attention output
   tensor<Acc, Backend> lse;      ///< (B, nh, T)
-  tensor<Param, Backend> x_mid;  ///< (N, H) after the attention residual
-  tensor<Acc, Backend> rstd2;    ///< (N)
-  tensor<Param, Backend> xn2;    ///< (N, H)
+  tensor<Param, Backend> x_mid;  ///< (rows, H) after the attention residual
+  tensor<Acc, Backend> rstd2;    ///< (rows)
+  tensor<Param, Backend> xn2;    ///< (rows, H)
   tensor<Param, Backend> gate;   ///< (N, F) (F/tp under tp)
   tensor<Param, Backend> up;     ///< (N, F)
   tensor<Param, Backend> h;      ///< (N, F) silu(gate) * up
@@ -209,6 +209,11 @@ class transformer_block {
     KV_ = entry("attn.wk").shp[0];   // this rank's key/value features
     F_ = entry("mlp.w_gate").shp[0];  // this rank's SwiGLU width
     kv_replicas_ = entry("attn.wk").replicas;
+    if constexpr (Layers::tensor_parallel)
+      TESSERA_THROW_IF(kv_replicas_ > 1 && layers.kv_group == nullptr, config_error, "block ", l,
+                       ": its key/value heads are replicated on ", kv_replicas_,
+                       " tp ranks but the layer family has no kv_group (nn::llama splits it "
+                       "from the tp group)");
     nh_ = Hq_ / hd_;
     nkv_ = KV_ / hd_;
     attn_norm_ = at("attn_norm");
@@ -308,7 +313,8 @@ class transformer_block {
   }
   /// Bytes of a full record per token: (3H + 2Hq + 2KV + 3F) Param (x_in,
   /// xn1, x_mid, xn2; q, att; k, v; gate, up, h) and (2 + nh) Acc (rstd1,
-  /// rstd2, lse).
+  /// rstd2, lse); without sequence parallelism (with it: block_bytes with
+  /// rows_div = tp, as nn::llama::record_bytes counts).
   std::int64_t record_bytes_per_token() const { return bytes().record(1); }
   /// Bytes per token a checkpointed block keeps: its input.
   std::int64_t checkpoint_bytes_per_token() const { return bytes().input(1); }
@@ -365,10 +371,7 @@ class transformer_block {
   void norm_backward(const Ctx& ctx, ActGrad* dinp, Grad* gw, rows_t<SP, const ActGrad> dout,
                      const Param* x, const Param* w, const Acc* rstd, workspace& ws) const {
     if constexpr (SP) {
-      kernels::zero_elements(ctx, ws.dgain.data(), H_);
-      placed::rmsnorm_backward(ctx, dinp, ws.dgain.data(), dout, x, w, rstd, true);
-      layers_.all_reduce(partial_sum<Grad>{ws.dgain.data(), 1, H_});
-      residual_add(ctx, gw, gw, ws.dgain.data(), H_);
+      placed::rmsnorm_backward(ctx, layers_, dinp, gw, ws.dgain.data(), dout, x, w, rstd, true);
     } else {
       placed::rmsnorm_backward(ctx, dinp, gw, dout, x, w, rstd, true);
     }

@@ -180,9 +180,8 @@ inline activation_plan plan_activations(const nn::llama_config& c, const dtype_s
   bb.nh /= o.tp;
   bb.grad = static_cast<std::int64_t>(d.grad);
   bb.kv_scratch = kv_rep > 1 ? bb.KV * c.dim : 0;
-  const bool sp = o.sequence_parallel && o.tp > 1;
-  TESSERA_THROW_IF(sp && T % o.tp != 0, config_error, "sequence parallelism: sequence length T=",
-                   T, " is not divisible by tp=", o.tp);
+  if (o.sequence_parallel) nn::check_sequence_parallel(T, o.tp);
+  const bool sp = o.sequence_parallel;
   if (sp) bb.rows_div = o.tp;
   const std::uint64_t R = sp ? N / static_cast<std::uint64_t>(o.tp) : N;  // residual rows
   const detail::kernel_scratch ks = detail::scratch_of(c, d, o, B, T);
@@ -241,6 +240,9 @@ inline activation_plan plan_activations(const nn::llama_config& c, const dtype_s
     at(std::max({ks.attention_backward, ks.attention_gemm, ks.rmsnorm_backward}));
     live -= att + x;  // the rest of the record
   }
+  // The embedding's backward, after the workspace went: under sequence
+  // parallelism it gathers every rank's rows of the residual gradient.
+  if (sp) peak = std::max(peak, live - ws + N * H * G);
   a.attention_scratch = std::max(ks.attention_forward, ks.attention_backward);
   a.peak = peak;
   if (o.backend == backend_kind::host && P != A) {

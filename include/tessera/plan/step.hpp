@@ -237,7 +237,7 @@ struct tp_traffic {
 ///   maxima (c) and the sums of exponentials with the target logits (2c);
 /// and once per step the gradient norm's double. 0 when tp = 1. Throws
 /// config_error for a size < 1, rank outside [0, tp), or with sequence
-/// parallelism T not divisible by tp.
+/// parallelism as nn::check_sequence_parallel (tp 1, or T not divisible by tp).
 inline std::uint64_t plan_tp_bytes(const nn::llama_config& c, std::int64_t micro_batch,
                                    std::int64_t seq, std::int64_t micro_batches, int tp, int rank,
                                    const tp_traffic& t = {}) {
@@ -247,9 +247,7 @@ inline std::uint64_t plan_tp_bytes(const nn::llama_config& c, std::int64_t micro
                    " must all be >= 1");
   TESSERA_THROW_IF(rank < 0 || rank >= tp, config_error, "plan_tp_bytes: rank ", rank,
                    " is not in [0, ", tp, ")");
-  TESSERA_THROW_IF(t.sequence_parallel && seq % tp != 0, config_error,
-                   "sequence parallelism: sequence length T=", seq, " is not divisible by tp=",
-                   tp);
+  if (t.sequence_parallel) nn::check_sequence_parallel(seq, tp);
   if (tp == 1) return 0;
   const std::int64_t N = micro_batch * seq;
   const auto nh = static_cast<std::size_t>(N * c.dim);
@@ -319,7 +317,9 @@ struct flops_plan {
 
 /// FLOPs of one optimizer step: B sequences of T tokens, k micro-batches,
 /// dp ranks, each a tp group sharing its tokens (a rank's share of the
-/// model FLOPs is 1/tp of its group's, as the trainer's MFU counts it). N
+/// model FLOPs is 1/tp of its group's, as the trainer's MFU counts it;
+/// model FLOPs: key/value projections replicated when tp > nkv count once,
+/// as on one rank). N
 /// in 6ND is llama_config::num_params() (embedding included, as the seeds
 /// count it). Throws config_error for a size < 1.
 inline flops_plan plan_flops(const nn::llama_config& c, std::int64_t micro_batch, std::int64_t seq,

@@ -89,11 +89,23 @@ nlohmann::json run_metadata(const nn::llama_config& c, const train_config& cfg,
 
 /// Checks a checkpoint's metadata against this run's before a resume: every
 /// key of `mine` except the positions (step, data_position,
-/// schedule_position) must be present and equal. Throws config_error naming
-/// the field and both values, and io_error if the step is not an integer in
+/// schedule_position) must be present and equal, the tensor-parallel
+/// degree checked first. Throws config_error naming the field and both
+/// values, and io_error if the step is not an integer in
 /// [0, steps]. Returns the checkpoint's step.
 inline std::int64_t check_resume_metadata(const std::filesystem::path& path, nlohmann::json& meta,
                                           const nlohmann::json& mine, std::int64_t steps) {
+  // The tensor-parallel degree first: a checkpoint of another tp holds
+  // other shards, and every later field (flat_elements) would differ for
+  // that one reason. A run without tp is tp 1.
+  const auto tp_of = [](const nlohmann::json& j) {
+    return j.contains("tp") ? j["tp"] : nlohmann::json(1);
+  };
+  TESSERA_THROW_IF(tp_of(meta) != tp_of(mine), config_error, "checkpoint '", path.string(),
+                   "' was written at tp=", tp_of(meta).dump(), " but this run has tp=",
+                   tp_of(mine).dump(),
+                   ": a checkpoint resumes at its own tensor-parallel degree (it is not "
+                   "resharded)");
   for (const auto& [k, v] : mine.items()) {
     if (k == "step" || k == "data_position" || k == "schedule_position") continue;
     TESSERA_THROW_IF(!meta.contains(k) || meta[k] != v, config_error, "checkpoint '",

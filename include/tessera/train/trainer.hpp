@@ -334,8 +334,7 @@ class trainer {
                                     step_, model_.flat_size(), *data_);
     if (model_.tp_size() > 1) {  // a tp rank's shards resume at the same layout only
       m["tp"] = model_.tp_size();
-      m["tp_rank"] = layers_rank();
-      m["sequence_parallel"] = cfg_.sequence_parallel;
+      m["tp_rank"] = layers_rank();  // sequence parallelism keeps the layout: not recorded
     }
     return m;
   }
@@ -402,12 +401,7 @@ class trainer {
     TESSERA_THROW_IF(cfg.tp != tp, config_error, "tp=", cfg.tp,
                      " does not match the tensor-parallel group's ", tp, " ranks");
     nn::check_tensor_parallel(c, tp);
-    TESSERA_THROW_IF(cfg.sequence_parallel && tp == 1, config_error,
-                     "sequence parallelism shards the tokens over the tensor-parallel group: it "
-                     "needs tp > 1 (tp=", tp, ")");
-    TESSERA_THROW_IF(cfg.sequence_parallel && cfg.seq % tp != 0, config_error,
-                     "sequence parallelism: sequence length T=", cfg.seq,
-                     " is not divisible by tp=", tp);
+    if (cfg.sequence_parallel) nn::check_sequence_parallel(cfg.seq, tp);
     return cfg;
   }
   // The layer family as the run configures it (sequence parallelism).

@@ -3,6 +3,7 @@
 // tests/train/tensor_parallel.cpp runs on threads). Run by ctest as
 //   mpirun -np 2 test_mpi_tensor_parallel   (dp, tp) = (1, 2)
 //   mpirun -np 4 test_mpi_tensor_parallel   (1, 4) and (2, 2)
+//   mpirun -np 8 test_mpi_tensor_parallel   (4, 2)
 // with and without sequence parallelism, under zero<0> and zero<1>.
 #include <catch2/catch.hpp>
 
@@ -32,6 +33,7 @@ void meshes(double tol) {
   std::vector<std::pair<int, int>> shapes;
   if (w.size() == 2) shapes = {{1, 2}};
   if (w.size() == 4) shapes = {{1, 4}, {2, 2}};
+  if (w.size() == 8) shapes = {{4, 2}};
   for (auto [dp, tp] : shapes)
     for (bool sp : {false, true}) {
       REQUIRE_NOTHROW(tp_suite::check_mesh<P, parallel::zero<0>>(w, ref, f, dp, tp, sp, tol));

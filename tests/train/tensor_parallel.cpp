@@ -2,10 +2,11 @@
 // order) computes the single-rank run (tests/train/tp_suite.hpp): five
 // AdamW steps with gradient accumulation, (dp, tp) = (1, 2), (1, 4), (2, 2)
 // and (4, 2) on 8 ranks, with and without sequence parallelism, under
-// ZeRO 0 to 3 — the loss and the gradient norm of every step and every
-// parameter shard at float64 1e-10 and float32 1e-5 relative; tp 4 over
-// the tiny model's 2 key/value heads replicates each on 2 ranks; the norm
-// gains and the replicated heads stay bit-identical; the tp group's and
+// ZeRO 0 to 3 — the loss, the gradient norm and every parameter's gradient
+// before clipping of every step, and every parameter shard, at float64
+// 1e-10 and float32 1e-5 relative; tp 4 over the tiny model's 2 key/value
+// heads replicates each on 2 ranks; the norm gains (over 20 steps too) and
+// the replicated heads stay bit-identical; the tp group's and
 // the replica group's bytes equal the planner's formulas; a tp checkpoint
 // resumes at its layout; a tp that does not match the group or split the
 // heads, and a sequence-parallel T that tp does not divide, fail before
@@ -47,10 +48,10 @@ train::train_config tp_config(int dp, int tp, std::int64_t steps) {
 
 template <class P, class S>
 void check_mesh(int dp, int tp, double tol, bool sp = false,
-                const nn::checkpoint_policy& ck = {}) {
+                const nn::checkpoint_policy& ck = {}, std::int64_t steps = 5) {
   trainer_suite::temp_file corpus{trainer_suite::make_corpus("tp", 0)};
   data::token_file f(corpus.path);
-  const tp_suite::reference ref = tp_suite::single_rank<P>(f, 5, ck);
+  const tp_suite::reference ref = tp_suite::single_rank<P>(f, steps, ck);
   INFO("dp " << dp << " tp " << tp << (sp ? " sequence-parallel " : " ") << S::name);
   REQUIRE_NOTHROW(local_world::run(
       dp * tp,
@@ -99,6 +100,15 @@ TEST_CASE("tp trainer: five AdamW steps equal one rank's (float32)", "[train][tp
   check_mesh<precision::fp32, parallel::zero<0>>(1, 2, 1e-5);
   check_mesh<precision::fp32, parallel::zero<1>>(2, 2, 1e-5);
   check_mesh<precision::fp32, parallel::zero<1>>(1, 4, 1e-5, true);
+}
+
+TEST_CASE("tp trainer: the norm gains stay bit-identical over tp ranks for 20 steps",
+          "[train][tp][sp]") {
+  // Sequence parallelism makes the gains' gradients partial over tp: each
+  // rank sums the same all-reduced values, so the gains keep the same bits
+  // (check_mesh compares them across all world ranks after the last step).
+  check_mesh<precision::fp32, parallel::zero<1>>(2, 2, 1e-4, true, {}, 20);
+  check_mesh<precision::fp64, parallel::zero<0>>(1, 4, 1e-10, true, {}, 20);
 }
 
 TEST_CASE("tp trainer: a tp that does not match or split fails before any collective",

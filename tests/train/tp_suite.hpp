@@ -7,7 +7,9 @@
 // Every rank trains five AdamW steps with gradient accumulation (G = 8
 // sequences, B = 1) and is held against the single-rank trainer: the loss
 // and the gradient norm of every step, then every parameter of its shards
-// (its slice of the single-rank model's tensor), at `tol` relative. The
+// (its slice of the single-rank model's tensor), at `tol` relative, and
+// every parameter's reduced gradient before clipping, gathered over dp to
+// the full shard, after every step (padding rows hold zero). The
 // norm gains, and key/value heads replicated over tp/nkv ranks, hold the
 // same bits on every rank that holds them. The bytes the tp group and the
 // key/value replica group send equal the planner's formulas exactly.
@@ -36,6 +38,12 @@ inline train::train_config config(int dp, int tp, std::int64_t steps, bool sp) {
   t.micro_batch = 1;
   t.tp = tp;
   t.sequence_parallel = sp;
+  // AdamW's first update is lr g / (|g| + eps): a gradient near zero turns
+  // float32 rounding (1e-7 of the largest entry) into an update difference
+  // of up to lr 1e-7 max|g| / eps, which with eps = 1e-8 reaches 2e-5 of
+  // the next step's gradients in any change of summation order, tp or not.
+  // eps = 1e-6 keeps that amplification below the float32 tolerance.
+  t.adamw.eps = 1e-6;
   return t;
 }
 
@@ -43,6 +51,7 @@ inline train::train_config config(int dp, int tp, std::int64_t steps, bool sp) {
 struct reference {
   std::vector<double> loss, norm;  // per step
   std::vector<double> params;      // after the last step
+  std::vector<std::vector<double>> grads;  // per step: the gradient before clipping
   nn::param_layout layout;
 };
 
@@ -57,6 +66,9 @@ reference single_rank(const data::token_file& f, std::int64_t steps,
     const auto m = one.train_step();
     r.loss.push_back(m.loss);
     r.norm.push_back(m.grad_norm);
+    std::vector<double> g(static_cast<std::size_t>(one.model().flat_size()));
+    for (std::size_t i = 0; i < g.size(); ++i) g[i] = tessera::to<double>(one.model().grads()[i]);
+    r.grads.push_back(std::move(g));
   }
   r.layout = one.model().layout();
   for (std::int64_t i = 0; i < one.model().flat_size(); ++i)
@@ -85,6 +97,34 @@ void check_mesh(Comm& world, const reference& ref, const data::token_file& f, in
     return tessera::detail::str("dp ", dp, " tp ", tp, sp ? " sp" : "", " ", S::name,
                                 " world rank ", world.rank());
   };
+  // Every tensor's gradient of step s (before clipping, gathered over dp)
+  // against its slice of the single-rank gradient, each within `tol` of the
+  // tensor's largest entry; padding rows exactly zero.
+  std::vector<typename P::grad_type> fullg(static_cast<std::size_t>(tr.model().flat_size()));
+  const auto check_grads = [&](std::int64_t s) {
+    tr.engine().full_grads(fullg.data());
+    const std::vector<double>& want = ref.grads[static_cast<std::size_t>(s)];
+    for (const auto& e : tr.model().layout().entries()) {
+      const auto& r = ref.layout.at(e.name);
+      double worst = 0, scale = 0;
+      for (std::int64_t j = 0; j < e.numel; ++j) {
+        const double a = tessera::to<double>(fullg[static_cast<std::size_t>(e.offset + j)]);
+        if (e.full_index(j) >= e.full.numel()) {
+          check(a == 0, where(), " step ", s + 1, ": ", e.name, " padding gradient holds ", a);
+          continue;
+        }
+        const double b = want[static_cast<std::size_t>(r.offset + e.full_index(j))];
+        worst = std::max(worst, std::fabs(a - b));
+        scale = std::max(scale, std::fabs(b));
+      }
+      check(worst <= tol * scale, where(), " step ", s + 1, ": the gradient of ", e.name,
+            " differs from one rank's by ", worst, " of ", scale);
+    }
+  };
+  // 16-bit weights: after the first update a weight one bf16 ulp apart
+  // moves an attention gradient by several percent, so only the first
+  // step's gradients are held to `tol`.
+  const std::int64_t grad_steps = sizeof(typename P::param_type) == 2 ? 1 : steps;
   for (std::int64_t s = 0; s < steps; ++s) {
     const auto m = tr.train_step();
     const auto u = static_cast<std::size_t>(s);
@@ -92,6 +132,7 @@ void check_mesh(Comm& world, const reference& ref, const data::token_file& f, in
           ": loss ", m.loss, " vs one rank's ", ref.loss[u]);
     check(std::fabs(m.grad_norm - ref.norm[u]) <= tol * ref.norm[u], where(), " step ", s + 1,
           ": gradient norm ", m.grad_norm, " vs one rank's ", ref.norm[u]);
+    if (s < grad_steps) check_grads(s);
   }
   // Traffic: the planner's formulas to the byte (16-bit tensors travel as
   // float on the host communicators).

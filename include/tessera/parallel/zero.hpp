@@ -413,6 +413,32 @@ class data_parallel final : public nn::segment_hooks {
     }
   }
 
+  /// Writes this rank's full reduced gradient (summed over dp and the
+  /// micro-batches, before clipping: the optimizer scales by the clip
+  /// coefficient without writing it back) into out[0, flat_size()) (the
+  /// context's memory, in Grad). zero<0>: the model's flat gradient buffer;
+  /// zero<1..3>: every bucket's reduced chunks all-gathered over dp
+  /// (collective). Call after finish_gradients() and before the next step's
+  /// begin_step(). Under tensor parallelism `out` holds this tp rank's
+  /// shards in the model's layout (nn::param_layout).
+  void full_grads(Grad* out) {
+    const Ctx& ctx = *ctx_;
+    if constexpr (!S::shards_optimizer_state) {
+      kernels::copy_elements(ctx, out, model_->grads(), model_->flat_size());
+    } else {
+      tensor<Reduce, Backend> all = kernels::make_tensor<Reduce>(ctx, plan_.staging_size());
+      std::vector<request> reqs;
+      for (const bucket& b : plan_.buckets())
+        reqs.push_back(gather_chunks(shard_grads_.data() + b.shard_offset,
+                                     all.data() + b.staging_offset, b.chunk));
+      for (std::size_t k = 0; k < reqs.size(); ++k) {
+        reqs[k].wait();
+        const bucket& b = plan_.buckets()[k];
+        copy_or_cast(out + b.begin, all.data() + b.staging_offset, b.numel());
+      }
+    }
+  }
+
   // ---- segment hooks (nn/segment_hooks.hpp) ----
   void before_forward(int s) override {
     // The head's forward and backward are fused: its gradients are written

@@ -14,4 +14,10 @@
 
 namespace tessera::kernels::cuda {
 TESSERA_CUDA_KERNEL_INSTANTIATIONS(template)
+
+void embedding_local_ids(std::int32_t* d_out, const std::int32_t* d_ids, std::int64_t N,
+                         std::int64_t v_begin, std::int64_t Vl, std::int32_t ignore_index,
+                         cudaStream_t stream) {
+  embedding_local_ids_launch(d_out, d_ids, N, v_begin, Vl, ignore_index, stream);
+}
 }  // namespace tessera::kernels::cuda

@@ -1,10 +1,12 @@
 // Compiles the one code path's CUDA instantiations (g++ with the CUDA
 // headers, warnings as errors), so CI checks them on a machine without a
 // GPU: the model, the optimizers and the trainer on one GPU for both bf16
-// policies, and the data-parallel trainer over NCCL under every ZeRO stage.
+// policies, the data-parallel trainer over NCCL under every ZeRO stage, and
+// the tensor-parallel model and trainer over NCCL (dp x tp).
 // Nothing here runs; the GPU tests (tests/cuda/) run them.
 #include <tessera/comm/nccl.hpp>
 #include <tessera/cuda.hpp>
+#include <tessera/nn/tensor_parallel.hpp>
 
 namespace tessera {
 
@@ -26,5 +28,15 @@ template class train::trainer<precision::bf16_mixed, cuda, optim::adamw, paralle
                               comm::nccl_communicator>;
 template class train::trainer<precision::bf16_mixed_bf16_grads, cuda, optim::sgd,
                               parallel::zero<2>, comm::nccl_communicator>;
+
+using nccl_tp = nn::tensor_parallel_layers<comm::nccl_communicator>;
+template class nn::llama<precision::bf16_mixed, cuda, nccl_tp>;
+template class nn::llama<precision::bf16_mixed_bf16_grads, cuda, nccl_tp>;
+template class train::trainer<precision::bf16_mixed, cuda, optim::adamw, parallel::zero<0>,
+                              comm::nccl_communicator, nccl_tp>;
+template class train::trainer<precision::bf16_mixed_bf16_grads, cuda, optim::adamw,
+                              parallel::zero<1>, comm::nccl_communicator, nccl_tp>;
+template class train::trainer<precision::bf16_mixed_bf16_grads, cuda, optim::adamw,
+                              parallel::zero<2>, comm::nccl_communicator, nccl_tp>;
 
 }  // namespace tessera

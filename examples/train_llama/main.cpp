@@ -201,9 +201,6 @@ int main(int argc, char** argv) {
     TESSERA_THROW_IF(o.dp > 1024, config_error, "dp=", o.dp, " exceeds the limit of 1024 ranks");
     TESSERA_THROW_IF(o.tp < 1 || o.tp > 64, config_error, "tp=", o.tp,
                      " must be in [1, 64] (one node's ranks)");
-    TESSERA_THROW_IF(o.tp > 1 && gpu, config_error,
-                     "--tp ", o.tp, " --backend cuda: tensor parallelism runs on the host "
-                     "communicators in this build (--comm local or mpi)");
     if (o.cfg.sequence_parallel) nn::check_sequence_parallel(o.cfg.seq, o.tp);
     if (o.comm == "auto")
       o.comm = train_llama::launched_by_mpi() ? (gpu ? "nccl" : "mpi") : "local";
@@ -211,7 +208,7 @@ int main(int argc, char** argv) {
                      "--comm '", o.comm, "' is not one of local, mpi, nccl");
     TESSERA_THROW_IF(o.comm == "nccl" && !gpu, config_error,
                      "--comm nccl reduces GPU memory: it needs --backend cuda");
-    TESSERA_THROW_IF(gpu && o.comm != "nccl" && (o.dp > 1 || app.count("--comm") > 0),
+    TESSERA_THROW_IF(gpu && o.comm != "nccl" && (o.dp > 1 || o.tp > 1 || app.count("--comm") > 0),
                      config_error, "--backend cuda --comm ", o.comm,
                      ": GPUs reduce over --comm nccl (one MPI process per GPU)");
     // The data-parallel path: any of --dp > 1, --zero, --comm, or mpirun.

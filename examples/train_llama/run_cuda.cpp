@@ -1,6 +1,6 @@
 // train_llama --backend cuda: the same trainer on one GPU, or one GPU per
-// MPI process over NCCL (--comm nccl --dp N --zero K under mpirun), in
-// builds with the CUDA kernels (the cuda preset).
+// MPI process over NCCL (--comm nccl --dp N --tp T --zero K under mpirun,
+// dp x tp processes), in builds with the CUDA kernels (the cuda preset).
 #include "run.hpp"
 
 #if defined(TESSERA_EXAMPLE_CUDA)
@@ -9,7 +9,9 @@
 #include "tessera/cuda.hpp"
 #include "tessera/optim/sgd.hpp"
 #if defined(TESSERA_EXAMPLE_NCCL)
+#include "tessera/comm/device_mesh.hpp"
 #include "tessera/comm/nccl.hpp"
+#include "tessera/nn/tensor_parallel.hpp"
 #endif
 
 namespace train_llama {
@@ -49,6 +51,16 @@ int run_cuda_nccl(options& o, const fs::path& tok, created_paths& created) {
   parallel::data_parallel_options dpo;
   dpo.bucket_bytes = static_cast<std::int64_t>(o.bucket_mb * 1e6);
   data::token_file data(tok);
+  if (o.tp > 1) {
+    // The dp x tp mesh (tp fastest: a tp group is consecutive ranks, one
+    // node's GPUs); the model puts the tp group on the trainer's stream.
+    const comm::device_mesh mesh(o.dp, o.tp, 1);
+    auto g = comm::make_groups(c, mesh);
+    using layers = nn::tensor_parallel_layers<comm::nccl_communicator>;
+    train::trainer<P, tessera::cuda, O, S, comm::nccl_communicator, layers> tr(
+        model_config(o), run_config(o), data, g.dp, layers{&g.tp}, dpo);
+    return train_loop(o, tr, data, tok, created, gpu_peak(o));
+  }
   train::trainer<P, tessera::cuda, O, S, comm::nccl_communicator> tr(model_config(o),
                                                                      run_config(o), data, c, dpo);
   return train_loop(o, tr, data, tok, created, gpu_peak(o));

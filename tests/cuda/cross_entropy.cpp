@@ -1,17 +1,24 @@
 // The fused LM head + cross-entropy on the GPU (include/tessera/kernels/cuda/cross_entropy.hpp)
 // against a float64 reference of the same bf16 inputs, and the element-wise
 // kernels of the CUDA model (residual_add, count_nonfinite in
-// kernels/cuda/elementwise.cuh) against the host. Fresh seeded random inputs,
+// kernels/cuda/elementwise.cuh) against the host; the vocabulary-parallel
+// form (kernels::lm_head_cross_entropy_vocab_parallel, kernels/cuda/ops.hpp)
+// over two ranks emulated by host threads. Fresh seeded random inputs,
 // outputs poisoned with NaN (bytes 0xFF) before each launch, dwlm pre-filled
 // with known values to check that it accumulates. Skipped without a device
 // (main.cpp).
+#include <barrier>
 #include <cstring>
+#include <string>
+#include <thread>
 #include <tuple>
 
 #include <tessera/kernels/cross_entropy.hpp>
 #include <tessera/kernels/cuda/cross_entropy.hpp>
 #include <tessera/kernels/cuda/kernels.hpp>
+#include <tessera/kernels/cuda/ops.hpp>
 #include <tessera/kernels/elementwise.hpp>
+#include <tessera/kernels/embedding.hpp>
 
 #include "cuda_testing.hpp"
 
@@ -155,7 +162,147 @@ ce_run run_ce(kc::cublaslt_context& ctx, tessera::cuda::stream& s, const std::ve
   return {to_host(d_loss)[0], to_host(d_dx), to_host(d_dw)};
 }
 
+/// What one emulated tp rank of the vocabulary-parallel head returns.
+struct vp_rank_run {
+  double loss = 0;
+  std::vector<bf16> dx;      // (N, H) this rank's partial sum
+  std::vector<float> dwlm;   // (Vl, H) this rank's rows
+  std::string error;         // an exception's message (threads cannot use Catch)
+};
+
+/// tp = 2 on one GPU: rank r (a host thread with its own context and
+/// stream) holds rows [r Vl, (r + 1) Vl) of the vocabulary padded to 2 Vl,
+/// the padding rows' weights set to 30 (they would dominate the softmax if
+/// they entered it); its reduce callback combines both ranks' statistics
+/// through host memory, rank 0's values first. dwlm starts at dw0 (0 on
+/// padding rows).
+std::vector<vp_rank_run> run_vp(const std::vector<bf16>& x, const std::vector<bf16>& w,
+                                const std::vector<std::int32_t>& targets,
+                                const std::vector<float>& dw0, std::int64_t N, std::int64_t V,
+                                std::int64_t H, float grad_scale, std::int64_t chunk) {
+  constexpr int tp = 2;
+  const std::int64_t Vl = (V + tp - 1) / tp;
+  std::barrier<> sync(tp);
+  std::vector<float> slot[tp];
+  std::vector<vp_rank_run> out(tp);
+  auto rank = [&](int r) {
+    try {
+      TESSERA_CUDA_CHECK(cudaSetDevice(0));
+      tessera::kernels::cuda_context ctx;
+      std::vector<bf16> wl(static_cast<std::size_t>(Vl * H), tessera::to<bf16>(30.0f));
+      std::vector<float> dwl(static_cast<std::size_t>(Vl * H), 0.0f);
+      for (std::int64_t v = r * Vl; v < std::min(V, (r + 1) * Vl); ++v)
+        for (std::int64_t h = 0; h < H; ++h) {
+          wl[(v - r * Vl) * H + h] = w[v * H + h];
+          dwl[(v - r * Vl) * H + h] = dw0[v * H + h];
+        }
+      auto d_x = to_device(x), d_w = to_device(wl);
+      auto d_t = to_device(targets);
+      auto d_dw = to_device(dwl);
+      auto d_loss = poisoned_device<double>(1);
+      auto d_dx = poisoned_device<bf16>(static_cast<std::size_t>(N * H));
+      auto reduce = [&](bool max, float* v, std::int64_t n) {
+        slot[r].resize(static_cast<std::size_t>(n));
+        ctx.to_host(slot[r].data(), v, slot[r].size() * sizeof(float));
+        sync.arrive_and_wait();
+        std::vector<float> c(slot[r].size());
+        for (std::size_t i = 0; i < c.size(); ++i)
+          c[i] = max ? std::max(slot[0][i], slot[1][i]) : slot[0][i] + slot[1][i];
+        sync.arrive_and_wait();  // both have read both slots
+        ctx.from_host(v, c.data(), c.size() * sizeof(float));
+      };
+      tessera::kernels::lm_head_cross_entropy_vocab_parallel(
+          ctx, d_loss.data(), d_x.data(), d_w.data(), d_t.data(), N, V, r * Vl, Vl, H, ignore,
+          grad_scale, d_dx.data(), d_dw.data(), chunk, reduce);
+      ctx.synchronize();
+      out[static_cast<std::size_t>(r)] = {to_host(d_loss)[0], to_host(d_dx), to_host(d_dw), {}};
+    } catch (const std::exception& e) {
+      out[static_cast<std::size_t>(r)].error = e.what();
+    }
+  };
+  std::thread t0(rank, 0), t1(rank, 1);
+  t0.join();
+  t1.join();
+  return out;
+}
+
+/// The two ranks' run against the float64 reference of the whole vocabulary.
+void check_vp(const std::vector<vp_rank_run>& runs, const ce_reference& ref, std::int64_t N,
+              std::int64_t V, std::int64_t H, const std::vector<std::int32_t>& targets) {
+  const std::int64_t Vl = (V + 1) / 2;
+  for (const auto& r : runs) REQUIRE(r.error.empty());
+  // Every rank reduces the same statistics in the same order: the same loss bits.
+  CHECK(std::memcmp(&runs[0].loss, &runs[1].loss, sizeof(double)) == 0);
+  CHECK(std::abs(runs[0].loss - ref.loss_sum) <= f32_tol * ref.loss_scale);
+  // dx: the sum of two bf16 partial sums, each rounded once (bf16_tol of
+  // its own terms, which dx_scale bounds), after the dense bounds.
+  std::vector<double> dx(static_cast<std::size_t>(N * H));
+  for (std::size_t i = 0; i < dx.size(); ++i)
+    dx[i] = as_double(runs[0].dx[i]) + as_double(runs[1].dx[i]);
+  CHECK(bounded_error(dx, ref.dx, ref.dx_scale, dx_rel_scale + bf16_tol, dx_rel_value) <= 1.0);
+  for (std::int64_t n = 0; n < N; ++n)
+    if (targets[n] == ignore)
+      for (int r = 0; r < 2; ++r)
+        for (std::int64_t h = 0; h < H; ++h) REQUIRE(runs[r].dx[n * H + h].bits == 0);
+  // dwlm: each rank's rows as the dense kernel's bounds; padding untouched (0).
+  for (int r = 0; r < 2; ++r) {
+    std::vector<float> got;
+    std::vector<double> want, scale;
+    for (std::int64_t v = r * Vl; v < (r + 1) * Vl; ++v)
+      for (std::int64_t h = 0; h < H; ++h) {
+        const float g = runs[r].dwlm[(v - r * Vl) * H + h];
+        if (v >= V) {
+          REQUIRE(g == 0.0f);  // padding: no gradient
+          continue;
+        }
+        got.push_back(g);
+        want.push_back(ref.dwlm[v * H + h]);
+        scale.push_back(ref.dw_scale[v * H + h]);
+      }
+    CHECK(bounded_error(got, want, scale, dw_rel_scale, dw_rel_value) <= 1.0);
+  }
+}
+
 }  // namespace
+
+TEST_CASE("cuda vocabulary-parallel cross-entropy over tp 2 equals the whole vocabulary's",
+          "[cuda][cross_entropy][tp]") {
+  std::mt19937_64 rng(305);
+  const std::int64_t N = 40, V = 257, H = 64;  // padded to 258: one padding row on rank 1
+  const auto x = random_vector<bf16>(static_cast<std::size_t>(N * H), rng);
+  const auto w = random_vector<bf16>(static_cast<std::size_t>(V * H), rng);
+  const auto dw0 = random_vector<float>(static_cast<std::size_t>(V * H), rng, -0.01, 0.01);
+  SECTION("targets on both ranks, ignored rows and an ignored chunk") {
+    const auto targets = make_targets(N, V, rng);
+    const float grad_scale = 1.0f / static_cast<float>(scored(targets));
+    const ce_reference ref = ce_ref(x, w, targets, N, V, H, grad_scale, dw0);
+    for (std::int64_t chunk : {std::int64_t(7), N}) {
+      INFO("chunk=" << chunk);
+      check_vp(run_vp(x, w, targets, dw0, N, V, H, grad_scale, chunk), ref, N, V, H, targets);
+    }
+  }
+  SECTION("every target owned by rank 1 (the one with the padding row)") {
+    auto targets = make_targets(N, V, rng);
+    for (auto& t : targets)
+      if (t != ignore) t = static_cast<std::int32_t>(129 + rng() % (V - 129));
+    const float grad_scale = 1.0f / static_cast<float>(scored(targets));
+    const ce_reference ref = ce_ref(x, w, targets, N, V, H, grad_scale, dw0);
+    check_vp(run_vp(x, w, targets, dw0, N, V, H, grad_scale, 16), ref, N, V, H, targets);
+  }
+}
+
+TEST_CASE("cuda embedding_local_ids maps the ids of a vocabulary slice", "[cuda][embedding][tp]") {
+  const std::vector<std::int32_t> ids = {0, 128, 129, 256, ignore, 200, 5};
+  auto d = to_device(ids);
+  auto o = poisoned_device<std::int32_t>(ids.size());
+  tessera::kernels::cuda_context ctx;
+  std::vector<std::int32_t> want(ids.size());
+  tessera::kernels::embedding_local_ids(hctx, want.data(), ids.data(), 7, 257, 129, 129, ignore);
+  tessera::kernels::embedding_local_ids(ctx, o.data(), d.data(), 7, 257, 129, 129, ignore);
+  ctx.synchronize();
+  CHECK(to_host(o) == want);
+  CHECK(want == std::vector<std::int32_t>{ignore, ignore, 0, 127, ignore, 71, ignore});
+}
 
 TEST_CASE("cuda lm_head_cross_entropy matches float64 for chunks 1, 7, N and > N",
           "[cuda][cross_entropy]") {

@@ -302,12 +302,9 @@ void lm_head_cross_entropy_vocab_parallel(const host_context& ctx, double* loss_
   double res_loss = 0;
   for (std::int64_t r0 = 0; r0 < N; r0 += C) {
     const std::int64_t c = std::min(C, N - r0);
-    std::int64_t chunk_scored = 0;
-    for (std::int64_t i = 0; i < c; ++i) chunk_scored += targets[r0 + i] != ignore_index;
-    if (chunk_scored == 0) {  // the same decision on every rank: the targets are replicated
-      if (grad) std::fill(dx + r0 * H, dx + (r0 + c) * H, to<GA>(0.0));
-      continue;
-    }
+    // Every chunk reduces, even one whose targets are all ignored: the same
+    // collectives on every backend (the device cannot look at the targets
+    // without a sync) and in plan::plan_tp_bytes.
     const A* xa = nullptr;
     if constexpr (convert) {
       A* xc = xbuf.data();

@@ -96,4 +96,27 @@ void embedding_backward(const host_context& ctx, G* dwte, const GA* dout,
   }
 }
 
+/// The vocabulary-parallel embedding's row indices (Megatron's
+/// VocabParallelEmbedding): this rank holds rows [v_begin, v_begin + Vl)
+/// of the vocabulary; out[n] = ids[n] - v_begin where that row is held
+/// here, else ignore_index (a zero row and no gradient in the embedding
+/// kernels, the other ranks' rows).
+/// - `ids`, `out` (N) int32; `out` may alias `ids`.
+/// - Throws config_error naming the id, its position and V for an id
+///   outside [0, V) that is not ignore_index, and for N < 0, V < 1, Vl < 1
+///   or v_begin < 0; nothing is written then.
+inline void embedding_local_ids(const host_context& ctx, std::int32_t* out, const std::int32_t* ids,
+                         std::int64_t N, std::int64_t V, std::int64_t v_begin, std::int64_t Vl,
+                         std::int32_t ignore_index) {
+  (void)ctx;
+  TESSERA_THROW_IF(Vl < 1 || v_begin < 0, config_error, "embedding_local_ids: slice [", v_begin,
+                   ", ", v_begin + Vl, ") of the vocabulary is empty or negative");
+  detail::check_tokens("embedding", ids, N, V, ignore_index);
+  for (std::int64_t n = 0; n < N; ++n) {
+    const std::int64_t l = static_cast<std::int64_t>(ids[n]) - v_begin;
+    out[n] = (ids[n] != ignore_index && l >= 0 && l < Vl) ? static_cast<std::int32_t>(l)
+                                                          : ignore_index;
+  }
+}
+
 }  // namespace tessera::kernels

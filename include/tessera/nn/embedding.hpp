@@ -68,7 +68,8 @@ class embedding {
                                  bool sequence_parallel = false) const {
     r.ids = kernels::make_tensor<std::int32_t>(ctx, N);
     if constexpr (Layers::tensor_parallel) {
-      local_ids(r.ids.data(), ids, N);  // the record keeps this rank's row indices
+      // The record keeps this rank's row indices.
+      embedding_local_ids(ctx, r.ids.data(), ids, N, V_, v_begin_, Vl_, ignore_);
       return lookup(ctx, r.ids.data(), N, seg, sequence_parallel);
     } else {
       tensor<Param, Backend> x = kernels::make_tensor<Param>(ctx, N * H_);
@@ -84,7 +85,7 @@ class embedding {
                                            bool sequence_parallel = false) const {
     if constexpr (Layers::tensor_parallel) {
       tensor<std::int32_t, Backend> mine = kernels::make_tensor<std::int32_t>(ctx, N);
-      local_ids(mine.data(), ids, N);
+      embedding_local_ids(ctx, mine.data(), ids, N, V_, v_begin_, Vl_, ignore_);
       return lookup(ctx, mine.data(), N, seg, sequence_parallel);
     } else {
       tensor<Param, Backend> x = kernels::make_tensor<Param>(ctx, N * H_);
@@ -118,20 +119,6 @@ class embedding {
   std::int64_t dim() const { return H_; }
 
  private:
-  // ids (N) -> this rank's row of each id, or ignore_index where another
-  // rank holds it (a zero row, no gradient). Host memory (the tp families
-  // run on host communicators). Throws config_error for an id outside
-  // [0, V) that is not the ignore index, as the kernel does on one rank.
-  void local_ids(std::int32_t* out, const std::int32_t* ids, std::int64_t N) const {
-    for (std::int64_t i = 0; i < N; ++i) {
-      const std::int32_t id = ids[i];
-      TESSERA_THROW_IF(id != ignore_ && (id < 0 || id >= V_), config_error, "embedding: token id ",
-                       id, " at row ", i, " is outside the vocabulary [0, V=", V_, ")");
-      const std::int64_t l = static_cast<std::int64_t>(id) - v_begin_;
-      out[i] = (id != ignore_ && l >= 0 && l < Vl_) ? static_cast<std::int32_t>(l) : ignore_;
-    }
-  }
-
   // This rank's rows of the embedding of `mine` (this rank's row indices),
   // summed over the group: (N, H), or under sequence parallelism this
   // rank's N/tp token rows.

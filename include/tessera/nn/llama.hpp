@@ -122,7 +122,9 @@ class llama {
   /// shard as its slice of the single-rank model's tensor, and the blocks
   /// reduce their partial sums over the group. When tp > nkv the model
   /// splits the group of the ranks sharing its key/value heads from the tp
-  /// group (a collective: every tp rank constructs its model together).
+  /// group (a collective: every tp rank constructs its model together). A
+  /// device communicator (nccl_communicator) is set to enqueue on the
+  /// context's stream (set_stream), the replica group too.
   /// With layers.sequence_parallel the training and evaluation forwards
   /// shard the norm and residual regions along the tokens (T must then be
   /// divisible by tp); generation never does. Throws config_error as
@@ -164,12 +166,19 @@ class llama {
                     "llama: the tp group's communicator must reduce the backend's memory (a "
                     "host communicator, local or mpi, for the host backend; "
                     "nccl_communicator for cuda)");
+      // A device communicator enqueues on a stream: the tp group's
+      // collectives go on the context's stream, behind the kernels that
+      // produce their inputs and before those that read their outputs.
+      using Comm = typename Layers::comm_type;
+      if constexpr (requires(Comm& c) { c.set_stream(ctx.stream()); })
+        layers.group->set_stream(ctx.stream());
       // After every check above: the split is a collective of the tp group.
       const int rep = kv_replicas(cfg_, layers.size());
       if (rep > 1) {
-        using Comm = typename Layers::comm_type;
         kv_group_ = std::make_unique<Comm>(
             layers.group->split(layers.rank() / rep, layers.rank() % rep));
+        if constexpr (requires(Comm& c) { c.set_stream(ctx.stream()); })
+          kv_group_->set_stream(ctx.stream());
         layers.kv_group = kv_group_.get();
         layers_.kv_group = kv_group_.get();
       }

@@ -19,7 +19,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <vector>
 
 #include "tessera/core/tensor.hpp"
 #include "tessera/kernels/context.hpp"
@@ -141,11 +140,13 @@ class lm_head {
     rmsnorm_forward(ctx, xn.data(), rstd.data(), x_row, p + norm_, 1, H_, eps_);
     if constexpr (Layers::tensor_parallel) {
       // This rank's slice into a zeroed padded row, summed over the group:
-      // every rank gets all V logits (host memory).
-      std::vector<float> all(static_cast<std::size_t>(Vl_ * layers_.size()), 0.0f);
+      // every rank gets all V logits (the context's memory).
+      const std::int64_t n = Vl_ * layers_.size();
+      tensor<float, Backend> all = kernels::make_tensor<float>(ctx, n);
+      kernels::zero_elements(ctx, all.data(), n);
       lm_head_logits(ctx, all.data() + v_begin_, xn.data(), p + lm_, H_, Vl_);
-      layers_.all_reduce_values(all.data(), all.size(), false);
-      std::copy(all.begin(), all.begin() + V_, d_logits);
+      layers_.all_reduce_values(all.data(), static_cast<std::size_t>(n), false);
+      kernels::copy_elements(ctx, d_logits, all.data(), V_);
     } else {
       lm_head_logits(ctx, d_logits, xn.data(), p + lm_, H_, V_);
     }

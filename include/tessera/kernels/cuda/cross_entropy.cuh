@@ -144,6 +144,153 @@ __global__ void __launch_bounds__(lm_head_ce_threads)
   if (threadIdx.x == 0) *loss_sum = total;
 }
 
+/// CUB reduction operator: the larger of two floats.
+struct ce_max_op {
+  __device__ __forceinline__ float operator()(float a, float b) const { return a > b ? a : b; }
+};
+
+/// vocab_parallel_ce_row_max (cross_entropy.hpp): one block per row.
+__global__ void __launch_bounds__(lm_head_ce_threads)
+    vp_ce_row_max_kernel(float* row_max, const float* logits, std::int64_t rows, std::int64_t Vl,
+                         std::int64_t real) {
+  using block_reduce = cub::BlockReduce<float, lm_head_ce_threads>;
+  __shared__ typename block_reduce::TempStorage tmp;
+  for (std::int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const float* z = logits + row * Vl;
+    float m = -INFINITY;
+    for (std::int64_t i = threadIdx.x; i < real; i += lm_head_ce_threads) m = m > z[i] ? m : z[i];
+    const float total = block_reduce(tmp).Reduce(m, ce_max_op{});
+    if (threadIdx.x == 0) row_max[row] = total;
+    __syncthreads();  // tmp is reused by the block's next row
+  }
+}
+
+/// vocab_parallel_ce_row_sums (cross_entropy.hpp): one block per row.
+__global__ void __launch_bounds__(lm_head_ce_threads)
+    vp_ce_row_sums_kernel(float* sums, const float* logits, const float* row_max,
+                          const std::int32_t* targets, std::int64_t rows, std::int64_t V,
+                          std::int64_t v_begin, std::int64_t Vl, std::int64_t real,
+                          std::int32_t ignore_index) {
+  using block_reduce = cub::BlockReduce<float, lm_head_ce_threads>;
+  __shared__ typename block_reduce::TempStorage tmp;
+  for (std::int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const std::int32_t y = targets[row];  // uniform over the block
+    if (y == ignore_index) {
+      if (threadIdx.x == 0) sums[row] = sums[rows + row] = 0.f;
+      continue;  // no shared memory touched
+    }
+    const float* z = logits + row * Vl;
+    const float mx = row_max[row];
+    float s = 0.f;
+    for (std::int64_t i = threadIdx.x; i < real; i += lm_head_ce_threads)
+      s += kernels::detail::ce_exp(z[i], mx);
+    const float total = block_reduce(tmp).Sum(s);
+    if (threadIdx.x == 0) {
+      const std::int64_t yl = static_cast<std::int64_t>(y) - v_begin;
+      const bool valid = y >= 0 && y < V;
+      sums[row] = total;
+      sums[rows + row] = !valid ? __int_as_float(0x7fc00000) : (yl >= 0 && yl < real) ? z[yl] : 0.f;
+    }
+    __syncthreads();
+  }
+}
+
+/// vocab_parallel_ce_row_grad (cross_entropy.hpp): one block per row.
+__global__ void __launch_bounds__(lm_head_ce_threads)
+    vp_ce_row_grad_kernel(double* row_loss, bf16* dlogits, const float* logits,
+                          const float* row_max, const float* sums, const std::int32_t* targets,
+                          std::int64_t rows, std::int64_t v_begin, std::int64_t Vl,
+                          std::int64_t real, std::int32_t ignore_index, float grad_scale) {
+  for (std::int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const std::int32_t y = targets[row];
+    bf16* dz = dlogits != nullptr ? dlogits + row * Vl : nullptr;
+    if (y == ignore_index) {
+      if (threadIdx.x == 0) row_loss[row] = 0.0;
+      if (dz != nullptr)
+        for (std::int64_t i = threadIdx.x; i < Vl; i += lm_head_ce_threads)
+          dz[i] = bf16::from_bits(0);
+      continue;
+    }
+    const float mx = row_max[row], se = sums[row], target = sums[rows + row];
+    if (threadIdx.x == 0)
+      row_loss[row] = static_cast<double>(kernels::detail::ce_row_loss(mx, se, target));
+    if (dz == nullptr) continue;
+    // A NaN target logit (a target outside [0, V)) makes the whole row NaN.
+    const float inv = (target == target) ? 1.f / se : target;
+    const float* z = logits + row * Vl;
+    const std::int64_t yl = static_cast<std::int64_t>(y) - v_begin;
+    for (std::int64_t i = threadIdx.x; i < Vl; i += lm_head_ce_threads)
+      dz[i] = i < real ? to<bf16>(kernels::detail::ce_dlogit(kernels::detail::ce_exp(z[i], mx),
+                                                             inv, i == yl, grad_scale))
+                       : bf16::from_bits(0);  // padding: no gradient
+  }
+}
+
+inline void vp_check(const char* who, std::int64_t rows, std::int64_t Vl, std::int64_t real) {
+  TESSERA_THROW_IF(rows < 0 || Vl < 1 || real < 0 || real > Vl, config_error, who, ": rows=", rows,
+                   " Vl=", Vl, " real=", real, " must satisfy rows >= 0, Vl >= 1, 0 <= real <= Vl");
+}
+
+inline void vocab_parallel_ce_row_max_impl(float* d_max, const float* d_logits, std::int64_t rows,
+                                           std::int64_t Vl, std::int64_t real,
+                                           cudaStream_t stream) {
+  vp_check("vocab_parallel_ce_row_max", rows, Vl, real);
+  if (rows == 0) return;
+  const launch_config rc = lm_head_ce_row_config(rows, Vl);
+  vp_ce_row_max_kernel<<<grid_of(rc), rc.block, 0, stream>>>(d_max, d_logits, rows, Vl, real);
+  TESSERA_CUDA_CHECK_LAUNCH("vp_ce_row_max_kernel");
+}
+
+inline void vocab_parallel_ce_row_sums_impl(float* d_sums, const float* d_logits,
+                                            const float* d_max, const std::int32_t* d_targets,
+                                            std::int64_t rows, std::int64_t V,
+                                            std::int64_t v_begin, std::int64_t Vl,
+                                            std::int64_t real, std::int32_t ignore_index,
+                                            cudaStream_t stream) {
+  vp_check("vocab_parallel_ce_row_sums", rows, Vl, real);
+  if (rows == 0) return;
+  const launch_config rc = lm_head_ce_row_config(rows, Vl);
+  vp_ce_row_sums_kernel<<<grid_of(rc), rc.block, 0, stream>>>(
+      d_sums, d_logits, d_max, d_targets, rows, V, v_begin, Vl, real, ignore_index);
+  TESSERA_CUDA_CHECK_LAUNCH("vp_ce_row_sums_kernel");
+}
+
+inline void vocab_parallel_ce_row_grad_impl(double* d_row_loss, bf16* d_dlogits,
+                                            const float* d_logits, const float* d_max,
+                                            const float* d_sums, const std::int32_t* d_targets,
+                                            std::int64_t rows, std::int64_t v_begin,
+                                            std::int64_t Vl, std::int64_t real,
+                                            std::int32_t ignore_index, float grad_scale,
+                                            cudaStream_t stream) {
+  vp_check("vocab_parallel_ce_row_grad", rows, Vl, real);
+  if (rows == 0) return;
+  const launch_config rc = lm_head_ce_row_config(rows, Vl);
+  vp_ce_row_grad_kernel<<<grid_of(rc), rc.block, 0, stream>>>(
+      d_row_loss, d_dlogits, d_logits, d_max, d_sums, d_targets, rows, v_begin, Vl, real,
+      ignore_index, grad_scale);
+  TESSERA_CUDA_CHECK_LAUNCH("vp_ce_row_grad_kernel");
+}
+
+/// The end of the chunk loop: ignored dx rows zeroed, the loss summed.
+inline void lm_head_ce_finish_impl(double* d_loss_sum, const double* d_row_loss, bf16* d_dx,
+                                   const std::int32_t* d_targets, std::int64_t N, std::int64_t H,
+                                   std::int32_t ignore_index, cudaStream_t stream) {
+  if (d_dx != nullptr && N > 0) {
+    const launch_config zc = lm_head_ce_zero_rows_config(N);
+    constexpr int W = vec_width<bf16>;
+    if (H % W == 0 && all_aligned(16, d_dx))
+      ce_zero_ignored_rows_kernel<W>
+          <<<grid_of(zc), zc.block, 0, stream>>>(d_dx, d_targets, N, H, ignore_index);
+    else
+      ce_zero_ignored_rows_kernel<1>
+          <<<grid_of(zc), zc.block, 0, stream>>>(d_dx, d_targets, N, H, ignore_index);
+    TESSERA_CUDA_CHECK_LAUNCH("ce_zero_ignored_rows_kernel");
+  }
+  const launch_config lc = lm_head_ce_loss_config(N);
+  ce_loss_sum_kernel<<<grid_of(lc), lc.block, 0, stream>>>(d_loss_sum, d_row_loss, N);
+  TESSERA_CUDA_CHECK_LAUNCH("ce_loss_sum_kernel");
+}
+
 /// The chunk loop of lm_head_cross_entropy (arguments and contract there).
 inline void lm_head_cross_entropy_impl(cublaslt_context& ctx, double* d_loss_sum, const bf16* d_x,
                                        const bf16* d_wlm, const std::int32_t* d_targets,
@@ -196,20 +343,8 @@ inline void lm_head_cross_entropy_impl(cublaslt_context& ctx, double* d_loss_sum
     linear_backward_weight(ctx, d_dwlm, dlogits, xc, c, V, H, stream);
   }
 
-  if (grad && N > 0) {
-    const launch_config zc = lm_head_ce_zero_rows_config(N);
-    constexpr int W = vec_width<bf16>;
-    if (H % W == 0 && all_aligned(16, d_dx))
-      ce_zero_ignored_rows_kernel<W>
-          <<<grid_of(zc), zc.block, 0, stream>>>(d_dx, d_targets, N, H, ignore_index);
-    else
-      ce_zero_ignored_rows_kernel<1>
-          <<<grid_of(zc), zc.block, 0, stream>>>(d_dx, d_targets, N, H, ignore_index);
-    TESSERA_CUDA_CHECK_LAUNCH("ce_zero_ignored_rows_kernel");
-  }
-  const launch_config lc = lm_head_ce_loss_config(N);
-  ce_loss_sum_kernel<<<grid_of(lc), lc.block, 0, stream>>>(d_loss_sum, row_loss, N);
-  TESSERA_CUDA_CHECK_LAUNCH("ce_loss_sum_kernel");
+  lm_head_ce_finish_impl(d_loss_sum, row_loss, grad ? d_dx : nullptr, d_targets, N, H,
+                         ignore_index, stream);
 }
 
 }  // namespace detail

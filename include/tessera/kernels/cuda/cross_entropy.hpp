@@ -89,4 +89,51 @@ void lm_head_cross_entropy(cublaslt_context& ctx, double* d_loss_sum, const bf16
                            float grad_scale, bf16* d_dx, float* d_dwlm, std::int64_t chunk,
                            void* d_scratch, std::size_t scratch_bytes, cudaStream_t stream);
 
+// ---- vocabulary-parallel pieces (Megatron's vocab-parallel cross-entropy) ----------------
+//
+// kernels::lm_head_cross_entropy_vocab_parallel (kernels/cuda/ops.hpp) runs
+// its chunk loop on the host side, because the two reductions over the tp
+// group between these kernels are a callback (a template); per chunk of
+// `rows` token rows, with this rank's logits (rows, Vl) float32 of the
+// vocabulary slice [v_begin, v_begin + Vl), of which the first `real`
+// columns are not padding (real = min(Vl, V - v_begin), >= 0):
+//   row_max -> all-reduce(max) -> row_sums -> all-reduce(sum) -> row_grad
+// then the dx and dwlm GEMMs, and once after the last chunk lm_head_ce_finish.
+// One block of lm_head_ce_threads per row; every launcher throws
+// config_error for rows < 0, Vl < 1 or real outside [0, Vl], cuda_error
+// for a failed launch. Arithmetic: kernels/detail/cross_entropy.hpp, as
+// the host.
+
+/// d_max[r] = the largest of the row's `real` logits (-inf if real = 0).
+void vocab_parallel_ce_row_max(float* d_max, const float* d_logits, std::int64_t rows,
+                               std::int64_t Vl, std::int64_t real, cudaStream_t stream);
+
+/// d_sums[r] = sum of exp(z - max[r]) over the row's real logits, and
+/// d_sums[rows + r] = the target's logit on the rank that holds it (0 on
+/// the others); both 0 for an ignored row. A target outside [0, V) that is
+/// not ignored gives NaN in d_sums[rows + r] on every rank, so the row's
+/// loss and gradient are NaN (the step is rejected, never silently wrong).
+void vocab_parallel_ce_row_sums(float* d_sums, const float* d_logits, const float* d_max,
+                                const std::int32_t* d_targets, std::int64_t rows, std::int64_t V,
+                                std::int64_t v_begin, std::int64_t Vl, std::int64_t real,
+                                std::int32_t ignore_index, cudaStream_t stream);
+
+/// From the reduced max and sums: d_row_loss[r] (float64; 0 when ignored)
+/// and, if d_dlogits is not null, the row's (Vl) bf16 logit gradient
+/// grad_scale (softmax - onehot) over the real columns, 0 over padding and
+/// for ignored rows.
+void vocab_parallel_ce_row_grad(double* d_row_loss, bf16* d_dlogits, const float* d_logits,
+                                const float* d_max, const float* d_sums,
+                                const std::int32_t* d_targets, std::int64_t rows,
+                                std::int64_t v_begin, std::int64_t Vl, std::int64_t real,
+                                std::int32_t ignore_index, float grad_scale,
+                                cudaStream_t stream);
+
+/// After the last chunk: dx rows (N, H) bf16 of ignored targets set to 0
+/// (d_dx may be null: evaluation) and *d_loss_sum = the sum of d_row_loss
+/// (N) in a fixed order, as lm_head_cross_entropy ends.
+void lm_head_ce_finish(double* d_loss_sum, const double* d_row_loss, bf16* d_dx,
+                       const std::int32_t* d_targets, std::int64_t N, std::int64_t H,
+                       std::int32_t ignore_index, cudaStream_t stream);
+
 }  // namespace tessera::kernels::cuda

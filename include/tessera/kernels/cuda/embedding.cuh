@@ -90,7 +90,35 @@ __global__ void __launch_bounds__(embedding_threads)
   }
 }
 
+__global__ void __launch_bounds__(embedding_threads)
+    embedding_local_ids_kernel(std::int32_t* out, const std::int32_t* ids, std::int64_t N,
+                               std::int64_t v_begin, std::int64_t Vl, std::int32_t ignore_index) {
+  for (std::int64_t n = static_cast<std::int64_t>(blockIdx.x) * embedding_threads + threadIdx.x;
+       n < N; n += static_cast<std::int64_t>(gridDim.x) * embedding_threads) {
+    const std::int32_t id = ids[n];
+    const std::int64_t l = static_cast<std::int64_t>(id) - v_begin;
+    out[n] = (id != ignore_index && l >= 0 && l < Vl) ? static_cast<std::int32_t>(l)
+                                                      : ignore_index;
+  }
+}
+
 }  // namespace detail
+
+/// The launcher of embedding_local_ids_kernel (declared in kernels.hpp;
+/// not a template, so cuda/kernels.cu defines it once with this body).
+inline void embedding_local_ids_launch(std::int32_t* d_out, const std::int32_t* d_ids,
+                                       std::int64_t N, std::int64_t v_begin, std::int64_t Vl,
+                                       std::int32_t ignore_index, cudaStream_t stream) {
+  TESSERA_THROW_IF(N < 0 || Vl < 1 || v_begin < 0, config_error,
+                   "embedding_local_ids (cuda): N=", N, " and the slice [", v_begin, ", ",
+                   v_begin + Vl, ") must be N >= 0, Vl >= 1, v_begin >= 0");
+  if (N == 0) return;
+  const std::int64_t blocks = std::min<std::int64_t>(
+      (N + embedding_threads - 1) / embedding_threads, launch_limits::max_grid_x);
+  detail::embedding_local_ids_kernel<<<static_cast<unsigned>(blocks), embedding_threads, 0,
+                                       stream>>>(d_out, d_ids, N, v_begin, Vl, ignore_index);
+  TESSERA_CUDA_CHECK_LAUNCH("embedding_local_ids_kernel");
+}
 
 template <class T>
 void embedding_forward(T* d_out, const std::int32_t* d_tokens, const T* d_wte, std::int64_t N,

@@ -100,6 +100,16 @@ template <class G>
 void embedding_backward(float* d_dwte, const G* d_dout, const std::int32_t* d_tokens,
                         std::int64_t N, std::int64_t V, std::int64_t H, cudaStream_t stream);
 
+/// The vocabulary-parallel embedding's row indices, as
+/// kernels::embedding_local_ids: d_out[n] = d_ids[n] - v_begin where
+/// 0 <= d_ids[n] - v_begin < Vl, else ignore_index. `d_out` may alias
+/// `d_ids`. Ids are not validated on the device (the loader checks them):
+/// an id outside [0, V) is not held by any rank and embeds to zeros.
+/// Throws config_error for N < 0, Vl < 1 or v_begin < 0.
+void embedding_local_ids(std::int32_t* d_out, const std::int32_t* d_ids, std::int64_t N,
+                         std::int64_t v_begin, std::int64_t Vl, std::int32_t ignore_index,
+                         cudaStream_t stream);
+
 // ---- casts (kernels/cuda/elementwise.cuh) ----------------------------------------------------
 
 /// out[i] = To(in[i]) for i < n, rounding to nearest even for bf16 (the same

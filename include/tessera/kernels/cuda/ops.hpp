@@ -25,6 +25,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
@@ -96,6 +97,20 @@ void embedding_backward(const cuda_context& ctx, G* dwte, const GA* dout,
   TESSERA_THROW_IF(ignore_index >= 0, config_error, "embedding_backward (cuda): ignore_index=",
                    ignore_index, " must be negative");
   cuda::embedding_backward<GA>(dwte, dout, tokens, N, V, H, ctx.stream());
+}
+
+/// out (N) = this rank's row of each id of the vocabulary slice [v_begin,
+/// v_begin + Vl), or ignore_index (kernels::embedding_local_ids; ids are
+/// not validated on the device, file comment). Throws config_error for a
+/// non-negative ignore_index.
+inline void embedding_local_ids(const cuda_context& ctx, std::int32_t* out,
+                                const std::int32_t* ids, std::int64_t N, std::int64_t V,
+                                std::int64_t v_begin, std::int64_t Vl,
+                                std::int32_t ignore_index) {
+  TESSERA_THROW_IF(ignore_index >= 0, config_error, "embedding_local_ids (cuda): ignore_index=",
+                   ignore_index, " must be negative");
+  TESSERA_THROW_IF(V < 1, config_error, "embedding_local_ids (cuda): V=", V, " must be >= 1");
+  cuda::embedding_local_ids(out, ids, N, v_begin, Vl, ignore_index, ctx.stream());
 }
 
 // ---- rmsnorm ----------------------------------------------------------------------------------
@@ -281,6 +296,86 @@ void lm_head_cross_entropy(const cuda_context& ctx, double* loss_sum, const T* x
                                 grad_scale, dxb, dwlm, chunk, s.data(), s.bytes(), ctx.stream());
     if (dx) cuda::cast<float, bf16>(dx, dxb, N * H, ctx.stream());
   }
+}
+
+/// The vocabulary-parallel LM head with cross-entropy (Megatron's
+/// vocab-parallel cross-entropy), as the host overload in
+/// kernels/cross_entropy.hpp: this rank holds rows [v_begin, v_begin + Vl)
+/// of the padded vocabulary (wlm (Vl, H) bf16, dwlm (Vl, H) float32 +=);
+/// per chunk of rows its logits (a cuBLASLt GEMM), then `reduce(bool max,
+/// float* values, std::int64_t n)` (an in-place all-reduce over the tp
+/// group, on the context's stream: an NCCL communicator) combines the row
+/// maxima and then the sums of exponentials with the target logits; dx
+/// (N, H) is written with this rank's partial sum (all-reduce it). Every
+/// chunk reduces. Targets are not validated on the device (a target
+/// outside [0, V) gives a NaN loss and gradient, as lm_head_cross_entropy).
+/// Scratch: (chunk, Vl) float logits and bf16 logit gradients, 3 chunk
+/// floats, N doubles (and N H bf16 for a float32 dx). Throws config_error
+/// for a size < 1, a slice outside [0, V + Vl), chunk < 1, or only one of
+/// dx and dwlm.
+template <class T, class GA, class G, class Reduce>
+void lm_head_cross_entropy_vocab_parallel(const cuda_context& ctx, double* loss_sum, const T* x,
+                                          const T* wlm, const std::int32_t* targets,
+                                          std::int64_t N, std::int64_t V, std::int64_t v_begin,
+                                          std::int64_t Vl, std::int64_t H,
+                                          std::int32_t ignore_index, float grad_scale, GA* dx,
+                                          G* dwlm, std::int64_t chunk, Reduce&& reduce) {
+  detail::cuda_storage_check<T>();
+  static_assert(std::is_same_v<G, float>,
+                "lm_head_cross_entropy_vocab_parallel (cuda): dwlm is float32");
+  detail::cuda_grad_check<GA>();
+  TESSERA_THROW_IF(N <= 0 || H <= 0 || V <= 0 || Vl <= 0, config_error,
+                   "lm_head_cross_entropy_vocab_parallel (cuda): every size must be >= 1, got N=",
+                   N, " H=", H, " V=", V, " Vl=", Vl);
+  TESSERA_THROW_IF(v_begin < 0 || v_begin >= V + Vl, config_error,
+                   "lm_head_cross_entropy_vocab_parallel (cuda): slice [", v_begin, ", ",
+                   v_begin + Vl, ") is outside the padded vocabulary of V=", V);
+  TESSERA_THROW_IF(chunk <= 0, config_error, "lm_head_cross_entropy_vocab_parallel (cuda): chunk=",
+                   chunk, " must be >= 1 token rows");
+  TESSERA_THROW_IF((dx == nullptr) != (dwlm == nullptr), config_error,
+                   "lm_head_cross_entropy_vocab_parallel (cuda): pass both dx and dwlm or neither");
+  TESSERA_THROW_IF(ignore_index >= 0, config_error,
+                   "lm_head_cross_entropy_vocab_parallel (cuda): ignore_index=", ignore_index,
+                   " must be negative");
+  const cudaStream_t st = ctx.stream();
+  const bool grad = dx != nullptr;
+  const std::int64_t real = std::max<std::int64_t>(0, std::min(Vl, V - v_begin));
+  const std::int64_t C = std::min(chunk, N);
+  auto f32 = [&](std::int64_t n) { return ctx.scratch(static_cast<std::size_t>(n) * 4); };
+  tensor<std::uint8_t, tessera::cuda> logits_buf = f32(C * Vl), stats_buf = f32(3 * C);
+  tensor<std::uint8_t, tessera::cuda> rows_buf = ctx.scratch(static_cast<std::size_t>(N) * 8);
+  tensor<std::uint8_t, tessera::cuda> dlogits_buf, dx_buf;
+  if (grad) dlogits_buf = ctx.scratch(static_cast<std::size_t>(C * Vl) * sizeof(bf16));
+  float* logits = reinterpret_cast<float*>(logits_buf.data());
+  float* mx = reinterpret_cast<float*>(stats_buf.data());
+  float* se = mx + C;  // se[0, c): sums of exps; se[c, 2c): target logits
+  double* row_loss = reinterpret_cast<double*>(rows_buf.data());
+  bf16* dlogits = grad ? reinterpret_cast<bf16*>(dlogits_buf.data()) : nullptr;
+  bf16* dxb = nullptr;  // dx as bf16 (the GEMM's output type)
+  if constexpr (std::is_same_v<GA, bf16>) {
+    dxb = dx;
+  } else if (grad) {
+    dx_buf = ctx.scratch(static_cast<std::size_t>(N * H) * sizeof(bf16));
+    dxb = reinterpret_cast<bf16*>(dx_buf.data());
+  }
+  for (std::int64_t r0 = 0; r0 < N; r0 += C) {
+    const std::int64_t c = std::min(C, N - r0);
+    const T* xc = x + r0 * H;
+    cuda::linear_forward<float>(ctx.blas(), logits, xc, wlm, c, Vl, H, st);
+    cuda::vocab_parallel_ce_row_max(mx, logits, c, Vl, real, st);
+    reduce(true, mx, c);
+    cuda::vocab_parallel_ce_row_sums(se, logits, mx, targets + r0, c, V, v_begin, Vl, real,
+                                     ignore_index, st);
+    reduce(false, se, 2 * c);
+    cuda::vocab_parallel_ce_row_grad(row_loss + r0, dlogits, logits, mx, se, targets + r0, c,
+                                     v_begin, Vl, real, ignore_index, grad_scale, st);
+    if (!grad) continue;
+    cuda::linear_backward_input<bf16>(ctx.blas(), dxb + r0 * H, dlogits, wlm, c, Vl, H, st);
+    cuda::linear_backward_weight(ctx.blas(), dwlm, dlogits, xc, c, Vl, H, st);
+  }
+  cuda::lm_head_ce_finish(loss_sum, row_loss, dxb, targets, N, H, ignore_index, st);
+  if constexpr (!std::is_same_v<GA, bf16>)
+    if (grad) cuda::cast<float, bf16>(dx, dxb, N * H, st);
 }
 
 /// logits (V) float32 = wlm (V, H) x_row (H): one row, for sampling.

@@ -246,6 +246,9 @@ int run(const options& o) {
     std::cout << j.dump(2) << "\n";
     return fits ? 0 : 1;
   }
+  if (o.tp > 1)
+    std::printf("tp=%d (world dp %d x tp %d): the bytes below are one tp rank's, its shards%s\n",
+                o.tp, o.dp, o.tp, o.sequence_parallel ? ", sequence parallel" : "");
   std::printf("%s", mem.to_table().c_str());
   std::printf(
       "\nFLOPs per step (per rank, %lld tokens): %.4g model FLOPs (%.4g per token); "
@@ -347,7 +350,7 @@ int main(int argc, char** argv) {
                      " must be in [1, 64] (one node's ranks)");
     if (o.sequence_parallel) nn::check_sequence_parallel(o.seq, o.tp);
     TESSERA_THROW_IF(o.gpu_step && o.tp > 1, config_error, "--gpu-step plans one GPU: --tp ",
-                     o.tp, " must be 1 (tensor parallelism runs on the host communicators)");
+                     o.tp, " must be 1 (plan a tp rank's bytes without --gpu-step)");
     if (o.gpu_step) return print_gpu_step(o);
     return run(o);
   } catch (const config_error& e) {

@@ -201,6 +201,8 @@ int main(int argc, char** argv) {
     TESSERA_THROW_IF(o.dp > 1024, config_error, "dp=", o.dp, " exceeds the limit of 1024 ranks");
     TESSERA_THROW_IF(o.tp < 1 || o.tp > 64, config_error, "tp=", o.tp,
                      " must be in [1, 64] (one node's ranks)");
+    TESSERA_THROW_IF(o.dp * o.tp > 1024, config_error, "dp=", o.dp, " x tp=", o.tp, " = ",
+                     o.dp * o.tp, " ranks exceeds the limit of 1024");
     if (o.cfg.sequence_parallel) nn::check_sequence_parallel(o.cfg.seq, o.tp);
     if (o.comm == "auto")
       o.comm = train_llama::launched_by_mpi() ? (gpu ? "nccl" : "mpi") : "local";

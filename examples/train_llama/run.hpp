@@ -130,6 +130,25 @@ inline train::train_config run_config(const options& o) {
   return c;
 }
 
+/// Everything the trainers would refuse, checked on the launching thread
+/// before any rank is started or any device is asked for (a bad
+/// configuration then fails at once, not inside dp x tp rank threads).
+/// Throws config_error or io_error as the trainer would.
+inline void check_before_ranks(const options& o, const fs::path& tok) {
+  const nn::llama_config mc = model_config(o);
+  const train::train_config rc = run_config(o);
+  data::token_file data(tok);
+  train::check_run(mc, rc, data, o.dp);
+  nn::check_tensor_parallel(mc, o.tp);
+  if (rc.sequence_parallel) nn::check_sequence_parallel(rc.seq, o.tp);
+  (void)data::val_windows(data, data.split().val, rc.seq, rc.eval_windows);
+  (void)data::batch_sampler(data, data.split().train, rc.micro_batch, rc.seq, rc.seed);
+  if (!o.resume.empty()) {
+    const fs::path from = fs::path(o.resume) / "checkpoint.bin";
+    TESSERA_THROW_IF(!fs::exists(from), io_error, "cannot open checkpoint '", from.string(), "'");
+  }
+}
+
 /// The one training loop: resume, step logs, evaluations, metrics,
 /// checkpoints, the final sample. Every rank runs it (the trainer's calls
 /// are collectives); rank 0 prints and writes. `peak` is one rank's peak
@@ -159,7 +178,7 @@ int train_loop(options& o, Trainer& tr, const data::token_file& data, const fs::
                 "vocab %lld) %.2fM params, precision %s, optimizer %s, backend %s\n",
                 c.name.c_str(), (long long)c.dim, (long long)c.n_layers, (long long)c.n_heads,
                 (long long)c.n_kv_heads, (long long)c.ffn_dim, (long long)c.vocab,
-                tr.model().num_params() / 1e6, o.precision.c_str(), o.optimizer.c_str(),
+                c.num_params() / 1e6, o.precision.c_str(), o.optimizer.c_str(),
                 o.backend.c_str());
     std::printf("train_llama: data %s (%llu tokens, train %llu, val %llu)\n", tok_path.c_str(),
                 (unsigned long long)data.size(), (unsigned long long)data.split().train.size(),
@@ -170,8 +189,9 @@ int train_loop(options& o, Trainer& tr, const data::token_file& data, const fs::
                   dp, o.zero, o.comm.c_str(), tr.engine().plan().size());
     if (tr.tp_size() > 1)
       std::printf("train_llama: tensor parallel tp=%d (mesh dp %d x tp %d, tp fastest): each "
-                  "rank holds %.2fM of the parameters%s\n",
+                  "rank holds %.2fM of the %.2fM parameters%s\n",
                   tr.tp_size(), dp, tr.tp_size(), tr.model().num_params() / 1e6,
+                  c.num_params() / 1e6,
                   tr.model().sequence_parallel()
                       ? "; sequence parallel: norms and residuals hold T/tp tokens"
                       : "");

@@ -69,16 +69,8 @@ int run_cuda_nccl(options& o, const fs::path& tok, created_paths& created) {
 
 template <precision::policy P, class O>
 int run_cuda_opt(options& o, const fs::path& tok, created_paths& created) {
+  check_before_ranks(o, tok);  // before asking for the device
   data::token_file data(tok);
-  {  // what the trainer would refuse, checked before asking for the device
-    train::check_run(model_config(o), run_config(o), data, o.dp);
-    (void)data::val_windows(data, data.split().val, o.cfg.seq, o.cfg.eval_windows);
-    (void)data::batch_sampler(data, data.split().train, o.cfg.micro_batch, o.cfg.seq, o.cfg.seed);
-    if (!o.resume.empty()) {
-      const fs::path from = fs::path(o.resume) / "checkpoint.bin";
-      TESSERA_THROW_IF(!fs::exists(from), io_error, "cannot open checkpoint '", from.string(), "'");
-    }
-  }
   if (o.parallel) {
 #if defined(TESSERA_EXAMPLE_NCCL)
     TESSERA_THROW_IF(o.comm != "nccl", config_error, "--backend cuda --comm ", o.comm,

@@ -4,6 +4,7 @@
 namespace train_llama {
 
 int run_host(options& o, const fs::path& tok, created_paths& created) {
+  if (o.parallel) check_before_ranks(o, tok);  // before dp x tp rank threads or processes start
   if (o.precision == "fp32") return run_host_with<precision::fp32>(o, tok, created);
   if (o.precision == "bf16" || o.precision == "bf16_mixed")
     return run_host_with<precision::bf16_mixed>(o, tok, created);

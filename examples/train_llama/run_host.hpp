@@ -57,6 +57,9 @@ int run_host_tp(options& o, const fs::path& tok, created_paths& created,
     double blas = world.rank() == 0 ? kernels::measure_sgemm_flops() : 0.0;
     world.broadcast(&blas, 1, 0);
     const auto peak = host_peak(o, omp_get_max_threads(), blas);
+    TESSERA_THROW_IF(world.size() != mesh.size(), config_error, "--comm mpi: the mesh dp=", o.dp,
+                     " x tp=", o.tp, " needs ", mesh.size(), " MPI processes but the job has ",
+                     world.size(), " (start it as mpirun -np ", mesh.size(), " ...)");
     auto g = comm::make_groups(world, mesh);
     using layers = nn::tensor_parallel_layers<comm::mpi_communicator>;
     data::token_file data(tok);

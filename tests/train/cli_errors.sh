@@ -44,6 +44,9 @@ expect "sequence parallel without tp" "needs tp > 1 (tp=1)" "$train" --sequence-
 expect "sequence parallel, T not divisible by tp" "sequence length T=127 is not divisible by tp=2" "$train" --tp 2 --seq 127 --sequence-parallel "${common[@]}"
 expect "tp does not split F" "F=385" "$train" --tp 2 --ffn 385 "${common[@]}"
 expect "tp of zero" "tp=0" "$train" --tp 0 "${common[@]}"
+expect "dp x tp over the rank limit" "= 4096 ranks exceeds the limit of 1024" "$train" --dp 64 --tp 64 "${common[@]}"
+# Refused on the launching thread, before 512 rank threads start.
+expect "bad batch for a large mesh" "is not divisible by micro-batch B=16 x dp=8" timeout 20 "$train" --dp 8 --tp 64 "${common[@]}"
 expect "foreign checkpoint" "not a tessera checkpoint" bash -c "mkdir -p '$work/ck' && echo junk > '$work/ck/checkpoint.bin' && '$train' --resume '$work/ck' --out '$work/out' --no-baseline --sample-bytes 0 --steps 2"
 expect "G not divisible by dp x B" "G=16 is not divisible by micro-batch B=2 x dp=3" "$train" --dp 3 --global-batch 16 --micro-batch 2 "${common[@]}"
 expect "not a ZeRO stage" "zero 5 is not a ZeRO stage" "$train" --zero 5 "${common[@]}"

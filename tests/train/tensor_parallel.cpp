@@ -18,6 +18,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <fstream>
+#include <string>
 #include <vector>
 
 #include <tessera/comm/device_mesh.hpp>
@@ -171,4 +173,66 @@ TEST_CASE("tp trainer: a checkpoint resumes at its layout", "[train][tp]") {
   std::error_code ec;
   std::filesystem::remove(ck, ec);
   std::filesystem::remove(ck.string() + ".tp1", ec);
+}
+
+TEST_CASE("tp trainer: shards that are not one checkpoint are refused on every rank",
+          "[train][tp][errors]") {
+  trainer_suite::temp_file corpus{trainer_suite::make_corpus("tp_mix", 0)};
+  data::token_file f(corpus.path);
+  const auto base = std::filesystem::temp_directory_path() /
+                    ("tessera_tp_mix_" + std::to_string(::getpid()));
+  const std::filesystem::path a = base.string() + ".a.ckpt", b = base.string() + ".b.ckpt",
+                              one_ck = base.string() + ".one.ckpt";
+  // A stale shard of an earlier tp 4 run, which the tp 2 save removes.
+  std::ofstream(a.string() + ".tp3") << "stale";
+  // A tp 1 checkpoint, which a tp 2 run must refuse by its degree.
+  {
+    train::trainer<precision::fp64> one(trainer_suite::model(), tp_config(1, 1, 6), f);
+    one.train_step();
+    one.save_checkpoint(one_ck);
+  }
+  std::string mixed[2], degree[2];
+  REQUIRE_NOTHROW(local_world::run(
+      2,
+      [&](local_communicator& world) {
+        omp_set_num_threads(1);
+        auto g = comm::make_groups(world, comm::device_mesh(1, 2, 1));
+        using T = train::trainer<precision::fp64, host, optim::adamw, parallel::zero<0>,
+                                 local_communicator, tp_layers>;
+        T tr(trainer_suite::model(), tp_config(1, 2, 6), f, g.dp, tp_layers{&g.tp});
+        for (int s = 0; s < 3; ++s) tr.train_step();
+        tr.save_checkpoint(a);
+        for (int s = 0; s < 2; ++s) tr.train_step();
+        tr.save_checkpoint(b);
+        world.barrier();
+        // tp rank 1's shard of step 5 beside tp rank 0's of step 3.
+        if (world.rank() == 0)
+          std::filesystem::copy_file(b.string() + ".tp1", a.string() + ".tp1",
+                                     std::filesystem::copy_options::overwrite_existing);
+        world.barrier();
+        const auto r = static_cast<std::size_t>(world.rank());
+        T resumed(trainer_suite::model(), tp_config(1, 2, 6), f, g.dp, tp_layers{&g.tp});
+        try {
+          resumed.load_checkpoint(a);
+        } catch (const std::exception& e) {
+          mixed[r] = e.what();
+        }
+        try {
+          resumed.load_checkpoint(one_ck);
+        } catch (const std::exception& e) {
+          degree[r] = e.what();
+        }
+      },
+      test_options()));
+  for (int r = 0; r < 2; ++r) {
+    INFO("tp rank " << r);
+    CHECK_THAT(mixed[r], Catch::Contains("different steps") && Catch::Contains("3 to 5"));
+    CHECK_THAT(degree[r], Catch::Contains("written at tp=1") && Catch::Contains("this run has tp=2"));
+  }
+  CHECK(!std::filesystem::exists(a.string() + ".tp3"));
+  std::error_code ec;
+  for (const auto& p : {a, b, one_ck}) {
+    std::filesystem::remove(p, ec);
+    std::filesystem::remove(p.string() + ".tp1", ec);
+  }
 }

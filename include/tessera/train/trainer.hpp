@@ -31,10 +31,12 @@
 /// constructor and each of them set the calling thread's OpenMP thread
 /// count to the context's `threads` (kernels::host_context; 0 keeps it).
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <exception>
 #include <filesystem>
 #include <memory>
 #include <optional>
@@ -284,7 +286,8 @@ class trainer {
   /// (the ranks wait for the file). Under tensor parallelism dp rank 0 of
   /// every tp rank writes its shards, tp rank r to `path`.tp<r> (r > 0),
   /// and the metadata records tp and the tp rank: a resume needs the same
-  /// layout. zero<1..3>: throws config_error before
+  /// layout; shards `path`.tp<k> for k >= tp left by an earlier run are
+  /// removed. zero<1..3>: throws config_error before
   /// any work: sharded checkpoints are not supported yet. Throws io_error
   /// if the file cannot be written.
   void save_checkpoint(const std::filesystem::path& path_) {
@@ -298,6 +301,8 @@ class trainer {
                          optim::detail::write_from(*ctx_, w, model_.params(), pbytes);
                          opt.save(w);
                        });
+      // Shards of an earlier run at a larger tp would be stale beside this one.
+      if (layers_rank() == 0) remove_stale_shards(path_);
     }
     comm_->barrier();
   }
@@ -308,19 +313,56 @@ class trainer {
   /// missing, truncated or corrupt file, config_error if its settings
   /// (model, precision, optimizer, batch, dp, strategy, ...) differ from
   /// this run's, naming the field and both values; zero<1..3>: config_error
-  /// as save_checkpoint.
+  /// as save_checkpoint. Under tensor parallelism (collective over the tp
+  /// group) the tp ranks agree first: a missing shard of a checkpoint
+  /// written at another tp names both degrees; a rank whose shard fails
+  /// makes every rank throw; shards of different steps (a save interrupted
+  /// between ranks) throw config_error naming the steps.
   void load_checkpoint(const std::filesystem::path& path_) {
     refuse_sharded("load");
     const std::filesystem::path path = tp_path(path_);
     nlohmann::json meta;
     std::vector<char> payload;
-    read_checkpoint(path, meta, payload);
-    const std::int64_t step = check_resume_metadata(path, meta, metadata(), cfg_.steps);
+    std::int64_t step = 0;
     const std::size_t pbytes = sizeof(Param) * static_cast<std::size_t>(model_.flat_size());
     optimizer_type& opt = engine_.optimizer();
-    TESSERA_THROW_IF(payload.size() != pbytes + opt.serialized_bytes(), io_error, "checkpoint '",
-                     path.string(), "' holds ", payload.size(), " payload bytes; this run needs ",
-                     pbytes + opt.serialized_bytes());
+    std::exception_ptr failed;
+    try {
+      if (path != path_ && !std::filesystem::exists(path) && std::filesystem::exists(path_)) {
+        // No shard for this tp rank: tp rank 0's file says at which tp it was written.
+        read_checkpoint(path_, meta, payload);
+        nlohmann::json mine = metadata();
+        mine["tp_rank"] = 0;
+        (void)check_resume_metadata(path_, meta, mine, cfg_.steps);  // names the tp first
+        throw io_error("checkpoint '" + path_.string() + "' has no shard '" + path.string() +
+                       "' for tp rank " + std::to_string(layers_rank()));
+      }
+      read_checkpoint(path, meta, payload);
+      step = check_resume_metadata(path, meta, metadata(), cfg_.steps);
+      TESSERA_THROW_IF(payload.size() != pbytes + opt.serialized_bytes(), io_error,
+                       "checkpoint '", path.string(), "' holds ", payload.size(),
+                       " payload bytes; this run needs ", pbytes + opt.serialized_bytes());
+    } catch (...) {
+      failed = std::current_exception();
+    }
+    // The tp ranks' shards are one checkpoint only if every one loads and
+    // all are of the same step (a save interrupted between two ranks'
+    // renames leaves shards of two steps): agreed before any state changes.
+    if constexpr (L::tensor_parallel) {
+      double v[3] = {failed ? 1.0 : 0.0, static_cast<double>(step), -static_cast<double>(step)};
+      tensor<double, Backend> d = kernels::make_tensor<double>(*ctx_, 3);
+      ctx_->from_host(d.data(), v, sizeof v);
+      layers_.all_reduce_values(d.data(), 3, true);
+      ctx_->to_host(v, d.data(), sizeof v);
+      if (failed) std::rethrow_exception(failed);
+      TESSERA_THROW_IF(v[0] > 0, io_error, "checkpoint '", path_.string(),
+                       "': another tp rank could not load its shard (its error names it)");
+      TESSERA_THROW_IF(v[1] != -v[2], config_error, "checkpoint '", path_.string(),
+                       "': its tp shards are of different steps (", static_cast<std::int64_t>(-v[2]),
+                       " to ", static_cast<std::int64_t>(v[1]),
+                       "): a save was interrupted between ranks; resume from a complete checkpoint");
+    }
+    if (failed) std::rethrow_exception(failed);
     ctx_->from_host(model_.params(), payload.data(), pbytes);
     opt.load(payload.data() + pbytes);
     step_ = step;
@@ -442,6 +484,23 @@ class trainer {
     return std::filesystem::path(p.string() + ".tp" + std::to_string(layers_rank()));
   }
   int layers_rank() const { return layers_.rank(); }
+  // Removes `path`.tp<k> for every k >= this run's tp (files of a run at a
+  // larger tp, which this checkpoint replaces). Errors are ignored: a
+  // stale shard is refused by its metadata anyway.
+  void remove_stale_shards(const std::filesystem::path& path) const {
+    const std::string prefix = path.filename().string() + ".tp";
+    const std::filesystem::path dir = path.has_parent_path() ? path.parent_path() : ".";
+    std::error_code ec;
+    std::vector<std::filesystem::path> stale;
+    for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+      const std::string n = e.path().filename().string();
+      if (n.size() <= prefix.size() || n.compare(0, prefix.size(), prefix) != 0) continue;
+      const std::string k = n.substr(prefix.size());
+      if (k.size() > 4 || k.find_first_not_of("0123456789") != std::string::npos) continue;
+      if (std::stoi(k) >= model_.tp_size()) stale.push_back(e.path());
+    }
+    for (const auto& p : stale) std::filesystem::remove(p, ec);
+  }
 
   // Sum over the ranks of a host value, through the context's memory.
   template <class T>

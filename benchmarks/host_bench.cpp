@@ -88,6 +88,14 @@ void bench_linear(const kernels::host_context& ctx, std::vector<row>& rows, cons
   add("fwd", best_seconds([&] { kernels::linear_forward(ctx, y.data(), x.data(), w.data(), M, N, K); }, reps));
   add("dinp", best_seconds([&] { kernels::linear_backward_input(ctx, dx.data(), dy.data(), w.data(), M, N, K); }, reps));
   add("dweight", best_seconds([&] { kernels::linear_backward_weight(ctx, dw.data(), dy.data(), x.data(), M, N, K); }, reps));
+  if constexpr (std::is_same_v<T, float>) {
+    if (kernels::detail::sgemm_engine() != "OpenBLAS") {  // the same calls on OpenBLAS alone
+      kernels::detail::onednn_sgemm_allowed() = false;
+      add("fwd, OpenBLAS", best_seconds([&] { kernels::linear_forward(ctx, y.data(), x.data(), w.data(), M, N, K); }, reps));
+      add("dinp, OpenBLAS", best_seconds([&] { kernels::linear_backward_input(ctx, dx.data(), dy.data(), w.data(), M, N, K); }, reps));
+      kernels::detail::onednn_sgemm_allowed() = true;
+    }
+  }
   if constexpr (std::is_same_v<T, bf16>) {
     if (kernels::detail::bf16_gemm_native()) {  // the same call without oneDNN, for the ratio
       kernels::detail::onednn_bf16_allowed() = false;
@@ -260,6 +268,8 @@ int main(int argc, char** argv) {
   const std::int64_t bw_n = 16 << 20;  // 64 MiB per float buffer: far beyond the caches
   const auto bw = bench_bandwidth(ctx, bw_n, std::max(reps, 5));
 
+  std::printf("host_bench: %s, float GEMMs: %s\n", blas.c_str(),
+              kernels::detail::sgemm_engine().c_str());
   std::printf("host_bench: %s, sgemm peak %.1f GFLOP/s, bf16 GEMMs: %s\n\n", blas.c_str(),
               peak / 1e9, kernels::detail::bf16_gemm_engine().c_str());
   std::printf("%-34s %-24s %-8s %10s %10s %8s\n", "what", "shape (MxNxK)", "dtype", "ms", "GFLOP/s", "of peak");
@@ -267,6 +277,7 @@ int main(int argc, char** argv) {
   j["blas"] = blas;
   j["bf16_gemm"] = kernels::detail::bf16_gemm_engine();
   j["sgemm_peak_flops"] = peak;
+  j["float_gemm_engine"] = kernels::detail::sgemm_engine();
   for (const auto& r : rows) {
     std::printf("%-34s %-24s %-8s %10.3f %10.1f %7.1f%%\n", r.name.c_str(), r.shape.c_str(),
                 r.dtype.c_str(), r.seconds * 1e3, r.rate / 1e9, 100 * r.ratio);

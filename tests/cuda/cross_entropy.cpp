@@ -7,6 +7,7 @@
 // outputs poisoned with NaN (bytes 0xFF) before each launch, dwlm pre-filled
 // with known values to check that it accumulates. Skipped without a device
 // (main.cpp).
+#include <atomic>
 #include <barrier>
 #include <cstring>
 #include <string>
@@ -165,7 +166,8 @@ ce_run run_ce(kc::cublaslt_context& ctx, tessera::cuda::stream& s, const std::ve
 /// What one emulated tp rank of the vocabulary-parallel head returns.
 struct vp_rank_run {
   double loss = 0;
-  std::vector<bf16> dx;      // (N, H) this rank's partial sum
+  std::vector<double> dx;    // (N, H) this rank's partial sum (empty: evaluation)
+  std::vector<bool> dx_zero; // (N, H) whether each dx element's bits are +0
   std::vector<float> dwlm;   // (Vl, H) this rank's rows
   std::string error;         // an exception's message (threads cannot use Catch)
 };
@@ -175,14 +177,19 @@ struct vp_rank_run {
 /// the padding rows' weights set to 30 (they would dominate the softmax if
 /// they entered it); its reduce callback combines both ranks' statistics
 /// through host memory, rank 0's values first. dwlm starts at dw0 (0 on
-/// padding rows).
+/// padding rows). GA: dx's type (bf16, or float through the bf16 scratch);
+/// train = false passes null gradients. A rank that fails drops out of the
+/// barrier and flags it, so the other fails too instead of waiting.
+template <class GA>
 std::vector<vp_rank_run> run_vp(const std::vector<bf16>& x, const std::vector<bf16>& w,
                                 const std::vector<std::int32_t>& targets,
                                 const std::vector<float>& dw0, std::int64_t N, std::int64_t V,
-                                std::int64_t H, float grad_scale, std::int64_t chunk) {
+                                std::int64_t H, float grad_scale, std::int64_t chunk,
+                                bool train = true) {
   constexpr int tp = 2;
   const std::int64_t Vl = (V + tp - 1) / tp;
   std::barrier<> sync(tp);
+  std::atomic<bool> failed{false};
   std::vector<float> slot[tp];
   std::vector<vp_rank_run> out(tp);
   auto rank = [&](int r) {
@@ -200,11 +207,12 @@ std::vector<vp_rank_run> run_vp(const std::vector<bf16>& x, const std::vector<bf
       auto d_t = to_device(targets);
       auto d_dw = to_device(dwl);
       auto d_loss = poisoned_device<double>(1);
-      auto d_dx = poisoned_device<bf16>(static_cast<std::size_t>(N * H));
+      auto d_dx = poisoned_device<GA>(static_cast<std::size_t>(N * H));
       auto reduce = [&](bool max, float* v, std::int64_t n) {
         slot[r].resize(static_cast<std::size_t>(n));
         ctx.to_host(slot[r].data(), v, slot[r].size() * sizeof(float));
         sync.arrive_and_wait();
+        if (failed) throw std::runtime_error("the other rank failed");
         std::vector<float> c(slot[r].size());
         for (std::size_t i = 0; i < c.size(); ++i)
           c[i] = max ? std::max(slot[0][i], slot[1][i]) : slot[0][i] + slot[1][i];
@@ -213,11 +221,22 @@ std::vector<vp_rank_run> run_vp(const std::vector<bf16>& x, const std::vector<bf
       };
       tessera::kernels::lm_head_cross_entropy_vocab_parallel(
           ctx, d_loss.data(), d_x.data(), d_w.data(), d_t.data(), N, V, r * Vl, Vl, H, ignore,
-          grad_scale, d_dx.data(), d_dw.data(), chunk, reduce);
+          grad_scale, train ? d_dx.data() : nullptr, train ? d_dw.data() : nullptr, chunk,
+          reduce);
       ctx.synchronize();
-      out[static_cast<std::size_t>(r)] = {to_host(d_loss)[0], to_host(d_dx), to_host(d_dw), {}};
+      vp_rank_run& o = out[static_cast<std::size_t>(r)];
+      o.loss = to_host(d_loss)[0];
+      if (train) {
+        for (const GA& g : to_host(d_dx)) {
+          o.dx.push_back(as_double(g));
+          o.dx_zero.push_back(std::signbit(as_double(g)) == 0 && as_double(g) == 0.0);
+        }
+      }
+      o.dwlm = to_host(d_dw);
     } catch (const std::exception& e) {
       out[static_cast<std::size_t>(r)].error = e.what();
+      failed = true;
+      sync.arrive_and_drop();
     }
   };
   std::thread t0(rank, 0), t1(rank, 1);
@@ -230,20 +249,23 @@ std::vector<vp_rank_run> run_vp(const std::vector<bf16>& x, const std::vector<bf
 void check_vp(const std::vector<vp_rank_run>& runs, const ce_reference& ref, std::int64_t N,
               std::int64_t V, std::int64_t H, const std::vector<std::int32_t>& targets) {
   const std::int64_t Vl = (V + 1) / 2;
-  for (const auto& r : runs) REQUIRE(r.error.empty());
+  for (const auto& r : runs) {
+    INFO(r.error);
+    REQUIRE(r.error.empty());
+  }
   // Every rank reduces the same statistics in the same order: the same loss bits.
   CHECK(std::memcmp(&runs[0].loss, &runs[1].loss, sizeof(double)) == 0);
   CHECK(std::abs(runs[0].loss - ref.loss_sum) <= f32_tol * ref.loss_scale);
-  // dx: the sum of two bf16 partial sums, each rounded once (bf16_tol of
-  // its own terms, which dx_scale bounds), after the dense bounds.
+  if (runs[0].dx.empty()) return;  // evaluation
+  // dx: the sum of two partial sums, each rounded once to bf16 (bf16_tol
+  // of its own terms, which dx_scale bounds), after the dense bounds.
   std::vector<double> dx(static_cast<std::size_t>(N * H));
-  for (std::size_t i = 0; i < dx.size(); ++i)
-    dx[i] = as_double(runs[0].dx[i]) + as_double(runs[1].dx[i]);
+  for (std::size_t i = 0; i < dx.size(); ++i) dx[i] = runs[0].dx[i] + runs[1].dx[i];
   CHECK(bounded_error(dx, ref.dx, ref.dx_scale, dx_rel_scale + bf16_tol, dx_rel_value) <= 1.0);
   for (std::int64_t n = 0; n < N; ++n)
     if (targets[n] == ignore)
       for (int r = 0; r < 2; ++r)
-        for (std::int64_t h = 0; h < H; ++h) REQUIRE(runs[r].dx[n * H + h].bits == 0);
+        for (std::int64_t h = 0; h < H; ++h) REQUIRE(runs[r].dx_zero[n * H + h]);
   // dwlm: each rank's rows as the dense kernel's bounds; padding untouched (0).
   for (int r = 0; r < 2; ++r) {
     std::vector<float> got;
@@ -278,7 +300,29 @@ TEST_CASE("cuda vocabulary-parallel cross-entropy over tp 2 equals the whole voc
     const ce_reference ref = ce_ref(x, w, targets, N, V, H, grad_scale, dw0);
     for (std::int64_t chunk : {std::int64_t(7), N}) {
       INFO("chunk=" << chunk);
-      check_vp(run_vp(x, w, targets, dw0, N, V, H, grad_scale, chunk), ref, N, V, H, targets);
+      check_vp(run_vp<bf16>(x, w, targets, dw0, N, V, H, grad_scale, chunk), ref, N, V, H,
+               targets);
+    }
+    // A float32 dx (through the bf16 scratch) and evaluation (no gradients,
+    // the same loss bits).
+    const auto f32 = run_vp<float>(x, w, targets, dw0, N, V, H, grad_scale, 7);
+    check_vp(f32, ref, N, V, H, targets);
+    const auto eval = run_vp<bf16>(x, w, targets, dw0, N, V, H, grad_scale, 7, false);
+    check_vp(eval, ref, N, V, H, targets);
+    CHECK(std::memcmp(&eval[0].loss, &f32[0].loss, sizeof(double)) == 0);
+    for (int r = 0; r < 2; ++r)  // evaluation leaves dwlm as it was: dw0's rows, 0 on padding
+      for (std::int64_t v = r * 129; v < (r + 1) * 129; ++v)
+        for (std::int64_t h = 0; h < H; ++h)
+          REQUIRE(eval[r].dwlm[(v - r * 129) * H + h] == (v < V ? dw0[v * H + h] : 0.0f));
+  }
+  SECTION("a target outside [0, V) makes the loss NaN on both ranks") {
+    auto targets = make_targets(N, V, rng);
+    targets[2] = static_cast<std::int32_t>(V);  // the padding row's index: no rank owns it
+    const auto runs = run_vp<bf16>(x, w, targets, dw0, N, V, H, 1.0f / 40, 16);
+    for (const auto& r : runs) {
+      INFO(r.error);
+      REQUIRE(r.error.empty());
+      CHECK(std::isnan(r.loss));
     }
   }
   SECTION("every target owned by rank 1 (the one with the padding row)") {
@@ -287,7 +331,7 @@ TEST_CASE("cuda vocabulary-parallel cross-entropy over tp 2 equals the whole voc
       if (t != ignore) t = static_cast<std::int32_t>(129 + rng() % (V - 129));
     const float grad_scale = 1.0f / static_cast<float>(scored(targets));
     const ce_reference ref = ce_ref(x, w, targets, N, V, H, grad_scale, dw0);
-    check_vp(run_vp(x, w, targets, dw0, N, V, H, grad_scale, 16), ref, N, V, H, targets);
+    check_vp(run_vp<bf16>(x, w, targets, dw0, N, V, H, grad_scale, 16), ref, N, V, H, targets);
   }
 }
 

@@ -111,6 +111,7 @@ struct file {
   std::map<std::string, trajectory> cases;
   std::string blas_core;
   std::string bf16_gemm = "convert + sgemm";
+  std::string sgemm = "OpenBLAS";  // files recorded before oneDNN's sgemm say nothing
 };
 
 inline file read_file() {
@@ -121,6 +122,7 @@ inline file read_file() {
   while (std::getline(in, line)) {
     if (line.rfind("# blas_core ", 0) == 0) f.blas_core = line.substr(12);
     if (line.rfind("# bf16_gemm ", 0) == 0) f.bf16_gemm = line.substr(12);
+    if (line.rfind("# sgemm ", 0) == 0) f.sgemm = line.substr(8);
     if (line.empty() || line[0] == '#') continue;
     std::istringstream s(line);
     std::string name, l, g, r;
@@ -145,7 +147,8 @@ inline void record(const std::string& set, const std::string& name, const trajec
   std::ofstream out(p, std::ios::app);
   if (fresh)
     out << "# set " << set << "\n# blas_core " << tessera::kernels::blas_core_name()
-        << "\n# bf16_gemm " << tessera::kernels::detail::bf16_gemm_engine() << "\n";
+        << "\n# bf16_gemm " << tessera::kernels::detail::bf16_gemm_engine()
+        << "\n# sgemm " << tessera::kernels::detail::sgemm_engine() << "\n";
   for (const point& q : t)
     out << name << " " << q.step << " " << hex(q.loss) << " " << hex(q.grad_norm) << " "
         << hex(q.lr) << "\n";
@@ -170,6 +173,7 @@ inline std::string compare(const std::string& name, const trajectory& got, doubl
            std::to_string(want.size());
   // A bf16 case (its name says so) also needs the recorded bf16 GEMM engine.
   const bool exact = f.blas_core == tessera::kernels::blas_core_name() &&
+                     f.sgemm == tessera::kernels::detail::sgemm_engine() &&
                      (name.find("bf16") == std::string::npos ||
                       f.bf16_gemm == tessera::kernels::detail::bf16_gemm_engine());
   auto bits_differ = [](double a, double b) { return std::memcmp(&a, &b, sizeof a) != 0; };

@@ -106,8 +106,8 @@ void embedding_backward(const host_context& ctx, G* dwte, const GA* dout,
 ///   outside [0, V) that is not ignore_index, and for N < 0, V < 1, Vl < 1
 ///   or v_begin < 0; nothing is written then.
 inline void embedding_local_ids(const host_context& ctx, std::int32_t* out, const std::int32_t* ids,
-                         std::int64_t N, std::int64_t V, std::int64_t v_begin, std::int64_t Vl,
-                         std::int32_t ignore_index) {
+                                std::int64_t N, std::int64_t V, std::int64_t v_begin,
+                                std::int64_t Vl, std::int32_t ignore_index) {
   (void)ctx;
   TESSERA_THROW_IF(Vl < 1 || v_begin < 0, config_error, "embedding_local_ids: slice [", v_begin,
                    ", ", v_begin + Vl, ") of the vocabulary is empty or negative");

@@ -7,7 +7,10 @@
 /// `linear_backward_weight`), activation gradients are written (`=`:
 /// `linear_backward_input`, unless `accumulate` is set).
 ///
-/// Precision: float and double call `cblas_sgemm` / `cblas_dgemm` directly.
+/// Precision: double calls `cblas_dgemm`; float calls oneDNN's sgemm when
+/// A is not transposed, op(B) is small (at most 2^17 elements) and the
+/// build has oneDNN (faster there; detail/onednn_gemm.hpp gives the
+/// figures, `detail::sgemm_engine()` the rule), else `cblas_sgemm`.
 /// bf16 A and B with a float or bf16 C run on oneDNN's native bf16 matmul
 /// where the build has oneDNN and the CPU bf16 dot products
 /// (detail/onednn_gemm.hpp; `detail::bf16_gemm_engine()` says which).
@@ -105,6 +108,9 @@ void blas_gemm(transpose ta, transpose tb, std::int64_t M, std::int64_t N, std::
                const T* A, std::int64_t lda, const T* B, std::int64_t ldb, T beta, T* C,
                std::int64_t ldc) {
   if constexpr (std::is_same_v<T, float>) {
+    // Small op(B), op(A) = A: oneDNN's sgemm where built in (detail/onednn_gemm.hpp says why).
+    if (ta == transpose::no && onednn_sgemm(tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc))
+      return;
     cblas_sgemm(CblasRowMajor, cblas_op(ta), cblas_op(tb), static_cast<int>(M), static_cast<int>(N),
                 static_cast<int>(K), alpha, A, static_cast<int>(lda), B, static_cast<int>(ldb),
                 beta, C, static_cast<int>(ldc));
@@ -132,7 +138,7 @@ void blas_gemm(transpose ta, transpose tb, std::int64_t M, std::int64_t N, std::
 /// - C must not alias A or B.
 /// - Throws `config_error` for a negative size, a leading dimension below
 ///   the rule above, or a value beyond the BLAS's 32-bit int.
-/// - Deterministic for a fixed thread count (OpenBLAS's blocking).
+/// - Deterministic for a fixed thread count (OpenBLAS's or oneDNN's blocking).
 /// Source: the BLAS xGEMM definition (Dongarra et al., 1990), row-major CBLAS.
 template <class TA, class TB, class TC>
 void gemm_mixed(transpose ta, transpose tb, std::int64_t M, std::int64_t N, std::int64_t K,

@@ -15,6 +15,15 @@
 ///   dwlm (V, H) f32 += dlogits^T x_chunk                       linear_backward_weight
 /// then once: dx rows of ignored positions = 0 (ce_zero_ignored_rows_kernel)
 /// and *loss_sum = sum of row_loss in a fixed order (ce_loss_sum_kernel).
+///
+/// The vocabulary-parallel form (its chunk loop is in kernels/cuda/ops.hpp,
+/// between the tp group's all-reduces) over this rank's logits (C, Vl):
+///   row maxima (C) f32 over the real columns    vp_ce_row_max_kernel
+///   all-reduce(max)
+///   sums of exp (C) and owned target logits (C)  vp_ce_row_sums_kernel
+///   all-reduce(sum) of the 2C values
+///   row_loss, dlogits (C, Vl) bf16, padding 0    vp_ce_row_grad_kernel
+///   dx partial sum, dwlm += as above, then lm_head_ce_finish_impl.
 
 #include <cub/block/block_reduce.cuh>
 
@@ -226,6 +235,7 @@ __global__ void __launch_bounds__(lm_head_ce_threads)
   }
 }
 
+/// Throws config_error unless rows >= 0, Vl >= 1 and 0 <= real <= Vl.
 inline void vp_check(const char* who, std::int64_t rows, std::int64_t Vl, std::int64_t real) {
   TESSERA_THROW_IF(rows < 0 || Vl < 1 || real < 0 || real > Vl, config_error, who, ": rows=", rows,
                    " Vl=", Vl, " real=", real, " must satisfy rows >= 0, Vl >= 1, 0 <= real <= Vl");

@@ -311,8 +311,9 @@ void lm_head_cross_entropy(const cuda_context& ctx, double* loss_sum, const T* x
 /// outside [0, V) gives a NaN loss and gradient, as lm_head_cross_entropy).
 /// Scratch: (chunk, Vl) float logits and bf16 logit gradients, 3 chunk
 /// floats, N doubles (and N H bf16 for a float32 dx). Throws config_error
-/// for a size < 1, a slice outside [0, V + Vl), chunk < 1, or only one of
-/// dx and dwlm.
+/// for a size < 1, a slice outside [0, V + Vl), chunk < 1, only one of dx
+/// and dwlm, or (unlike the host overload) a non-negative ignore_index,
+/// as the GPU embedding.
 template <class T, class GA, class G, class Reduce>
 void lm_head_cross_entropy_vocab_parallel(const cuda_context& ctx, double* loss_sum, const T* x,
                                           const T* wlm, const std::int32_t* targets,

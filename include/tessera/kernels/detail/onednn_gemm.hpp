@@ -204,6 +204,64 @@ TESSERA_ONEDNN_LINKAGE bool onednn_bf16_gemm(transpose ta, transpose tb, std::in
 #endif
 }
 
+/// Whether float GEMMs with an untransposed A may use oneDNN's sgemm
+/// (default true; the benchmarks turn it off to time OpenBLAS alone in the
+/// same run). Not for use while GEMMs run on other threads.
+TESSERA_ONEDNN_LINKAGE std::atomic<bool>& onednn_sgemm_allowed() {
+  static std::atomic<bool> allowed{true};
+  return allowed;
+}
+
+/// The largest op(B) (N x K elements, the weight of a linear layer) for
+/// which float GEMMs go to oneDNN: measured on two Zen 3 cores, oneDNN ran
+/// M 2048 with N x K of 128 x 128 to 384 x 128 at 179-192 GFLOP/s against
+/// OpenBLAS's 157-172 (its jit kernels write C in the first pass over K,
+/// where OpenBLAS first scales C by beta in a pass of its own), but from
+/// 512 x 512 up (and at every llama2_7b shape) 1-15% slower.
+inline constexpr std::int64_t onednn_sgemm_max_weight = 1 << 17;
+
+/// C(M,N) = alpha A(M,K) op(B)(K,N) + beta C in float through oneDNN's
+/// sgemm (dnnl_sgemm, row-major) when op(B) has at most
+/// onednn_sgemm_max_weight elements. Only op(A) = A: with A transposed
+/// (the weight gradients, K = the tokens) OpenBLAS was faster at every
+/// shape tried (127-153 GFLOP/s against 160-177 at the small preset's).
+/// Returns false, having done nothing, when oneDNN is not built in or not
+/// allowed, for a larger op(B), or for an empty product (M, N or K = 0).
+/// Deterministic for a fixed thread count; the order of the additions is
+/// oneDNN's blocking. Throws tessera::error naming the status when oneDNN
+/// fails. Figures: benchmarks/RESULTS.md (host_bench's "OpenBLAS" rows).
+TESSERA_ONEDNN_LINKAGE bool onednn_sgemm(transpose tb, std::int64_t M, std::int64_t N,
+                                         std::int64_t K, float alpha, const float* A,
+                                         std::int64_t lda, const float* B, std::int64_t ldb,
+                                         float beta, float* C, std::int64_t ldc) {
+#if TESSERA_ONEDNN_GEMM
+  if (M == 0 || N == 0 || K == 0 || N * K > onednn_sgemm_max_weight || !onednn_sgemm_allowed())
+    return false;
+  const dnnl_status_t st = dnnl_sgemm('N', tb == transpose::no ? 'N' : 'T', M, N, K, alpha, A,
+                                      lda, B, ldb, beta, C, ldc);
+  if (st != dnnl_success)
+    throw error("oneDNN sgemm M=" + std::to_string(M) + " N=" + std::to_string(N) +
+                " K=" + std::to_string(K) + " failed with status " +
+                std::to_string(static_cast<int>(st)));
+  return true;
+#else
+  (void)tb, (void)M, (void)N, (void)K, (void)alpha, (void)A, (void)lda, (void)B, (void)ldb;
+  (void)beta, (void)C, (void)ldc;
+  return false;
+#endif
+}
+
+/// How this build runs a float GEMM: "oneDNN sgemm (op(A) = A, N K <=
+/// 131072), else OpenBLAS" or "OpenBLAS" (no oneDNN, or not allowed).
+TESSERA_ONEDNN_LINKAGE std::string sgemm_engine() {
+#if TESSERA_ONEDNN_GEMM
+  if (onednn_sgemm_allowed())
+    return "oneDNN sgemm (op(A) = A, N K <= " + std::to_string(onednn_sgemm_max_weight) +
+           "), else OpenBLAS";
+#endif
+  return "OpenBLAS";
+}
+
 /// How this build runs a bf16 x bf16 GEMM on this CPU: "oneDNN <impl>"
 /// (e.g. "oneDNN brg:avx512_core_bf16") or "convert + sgemm". Probes one
 /// small matmul on the first call. A CPU without any bf16 matmul in oneDNN

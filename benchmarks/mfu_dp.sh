@@ -38,7 +38,7 @@ median_of() {
   python3 - "$1" <<'EOF'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])][5:]
-print(statistics.median(r["mfu"] for r in rows), statistics.median(r["tokens_per_s"] for r in rows))
+print(statistics.median(r["mfu"] for r in rows if r["mfu"] is not None), statistics.median(r["tokens_per_s"] for r in rows))
 EOF
 }
 results=()

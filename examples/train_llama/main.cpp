@@ -154,7 +154,7 @@ int main(int argc, char** argv) {
   app.add_option("--backend", o.backend, "host, or cuda (GPUs; a build with the cuda preset)")->capture_default_str();
   app.add_option("--checkpointing", o.checkpointing, "activation checkpointing: none (the host's default) or full (cuda's default)");
   app.add_option("--checkpoint-layers", o.checkpoint_layers, "with --checkpointing full: every k-th block recomputes (1: all)")->capture_default_str();
-  app.add_option("--peak-tflops", o.peak_tflops, "the peak TFLOP/s of one rank, for MFU (default: the host's theoretical fp32 peak, threads x clock x FLOPs per cycle; a GPU's datasheet dense bf16 rate)")->check(CLI::Range(0.0, 1e9));
+  app.add_option("--peak-tflops", o.peak_tflops, "the peak TFLOP/s of one rank, for MFU (0, the default: the host's theoretical fp32 peak, threads x clock x FLOPs per cycle; a GPU's datasheet dense bf16 rate)")->check(CLI::Range(0.0, 1e9));
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

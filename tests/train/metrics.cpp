@@ -159,6 +159,11 @@ TEST_CASE("step_metrics::to_json names the fields; optional ones only when set",
     CHECK(j.contains(k));
   CHECK_FALSE(j.contains("val_loss"));
   CHECK_FALSE(j.contains("skipped"));
+  // A utilisation over 100% (a peak set too low) is null, as the log's "n/a".
+  m.mfu = 5.2;
+  CHECK(m.to_json()["mfu"].is_null());
+  m.mfu = 0.25;
+  CHECK(m.to_json()["mfu"].get<double>() == 0.25);
   m.val_loss = 2.47;
   m.skipped = true;
   j = m.to_json();

@@ -41,13 +41,15 @@ struct step_metrics {
   std::size_t mem_allocated = 0;      ///< bytes allocated at the end of the step
   std::size_t mem_peak = 0;           ///< peak bytes allocated during the step
 
-  /// JSON object for the metrics file (one line per step).
+  /// JSON object for the metrics file (one line per step). A utilisation
+  /// the log prints as "n/a" (no peak, or above 1) is null here too.
   nlohmann::json to_json() const {
+    auto utilisation = [](double u) { return u > 0 && u <= 1.0 ? nlohmann::json(u) : nlohmann::json(); };
     nlohmann::json j{{"step", step},     {"loss", loss},         {"lr", lr},
                      {"grad_norm", grad_norm}, {"clip", clip},   {"tokens", tokens},
                      {"scored", scored}, {"seconds", seconds},   {"tokens_per_s", tokens_per_s},
-                     {"mfu", mfu},       {"mfu_of_blas", mfu_blas}, {"mem_allocated", mem_allocated},
-                     {"mem_peak", mem_peak}};
+                     {"mfu", utilisation(mfu)}, {"mfu_of_blas", utilisation(mfu_blas)},
+                     {"mem_allocated", mem_allocated}, {"mem_peak", mem_peak}};
     if (val_loss) j["val_loss"] = *val_loss;
     if (skipped) j["skipped"] = true;
     return j;

@@ -422,21 +422,10 @@ class data_parallel final : public nn::segment_hooks {
   /// begin_step(). Under tensor parallelism `out` holds this tp rank's
   /// shards in the model's layout (nn::param_layout).
   void full_grads(Grad* out) {
-    const Ctx& ctx = *ctx_;
-    if constexpr (!S::shards_optimizer_state) {
-      kernels::copy_elements(ctx, out, model_->grads(), model_->flat_size());
-    } else {
-      tensor<Reduce, Backend> all = kernels::make_tensor<Reduce>(ctx, plan_.staging_size());
-      std::vector<request> reqs;
-      for (const bucket& b : plan_.buckets())
-        reqs.push_back(gather_chunks(shard_grads_.data() + b.shard_offset,
-                                     all.data() + b.staging_offset, b.chunk));
-      for (std::size_t k = 0; k < reqs.size(); ++k) {
-        reqs[k].wait();
-        const bucket& b = plan_.buckets()[k];
-        copy_or_cast(out + b.begin, all.data() + b.staging_offset, b.numel());
-      }
-    }
+    if constexpr (!S::shards_optimizer_state)
+      kernels::copy_elements(*ctx_, out, model_->grads(), model_->flat_size());
+    else
+      gather_buckets(shard_grads_.data(), out);
   }
 
   // ---- segment hooks (nn/segment_hooks.hpp) ----
@@ -696,17 +685,21 @@ class data_parallel final : public nn::segment_hooks {
   // zero<1,2>: all-gather every updated shard into the full parameters.
   void gather_all_params() {
     TESSERA_NVTX_RANGE("all_gather params");
-    const Ctx& ctx = *ctx_;
-    tensor<Param, Backend> all = kernels::make_tensor<Param>(ctx, plan_.staging_size());
+    gather_buckets(shard_params_.data(), model_->params());
+  }
+
+  // Every bucket's chunks of `shard` (shard-local order) all-gathered over
+  // dp into out[b.begin, b.end) (flat order, converted to Out). Collective.
+  template <class T, class Out>
+  void gather_buckets(const T* shard, Out* out) {
+    tensor<T, Backend> all = kernels::make_tensor<T>(*ctx_, plan_.staging_size());
     std::vector<request> reqs;
     for (const bucket& b : plan_.buckets())
-      reqs.push_back(gather_chunks(shard_params_.data() + b.shard_offset,
-                                   all.data() + b.staging_offset, b.chunk));
-    Param* p = model_->params();
+      reqs.push_back(gather_chunks(shard + b.shard_offset, all.data() + b.staging_offset, b.chunk));
     for (std::size_t k = 0; k < reqs.size(); ++k) {
       reqs[k].wait();
       const bucket& b = plan_.buckets()[k];
-      kernels::copy_elements(ctx, p + b.begin, all.data() + b.staging_offset, b.numel());
+      copy_or_cast(out + b.begin, all.data() + b.staging_offset, b.numel());
     }
   }
 

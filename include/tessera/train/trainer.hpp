@@ -354,10 +354,9 @@ class trainer {
       ctx_->from_host(d.data(), v, sizeof v);
       layers_.all_reduce_values(d.data(), 3, true);
       ctx_->to_host(v, d.data(), sizeof v);
-      if (failed) std::rethrow_exception(failed);
-      TESSERA_THROW_IF(v[0] > 0, io_error, "checkpoint '", path_.string(),
+      TESSERA_THROW_IF(!failed && v[0] > 0, io_error, "checkpoint '", path_.string(),
                        "': another tp rank could not load its shard (its error names it)");
-      TESSERA_THROW_IF(v[1] != -v[2], config_error, "checkpoint '", path_.string(),
+      TESSERA_THROW_IF(!failed && v[1] != -v[2], config_error, "checkpoint '", path_.string(),
                        "': its tp shards are of different steps (", static_cast<std::int64_t>(-v[2]),
                        " to ", static_cast<std::int64_t>(v[1]),
                        "): a save was interrupted between ranks; resume from a complete checkpoint");

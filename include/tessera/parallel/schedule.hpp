@@ -11,6 +11,8 @@
 /// (parallel/zero.hpp): `reduce_gradients` is where the step waits for
 /// them, not where they start.
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -19,13 +21,24 @@
 
 namespace tessera::parallel {
 
-/// What one action of a step does.
+/// What one action of a step does. Under a pipeline (parallel/
+/// pipeline_schedule.hpp) every action names a micro-batch m and a model
+/// chunk c of this rank: chunk c of rank k of K stages is virtual stage
+/// v = c K + k of the K V virtual stages (Megatron-Core's interleaved
+/// layout; c = 0, v = k without virtual stages). "Previous" and "next"
+/// are the ranks of virtual stages v - 1 and v + 1.
 enum class action_kind : std::uint8_t {
   forward,           ///< training forward of micro-batch m (its record filled)
-  backward,          ///< backward of micro-batch m (its record consumed)
+  backward,          ///< backward of micro-batch m (its record consumed): B and W together
   reduce_gradients,  ///< wait for every bucket's reduction (started during the backwards)
   clip,              ///< the global gradient norm and the clip coefficient
   optimizer_step,    ///< the optimizer on this rank's elements (and ZeRO's all-gather)
+  backward_input,    ///< B: the input gradient of micro-batch m (its record kept for W)
+  backward_weight,   ///< W: the weight gradients of micro-batch m (its record consumed)
+  send_forward,      ///< send micro-batch m's output of chunk c to the next virtual stage
+  recv_forward,      ///< receive micro-batch m's input of chunk c from the previous one
+  send_backward,     ///< send the gradient of micro-batch m's input of chunk c to the previous
+  recv_backward,     ///< receive the gradient of micro-batch m's output of chunk c from the next
 };
 
 /// "forward", "backward", ...
@@ -41,15 +54,29 @@ inline const char* to_string(action_kind k) {
       return "clip";
     case action_kind::optimizer_step:
       return "optimizer_step";
+    case action_kind::backward_input:
+      return "backward_input";
+    case action_kind::backward_weight:
+      return "backward_weight";
+    case action_kind::send_forward:
+      return "send_forward";
+    case action_kind::recv_forward:
+      return "recv_forward";
+    case action_kind::send_backward:
+      return "send_backward";
+    case action_kind::recv_backward:
+      return "recv_backward";
   }
   return "?";
 }
 
-/// One action: its kind and, for forward and backward, the micro-batch
-/// (0-based, this rank's order).
+/// One action: its kind and, for the per-micro-batch kinds, the
+/// micro-batch (0-based, the step's order) and this rank's model chunk
+/// (0 without virtual stages).
 struct action {
   action_kind kind = action_kind::forward;
   std::int64_t micro_batch = -1;
+  int chunk = 0;
   bool operator==(const action&) const = default;
 };
 
@@ -87,30 +114,56 @@ inline std::vector<action> no_pipeline(std::int64_t micro_batches, std::int64_t 
   return a;
 }
 
-/// The most micro-batches whose records a list holds at once (forwards
-/// whose backward has not run yet). Throws config_error for a backward
-/// without its forward or a forward run twice.
-inline std::int64_t peak_in_flight(const std::vector<action>& actions) {
-  std::vector<std::int64_t> open;
+/// The most micro-batches whose records a list holds at once: a record is
+/// held from forward (m, c) to its backward or, split, to its
+/// backward_weight (W frees what B kept). `chunk` >= 0 counts that
+/// model chunk's records only; -1 counts every chunk's. Throws
+/// config_error for a backward (B or W) without its forward, a W without
+/// its B, a B after a full backward, or a forward of (m, c) run twice.
+inline std::int64_t peak_in_flight(const std::vector<action>& actions, int chunk = -1) {
+  struct held {
+    std::int64_t m;
+    int c;
+    bool input_done;
+  };
+  std::vector<held> open;
   std::int64_t peak = 0;
+  auto find = [&](const action& a) -> std::ptrdiff_t {
+    for (std::size_t i = 0; i < open.size(); ++i)
+      if (open[i].m == a.micro_batch && open[i].c == a.chunk) return static_cast<std::ptrdiff_t>(i);
+    return -1;
+  };
   for (const action& a : actions) {
-    if (a.kind == action_kind::forward) {
-      for (std::int64_t m : open)
-        TESSERA_THROW_IF(m == a.micro_batch, config_error, "schedule: forward of micro-batch ",
-                         m, " while its record is in flight");
-      open.push_back(a.micro_batch);
-      peak = open.size() > static_cast<std::size_t>(peak) ? static_cast<std::int64_t>(open.size())
-                                                          : peak;
-    } else if (a.kind == action_kind::backward) {
-      bool found = false;
-      for (std::size_t i = 0; i < open.size(); ++i)
-        if (open[i] == a.micro_batch) {
-          open.erase(open.begin() + static_cast<std::ptrdiff_t>(i));
-          found = true;
-          break;
-        }
-      TESSERA_THROW_IF(!found, config_error, "schedule: backward of micro-batch ", a.micro_batch,
-                       " before its forward");
+    if (chunk >= 0 && a.chunk != chunk) continue;
+    switch (a.kind) {
+      case action_kind::forward:
+        TESSERA_THROW_IF(find(a) >= 0, config_error, "schedule: forward of micro-batch ",
+                         a.micro_batch, " (chunk ", a.chunk, ") while its record is in flight");
+        open.push_back({a.micro_batch, a.chunk, false});
+        peak = std::max(peak, static_cast<std::int64_t>(open.size()));
+        break;
+      case action_kind::backward:
+      case action_kind::backward_input:
+      case action_kind::backward_weight: {
+        const std::ptrdiff_t i = find(a);
+        TESSERA_THROW_IF(i < 0, config_error, "schedule: ", to_string(a.kind),
+                         " of micro-batch ", a.micro_batch, " (chunk ", a.chunk,
+                         ") before its forward");
+        held& h = open[static_cast<std::size_t>(i)];
+        TESSERA_THROW_IF(a.kind == action_kind::backward_weight && !h.input_done, config_error,
+                         "schedule: backward_weight of micro-batch ", a.micro_batch, " (chunk ",
+                         a.chunk, ") before its backward_input");
+        TESSERA_THROW_IF(a.kind != action_kind::backward_weight && h.input_done, config_error,
+                         "schedule: a second ", to_string(a.kind), " of micro-batch ",
+                         a.micro_batch, " (chunk ", a.chunk, ")");
+        if (a.kind == action_kind::backward_input)
+          h.input_done = true;
+        else
+          open.erase(open.begin() + i);
+        break;
+      }
+      default:
+        break;
     }
   }
   return peak;

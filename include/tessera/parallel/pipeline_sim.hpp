@@ -82,8 +82,17 @@ inline bool pipeline_is_message(action_kind k) {
 /// its forward (peak_in_flight's checks); or no rank can progress while
 /// some are unfinished: "deadlock: rank 1 waits in recv_backward of
 /// micro-batch 3 (chunk 0); ...", naming every blocked rank.
+///
+/// `costs` is taken by reference on purpose (both overloads): GCC 12.2 at
+/// -O3 -march=native (AVX) miscompiles the by-value copy of a stage_costs
+/// into the outgoing argument area when the value is the constant
+/// {1, 1, 1, 0}: the 32-byte copy becomes an OImode constant whose top
+/// (zero) 64-bit word is implicit, and the x86 back end turns it into a
+/// broadcast of 1.0 to all four words, so the callee saw hop = 1
+/// (ix86_convert_const_wide_int_to_broadcast; later GCC checks the word
+/// count). By reference there is no such copy.
 inline simulation simulate(const std::vector<std::vector<action>>& lists, int virtual_stages,
-                           stage_costs costs) {
+                           const stage_costs& costs) {
   const int K = static_cast<int>(lists.size());
   const int V = virtual_stages;
   TESSERA_THROW_IF(K < 1, config_error, "simulate: no ranks (lists is empty)");
@@ -254,7 +263,8 @@ inline simulation simulate(const std::vector<std::vector<action>>& lists, int vi
 
 /// Simulates `kind` on `shape`: every rank's list from make_schedule, then
 /// simulate(lists, shape.virtual_stages, costs). Throws as both do.
-inline simulation simulate(schedule_kind kind, pipeline_shape shape, stage_costs costs = {}) {
+inline simulation simulate(schedule_kind kind, pipeline_shape shape,
+                           const stage_costs& costs = {}) {
   check_pipeline(kind, shape);
   std::vector<std::vector<action>> lists;
   for (int k = 0; k < shape.stages; ++k) lists.push_back(make_schedule(kind, k, shape));

@@ -13,13 +13,19 @@
 // --gpu-step prints the one-GPU step of the same trainer instead
 // (plan/cuda_step.hpp: the CUDA kernels' scratch and the cuBLASLt workspace,
 // bf16 activation gradients and full activation checkpointing by default).
-// --checkpointing and --optimizer apply to both.
+// --checkpointing and --optimizer apply to both. --pp P (with --schedule,
+// --virtual-stages, --micro-batches, --stage-blocks) prints the pipeline
+// plan instead (plan/pipeline.hpp): per pipeline rank its blocks,
+// parameters, model state, micro-batches held, peak activations and p2p
+// bytes, and the bubble (simulated with FLOP-proportional stage costs, and
+// the closed form).
 //
 // clang-format off
 //   build/host/examples/plan --preset llama2_7b --precision bf16_mixed --dp 8 --zero 3 --micro-batch 1 --seq 4096
 //   build/host/examples/plan --seed004
 //   build/host/examples/plan --preset llama3_8b --zero 1 --json
 //   build/host/examples/plan --gpu-step --preset llama2_7b --seq 4096 --micro-batch 1   # one H200
+//   build/host/examples/plan --preset llama2_7b --precision bf16_mixed --dp 2 --zero 1 --pp 4 --schedule zb1 --micro-batches 8 --seq 4096
 // clang-format on
 //
 // Exit status: 0 when it fits (or with --seed004), 1 when it does not fit,
@@ -32,11 +38,13 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "tessera/nn/llama_config.hpp"
 #include "tessera/nn/llama_layout.hpp"
 #include "tessera/plan/cuda_step.hpp"
 #include "tessera/plan/memory.hpp"
+#include "tessera/plan/pipeline.hpp"
 #include "tessera/plan/step.hpp"
 
 using namespace tessera;
@@ -63,6 +71,11 @@ struct options {
   std::int64_t checkpoint_layers = 1;  // with full: every k-th block recomputes
   std::string optimizer = "adamw";     // adamw or sgd
   bool ce_chunk_given = false;
+  int pp = 1;                         // pipeline ranks (--pp > 1: the pipeline plan)
+  std::string schedule = "1f1b";      // gpipe, 1f1b, interleaved, zb1
+  int virtual_stages = 1;             // model chunks per pipeline rank (interleaved)
+  std::vector<std::int64_t> stage_blocks;  // blocks of each virtual stage (empty: by FLOPs)
+  bool schedule_given = false;
 };
 
 // Sizes the planners take: at least 1, and at most 2^31 - 1 tokens per
@@ -152,6 +165,123 @@ int print_seed004() {
   }
   std::printf("  (llama2_7b has %lld parameters; activations come on top)\n",
               static_cast<long long>(real.num_params()));
+  return 0;
+}
+
+// --pp: the pipeline plan (plan/pipeline.hpp), one row per pipeline rank.
+// The model state is the ideal accounting of each rank's chunks (no
+// buckets or padding); activations are the saved records and the message
+// buffers between actions at their most, without the workspaces inside an
+// action. The bubble is idealised: no communication cost.
+int print_pipeline(const options& o) {
+  const auto cfg = nn::llama_config::from_name(o.preset);
+  const auto d = plan::dtype_sizes::from_name(o.precision == "bf16" ? "bf16_mixed" : o.precision);
+  check_batch(o);
+  TESSERA_THROW_IF(o.pp < 1 || o.pp > 1024, config_error, "pp=", o.pp, " must be in [1, 1024]");
+  TESSERA_THROW_IF(o.virtual_stages < 1 || o.virtual_stages > 1024, config_error,
+                   "virtual-stages=", o.virtual_stages, " must be in [1, 1024]");
+  TESSERA_THROW_IF(o.ce_chunk < 1, config_error, "ce-chunk=", o.ce_chunk, " must be >= 1");
+  const plan::sharding sh{o.zero, o.dp, o.prefetch, parallel::default_bucket_bytes, 0, o.tp, 0};
+  sh.validate();
+  plan::pipeline_options p;
+  p.pp = o.pp;
+  p.virtual_stages = o.virtual_stages;
+  p.schedule = parallel::parse_schedule_kind(o.schedule);
+  p.micro_batches = o.micro_batches;
+  p.stage_blocks = o.stage_blocks;
+  p.act.micro_batch = o.micro_batch;
+  p.act.seq = o.seq;
+  p.act.tp = o.tp;
+  p.act.sequence_parallel = o.sequence_parallel;
+  p.act.model.ce_chunk = o.ce_chunk;
+  p.act.model.checkpointing = {nn::parse_checkpointing(o.checkpointing), o.checkpoint_layers};
+  const plan::pipeline_plan pl =
+      plan::plan_pipeline(cfg, d, plan::optimizer_spec::from_name(o.optimizer), sh, p);
+  auto blocks = [](const plan::pipeline_stage_plan& st) {
+    std::string b;
+    for (const auto& ch : st.chunks)
+      b += tessera::detail::str(b.empty() ? "" : ",", ch.range.embedding ? "E+" : "",
+                                ch.range.first_block, "-", ch.range.last_block - 1,
+                                ch.range.head ? "+H" : "");
+    return b;
+  };
+  if (o.json) {
+    nlohmann::json j;
+    j["preset"] = cfg.name;
+    j["precision"] = d.name;
+    j["dp"] = o.dp;
+    j["zero"] = o.zero;
+    j["tp"] = o.tp;
+    j["pp"] = o.pp;
+    j["schedule"] = parallel::to_string(pl.schedule);
+    j["virtual_stages"] = o.virtual_stages;
+    j["micro_batches"] = o.micro_batches;
+    j["micro_batch"] = pl.B;
+    j["seq"] = pl.T;
+    j["bubble_fraction"] = pl.bubble_fraction;
+    j["bubble_closed_form"] = pl.bubble_closed_form;
+    j["step_time_flops_per_token"] = pl.step_time;
+    nlohmann::json stages = nlohmann::json::array();
+    for (const auto& st : pl.stages) {
+      nlohmann::json chunks = nlohmann::json::array();
+      for (const auto& ch : st.chunks)
+        chunks.push_back({{"chunk", ch.chunk},
+                          {"virtual_stage", ch.virtual_stage},
+                          {"first_block", ch.range.first_block},
+                          {"last_block", ch.range.last_block},
+                          {"embedding", ch.range.embedding},
+                          {"head", ch.range.head},
+                          {"params", ch.params},
+                          {"saved_bytes", ch.saved},
+                          {"weight_pending_bytes", ch.weight_pending},
+                          {"peak_in_flight", ch.peak_in_flight},
+                          {"flops_per_token", ch.flops_per_token}});
+      stages.push_back({{"stage", st.stage},
+                        {"chunks", chunks},
+                        {"params", st.params},
+                        {"weights", st.weights},
+                        {"grads", st.grads},
+                        {"master", st.master},
+                        {"optimizer", st.optimizer},
+                        {"model_state", st.model_state()},
+                        {"peak_in_flight", st.peak_in_flight},
+                        {"peak_record_bytes", st.peak_record_bytes},
+                        {"peak_activation_bytes", st.peak_activation_bytes},
+                        {"p2p_bytes_per_step", st.p2p_bytes},
+                        {"sends_per_step", st.sends},
+                        {"busy", st.busy}});
+    }
+    j["stages"] = stages;
+    std::cout << nlohmann::json{{"pipeline", j}}.dump(2) << "\n";
+    return 0;
+  }
+  std::printf("Pipeline plan: %s (%lld parameters), %s, pp=%d %s V=%d, M=%lld micro-batches "
+              "of B %lld x T %lld per dp rank, dp=%d zero-%d, tp=%d, checkpointing %s\n",
+              cfg.name.c_str(), static_cast<long long>(cfg.num_params()), d.name.c_str(), o.pp,
+              parallel::to_string(pl.schedule), o.virtual_stages,
+              static_cast<long long>(o.micro_batches), static_cast<long long>(pl.B),
+              static_cast<long long>(pl.T), o.dp, o.zero, o.tp, o.checkpointing.c_str());
+  std::printf("  %-5s %-16s %14s %10s %6s %10s %12s\n", "stage", "blocks", "params", "state GiB",
+              "held", "act GiB", "p2p MB/step");
+  for (const auto& st : pl.stages)
+    std::printf("  %-5d %-16s %14lld %10.3f %6lld %10.3f %12.1f\n", st.stage, blocks(st).c_str(),
+                static_cast<long long>(st.params),
+                static_cast<double>(st.model_state()) / plan::gib,
+                static_cast<long long>(st.peak_in_flight),
+                static_cast<double>(st.peak_activation_bytes) / plan::gib,
+                static_cast<double>(st.p2p_bytes) / 1e6);
+  std::printf("  (state: weights + gradients + master + optimizer, ideal accounting; held: "
+              "micro-batches in flight at most; act: saved records and message buffers at "
+              "their most, without the workspaces inside an action; E embedding, H head)\n");
+  std::printf("Pipeline bubble: %.2f%% simulated (stage costs proportional to their FLOPs, "
+              "no communication cost), %.2f%% closed form %s\n",
+              100.0 * pl.bubble_fraction, 100.0 * pl.bubble_closed_form,
+              pl.schedule == parallel::schedule_kind::interleaved
+                  ? "(K-1)/(VM+K-1)"
+                  : (pl.schedule == parallel::schedule_kind::zero_bubble_h1 &&
+                             o.micro_batches >= o.pp
+                         ? "(K-1)/(3M+K-1)"
+                         : "(K-1)/(M+K-1)"));
   return 0;
 }
 
@@ -330,6 +460,13 @@ int main(int argc, char** argv) {
   app.add_option("--checkpoint-layers", o.checkpoint_layers, "with --checkpointing full: every k-th block recomputes")->capture_default_str();
   app.add_option("--optimizer", o.optimizer, "adamw or sgd")->capture_default_str()
       ->capture_default_str();
+  app.add_option("--pp", o.pp, "pipeline ranks (> 1: print the pipeline plan)")->capture_default_str();
+  app.add_option("--schedule", o.schedule, "pipeline schedule: gpipe, 1f1b, interleaved, zb1")
+      ->capture_default_str();
+  app.add_option("--virtual-stages", o.virtual_stages, "model chunks per pipeline rank (interleaved)")
+      ->capture_default_str();
+  app.add_option("--stage-blocks", o.stage_blocks,
+                 "blocks of each of pp x V virtual stages (default: balanced by FLOPs)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -340,6 +477,8 @@ int main(int argc, char** argv) {
   }
   o.step_seconds_given = app.count("--step-seconds") > 0;
   o.ce_chunk_given = app.count("--ce-chunk") > 0;
+  o.schedule_given = app.count("--schedule") > 0 || app.count("--virtual-stages") > 0 ||
+                     app.count("--stage-blocks") > 0;
   try {
     if (o.seed004) return print_seed004();
     if (o.checkpointing.empty()) o.checkpointing = o.gpu_step ? "full" : "none";
@@ -351,7 +490,10 @@ int main(int argc, char** argv) {
     if (o.sequence_parallel) nn::check_sequence_parallel(o.seq, o.tp);
     TESSERA_THROW_IF(o.gpu_step && o.tp > 1, config_error, "--gpu-step plans one GPU: --tp ",
                      o.tp, " must be 1 (plan a tp rank's bytes without --gpu-step)");
+    TESSERA_THROW_IF(o.gpu_step && (o.pp != 1 || o.schedule_given), config_error,
+                     "--gpu-step plans one GPU without a pipeline: --pp ", o.pp, " must be 1");
     if (o.gpu_step) return print_gpu_step(o);
+    if (o.pp != 1 || o.schedule_given) return print_pipeline(o);
     return run(o);
   } catch (const config_error& e) {
     std::fprintf(stderr, "plan: error: %s\n", e.what());

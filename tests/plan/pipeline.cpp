@@ -1,0 +1,278 @@
+// The pipeline planner (plan/pipeline.hpp): each chunk's saved bytes of one
+// micro-batch equal the stage model's record_bytes(B, T) exactly (fp32 and
+// bf16_mixed, pp 2 and 4, with and without full checkpointing; a tp rank's
+// under tp 2, with and without sequence parallelism); the
+// stages' real parameters add up to the model's and the weight bytes are
+// sizeof(param) times the stage models' parameters; the peak activation
+// bytes each rank of the pipeline trainer holds between actions (its
+// allocator, per action of the traced step) equal the plan's under gpipe,
+// 1f1b and zb1 at pp 2 (and interleaved V 2); the bubble simulation
+// reproduces parallel::simulate and the closed forms at equal stage costs.
+#include <catch2/catch.hpp>
+
+#include <omp.h>
+
+#include <chrono>
+#include <cmath>
+#include <mutex>
+#include <vector>
+
+#include "tessera/comm/device_mesh.hpp"
+#include "tessera/comm/local.hpp"
+#include "tessera/nn/llama.hpp"
+#include "tessera/nn/tensor_parallel.hpp"
+#include "tessera/plan/pipeline.hpp"
+
+#include "../train/pp_suite.hpp"
+
+using namespace tessera;
+using parallel::schedule_kind;
+
+namespace {
+
+plan::pipeline_options pipe(int pp, schedule_kind s, std::int64_t M, std::int64_t B,
+                            std::int64_t T, bool full = false, int V = 1) {
+  plan::pipeline_options p;
+  p.pp = pp;
+  p.virtual_stages = V;
+  p.schedule = s;
+  p.micro_batches = M;
+  p.act.micro_batch = B;
+  p.act.seq = T;
+  if (full) p.act.model.checkpointing = {nn::activation_checkpointing::full, 1};
+  return p;
+}
+
+template <precision::policy P>
+void check_records(int pp, bool full) {
+  const nn::llama_config c = pp_suite::model();
+  const std::int64_t B = 2, T = 16;
+  const auto d = plan::dtype_sizes::of<P>();
+  const plan::pipeline_plan pl = plan::plan_pipeline(
+      c, d, plan::optimizer_spec::adamw(), {}, pipe(pp, schedule_kind::one_f_one_b, 4, B, T, full));
+  REQUIRE(pl.stages.size() == static_cast<std::size_t>(pp));
+  std::int64_t params = 0;
+  for (const auto& st : pl.stages) {
+    REQUIRE(st.chunks.size() == 1);
+    const auto& ch = st.chunks[0];
+    INFO(P::name << " pp " << pp << " full " << full << " stage " << st.stage);
+    nn::llama_options o;
+    o.stage = ch.range;
+    if (full) o.checkpointing = {nn::activation_checkpointing::full, 1};
+    nn::llama<P> m(c, o);
+    CHECK(ch.saved == static_cast<std::uint64_t>(m.record_bytes(B, T)));
+    // The stage model's real parameters: its weight-decay ranges (no padding).
+    std::int64_t real = 0;
+    for (const auto& r : m.param_ranges()) real += r.end - r.begin;
+    CHECK(ch.params == real);
+    CHECK(st.weights == sizeof(typename P::param_type) * static_cast<std::uint64_t>(real));
+    CHECK(st.grads == sizeof(typename P::grad_type) * static_cast<std::uint64_t>(real));
+    params += ch.params;
+  }
+  CHECK(params == c.num_params());
+  CHECK(params == nn::llama<P>(c, {}).num_params());
+}
+
+// Under tp 2 (and sequence parallelism): each tp rank's stage models.
+void check_records_tp(int pp, bool sp) {
+  using P = precision::bf16_mixed;
+  using layers = nn::tensor_parallel_layers<comm::local_communicator>;
+  const nn::llama_config c = pp_suite::model();
+  const std::int64_t B = 1, T = 16;
+  comm::comm_options co;
+  co.timeout = std::chrono::seconds(30);
+  std::mutex mu;
+  std::vector<std::string> bad;
+  comm::local_world::run(
+      2,
+      [&](comm::local_communicator& g) {
+        plan::pipeline_options p = pipe(pp, schedule_kind::zero_bubble_h1, 4, B, T);
+        p.act.tp = 2;
+        p.act.sequence_parallel = sp;
+        plan::sharding sh;
+        sh.tp = 2;
+        sh.tp_rank = g.rank();
+        const auto pl = plan::plan_pipeline(c, plan::dtype_sizes::of<P>(),
+                                            plan::optimizer_spec::adamw(), sh, p);
+        for (const auto& st : pl.stages) {
+          nn::llama_options o;
+          o.stage = st.chunks[0].range;
+          layers ly{&g};
+          ly.sequence_parallel = sp;
+          nn::llama<P, host, layers> m(c, o, kernels::default_host_context(), ly);
+          std::int64_t real = 0;
+          for (const auto& r : m.param_ranges()) real += r.end - r.begin;
+          std::lock_guard lk(mu);
+          if (st.chunks[0].saved != static_cast<std::uint64_t>(m.record_bytes(B, T)) ||
+              st.params != real)
+            bad.push_back(tessera::detail::str("tp rank ", g.rank(), " stage ", st.stage,
+                                               ": saved ", st.chunks[0].saved, " vs ",
+                                               m.record_bytes(B, T), ", params ", st.params,
+                                               " vs ", real));
+        }
+      },
+      co);
+  INFO("pp " << pp << " sp " << sp);
+  for (const auto& b : bad) FAIL_CHECK(b);
+  CHECK(bad.empty());
+}
+
+// One rank of the pipeline trainer: the most bytes held between actions of
+// a traced step above what was allocated before it.
+struct measured {
+  std::mutex mu;
+  std::vector<std::int64_t> peak, before, after;
+  std::vector<std::string> trace;
+};
+
+template <precision::policy P>
+void check_trainer_peak(schedule_kind s, int V = 1) {
+  const int K = 2;
+  const std::int64_t M = 8;
+  trainer_suite::temp_file corpus{trainer_suite::make_corpus("pp_plan", 0)};
+  data::token_file f(corpus.path);
+  pp_suite::layout l;
+  l.pp = K;
+  l.schedule = s;
+  l.virtual_stages = V;
+  l.micro_batches = M;
+  const train::train_config cfg = pp_suite::config(l, 2);
+  measured got;
+  got.peak.assign(K, 0);
+  got.before = got.after = got.peak;
+  got.trace.resize(K);
+  comm::comm_options co;
+  co.timeout = std::chrono::seconds(60);
+  comm::local_world::run(
+      K,
+      [&](comm::local_communicator& world) {
+        omp_set_num_threads(1);
+        auto g = comm::make_groups(world, comm::device_mesh(1, 1, K));
+        train::trainer<P, host, optim::adamw, parallel::zero<0>, comm::local_communicator> tr(
+            pp_suite::model(), cfg, f, g.dp, nn::dense_layers{}, g.pp);
+        tr.set_tracing(true);
+        const auto before = static_cast<std::int64_t>(tr.context().resource().stats().allocated);
+        (void)tr.train_step();
+        std::int64_t peak = 0;
+        std::string trace;
+        for (const auto& t : tr.executor().timeline()) {
+          peak = std::max(peak, t.allocated - before);
+          trace += tessera::detail::str(parallel::to_string(t.a.kind), " ", t.a.micro_batch, " c",
+                                        t.a.chunk, ": ", t.allocated - before, "\n");
+        }
+        std::lock_guard lk(got.mu);
+        const auto k = static_cast<std::size_t>(tr.pp_rank());
+        got.peak[k] = peak;
+        got.before[k] = before;
+        got.after[k] = static_cast<std::int64_t>(tr.context().resource().stats().allocated);
+        got.trace[k] = trace;
+      },
+      co);
+  plan::pipeline_options p = pipe(K, s, M, cfg.micro_batch, cfg.seq, false, V);
+  const plan::pipeline_plan pl =
+      plan::plan_pipeline(pp_suite::model(), plan::dtype_sizes::of<P>(),
+                          plan::optimizer_spec::adamw(), {}, p);
+  for (int k = 0; k < K; ++k) {
+    const auto u = static_cast<std::size_t>(k);
+    const auto want = static_cast<double>(pl.stages[u].peak_activation_bytes);
+    INFO(P::name << " " << parallel::to_string(s) << " V " << V << " rank " << k << ": measured "
+                 << got.peak[u] << " B, planned " << want << " B (records alone "
+                 << pl.stages[u].peak_record_bytes << ")\n"
+                 << got.trace[u]);
+    CHECK(got.after[u] == got.before[u]);  // the step returns what it allocated
+    CHECK(std::abs(static_cast<double>(got.peak[u]) - want) <= 0.01 * want);
+    CHECK(static_cast<double>(got.peak[u]) == want);  // exact, in fact
+  }
+}
+
+}  // namespace
+
+TEST_CASE("pipeline plan: each stage's saved bytes are its model's record_bytes", "[plan][pp]") {
+  for (int pp : {2, 4})
+    for (bool full : {false, true}) {
+      check_records<precision::fp32>(pp, full);
+      check_records<precision::bf16_mixed>(pp, full);
+    }
+}
+
+TEST_CASE("pipeline plan: a tp rank's saved bytes and parameters, with sequence parallelism",
+          "[plan][pp][tp]") {
+  for (int pp : {2, 4})
+    for (bool sp : {false, true}) check_records_tp(pp, sp);
+}
+
+TEST_CASE("pipeline plan: the trainer's allocator holds the planned peak activation bytes",
+          "[plan][pp][train]") {
+  for (schedule_kind s :
+       {schedule_kind::gpipe, schedule_kind::one_f_one_b, schedule_kind::zero_bubble_h1}) {
+    check_trainer_peak<precision::fp32>(s);
+    check_trainer_peak<precision::bf16_mixed>(s);
+  }
+  check_trainer_peak<precision::fp32>(schedule_kind::interleaved, 2);
+}
+
+TEST_CASE("pipeline plan: in-flight counts, p2p bytes, ZeRO shards", "[plan][pp]") {
+  const nn::llama_config c = nn::llama_config::llama2_7b();
+  const auto d = plan::dtype_sizes::from_name("bf16_mixed");
+  const std::int64_t M = 8, T = 4096;
+  const auto pl = plan::plan_pipeline(c, d, plan::optimizer_spec::adamw(), {1, 4},
+                                      pipe(4, schedule_kind::one_f_one_b, M, 1, T));
+  const std::uint64_t msg = static_cast<std::uint64_t>(T * c.dim) * 2;
+  for (const auto& st : pl.stages) {
+    const int k = st.stage;
+    CHECK(st.peak_in_flight == std::min<std::int64_t>(4 - k, M));
+    // 1F1B holds K - k micro-batches' records at most.
+    CHECK(st.peak_record_bytes ==
+          static_cast<std::uint64_t>(st.peak_in_flight) * st.chunks[0].saved);
+    const std::int64_t sends = (k > 0 ? M : 0) + (k < 3 ? M : 0);
+    CHECK(st.sends == sends);
+    const std::uint64_t grad = static_cast<std::uint64_t>(T * c.dim) * d.act_grad;
+    CHECK(st.p2p_bytes == (k < 3 ? M * msg : 0) + (k > 0 ? M * grad : 0));
+    // ZeRO-1 over dp 4: master and moments a quarter (rounded up).
+    const auto n = static_cast<std::uint64_t>(st.params);
+    CHECK(st.optimizer == (n + 3) / 4 * 4 * 2);
+    CHECK(st.master == (n + 3) / 4 * 4);
+    CHECK(st.grads == n * 4);
+  }
+  // zb1 holds 1F1B's in-flight count; interleaved, more.
+  const auto zb = plan::plan_pipeline(c, d, plan::optimizer_spec::adamw(), {},
+                                      pipe(4, schedule_kind::zero_bubble_h1, M, 1, T));
+  for (const auto& st : zb.stages) CHECK(st.peak_in_flight == std::min<std::int64_t>(4, M));
+  CHECK_THROWS_WITH(plan::plan_pipeline(c, d, plan::optimizer_spec::adamw(), {3, 4},
+                                        pipe(4, schedule_kind::one_f_one_b, M, 1, T)),
+                    Catch::Contains("zero-3"));
+  CHECK_THROWS_WITH(plan::plan_pipeline(c, d, plan::optimizer_spec::adamw(), {},
+                                        pipe(3, schedule_kind::interleaved, M, 1, T, false, 2)),
+                    Catch::Contains("multiple of pp=3"));
+}
+
+TEST_CASE("pipeline plan: the bubble at equal stage costs is parallel::simulate's and the "
+          "closed form", "[plan][pp]") {
+  for (auto [s, K, M, V] : {std::tuple{schedule_kind::gpipe, 4, 8, 1},
+                            std::tuple{schedule_kind::one_f_one_b, 4, 8, 1},
+                            std::tuple{schedule_kind::one_f_one_b, 8, 3, 1},
+                            std::tuple{schedule_kind::interleaved, 4, 8, 2},
+                            std::tuple{schedule_kind::zero_bubble_h1, 4, 8, 1}}) {
+    INFO(parallel::to_string(s) << " K " << K << " M " << M << " V " << V);
+    const parallel::pipeline_shape shape{K, M, V};
+    std::vector<std::vector<parallel::action>> lists;
+    for (int k = 0; k < K; ++k) lists.push_back(parallel::make_schedule(s, k, shape));
+    plan::virtual_stage_costs costs;
+    costs.forward.assign(static_cast<std::size_t>(K * V), 1.0 / V);
+    costs.backward_input = costs.backward_weight = costs.forward;
+    const auto mine = plan::simulate_stages(lists, V, costs);
+    const parallel::stage_costs unit{};
+    const auto ref = parallel::simulate(lists, V, unit);
+    CHECK(mine.step_time == Approx(ref.step_time).epsilon(1e-12));
+    CHECK(mine.bubble_fraction == Approx(ref.bubble_fraction).epsilon(1e-12));
+    CHECK(mine.bubble_fraction == Approx(plan::bubble_closed_form(s, shape)).epsilon(1e-12));
+  }
+  // With the head on the last stage the simulated bubble exceeds the closed form.
+  const auto pl = plan::plan_pipeline(nn::llama_config::llama2_7b(),
+                                      plan::dtype_sizes::from_name("bf16_mixed"),
+                                      plan::optimizer_spec::adamw(), {},
+                                      pipe(4, schedule_kind::one_f_one_b, 8, 1, 4096));
+  CHECK(pl.bubble_closed_form == Approx(3.0 / 11));
+  CHECK(pl.bubble_fraction >= pl.bubble_closed_form);
+  CHECK(pl.bubble_fraction < 0.5);
+}

@@ -150,6 +150,27 @@ TEST_CASE("local: p2p messages with different tags do not mix; recv times out", 
   });
 }
 
+TEST_CASE("local: messages of one tag arrive in order while receives are posted", "[comm]") {
+  // A send racing a receive being posted must neither be lost (the receive
+  // waiting forever) nor overtaken by the next message: a pipeline's
+  // activations of micro-batches m and m + 1 share a tag. (The send used to
+  // look for a posted receive and queue the message under two separate
+  // locks; a receive posted in between missed it.)
+  local_world::run(2, [](local_communicator& c) {
+    c.set_timeout(std::chrono::seconds(20));
+    constexpr std::int64_t n = 20000;
+    if (c.rank() == 0) {
+      for (std::int64_t i = 0; i < n; ++i) c.send(&i, 1, 1, 3);
+    } else {
+      for (std::int64_t i = 0; i < n; ++i) {
+        std::int64_t got = -1;
+        c.recv(&got, 1, 0, 3);
+        comm_suite::check(got == i, "message ", i, " arrived as ", got);
+      }
+    }
+  });
+}
+
 TEST_CASE("local: a timeout names the rank, the operation, its sequence number and bytes",
           "[comm]") {
   std::string seen;

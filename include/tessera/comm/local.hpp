@@ -439,7 +439,10 @@ class local_communicator {
 
     template <class T>
     void post(int dst, const detail::op_ctx& c, const T* data, std::size_t count) {
-      if (!c.collective) {  // a matching posted receive takes the data directly
+      if (!c.collective) {
+        // A matching posted receive takes the data directly; else the
+        // message is queued under the same lock, so a receive posted
+        // meanwhile (post_recv looks in the queue) cannot miss it.
         std::lock_guard lk(g->fab->mu);
         auto& pq = g->posted[static_cast<std::size_t>(rank * g->n + dst)];
         for (auto it = pq.begin(); it != pq.end(); ++it) {
@@ -456,6 +459,13 @@ class local_communicator {
           g->fab->cv.notify_all();
           return;
         }
+        detail::local_msg m{c.collective, c.tag, c.seq, c.k, c.dt, c.n, {}};
+        m.payload.resize(count * sizeof(T));
+        if (count) std::memcpy(m.payload.data(), data, count * sizeof(T));
+        bytes[slot(c.k)] += count * sizeof(T);
+        g->box[static_cast<std::size_t>(rank * g->n + dst)].push_back(std::move(m));
+        g->fab->cv.notify_all();
+        return;
       }
       detail::local_msg m{c.collective, c.tag, c.seq, c.k, c.dt, c.n, {}};
       m.payload.resize(count * sizeof(T));

@@ -331,6 +331,83 @@ TEMPLATE_TEST_CASE("two pipeline stages chained compute the whole model's bits",
   CHECK(every_segment_has_gradients(whole));  // not a match of zeros
 }
 
+TEMPLATE_TEST_CASE("a split backward (B, then W later) adds the full backward's bits",
+                   "[nn][stages][zero_bubble]", precision::fp32, precision::fp64) {
+  using P = TestType;
+  using Param = typename P::param_type;
+  using Acc = typename P::accum_type;
+  using model = nn::llama<P>;
+  const auto c = cfg256();
+  const bool checkpointed = GENERATE(false, true);
+  INFO("checkpointed " << checkpointed);
+  nn::llama_options ow, oa, ob;
+  if (checkpointed) ow.checkpointing = nn::checkpoint_policy{activation_checkpointing::full};
+  oa = ob = ow;
+  oa.stage = {0, 1, true, false};
+  ob.stage = {1, -1, false, true};
+  model whole(c, ow), a(c, oa), b(c, ob);
+  whole.init_weights(29);
+  a.init_weights(29);
+  b.init_weights(29);
+  const std::vector<split> mbs = {split(windows(c.vocab, 41)), split(windows(c.vocab, 42))};
+  const Acc scale = Acc(1) / static_cast<Acc>(2 * (B * T - 1));
+  whole.zero_grad();
+  a.zero_grad();
+  b.zero_grad();
+  for (std::size_t m = 0; m < mbs.size(); ++m) {
+    typename model::record rw;
+    double loss = poison;
+    whole.forward(mbs[m].template batch<Param>(), rw, scale, &loss);
+    whole.backward(rw);
+  }
+  // Both micro-batches' forwards, then both B passes, then both W passes
+  // (ZB-H1's order within a stage): records stay in flight between B and W.
+  typename model::record ra[2], rb[2];
+  double loss_b[2] = {poison, poison};
+  for (std::size_t m = 0; m < 2; ++m) {
+    a.forward({mbs[m].inputs.data(), nullptr, nullptr, B, T}, ra[m], scale, nullptr);
+    b.forward({nullptr, mbs[m].targets.data(), ra[m].output.data(), B, T}, rb[m], scale,
+              &loss_b[m]);
+  }
+  for (std::size_t m = 0; m < 2; ++m) {
+    b.backward_input(rb[m]);
+    CHECK(rb[m].weights_pending);
+    CHECK_THROWS_AS(b.backward(rb[m]), error);  // B ran: no full backward of it
+    a.backward_input(ra[m], rb[m].grad_input.data());
+    REQUIRE(ra[m].grad_embedding.numel() == B * T * c.dim);
+  }
+  // No weight gradient of a block or the embedding yet: only the head's
+  // (fused in its forward) and the norm gains' (in B).
+  const auto ga_b = grads_of(a);
+  const auto& l = whole.layout();
+  const auto& wq = l.at("blocks.0.attn.wq");
+  const auto& emb = l.at("embedding");
+  CHECK(std::all_of(ga_b.begin() + wq.offset, ga_b.begin() + wq.offset + wq.numel,
+                    [](auto v) { return v == 0; }));
+  CHECK(std::all_of(ga_b.begin() + emb.offset, ga_b.begin() + emb.offset + emb.numel,
+                    [](auto v) { return v == 0; }));
+  for (std::size_t m = 0; m < 2; ++m) {
+    b.backward_weight(rb[m]);
+    a.backward_weight(ra[m]);
+    CHECK(!ra[m].weights_pending);
+    CHECK(ra[m].blocks.empty());
+    CHECK_THROWS_AS(a.backward_weight(ra[m]), error);
+  }
+  CHECK(same_bits(grads_of(a), whole.grads()));
+  CHECK(same_bits(grads_of(b), whole.grads() + b.flat_begin()));
+  CHECK(every_segment_has_gradients(whole));
+
+  // Evaluation through the stages: forward_hidden then forward_loss.
+  const auto& mb = mbs[0];
+  double lw = poison, ls = poison;
+  whole.forward_loss(mb.template batch<Param>(), &lw);
+  auto h = a.forward_hidden({mb.inputs.data(), nullptr, nullptr, B, T});
+  b.forward_loss({nullptr, mb.targets.data(), h.data(), B, T}, &ls);
+  CHECK(same_bits(ls, lw));
+  CHECK_THROWS_AS(a.forward_loss(mb.template batch<Param>(), &ls), config_error);
+  CHECK_THROWS_AS(b.forward_hidden({nullptr, nullptr, h.data(), B, T}), config_error);
+}
+
 TEST_CASE("bf16 activation gradients keep the forward and move gradients by bf16 rounding",
           "[nn][precision]") {
   using Pf = precision::bf16_mixed;

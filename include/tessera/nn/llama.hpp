@@ -406,8 +406,9 @@ class llama {
   /// T not divisible by tp, or (host) an id is outside [0, V); a forward
   /// that throws leaves `r` empty (its tensors freed).
   void forward(const micro_batch<Param>& mb, record& r, Acc grad_scale, double* d_loss) {
-    TESSERA_THROW_IF(r.filled, error, "forward: the record holds a micro-batch whose backward has "
-                                      "not run (one record per micro-batch in flight)");
+    TESSERA_THROW_IF(r.filled || r.weights_pending, error,
+                     "forward: the record holds a micro-batch whose backward has "
+                     "not run (one record per micro-batch in flight)");
     try {
       forward_into(mb, r, grad_scale, d_loss);
     } catch (...) {
@@ -424,7 +425,39 @@ class llama {
   void backward(record& r, const ActGrad* grad_output = nullptr) {
     TESSERA_THROW_IF(!r.filled, error, "backward: the record holds no forward (run forward first)");
     try {
-      backward_from(r, grad_output);
+      backward_from(r, grad_output, false);
+    } catch (...) {
+      r = record{};
+      throw;
+    }
+  }
+
+  /// B of a split backward (zero-bubble schedules; Qi et al. 2023): as
+  /// backward(), r.grad_input included, but the blocks' weight GEMMs and
+  /// the embedding's scatter are left in `r` for backward_weight(), which
+  /// must follow before `r` is reused. The norm gains' gradients are
+  /// accumulated here; segment hooks: before_backward here, after_backward
+  /// in backward_weight (a segment's gradients are complete only then).
+  /// Throws as backward().
+  void backward_input(record& r, const ActGrad* grad_output = nullptr) {
+    TESSERA_THROW_IF(!r.filled, error,
+                     "backward_input: the record holds no forward (run forward first)");
+    try {
+      backward_from(r, grad_output, true);
+    } catch (...) {
+      r = record{};
+      throw;
+    }
+  }
+
+  /// W of a split backward: the weight gradients backward_input() left in
+  /// `r`, accumulated (+=), the same values backward() adds; `r` is empty on
+  /// return. Throws tessera::error if `r` has no B pending.
+  void backward_weight(record& r) {
+    TESSERA_THROW_IF(!r.weights_pending, error,
+                     "backward_weight: the record holds no backward_input (run it first)");
+    try {
+      weight_grads(r);
     } catch (...) {
       r = record{};
       throw;
@@ -469,7 +502,9 @@ class llama {
     r.filled = true;
   }
 
-  void backward_from(record& r, const ActGrad* grad_output) {
+  // The backward (split: its B, the weight GEMMs and the embedding's
+  // scatter left in the record for weight_grads).
+  void backward_from(record& r, const ActGrad* grad_output, bool split) {
     const Ctx& ctx = *ctx_;
     const block_shape s{r.B, r.T, sequence_parallel_};
     const std::int64_t N = s.N(), H = cfg_.dim, R = stream_rows(N);
@@ -490,14 +525,30 @@ class llama {
       for (std::int64_t l = opt_.stage.last_block - 1; l >= opt_.stage.first_block; --l) {
         auto& rec = r.blocks[static_cast<std::size_t>(l - opt_.stage.first_block)];
         if (rec.h.empty() && proj.empty()) proj = kernels::make_tensor<Param>(ctx, N * H);
-        nvtx_range range("backward block ", l);
+        nvtx_range range(split ? "backward_input block " : "backward block ", l);
         hook(&segment_hooks::before_backward, static_cast<int>(l));
-        blocks_[static_cast<std::size_t>(l)].backward(
-            ctx, rec, dres, block_params(static_cast<int>(l)), block_grads(static_cast<int>(l)),
-            s, w, proj, rope_cos_.data(), rope_sin_.data());
+        const block_type& b = blocks_[static_cast<std::size_t>(l)];
+        if (split) {
+          b.backward_input(ctx, rec, dres, block_params(static_cast<int>(l)),
+                           block_grads(static_cast<int>(l)), s, w, proj, rope_cos_.data(),
+                           rope_sin_.data());
+          continue;
+        }
+        b.backward(ctx, rec, dres, block_params(static_cast<int>(l)),
+                   block_grads(static_cast<int>(l)), s, w, proj, rope_cos_.data(),
+                   rope_sin_.data());
         r.blocks.pop_back();
         hook(&segment_hooks::after_backward, static_cast<int>(l));
       }
+    }
+    r.filled = false;
+    if (split) {
+      r.weights_pending = true;
+      if (opt_.stage.embedding)
+        r.grad_embedding = std::move(dres);
+      else
+        r.grad_input = std::move(dres);
+      return;
     }
     if (opt_.stage.embedding) {
       TESSERA_NVTX_RANGE("embedding backward");
@@ -508,15 +559,45 @@ class llama {
     } else {
       r.grad_input = std::move(dres);
     }
-    r.filled = false;
+  }
+
+  // W of a split backward: the blocks' weight GEMMs in reverse, then the
+  // embedding's scatter; each segment's after_backward once it is complete.
+  void weight_grads(record& r) {
+    const Ctx& ctx = *ctx_;
+    const block_shape s{r.B, r.T, sequence_parallel_};
+    if (opt_.stage.last_block > opt_.stage.first_block) {
+      typename block_type::workspace w =
+          blocks_[static_cast<std::size_t>(opt_.stage.first_block)].make_weight_workspace(ctx, s);
+      for (std::int64_t l = opt_.stage.last_block - 1; l >= opt_.stage.first_block; --l) {
+        nvtx_range range("backward_weight block ", l);
+        blocks_[static_cast<std::size_t>(l)].backward_weight(
+            ctx, r.blocks[static_cast<std::size_t>(l - opt_.stage.first_block)],
+            block_grads(static_cast<int>(l)), s, w);
+        r.blocks.pop_back();
+        hook(&segment_hooks::after_backward, static_cast<int>(l));
+      }
+    }
+    if (opt_.stage.embedding) {
+      TESSERA_NVTX_RANGE("embedding backward");
+      hook(&segment_hooks::before_backward, -1);
+      embed_.backward(ctx, r.embedding, r.grad_embedding.data(), segment_grads_checked(-1),
+                      s.sequence_parallel);
+      r.grad_embedding.release();
+      hook(&segment_hooks::after_backward, -1);
+    }
+    r.weights_pending = false;
   }
 
  public:
-  /// Evaluation forward of one micro-batch (the whole model): `*d_loss` =
+  /// Evaluation forward of one micro-batch on a stage with the head (the
+  /// whole model, or the last pipeline stage fed mb.hidden): `*d_loss` =
   /// the sum of -log p over the scored targets; no gradient touched, no
-  /// record kept (each block's activations are freed after it).
+  /// record kept (each block's activations are freed after it). Throws
+  /// config_error on a stage without the head.
   void forward_loss(const micro_batch<Param>& mb, double* d_loss) {
-    require_whole_model("forward_loss");
+    TESSERA_THROW_IF(!opt_.stage.head, config_error,
+                     "forward_loss: this pipeline stage has no head (use forward_hidden)");
     const Ctx& ctx = *ctx_;
     const block_shape s = shape(mb, sequence_parallel_);
     tensor<Param, Backend> x = forward_no_record(mb, s);
@@ -524,6 +605,32 @@ class llama {
     hook(&segment_hooks::before_forward, L);
     head_.forward_loss(ctx, x.data(), mb.targets, s.N(), segment_params_checked(L), d_loss,
                        s.sequence_parallel);
+    hook(&segment_hooks::after_forward, L);
+  }
+
+  /// Evaluation forward of a stage without the head: the (rows, H) hidden
+  /// states after its last block (rows = B T, or B T / tp under sequence
+  /// parallelism unless `whole_rows`), from the ids (the embedding's stage)
+  /// or mb.hidden; no gradient touched, no record kept. Throws
+  /// config_error on a stage with the head, and as forward().
+  tensor<Param, Backend> forward_hidden(const micro_batch<Param>& mb, bool whole_rows = false) {
+    TESSERA_THROW_IF(opt_.stage.head, config_error,
+                     "forward_hidden: this stage ends with the head (use forward_loss)");
+    return forward_no_record(mb, shape(mb, sequence_parallel_ && !whole_rows));
+  }
+
+  /// Next-token logits (V float32, context memory) of the last pipeline
+  /// stage, from the (T, H) hidden states `mb.hidden` of one sequence (B =
+  /// 1, never token-sharded) the previous stage produced. Throws
+  /// config_error on a stage without the head.
+  void next_token_logits_from(const micro_batch<Param>& mb, float* d_logits) {
+    TESSERA_THROW_IF(!opt_.stage.head, config_error,
+                     "next_token_logits_from: this pipeline stage has no head");
+    const block_shape s = shape(mb, false);
+    tensor<Param, Backend> x = forward_no_record(mb, s);
+    const int L = static_cast<int>(cfg_.n_layers);
+    hook(&segment_hooks::before_forward, L);
+    head_.logits(*ctx_, d_logits, x.data() + (mb.T - 1) * cfg_.dim, segment_params_checked(L));
     hook(&segment_hooks::after_forward, L);
   }
 
@@ -697,13 +804,14 @@ class llama {
     return x;
   }
 
-  // Embedding and blocks of the whole model without records (evaluation).
+  // The stage's embedding (or its input) and blocks without records (evaluation).
   tensor<Param, Backend> forward_no_record(const micro_batch<Param>& mb, block_shape s) {
     const Ctx& ctx = *ctx_;
     tensor<Param, Backend> x = embed_input(mb, nullptr, s);
     typename block_type::scratch proj;
-    if (!blocks_.empty()) proj = blocks_.front().make_scratch(ctx, s);
-    for (std::int64_t l = 0; l < cfg_.n_layers; ++l) {
+    if (opt_.stage.last_block > opt_.stage.first_block)
+      proj = blocks_[static_cast<std::size_t>(opt_.stage.first_block)].make_scratch(ctx, s);
+    for (std::int64_t l = opt_.stage.first_block; l < opt_.stage.last_block; ++l) {
       hook(&segment_hooks::before_forward, static_cast<int>(l));
       blocks_[static_cast<std::size_t>(l)].forward_no_record(
           ctx, x, block_params(static_cast<int>(l)), s, proj, rope_cos_.data(), rope_sin_.data());

@@ -54,8 +54,12 @@ struct llama_record {
   head_record<P, Backend> head;                        ///< d(loss)/d(head input) (stages with it)
   tensor<typename P::param_type, Backend> output;      ///< (rows, H) stage output (stages without the head; rows = N, or N/tp sequence-parallel)
   tensor<typename P::act_grad_type, Backend> grad_input;  ///< (rows, H) after backward: d(loss)/d(stage input) (stages without the embedding)
+  /// (rows, H) between a split backward's B and W on the embedding's
+  /// stage: the gradient of the embedding's output, which W scatters.
+  tensor<typename P::act_grad_type, Backend> grad_embedding;
   std::int64_t B = 0, T = 0;  ///< the micro-batch's rows and tokens per row (N = B T)
-  bool filled = false;        ///< between forward and backward
+  bool filled = false;        ///< between forward and backward (or B)
+  bool weights_pending = false;  ///< between a split backward's B and W
 };
 
 /// The loss of a host-memory call: the sum of -log p over scored targets

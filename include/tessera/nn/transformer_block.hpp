@@ -62,6 +62,17 @@ struct block_record {
   tensor<Param, Backend> gate;   ///< (N, F) (F/tp under tp)
   tensor<Param, Backend> up;     ///< (N, F)
   tensor<Param, Backend> h;      ///< (N, F) silu(gate) * up
+  // Between a split backward's B and W (zero-bubble schedules) the record
+  // keeps xn1, att, xn2 and h, the weight GEMMs' inputs, and these output
+  // gradients; every other tensor is freed by B.
+  using ActGrad = typename P::act_grad_type;
+  tensor<ActGrad, Backend> d_down;  ///< (N, H) gradient of the down projection's output
+  tensor<ActGrad, Backend> d_gate, d_up;  ///< (N, F) of gate's and up's outputs
+  tensor<ActGrad, Backend> d_o;     ///< (N, H) of the attention output projection's output
+  tensor<ActGrad, Backend> d_q;     ///< (N, Hq) of q's output (before RoPE's backward: after it)
+  tensor<ActGrad, Backend> d_k, d_v;  ///< (N, KV) of k's (after RoPE's backward) and v's outputs
+  /// Between B and W.
+  bool weights_pending() const { return !d_down.empty(); }
 };
 
 /// Sizes of one block call (a micro-batch of B sequences of T tokens).
@@ -136,6 +147,13 @@ struct block_bytes {
   /// backward frees it before the attention backward.
   std::int64_t mlp_part(std::int64_t N) const {
     return rows(N) * (param * 2 * H + accum) + N * param * 3 * F;
+  }
+  /// What a split backward's B leaves for W: xn1, xn2 (rows, H), att
+  /// (N, Hq), h (N, F) and the output gradients d_down, d_o (N, H), d_q
+  /// (N, Hq), d_k, d_v (N, KV), d_gate, d_up (N, F).
+  std::int64_t weight_pending(std::int64_t N) const {
+    return rows(N) * 2 * H * param + N * (Hq + F) * param +
+           N * act_grad * (2 * H + Hq + 2 * KV + 2 * F);
   }
   /// The whole record: input + attention part + MLP part.
   std::int64_t record(std::int64_t N) const {
@@ -264,6 +282,32 @@ class transformer_block {
     backward_as<false>(ctx, r, dres, p, g, s, w, proj, cos, sin);
   }
 
+  /// B of a split backward (zero-bubble schedules; Qi et al. 2023,
+  /// section 2): as backward() for `dres`, the norm gains' gradients
+  /// included, but the seven weight GEMMs are left for backward_weight():
+  /// the record keeps their inputs and output gradients (block_record).
+  /// Collective over the tp group as backward() is.
+  void backward_input(const Ctx& ctx, record& r, tensor<ActGrad, Backend>& dres, const Param* p,
+                      Grad* g, block_shape s, workspace& w, tensor<Param, Backend>& proj,
+                      const Rope* cos, const Rope* sin) const {
+    if constexpr (Layers::tensor_parallel)
+      if (s.sequence_parallel)
+        return backward_as<true>(ctx, r, dres, p, g, s, w, proj, cos, sin, true);
+    backward_as<false>(ctx, r, dres, p, g, s, w, proj, cos, sin, true);
+  }
+  /// W of a split backward: the weight gradients backward_input() left,
+  /// accumulated (+=) into `g`, the same values backward() adds; the record
+  /// is empty on return. Under sequence parallelism the norm outputs are
+  /// gathered again (collective over the tp group, as are the replicated
+  /// key/value heads' sums). Throws tessera::error if `r` has no B pending.
+  void backward_weight(const Ctx& ctx, record& r, Grad* g, block_shape s, workspace& w) const {
+    TESSERA_THROW_IF(!r.weights_pending(), error, "block ", l_,
+                     ": backward_weight without its backward_input");
+    if constexpr (Layers::tensor_parallel)
+      if (s.sequence_parallel) return weight_grads_as<true>(ctx, r, g, s, w);
+    weight_grads_as<false>(ctx, r, g, s, w);
+  }
+
   /// The scratch of one backward pass over blocks of these sizes.
   workspace make_workspace(const Ctx& ctx, block_shape s) const {
     const std::int64_t N = s.N();
@@ -282,6 +326,15 @@ class transformer_block {
       w.xg = kernels::make_tensor<Param>(ctx, N * H_);
       w.dgain = kernels::make_tensor<Grad>(ctx, H_);
     }
+    if (kv_replicas_ > 1) w.dw = kernels::make_tensor<Grad>(ctx, KV_ * H_);
+    return w;
+  }
+  /// The scratch of one backward_weight pass: under sequence parallelism
+  /// xg (N, H), the norm outputs gathered again; with replicated key/value
+  /// heads dw (KV, H); nothing else.
+  workspace make_weight_workspace(const Ctx& ctx, block_shape s) const {
+    workspace w;
+    if (s.sequence_parallel) w.xg = kernels::make_tensor<Param>(ctx, s.N() * H_);
     if (kv_replicas_ > 1) w.dw = kernels::make_tensor<Grad>(ctx, KV_ * H_);
     return w;
   }
@@ -411,18 +464,28 @@ class transformer_block {
     if (recompute) release_all_but_input(r);
   }
 
+  // `defer`: B of a split backward (each weight GEMM's output gradient
+  // kept in the record instead, its input not freed).
   template <bool SP>
   void backward_as(const Ctx& ctx, record& r, tensor<ActGrad, Backend>& dres, const Param* p,
                    Grad* g, block_shape s, workspace& w, tensor<Param, Backend>& proj,
-                   const Rope* cos, const Rope* sin) const {
+                   const Rope* cos, const Rope* sin, bool defer = false) const {
     if (r.h.empty())  // recompute (checkpointed)
       fill_record<SP>(ctx, r, p, s, proj.data(), w.xg.data(), cos, sin);
     const std::int64_t N = s.N();
+    // A weight GEMM now, or (defer) its output gradient kept for W.
+    auto keep = [&](tensor<ActGrad, Backend>& dst, const ActGrad* src, std::int64_t n) {
+      dst = kernels::make_tensor<ActGrad>(ctx, n);
+      kernels::copy_elements(ctx, dst.data(), src, n);
+    };
     // MLP: y = x_mid + h Wd^T. dy reads dres (gathered under sequence
     // parallelism), which the MLP norm's backward then adds to.
     const replicated<const ActGrad> dy = complete<SP>(cstream<SP>(dres, s), w.dy.data());
     const feature_sharded<ActGrad> dh = w_down_.backward_input(ctx, w.dh.data(), dy, p);
-    w_down_.backward_weight(ctx, g, dy, features(r.h, N, F_));
+    if (defer)
+      keep(r.d_down, dy.data, N * H_);
+    else
+      w_down_.backward_weight(ctx, g, dy, features(r.h, N, F_));
     swiglu_backward(ctx, w.dgate.data(), w.dup.data(), dh.data, r.gate.data(), r.up.data(),
                     N * F_);
     const feature_sharded<const ActGrad> dgate = features(w.dgate, N, F_),
@@ -430,21 +493,31 @@ class transformer_block {
     w_gate_.backward_input(ctx, w.dxn.data(), dgate, p);
     const rows_t<SP, ActGrad> dxn2 =
         reduce<SP>(w_up_.backward_input(ctx, w.dxn.data(), dup, p, true), w.dx_rows.data());
-    const replicated<const Param> xn2 = complete<SP>(cstream<SP>(r.xn2, s), w.xg.data());
-    w_gate_.backward_weight(ctx, g, dgate, xn2);
-    w_up_.backward_weight(ctx, g, dup, xn2);
+    if (defer) {
+      keep(r.d_gate, dgate.data, N * F_);
+      keep(r.d_up, dup.data, N * F_);
+    } else {
+      const replicated<const Param> xn2 = complete<SP>(cstream<SP>(r.xn2, s), w.xg.data());
+      w_gate_.backward_weight(ctx, g, dgate, xn2);
+      w_up_.backward_weight(ctx, g, dup, xn2);
+    }
     norm_backward<SP>(ctx, dres.data(), g + mlp_norm_, dxn2, r.x_mid.data(), p + mlp_norm_,
                       r.rstd2.data(), w);
-    r.h.release();
+    if (!defer) {
+      r.h.release();
+      r.xn2.release();
+    }
     r.gate.release();
     r.up.release();
-    r.xn2.release();
     r.x_mid.release();
     r.rstd2.release();
     // Attention: x_mid = x_in + att Wo^T
     const replicated<const ActGrad> dy2 = complete<SP>(cstream<SP>(dres, s), w.dy.data());
     const feature_sharded<ActGrad> datt = wo_.backward_input(ctx, w.datt.data(), dy2, p);
-    wo_.backward_weight(ctx, g, dy2, features(r.att, N, Hq_));
+    if (defer)
+      keep(r.d_o, dy2.data, N * H_);
+    else
+      wo_.backward_weight(ctx, g, dy2, features(r.att, N, Hq_));
     attention_backward(ctx, w.dq.data(), w.dk.data(), w.dv.data(), datt.data, r.q.data(),
                        r.k.data(), r.v.data(), r.att.data(), r.lse.data(), s.B, s.T, nh_, nkv_,
                        hd_);
@@ -456,12 +529,46 @@ class transformer_block {
     wk_.backward_input(ctx, w.dxn.data(), dk, p, true);
     const rows_t<SP, ActGrad> dxn1 =
         reduce<SP>(wv_.backward_input(ctx, w.dxn.data(), dv, p, true), w.dx_rows.data());
-    const replicated<const Param> xn1 = complete<SP>(cstream<SP>(r.xn1, s), w.xg.data());
-    wq_.backward_weight(ctx, g, dq, xn1);
-    kv_backward_weight(ctx, wk_, g, dk, xn1, w);
-    kv_backward_weight(ctx, wv_, g, dv, xn1, w);
+    if (defer) {
+      keep(r.d_q, dq.data, N * Hq_);
+      keep(r.d_k, dk.data, N * KV_);
+      keep(r.d_v, dv.data, N * KV_);
+    } else {
+      const replicated<const Param> xn1 = complete<SP>(cstream<SP>(r.xn1, s), w.xg.data());
+      wq_.backward_weight(ctx, g, dq, xn1);
+      kv_backward_weight(ctx, wk_, g, dk, xn1, w);
+      kv_backward_weight(ctx, wv_, g, dv, xn1, w);
+    }
     norm_backward<SP>(ctx, dres.data(), g + attn_norm_, dxn1, r.x_in.data(), p + attn_norm_,
                       r.rstd1.data(), w);
+    if (!defer) {
+      r = record{};
+      return;
+    }
+    r.x_in.release();
+    r.rstd1.release();
+    r.q.release();
+    r.k.release();
+    r.v.release();
+    r.lse.release();
+  }
+
+  // W: the weight GEMMs of a deferred backward, from what B kept, in the
+  // order backward() runs them (each weight's sum is the same either way).
+  template <bool SP>
+  void weight_grads_as(const Ctx& ctx, record& r, Grad* g, block_shape s, workspace& w) const {
+    const std::int64_t N = s.N();
+    w_down_.backward_weight(ctx, g, replicated<const ActGrad>{r.d_down.data(), N, H_},
+                            features(r.h, N, F_));
+    const replicated<const Param> xn2 = complete<SP>(cstream<SP>(r.xn2, s), w.xg.data());
+    w_gate_.backward_weight(ctx, g, feature_sharded<const ActGrad>{r.d_gate.data(), N, F_}, xn2);
+    w_up_.backward_weight(ctx, g, feature_sharded<const ActGrad>{r.d_up.data(), N, F_}, xn2);
+    wo_.backward_weight(ctx, g, replicated<const ActGrad>{r.d_o.data(), N, H_},
+                        features(r.att, N, Hq_));
+    const replicated<const Param> xn1 = complete<SP>(cstream<SP>(r.xn1, s), w.xg.data());
+    wq_.backward_weight(ctx, g, feature_sharded<const ActGrad>{r.d_q.data(), N, Hq_}, xn1);
+    kv_backward_weight(ctx, wk_, g, feature_sharded<const ActGrad>{r.d_k.data(), N, KV_}, xn1, w);
+    kv_backward_weight(ctx, wv_, g, feature_sharded<const ActGrad>{r.d_v.data(), N, KV_}, xn1, w);
     r = record{};
   }
 

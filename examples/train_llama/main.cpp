@@ -28,6 +28,12 @@
 //   build/host/examples/train_llama --steps 50 --dp 2 --tp 2 --zero 1 --micro-batch 8
 //   build/host/examples/train_llama --steps 50 --tp 2 --sequence-parallel
 //
+// Pipeline parallel (docs/pipeline.md): --pp K stages, --schedule gpipe,
+// 1f1b, interleaved (--virtual-stages V) or zb1; the world dp x tp x pp;
+// --trace FILE writes one step's timeline for Perfetto:
+//
+//   build/host/examples/train_llama --steps 50 --pp 2 --schedule zb1 --micro-batch 2 --trace runs/zb1.json
+//
 // The trainers are instantiated in run_host*.cpp and run_cuda.cpp; this
 // file reads and checks the command line and dispatches once, at the top.
 //
@@ -144,6 +150,12 @@ int main(int argc, char** argv) {
   app.add_option("--zero", o.zero, "ZeRO stage of data parallelism: 0, 1, 2 or 3")->capture_default_str();
   app.add_option("--tp", o.tp, "tensor-parallel ranks per dp rank (Megatron layout; world = dp x tp)")->capture_default_str();
   app.add_flag("--sequence-parallel", o.cfg.sequence_parallel, "with --tp > 1: shard the norm and residual regions along the tokens (T divisible by tp)");
+  app.add_option("--pp", o.cfg.pp, "pipeline-parallel stages (world = dp x tp x pp, Megatron order)")->capture_default_str();
+  app.add_option("--schedule", o.schedule, "pipeline schedule: gpipe, 1f1b, interleaved or zb1 (zero-bubble ZB-H1)")->capture_default_str();
+  app.add_option("--virtual-stages", o.cfg.virtual_stages, "model chunks per pipeline rank (--schedule interleaved)")->capture_default_str();
+  app.add_option("--stage-blocks", o.cfg.stage_blocks, "blocks of each of the pp x V stages, comma-separated, in order (default: balanced by FLOPs)")->delimiter(',');
+  app.add_option("--trace", o.trace, "write one step's timeline as Chrome trace JSON (Perfetto) to FILE");
+  app.add_option("--trace-step", o.trace_step, "the step --trace records (0: the last)")->capture_default_str();
   app.add_option("--bucket-mb", o.bucket_mb, "gradient bucket size in MB (data parallel; zero 3 uses one per block)")->capture_default_str();
   app.add_option("--comm", o.comm, "communicator: local (threads), mpi, nccl (--backend cuda), or auto (mpi or nccl under mpirun)")->capture_default_str();
   app.add_option("--sample-bytes", o.sample_bytes, "bytes to generate at the end (0: none)")->capture_default_str();
@@ -201,8 +213,14 @@ int main(int argc, char** argv) {
     TESSERA_THROW_IF(o.dp > 1024, config_error, "dp=", o.dp, " exceeds the limit of 1024 ranks");
     TESSERA_THROW_IF(o.tp < 1 || o.tp > 64, config_error, "tp=", o.tp,
                      " must be in [1, 64] (one node's ranks)");
-    TESSERA_THROW_IF(o.dp * o.tp > 1024, config_error, "dp=", o.dp, " x tp=", o.tp, " = ",
-                     o.dp * o.tp, " ranks exceeds the limit of 1024");
+    TESSERA_THROW_IF(o.cfg.pp < 1 || o.cfg.pp > 256, config_error, "pp=", o.cfg.pp,
+                     " must be in [1, 256]");
+    TESSERA_THROW_IF(o.cfg.virtual_stages < 1 || o.cfg.virtual_stages > 64, config_error,
+                     "--virtual-stages ", o.cfg.virtual_stages, " must be in [1, 64]");
+    (void)parallel::parse_schedule_kind(o.schedule);
+    TESSERA_THROW_IF(o.dp * o.tp * o.cfg.pp > 1024, config_error, "dp=", o.dp, " x tp=", o.tp,
+                     " x pp=", o.cfg.pp, " = ", o.dp * o.tp * o.cfg.pp,
+                     " ranks exceeds the limit of 1024");
     if (o.cfg.sequence_parallel) nn::check_sequence_parallel(o.cfg.seq, o.tp);
     if (o.comm == "auto")
       o.comm = train_llama::launched_by_mpi() ? (gpu ? "nccl" : "mpi") : "local";
@@ -210,11 +228,13 @@ int main(int argc, char** argv) {
                      "--comm '", o.comm, "' is not one of local, mpi, nccl");
     TESSERA_THROW_IF(o.comm == "nccl" && !gpu, config_error,
                      "--comm nccl reduces GPU memory: it needs --backend cuda");
-    TESSERA_THROW_IF(gpu && o.comm != "nccl" && (o.dp > 1 || o.tp > 1 || app.count("--comm") > 0),
+    TESSERA_THROW_IF(gpu && o.comm != "nccl" &&
+                         (o.dp > 1 || o.tp > 1 || o.cfg.pp > 1 || app.count("--comm") > 0),
                      config_error, "--backend cuda --comm ", o.comm,
                      ": GPUs reduce over --comm nccl (one MPI process per GPU)");
     // The data-parallel path: any of --dp > 1, --zero, --comm, or mpirun.
-    o.parallel = o.dp > 1 || o.tp > 1 || app.count("--zero") > 0 || app.count("--comm") > 0 ||
+    o.parallel = o.dp > 1 || o.tp > 1 || o.cfg.pp > 1 || app.count("--zero") > 0 ||
+                 app.count("--comm") > 0 ||
                  o.comm == "mpi" || o.comm == "nccl";
     if (!o.resume.empty() && o.out == "runs/main") o.out = o.resume;
     const fs::path out(o.out);

@@ -57,6 +57,9 @@ struct options {
   std::string prompt = "The ";
   int dp = 1;
   int tp = 1;                 // tensor-parallel degree (threads with --comm local, or MPI ranks)
+  std::string schedule = "1f1b";  // pipeline schedule: gpipe, 1f1b, interleaved, zb1
+  std::string trace;              // Chrome trace JSON of one step ("": none)
+  std::int64_t trace_step = 0;    // the traced step (0: the last)
   int zero = 0;               // ZeRO stage of the data-parallel path
   std::string comm = "auto";  // local, mpi, nccl, or auto (mpi or nccl under mpirun, else local)
   double bucket_mb = 25;      // gradient bucket size of the data-parallel path
@@ -126,6 +129,7 @@ inline train::train_config run_config(const options& o) {
   train::train_config c = o.cfg;
   c.dp = o.dp;
   c.tp = o.tp;
+  c.pipeline = parallel::parse_schedule_kind(o.schedule);
   c.checkpointing = {nn::parse_checkpointing(o.checkpointing), o.checkpoint_layers};
   return c;
 }
@@ -140,6 +144,17 @@ inline void check_before_ranks(const options& o, const fs::path& tok) {
   data::token_file data(tok);
   train::check_run(mc, rc, data, o.dp);
   nn::check_tensor_parallel(mc, o.tp);
+  TESSERA_THROW_IF(rc.pp > 1 && o.zero == 3, config_error,
+                   "--zero 3 gathers each block's parameters per pass, which a pipeline does not "
+                   "schedule; use --zero 0, 1 or 2 with --pp ", rc.pp);
+  parallel::check_pipeline(rc.pipeline,
+                           {static_cast<int>(rc.pp), rc.accum_steps(),
+                            static_cast<int>(rc.virtual_stages)},
+                           mc.n_layers);
+  (void)parallel::partition_stages(mc, rc.seq, static_cast<int>(rc.pp * rc.virtual_stages),
+                                   rc.stage_blocks);
+  TESSERA_THROW_IF(o.trace_step < 0 || o.trace_step > rc.steps, config_error, "--trace-step ",
+                   o.trace_step, " must be in [0, steps=", rc.steps, "] (0: the last)");
   if (rc.sequence_parallel) nn::check_sequence_parallel(rc.seq, o.tp);
   (void)data::val_windows(data, data.split().val, rc.seq, rc.eval_windows);
   (void)data::batch_sampler(data, data.split().train, rc.micro_batch, rc.seq, rc.seed);
@@ -156,7 +171,7 @@ inline void check_before_ranks(const options& o, const fs::path& tok) {
 template <class Trainer>
 int train_loop(options& o, Trainer& tr, const data::token_file& data, const fs::path& tok_path,
                created_paths& created, const kernels::peak_flops& peak) {
-  const bool lead = tr.rank() == 0 && tr.tp_rank() == 0;
+  const bool lead = tr.rank() == 0 && tr.tp_rank() == 0 && tr.pp_rank() == 0;
   const int dp = tr.communicator().size();
   const fs::path out(o.out);
   const fs::path ckpt = out / "checkpoint.bin";
@@ -195,6 +210,18 @@ int train_loop(options& o, Trainer& tr, const data::token_file& data, const fs::
                   tr.model().sequence_parallel()
                       ? "; sequence parallel: norms and residuals hold T/tp tokens"
                       : "");
+    if (tr.pp_size() > 1) {
+      std::string stages;
+      const std::int64_t K = tr.pp_size(), V = tr.config().virtual_stages;
+      const auto parts = parallel::partition_stages(c, o.cfg.seq, static_cast<int>(K * V),
+                                                    o.cfg.stage_blocks);
+      for (const auto& st : parts)
+        stages += tessera::detail::str(stages.empty() ? "" : " ", st.last_block - st.first_block);
+      std::printf("train_llama: pipeline parallel pp=%lld, schedule %s, %lld virtual stage%s per "
+                  "rank, blocks per stage [%s] (embedding on the first, head on the last)\n",
+                  (long long)K, o.schedule.c_str(), (long long)V, V > 1 ? "s" : "",
+                  stages.c_str());
+    }
     std::printf("train_llama: G=%lld sequences/step = dp %d x %lld micro-batches x B=%lld, "
                 "T=%lld, %lld steps, lr %.1e, warmup %lld, checkpointing %s\n",
                 (long long)o.cfg.global_batch, dp, (long long)tr.config().accum_steps(),
@@ -216,8 +243,28 @@ int train_loop(options& o, Trainer& tr, const data::token_file& data, const fs::
   const bool tty = lead && train::stdout_is_terminal();
   const auto t_start = std::chrono::steady_clock::now();
   std::optional<double> last_val;
+  const std::int64_t trace_at = o.trace_step > 0 ? o.trace_step : o.cfg.steps;
   while (tr.step() < o.cfg.steps) {
+    const bool traced = !o.trace.empty() && tr.step() + 1 == trace_at;
+    if (traced) tr.set_tracing(true);
     train::step_metrics m = tr.train_step();
+    if (traced) {
+      tr.set_tracing(false);
+      const auto events = tr.gather_timeline();  // collective
+      if (lead) {
+        nlohmann::json meta = {{"dp", dp},
+                               {"tp", tr.tp_size()},
+                               {"pp", tr.pp_size()},
+                               {"schedule", o.schedule},
+                               {"virtual_stages", tr.config().virtual_stages},
+                               {"micro_batches", tr.config().accum_steps()},
+                               {"step", m.step}};
+        train::write_chrome_trace(o.trace, events, meta);
+        const auto b = train::measure_bubble(events, dp * tr.tp_size() * tr.pp_size());
+        std::printf("train_llama: trace of step %lld written to %s (bubble %.1f%% of %.3f s)\n",
+                    (long long)m.step, o.trace.c_str(), 100 * b.bubble_fraction, b.span);
+      }
+    }
     const bool last = m.step == o.cfg.steps;
     const bool eval_now = last || (o.cfg.eval_every > 0 && m.step % o.cfg.eval_every == 0);
     // Periodic evaluations use the first --eval-windows windows; the last one
@@ -228,6 +275,7 @@ int train_loop(options& o, Trainer& tr, const data::token_file& data, const fs::
       j["dp"] = dp;
       j["zero"] = o.zero;
       j["tp"] = tr.tp_size();
+      j["pp"] = tr.pp_size();
       if (o.baseline) j["baseline_4gram"] = *o.baseline;
       metrics->write(j);
       const std::string line = train::format_step(m, o.cfg.steps, o.baseline);

@@ -69,6 +69,11 @@ int run_cuda_nccl(options& o, const fs::path& tok, created_paths& created) {
 
 template <precision::policy P, class O>
 int run_cuda_opt(options& o, const fs::path& tok, created_paths& created) {
+  // NCCL's send waits for the peer's matching receive: 1F1B's crossing
+  // sends need grouped send/recv pairs, which the executor does not issue yet.
+  TESSERA_THROW_IF(o.cfg.pp > 1, config_error, "--pp ", o.cfg.pp,
+                   " with --backend cuda: pipeline stages over NCCL are not supported yet; run "
+                   "the pipeline on the host backend (--comm local or mpi)");
   check_before_ranks(o, tok);  // before asking for the device
   data::token_file data(tok);
   if (o.parallel) {

@@ -5,6 +5,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <type_traits>
 #include <string>
 
 #include "run.hpp"
@@ -28,12 +29,23 @@ inline kernels::peak_flops host_peak(const options& o, int threads, double blas)
   return p;
 }
 
-// A run on a dp x tp mesh under ZeRO stage S over --comm local or mpi: the
-// world splits into tp groups (consecutive ranks) and dp groups.
-template <precision::policy P, class O, class S>
-int run_host_tp(options& o, const fs::path& tok, created_paths& created,
-                const parallel::data_parallel_options& dpo) {
-  const comm::device_mesh mesh(o.dp, o.tp, 1);
+// A run on a dp x tp x pp mesh under ZeRO stage S over --comm local or mpi:
+// the world splits into tp groups (consecutive ranks), dp groups and
+// pipeline groups (Megatron order). Layers: dense (tp 1) or tensor-parallel.
+template <precision::policy P, class O, class S, bool TP>
+int run_host_mesh(options& o, const fs::path& tok, created_paths& created,
+                  const parallel::data_parallel_options& dpo) {
+  const comm::device_mesh mesh(o.dp, o.tp, o.cfg.pp > 1 ? static_cast<int>(o.cfg.pp) : 1);
+  // The trainer on this rank's groups: dense or tp layers, with or without a pipeline.
+  auto run = [&](auto& world, auto& g, const data::token_file& data, const kernels::peak_flops& peak) {
+    using Comm = std::remove_reference_t<decltype(world)>;
+    using layers = std::conditional_t<TP, nn::tensor_parallel_layers<Comm>, nn::dense_layers>;
+    layers l{};
+    if constexpr (TP) l.group = &g.tp;
+    train::trainer<P, host, O, S, Comm, layers> tr(model_config(o), run_config(o), data, g.dp, l,
+                                                   g.pp, dpo);
+    return train_loop(o, tr, data, tok, created, peak);
+  };
   if (o.comm == "local") {
     const int per_rank = std::max(1, omp_get_max_threads() / mesh.size());
     const auto peak = host_peak(o, per_rank, kernels::measure_sgemm_flops() / mesh.size());
@@ -41,11 +53,8 @@ int run_host_tp(options& o, const fs::path& tok, created_paths& created,
     comm::local_world::run(mesh.size(), [&](comm::local_communicator& world) {
       omp_set_num_threads(per_rank);
       auto g = comm::make_groups(world, mesh);
-      using layers = nn::tensor_parallel_layers<comm::local_communicator>;
       data::token_file data(tok);
-      train::trainer<P, host, O, S, comm::local_communicator, layers> tr(
-          model_config(o), run_config(o), data, g.dp, layers{&g.tp}, dpo);
-      const int r = train_loop(o, tr, data, tok, created, peak);
+      const int r = run(world, g, data, peak);
       if (world.rank() == 0) rc = r;
     });
     return rc;
@@ -58,14 +67,12 @@ int run_host_tp(options& o, const fs::path& tok, created_paths& created,
     world.broadcast(&blas, 1, 0);
     const auto peak = host_peak(o, omp_get_max_threads(), blas);
     TESSERA_THROW_IF(world.size() != mesh.size(), config_error, "--comm mpi: the mesh dp=", o.dp,
-                     " x tp=", o.tp, " needs ", mesh.size(), " MPI processes but the job has ",
-                     world.size(), " (start it as mpirun -np ", mesh.size(), " ...)");
+                     " x tp=", o.tp, " x pp=", mesh.pp(), " needs ", mesh.size(),
+                     " MPI processes but the job has ", world.size(), " (start it as mpirun -np ",
+                     mesh.size(), " ...)");
     auto g = comm::make_groups(world, mesh);
-    using layers = nn::tensor_parallel_layers<comm::mpi_communicator>;
     data::token_file data(tok);
-    train::trainer<P, host, O, S, comm::mpi_communicator, layers> tr(
-        model_config(o), run_config(o), data, g.dp, layers{&g.tp}, dpo);
-    return train_loop(o, tr, data, tok, created, peak);
+    return run(world, g, data, peak);
   }
   throw config_error("--comm '" + o.comm + "' is not one of local, mpi (the host backend)");
 #else
@@ -78,7 +85,14 @@ template <precision::policy P, class O, class S>
 int run_host_dp(options& o, const fs::path& tok, created_paths& created) {
   parallel::data_parallel_options dpo;
   dpo.bucket_bytes = static_cast<std::int64_t>(o.bucket_mb * 1e6);
-  if (o.tp > 1) return run_host_tp<P, O, S>(o, tok, created, dpo);
+  if (o.tp > 1) return run_host_mesh<P, O, S, true>(o, tok, created, dpo);
+  if (o.cfg.pp > 1) {
+    if constexpr (S::shards_parameters)
+      throw config_error("--zero 3 gathers each block's parameters per pass, which a pipeline "
+                         "does not schedule; use --zero 0, 1 or 2 with --pp");
+    else
+      return run_host_mesh<P, O, S, false>(o, tok, created, dpo);
+  }
   if (o.comm == "local") {
     // Ranks are threads: each gets its share of the OpenMP threads.
     const int per_rank = std::max(1, omp_get_max_threads() / o.dp);

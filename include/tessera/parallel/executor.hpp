@@ -1,123 +1,418 @@
 #pragma once
 /// \file parallel/executor.hpp
-/// The executor: runs a schedule's list of actions (parallel/schedule.hpp)
-/// for one optimizer step over a model, its data-parallel engine
-/// (parallel/zero.hpp) and a record pool (nn/record_pool.hpp). One
-/// executor for every schedule and backend: it only calls the model's,
-/// the engine's and the context's entry points.
+/// The executor: runs a schedule's list of actions (parallel/schedule.hpp,
+/// parallel/pipeline_schedule.hpp) for one optimizer step over this rank's
+/// model chunks, each with its data-parallel engine (parallel/zero.hpp) and
+/// a record pool (nn/record_pool.hpp). One executor for every schedule and
+/// backend: it only calls the models', the engines', the context's and the
+/// pipeline group's entry points. Without a pipeline it holds one chunk and
+/// no pipeline group (the no_pipeline schedule).
 ///
-/// Per action:
-///   forward m         engine.begin_micro_batch(m); record = pool.acquire(m);
-///                     model.forward(feed(m), record, grad_scale, d_losses + m)
-///   backward m        model.backward(pool.at(m)); pool.release(m)
-///   reduce_gradients  engine.finish_gradients()
-///   clip              engine.grad_norm_squared(d_sum_squares);
-///                     clip_coefficient(ctx, d_clip, d_sum_squares, max_norm)
-///   optimizer_step    engine.step(lr, d_clip)
-/// The step starts with model.zero_grad() and engine.begin_step(number of
-/// backwards). Every scalar stays in the context's memory: the executor
-/// reads nothing back. (The engine's waits on its collectives do block the
-/// host: a device communicator's wait returns once the collective is done.)
+/// Per action (chunk c of this rank, micro-batch m):
+///   forward m          engine.begin_micro_batch(m); record = pool.acquire(m);
+///                      model.forward(input, record, grad_scale, d_losses + m):
+///                      input = feed(m) on the first virtual stage, the received
+///                      hidden states elsewhere (with feed(m)'s targets on the last)
+///   backward m         model.backward(record, received output gradient); release
+///   backward_input m   model.backward_input(...) (B; the record kept for W)
+///   backward_weight m  model.backward_weight(record); release (W)
+///   send_forward m     isend of the chunk's output to the next virtual stage's rank
+///   recv_forward m     recv of the chunk's input from the previous one
+///   send_backward m    isend of the input gradient to the previous virtual stage
+///   recv_backward m    recv of the output gradient from the next one
+///   reduce_gradients   every engine's finish_gradients(); every send completed
+///   clip               the norm squared over every chunk, the dp, tp and pp
+///                      groups; clip_coefficient(ctx, d_clip, d_sum_squares, max_norm)
+///   optimizer_step     every engine's step(lr, d_clip)
+/// The step starts with each model's zero_grad() and engine.begin_step(its
+/// number of backwards). Every scalar stays in the context's memory: the
+/// executor reads nothing back. (Waits on collectives and receives block
+/// the host: a device communicator's wait returns once the transfer is done.)
 ///
-/// `feed(m)` returns micro-batch m's inputs (an nn::micro_batch in the
-/// context's memory). It is called once per forward, in the list's forward
-/// order, and its buffers need only live until the next call (the model
-/// copies what its backward needs).
+/// Messages (p2p on the pipeline group, whose rank is the stage): chunk c
+/// of rank k is virtual stage v = c K + k; a message from virtual stage v
+/// carries tag 2 v (activations) or 2 v + 1 (gradients), and the messages
+/// of one tag go in micro-batch order on both sides (every schedule runs a
+/// chunk's forwards, and its backwards, in micro-batch order), so the
+/// non-overtaking rule matches them. Sends are asynchronous: the buffer is
+/// kept until the send completes (at reduce_gradients at the latest).
+/// Two-byte element types travel as 32-bit words (the hidden size is even).
 ///
-/// On an exception the records in flight are dropped (their memory
-/// freed), the engine abandons the step (engine.abandon_step(): its
-/// reductions waited for, its buffers freed) and the exception propagates;
-/// the model's gradients are then those of a partial step, and the next
-/// run() starts afresh.
+/// `feed(m)` returns micro-batch m's inputs and targets (an nn::micro_batch
+/// in the context's memory). It is called once per micro-batch on a rank
+/// holding the first or the last virtual stage, at that chunk's forward of
+/// m, in forward order, and its buffers need only live until the next call
+/// (the model copies what its backward needs); other ranks never call it.
+///
+/// Tracing (set_tracing): each action's start and end on the host clock
+/// (after the context's stream is synchronised on a GPU), for the timeline
+/// (train/trace.hpp).
+///
+/// On an exception the records in flight and the messages held are
+/// dropped (their memory freed), the engines abandon the step
+/// (abandon_step(): their reductions waited for, their buffers freed) and
+/// the exception propagates; the models' gradients are then those of a
+/// partial step, and the next run() starts afresh.
 
+#include <chrono>
 #include <cstdint>
+#include <map>
+#include <optional>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
+#include "tessera/comm/communicator.hpp"
 #include "tessera/core/error.hpp"
+#include "tessera/core/nvtx.hpp"
+#include "tessera/kernels/context.hpp"
 #include "tessera/kernels/optimizer.hpp"
+#include "tessera/nn/llama_record.hpp"
 #include "tessera/nn/record_pool.hpp"
 #include "tessera/parallel/schedule.hpp"
 
 namespace tessera::parallel {
 
-/// What one step's actions need besides the model and the engine, in the
+/// What one step's actions need besides the models and the engines, in the
 /// context's memory where it is a pointer.
 template <class Acc, class Master>
 struct step_inputs {
   Acc grad_scale = 1;              ///< 1 / scored tokens of the whole step (every rank)
-  double* d_losses = nullptr;      ///< (micro-batches) loss sum of each micro-batch, written
+  double* d_losses = nullptr;      ///< (micro-batches) loss sum of each micro-batch, written (last stage)
   double lr = 0;                   ///< learning rate of the step
   double max_norm = 0;             ///< clip threshold (<= 0: off)
   double* d_sum_squares = nullptr; ///< (1) the global gradient sum of squares, written
   Master* d_clip = nullptr;        ///< (1) the clip coefficient, written
 };
 
-/// Runs action lists over `Model` and `Engine` (both not owned).
+namespace detail {
+// A pipeline message: a comm_element as itself, a two-byte type as 32-bit
+// words (its count must be even: the hidden size is).
+template <class C, class T>
+auto p2p_isend(C& g, const T* p, std::int64_t n, int peer, int tag) {
+  if constexpr (requires { g.isend(p, std::size_t{0}, 0, 0); }) {
+    return g.isend(p, static_cast<std::size_t>(n), peer, tag);
+  } else {
+    static_assert(sizeof(T) == 2, "pipeline messages: a comm_element or a two-byte type");
+    TESSERA_THROW_IF(n % 2 != 0, config_error, "pipeline message of ", n,
+                     " two-byte elements: the hidden size must be even");
+    return g.isend(reinterpret_cast<const std::int32_t*>(p), static_cast<std::size_t>(n / 2),
+                   peer, tag);
+  }
+}
+template <class C, class T>
+void p2p_recv(C& g, T* p, std::int64_t n, int peer, int tag) {
+  if constexpr (requires { g.recv(p, std::size_t{0}, 0, 0); }) {
+    g.recv(p, static_cast<std::size_t>(n), peer, tag);
+  } else {
+    static_assert(sizeof(T) == 2, "pipeline messages: a comm_element or a two-byte type");
+    TESSERA_THROW_IF(n % 2 != 0, config_error, "pipeline message of ", n,
+                     " two-byte elements: the hidden size must be even");
+    g.recv(reinterpret_cast<std::int32_t*>(p), static_cast<std::size_t>(n / 2), peer, tag);
+  }
+}
+}  // namespace detail
+
+/// Where this rank sits in a pipeline: its stage k of K and its model
+/// chunks per rank V (virtual stages), with the pipeline group (rank =
+/// stage; not owned). One rank without a pipeline: K = V = 1, no group.
+template <class C>
+struct pipeline_place {
+  C* group = nullptr;     ///< the pp group (nullptr when K = 1)
+  int stage = 0;          ///< k in [0, K)
+  int stages = 1;         ///< K
+  int virtual_stages = 1; ///< V
+};
+
+/// Runs action lists over this rank's model chunks (`Model`, `Engine`;
+/// both not owned).
 template <class Model, class Engine>
 class executor {
  public:
   using record = typename Model::record;
   using P = typename Model::precision_type;
+  using Param = typename P::param_type;
+  using ActGrad = typename P::act_grad_type;
+  using Backend = typename Model::backend_type;
+  using comm_type = std::remove_cvref_t<decltype(std::declval<Engine&>().communicator())>;
   using inputs = step_inputs<typename P::accum_type, typename P::master_type>;
 
-  /// A pool of `capacity` records: the most micro-batches in flight the
-  /// lists it runs may hold (peak_in_flight). Throws config_error if < 1.
+  /// One chunk of this rank: its model and its engine.
+  struct chunk {
+    Model* model = nullptr;
+    Engine* engine = nullptr;
+  };
+
+  /// One chunk without a pipeline, with a pool of `capacity` records: the
+  /// most micro-batches in flight the lists it runs may hold
+  /// (peak_in_flight). Throws config_error if capacity < 1.
   executor(Model& model, Engine& engine, std::int64_t capacity)
-      : model_(&model), engine_(&engine), pool_(capacity) {}
+      : executor(std::vector<chunk>{{&model, &engine}}, pipeline_place<comm_type>{},
+                 std::vector<std::int64_t>{capacity}) {}
+
+  /// This rank's V = place.virtual_stages chunks of a pipeline (chunk c is
+  /// virtual stage c K + k), with `capacity[c]` records for chunk c.
+  /// Throws config_error if the counts differ, a capacity is < 1, or K > 1
+  /// without a group of K ranks whose rank is the stage.
+  executor(std::vector<chunk> chunks, pipeline_place<comm_type> place,
+           std::vector<std::int64_t> capacity)
+      : chunks_(std::move(chunks)), place_(place) {
+    TESSERA_THROW_IF(chunks_.empty() || static_cast<int>(chunks_.size()) != place_.virtual_stages,
+                     config_error, "executor: ", chunks_.size(), " model chunks for ",
+                     place_.virtual_stages, " virtual stages");
+    TESSERA_THROW_IF(capacity.size() != chunks_.size(), config_error, "executor: ",
+                     capacity.size(), " pool capacities for ", chunks_.size(), " chunks");
+    TESSERA_THROW_IF(place_.stages > 1 && (place_.group == nullptr ||
+                                           place_.group->size() != place_.stages ||
+                                           place_.group->rank() != place_.stage),
+                     config_error, "executor: stage ", place_.stage, " of ", place_.stages,
+                     " needs a pipeline group of ", place_.stages, " ranks ranked by stage");
+    for (std::int64_t c : capacity) pools_.emplace_back(c);
+  }
 
   /// Runs one step's `actions` (file comment). Throws config_error if the
-  /// list holds more micro-batches in flight than the pool, what the model,
-  /// the engine and the feed throw.
+  /// list holds more micro-batches of a chunk in flight than its pool, or
+  /// names a chunk this rank does not hold; what the models, the engines,
+  /// the pipeline group (comm_error on a timeout, naming the peer) and the
+  /// feed throw.
   template <class Feed>
   void run(const std::vector<action>& actions, Feed&& feed, const inputs& in) {
-    const std::int64_t peak = peak_in_flight(actions);
-    TESSERA_THROW_IF(peak > pool_.capacity(), config_error, "schedule holds ", peak,
-                     " micro-batches in flight, the executor's record pool ", pool_.capacity());
-    std::int64_t backwards = 0;
-    for (const action& a : actions) backwards += a.kind == action_kind::backward;
+    std::vector<std::int64_t> backwards(chunks_.size(), 0);
+    for (const action& a : actions) {
+      TESSERA_THROW_IF(a.chunk < 0 || a.chunk >= static_cast<int>(chunks_.size()), config_error,
+                       "schedule: ", to_string(a.kind), " of chunk ", a.chunk, " on a rank of ",
+                       chunks_.size(), " chunks");
+      backwards[static_cast<std::size_t>(a.chunk)] +=
+          a.kind == action_kind::backward || a.kind == action_kind::backward_weight;
+    }
+    for (std::size_t c = 0; c < chunks_.size(); ++c) {
+      const std::int64_t peak = peak_in_flight(actions, static_cast<int>(c));
+      TESSERA_THROW_IF(peak > pools_[c].capacity(), config_error, "schedule holds ", peak,
+                       " micro-batches of chunk ", c, " in flight, the executor's record pool ",
+                       pools_[c].capacity());
+    }
+    timeline_.clear();
     try {
-      model_->zero_grad();
-      engine_->begin_step(backwards > 0 ? backwards : 1);
-      for (const action& a : actions) run_one(a, feed, in);
+      for (std::size_t c = 0; c < chunks_.size(); ++c) {
+        chunks_[c].model->zero_grad();
+        chunks_[c].engine->begin_step(backwards[c] > 0 ? backwards[c] : 1);
+      }
+      for (const action& a : actions) {
+        const double t0 = tracing_ ? now() : 0;
+        run_one(a, feed, in);
+        if (tracing_) {
+          context().synchronize();
+          timeline_.push_back(
+              {a, t0, now(), static_cast<std::int64_t>(context().resource().stats().allocated)});
+        }
+      }
+      wait_sends();
     } catch (...) {
-      pool_.clear();
-      engine_->abandon_step();
+      for (auto& p : pools_) p.clear();
+      for (auto& ch : chunks_) ch.engine->abandon_step();
+      drop_messages();
       throw;
     }
   }
 
-  nn::record_pool<record>& pool() { return pool_; }
+  /// Chunk c's record pool.
+  nn::record_pool<record>& pool(int c = 0) { return pools_[static_cast<std::size_t>(c)]; }
+  /// Records each action's start and end from the next run() on (off: none).
+  void set_tracing(bool on) { tracing_ = on; }
+  /// The actions of the last run() with their times (empty unless tracing).
+  const std::vector<timed_action>& timeline() const { return timeline_; }
+  /// Seconds on the clock timeline() uses.
+  static double now() {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  }
+  const pipeline_place<comm_type>& place() const { return place_; }
 
  private:
+  using key = std::pair<int, std::int64_t>;  // (chunk, micro-batch)
+  using request = decltype(std::declval<comm_type&>().isend(static_cast<const float*>(nullptr),
+                                                            std::size_t{0}, 0, 0));
+  // A send in flight and the buffer it reads.
+  struct pending_send {
+    request req;
+    tensor<Param, Backend> act;
+    tensor<ActGrad, Backend> grad;
+  };
+
+  const typename Model::context_type& context() const { return chunks_.front().model->context(); }
+  int virtual_stage(int c) const { return c * place_.stages + place_.stage; }
+  int last_virtual_stage() const { return place_.stages * place_.virtual_stages - 1; }
+  // The rank of virtual stage v (v in [0, K V)).
+  int rank_of(int v) const { return v % place_.stages; }
+
   template <class Feed>
   void run_one(const action& a, Feed& feed, const inputs& in) {
+    const std::size_t c = static_cast<std::size_t>(a.chunk);
+    Model& model = *chunks_[c].model;
+    const int v = virtual_stage(a.chunk);
+    const key k{a.chunk, a.micro_batch};
     switch (a.kind) {
       case action_kind::forward: {
-        engine_->begin_micro_batch(a.micro_batch);
-        record& r = pool_.acquire(a.micro_batch);
-        model_->forward(feed(a.micro_batch), r, in.grad_scale, in.d_losses + a.micro_batch);
+        chunks_[c].engine->begin_micro_batch(a.micro_batch);
+        nn::micro_batch<Param> mb{};
+        if (v == 0 || v == last_virtual_stage()) mb = feed(a.micro_batch);
+        if (v > 0) {
+          auto it = inbox_.find(k);
+          TESSERA_THROW_IF(it == inbox_.end(), config_error, "schedule: forward of micro-batch ",
+                           a.micro_batch, " (chunk ", a.chunk,
+                           ") before its input was received (recv_forward)");
+          mb.hidden = it->second.data();
+          mb.inputs = nullptr;
+          mb.B = mb_B_;
+          mb.T = mb_T_;
+        }
+        if (v < last_virtual_stage()) mb.targets = nullptr;
+        record& r = pools_[c].acquire(a.micro_batch);
+        model.forward(mb, r, in.grad_scale, in.d_losses + a.micro_batch);
+        inbox_.erase(k);
+        if (v < last_virtual_stage()) out_act_[k] = std::move(r.output);
         break;
       }
       case action_kind::backward:
-        model_->backward(pool_.at(a.micro_batch));
-        pool_.release(a.micro_batch);
+      case action_kind::backward_input: {
+        record& r = pools_[c].at(a.micro_batch);
+        const ActGrad* dout = nullptr;
+        auto it = grad_inbox_.find(k);
+        if (v < last_virtual_stage()) {
+          TESSERA_THROW_IF(it == grad_inbox_.end(), config_error, "schedule: ",
+                           to_string(a.kind), " of micro-batch ", a.micro_batch, " (chunk ",
+                           a.chunk, ") before its output gradient was received (recv_backward)");
+          dout = it->second.data();
+        }
+        if (a.kind == action_kind::backward)
+          model.backward(r, dout);
+        else
+          model.backward_input(r, dout);
+        if (it != grad_inbox_.end()) grad_inbox_.erase(it);
+        if (v > 0) out_grad_[k] = std::move(r.grad_input);
+        if (a.kind == action_kind::backward) pools_[c].release(a.micro_batch);
         break;
+      }
+      case action_kind::backward_weight:
+        model.backward_weight(pools_[c].at(a.micro_batch));
+        pools_[c].release(a.micro_batch);
+        break;
+      case action_kind::send_forward: {
+        auto it = out_act_.find(k);
+        TESSERA_THROW_IF(it == out_act_.end() || v == last_virtual_stage(), config_error,
+                         "schedule: send_forward of micro-batch ", a.micro_batch, " (chunk ",
+                         a.chunk, ") without its forward output");
+        pending_send p{isend(it->second.data(), it->second.numel(), rank_of(v + 1), 2 * v),
+                       std::move(it->second), {}};
+        out_act_.erase(it);
+        sends_.push_back(std::move(p));
+        poll_sends();
+        break;
+      }
+      case action_kind::send_backward: {
+        auto it = out_grad_.find(k);
+        TESSERA_THROW_IF(it == out_grad_.end() || v == 0, config_error,
+                         "schedule: send_backward of micro-batch ", a.micro_batch, " (chunk ",
+                         a.chunk, ") without its input gradient");
+        pending_send p{isend(it->second.data(), it->second.numel(), rank_of(v - 1), 2 * v + 1),
+                       {}, std::move(it->second)};
+        out_grad_.erase(it);
+        sends_.push_back(std::move(p));
+        poll_sends();
+        break;
+      }
+      case action_kind::recv_forward: {
+        TESSERA_THROW_IF(v == 0, config_error, "schedule: recv_forward on the first virtual stage");
+        tensor<Param, Backend> t = kernels::make_tensor<Param>(context(), boundary_elements(model));
+        recv(t.data(), t.numel(), rank_of(v - 1), 2 * (v - 1));
+        inbox_[k] = std::move(t);
+        break;
+      }
+      case action_kind::recv_backward: {
+        TESSERA_THROW_IF(v == last_virtual_stage(), config_error,
+                         "schedule: recv_backward on the last virtual stage");
+        tensor<ActGrad, Backend> t =
+            kernels::make_tensor<ActGrad>(context(), boundary_elements(model));
+        recv(t.data(), t.numel(), rank_of(v + 1), 2 * (v + 1) + 1);
+        grad_inbox_[k] = std::move(t);
+        break;
+      }
       case action_kind::reduce_gradients:
-        engine_->finish_gradients();
+        for (auto& ch : chunks_) ch.engine->finish_gradients();
+        wait_sends();
         break;
-      case action_kind::clip:
-        engine_->grad_norm_squared(in.d_sum_squares);
-        clip_coefficient(model_->context(), in.d_clip, in.d_sum_squares, in.max_norm);
+      case action_kind::clip: {
+        for (std::size_t i = 0; i < chunks_.size(); ++i)
+          chunks_[i].engine->local_grad_norm_squared(in.d_sum_squares, i > 0);
+        chunks_.front().engine->reduce_grad_norm_squared(in.d_sum_squares);
+        if (place_.stages > 1) place_.group->all_reduce(in.d_sum_squares, 1, comm::reduce_op::sum);
+        clip_coefficient(context(), in.d_clip, in.d_sum_squares, in.max_norm);
         break;
+      }
       case action_kind::optimizer_step:
-        engine_->step(in.lr, in.d_clip);
+        for (auto& ch : chunks_) ch.engine->step(in.lr, in.d_clip);
         break;
     }
   }
 
-  Model* model_;
-  Engine* engine_;
-  nn::record_pool<record> pool_;
+ public:
+  /// The (B, T) of every micro-batch of the steps run() will run: the
+  /// stages without the embedding receive (rows, H) hidden states of it.
+  /// Needed before run() when K > 1.
+  void set_micro_batch(std::int64_t B, std::int64_t T) {
+    mb_B_ = B;
+    mb_T_ = T;
+  }
+
+ private:
+  // Elements of a stage boundary's hidden states (or their gradient):
+  // the residual stream's rows of one micro-batch times H.
+  std::int64_t boundary_elements(const Model& m) const {
+    TESSERA_THROW_IF(mb_B_ < 1 || mb_T_ < 1, config_error,
+                     "executor: a pipeline stage needs the micro-batch shape (set_micro_batch)");
+    return m.stream_rows(mb_B_ * mb_T_) * m.config().dim;
+  }
+
+  template <class T>
+  request isend(const T* p, std::int64_t n, int peer, int tag) {
+    return detail::p2p_isend(*place_.group, p, n, peer, tag);
+  }
+  template <class T>
+  void recv(T* p, std::int64_t n, int peer, int tag) {
+    detail::p2p_recv(*place_.group, p, n, peer, tag);
+  }
+  // Frees the buffers of sends that completed.
+  void poll_sends() {
+    std::erase_if(sends_, [](pending_send& s) { return s.req.test(); });
+  }
+  void wait_sends() {
+    for (auto& s : sends_) s.req.wait();
+    sends_.clear();
+  }
+  // After a failed step: sends waited for (their errors dropped), messages freed.
+  void drop_messages() noexcept {
+    for (auto& s : sends_) {
+      try {
+        s.req.wait();
+      } catch (...) {
+      }
+    }
+    sends_.clear();
+    inbox_.clear();
+    grad_inbox_.clear();
+    out_act_.clear();
+    out_grad_.clear();
+  }
+
+  std::vector<chunk> chunks_;
+  pipeline_place<comm_type> place_;
+  std::vector<nn::record_pool<record>> pools_;
+  std::map<key, tensor<Param, Backend>> inbox_, out_act_;       // received inputs, outputs to send
+  std::map<key, tensor<ActGrad, Backend>> grad_inbox_, out_grad_;  // received, to send
+  std::vector<pending_send> sends_;
+  std::vector<timed_action> timeline_;
+  std::int64_t mb_B_ = 0, mb_T_ = 0;
+  bool tracing_ = false;
 };
 
 }  // namespace tessera::parallel

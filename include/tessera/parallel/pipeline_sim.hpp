@@ -33,14 +33,11 @@ struct stage_costs {
   double hop = 0;              ///< message latency
 };
 
-/// One action with its simulated start and end. A compute action runs over
-/// [start, end); a receive's [start, end] is its wait (the rank reaches it
-/// at start, the message is there at end); sends and the step's
-/// reductions, clip and optimizer step take no time (start == end).
-struct timed_action {
-  action a;
-  double start = 0, end = 0;
-};
+// timed_action (schedule.hpp): in a simulation a compute action runs over
+// [start, end); a receive's [start, end] is its wait (the rank reaches it
+// at start, the message is there at end); sends and the step's
+// reductions, clip and optimizer step take no time (start == end);
+// `allocated` is 0.
 
 /// The result of simulate. Every vector has one entry per rank.
 struct simulation {

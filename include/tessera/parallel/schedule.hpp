@@ -80,6 +80,18 @@ struct action {
   bool operator==(const action&) const = default;
 };
 
+/// One action as it ran (the executor's timeline with tracing on,
+/// parallel/executor.hpp) or as simulated (parallel/pipeline_sim.hpp):
+/// its start and end in seconds (the host's steady clock, or simulated
+/// time), and, run, the bytes allocated from the context's resource when
+/// it ended (records, messages and the persistent buffers: between
+/// actions no temporaries are live; 0 in a simulation).
+struct timed_action {
+  action a;
+  double start = 0, end = 0;
+  std::int64_t allocated = 0;
+};
+
 /// In which order a group of in-flight micro-batches runs its backwards.
 enum class backward_order : std::uint8_t {
   forward_order,  ///< as their forwards ran (the gradients of one-at-a-time, bit for bit)

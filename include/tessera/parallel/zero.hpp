@@ -362,24 +362,39 @@ class data_parallel final : public nn::segment_hooks {
   /// into `*d_out` (one double in the context's memory): each rank sums its
   /// chunks (kernels::grad_sum_squares per chunk, in bucket order), then one
   /// all_reduce. One rank under zero<0>: one pass over the model's flat
-  /// gradient buffer. Collective. Call after finish_gradients().
+  /// gradient buffer. Collective. Call after finish_gradients(). The same
+  /// as local_grad_norm_squared(d_out) then reduce_grad_norm_squared(d_out).
   void grad_norm_squared(double* d_out) {
+    local_grad_norm_squared(d_out, false);
+    reduce_grad_norm_squared(d_out);
+  }
+  /// This rank's part of grad_norm_squared, written (or, with `accumulate`,
+  /// added) to `*d_out`: its reduced chunks (under tensor parallelism the
+  /// ranges nn::llama::norm_ranges counts on this tp rank). No
+  /// communication. A pipeline rank holding several model chunks sums
+  /// every chunk's part before one reduce_grad_norm_squared.
+  void local_grad_norm_squared(double* d_out, bool accumulate) {
     TESSERA_NVTX_RANGE("zero: grad_norm_squared");
     const Ctx& ctx = *ctx_;
     if (model_->tp_size() > 1) {
-      tp_grad_norm_squared(d_out);
+      tp_local_norm_squared(d_out, accumulate);
       return;
     }
     if (local_) {
-      grad_sum_squares(ctx, d_out, model_->grads(), model_->flat_size());
+      grad_sum_squares(ctx, d_out, model_->grads(), model_->flat_size(), accumulate);
       return;
     }
-    bool first = true;
+    bool first = !accumulate;
     for (const bucket& b : plan_.buckets()) {
       grad_sum_squares(ctx, d_out, reduced_chunk(b), b.chunk, !first);
       first = false;
     }
-    comm_->all_reduce(d_out, 1, comm::reduce_op::sum);
+  }
+  /// Sums the parts of local_grad_norm_squared over the dp group and then
+  /// the tp group (collective over both; nothing on one rank).
+  void reduce_grad_norm_squared(double* d_out) {
+    if (!local_) comm_->all_reduce(d_out, 1, comm::reduce_op::sum);
+    if (model_->tp_size() > 1) model_->tp_all_reduce_sum(d_out);
   }
 
   /// The optimizer on the owned elements with the clip coefficient `*d_clip`
@@ -533,12 +548,13 @@ class data_parallel final : public nn::segment_hooks {
 
   // The norm under tensor parallelism: only the ranges the model counts on
   // this tp rank (nn::llama::norm_ranges: its shards, and the replicated
-  // tensors on tp rank 0), within this rank's reduced chunks, summed over
-  // dp and then over tp, so every element of the model counts once.
-  void tp_grad_norm_squared(double* d_out) {
+  // tensors on tp rank 0), within this rank's reduced chunks; summed over
+  // dp and then over tp by reduce_grad_norm_squared, so every element of
+  // the model counts once.
+  void tp_local_norm_squared(double* d_out, bool accumulate) {
     const Ctx& ctx = *ctx_;
     const std::vector<nn::param_range> counted = model_->norm_ranges();
-    bool first = true;
+    bool first = !accumulate;
     // [lo, hi) of the flat buffer, read from `base` (which holds element lo).
     auto add = [&](const auto* base, std::int64_t lo, std::int64_t hi) {
       for (const nn::param_range& r : counted) {
@@ -557,8 +573,6 @@ class data_parallel final : public nn::segment_hooks {
       }
     }
     if (first) grad_sum_squares(ctx, d_out, static_cast<const Reduce*>(nullptr), 0, false);
-    if (!local_) comm_->all_reduce(d_out, 1, comm::reduce_op::sum);
-    model_->tp_all_reduce_sum(d_out);
   }
 
   // This rank's reduced chunk of bucket b.

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <type_traits>
+#include <vector>
 
 #include "tessera/core/error.hpp"
 #include "tessera/data/token_file.hpp"
@@ -13,6 +14,7 @@
 #include "tessera/optim/adamw.hpp"
 #include "tessera/optim/schedule.hpp"
 #include "tessera/optim/sgd.hpp"
+#include "tessera/parallel/pipeline_schedule.hpp"
 
 namespace tessera::train {
 
@@ -27,6 +29,13 @@ struct train_config {
   /// Sequence parallelism over the tp group (tp > 1, seq divisible by tp):
   /// the trainer sets the layer family's `sequence_parallel` from it.
   bool sequence_parallel = false;
+  std::int64_t pp = 1;              ///< pipeline-parallel degree K (the pp group's size)
+  /// The pipeline schedule (pp > 1): gpipe, 1f1b, interleaved or zb1.
+  parallel::schedule_kind pipeline = parallel::schedule_kind::one_f_one_b;
+  std::int64_t virtual_stages = 1;  ///< V, model chunks per pp rank (interleaved only)
+  /// Blocks of each of the pp x V virtual stages in order; empty: balanced
+  /// by FLOPs (parallel::partition_stages).
+  std::vector<std::int64_t> stage_blocks{};
   double lr = 1e-3;                 ///< peak learning rate
   double min_lr_ratio = 0.1;        ///< final lr = lr * min_lr_ratio
   std::int64_t warmup = 50;         ///< warmup steps

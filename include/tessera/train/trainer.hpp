@@ -10,6 +10,8 @@
 ///   trainer<precision::bf16_mixed, host, optim::sgd>           SGD instead of AdamW
 ///   trainer<precision::fp32, host, optim::adamw, zero<2>, local_communicator>   threads
 ///   trainer<precision::bf16_mixed, cuda, optim::adamw, zero<1>, nccl_communicator>  GPUs
+///   trainer<precision::fp32, host, optim::adamw, zero<1>, mpi_communicator,
+///           tensor_parallel_layers<mpi_communicator>>(model, cfg, data, dp, {&tp}, pp)  3-D
 ///
 /// One optimizer step on rank r of dp (DESIGN.md, "One step"; seeds/004):
 ///   the global batch of G sequences is dp ranks x A micro-batches x B rows;
@@ -24,8 +26,18 @@
 ///   rank -> clip -> optimizer on the owned elements -> gather -> one read
 ///   of the losses and the norm back to the host, the metrics.
 ///
-/// So `G` stays the number of sequences per optimizer step whatever dp and
-/// the strategy are, and the loss curve does not change beyond rounding.
+/// Under a pipeline (the dp x tp x pp constructor) rank k of the pp group
+/// holds the model chunks of stage k (parallel::partition_stages; V chunks
+/// under the interleaved schedule), each with its engine over the dp
+/// group; the A micro-batches run through the stages under the schedule
+/// cfg.pipeline (parallel::make_schedule): the first stage reads the ids,
+/// the last the targets and writes the losses, the hidden states and their
+/// gradients go by send and recv on the pp group, and the norm is summed
+/// over the stages before the clip (parallel/executor.hpp).
+///
+/// So `G` stays the number of sequences per optimizer step whatever dp, tp,
+/// pp and the strategy are, and the loss curve does not change beyond
+/// rounding.
 /// train_step(), evaluate() and generate() are collectives: every rank
 /// calls them in the same order and gets the same global figures. The
 /// constructor and each of them set the calling thread's OpenMP thread
@@ -39,6 +51,7 @@
 #include <exception>
 #include <filesystem>
 #include <memory>
+#include <map>
 #include <optional>
 #include <string>
 #include <utility>
@@ -61,6 +74,8 @@
 #include "tessera/optim/optimizer.hpp"
 #include "tessera/optim/schedule.hpp"
 #include "tessera/parallel/executor.hpp"
+#include "tessera/parallel/pipeline_partition.hpp"
+#include "tessera/parallel/pipeline_schedule.hpp"
 #include "tessera/parallel/schedule.hpp"
 #include "tessera/parallel/sharding.hpp"
 #include "tessera/parallel/zero.hpp"
@@ -70,6 +85,7 @@
 #include "tessera/train/metadata.hpp"
 #include "tessera/train/metrics.hpp"
 #include "tessera/train/sampling.hpp"
+#include "tessera/train/trace.hpp"
 
 namespace tessera::train {
 
@@ -138,6 +154,24 @@ class trainer {
           L layers, parallel::data_parallel_options dpo = {})
       : trainer(own_context{}, std::move(model_cfg), cfg, data, &comm, layers, dpo) {}
 
+  /// One rank of a run on a dp x tp x pp mesh (comm::device_mesh, Megatron
+  /// order): `comm` its dp group, `layers` its tp group (dense_layers{}
+  /// without tp), `pp` its pipeline group (cfg.pp == pp.size(), ranked by
+  /// stage; not owned, must outlive the trainer). This rank holds the
+  /// cfg.virtual_stages model chunks of stage k = pp.rank(): chunk c is
+  /// virtual stage c K + k of parallel::partition_stages (cfg.stage_blocks,
+  /// or balanced by FLOPs); each chunk has its engine over the dp group. The
+  /// G / (B dp) micro-batches of a step run through the pipeline under
+  /// cfg.pipeline; the loss is the last stage's, the gradient norm summed
+  /// over every stage. Throws as above, and config_error naming the
+  /// numbers when pp does not match the group, the schedule cannot run
+  /// the micro-batch count or the virtual stages
+  /// (parallel::check_pipeline), there are more stages than layers, or
+  /// with zero<3> (its per-segment gathers are not pipelined).
+  trainer(nn::llama_config model_cfg, train_config cfg, const data::token_file& data, C& comm,
+          L layers, C& pp, parallel::data_parallel_options dpo = {})
+      : trainer(own_context{}, std::move(model_cfg), cfg, data, &comm, layers, dpo, &pp) {}
+
   /// As above, on the caller's context `ctx` (not owned; must outlive the
   /// trainer): its memory resource, threads, tiles or stream. A temporary
   /// context is refused at compile time.
@@ -151,9 +185,21 @@ class trainer {
   trainer(const trainer&) = delete;
   trainer& operator=(const trainer&) = delete;
 
-  model_type& model() { return model_; }
-  engine_type& engine() { return engine_; }
-  optimizer_type& optimizer() { return engine_.optimizer(); }
+  /// The model (under a pipeline: this rank's chunk c, a stage of it).
+  model_type& model(int c = 0) { return *models_[static_cast<std::size_t>(c)]; }
+  const model_type& model(int c = 0) const { return *models_[static_cast<std::size_t>(c)]; }
+  /// The data-parallel engine of chunk c.
+  engine_type& engine(int c = 0) { return *engines_[static_cast<std::size_t>(c)]; }
+  optimizer_type& optimizer(int c = 0) { return engine(c).optimizer(); }
+  /// This rank's model chunks (1 unless interleaved).
+  int chunks() const { return static_cast<int>(models_.size()); }
+  /// The pipeline stage of this rank (0 without a pipeline) and the degree.
+  int pp_rank() const { return stage_; }
+  int pp_size() const { return static_cast<int>(cfg_.pp); }
+  /// The schedule's action list of this rank for one step.
+  const std::vector<parallel::action>& actions() const { return schedule_; }
+  /// The executor (its timeline when tracing is on).
+  parallel::executor<model_type, engine_type>& executor() { return *executor_; }
   const train_config& config() const { return cfg_; }
   const Ctx& context() const { return *ctx_; }
   C& communicator() { return *comm_; }
@@ -162,6 +208,8 @@ class trainer {
   int tp_rank() const { return layers_.rank(); }
   /// The tensor-parallel degree (1 without tensor parallelism).
   int tp_size() const { return layers_.size(); }
+  /// Whether this rank holds the last virtual stage (the head: the losses).
+  bool holds_head() const { return models_.back()->options().stage.head; }
   /// Optimizer steps taken so far (the data position: step s reads the windows of step s).
   std::int64_t step() const { return step_; }
   /// Peak FLOP/s of one rank, for MFU (kernels::peak_flops::flops; 0: no MFU).
@@ -204,27 +252,30 @@ class trainer {
     in.max_norm = cfg_.grad_clip;
     in.d_sum_squares = scalars_.data() + scalar_sum_squares;
     in.d_clip = clip_.data();
-    executor_.run(schedule_, [&](std::int64_t a) { return next_micro_batch(a); }, in);
+    executor_->run(schedule_, [&](std::int64_t a) { return next_micro_batch(a); }, in);
     // One read back: the micro-batches' losses and the norm.
     std::vector<double> h(static_cast<std::size_t>(A + 1));
     ctx_->to_host(h.data(), scalars_.data(), h.size() * sizeof(double));
-    double loss_sum = 0;
-    for (std::int64_t a = 0; a < A; ++a) loss_sum += h[static_cast<std::size_t>(1 + a)];
+    double loss_sum = 0;  // the last stage's (the losses are written there)
+    if (holds_head())
+      for (std::int64_t a = 0; a < A; ++a) loss_sum += h[static_cast<std::size_t>(1 + a)];
     m.grad_norm = std::sqrt(h[0]);
     m.clip = optim::clip_coefficient(m.grad_norm, cfg_.grad_clip);
     if (!std::isfinite(m.clip)) {
       m.skipped = true;  // the optimizer kernel wrote nothing
-      engine_.optimizer().skipped();
+      for (int c = 0; c < chunks(); ++c) optimizer(c).skipped();
     }
-    m.loss = all_reduce_value(loss_sum) / static_cast<double>(scored);
+    loss_sum = all_reduce_value(loss_sum);
+    if (pp_) pp_all_reduce_values(&loss_sum, 1);
+    m.loss = loss_sum / static_cast<double>(scored);
     ++step_;
     m.step = step_;
     m.tokens = cfg_.global_batch * T;
     m.scored = scored;
     m.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     m.tokens_per_s = static_cast<double>(m.tokens) / m.seconds;
-    m.flops = nn::flops_per_token(model_.config(), T) * static_cast<double>(m.tokens);
-    const double ranks = static_cast<double>(comm_->size()) * model_.tp_size();
+    m.flops = nn::flops_per_token(model().config(), T) * static_cast<double>(m.tokens);
+    const double ranks = static_cast<double>(comm_->size()) * model().tp_size() * pp_size();
     m.mfu = peak_flops_ > 0 ? m.flops / m.seconds / (peak_flops_ * ranks) : 0.0;
     m.mfu_blas = blas_flops_ > 0 ? m.flops / m.seconds / (blas_flops_ * ranks) : 0.0;
     const auto st = mr.stats();
@@ -251,14 +302,16 @@ class trainer {
     for (std::int64_t j = 0; j < rounds; ++j) {
       const std::int64_t k = j * dp + rank();
       const std::int64_t rows = val.fill(k < nb ? k : 0, B, buf.data());
-      engine_.begin_forward_only();
-      const nn::loss_sum r = model_.forward_loss(buf.data(), rows, T);
+      const nn::loss_sum r = pp_ ? pipeline_forward_loss(buf.data(), rows, T)
+                                 : (engine().begin_forward_only(),
+                                    model().forward_loss(buf.data(), rows, T));
       if (k < nb) {
         sum[0] += r.sum;
         sum[1] += static_cast<double>(r.scored);
       }
     }
     all_reduce_values(sum, 2);
+    if (pp_) pp_all_reduce_values(sum, 2);  // the last stage's sums
     return sum[1] > 0 ? sum[0] / sum[1] : std::nan("");
   }
 
@@ -272,37 +325,41 @@ class trainer {
   std::vector<std::int32_t> generate(std::vector<std::int32_t> prompt, std::int64_t n,
                                      double temperature, std::uint64_t seed) {
     ctx_->apply_threads();
-    return generate_tokens(std::move(prompt), n, temperature, seed, model_.config().vocab,
-                           std::min(model_.config().max_seq, cfg_.seq),
+    return generate_tokens(std::move(prompt), n, temperature, seed, model().config().vocab,
+                           std::min(model().config().max_seq, cfg_.seq),
                            [&](const std::int32_t* ids, std::int64_t len, float* logits) {
-                             engine_.begin_forward_only();
-                             model_.next_token_logits(ids, len, logits);
+                             if (pp_) return pipeline_logits(ids, len, logits);
+                             engine().begin_forward_only();
+                             model().next_token_logits(ids, len, logits);
                            });
   }
 
   /// zero<0>: rank 0 writes the parameters and the optimizer state to
   /// `path` (streamed to a temporary file through host blocks, fsync'ed,
   /// renamed; train/checkpoint.hpp), with the run's metadata; collective
-  /// (the ranks wait for the file). Under tensor parallelism dp rank 0 of
-  /// every tp rank writes its shards, tp rank r to `path`.tp<r> (r > 0),
-  /// and the metadata records tp and the tp rank: a resume needs the same
-  /// layout; shards `path`.tp<k> for k >= tp left by an earlier run are
-  /// removed. zero<1..3>: throws config_error before
-  /// any work: sharded checkpoints are not supported yet. Throws io_error
-  /// if the file cannot be written.
+  /// (the ranks wait for the file). Under tensor and pipeline parallelism
+  /// dp rank 0 of every (tp, pp) position writes its shards: tp rank r of
+  /// stage k to `path`.pp<k>.tp<r> (".pp<k>" only for k > 0, ".tp<r>" only
+  /// for r > 0; every chunk of the stage in one file), and the metadata
+  /// records tp, pp, V and the position: a resume needs the same layout;
+  /// shards of an earlier run at a larger tp or pp are removed. zero<1..3>:
+  /// throws config_error before any work: sharded checkpoints are not
+  /// supported yet. Throws io_error if the file cannot be written.
   void save_checkpoint(const std::filesystem::path& path_) {
     refuse_sharded("save");
-    const std::filesystem::path path = tp_path(path_);
+    const std::filesystem::path path = shard_path(path_);
     if (rank() == 0) {
-      const std::size_t pbytes = sizeof(Param) * static_cast<std::size_t>(model_.flat_size());
-      const optimizer_type& opt = engine_.optimizer();
-      write_checkpoint(path, metadata(), pbytes + opt.serialized_bytes(),
-                       [&](checkpoint_writer& w) {
-                         optim::detail::write_from(*ctx_, w, model_.params(), pbytes);
-                         opt.save(w);
-                       });
-      // Shards of an earlier run at a larger tp would be stale beside this one.
-      if (layers_rank() == 0) remove_stale_shards(path_);
+      std::size_t bytes = 0;
+      for (int c = 0; c < chunks(); ++c) bytes += param_bytes(c) + optimizer(c).serialized_bytes();
+      write_checkpoint(path, metadata(), bytes, [&](checkpoint_writer& w) {
+        for (int c = 0; c < chunks(); ++c) {
+          optim::detail::write_from(*ctx_, w, model(c).params(), param_bytes(c));
+          optimizer(c).save(w);
+        }
+      });
+      // Shards of an earlier run at a larger tp or pp would be stale beside this one.
+      if (layers_rank() == 0) remove_stale_shards(stage_path(path_), "tp", model().tp_size());
+      if (layers_rank() == 0 && stage_ == 0) remove_stale_shards(path_, "pp", pp_size());
     }
     comm_->barrier();
   }
@@ -313,69 +370,139 @@ class trainer {
   /// missing, truncated or corrupt file, config_error if its settings
   /// (model, precision, optimizer, batch, dp, strategy, ...) differ from
   /// this run's, naming the field and both values; zero<1..3>: config_error
-  /// as save_checkpoint. Under tensor parallelism (collective over the tp
-  /// group) the tp ranks agree first: a missing shard of a checkpoint
-  /// written at another tp names both degrees; a rank whose shard fails
-  /// makes every rank throw; shards of different steps (a save interrupted
-  /// between ranks) throw config_error naming the steps.
+  /// as save_checkpoint. Under tensor or pipeline parallelism (collective
+  /// over the tp and pp groups) the ranks agree first: a missing shard of a
+  /// checkpoint written at another tp names both degrees; a rank whose
+  /// shard fails makes every rank throw; shards of different steps (a save
+  /// interrupted between ranks) throw config_error naming the steps.
   void load_checkpoint(const std::filesystem::path& path_) {
     refuse_sharded("load");
-    const std::filesystem::path path = tp_path(path_);
+    const std::filesystem::path path = shard_path(path_);
     nlohmann::json meta;
     std::vector<char> payload;
     std::int64_t step = 0;
-    const std::size_t pbytes = sizeof(Param) * static_cast<std::size_t>(model_.flat_size());
-    optimizer_type& opt = engine_.optimizer();
+    std::size_t bytes = 0;
+    for (int c = 0; c < chunks(); ++c) bytes += param_bytes(c) + optimizer(c).serialized_bytes();
     std::exception_ptr failed;
     try {
       if (path != path_ && !std::filesystem::exists(path) && std::filesystem::exists(path_)) {
-        // No shard for this tp rank: tp rank 0's file says at which tp it was written.
+        // No shard for this position: the first shard says how it was written.
         read_checkpoint(path_, meta, payload);
         nlohmann::json mine = metadata();
-        mine["tp_rank"] = 0;
+        if (mine.contains("tp_rank")) mine["tp_rank"] = 0;
+        if (mine.contains("pp_stage")) mine["pp_stage"] = 0;
         (void)check_resume_metadata(path_, meta, mine, cfg_.steps);  // names the tp first
         throw io_error("checkpoint '" + path_.string() + "' has no shard '" + path.string() +
-                       "' for tp rank " + std::to_string(layers_rank()));
+                       "' for tp rank " + std::to_string(layers_rank()) + " of stage " +
+                       std::to_string(stage_));
       }
       read_checkpoint(path, meta, payload);
       step = check_resume_metadata(path, meta, metadata(), cfg_.steps);
-      TESSERA_THROW_IF(payload.size() != pbytes + opt.serialized_bytes(), io_error,
-                       "checkpoint '", path.string(), "' holds ", payload.size(),
-                       " payload bytes; this run needs ", pbytes + opt.serialized_bytes());
+      TESSERA_THROW_IF(payload.size() != bytes, io_error, "checkpoint '", path.string(),
+                       "' holds ", payload.size(), " payload bytes; this run needs ", bytes);
     } catch (...) {
       failed = std::current_exception();
     }
-    // The tp ranks' shards are one checkpoint only if every one loads and
-    // all are of the same step (a save interrupted between two ranks'
-    // renames leaves shards of two steps): agreed before any state changes.
-    if constexpr (L::tensor_parallel) {
+    // The shards of the tp and pp ranks are one checkpoint only if every
+    // one loads and all are of the same step (a save interrupted between
+    // two ranks' renames leaves shards of two steps): agreed before any
+    // state changes.
+    if (L::tensor_parallel || pp_) {
       double v[3] = {failed ? 1.0 : 0.0, static_cast<double>(step), -static_cast<double>(step)};
       tensor<double, Backend> d = kernels::make_tensor<double>(*ctx_, 3);
       ctx_->from_host(d.data(), v, sizeof v);
-      layers_.all_reduce_values(d.data(), 3, true);
+      if constexpr (L::tensor_parallel) layers_.all_reduce_values(d.data(), 3, true);
+      if (pp_) pp_->all_reduce(d.data(), 3, comm::reduce_op::max);
       ctx_->to_host(v, d.data(), sizeof v);
       TESSERA_THROW_IF(!failed && v[0] > 0, io_error, "checkpoint '", path_.string(),
-                       "': another tp rank could not load its shard (its error names it)");
+                       "': another tp or pp rank could not load its shard (its error names it)");
       TESSERA_THROW_IF(!failed && v[1] != -v[2], config_error, "checkpoint '", path_.string(),
-                       "': its tp shards are of different steps (", static_cast<std::int64_t>(-v[2]),
+                       "': its shards are of different steps (", static_cast<std::int64_t>(-v[2]),
                        " to ", static_cast<std::int64_t>(v[1]),
                        "): a save was interrupted between ranks; resume from a complete checkpoint");
     }
     if (failed) std::rethrow_exception(failed);
-    ctx_->from_host(model_.params(), payload.data(), pbytes);
-    opt.load(payload.data() + pbytes);
+    std::size_t at = 0;
+    for (int c = 0; c < chunks(); ++c) {
+      ctx_->from_host(model(c).params(), payload.data() + at, param_bytes(c));
+      at += param_bytes(c);
+      optimizer(c).load(payload.data() + at);
+      at += optimizer(c).serialized_bytes();
+    }
     step_ = step;
     loader_.prefetch(static_cast<std::uint64_t>(step_), first_micro_batch());
   }
 
+  /// Records the timeline of the steps that follow (off: none); the last
+  /// traced step's actions are timeline().
+  void set_tracing(bool on) { executor_->set_tracing(on); }
+  /// This rank's world rank in the mesh (comm::device_mesh order: tp
+  /// fastest, then dp, then pp).
+  int world_rank() const {
+    return (stage_ * comm_->size() + comm_->rank()) * tp_size() + tp_rank();
+  }
+  /// Every rank's timeline of the last traced step, on every rank
+  /// (collective over the tp, dp and pp groups: all-gathers).
+  std::vector<trace_event> gather_timeline() {
+    std::vector<double> v;
+    for (const auto& t : executor_->timeline())
+      v.insert(v.end(), {static_cast<double>(world_rank()), static_cast<double>(t.a.kind),
+                         static_cast<double>(t.a.micro_batch), static_cast<double>(t.a.chunk),
+                         t.start, t.end, static_cast<double>(t.allocated)});
+    auto over = [&](auto& group) {
+      if (group.size() == 1) return;
+      double n = static_cast<double>(v.size());
+      tensor<double, Backend> d = kernels::make_tensor<double>(*ctx_, 1);
+      ctx_->from_host(d.data(), &n, sizeof n);
+      group.all_reduce(d.data(), 1, comm::reduce_op::max);
+      ctx_->to_host(&n, d.data(), sizeof n);
+      const auto chunk = static_cast<std::size_t>(n);
+      v.resize(chunk, -1.0);  // padding rows: rank -1
+      tensor<double, Backend> send = kernels::make_tensor<double>(*ctx_, static_cast<std::int64_t>(chunk));
+      tensor<double, Backend> all = kernels::make_tensor<double>(
+          *ctx_, static_cast<std::int64_t>(chunk) * group.size());
+      ctx_->from_host(send.data(), v.data(), chunk * sizeof(double));
+      group.all_gather(send.data(), all.data(), chunk);
+      std::vector<double> h(chunk * static_cast<std::size_t>(group.size()));
+      ctx_->to_host(h.data(), all.data(), h.size() * sizeof(double));
+      v.clear();
+      for (std::size_t i = 0; i + 7 <= h.size(); i += 7)
+        if (h[i] >= 0) v.insert(v.end(), h.begin() + static_cast<std::ptrdiff_t>(i),
+                                h.begin() + static_cast<std::ptrdiff_t>(i + 7));
+    };
+    if constexpr (L::tensor_parallel) over(*layers_.group);
+    over(*comm_);
+    if (pp_) over(*pp_);
+    std::vector<trace_event> out;
+    for (std::size_t i = 0; i + 7 <= v.size(); i += 7)
+      out.push_back({static_cast<int>(v[i]),
+                     {{static_cast<parallel::action_kind>(static_cast<int>(v[i + 1])),
+                       static_cast<std::int64_t>(v[i + 2]), static_cast<int>(v[i + 3])},
+                      v[i + 4],
+                      v[i + 5],
+                      static_cast<std::int64_t>(v[i + 6])}});
+    return out;
+  }
+
   /// The checkpoint's metadata (train/metadata.hpp).
   nlohmann::json metadata() const {
-    nlohmann::json m = run_metadata(model_.config(), cfg_, P::name, O::name,
+    std::int64_t flat = 0;
+    for (const auto& m : models_) flat += m->flat_size();
+    nlohmann::json m = run_metadata(models_.front()->config(), cfg_, P::name, O::name,
                                     cfg_.template optimizer_config<O>(), S::name, comm_->size(),
-                                    step_, model_.flat_size(), *data_);
-    if (model_.tp_size() > 1) {  // a tp rank's shards resume at the same layout only
-      m["tp"] = model_.tp_size();
+                                    step_, flat, *data_);
+    if (models_.front()->tp_size() > 1) {  // a tp rank's shards resume at the same layout only
+      m["tp"] = models_.front()->tp_size();
       m["tp_rank"] = layers_rank();  // sequence parallelism keeps the layout: not recorded
+    }
+    if (cfg_.pp > 1) {  // the stage's chunks; the schedule does not change them: not recorded
+      m["pp"] = cfg_.pp;
+      m["pp_stage"] = stage_;
+      m["virtual_stages"] = cfg_.virtual_stages;
+      nlohmann::json blocks = nlohmann::json::array();
+      for (const auto& md : models_)
+        blocks.push_back({md->options().stage.first_block, md->options().stage.last_block});
+      m["stage_blocks"] = blocks;
     }
     return m;
   }
@@ -387,37 +514,59 @@ class trainer {
   static constexpr std::int64_t scalar_sum_squares = 0, scalar_losses = 1;
 
   trainer(own_context, nn::llama_config model_cfg, train_config cfg, const data::token_file& data,
-          C* comm, L layers, parallel::data_parallel_options dpo)
-      : trainer(make_context(comm), std::move(model_cfg), cfg, data, comm, layers, dpo) {}
+          C* comm, L layers, parallel::data_parallel_options dpo, C* pp = nullptr)
+      : trainer(make_context(comm), std::move(model_cfg), cfg, data, comm, layers, dpo, pp) {}
   trainer(std::unique_ptr<kernels::owned_context<Ctx>> own, nn::llama_config model_cfg,
           train_config cfg, const data::token_file& data, C* comm, L layers,
-          parallel::data_parallel_options dpo)
-      : trainer(&own->ctx, std::move(model_cfg), cfg, data, comm, layers, dpo) {
+          parallel::data_parallel_options dpo, C* pp)
+      : trainer(&own->ctx, std::move(model_cfg), cfg, data, comm, layers, dpo, pp) {
     own_ctx_ = std::move(own);
   }
   trainer(const Ctx* ctx, nn::llama_config model_cfg, train_config cfg,
-          const data::token_file& data, C* comm, L layers, parallel::data_parallel_options dpo)
+          const data::token_file& data, C* comm, L layers, parallel::data_parallel_options dpo,
+          C* pp = nullptr)
       : ctx_((ctx->apply_threads(), ctx)),
         self_(comm ? std::nullopt : make_self(*ctx)),
         comm_(comm ? comm : &*self_),
+        pp_(pp && pp->size() > 1 ? pp : nullptr),
         layers_(layers),
-        cfg_(checked(model_cfg, cfg, data, *comm_, layers.size())),
-        model_(std::move(model_cfg), model_options(cfg_), *ctx_, with_config(layers, cfg_)),
-        engine_(init_model(model_, cfg_.seed), *comm_, cfg_.template optimizer_config<O>(),
-                cfg_.seed, dpo),
-        executor_(model_, engine_, 1),
+        cfg_(checked(model_cfg, cfg, data, *comm_, layers.size(), pp)),
+        stage_(pp ? pp->rank() : 0),
         data_(&data),
         split_(data.split()),
         sampler_(data, split_.train, cfg_.micro_batch, cfg_.seq, cfg_.seed),
         val_(data, split_.val, cfg_.seq, cfg_.eval_windows),
-        loader_(data::loader_system_for<Backend>::make(*ctx_), sampler_, model_.config().vocab,
+        loader_(data::loader_system_for<Backend>::make(*ctx_), sampler_, model_cfg.vocab,
                 cfg_.accum_steps(), first_micro_batch(), ignore_index),
         sched_(cfg_.schedule()),
-        schedule_(parallel::no_pipeline(cfg_.accum_steps())),
         scalars_(kernels::make_tensor<double>(*ctx_, 1 + cfg_.accum_steps())),
         clip_(kernels::make_tensor<Master>(*ctx_, 1)),
         count_(kernels::make_tensor<double>(*ctx_, 2)),
         windows_(static_cast<std::size_t>(cfg_.micro_batch * (cfg_.seq + 1))) {
+    const int K = static_cast<int>(cfg_.pp), V = static_cast<int>(cfg_.virtual_stages);
+    const std::vector<nn::stage_range> stages =
+        parallel::partition_stages(model_cfg, cfg_.seq, K * V, cfg_.stage_blocks);
+    std::vector<typename executor_type::chunk> ch;
+    for (int c = 0; c < V; ++c) {
+      nn::llama_options o = model_options(cfg_);
+      o.stage = stages[static_cast<std::size_t>(c * K + stage_)];
+      models_.push_back(std::make_unique<model_type>(model_cfg, o, *ctx_, with_config(layers, cfg_)));
+      engines_.push_back(std::make_unique<engine_type>(init_model(*models_.back(), cfg_.seed),
+                                                       *comm_, cfg_.template optimizer_config<O>(),
+                                                       cfg_.seed, dpo));
+      ch.push_back({models_.back().get(), engines_.back().get()});
+    }
+    const std::int64_t A = cfg_.accum_steps();
+    if (K == 1 && cfg_.pipeline != parallel::schedule_kind::zero_bubble_h1)
+      schedule_ = parallel::no_pipeline(A);
+    else
+      schedule_ = parallel::make_schedule(cfg_.pipeline, stage_, {K, A, V});
+    std::vector<std::int64_t> capacity;
+    for (int c = 0; c < V; ++c)
+      capacity.push_back(std::max<std::int64_t>(1, parallel::peak_in_flight(schedule_, c)));
+    executor_ = std::make_unique<executor_type>(
+        std::move(ch), parallel::pipeline_place<C>{pp, stage_, K, V}, std::move(capacity));
+    executor_->set_micro_batch(cfg_.micro_batch, cfg_.seq);
     loader_.prefetch(0, first_micro_batch());
   }
 
@@ -437,8 +586,21 @@ class trainer {
       throw config_error("trainer: a data-parallel trainer needs its communicator");
   }
   static train_config checked(const nn::llama_config& c, train_config cfg,
-                              const data::token_file& d, const C& comm, int tp) {
+                              const data::token_file& d, const C& comm, int tp, const C* pp) {
     check_run(c, cfg, d, comm.size());
+    const int K = pp ? pp->size() : 1;
+    TESSERA_THROW_IF(cfg.pp != K, config_error, "pp=", cfg.pp,
+                     " does not match the pipeline group's ", K, " ranks");
+    TESSERA_THROW_IF(K > 1 && S::shards_parameters, config_error, S::name,
+                     " gathers each block's parameters per pass, which a pipeline does not "
+                     "schedule; use zero 0, 1 or 2 with pp=", K);
+    TESSERA_THROW_IF(cfg.virtual_stages < 1 || cfg.virtual_stages > 1024, config_error,
+                     "virtual stages V=", cfg.virtual_stages, " must be in [1, 1024]");
+    parallel::check_pipeline(cfg.pipeline,
+                             {K, cfg.accum_steps(), static_cast<int>(cfg.virtual_stages)},
+                             c.n_layers);
+    (void)parallel::partition_stages(c, cfg.seq, K * static_cast<int>(cfg.virtual_stages),
+                                     cfg.stage_blocks);
     TESSERA_THROW_IF(cfg.tp != tp, config_error, "tp=", cfg.tp,
                      " does not match the tensor-parallel group's ", tp, " ranks");
     nn::check_tensor_parallel(c, tp);
@@ -476,29 +638,142 @@ class trainer {
                     "loader out of order");
     return {b.d_inputs, b.d_targets, nullptr, cfg_.micro_batch, cfg_.seq};
   }
-  // Under tensor parallelism each tp rank keeps its shards in a file of its
-  // own: `path` for tp rank 0, `path`.tp<r> for rank r.
-  std::filesystem::path tp_path(const std::filesystem::path& p) const {
-    if (model_.tp_size() == 1 || layers_rank() == 0) return p;
-    return std::filesystem::path(p.string() + ".tp" + std::to_string(layers_rank()));
+  // The file of this stage's tp rank 0: `path`, or `path`.pp<k> for stage k > 0.
+  std::filesystem::path stage_path(const std::filesystem::path& p) const {
+    if (stage_ == 0) return p;
+    return std::filesystem::path(p.string() + ".pp" + std::to_string(stage_));
+  }
+  // This rank's shard file: stage_path, and ".tp<r>" for tp rank r > 0.
+  std::filesystem::path shard_path(const std::filesystem::path& p) const {
+    const std::filesystem::path sp = stage_path(p);
+    if (model().tp_size() == 1 || layers_rank() == 0) return sp;
+    return std::filesystem::path(sp.string() + ".tp" + std::to_string(layers_rank()));
   }
   int layers_rank() const { return layers_.rank(); }
-  // Removes `path`.tp<k> for every k >= this run's tp (files of a run at a
-  // larger tp, which this checkpoint replaces). Errors are ignored: a
+  std::size_t param_bytes(int c) const {
+    return sizeof(Param) * static_cast<std::size_t>(models_[static_cast<std::size_t>(c)]->flat_size());
+  }
+  // Removes `path`.<what><k>... for every k >= `degree` (files of a run at a
+  // larger tp or pp, which this checkpoint replaces). Errors are ignored: a
   // stale shard is refused by its metadata anyway.
-  void remove_stale_shards(const std::filesystem::path& path) const {
-    const std::string prefix = path.filename().string() + ".tp";
+  static void remove_stale_shards(const std::filesystem::path& path, const char* what,
+                                  int degree) {
+    const std::string prefix = path.filename().string() + "." + what;
     const std::filesystem::path dir = path.has_parent_path() ? path.parent_path() : ".";
     std::error_code ec;
     std::vector<std::filesystem::path> stale;
     for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
       const std::string n = e.path().filename().string();
       if (n.size() <= prefix.size() || n.compare(0, prefix.size(), prefix) != 0) continue;
-      const std::string k = n.substr(prefix.size());
-      if (k.size() > 4 || k.find_first_not_of("0123456789") != std::string::npos) continue;
-      if (std::stoi(k) >= model_.tp_size()) stale.push_back(e.path());
+      const std::string rest = n.substr(prefix.size());
+      const std::size_t digits = rest.find_first_not_of("0123456789");
+      const std::string k = rest.substr(0, digits);
+      if (k.empty() || k.size() > 4) continue;
+      if (digits != std::string::npos && rest.compare(digits, 3, ".tp") != 0) continue;
+      if (std::stoi(k) >= degree) stale.push_back(e.path());
     }
     for (const auto& p : stale) std::filesystem::remove(p, ec);
+  }
+
+  // ---- forward-only passes through the pipeline (evaluation, generation) ----
+  static constexpr int eval_tag = 16384;  // + the sending virtual stage
+  int virtual_stage(int c) const { return c * static_cast<int>(cfg_.pp) + stage_; }
+  int last_virtual_stage() const {
+    return static_cast<int>(cfg_.pp * cfg_.virtual_stages) - 1;
+  }
+  int rank_of_stage(int v) const { return v % static_cast<int>(cfg_.pp); }
+
+  // One (rows, T) batch of windows in host memory through every chunk of
+  // this rank in virtual-stage order: the loss sum and scored count on the
+  // rank of the last stage, zeros elsewhere (the caller sums over pp).
+  nn::loss_sum pipeline_forward_loss(const std::int32_t* h_windows, std::int64_t B, std::int64_t T) {
+    const std::int64_t N = B * T;
+    std::vector<std::int32_t> h(static_cast<std::size_t>(2 * N));
+    std::int64_t scored = 0;
+    for (std::int64_t b = 0; b < B; ++b)
+      for (std::int64_t t = 0; t < T; ++t) {
+        const std::size_t i = static_cast<std::size_t>(b * T + t);
+        h[i] = h_windows[b * (T + 1) + t];
+        h[i + static_cast<std::size_t>(N)] = h_windows[b * (T + 1) + t + 1];
+        scored += h[i + static_cast<std::size_t>(N)] != ignore_index;
+      }
+    tensor<std::int32_t, Backend> tok = kernels::make_tensor<std::int32_t>(*ctx_, 2 * N);
+    ctx_->from_host(tok.data(), h.data(), h.size() * sizeof(std::int32_t));
+    tensor<double, Backend> d_loss = kernels::make_tensor<double>(*ctx_, 1);
+    nn::loss_sum r;
+    run_forward_only(
+        [&](int c) {
+          const int v = virtual_stage(c);
+          return nn::micro_batch<Param>{v == 0 ? tok.data() : nullptr,
+                                        v == last_virtual_stage() ? tok.data() + N : nullptr,
+                                        nullptr, B, T};
+        },
+        [&](int c, const nn::micro_batch<Param>& mb) {
+          model(c).forward_loss(mb, d_loss.data());
+          ctx_->to_host(&r.sum, d_loss.data(), sizeof(double));
+          r.scored = scored;
+        },
+        false);
+    return r;
+  }
+
+  // Next-token logits of one sequence through the pipeline: every rank gets
+  // the last stage's V logits (broadcast over the pp group).
+  void pipeline_logits(const std::int32_t* h_ids, std::int64_t len, float* h_logits) {
+    tensor<std::int32_t, Backend> ids = kernels::make_tensor<std::int32_t>(*ctx_, len);
+    ctx_->from_host(ids.data(), h_ids, static_cast<std::size_t>(len) * sizeof(std::int32_t));
+    const std::int64_t V = model().config().vocab;
+    tensor<float, Backend> logits = kernels::make_tensor<float>(*ctx_, V);
+    run_forward_only(
+        [&](int c) {
+          return nn::micro_batch<Param>{virtual_stage(c) == 0 ? ids.data() : nullptr, nullptr,
+                                        nullptr, 1, len};
+        },
+        [&](int c, const nn::micro_batch<Param>& mb) {
+          model(c).next_token_logits_from(mb, logits.data());
+        },
+        true);
+    pp_->broadcast(logits.data(), static_cast<std::size_t>(V), static_cast<int>(cfg_.pp) - 1);
+    ctx_->to_host(h_logits, logits.data(), static_cast<std::size_t>(V) * sizeof(float));
+  }
+
+  // This rank's chunks in virtual-stage order: the hidden states received
+  // from the previous virtual stage (except on the first), the chunk's
+  // forward_hidden sent to the next, or on the last virtual stage `last`.
+  // `whole_rows`: every token row (generation), else the residual stream's.
+  template <class Batch, class Last>
+  void run_forward_only(Batch&& batch, Last&& last, bool whole_rows) {
+    using request = decltype(parallel::detail::p2p_isend(*pp_, static_cast<const Param*>(nullptr),
+                                                         0, 0, 0));
+    std::vector<std::pair<request, tensor<Param, Backend>>> sends;
+    for (int c = 0; c < chunks(); ++c) {
+      const int v = virtual_stage(c);
+      engine(c).begin_forward_only();
+      nn::micro_batch<Param> mb = batch(c);
+      const std::int64_t rows =
+          whole_rows ? mb.B * mb.T : model(c).stream_rows(mb.B * mb.T);
+      tensor<Param, Backend> in;
+      if (v > 0) {
+        in = kernels::make_tensor<Param>(*ctx_, rows * model(c).config().dim);
+        parallel::detail::p2p_recv(*pp_, in.data(), in.numel(), rank_of_stage(v - 1),
+                                   eval_tag + v - 1);
+        mb.hidden = in.data();
+      }
+      if (v == last_virtual_stage()) {
+        last(c, mb);
+        continue;
+      }
+      tensor<Param, Backend> x = model(c).forward_hidden(mb, whole_rows);
+      request q = parallel::detail::p2p_isend(*pp_, x.data(), x.numel(), rank_of_stage(v + 1),
+                                              eval_tag + v);
+      sends.emplace_back(std::move(q), std::move(x));
+    }
+    for (auto& [q, x] : sends) q.wait();
+  }
+  void pp_all_reduce_values(double* h, std::size_t n) {
+    ctx_->from_host(count_.data(), h, n * sizeof(double));
+    pp_->all_reduce(count_.data(), n, comm::reduce_op::sum);
+    ctx_->to_host(h, count_.data(), n * sizeof(double));
   }
 
   // Sum over the ranks of a host value, through the context's memory.
@@ -525,11 +800,13 @@ class trainer {
   const Ctx* ctx_;
   std::optional<C> self_;  // the one-rank communicator of a single-rank trainer
   C* comm_;
+  C* pp_;     // the pipeline group (nullptr without a pipeline); not owned
   L layers_;  // the layer family (its tp group under tensor parallelism)
   train_config cfg_;
-  model_type model_;
-  engine_type engine_;
-  executor_type executor_;
+  int stage_;  // this rank's pipeline stage
+  std::vector<std::unique_ptr<model_type>> models_;    // this rank's chunks (1 unless interleaved)
+  std::vector<std::unique_ptr<engine_type>> engines_;  // one per chunk, over the dp group
+  std::unique_ptr<executor_type> executor_;
   const data::token_file* data_;
   data::split_view split_;
   data::batch_sampler sampler_;

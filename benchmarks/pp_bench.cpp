@@ -23,6 +23,7 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <mutex>
@@ -56,6 +57,7 @@ struct result {
   std::string name, schedule;
   int pp = 1, V = 1;
   double median_s = 0, tokens_per_s = 0;
+  std::vector<double> losses;  // every step's loss (the check against pp 1)
   double bubble_trace = 0, bubble_sim = 0, bubble_formula = 0;
   double forward_ms = 0, backward_ms = 0;  // mean per chunk action (B + W for zb1)
   std::vector<double> peak_activation_mib;  // per stage: the most record bytes held
@@ -106,9 +108,14 @@ result run_case(const bench_case& bc, int pp, schedule_kind sk, int V, std::int6
     train::trainer<precision::fp32, host, optim::adamw, parallel::zero<0>,
                    comm::local_communicator>
         tr(mc, cfg, f, g.dp, nn::dense_layers{}, g.pp);
-    for (std::int64_t s = 0; s < warmup; ++s) tr.train_step();
+    std::vector<double> losses;
+    for (std::int64_t s = 0; s < warmup; ++s) losses.push_back(tr.train_step().loss);
     std::vector<double> secs;
-    for (std::int64_t s = 0; s < steps; ++s) secs.push_back(tr.train_step().seconds);
+    for (std::int64_t s = 0; s < steps; ++s) {
+      const auto m = tr.train_step();
+      secs.push_back(m.seconds);
+      losses.push_back(m.loss);
+    }
     // The traced step: allocated bytes at each action's end, from the
     // value before the step (the records and messages held).
     const double before = static_cast<double>(tr.context().resource().stats().allocated);
@@ -122,6 +129,7 @@ result run_case(const bench_case& bc, int pp, schedule_kind sk, int V, std::int6
     std::lock_guard<std::mutex> lock(mu);
     res.peak_activation_mib[static_cast<std::size_t>(tr.pp_rank())] = held / 1048576.0;
     if (world.rank() != 0) return;
+    res.losses = losses;
     std::sort(secs.begin(), secs.end());
     res.median_s = secs[secs.size() / 2];
     res.tokens_per_s = static_cast<double>(bc.M * bc.B * bc.T) / res.median_s;
@@ -180,6 +188,7 @@ int main(int argc, char** argv) {
     std::vector<result> rows;
     for (const auto& c : cases) {
       rows.push_back(run_case(c, 1, schedule_kind::one_f_one_b, 1, warmup, steps));
+      const std::vector<double> base_losses = rows.back().losses;
       for (int pp : {2, 4})
         for (auto [sk, V] : {std::pair{schedule_kind::gpipe, 1}, std::pair{schedule_kind::one_f_one_b, 1},
                              std::pair{schedule_kind::interleaved, 2},
@@ -189,6 +198,13 @@ int main(int argc, char** argv) {
           if (sk == schedule_kind::interleaved && c.M % pp != 0) continue;
           rows.push_back(run_case(c, pp, sk, V, warmup, steps));
           const auto& r = rows.back();
+          // Check before reporting: the pipeline trains what one rank does.
+          for (std::size_t i = 0; i < r.losses.size(); ++i) {
+            const double want = base_losses[i];
+            TESSERA_THROW_IF(std::abs(r.losses[i] - want) > 1e-4 * std::abs(want), error,
+                             "pp_bench: ", r.name, " pp ", r.pp, " ", r.schedule, ": step ",
+                             i + 1, " loss ", r.losses[i], " differs from pp 1's ", want);
+          }
           std::printf("pp_bench: %s, pp %d %s V %d: median step %.3f s, %.0f tokens/s, bubble "
                       "%.1f%% traced, %.1f%% simulated, %.1f%% closed form\n",
                       r.name.c_str(), r.pp, r.schedule.c_str(), r.V, r.median_s, r.tokens_per_s,

@@ -28,10 +28,11 @@ namespace pp_suite {
 using namespace tessera;
 using zero_suite::check;
 
-/// The tiny preset with 4 blocks (pp 4, or pp 2 with 2 virtual stages).
-inline nn::llama_config model() {
+/// The tiny preset with `layers` blocks (4: pp 4, or pp 2 with 2 virtual
+/// stages; 8: pp 4 with 2).
+inline nn::llama_config model(std::int64_t layers = 4) {
   auto c = trainer_suite::model();
-  c.n_layers = 4;
+  c.n_layers = layers;
   return c;
 }
 
@@ -42,10 +43,11 @@ struct layout {
   int virtual_stages = 1;
   std::int64_t micro_batches = 8;  ///< M per step and dp rank
   bool sequence_parallel = false;
+  std::int64_t layers = 4;  ///< the model's blocks (pp_suite::model)
   std::string name() const {
     return tessera::detail::str("(dp, tp, pp) = (", dp, ", ", tp, ", ", pp, ") ",
                                 parallel::to_string(schedule), " V ", virtual_stages, " M ",
-                                micro_batches, sequence_parallel ? " sp" : "");
+                                micro_batches, sequence_parallel ? " sp" : "", " L ", layers);
   }
 };
 
@@ -73,10 +75,11 @@ struct reference {
 };
 
 template <class P>
-reference single_rank(const data::token_file& f, std::int64_t steps, std::int64_t G) {
+reference single_rank(const data::token_file& f, std::int64_t steps, std::int64_t G,
+                      std::int64_t layers = 4) {
   layout one;
   one.micro_batches = G;
-  train::trainer<P> tr(model(), config(one, steps), f);
+  train::trainer<P> tr(model(layers), config(one, steps), f);
   reference r;
   for (std::int64_t s = 0; s < steps; ++s) {
     const auto m = tr.train_step();
@@ -122,7 +125,12 @@ void check_chunk(const M& model, const T* values, const std::vector<double>& wan
 /// reference did and checks everything the file comment lists.
 template <class P, class S, class Comm>
 void check_mesh(Comm& world, const reference& ref, const data::token_file& f, const layout& l,
-                double tol) {
+                double tol_) {
+  // float32 under tp: the tp ranks' partial sums round in another order; on
+  // the 4-block model block 0's wq gradient (1e-4 of the largest gradients)
+  // moves by 1.4e-5 of its own largest entry at step 2, the same bits with
+  // and without the pipeline (tp 2 alone gives them): 2 tol there.
+  const double tol = l.tp > 1 && sizeof(typename P::param_type) == 4 ? 2 * tol_ : tol_;
   using tp_layers = nn::tensor_parallel_layers<Comm>;
   const auto steps = static_cast<std::int64_t>(ref.loss.size());
   const comm::device_mesh mesh(l.dp, l.tp, l.pp);
@@ -161,11 +169,11 @@ void check_mesh(Comm& world, const reference& ref, const data::token_file& f, co
     }
   };
   if (l.tp > 1) {
-    train::trainer<P, host, optim::adamw, S, Comm, tp_layers> tr(model(), cfg, f, g.dp,
+    train::trainer<P, host, optim::adamw, S, Comm, tp_layers> tr(model(l.layers), cfg, f, g.dp,
                                                                  tp_layers{&g.tp}, g.pp);
     body(tr);
   } else {
-    train::trainer<P, host, optim::adamw, S, Comm> tr(model(), cfg, f, g.dp, nn::dense_layers{},
+    train::trainer<P, host, optim::adamw, S, Comm> tr(model(l.layers), cfg, f, g.dp, nn::dense_layers{},
                                                       g.pp);
     body(tr);
   }

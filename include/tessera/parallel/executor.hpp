@@ -185,6 +185,7 @@ class executor {
       backwards[static_cast<std::size_t>(a.chunk)] +=
           a.kind == action_kind::backward || a.kind == action_kind::backward_weight;
     }
+    check_message_order(actions);
     for (std::size_t c = 0; c < chunks_.size(); ++c) {
       const std::int64_t peak = peak_in_flight(actions, static_cast<int>(c));
       TESSERA_THROW_IF(peak > pools_[c].capacity(), config_error, "schedule holds ", peak,
@@ -233,13 +234,33 @@ class executor {
   using request = decltype(std::declval<comm_type&>().isend(static_cast<const float*>(nullptr),
                                                             std::size_t{0}, 0, 0));
   // A send in flight and the buffer it reads.
+  // The buffers are declared before the request, so a request destroyed
+  // before completion (it waits) goes before the memory it reads.
   struct pending_send {
-    request req;
     tensor<Param, Backend> act;
     tensor<ActGrad, Backend> grad;
+    request req;
   };
 
   const typename Model::context_type& context() const { return chunks_.front().model->context(); }
+  // The messages of one tag are matched in order (file comment): each
+  // chunk's forwards, and its backwards (or B), must run in micro-batch
+  // order. Throws config_error naming the chunk and the micro-batches.
+  void check_message_order(const std::vector<action>& actions) const {
+    if (place_.stages == 1) return;
+    std::vector<std::int64_t> fwd(chunks_.size(), -1), bwd(chunks_.size(), -1);
+    for (const action& a : actions) {
+      const bool f = a.kind == action_kind::forward;
+      const bool b = a.kind == action_kind::backward || a.kind == action_kind::backward_input;
+      if (!f && !b) continue;
+      std::int64_t& last = (f ? fwd : bwd)[static_cast<std::size_t>(a.chunk)];
+      TESSERA_THROW_IF(a.micro_batch <= last, config_error, "schedule: chunk ", a.chunk, "'s ",
+                       to_string(a.kind), " of micro-batch ", a.micro_batch, " after micro-batch ",
+                       last, ": a pipeline runs each chunk's forwards and backwards in "
+                       "micro-batch order (its messages are matched in order)");
+      last = a.micro_batch;
+    }
+  }
   int virtual_stage(int c) const { return c * place_.stages + place_.stage; }
   int last_virtual_stage() const { return place_.stages * place_.virtual_stages - 1; }
   // The rank of virtual stage v (v in [0, K V)).
@@ -302,8 +323,8 @@ class executor {
         TESSERA_THROW_IF(it == out_act_.end() || v == last_virtual_stage(), config_error,
                          "schedule: send_forward of micro-batch ", a.micro_batch, " (chunk ",
                          a.chunk, ") without its forward output");
-        pending_send p{isend(it->second.data(), it->second.numel(), rank_of(v + 1), 2 * v),
-                       std::move(it->second), {}};
+        request q = isend(it->second.data(), it->second.numel(), rank_of(v + 1), 2 * v);
+        pending_send p{std::move(it->second), {}, std::move(q)};
         out_act_.erase(it);
         sends_.push_back(std::move(p));
         poll_sends();
@@ -314,8 +335,8 @@ class executor {
         TESSERA_THROW_IF(it == out_grad_.end() || v == 0, config_error,
                          "schedule: send_backward of micro-batch ", a.micro_batch, " (chunk ",
                          a.chunk, ") without its input gradient");
-        pending_send p{isend(it->second.data(), it->second.numel(), rank_of(v - 1), 2 * v + 1),
-                       {}, std::move(it->second)};
+        request q = isend(it->second.data(), it->second.numel(), rank_of(v - 1), 2 * v + 1);
+        pending_send p{{}, std::move(it->second), std::move(q)};
         out_grad_.erase(it);
         sends_.push_back(std::move(p));
         poll_sends();
@@ -390,11 +411,14 @@ class executor {
     sends_.clear();
   }
   // After a failed step: sends waited for (their errors dropped), messages freed.
+  // A send that failed (a timeout) may still be read by the transport:
+  // its buffer is deliberately left allocated rather than freed under it.
   void drop_messages() noexcept {
     for (auto& s : sends_) {
       try {
         s.req.wait();
       } catch (...) {
+        new pending_send(std::move(s));  // leaked on purpose (see above)
       }
     }
     sends_.clear();

@@ -236,7 +236,8 @@ inline std::vector<action> interleaved_one_f_one_b(int stage, pipeline_shape sha
 /// oldest held micro-batch, then cool-down steps of B, W, then its last
 /// held W's. So rank k holds k W's back to fill its cool-down bubble, and
 /// at most min(K, M) micro-batches are in flight (forward done, W not
-/// done) on any rank: 1F1B's peak. B's and W's each run in micro-batch
+/// done) on any rank: 1F1B's peak on stage 0 (1F1B holds K - k on stage k,
+/// ZB-H1 min(K, M) on every stage). B's and W's each run in micro-batch
 /// order m = 0..M-1. With F = B = W each rank idles (K - 1)(F + B - W) per
 /// step, a third of 1F1B's (K - 1)(F + B + W), when M >= K (pipeline_sim.hpp;
 /// the test states the exact claim). Preconditions and throws as gpipe.

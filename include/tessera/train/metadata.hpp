@@ -106,6 +106,17 @@ inline std::int64_t check_resume_metadata(const std::filesystem::path& path, nlo
                    tp_of(mine).dump(),
                    ": a checkpoint resumes at its own tensor-parallel degree (it is not "
                    "resharded)");
+  // The pipeline layout likewise: a stage's file holds its chunks only.
+  const auto pp_of = [](const nlohmann::json& j) {
+    return nlohmann::json::array({j.contains("pp") ? j["pp"] : nlohmann::json(1),
+                                  j.contains("virtual_stages") ? j["virtual_stages"]
+                                                               : nlohmann::json(1)});
+  };
+  TESSERA_THROW_IF(pp_of(meta) != pp_of(mine), config_error, "checkpoint '", path.string(),
+                   "' was written at pp=", pp_of(meta)[0].dump(), " with ",
+                   pp_of(meta)[1].dump(), " virtual stages but this run has pp=",
+                   pp_of(mine)[0].dump(), " with ", pp_of(mine)[1].dump(),
+                   ": a checkpoint resumes at its own pipeline layout (it is not resharded)");
   for (const auto& [k, v] : mine.items()) {
     if (k == "step" || k == "data_position" || k == "schedule_position") continue;
     TESSERA_THROW_IF(!meta.contains(k) || meta[k] != v, config_error, "checkpoint '",

@@ -361,7 +361,10 @@ class trainer {
       if (layers_rank() == 0) remove_stale_shards(stage_path(path_), "tp", model().tp_size());
       if (layers_rank() == 0 && stage_ == 0) remove_stale_shards(path_, "pp", pp_size());
     }
+    // Every shard is written when any rank returns.
     comm_->barrier();
+    if (pp_) pp_->barrier();
+    if constexpr (L::tensor_parallel) layers_.group->barrier();
   }
 
   /// zero<0>: every rank restores what save_checkpoint wrote (model,
@@ -591,6 +594,13 @@ class trainer {
     const int K = pp ? pp->size() : 1;
     TESSERA_THROW_IF(cfg.pp != K, config_error, "pp=", cfg.pp,
                      " does not match the pipeline group's ", K, " ranks");
+    TESSERA_THROW_IF(K > 1 && !Ctx::host_accessible, config_error, "pp=", K,
+                     ": pipeline stages over a device communicator (NCCL) are not supported yet "
+                     "(NCCL's send waits for its receive: 1F1B's crossing sends need grouped "
+                     "send/recv pairs); run the pipeline on the host backend");
+    TESSERA_THROW_IF(3 * static_cast<std::int64_t>(K) * cfg.virtual_stages > 32767, config_error,
+                     "pp=", K, " x virtual stages V=", cfg.virtual_stages,
+                     ": the pipeline's message tags (3 K V) exceed MPI's bound of 32767");
     TESSERA_THROW_IF(K > 1 && S::shards_parameters, config_error, S::name,
                      " gathers each block's parameters per pass, which a pipeline does not "
                      "schedule; use zero 0, 1 or 2 with pp=", K);
@@ -676,7 +686,10 @@ class trainer {
   }
 
   // ---- forward-only passes through the pipeline (evaluation, generation) ----
-  static constexpr int eval_tag = 16384;  // + the sending virtual stage
+  // Tags of forward-only messages: 2 K V + the sending virtual stage, above
+  // the training messages' 2 v and 2 v + 1 (checked() keeps 3 K V within
+  // MPI's smallest tag bound, 32767).
+  int eval_tag() const { return static_cast<int>(2 * cfg_.pp * cfg_.virtual_stages); }
   int virtual_stage(int c) const { return c * static_cast<int>(cfg_.pp) + stage_; }
   int last_virtual_stage() const {
     return static_cast<int>(cfg_.pp * cfg_.virtual_stages) - 1;
@@ -745,7 +758,11 @@ class trainer {
   void run_forward_only(Batch&& batch, Last&& last, bool whole_rows) {
     using request = decltype(parallel::detail::p2p_isend(*pp_, static_cast<const Param*>(nullptr),
                                                          0, 0, 0));
-    std::vector<std::pair<request, tensor<Param, Backend>>> sends;
+    struct send {  // the buffer goes after its request (which waits when destroyed)
+      tensor<Param, Backend> buf;
+      request req;
+    };
+    std::vector<send> sends;
     for (int c = 0; c < chunks(); ++c) {
       const int v = virtual_stage(c);
       engine(c).begin_forward_only();
@@ -756,7 +773,7 @@ class trainer {
       if (v > 0) {
         in = kernels::make_tensor<Param>(*ctx_, rows * model(c).config().dim);
         parallel::detail::p2p_recv(*pp_, in.data(), in.numel(), rank_of_stage(v - 1),
-                                   eval_tag + v - 1);
+                                   eval_tag() + v - 1);
         mb.hidden = in.data();
       }
       if (v == last_virtual_stage()) {
@@ -765,10 +782,10 @@ class trainer {
       }
       tensor<Param, Backend> x = model(c).forward_hidden(mb, whole_rows);
       request q = parallel::detail::p2p_isend(*pp_, x.data(), x.numel(), rank_of_stage(v + 1),
-                                              eval_tag + v);
-      sends.emplace_back(std::move(q), std::move(x));
+                                              eval_tag() + v);
+      sends.push_back({std::move(x), std::move(q)});
     }
-    for (auto& [q, x] : sends) q.wait();
+    for (auto& x : sends) x.req.wait();
   }
   void pp_all_reduce_values(double* h, std::size_t n) {
     ctx_->from_host(count_.data(), h, n * sizeof(double));

@@ -12,8 +12,9 @@
 // their times include the waiting). One more step is traced
 // (train::trainer::set_tracing): its bubble is train::measure_bubble over
 // every rank (1 - compute time / (ranks x span)), and the simulator
-// (parallel::simulate) runs the same schedule with the trace's mean
-// forward, B and W (or whole backward) durations per chunk.
+// (plan::simulate_stages) runs the same schedule with each virtual stage's
+// mean forward, B and W (a whole backward: two halves) durations from the
+// trace.
 //
 //   build/host/benchmarks/pp_bench                  # small, and llama2_7b shapes with 4 layers
 //   build/host/benchmarks/pp_bench --skip-7b --json /tmp/pp.json
@@ -39,6 +40,7 @@
 #include "tessera/comm/local.hpp"
 #include "tessera/kernels/blas.hpp"
 #include "tessera/parallel/pipeline_sim.hpp"
+#include "tessera/plan/pipeline.hpp"
 #include "tessera/train/trace.hpp"
 #include "tessera/train/trainer.hpp"
 
@@ -135,23 +137,49 @@ result run_case(const bench_case& bc, int pp, schedule_kind sk, int V, std::int6
     res.tokens_per_s = static_cast<double>(bc.M * bc.B * bc.T) / res.median_s;
     const train::trace_bubble b = train::measure_bubble(events, pp);
     res.bubble_trace = b.bubble_fraction;
-    parallel::stage_costs costs;
-    if (sk == schedule_kind::zero_bubble_h1) {
-      costs.backward_input = b.backward_input;
-      costs.backward_weight = b.backward_weight;
-    } else {  // a whole backward costs backward_input + backward_weight
-      costs.backward_input = b.backward / 2;
-      costs.backward_weight = b.backward / 2;
+    // The simulator with each virtual stage's mean forward, B and W times
+    // from the trace (a whole backward counted as B + W halves): the
+    // stages differ (the head sits on the last).
+    const std::size_t KV = static_cast<std::size_t>(pp * V);
+    plan::virtual_stage_costs vc;
+    std::vector<double> nf(KV, 0), nb(KV, 0), nw(KV, 0);
+    vc.forward.assign(KV, 0);
+    vc.backward_input.assign(KV, 0);
+    vc.backward_weight.assign(KV, 0);
+    for (const auto& e : events) {
+      const auto v = static_cast<std::size_t>(e.t.a.chunk * pp + e.rank);
+      const double d = e.t.end - e.t.start;
+      switch (e.t.a.kind) {
+        case parallel::action_kind::forward:
+          vc.forward[v] += d, ++nf[v];
+          break;
+        case parallel::action_kind::backward:
+          vc.backward_input[v] += d / 2, ++nb[v];
+          vc.backward_weight[v] += d / 2, ++nw[v];
+          break;
+        case parallel::action_kind::backward_input:
+          vc.backward_input[v] += d, ++nb[v];
+          break;
+        case parallel::action_kind::backward_weight:
+          vc.backward_weight[v] += d, ++nw[v];
+          break;
+        default:
+          break;
+      }
     }
-    costs.forward = b.forward;
-    // The trace's means are per chunk action; the simulator divides a
-    // rank's costs by V itself.
-    costs.forward *= V;
-    costs.backward_input *= V;
-    costs.backward_weight *= V;
-    const parallel::simulation sim =
-        pp > 1 ? parallel::simulate(sk, {pp, bc.M, V}, costs) : parallel::simulation{};
-    res.bubble_sim = pp > 1 ? sim.bubble_fraction : 0.0;
+    for (std::size_t v = 0; v < KV; ++v) {
+      vc.forward[v] /= std::max(1.0, nf[v]);
+      vc.backward_input[v] /= std::max(1.0, nb[v]);
+      vc.backward_weight[v] /= std::max(1.0, nw[v]);
+    }
+    if (pp > 1) {
+      std::vector<std::vector<parallel::action>> lists;
+      for (int k = 0; k < pp; ++k) lists.push_back(parallel::make_schedule(sk, k, {pp, bc.M, V}));
+      const parallel::simulation sim = plan::simulate_stages(lists, V, vc);
+      double busy = 0;
+      for (double x : sim.busy) busy += x;
+      res.bubble_sim = 1 - busy / (pp * sim.step_time);
+    }
     const double K = pp, M = static_cast<double>(bc.M);
     res.bubble_formula = sk == schedule_kind::interleaved ? (K - 1) / (V * M + K - 1)
                                                           : (K - 1) / (M + K - 1);

@@ -466,7 +466,8 @@ int main(int argc, char** argv) {
   app.add_option("--virtual-stages", o.virtual_stages, "model chunks per pipeline rank (interleaved)")
       ->capture_default_str();
   app.add_option("--stage-blocks", o.stage_blocks,
-                 "blocks of each of pp x V virtual stages (default: balanced by FLOPs)");
+                 "blocks of each of pp x V virtual stages, comma-separated (default: balanced by FLOPs)")
+      ->delimiter(',');
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -493,7 +494,12 @@ int main(int argc, char** argv) {
     TESSERA_THROW_IF(o.gpu_step && (o.pp != 1 || o.schedule_given), config_error,
                      "--gpu-step plans one GPU without a pipeline: --pp ", o.pp, " must be 1");
     if (o.gpu_step) return print_gpu_step(o);
-    if (o.pp != 1 || o.schedule_given) return print_pipeline(o);
+    // A pipeline: ZeRO-3 does not combine with it, so without --zero the
+    // pipeline plan shards over dp as ZeRO-1 does.
+    if (o.pp > 1 && app.count("--zero") == 0) o.zero = 1;
+    if (o.pp != 1) return print_pipeline(o);
+    TESSERA_THROW_IF(o.schedule_given, config_error,
+                     "--schedule, --virtual-stages and --stage-blocks plan a pipeline: give --pp > 1");
     return run(o);
   } catch (const config_error& e) {
     std::fprintf(stderr, "plan: error: %s\n", e.what());

@@ -33,13 +33,28 @@ MESSAGES = {"send_forward", "recv_forward", "send_backward", "recv_backward"}
 COMPUTE = {"forward", "backward", "backward_input", "backward_weight"}
 
 
+def fail(msg):
+    print(f"render_trace: error: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
 def load(path):
-    with open(path) as f:
-        doc = json.load(f)
-    events = [e for e in doc.get("traceEvents", []) if e.get("ph") == "X"]
+    try:
+        with open(path) as f:
+            doc = json.load(f)
+    except OSError as e:
+        fail(f"cannot read '{path}': {e.strerror}")
+    except json.JSONDecodeError as e:
+        fail(f"'{path}' is not JSON: {e}")
+    # The Trace Event Format is an object with "traceEvents" or a bare array.
+    raw = doc if isinstance(doc, list) else doc.get("traceEvents", []) if isinstance(doc, dict) else []
+    events = [e for e in raw if isinstance(e, dict) and e.get("ph") == "X"
+              and all(k in e for k in ("ts", "dur", "tid", "name"))]
     if not events:
-        sys.exit(f"render_trace: {path} holds no complete events (ph X)")
-    return events, doc.get("otherData", {})
+        fail(f"'{path}' holds no complete events (ph X with ts, dur, tid, name)")
+    for e in events:
+        e.setdefault("cat", "")
+    return events, doc.get("otherData", {}) if isinstance(doc, dict) else {}
 
 
 def bubble(events):
@@ -106,7 +121,10 @@ def main():
                Patch(color="#777777", label="send / recv")]
     fig.legend(handles=handles, loc="lower center", ncol=6, fontsize=7, frameon=False)
     fig.tight_layout(rect=(0, 0.04, 1, 1))
-    fig.savefig(args.output, dpi=130)
+    try:
+        fig.savefig(args.output, dpi=130)
+    except OSError as e:
+        fail(f"cannot write '{args.output}': {e.strerror}")
     print(f"render_trace: wrote {args.output}")
 
 

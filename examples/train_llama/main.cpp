@@ -236,6 +236,17 @@ int main(int argc, char** argv) {
     o.parallel = o.dp > 1 || o.tp > 1 || o.cfg.pp > 1 || app.count("--zero") > 0 ||
                  app.count("--comm") > 0 ||
                  o.comm == "mpi" || o.comm == "nccl";
+    TESSERA_THROW_IF(o.trace_step > 0 && o.trace.empty(), config_error, "--trace-step ",
+                     o.trace_step, " needs --trace FILE");
+    if (!o.trace.empty()) {
+      // Checked now: a trace that cannot be written is bad input, not a
+      // failure after training (and under MPI only rank 0 writes it).
+      const fs::path t = fs::absolute(o.trace);
+      TESSERA_THROW_IF(fs::is_directory(t), io_error, "--trace '", o.trace, "' is a directory");
+      TESSERA_THROW_IF(!fs::is_directory(t.parent_path()) || ::access(t.parent_path().c_str(), W_OK) != 0,
+                       io_error, "--trace '", o.trace, "': folder '", t.parent_path().string(),
+                       "' does not exist or is not writable");
+    }
     if (!o.resume.empty() && o.out == "runs/main") o.out = o.resume;
     const fs::path out(o.out);
     std::error_code ec;

@@ -259,10 +259,16 @@ int train_loop(options& o, Trainer& tr, const data::token_file& data, const fs::
                                {"virtual_stages", tr.config().virtual_stages},
                                {"micro_batches", tr.config().accum_steps()},
                                {"step", m.step}};
-        train::write_chrome_trace(o.trace, events, meta);
-        const auto b = train::measure_bubble(events, dp * tr.tp_size() * tr.pp_size());
-        std::printf("train_llama: trace of step %lld written to %s (bubble %.1f%% of %.3f s)\n",
-                    (long long)m.step, o.trace.c_str(), 100 * b.bubble_fraction, b.span);
+        // Only this rank writes: a failure here must not leave the others
+        // waiting in the next collective, so it is reported, not thrown.
+        try {
+          train::write_chrome_trace(o.trace, events, meta);
+          const auto b = train::measure_bubble(events, dp * tr.tp_size() * tr.pp_size());
+          std::printf("train_llama: trace of step %lld written to %s (bubble %.1f%% of %.3f s)\n",
+                      (long long)m.step, o.trace.c_str(), 100 * b.bubble_fraction, b.span);
+        } catch (const std::exception& e) {
+          std::fprintf(stderr, "train_llama: warning: %s (the run goes on)\n", e.what());
+        }
       }
     }
     const bool last = m.step == o.cfg.steps;

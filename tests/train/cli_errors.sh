@@ -54,6 +54,8 @@ expect "interleaved micro-batch count" "interleaved needs the micro-batch count 
 expect "stage list of the wrong sum" "the listed stage sizes sum to 3 blocks, the model has 4" "$train" --pp 2 --stage-blocks 1,2 --micro-batch 2 "${common[@]}"
 expect "zero 3 with a pipeline" "use --zero 0, 1 or 2 with --pp" "$train" --pp 2 --zero 3 --micro-batch 2 "${common[@]}"
 expect "dp x tp x pp over the rank limit" "= 2048 ranks exceeds the limit of 1024" "$train" --dp 32 --tp 2 --pp 32 "${common[@]}"
+expect "trace into a missing folder" "does not exist or is not writable" "$train" --trace "$work/nodir/t.json" "${common[@]}"
+expect "trace step without a trace" "--trace-step 1 needs --trace FILE" "$train" --trace-step 1 "${common[@]}"
 expect "bad batch for a large mesh" "is not divisible by micro-batch B=16 x dp=8" timeout 20 "$train" --dp 8 --tp 64 "${common[@]}"
 expect "foreign checkpoint" "not a tessera checkpoint" bash -c "mkdir -p '$work/ck' && echo junk > '$work/ck/checkpoint.bin' && '$train' --resume '$work/ck' --out '$work/out' --no-baseline --sample-bytes 0 --steps 2"
 expect "G not divisible by dp x B" "G=16 is not divisible by micro-batch B=2 x dp=3" "$train" --dp 3 --global-batch 16 --micro-batch 2 "${common[@]}"

@@ -20,7 +20,8 @@ namespace {
 
 mpi_communicator world() {
   comm::comm_options o;
-  o.timeout = std::chrono::seconds(60);
+  // 8 processes on 2 cores beside other jobs: a collective can wait long.
+  o.timeout = std::chrono::seconds(150);
   return mpi_communicator(MPI_COMM_WORLD, o);
 }
 

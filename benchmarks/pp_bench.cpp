@@ -197,12 +197,13 @@ int main(int argc, char** argv) {
   const std::string blas = kernels::check_blas_core(argv);
   std::string json_path = std::string(TESSERA_SOURCE_DIR) + "/benchmarks/pp_bench.json";
   std::int64_t warmup = 1, steps = 3;
-  bool skip_7b = false;
+  bool skip_7b = false, skip_small = false;
   CLI::App app{"pp_bench: tokens/s and bubble at pp 1, 2, 4 under each schedule on thread ranks"};
   app.add_option("--json", json_path, "where to write the JSON results")->capture_default_str();
   app.add_option("--warmup", warmup, "untimed steps")->check(CLI::Range(1, 1000))->capture_default_str();
   app.add_option("--steps", steps, "timed steps")->check(CLI::Range(1, 100000))->capture_default_str();
   app.add_flag("--skip-7b", skip_7b, "skip the llama2_7b-shaped case (4 layers, T 256)");
+  app.add_flag("--skip-small", skip_small, "skip the small preset's case");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -210,7 +211,8 @@ int main(int argc, char** argv) {
     return rc == 0 ? 0 : 2;
   }
   try {
-    std::vector<bench_case> cases = {{"small preset, fp32, M 8 x B 4, T 128", "small", 0, 4, 128, 8}};
+    std::vector<bench_case> cases;
+    if (!skip_small) cases.push_back({"small preset, fp32, M 8 x B 4, T 128", "small", 0, 4, 128, 8});
     if (!skip_7b)
       cases.push_back({"llama2_7b shapes, 4 layers, fp32, M 4 x B 1, T 256", "llama2_7b", 4, 1, 256, 4});
     std::vector<result> rows;

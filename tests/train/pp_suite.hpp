@@ -21,6 +21,7 @@
 #include <tessera/nn/tensor_parallel.hpp>
 #include <tessera/parallel/pipeline_schedule.hpp>
 
+#include "tp_suite.hpp"
 #include "trainer_suite.hpp"
 
 namespace pp_suite {
@@ -66,13 +67,8 @@ inline train::train_config config(const layout& l, std::int64_t steps) {
   return t;
 }
 
-/// The single-rank run every mesh is held against.
-struct reference {
-  std::vector<double> loss, norm;
-  std::vector<double> params;
-  std::vector<std::vector<double>> grads;
-  nn::param_layout layout;
-};
+/// The single-rank run every mesh is held against (tp_suite's record).
+using tp_suite::reference;
 
 template <class P>
 reference single_rank(const data::token_file& f, std::int64_t steps, std::int64_t G,
@@ -80,19 +76,7 @@ reference single_rank(const data::token_file& f, std::int64_t steps, std::int64_
   layout one;
   one.micro_batches = G;
   train::trainer<P> tr(model(layers), config(one, steps), f);
-  reference r;
-  for (std::int64_t s = 0; s < steps; ++s) {
-    const auto m = tr.train_step();
-    r.loss.push_back(m.loss);
-    r.norm.push_back(m.grad_norm);
-    std::vector<double> g(static_cast<std::size_t>(tr.model().flat_size()));
-    for (std::size_t i = 0; i < g.size(); ++i) g[i] = tessera::to<double>(tr.model().grads()[i]);
-    r.grads.push_back(std::move(g));
-  }
-  r.layout = tr.model().layout();
-  for (std::int64_t i = 0; i < tr.model().flat_size(); ++i)
-    r.params.push_back(tessera::to<double>(tr.model().params()[i]));
-  return r;
+  return tp_suite::record_run(tr, steps);
 }
 
 /// `values` (a chunk's flat buffer, from flat_begin) against the reference

@@ -55,12 +55,10 @@ struct reference {
   nn::param_layout layout;
 };
 
-template <class P>
-reference single_rank(const data::token_file& f, std::int64_t steps,
-                      const nn::checkpoint_policy& ck = {}) {
-  train::train_config cfg = config(1, 1, steps, false);
-  cfg.checkpointing = ck;
-  train::trainer<P> one(trainer_suite::model(), cfg, f);
+/// `steps` train_steps of `one` recorded as a reference: the loss, the norm
+/// and the gradient before clipping of every step, then the parameters.
+template <class Trainer>
+reference record_run(Trainer& one, std::int64_t steps) {
   reference r;
   for (std::int64_t s = 0; s < steps; ++s) {
     const auto m = one.train_step();
@@ -74,6 +72,15 @@ reference single_rank(const data::token_file& f, std::int64_t steps,
   for (std::int64_t i = 0; i < one.model().flat_size(); ++i)
     r.params.push_back(tessera::to<double>(one.model().params()[i]));
   return r;
+}
+
+template <class P>
+reference single_rank(const data::token_file& f, std::int64_t steps,
+                      const nn::checkpoint_policy& ck = {}) {
+  train::train_config cfg = config(1, 1, steps, false);
+  cfg.checkpointing = ck;
+  train::trainer<P> one(trainer_suite::model(), cfg, f);
+  return record_run(one, steps);
 }
 
 /// One rank of the mesh (dp, tp) on `world` (dp * tp ranks): trains as the

@@ -19,7 +19,12 @@
 // - interleaved with V = 1 is 1f1b's list; with K = 1, 1f1b and zb1 are
 //   forward m, backward m (zb1: F, B, W), gpipe is no_pipeline(M, M);
 // - the simulator names the ranks of a deadlock and refuses unmatched
-//   messages.
+//   messages;
+// - under the rendezvous transport (NCCL: a send waits for its receive,
+//   each message group issued whole, messages between two ranks matched in
+//   order) every schedule completes, gpipe, 1f1b and interleaved in the
+//   buffered step time; crossing sends deadlock there, interleaved without
+//   its per-step groups deadlocks, and out-of-order messages are refused.
 #include <catch2/catch.hpp>
 
 #include <cstdint>
@@ -125,11 +130,26 @@ void check_list(schedule_kind kind, pipeline_shape s, int k, const std::vector<a
     ++count[{static_cast<int>(a.kind), a.micro_batch, a.chunk}];
     const int v = a.chunk * K + k;
     const auto c = static_cast<std::size_t>(a.chunk);
+    // The receive of a compute comes before it and its send after it, with
+    // only messages between, or, in interleaved's per-step groups (V > 1),
+    // also the step's other compute.
+    const int between = kind == schedule_kind::interleaved && V > 1 ? 1 : 0;
+    auto computes_between = [&](std::size_t lo, std::size_t hi) {
+      int c = 0;
+      for (std::size_t j = lo + 1; j < hi; ++j) c += !is_message(list[j].kind);
+      return c;
+    };
     auto prev_is = [&](action_kind want) {
-      return i > 0 && list[i - 1] == action{want, a.micro_batch, a.chunk};
+      for (std::size_t j = i; j-- > 0;)
+        if (list[j] == action{want, a.micro_batch, a.chunk})
+          return computes_between(j, i) <= between;
+      return false;
     };
     auto next_is = [&](action_kind want) {
-      return list[i + 1] == action{want, a.micro_batch, a.chunk};
+      for (std::size_t j = i + 1; j < n; ++j)
+        if (list[j] == action{want, a.micro_batch, a.chunk})
+          return computes_between(i, j) <= between;
+      return false;
     };
     switch (a.kind) {
       case action_kind::forward:
@@ -483,4 +503,104 @@ TEST_CASE("the simulator names a deadlock's ranks and refuses unmatched messages
   const std::vector<std::vector<action>> bad_chunk = {{{action_kind::forward, 0, 1}}};
   REQUIRE_THROWS_WITH(simulate(bad_chunk, 1, stage_costs{}),
                       Contains("chunk 1 outside [0, V=1)"));
+}
+
+TEST_CASE("message_groups are the maximal runs of adjacent messages", "[pipeline]") {
+  using A = action_kind;
+  const std::vector<action> l = {{A::recv_forward, 0}, {A::forward, 0},      {A::send_forward, 0},
+                                 {A::recv_backward, 0}, {A::backward, 0},    {A::send_backward, 0},
+                                 {A::reduce_gradients, -1}};
+  CHECK(message_groups(l) == std::vector<action_range>{{0, 1}, {2, 4}, {5, 6}});
+  CHECK(message_groups({}).empty());
+}
+
+TEST_CASE("every schedule completes under NCCL's rendezvous, each group at once",
+          "[pipeline]") {
+  // A send waits for its receive; a rank issues each message group whole and
+  // waits for it; sends and receives between two ranks match in order.
+  for_each_shape([](schedule_kind kind, pipeline_shape s) {
+    const auto lists = all_lists(kind, s);
+    for (double hop : {0.0, 0.25}) {
+      INFO("hop " << hop);
+      stage_costs costs;
+      costs.forward = 1, costs.backward_input = 1.5, costs.backward_weight = 0.75,
+      costs.hop = hop;
+      simulation r;
+      REQUIRE_NOTHROW(r = simulate(lists, s.virtual_stages, costs, message_transport::rendezvous));
+      check_times(s, r, hop);
+      const simulation b = simulate(lists, s.virtual_stages, costs);
+      // Waiting for the receiver never makes a step shorter.
+      CHECK(r.step_time >= b.step_time - 1e-12);
+      // Without a latency, gpipe's, 1f1b's and interleaved's groups pair up
+      // exactly: the same step time as over buffered messages.
+      if (hop == 0 && kind != schedule_kind::zero_bubble_h1)
+        CHECK(r.step_time == Approx(b.step_time).epsilon(1e-12));
+    }
+  });
+}
+
+TEST_CASE("rendezvous: crossing sends deadlock, out-of-order messages are refused",
+          "[pipeline]") {
+  using A = action_kind;
+  // Rank 0 sends micro-batch 1 before receiving 0's gradient, rank 1 sends
+  // that gradient before receiving micro-batch 1, each in a group of its
+  // own (a compute between): buffered, it runs; under rendezvous each send
+  // waits for a receive queued behind the other's.
+  const std::vector<std::vector<action>> crossing = {
+      {{A::forward, 0}, {A::send_forward, 0}, {A::forward, 1}, {A::send_forward, 1},
+       {A::forward, 2}, {A::recv_backward, 0}, {A::backward, 0}, {A::send_forward, 2},
+       {A::recv_backward, 1}, {A::backward, 1}, {A::recv_backward, 2}, {A::backward, 2}},
+      {{A::recv_forward, 0}, {A::forward, 0}, {A::backward_input, 0}, {A::send_backward, 0},
+       {A::backward_weight, 0}, {A::recv_forward, 1}, {A::forward, 1}, {A::backward, 1},
+       {A::send_backward, 1}, {A::recv_forward, 2}, {A::forward, 2}, {A::backward, 2},
+       {A::send_backward, 2}}};
+  REQUIRE_NOTHROW(simulate(crossing, 1, stage_costs{}));
+  REQUIRE_THROWS_WITH(simulate(crossing, 1, stage_costs{}, message_transport::rendezvous),
+                      Contains("deadlock") &&
+                          Contains("rank 0 waits in send_forward of micro-batch 1") &&
+                          Contains("rank 1 waits in send_backward of micro-batch 0"));
+
+  // Interleaved 1F1B's steady step with the receives beside the computes
+  // (not grouped per step as make_schedule does): a deadlock under
+  // rendezvous on every interleaved shape tried.
+  for (int K : {2, 4})
+    for (int V : {2, 3}) {
+      const pipeline_shape s{K, 2 * K, V};
+      std::vector<std::vector<action>> lists;
+      for (int k = 0; k < K; ++k) {
+        std::vector<action> l;
+        for (const action& a : interleaved_one_f_one_b(k, s)) l.push_back(a);
+        // Undo the per-step grouping: each receive right before its compute,
+        // each send right after it.
+        std::vector<action> computes, out;
+        for (const action& a : l)
+          if (!is_message(a.kind)) computes.push_back(a);
+        for (const action& a : computes) {
+          const int v = a.chunk * K + k;
+          const bool f = a.kind == A::forward, b = a.kind == A::backward;
+          if (f && v > 0) out.push_back({A::recv_forward, a.micro_batch, a.chunk});
+          if (b && v < K * V - 1) out.push_back({A::recv_backward, a.micro_batch, a.chunk});
+          out.push_back(a);
+          if (f && v < K * V - 1) out.push_back({A::send_forward, a.micro_batch, a.chunk});
+          if (b && v > 0) out.push_back({A::send_backward, a.micro_batch, a.chunk});
+        }
+        lists.push_back(out);
+      }
+      INFO("K " << K << " V " << V);
+      REQUIRE_NOTHROW(simulate(lists, V, stage_costs{}));
+      REQUIRE_THROWS_WITH(simulate(lists, V, stage_costs{}, message_transport::rendezvous),
+                          Contains("deadlock"));
+    }
+
+  // Two messages from rank 0 to rank 1 received in the other order: MPI's
+  // tags match them, NCCL's order cannot.
+  const std::vector<std::vector<action>> swapped = {
+      {{A::forward, 0}, {A::send_forward, 0}, {A::forward, 1}, {A::send_forward, 1},
+       {A::recv_backward, 1}, {A::backward, 1}, {A::recv_backward, 0}, {A::backward, 0}},
+      {{A::recv_forward, 1}, {A::recv_forward, 0}, {A::forward, 1}, {A::forward, 0},
+       {A::backward, 1}, {A::backward, 0}, {A::send_backward, 1}, {A::send_backward, 0}}};
+  REQUIRE_THROWS_WITH(simulate(swapped, 1, stage_costs{}, message_transport::rendezvous),
+                      Contains("rank 0's send #0 to rank 1 is micro-batch 0") &&
+                          Contains("rank 1's receive #0 from rank 0 expects micro-batch 1") &&
+                          Contains("matches them in order"));
 }

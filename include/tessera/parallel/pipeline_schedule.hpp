@@ -9,16 +9,22 @@
 /// Layout: chunk c of rank k is virtual stage v = c K + k of the K V
 /// virtual stages; the next virtual stage of (k, c) is rank k + 1 chunk c,
 /// or, for k = K - 1, rank 0 chunk c + 1 (Megatron-Core's interleaved
-/// layout). Communication contract of every list, for every (m, c):
-/// - recv_forward (m, c) directly precedes forward (m, c) unless v == 0;
-/// - send_forward (m, c) directly follows forward (m, c) unless v == K V - 1;
-/// - recv_backward (m, c) directly precedes the backward (or backward_input)
-///   of (m, c) unless v == K V - 1;
-/// - send_backward (m, c) directly follows the backward (or backward_input)
-///   of (m, c) unless v == 0.
-/// Sends are non-blocking (buffered), receives block; under that contract
-/// no list of this file deadlocks (tests/parallel/pipeline_schedule.cpp
-/// simulates every K <= 8, M <= 3K, V <= 3). Every list ends with
+/// layout). Communication contract of every list, for every (m, c), where
+/// "next to" means with only message actions between (or, in interleaved's
+/// per-step groups with V > 1, also the step's other compute):
+/// - recv_forward (m, c) precedes forward (m, c), next to it, unless v == 0;
+/// - send_forward (m, c) follows forward (m, c), next to it, unless
+///   v == K V - 1;
+/// - recv_backward (m, c) precedes the backward (or backward_input) of
+///   (m, c), next to it, unless v == K V - 1;
+/// - send_backward (m, c) follows the backward (or backward_input) of
+///   (m, c), next to it, unless v == 0.
+/// No list of this file deadlocks, neither with non-blocking (buffered)
+/// sends and blocking receives (the host communicators) nor under NCCL's
+/// rendezvous, where each run of adjacent messages is one group that
+/// waits for its peers (schedule.hpp's message_groups; tests/parallel/
+/// pipeline_schedule.cpp simulates both for every K <= 8, M <= 3K, V <= 3).
+/// Every list ends with
 /// reduce_gradients, clip, optimizer_step, as no_pipeline does.
 ///
 /// Gradient order: every schedule runs a chunk's backwards (or W's) in
@@ -119,20 +125,38 @@ public:
 
   void forward(std::int64_t m, int c) {
     const int v = c * K_ + stage_;
-    if (v > 0) a_.push_back({action_kind::recv_forward, m, c});
+    if (v > 0) recv({action_kind::recv_forward, m, c});
     a_.push_back({action_kind::forward, m, c});
-    if (v < K_ * V_ - 1) a_.push_back({action_kind::send_forward, m, c});
+    if (v < K_ * V_ - 1) send({action_kind::send_forward, m, c});
   }
   /// `kind` is backward (B and W) or backward_input (B).
   void backward(std::int64_t m, int c, action_kind kind = action_kind::backward) {
     const int v = c * K_ + stage_;
-    if (v < K_ * V_ - 1) a_.push_back({action_kind::recv_backward, m, c});
+    if (v < K_ * V_ - 1) recv({action_kind::recv_backward, m, c});
     a_.push_back({kind, m, c});
-    if (v > 0) a_.push_back({action_kind::send_backward, m, c});
+    if (v > 0) send({action_kind::send_backward, m, c});
   }
   void weight(std::int64_t m, int c) { a_.push_back({action_kind::backward_weight, m, c}); }
 
+  /// The computes appended until end_block run back to back: their
+  /// receives go before the block's first compute, their sends after its
+  /// last, so one message group holds a step's sends and the next step's
+  /// receives (Megatron-Core's interleaved steady state, whose
+  /// send_forward_backward_recv_forward_backward is one NCCL group: the
+  /// form that completes under a rendezvous transport, pipeline_sim.hpp).
+  void begin_block() {
+    end_block();
+    block_ = true;
+    recv_at_ = a_.size();
+  }
+  void end_block() {
+    a_.insert(a_.end(), held_.begin(), held_.end());
+    held_.clear();
+    block_ = false;
+  }
+
   std::vector<action> finish() && {
+    end_block();
     a_.push_back({action_kind::reduce_gradients, -1});
     a_.push_back({action_kind::clip, -1});
     a_.push_back({action_kind::optimizer_step, -1});
@@ -140,8 +164,24 @@ public:
   }
 
 private:
+  void recv(action a) {
+    if (block_)
+      a_.insert(a_.begin() + static_cast<std::ptrdiff_t>(recv_at_++), a);
+    else
+      a_.push_back(a);
+  }
+  void send(action a) {
+    if (block_)
+      held_.push_back(a);
+    else
+      a_.push_back(a);
+  }
+
   int stage_, K_, V_;
   std::vector<action> a_;
+  std::vector<action> held_;  // sends of the open block
+  bool block_ = false;
+  std::size_t recv_at_ = 0;   // where the open block's next receive goes
 };
 
 inline void check_pipeline_stage(schedule_kind kind, int stage, pipeline_shape s) {
@@ -198,7 +238,12 @@ inline std::vector<action> one_f_one_b(int stage, pipeline_shape shape) {
 /// of forward j + w and backward j, then cool-down backwards. With V = 1 the
 /// warm-up is 1F1B's K - stage - 1 (Megatron runs V = 1 without
 /// interleaving), so the list equals one_f_one_b's. Unlike Megatron, M = K
-/// is not turned into all-forwards-then-all-backwards. Holds at most w + 1
+/// is not turned into all-forwards-then-all-backwards. With V > 1 each
+/// steady step's forward and backward run back to back and their messages
+/// form one group with the next step's receives (Megatron-Core's
+/// send_forward_backward_recv_forward_backward), the form NCCL's
+/// rendezvous completes; the simulated bubble over buffered messages is
+/// the same. Holds at most w + 1
 /// records over its chunks. Bubble fraction (K - 1)/(V M + K - 1) with
 /// each chunk costing 1/V of a rank's layers (pipeline_sim.hpp).
 /// Preconditions: check_pipeline(interleaved, shape) (K >= 2, M a multiple
@@ -220,8 +265,10 @@ inline std::vector<action> interleaved_one_f_one_b(int stage, pipeline_shape sha
   detail::pipeline_list l(stage, shape);
   for (std::int64_t j = 0; j < w; ++j) l.forward(micro_batch(j), chunk(j, true));
   for (std::int64_t j = 0; j < total - w; ++j) {
+    if (V > 1) l.begin_block();
     l.forward(micro_batch(j + w), chunk(j + w, true));
     l.backward(micro_batch(j), chunk(j, false));
+    l.end_block();
   }
   for (std::int64_t j = total - w; j < total; ++j) l.backward(micro_batch(j), chunk(j, false));
   return std::move(l).finish();

@@ -39,6 +39,21 @@ struct stage_costs {
 // reductions, clip and optimizer step take no time (start == end);
 // `allocated` is 0.
 
+/// How the simulated transport delivers a message.
+enum class message_transport : std::uint8_t {
+  /// A send takes no time and never waits; its message is available to the
+  /// receiver hop after it (the host communicators: local's queues, MPI's
+  /// isend, which progress without the receiver's help).
+  buffered,
+  /// NCCL's point-to-point semantics: each message group (schedule.hpp's
+  /// message_groups: a run of adjacent message actions) is issued as one
+  /// group and the rank waits until all of it has completed; a send or a
+  /// receive completes hop after both it and its peer's matching operation
+  /// have been issued; the n-th send of rank a to rank b matches the n-th
+  /// receive of b from a (no tags), which must be the same message.
+  rendezvous,
+};
+
 /// The result of simulate. Every vector has one entry per rank.
 struct simulation {
   double step_time = 0;                      ///< when the last rank finishes (the step starts at 0)
@@ -56,10 +71,7 @@ inline bool pipeline_is_compute(action_kind k) {
          k == action_kind::backward_input || k == action_kind::backward_weight;
 }
 
-inline bool pipeline_is_message(action_kind k) {
-  return k == action_kind::send_forward || k == action_kind::recv_forward ||
-         k == action_kind::send_backward || k == action_kind::recv_backward;
-}
+inline bool pipeline_is_message(action_kind k) { return is_message(k); }
 
 }  // namespace detail
 
@@ -71,14 +83,19 @@ inline bool pipeline_is_message(action_kind k) {
 /// the send's time + hop; recv_* waits until the matching send's message is
 /// available (send_forward (m, c) of virtual stage v matches recv_forward
 /// (m) of v + 1; send_backward of v matches recv_backward of v - 1). The
-/// result is independent of the order ranks are stepped in.
+/// result is independent of the order ranks are stepped in. Under the
+/// `rendezvous` transport a message group waits from when the rank reaches
+/// it until all its messages completed (each action of the group gets that
+/// [start, end]).
 /// Throws config_error when K < 1 or V < 1; an action's chunk is outside
 /// [0, V) or a message action's micro-batch is < 0; a send or receive has
 /// no neighbouring virtual stage; a receive has no matching send, a send is
 /// never received, or either appears twice; a backward (B or W) precedes
 /// its forward (peak_in_flight's checks); or no rank can progress while
 /// some are unfinished: "deadlock: rank 1 waits in recv_backward of
-/// micro-batch 3 (chunk 0); ...", naming every blocked rank.
+/// micro-batch 3 (chunk 0); ...", naming every blocked rank; under
+/// `rendezvous`, also when the n-th send of one rank to another is not the
+/// message of the peer's n-th receive from it, naming both.
 ///
 /// `costs` is taken by reference on purpose (both overloads): GCC 12.2 at
 /// -O3 -march=native (AVX) miscompiles the by-value copy of a stage_costs
@@ -89,7 +106,8 @@ inline bool pipeline_is_message(action_kind k) {
 /// (ix86_convert_const_wide_int_to_broadcast; later GCC checks the word
 /// count). By reference there is no such copy.
 inline simulation simulate(const std::vector<std::vector<action>>& lists, int virtual_stages,
-                           const stage_costs& costs) {
+                           const stage_costs& costs,
+                           message_transport transport = message_transport::buffered) {
   const int K = static_cast<int>(lists.size());
   const int V = virtual_stages;
   TESSERA_THROW_IF(K < 1, config_error, "simulate: no ranks (lists is empty)");
@@ -113,6 +131,8 @@ inline simulation simulate(const std::vector<std::vector<action>>& lists, int vi
     int sender = -1, receiver = -1;
     bool sent = false;
     double available = 0;
+    bool send_posted = false, recv_posted = false;  // rendezvous: issued (in an active group)
+    double send_time = 0, recv_time = 0;
   };
   std::vector<slot> slots(static_cast<std::size_t>(2 * M * KV));
   const char* const send_name[2] = {"send_forward", "send_backward"};
@@ -179,6 +199,46 @@ inline simulation simulate(const std::vector<std::vector<action>>& lists, int vi
                      describe(i), " appears ", s.recvs, " times");
   }
 
+  const bool rendezvous = transport == message_transport::rendezvous;
+  // Rendezvous: the n-th send of rank a to rank b and the n-th receive of b
+  // from a carry the same message (NCCL matches in issue order, no tags).
+  // Per rank: for each message action, the end of its message group.
+  std::vector<std::vector<std::size_t>> group_ends(static_cast<std::size_t>(K));
+  if (rendezvous) {
+    std::vector<std::vector<std::size_t>> sent(static_cast<std::size_t>(K * K)),
+        received(static_cast<std::size_t>(K * K));
+    for (int k = 0; k < K; ++k) {
+      const std::vector<action>& list = lists[static_cast<std::size_t>(k)];
+      for (const action& a : list)
+        if (slot* s = slot_of(k, a)) {
+          const std::size_t i = static_cast<std::size_t>(s - slots.data());
+          const int to = static_cast<int>(i % static_cast<std::size_t>(KV));
+          const int dir = static_cast<int>(i / static_cast<std::size_t>(M * KV));
+          const int from = dir == 0 ? to - 1 : to + 1;
+          const bool send =
+              a.kind == action_kind::send_forward || a.kind == action_kind::send_backward;
+          if (send)
+            sent[static_cast<std::size_t>(k * K + to % K)].push_back(i);
+          else
+            received[static_cast<std::size_t>((from % K) * K + k)].push_back(i);
+        }
+      std::vector<std::size_t>& ends = group_ends[static_cast<std::size_t>(k)];
+      ends.assign(list.size(), 0);
+      for (const action_range& g : message_groups(list))
+        for (std::size_t j = g.begin; j < g.end; ++j) ends[j] = g.end;
+    }
+    for (int a = 0; a < K; ++a)
+      for (int b = 0; b < K; ++b) {
+        const auto& s = sent[static_cast<std::size_t>(a * K + b)];
+        const auto& q = received[static_cast<std::size_t>(a * K + b)];
+        for (std::size_t n = 0; n < s.size() && n < q.size(); ++n)
+          TESSERA_THROW_IF(s[n] != q[n], config_error, "simulate: rank ", a, "'s send #", n,
+                           " to rank ", b, " is ", describe(s[n]), ", but rank ", b,
+                           "'s receive #", n, " from rank ", a, " expects ", describe(q[n]),
+                           ": a transport without tags (NCCL) matches them in order");
+      }
+  }
+
   simulation r;
   r.busy.assign(static_cast<std::size_t>(K), 0.0);
   r.timeline.resize(static_cast<std::size_t>(K));
@@ -203,6 +263,7 @@ inline simulation simulate(const std::vector<std::vector<action>>& lists, int vi
 
   std::vector<std::size_t> next(static_cast<std::size_t>(K), 0);
   std::vector<double> clock(static_cast<std::size_t>(K), 0.0);
+  std::vector<double> group_start(static_cast<std::size_t>(K), -1.0);  // < 0: none issued
   for (;;) {
     bool progressed = false, finished = true;
     for (int k = 0; k < K; ++k) {
@@ -212,6 +273,36 @@ inline simulation simulate(const std::vector<std::vector<action>>& lists, int vi
       for (; i < list.size(); ++i) {
         const action& a = list[i];
         timed_action ta{a, t, t};
+        if (rendezvous && is_message(a.kind)) {
+          const std::size_t end = group_ends[static_cast<std::size_t>(k)][i];
+          double& start = group_start[static_cast<std::size_t>(k)];
+          if (start < 0) {  // issue the group
+            start = t;
+            for (std::size_t j = i; j < end; ++j) {
+              slot* s = slot_of(k, list[j]);
+              const bool send = list[j].kind == action_kind::send_forward ||
+                                list[j].kind == action_kind::send_backward;
+              (send ? s->send_posted : s->recv_posted) = true;
+              (send ? s->send_time : s->recv_time) = t;
+            }
+            progressed = true;
+          }
+          double done = start;
+          bool complete = true;
+          for (std::size_t j = i; j < end && complete; ++j) {
+            const slot* s = slot_of(k, list[j]);
+            complete = s->send_posted && s->recv_posted;
+            done = std::max(done, std::max(s->send_time, s->recv_time) + costs.hop);
+          }
+          if (!complete) break;  // blocked until the peers issue theirs
+          for (std::size_t j = i; j < end; ++j)
+            r.timeline[static_cast<std::size_t>(k)].push_back({list[j], start, done});
+          t = done;
+          start = -1;
+          i = end - 1;  // the loop's ++i moves past the group
+          progressed = true;
+          continue;
+        }
         if (slot* s = slot_of(k, a)) {
           if (a.kind == action_kind::send_forward || a.kind == action_kind::send_backward) {
             s->sent = true;
@@ -259,13 +350,14 @@ inline simulation simulate(const std::vector<std::vector<action>>& lists, int vi
 }
 
 /// Simulates `kind` on `shape`: every rank's list from make_schedule, then
-/// simulate(lists, shape.virtual_stages, costs). Throws as both do.
+/// simulate(lists, shape.virtual_stages, costs, transport). Throws as both do.
 inline simulation simulate(schedule_kind kind, pipeline_shape shape,
-                           const stage_costs& costs = {}) {
+                           const stage_costs& costs = {},
+                           message_transport transport = message_transport::buffered) {
   check_pipeline(kind, shape);
   std::vector<std::vector<action>> lists;
   for (int k = 0; k < shape.stages; ++k) lists.push_back(make_schedule(kind, k, shape));
-  return simulate(lists, shape.virtual_stages, costs);
+  return simulate(lists, shape.virtual_stages, costs, transport);
 }
 
 }  // namespace tessera::parallel

@@ -92,6 +92,42 @@ struct timed_action {
   std::int64_t allocated = 0;
 };
 
+/// True for the four pipeline message kinds (send_*, recv_*).
+constexpr bool is_message(action_kind k) {
+  return k == action_kind::send_forward || k == action_kind::recv_forward ||
+         k == action_kind::send_backward || k == action_kind::recv_backward;
+}
+
+/// A run of adjacent actions [begin, end) of a list.
+struct action_range {
+  std::size_t begin = 0, end = 0;
+  bool operator==(const action_range&) const = default;
+};
+
+/// The message groups of a list: its maximal runs of adjacent message
+/// actions, in list order. A transport whose send waits for the matching
+/// receive (NCCL's rendezvous) issues each run as one group, whose
+/// operations progress together (ncclGroupStart / ncclGroupEnd), so that
+/// two neighbours that send to each other at the same point of 1F1B (the
+/// send of an activation beside the receive of a gradient, Megatron-Core's
+/// send_forward_recv_backward) do not wait on each other. The simulator's
+/// rendezvous transport (parallel/pipeline_sim.hpp) checks that every
+/// schedule's groups complete.
+inline std::vector<action_range> message_groups(const std::vector<action>& actions) {
+  std::vector<action_range> g;
+  for (std::size_t i = 0; i < actions.size();) {
+    if (!is_message(actions[i].kind)) {
+      ++i;
+      continue;
+    }
+    std::size_t j = i;
+    while (j < actions.size() && is_message(actions[j].kind)) ++j;
+    g.push_back({i, j});
+    i = j;
+  }
+  return g;
+}
+
 /// In which order a group of in-flight micro-batches runs its backwards.
 enum class backward_order : std::uint8_t {
   forward_order,  ///< as their forwards ran (the gradients of one-at-a-time, bit for bit)

@@ -1,6 +1,6 @@
 // train_llama --backend cuda: the same trainer on one GPU, or one GPU per
-// MPI process over NCCL (--comm nccl --dp N --tp T --zero K under mpirun,
-// dp x tp processes), in builds with the CUDA kernels (the cuda preset).
+// MPI process over NCCL (--comm nccl --dp N --tp T --pp P --zero K under mpirun,
+// dp x tp x pp processes), in builds with the CUDA kernels (the cuda preset).
 #include "run.hpp"
 
 #if defined(TESSERA_EXAMPLE_CUDA)
@@ -51,15 +51,20 @@ int run_cuda_nccl(options& o, const fs::path& tok, created_paths& created) {
   parallel::data_parallel_options dpo;
   dpo.bucket_bytes = static_cast<std::int64_t>(o.bucket_mb * 1e6);
   data::token_file data(tok);
-  if (o.tp > 1) {
-    // The dp x tp mesh (tp fastest: a tp group is consecutive ranks, one
-    // node's GPUs); the model puts the tp group on the trainer's stream.
-    const comm::device_mesh mesh(o.dp, o.tp, 1);
+  const int pp = o.cfg.pp > 1 ? static_cast<int>(o.cfg.pp) : 1;
+  if (o.tp > 1 || pp > 1) {
+    // The dp x tp x pp mesh (tp fastest: a tp group is consecutive ranks,
+    // one node's GPUs); the model puts the tp group, the trainer the pp
+    // group, on the trainer's stream.
+    const comm::device_mesh mesh(o.dp, o.tp, pp);
     auto g = comm::make_groups(c, mesh);
-    using layers = nn::tensor_parallel_layers<comm::nccl_communicator>;
-    train::trainer<P, tessera::cuda, O, S, comm::nccl_communicator, layers> tr(
-        model_config(o), run_config(o), data, g.dp, layers{&g.tp}, dpo);
-    return train_loop(o, tr, data, tok, created, gpu_peak(o));
+    auto run = [&](auto l) {
+      train::trainer<P, tessera::cuda, O, S, comm::nccl_communicator, decltype(l)> tr(
+          model_config(o), run_config(o), data, g.dp, l, g.pp, dpo);
+      return train_loop(o, tr, data, tok, created, gpu_peak(o));
+    };
+    if (o.tp > 1) return run(nn::tensor_parallel_layers<comm::nccl_communicator>{&g.tp});
+    return run(nn::dense_layers{});
   }
   train::trainer<P, tessera::cuda, O, S, comm::nccl_communicator> tr(model_config(o),
                                                                      run_config(o), data, c, dpo);
@@ -69,11 +74,6 @@ int run_cuda_nccl(options& o, const fs::path& tok, created_paths& created) {
 
 template <precision::policy P, class O>
 int run_cuda_opt(options& o, const fs::path& tok, created_paths& created) {
-  // NCCL's send waits for the peer's matching receive: 1F1B's crossing
-  // sends need grouped send/recv pairs, which the executor does not issue yet.
-  TESSERA_THROW_IF(o.cfg.pp > 1, config_error, "--pp ", o.cfg.pp,
-                   " with --backend cuda: pipeline stages over NCCL are not supported yet; run "
-                   "the pipeline on the host backend (--comm local or mpi)");
   check_before_ranks(o, tok);  // before asking for the device
   data::token_file data(tok);
   if (o.parallel) {

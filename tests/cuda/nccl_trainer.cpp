@@ -6,7 +6,10 @@
 // the gradient norm within bf16-level tolerance, every rank the same. With
 // an even number of ranks, tensor parallelism over NCCL too: the mesh
 // (ranks/2, tp 2) with and without sequence parallelism, and (ranks/4, tp 4)
-// where the tiny model's 2 key/value heads are replicated on 2 ranks each.
+// where the tiny model's 2 key/value heads are replicated on 2 ranks each;
+// and pipeline parallelism over NCCL: the mesh (ranks/2, 1, pp 2) under
+// gpipe, 1f1b, zb1 and interleaved with 2 chunks per rank (each message
+// group one NCCL group, parallel/executor.hpp), against one GPU.
 #include <catch2/catch.hpp>
 
 #include <mpi.h>
@@ -23,6 +26,7 @@
 #include <tessera/comm/device_mesh.hpp>
 #include <tessera/data/tokenizer.hpp>
 #include <tessera/nn/tensor_parallel.hpp>
+#include <tessera/parallel/pipeline_schedule.hpp>
 
 int tessera_nccl_test_device();
 
@@ -72,10 +76,10 @@ struct one_gpu_run {
   std::vector<double> loss, norm;
 };
 
-one_gpu_run one_gpu(const data::token_file& f) {
+one_gpu_run one_gpu(const data::token_file& f, const nn::llama_config& mc = model()) {
   using P = precision::bf16_mixed_bf16_grads;
   one_gpu_run r;
-  train::trainer<P, tessera::cuda> one(model(), config(1), f);
+  train::trainer<P, tessera::cuda> one(mc, config(1), f);
   for (int s = 0; s < 4; ++s) {
     const auto m = one.train_step();
     r.loss.push_back(m.loss);
@@ -125,6 +129,33 @@ void tp_matches_one_gpu(int tp, bool sp) {
   CHECK(tr.model().sequence_parallel() == sp);
   for (int s = 0; s < 4; ++s)
     check_step(sp ? "tp sequence-parallel" : "tp", world.rank(), s, tr.train_step(), one);
+}
+
+// The mesh (world / 2, 1, pp 2) over NCCL under zero<1> with `kind` and V
+// chunks per rank (a model of 2 V blocks), against one GPU.
+void pp_matches_one_gpu(parallel::schedule_kind kind, int V) {
+  using P = precision::bf16_mixed_bf16_grads;
+  TESSERA_CUDA_CHECK(cudaSetDevice(tessera_nccl_test_device()));
+  comm::mpi_communicator boot(MPI_COMM_WORLD);
+  const int pp = 2, dp = boot.size() / pp;
+  corpus_file corpus;
+  data::token_file f(corpus.path);
+  nn::llama_config mc = model();
+  mc.n_layers = 2 * V;
+  const one_gpu_run one = one_gpu(f, mc);
+  comm::comm_options o;
+  o.timeout = std::chrono::seconds(60);
+  comm::nccl_communicator world(boot, tessera_nccl_test_device(), nullptr, o);
+  auto g = comm::make_groups(world, comm::device_mesh(dp, 1, pp));
+  train::train_config cfg = config(dp);
+  cfg.pp = pp;
+  cfg.pipeline = kind;
+  cfg.virtual_stages = V;
+  train::trainer<P, tessera::cuda, optim::adamw, parallel::zero<1>, comm::nccl_communicator> tr(
+      mc, cfg, f, g.dp, nn::dense_layers{}, g.pp);
+  CHECK(tr.pp_size() == pp);
+  for (int s = 0; s < 4; ++s)
+    check_step(parallel::to_string(kind), world.rank(), s, tr.train_step(), one);
 }
 
 template <class S>
@@ -184,6 +215,18 @@ TEST_CASE("tensor parallelism over NCCL matches one GPU", "[cuda][nccl][train][t
   tp_matches_one_gpu(2, false);
   tp_matches_one_gpu(2, true);
   if (n % 4 == 0) tp_matches_one_gpu(4, false);  // key/value heads replicated
+}
+
+TEST_CASE("pipeline parallelism over NCCL matches one GPU", "[cuda][nccl][train][pp]") {
+  int n = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  if (n % 2 != 0) {
+    SUCCEED("an odd number of ranks: no pipeline of 2 stages to split");
+    return;
+  }
+  using K = parallel::schedule_kind;
+  for (K kind : {K::gpipe, K::one_f_one_b, K::zero_bubble_h1}) pp_matches_one_gpu(kind, 1);
+  pp_matches_one_gpu(K::interleaved, 2);
 }
 
 TEST_CASE("trainer over NCCL: zero<0..3> match one GPU", "[cuda][nccl][train]") {

@@ -26,6 +26,7 @@
 #include <tessera/comm/local.hpp>
 #include <tessera/nn/tensor_parallel.hpp>
 
+#include "../comm/grouping_local.hpp"
 #include "pp_suite.hpp"
 #include "trainer_suite.hpp"
 
@@ -42,7 +43,9 @@ comm::comm_options test_options(int seconds = 60) {
   return o;
 }
 
-template <class P, class S>
+// Grouped: the ranks run over grouping_local, so the executor issues each
+// message group as one group_p2p with a rendezvous, as over NCCL.
+template <class P, class S, bool Grouped = false>
 void check_mesh(const pp_suite::layout& l, double tol, std::int64_t steps = 5) {
   trainer_suite::temp_file corpus{trainer_suite::make_corpus("pp", 0)};
   data::token_file f(corpus.path);
@@ -53,7 +56,12 @@ void check_mesh(const pp_suite::layout& l, double tol, std::int64_t steps = 5) {
       l.dp * l.tp * l.pp,
       [&](local_communicator& world) {
         omp_set_num_threads(1);
-        pp_suite::check_mesh<P, S>(world, ref, f, l, tol);
+        if constexpr (Grouped) {
+          grouping_test::grouping_local g(std::move(world));
+          pp_suite::check_mesh<P, S>(g, ref, f, l, tol);
+        } else {
+          pp_suite::check_mesh<P, S>(world, ref, f, l, tol);
+        }
       },
       test_options()));
 }
@@ -87,6 +95,26 @@ TEST_CASE("pp trainer: every schedule at pp 2 and 4 equals one rank's (float64)"
   auto v2 = pipe(4, schedule_kind::interleaved, 2, 8);
   v2.layers = 8;
   check_mesh<P, Z0>(v2, 1e-10);
+}
+
+TEST_CASE("pp trainer: grouped messages with a rendezvous (NCCL's) equal one rank's",
+          "[train][pp]") {
+  // The executor's path for nccl_communicator, on threads: every schedule
+  // at pp 2 and 4 (interleaved with 2 virtual stages), each message group
+  // one group_p2p whose sends wait for their receives.
+  using P = precision::fp64;
+  using Z1 = parallel::zero<1>;
+  for (schedule_kind s : {schedule_kind::gpipe, schedule_kind::one_f_one_b,
+                          schedule_kind::zero_bubble_h1}) {
+    check_mesh<P, Z1, true>(pipe(2, s), 1e-10);
+    check_mesh<P, Z1, true>(pipe(4, s), 1e-10);
+  }
+  check_mesh<P, Z1, true>(pipe(2, schedule_kind::interleaved, 2), 1e-10);
+  auto v2 = pipe(4, schedule_kind::interleaved, 2, 8);
+  v2.layers = 8;
+  check_mesh<P, Z1, true>(v2, 1e-10);
+  // bf16 weights: activations travel as 32-bit words in the group too.
+  check_mesh<precision::bf16_mixed, Z1, true>(pipe(2, schedule_kind::one_f_one_b), 2e-2, 2);
 }
 
 TEST_CASE("pp trainer: dp x tp x pp meshes on up to 8 ranks equal one rank's (float64)",

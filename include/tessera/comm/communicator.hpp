@@ -256,6 +256,30 @@ concept comm_request = std::movable<R> && requires(R& r) {
   { r.test() } -> std::same_as<bool>;
 };
 
+/// One operation of a group of point-to-point operations issued together
+/// (`group_p2p` of a communicator that has one, nccl_communicator's): a
+/// send of `n` elements of `dt` at `buf` to `peer`, or a receive of them
+/// from `peer` into `buf`. `tag` names the message in errors (NCCL matches
+/// in order, not by tag). The buffer must stay alive until the group
+/// completes; a send's is only read.
+struct p2p_op {
+  op_kind kind = op_kind::send;  ///< send or recv
+  void* buf = nullptr;           ///< n elements of dt (in the communicator's buffer space)
+  std::size_t n = 0;             ///< elements
+  dtype dt = dtype::f32;         ///< element type
+  int peer = 0;                  ///< the rank sent to or received from
+  int tag = 0;                   ///< for error messages
+
+  /// A send of p[0, n) to `peer`.
+  static p2p_op send(const void* p, std::size_t n, dtype dt, int peer, int tag) {
+    return {op_kind::send, const_cast<void*>(p), n, dt, peer, tag};
+  }
+  /// A receive of n elements from `peer` into p.
+  static p2p_op recv(void* p, std::size_t n, dtype dt, int peer, int tag) {
+    return {op_kind::recv, p, n, dt, peer, tag};
+  }
+};
+
 /// Part of `communicator`: identity, counters, settings.
 template <class C>
 concept communicator_basics = requires(C& c, const C& cc, std::chrono::milliseconds ms) {

@@ -95,6 +95,7 @@
 #include <chrono>
 #include <cstring>
 #include <memory>
+#include <span>
 #include <string>
 #include <thread>
 #include <utility>
@@ -446,6 +447,61 @@ class nccl_communicator {
         detail::str("peer ", dst, ", from ", src));
   }
 
+  /// The operations `ops` as one NCCL group (ncclGroupStart, an ncclSend or
+  /// ncclRecv per operation in order, ncclGroupEnd): they progress
+  /// together, so two ranks that send to each other in one group each do
+  /// not wait on each other (a pipeline's send of an activation beside the
+  /// receive of a gradient). Between two ranks NCCL matches sends and
+  /// receives in issue order, whatever the tags. Counts each send (n times
+  /// its element size bytes) and each receive. Throws config_error for a
+  /// peer outside [0, size()), an operation that is neither send nor recv,
+  /// or dtype none; comm_error as the others.
+  void group_p2p(std::span<const p2p_op> ops) { igroup_p2p(ops).wait(); }
+  /// Asynchronous group_p2p.
+  nccl_request igroup_p2p(std::span<const p2p_op> ops) {
+    std::size_t n = 0, sends = 0, recvs = 0;
+    std::uint64_t bytes = 0;
+    for (const p2p_op& o : ops) {
+      check_peer(o.peer, o.kind == op_kind::send ? "group send peer" : "group recv peer");
+      TESSERA_THROW_IF(o.kind != op_kind::send && o.kind != op_kind::recv, config_error,
+                       s_->who(), ": group_p2p takes send and recv operations, not ",
+                       to_string(o.kind));
+      TESSERA_THROW_IF(o.dt == dtype::none, config_error, s_->who(),
+                       ": group_p2p operation of dtype none");
+      n += o.n;
+      if (o.kind == op_kind::send) {
+        ++sends;
+        bytes += o.n * dtype_bytes(o.dt);
+      } else {
+        ++recvs;
+      }
+    }
+    if (ops.empty()) return nccl_request{};
+    const op_kind k = sends > 0 ? op_kind::send : op_kind::recv;
+    // issue_p2p counts one operation of kind k; the others here.
+    s_->stats.send.calls += sends - (k == op_kind::send ? 1 : 0);
+    s_->stats.recv.calls += recvs - (k == op_kind::recv ? 1 : 0);
+    std::string extra = detail::str("group of ", sends, " sends and ", recvs, " receives:");
+    for (const p2p_op& o : ops)
+      extra += detail::str(" ", o.kind == op_kind::send ? "to " : "from ", o.peer, " (tag ", o.tag,
+                           ", n=", o.n, ")");
+    return issue_p2p(
+        k, n, ops.front().dt, ops.front().peer, ops.front().tag, bytes,
+        "ncclGroupEnd (ncclSend/ncclRecv group)",
+        [&] {
+          ncclResult_t r = ncclGroupStart();
+          for (const p2p_op& o : ops) {
+            if (r != ncclSuccess && r != ncclInProgress) break;
+            const ncclDataType_t t = nccl_type_of(o.dt);
+            r = o.kind == op_kind::send ? ncclSend(o.buf, o.n, t, o.peer, s_->comm, s_->stream)
+                                        : ncclRecv(o.buf, o.n, t, o.peer, s_->comm, s_->stream);
+          }
+          const ncclResult_t end = ncclGroupEnd();  // always close the group
+          return r == ncclSuccess || r == ncclInProgress ? end : r;
+        },
+        std::move(extra));
+  }
+
   /// Returns once every rank's stream reached it (an ncclAllReduce of one
   /// int32 on a device word the communicator owns, then wait()). Counts 0.
   void barrier() { ibarrier().wait(); }
@@ -538,6 +594,25 @@ class nccl_communicator {
   static std::string init_error_message(const std::string& ctx, ncclResult_t r) {
     return detail::str(ctx, ": ncclCommInitRankConfig failed with ",
                        detail::nccl_result_text(r, nullptr));
+  }
+  static ncclDataType_t nccl_type_of(dtype d) {
+    switch (d) {
+      case dtype::f32:
+        return ncclFloat32;
+      case dtype::f64:
+        return ncclFloat64;
+      case dtype::i32:
+        return ncclInt32;
+      case dtype::i64:
+        return ncclInt64;
+      case dtype::u64:
+        return ncclUint64;
+      case dtype::bf16:
+        return ncclBfloat16;
+      case dtype::none:
+        break;
+    }
+    return ncclInt8;  // refused before (dtype none)
   }
   void check_peer(int peer, const char* what) const {
     TESSERA_THROW_IF(peer < 0 || peer >= size(), config_error, s_->who(), ": ", what, " ", peer,

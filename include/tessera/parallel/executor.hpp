@@ -38,6 +38,14 @@
 /// kept until the send completes (at reduce_gradients at the latest).
 /// Two-byte element types travel as 32-bit words (the hidden size is even).
 ///
+/// Over a group whose send waits for its receive (a communicator with
+/// `group_p2p`, nccl_communicator: NCCL's rendezvous), each message group
+/// of the list (schedule.hpp's message_groups: a run of adjacent message
+/// actions) is issued as one group_p2p, and the rank waits for it; every
+/// schedule of pipeline_schedule.hpp completes so (pipeline_sim.hpp's
+/// rendezvous transport), where one send or receive at a time could not
+/// (1F1B's neighbours each send before they receive).
+///
 /// `feed(m)` returns micro-batch m's inputs and targets (an nn::micro_batch
 /// in the context's memory). It is called once per micro-batch on a rank
 /// holding the first or the last virtual stage, at that chunk's forward of
@@ -58,6 +66,8 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <span>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -100,6 +110,20 @@ auto p2p_isend(C& g, const T* p, std::int64_t n, int peer, int tag) {
                    peer, tag);
   }
 }
+// The same message as one operation of a group (comm::p2p_op).
+template <class T>
+comm::p2p_op p2p_group_op(comm::op_kind k, T* p, std::int64_t n, int peer, int tag) {
+  if constexpr (comm::comm_element<std::remove_const_t<T>>) {
+    return {k, const_cast<void*>(static_cast<const void*>(p)), static_cast<std::size_t>(n),
+            comm::dtype_of<std::remove_const_t<T>>(), peer, tag};
+  } else {
+    static_assert(sizeof(T) == 2, "pipeline messages: a comm_element or a two-byte type");
+    TESSERA_THROW_IF(n % 2 != 0, config_error, "pipeline message of ", n,
+                     " two-byte elements: the hidden size must be even");
+    return {k, const_cast<void*>(static_cast<const void*>(p)), static_cast<std::size_t>(n / 2),
+            comm::dtype::i32, peer, tag};
+  }
+}
 template <class C, class T>
 void p2p_recv(C& g, T* p, std::int64_t n, int peer, int tag) {
   if constexpr (requires { g.recv(p, std::size_t{0}, 0, 0); }) {
@@ -136,6 +160,10 @@ class executor {
   using Backend = typename Model::backend_type;
   using comm_type = std::remove_cvref_t<decltype(std::declval<Engine&>().communicator())>;
   using inputs = step_inputs<typename P::accum_type, typename P::master_type>;
+  /// True when the pipeline group's sends wait for their receives and it
+  /// issues groups of them (group_p2p): the file comment's grouped path.
+  static constexpr bool grouped =
+      requires(comm_type& g, std::span<const comm::p2p_op> ops) { g.group_p2p(ops); };
 
   /// One chunk of this rank: its model and its engine.
   struct chunk {
@@ -198,14 +226,26 @@ class executor {
         chunks_[c].model->zero_grad();
         chunks_[c].engine->begin_step(backwards[c] > 0 ? backwards[c] : 1);
       }
-      for (const action& a : actions) {
+      for (std::size_t i = 0; i < actions.size();) {
         const double t0 = tracing_ ? now() : 0;
-        run_one(a, feed, in);
+        std::size_t end = i + 1;
+        if constexpr (grouped) {
+          if (is_message(actions[i].kind)) {  // its message group (message_groups)
+            while (end < actions.size() && is_message(actions[end].kind)) ++end;
+            run_group(actions.data() + i, actions.data() + end);
+          } else {
+            run_one(actions[i], feed, in);
+          }
+        } else {
+          run_one(actions[i], feed, in);
+        }
         if (tracing_) {
           context().synchronize();
-          timeline_.push_back(
-              {a, t0, now(), static_cast<std::int64_t>(context().resource().stats().allocated)});
+          const double t1 = now();
+          const auto bytes = static_cast<std::int64_t>(context().resource().stats().allocated);
+          for (std::size_t j = i; j < end; ++j) timeline_.push_back({actions[j], t0, t1, bytes});
         }
+        i = end;
       }
       wait_sends();
     } catch (...) {
@@ -392,6 +432,79 @@ class executor {
     TESSERA_THROW_IF(mb_B_ < 1 || mb_T_ < 1, config_error,
                      "executor: a pipeline stage needs the micro-batch shape (set_micro_batch)");
     return m.stream_rows(mb_B_ * mb_T_) * m.config().dim;
+  }
+
+  // One message group as one group_p2p (the grouped path): the sends'
+  // buffers live until it completed, the received ones go to the inboxes.
+  void run_group(const action* first, const action* last) {
+    std::vector<comm::p2p_op> ops;
+    std::vector<tensor<Param, Backend>> sent_act, recv_act;
+    std::vector<tensor<ActGrad, Backend>> sent_grad, recv_grad;
+    std::vector<key> act_keys, grad_keys;
+    for (const action* a = first; a != last; ++a) {
+      const int v = virtual_stage(a->chunk);
+      const key k{a->chunk, a->micro_batch};
+      const Model& model = *chunks_[static_cast<std::size_t>(a->chunk)].model;
+      switch (a->kind) {
+        case action_kind::send_forward: {
+          auto it = out_act_.find(k);
+          TESSERA_THROW_IF(it == out_act_.end() || v == last_virtual_stage(), config_error,
+                           "schedule: send_forward of micro-batch ", a->micro_batch, " (chunk ",
+                           a->chunk, ") without its forward output");
+          ops.push_back(detail::p2p_group_op(comm::op_kind::send,
+                                             static_cast<const Param*>(it->second.data()),
+                                             it->second.numel(), rank_of(v + 1), 2 * v));
+          sent_act.push_back(std::move(it->second));
+          out_act_.erase(it);
+          break;
+        }
+        case action_kind::send_backward: {
+          auto it = out_grad_.find(k);
+          TESSERA_THROW_IF(it == out_grad_.end() || v == 0, config_error,
+                           "schedule: send_backward of micro-batch ", a->micro_batch, " (chunk ",
+                           a->chunk, ") without its input gradient");
+          ops.push_back(detail::p2p_group_op(comm::op_kind::send,
+                                             static_cast<const ActGrad*>(it->second.data()),
+                                             it->second.numel(), rank_of(v - 1), 2 * v + 1));
+          sent_grad.push_back(std::move(it->second));
+          out_grad_.erase(it);
+          break;
+        }
+        case action_kind::recv_forward: {
+          TESSERA_THROW_IF(v == 0, config_error,
+                           "schedule: recv_forward on the first virtual stage");
+          recv_act.push_back(kernels::make_tensor<Param>(context(), boundary_elements(model)));
+          act_keys.push_back(k);
+          ops.push_back(detail::p2p_group_op(comm::op_kind::recv, recv_act.back().data(),
+                                             recv_act.back().numel(), rank_of(v - 1),
+                                             2 * (v - 1)));
+          break;
+        }
+        case action_kind::recv_backward: {
+          TESSERA_THROW_IF(v == last_virtual_stage(), config_error,
+                           "schedule: recv_backward on the last virtual stage");
+          recv_grad.push_back(kernels::make_tensor<ActGrad>(context(), boundary_elements(model)));
+          grad_keys.push_back(k);
+          ops.push_back(detail::p2p_group_op(comm::op_kind::recv, recv_grad.back().data(),
+                                             recv_grad.back().numel(), rank_of(v + 1),
+                                             2 * (v + 1) + 1));
+          break;
+        }
+        default:
+          throw config_error("executor: a message group holds a compute action");
+      }
+    }
+    try {
+      place_.group->group_p2p(std::span<const comm::p2p_op>(ops));
+    } catch (...) {
+      // The transport may still read or write them (drop_messages).
+      new auto(std::make_tuple(std::move(sent_act), std::move(sent_grad), std::move(recv_act),
+                               std::move(recv_grad)));
+      throw;
+    }
+    for (std::size_t i = 0; i < act_keys.size(); ++i) inbox_[act_keys[i]] = std::move(recv_act[i]);
+    for (std::size_t i = 0; i < grad_keys.size(); ++i)
+      grad_inbox_[grad_keys[i]] = std::move(recv_grad[i]);
   }
 
   template <class T>

@@ -547,6 +547,10 @@ class trainer {
         count_(kernels::make_tensor<double>(*ctx_, 2)),
         windows_(static_cast<std::size_t>(cfg_.micro_batch * (cfg_.seq + 1))) {
     const int K = static_cast<int>(cfg_.pp), V = static_cast<int>(cfg_.virtual_stages);
+    // A device pipeline group works on the context's stream, after the
+    // kernels that wrote what it sends (as the model does with its tp group).
+    if constexpr (requires(C& c) { c.set_stream(ctx_->stream()); })
+      if (pp_) pp_->set_stream(ctx_->stream());
     const std::vector<nn::stage_range> stages =
         parallel::partition_stages(model_cfg, cfg_.seq, K * V, cfg_.stage_blocks);
     std::vector<typename executor_type::chunk> ch;
@@ -594,10 +598,6 @@ class trainer {
     const int K = pp ? pp->size() : 1;
     TESSERA_THROW_IF(cfg.pp != K, config_error, "pp=", cfg.pp,
                      " does not match the pipeline group's ", K, " ranks");
-    TESSERA_THROW_IF(K > 1 && !Ctx::host_accessible, config_error, "pp=", K,
-                     ": pipeline stages over a device communicator (NCCL) are not supported yet "
-                     "(NCCL's send waits for its receive: 1F1B's crossing sends need grouped "
-                     "send/recv pairs); run the pipeline on the host backend");
     TESSERA_THROW_IF(3 * static_cast<std::int64_t>(K) * cfg.virtual_stages > 32767, config_error,
                      "pp=", K, " x virtual stages V=", cfg.virtual_stages,
                      ": the pipeline's message tags (3 K V) exceed MPI's bound of 32767");

@@ -67,7 +67,6 @@
 #include <map>
 #include <optional>
 #include <span>
-#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -358,44 +357,24 @@ class executor {
         model.backward_weight(pools_[c].at(a.micro_batch));
         pools_[c].release(a.micro_batch);
         break;
-      case action_kind::send_forward: {
-        auto it = out_act_.find(k);
-        TESSERA_THROW_IF(it == out_act_.end() || v == last_virtual_stage(), config_error,
-                         "schedule: send_forward of micro-batch ", a.micro_batch, " (chunk ",
-                         a.chunk, ") without its forward output");
-        request q = isend(it->second.data(), it->second.numel(), rank_of(v + 1), 2 * v);
-        pending_send p{std::move(it->second), {}, std::move(q)};
-        out_act_.erase(it);
-        sends_.push_back(std::move(p));
-        poll_sends();
-        break;
-      }
+      case action_kind::send_forward:
       case action_kind::send_backward: {
-        auto it = out_grad_.find(k);
-        TESSERA_THROW_IF(it == out_grad_.end() || v == 0, config_error,
-                         "schedule: send_backward of micro-batch ", a.micro_batch, " (chunk ",
-                         a.chunk, ") without its input gradient");
-        request q = isend(it->second.data(), it->second.numel(), rank_of(v - 1), 2 * v + 1);
-        pending_send p{{}, std::move(it->second), std::move(q)};
-        out_grad_.erase(it);
-        sends_.push_back(std::move(p));
+        message msg = prepare(a);
+        request q = a.kind == action_kind::send_forward
+                        ? isend(msg.act.data(), msg.act.numel(), msg.peer, msg.tag)
+                        : isend(msg.grad.data(), msg.grad.numel(), msg.peer, msg.tag);
+        sends_.push_back({std::move(msg.act), std::move(msg.grad), std::move(q)});
         poll_sends();
         break;
       }
-      case action_kind::recv_forward: {
-        TESSERA_THROW_IF(v == 0, config_error, "schedule: recv_forward on the first virtual stage");
-        tensor<Param, Backend> t = kernels::make_tensor<Param>(context(), boundary_elements(model));
-        recv(t.data(), t.numel(), rank_of(v - 1), 2 * (v - 1));
-        inbox_[k] = std::move(t);
-        break;
-      }
+      case action_kind::recv_forward:
       case action_kind::recv_backward: {
-        TESSERA_THROW_IF(v == last_virtual_stage(), config_error,
-                         "schedule: recv_backward on the last virtual stage");
-        tensor<ActGrad, Backend> t =
-            kernels::make_tensor<ActGrad>(context(), boundary_elements(model));
-        recv(t.data(), t.numel(), rank_of(v + 1), 2 * (v + 1) + 1);
-        grad_inbox_[k] = std::move(t);
+        message msg = prepare(a);
+        if (a.kind == action_kind::recv_forward)
+          recv(msg.act.data(), msg.act.numel(), msg.peer, msg.tag);
+        else
+          recv(msg.grad.data(), msg.grad.numel(), msg.peer, msg.tag);
+        deliver(a, std::move(msg));
         break;
       }
       case action_kind::reduce_gradients:
@@ -434,77 +413,93 @@ class executor {
     return m.stream_rows(mb_B_ * mb_T_) * m.config().dim;
   }
 
+  // A message action's buffer (a send's taken from its outbox, a receive's
+  // allocated), peer and tag (the file comment's rule), with its checks:
+  // one definition for the one-at-a-time and the grouped paths.
+  struct message {
+    tensor<Param, Backend> act;     // send_forward, recv_forward
+    tensor<ActGrad, Backend> grad;  // send_backward, recv_backward
+    int peer = 0, tag = 0;
+  };
+  message prepare(const action& a) {
+    const int v = virtual_stage(a.chunk);
+    const key k{a.chunk, a.micro_batch};
+    const Model& model = *chunks_[static_cast<std::size_t>(a.chunk)].model;
+    message m;
+    switch (a.kind) {
+      case action_kind::send_forward: {
+        auto it = out_act_.find(k);
+        TESSERA_THROW_IF(it == out_act_.end() || v == last_virtual_stage(), config_error,
+                         "schedule: send_forward of micro-batch ", a.micro_batch, " (chunk ",
+                         a.chunk, ") without its forward output");
+        m.act = std::move(it->second);
+        out_act_.erase(it);
+        m.peer = rank_of(v + 1), m.tag = 2 * v;
+        break;
+      }
+      case action_kind::send_backward: {
+        auto it = out_grad_.find(k);
+        TESSERA_THROW_IF(it == out_grad_.end() || v == 0, config_error,
+                         "schedule: send_backward of micro-batch ", a.micro_batch, " (chunk ",
+                         a.chunk, ") without its input gradient");
+        m.grad = std::move(it->second);
+        out_grad_.erase(it);
+        m.peer = rank_of(v - 1), m.tag = 2 * v + 1;
+        break;
+      }
+      case action_kind::recv_forward:
+        TESSERA_THROW_IF(v == 0, config_error, "schedule: recv_forward on the first virtual stage");
+        m.act = kernels::make_tensor<Param>(context(), boundary_elements(model));
+        m.peer = rank_of(v - 1), m.tag = 2 * (v - 1);
+        break;
+      case action_kind::recv_backward:
+        TESSERA_THROW_IF(v == last_virtual_stage(), config_error,
+                         "schedule: recv_backward on the last virtual stage");
+        m.grad = kernels::make_tensor<ActGrad>(context(), boundary_elements(model));
+        m.peer = rank_of(v + 1), m.tag = 2 * (v + 1) + 1;
+        break;
+      default:
+        throw config_error(::tessera::detail::str("executor: ", to_string(a.kind),
+                                                  " is not a message"));
+    }
+    return m;
+  }
+  // A received message into its inbox.
+  void deliver(const action& a, message&& m) {
+    const key k{a.chunk, a.micro_batch};
+    if (a.kind == action_kind::recv_forward)
+      inbox_[k] = std::move(m.act);
+    else
+      grad_inbox_[k] = std::move(m.grad);
+  }
+
   // One message group as one group_p2p (the grouped path): the sends'
   // buffers live until it completed, the received ones go to the inboxes.
   void run_group(const action* first, const action* last) {
+    std::vector<message> msgs;
     std::vector<comm::p2p_op> ops;
-    std::vector<tensor<Param, Backend>> sent_act, recv_act;
-    std::vector<tensor<ActGrad, Backend>> sent_grad, recv_grad;
-    std::vector<key> act_keys, grad_keys;
+    msgs.reserve(static_cast<std::size_t>(last - first));
     for (const action* a = first; a != last; ++a) {
-      const int v = virtual_stage(a->chunk);
-      const key k{a->chunk, a->micro_batch};
-      const Model& model = *chunks_[static_cast<std::size_t>(a->chunk)].model;
-      switch (a->kind) {
-        case action_kind::send_forward: {
-          auto it = out_act_.find(k);
-          TESSERA_THROW_IF(it == out_act_.end() || v == last_virtual_stage(), config_error,
-                           "schedule: send_forward of micro-batch ", a->micro_batch, " (chunk ",
-                           a->chunk, ") without its forward output");
-          ops.push_back(detail::p2p_group_op(comm::op_kind::send,
-                                             static_cast<const Param*>(it->second.data()),
-                                             it->second.numel(), rank_of(v + 1), 2 * v));
-          sent_act.push_back(std::move(it->second));
-          out_act_.erase(it);
-          break;
-        }
-        case action_kind::send_backward: {
-          auto it = out_grad_.find(k);
-          TESSERA_THROW_IF(it == out_grad_.end() || v == 0, config_error,
-                           "schedule: send_backward of micro-batch ", a->micro_batch, " (chunk ",
-                           a->chunk, ") without its input gradient");
-          ops.push_back(detail::p2p_group_op(comm::op_kind::send,
-                                             static_cast<const ActGrad*>(it->second.data()),
-                                             it->second.numel(), rank_of(v - 1), 2 * v + 1));
-          sent_grad.push_back(std::move(it->second));
-          out_grad_.erase(it);
-          break;
-        }
-        case action_kind::recv_forward: {
-          TESSERA_THROW_IF(v == 0, config_error,
-                           "schedule: recv_forward on the first virtual stage");
-          recv_act.push_back(kernels::make_tensor<Param>(context(), boundary_elements(model)));
-          act_keys.push_back(k);
-          ops.push_back(detail::p2p_group_op(comm::op_kind::recv, recv_act.back().data(),
-                                             recv_act.back().numel(), rank_of(v - 1),
-                                             2 * (v - 1)));
-          break;
-        }
-        case action_kind::recv_backward: {
-          TESSERA_THROW_IF(v == last_virtual_stage(), config_error,
-                           "schedule: recv_backward on the last virtual stage");
-          recv_grad.push_back(kernels::make_tensor<ActGrad>(context(), boundary_elements(model)));
-          grad_keys.push_back(k);
-          ops.push_back(detail::p2p_group_op(comm::op_kind::recv, recv_grad.back().data(),
-                                             recv_grad.back().numel(), rank_of(v + 1),
-                                             2 * (v + 1) + 1));
-          break;
-        }
-        default:
-          throw config_error("executor: a message group holds a compute action");
-      }
+      message& m = msgs.emplace_back(prepare(*a));
+      const bool send =
+          a->kind == action_kind::send_forward || a->kind == action_kind::send_backward;
+      const comm::op_kind k = send ? comm::op_kind::send : comm::op_kind::recv;
+      const bool act =
+          a->kind == action_kind::send_forward || a->kind == action_kind::recv_forward;
+      ops.push_back(act ? detail::p2p_group_op(k, m.act.data(), m.act.numel(), m.peer, m.tag)
+                        : detail::p2p_group_op(k, m.grad.data(), m.grad.numel(), m.peer, m.tag));
     }
     try {
       place_.group->group_p2p(std::span<const comm::p2p_op>(ops));
     } catch (...) {
       // The transport may still read or write them (drop_messages).
-      new auto(std::make_tuple(std::move(sent_act), std::move(sent_grad), std::move(recv_act),
-                               std::move(recv_grad)));
+      new std::vector<message>(std::move(msgs));
       throw;
     }
-    for (std::size_t i = 0; i < act_keys.size(); ++i) inbox_[act_keys[i]] = std::move(recv_act[i]);
-    for (std::size_t i = 0; i < grad_keys.size(); ++i)
-      grad_inbox_[grad_keys[i]] = std::move(recv_grad[i]);
+    for (std::size_t i = 0; i < msgs.size(); ++i)
+      if (first[i].kind == action_kind::recv_forward ||
+          first[i].kind == action_kind::recv_backward)
+        deliver(first[i], std::move(msgs[i]));
   }
 
   template <class T>

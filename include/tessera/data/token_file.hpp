@@ -34,6 +34,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <limits>
 #include <span>
 #include <string>
@@ -42,6 +43,7 @@
 #include <vector>
 
 #include "tessera/core/error.hpp"
+#include "tessera/core/file.hpp"
 
 namespace tessera::data {
 
@@ -151,9 +153,9 @@ struct fd_guard {
 
 }  // namespace detail
 
-/// Writes `tokens` as a token file at `path`, atomically: the bytes go to
-/// `path + ".tmp.<pid>"`, are flushed and fsync'ed, and the temporary is
-/// renamed over `path`. A reader never sees a partial file, and on any failure
+/// Writes `tokens` as a token file at `path`, atomically
+/// (write_file_atomically): the bytes go to a temporary beside it, are
+/// flushed and fsync'ed, and the temporary is renamed over `path`. A reader never sees a partial file, and on any failure
 /// the temporary is removed and `path` is left as it was.
 ///
 /// \param tokens every id must be < `vocab` (dtype uint32 in memory, any length,
@@ -192,40 +194,26 @@ inline void write_token_file(const std::filesystem::path& path,
   detail::store_u64_le(header.data() + 24, vocab);
   detail::store_u64_le(header.data() + 32, token_file_header_bytes);
 
-  const std::string tmp = path.string() + ".tmp." + std::to_string(::getpid());
-  std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  TESSERA_THROW_IF(f == nullptr, io_error, "cannot create '", tmp, "' to write token file '",
-                   path.string(), "': ", std::strerror(errno));
-  auto fail = [&](const char* what) {
-    const int e = errno;
-    if (f) std::fclose(f);
-    std::remove(tmp.c_str());
-    throw io_error(tessera::detail::str("cannot ", what, " token file '", path.string(), "' (via '",
-                                        tmp, "'): ", std::strerror(e)));
-  };
-  if (std::fwrite(header.data(), 1, header.size(), f) != header.size()) fail("write");
-  // Narrow or copy in chunks so a billion-token write needs no second full copy.
-  constexpr std::size_t chunk = std::size_t{1} << 16;
-  std::vector<unsigned char> buf(chunk * dtype_bytes(dtype));
-  for (std::size_t at = 0; at < tokens.size(); at += chunk) {
-    const std::size_t n = std::min(chunk, tokens.size() - at);
-    if (dtype == token_dtype::u16) {
-      for (std::size_t i = 0; i < n; ++i) {
-        const auto v = static_cast<std::uint16_t>(tokens[at + i]);
-        std::memcpy(buf.data() + 2 * i, &v, 2);
+  write_file_atomically(path, [&](std::ofstream& out) {
+    out.write(reinterpret_cast<const char*>(header.data()),
+              static_cast<std::streamsize>(header.size()));
+    // Narrow or copy in chunks so a billion-token write needs no second full copy.
+    constexpr std::size_t chunk = std::size_t{1} << 16;
+    std::vector<unsigned char> buf(chunk * dtype_bytes(dtype));
+    for (std::size_t at = 0; at < tokens.size() && out; at += chunk) {
+      const std::size_t n = std::min(chunk, tokens.size() - at);
+      if (dtype == token_dtype::u16) {
+        for (std::size_t i = 0; i < n; ++i) {
+          const auto v = static_cast<std::uint16_t>(tokens[at + i]);
+          std::memcpy(buf.data() + 2 * i, &v, 2);
+        }
+      } else {
+        std::memcpy(buf.data(), tokens.data() + at, 4 * n);
       }
-    } else {
-      std::memcpy(buf.data(), tokens.data() + at, 4 * n);
+      out.write(reinterpret_cast<const char*>(buf.data()),
+                static_cast<std::streamsize>(n * dtype_bytes(dtype)));
     }
-    const std::size_t bytes = n * dtype_bytes(dtype);
-    if (std::fwrite(buf.data(), 1, bytes, f) != bytes) fail("write");
-  }
-  if (std::fflush(f) != 0) fail("flush");
-  if (::fsync(::fileno(f)) != 0) fail("sync");
-  const int rc = std::fclose(f);
-  f = nullptr;
-  if (rc != 0) fail("close");
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) fail("rename into place");
+  });
 }
 
 /// A token file mapped read-only into memory. Move-only; unmapped on

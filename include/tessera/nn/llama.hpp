@@ -349,7 +349,9 @@ class llama {
   /// residual output projections (wo, w_down) scaled by 1/sqrt(2L) (GPT-2,
   /// Radford et al. 2019), norm gains 1. Each tensor draws from its own
   /// stream (seed, tensor index), so the values do not depend on the layout,
-  /// the stage or the backend (generated on the host, copied in).
+  /// the stage or the backend (generated on the host, copied in). With
+  /// llama_options::weights set, the weights are read from it instead
+  /// (each shard its slice of the whole tensors) and `seed` is unused.
   /// Throws config_error with external_params (use init_weights_range).
   void init_weights(std::uint64_t seed) {
     TESSERA_THROW_IF(params_.empty(), config_error,
@@ -363,7 +365,7 @@ class llama {
     for (std::int64_t i = 0; i < n; ++i) {
       const auto& e = es[static_cast<std::size_t>(i)];
       const std::int64_t b = std::max(lo_, e.offset), en = std::min(hi_, e.offset + e.numel);
-      if (b < en) init_llama_weights_range(cfg_, layout_, seed, b, en, h.data() + (b - lo_));
+      if (b < en) init_range(seed, b, en, h.data() + (b - lo_));
     }
     // Alignment padding between tensors stays 0 (std::vector zero-fills).
     ctx_->from_host(params_.data(), h.data(), h.size() * sizeof(Param));
@@ -375,7 +377,7 @@ class llama {
   /// without building the full buffer.
   /// Precondition: 0 <= lo <= hi <= flat_size(); out holds hi - lo.
   void init_weights_range(std::uint64_t seed, std::int64_t lo, std::int64_t hi, Param* out) const {
-    init_llama_weights_range(cfg_, layout_, seed, lo + lo_, hi + lo_, out);
+    init_range(seed, lo + lo_, hi + lo_, out);
   }
 
   /// Sets every gradient to zero: the flat buffer, or with external_grads
@@ -464,7 +466,16 @@ class llama {
     }
   }
 
- private:
+private:
+  // Elements [lo, hi) of the whole layout: drawn from the seed, or read
+  // from opt_.weights when set.
+  void init_range(std::uint64_t seed, std::int64_t lo, std::int64_t hi, Param* out) const {
+    if (opt_.weights)
+      load_llama_weights_range(layout_, opt_.weights, lo, hi, out);
+    else
+      init_llama_weights_range(cfg_, layout_, seed, lo, hi, out);
+  }
+
   void forward_into(const micro_batch<Param>& mb, record& r, Acc grad_scale, double* d_loss) {
     check_shapes(mb);
     r.grad_input.release();  // a stage's input gradient of the record's last use

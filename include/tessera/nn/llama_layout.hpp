@@ -7,7 +7,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <vector>
 
 #include "tessera/core/error.hpp"
 #include "tessera/core/numeric.hpp"
@@ -162,6 +164,42 @@ void init_llama_weights_range(const llama_config& c, const param_layout& layout,
         ++drawn;
       }
       if (i >= b) out[i - lo] = to<Param>(s * z);
+    }
+  }
+}
+
+/// Values of a model's whole (unsharded) tensors by their tessera name
+/// (make_llama_layout's names): read(name, first, n, out) writes elements
+/// [first, first + n) of tensor `name`, row-major over its full shape, as
+/// doubles into out. A Hugging Face checkpoint (nn/hf_llama.hpp) is one.
+using tensor_reader =
+    std::function<void(const std::string& name, std::int64_t first, std::int64_t n, double* out)>;
+
+/// Elements [lo, hi) of `layout`'s flat buffer read from `read` instead of
+/// drawn: out[i - lo] for i in [lo, hi), each tensor-parallel shard the
+/// slice of the whole tensor it holds, vocabulary padding rows and
+/// alignment padding 0. Reads in runs of consecutive elements of the whole
+/// tensor (a row shard's block, a column shard's row pieces).
+/// Precondition: 0 <= lo <= hi <= layout.total(); out holds hi - lo elements.
+template <class Param>
+void load_llama_weights_range(const param_layout& layout, const tensor_reader& read,
+                              std::int64_t lo, std::int64_t hi, Param* out) {
+  TESSERA_EXPECTS(0 <= lo && lo <= hi && hi <= layout.total(), "load range outside the buffer");
+  for (std::int64_t i = lo; i < hi; ++i) out[i - lo] = to<Param>(0.0);
+  std::vector<double> run;
+  for (const auto& e : layout.entries()) {
+    const std::int64_t b = std::max(lo, e.offset), en = std::min(hi, e.offset + e.numel);
+    const std::int64_t whole = e.full.numel();
+    for (std::int64_t j = b - e.offset; j < en - e.offset;) {
+      const std::int64_t first = e.full_index(j);
+      if (first >= whole) break;  // padding rows (the last ones) stay 0
+      std::int64_t n = en - e.offset - j;
+      if (e.shard_dim == 1) n = std::min(n, e.shp[1] - j % e.shp[1]);
+      n = std::min(n, whole - first);
+      run.resize(static_cast<std::size_t>(n));
+      read(e.name, first, n, run.data());
+      for (std::int64_t k = 0; k < n; ++k) out[e.offset + j + k - lo] = to<Param>(run[k]);
+      j += n;
     }
   }
 }

@@ -12,6 +12,7 @@
 #include "tessera/core/tensor.hpp"
 #include "tessera/nn/checkpointing.hpp"
 #include "tessera/nn/embedding.hpp"
+#include "tessera/nn/llama_layout.hpp"
 #include "tessera/nn/lm_head.hpp"
 #include "tessera/nn/transformer_block.hpp"
 #include "tessera/precision/policy.hpp"
@@ -44,6 +45,11 @@ struct llama_options {
   checkpoint_policy checkpointing{};
   /// The modules of this instance (a pipeline stage), the whole model by default.
   stage_range stage{};
+  /// Where init_weights and init_weights_range take the weights from: empty,
+  /// drawn from the seed (init_llama_weights_range); set, read from whole
+  /// tensors (load_llama_weights_range; a Hugging Face checkpoint's
+  /// hf_checkpoint::reader()), the seed unused.
+  tensor_reader weights{};
 };
 
 /// What one micro-batch's training forward leaves for its backward.

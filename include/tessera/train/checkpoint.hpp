@@ -27,6 +27,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tessera/core/error.hpp"
+#include "tessera/core/file.hpp"
 
 namespace tessera::train {
 
@@ -76,47 +77,22 @@ inline void write_checkpoint(const std::filesystem::path& path, const nlohmann::
                              std::uint64_t payload_bytes,
                              const std::function<void(checkpoint_writer&)>& fill) {
   const std::string js = meta.dump();
-  const std::string tmp = path.string() + ".tmp." + std::to_string(::getpid()) + "." +
-                          std::to_string(std::hash<std::thread::id>{}(std::this_thread::get_id()));
-  try {
-    {
-      std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-      TESSERA_THROW_IF(!out, io_error, "cannot create checkpoint '", tmp, "': ", std::strerror(errno));
-      auto put64 = [&](std::uint64_t v) { out.write(reinterpret_cast<const char*>(&v), 8); };
-      auto put32 = [&](std::uint32_t v) { out.write(reinterpret_cast<const char*>(&v), 4); };
-      out.write(checkpoint_magic, 8);
-      put32(checkpoint_version);
-      put32(0);
-      put64(js.size());
-      out.write(js.data(), static_cast<std::streamsize>(js.size()));
-      put64(payload_bytes);
-      checkpoint_writer w(out, tmp);
-      w.hash_ = fnv1a64(js.data(), js.size());
-      fill(w);
-      TESSERA_THROW_IF(w.written() != payload_bytes, io_error, "checkpoint '", tmp, "': wrote ",
-                       w.written(), " payload bytes, announced ", payload_bytes);
-      put64(w.hash_);
-      out.flush();
-      TESSERA_THROW_IF(!out, io_error, "writing checkpoint '", tmp, "' failed: ", std::strerror(errno));
-    }
-    const int fd = ::open(tmp.c_str(), O_RDONLY);
-    TESSERA_THROW_IF(fd < 0 || ::fsync(fd) != 0, io_error, "cannot flush checkpoint '", tmp,
-                     "' to disk: ", std::strerror(errno));
-    ::close(fd);
-    std::error_code ec;
-    std::filesystem::rename(tmp, path, ec);
-    TESSERA_THROW_IF(ec, io_error, "cannot rename '", tmp, "' to '", path.string(), "': ", ec.message());
-    const auto dir = path.has_parent_path() ? path.parent_path() : std::filesystem::path(".");
-    const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
-    if (dfd >= 0) {
-      ::fsync(dfd);
-      ::close(dfd);
-    }
-  } catch (...) {
-    std::error_code ec;
-    std::filesystem::remove(tmp, ec);
-    throw;
-  }
+  write_file_atomically(path, [&](std::ofstream& out) {
+    auto put64 = [&](std::uint64_t v) { out.write(reinterpret_cast<const char*>(&v), 8); };
+    auto put32 = [&](std::uint32_t v) { out.write(reinterpret_cast<const char*>(&v), 4); };
+    out.write(checkpoint_magic, 8);
+    put32(checkpoint_version);
+    put32(0);
+    put64(js.size());
+    out.write(js.data(), static_cast<std::streamsize>(js.size()));
+    put64(payload_bytes);
+    checkpoint_writer w(out, path.string());
+    w.hash_ = fnv1a64(js.data(), js.size());
+    fill(w);
+    TESSERA_THROW_IF(w.written() != payload_bytes, io_error, "checkpoint '", path.string(),
+                     "': wrote ", w.written(), " payload bytes, announced ", payload_bytes);
+    put64(w.hash_);
+  });
 }
 
 /// Reads a checkpoint written by write_checkpoint. Throws io_error naming the

@@ -4,6 +4,7 @@
 /// principle 3) and what a trainer refuses before it allocates.
 
 #include <cstdint>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -47,6 +48,12 @@ struct train_config {
   std::uint64_t seed = 1337;        ///< weights and data order
   std::int64_t ce_chunk = 256;      ///< LM-head/cross-entropy chunk (token rows)
   nn::checkpoint_policy checkpointing{};  ///< activation checkpointing (none by default)
+  /// A Hugging Face Llama folder (config.json, safetensors; nn::hf_checkpoint)
+  /// whose weights the model starts from instead of drawing them from
+  /// `seed`; empty: drawn. The model config must equal the folder's
+  /// (nn::llama_config_from_hf). Not part of a checkpoint's settings: a
+  /// resume loads its own weights.
+  std::string init_from_hf{};
 
   /// Micro-batches per step and rank: G / (B * dp). Throws config_error
   /// naming G, B and dp if it does not divide exactly or a value is < 1.

@@ -68,6 +68,7 @@
 #include "tessera/data/token_file.hpp"
 #include "tessera/kernels/context.hpp"
 #include "tessera/nn/flops.hpp"
+#include "tessera/nn/hf_llama.hpp"
 #include "tessera/nn/llama.hpp"
 #include "tessera/optim/adamw.hpp"
 #include "tessera/optim/clip.hpp"
@@ -436,6 +437,74 @@ class trainer {
     loader_.prefetch(static_cast<std::uint64_t>(step_), first_micro_batch());
   }
 
+  /// Writes the model as a Hugging Face Llama folder `dir` (created if
+  /// missing; nn/hf_llama.hpp): config.json for LlamaForCausalLM and the
+  /// tensors under transformers' names, in model.safetensors, or, above
+  /// `max_shard_bytes` or under a pipeline (each stage writes its own
+  /// files), in model-0000i-of-0000N.safetensors listed by
+  /// model.safetensors.index.json. The tensors are the parameters the
+  /// model computes with (bf16 under bf16_mixed, not the fp32 master
+  /// weights) stored as `torch_dtype`: float32, bfloat16, float16 or
+  /// float64; empty: bfloat16 for bf16 parameters, float64 for double,
+  /// else float32. Under tensor parallelism the shards are gathered over
+  /// the tp group (padding rows dropped); zero<3> gathers over dp. dp
+  /// rank 0 and tp rank 0 of each stage writes (each file atomically);
+  /// world rank 0 writes config.json and the index. Collective over the dp,
+  /// tp and pp groups; every rank throws when any rank fails (io_error
+  /// naming the file there, the others naming the failure elsewhere).
+  /// Throws config_error for an unknown dtype before any work.
+  void export_hf(const std::filesystem::path& dir, std::string torch_dtype = "",
+                 std::uint64_t max_shard_bytes = nn::hf_default_shard_bytes) {
+    ctx_->apply_threads();
+    if (torch_dtype.empty())
+      torch_dtype = std::is_same_v<Param, bf16>     ? "bfloat16"
+                    : std::is_same_v<Param, double> ? "float64"
+                                                    : "float32";
+    const std::string dtype = nn::hf_safetensors_dtype(torch_dtype);
+    const nn::llama_config& c = model().config();
+    const int K = pp_size(), V = chunks(), T = tp_size();
+    const auto files = nn::plan_hf_files(
+        c, parallel::partition_stages(c, cfg_.seq, K * V, cfg_.stage_blocks),
+        data::safetensors_dtype_bytes(dtype), max_shard_bytes);
+    const bool writer = rank() == 0 && tp_rank() == 0;
+    std::exception_ptr failed;
+    try {
+      if (writer) std::filesystem::create_directories(dir);
+    } catch (...) {
+      failed = std::current_exception();
+    }
+    for (int ch = 0; ch < V; ++ch) {
+      // This chunk's parameters of every tp rank, on the host (collective).
+      const std::int64_t n = model(ch).flat_size();
+      tensor<Param, Backend> full = kernels::make_tensor<Param>(*ctx_, n);
+      engine(ch).full_params(full.data());
+      std::vector<Param> h(static_cast<std::size_t>(n * T));
+      if constexpr (L::tensor_parallel) {
+        tensor<Param, Backend> all = kernels::make_tensor<Param>(*ctx_, n * T);
+        layers_.group->all_gather(full.data(), all.data(), static_cast<std::size_t>(n));
+        ctx_->to_host(h.data(), all.data(), h.size() * sizeof(Param));
+      } else {
+        ctx_->to_host(h.data(), full.data(), h.size() * sizeof(Param));
+      }
+      if (!writer || failed) continue;
+      try {
+        write_hf_chunk(dir, files, virtual_stage(ch), model(ch), h, dtype);
+      } catch (...) {
+        failed = std::current_exception();
+      }
+    }
+    if (world_rank() == 0 && !failed) {
+      try {
+        nn::write_json_file(dir / "config.json", nn::hf_config_json(c, torch_dtype));
+        if (files.size() > 1)
+          nn::write_json_file(dir / "model.safetensors.index.json", nn::hf_index_json(files));
+      } catch (...) {
+        failed = std::current_exception();
+      }
+    }
+    agree_or_throw(failed, "export to '" + dir.string() + "'");
+  }
+
   /// Records the timeline of the steps that follow (off: none); the last
   /// traced step's actions are timeline().
   void set_tracing(bool on) { executor_->set_tracing(on); }
@@ -535,6 +604,7 @@ class trainer {
         layers_(layers),
         cfg_(checked(model_cfg, cfg, data, *comm_, layers.size(), pp)),
         stage_(pp ? pp->rank() : 0),
+        hf_(open_hf(model_cfg, cfg_)),
         data_(&data),
         split_(data.split()),
         sampler_(data, split_.train, cfg_.micro_batch, cfg_.seq, cfg_.seed),
@@ -557,6 +627,7 @@ class trainer {
     for (int c = 0; c < V; ++c) {
       nn::llama_options o = model_options(cfg_);
       o.stage = stages[static_cast<std::size_t>(c * K + stage_)];
+      if (hf_) o.weights = hf_->reader();
       models_.push_back(std::make_unique<model_type>(model_cfg, o, *ctx_, with_config(layers, cfg_)));
       engines_.push_back(std::make_unique<engine_type>(init_model(*models_.back(), cfg_.seed),
                                                        *comm_, cfg_.template optimizer_config<O>(),
@@ -616,6 +687,95 @@ class trainer {
     nn::check_tensor_parallel(c, tp);
     if (cfg.sequence_parallel) nn::check_sequence_parallel(cfg.seq, tp);
     return cfg;
+  }
+  // The files of `files` that virtual stage v writes, from `h`: this
+  // chunk's flat parameters of every tp rank (rank r's at r * flat_size()),
+  // each tensor reassembled whole (nn::param_entry::full_index) and
+  // converted to `dtype`.
+  static void write_hf_chunk(const std::filesystem::path& dir, const std::vector<nn::hf_file>& files,
+                             int v, const model_type& m, const std::vector<Param>& h,
+                             const std::string& dtype) {
+    const nn::llama_config& c = m.config();
+    const int T = m.tp_size();
+    const std::int64_t n = m.flat_size(), lo = m.flat_begin();
+    std::vector<nn::param_layout> layouts;
+    for (int r = 0; r < T; ++r) layouts.push_back(nn::make_llama_layout(c, {T, r}));
+    const std::size_t eb = data::safetensors_dtype_bytes(dtype);
+    for (const auto& f : files) {
+      if (f.virtual_stage != v) continue;
+      std::vector<std::vector<unsigned char>> bytes;
+      std::vector<data::safetensors_entry> entries;
+      for (const auto& name : f.tensors) {
+        const nn::param_entry& e0 = layouts[0].at(name);
+        TESSERA_EXPECTS(e0.offset >= lo && e0.offset + e0.numel <= lo + n,
+                        "an exported tensor outside its stage's chunk");
+        const std::int64_t whole = e0.full.numel();
+        std::vector<double> w(static_cast<std::size_t>(whole));
+        for (int r = 0; r < (e0.shard_dim < 0 ? 1 : T); ++r) {
+          const nn::param_entry& e = layouts[static_cast<std::size_t>(r)].at(name);
+          const Param* src = h.data() + static_cast<std::size_t>(r * n + e.offset - lo);
+          for (std::int64_t j = 0; j < e.numel; ++j) {
+            const std::int64_t at = e.full_index(j);
+            if (at < whole) w[static_cast<std::size_t>(at)] = to<double>(src[j]);
+          }
+        }
+        auto& b = bytes.emplace_back(static_cast<std::size_t>(whole) * eb);
+        auto put = [&](auto tag) {
+          using D = decltype(tag);
+          for (std::int64_t i = 0; i < whole; ++i) {
+            const D x = to<D>(w[static_cast<std::size_t>(i)]);
+            std::memcpy(b.data() + static_cast<std::size_t>(i) * sizeof(D), &x, sizeof(D));
+          }
+        };
+        if (dtype == "F32") put(float{});
+        else if (dtype == "BF16") put(bf16{});
+        else if (dtype == "F16") put(fp16{});
+        else put(double{});
+        std::vector<std::int64_t> shape;
+        for (int d = 0; d < e0.full.rank; ++d) shape.push_back(e0.full[d]);
+        entries.push_back({nn::hf_tensor_name(name), dtype, shape, b.data(), b.size()});
+      }
+      data::write_safetensors(dir / f.name, entries, {{"format", "pt"}});
+    }
+  }
+  // Ends a collective that may have failed on some ranks: the failure is
+  // agreed over the tp, dp and pp groups, then every rank throws (this
+  // rank's own error, or io_error saying another rank failed `what`).
+  void agree_or_throw(std::exception_ptr failed, const std::string& what) {
+    double v = failed ? 1.0 : 0.0;
+    tensor<double, Backend> d = kernels::make_tensor<double>(*ctx_, 1);
+    ctx_->from_host(d.data(), &v, sizeof v);
+    if constexpr (L::tensor_parallel) layers_.group->all_reduce(d.data(), 1, comm::reduce_op::max);
+    comm_->all_reduce(d.data(), 1, comm::reduce_op::max);
+    if (pp_) pp_->all_reduce(d.data(), 1, comm::reduce_op::max);
+    ctx_->to_host(&v, d.data(), sizeof v);
+    if (failed) std::rethrow_exception(failed);
+    TESSERA_THROW_IF(v > 0, io_error, what, " failed on another rank (its error names the cause)");
+  }
+  // cfg.init_from_hf opened and its config.json held against the model's
+  // (every differing size named at once); nullptr without one.
+  static std::shared_ptr<const nn::hf_checkpoint> open_hf(const nn::llama_config& c,
+                                                          const train_config& cfg) {
+    if (cfg.init_from_hf.empty()) return nullptr;
+    auto hf = std::make_shared<const nn::hf_checkpoint>(cfg.init_from_hf);
+    const nn::llama_config& h = hf->config();
+    std::string diff;
+    auto cmp = [&](const char* ours, auto a, const char* theirs, auto b) {
+      if (a != b) diff += tessera::detail::str(diff.empty() ? "" : ", ", ours, "=", a, " vs ", theirs, "=", b);
+    };
+    cmp("dim", c.dim, "hidden_size", h.dim);
+    cmp("ffn_dim", c.ffn_dim, "intermediate_size", h.ffn_dim);
+    cmp("n_layers", c.n_layers, "num_hidden_layers", h.n_layers);
+    cmp("n_heads", c.n_heads, "num_attention_heads", h.n_heads);
+    cmp("n_kv_heads", c.n_kv_heads, "num_key_value_heads", h.n_kv_heads);
+    cmp("vocab", c.vocab, "vocab_size", h.vocab);
+    cmp("max_seq", c.max_seq, "max_position_embeddings", h.max_seq);
+    cmp("norm_eps", c.norm_eps, "rms_norm_eps", h.norm_eps);
+    cmp("rope_theta", c.rope_theta, "rope_theta", h.rope_theta);
+    TESSERA_THROW_IF(!diff.empty(), config_error, "model '", c.name,
+                     "' differs from the Hugging Face checkpoint '", cfg.init_from_hf, "': ", diff,
+                     " (take the model config from its config.json: nn::llama_config_from_hf)");
+    return hf;
   }
   // The layer family as the run configures it (sequence parallelism).
   static L with_config(L layers, const train_config& cfg) {
@@ -821,6 +981,7 @@ class trainer {
   L layers_;  // the layer family (its tp group under tensor parallelism)
   train_config cfg_;
   int stage_;  // this rank's pipeline stage
+  std::shared_ptr<const nn::hf_checkpoint> hf_;  // cfg.init_from_hf, mapped (the models read it)
   std::vector<std::unique_ptr<model_type>> models_;    // this rank's chunks (1 unless interleaved)
   std::vector<std::unique_ptr<engine_type>> engines_;  // one per chunk, over the dp group
   std::unique_ptr<executor_type> executor_;

@@ -1,0 +1,409 @@
+#pragma once
+/// \file nn/hf_llama.hpp
+/// Hugging Face's Llama checkpoints (transformers' LlamaForCausalLM): the
+/// tensor names, config.json, and a folder of safetensors read
+/// memory-mapped. tessera's Llama follows the same conventions (nn.Linear's
+/// (out, in) weight orientation, rotate-half RoPE, grouped key/value heads
+/// in order, the epsilon inside the RMSNorm square root), so the tensors
+/// map one to one with no permutation.
+///
+/// A folder holds config.json and either model.safetensors or the shards
+/// a model.safetensors.index.json lists ({"weight_map": {tensor: file}}).
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "tessera/core/error.hpp"
+#include "tessera/core/file.hpp"
+#include "tessera/data/safetensors.hpp"
+#include "tessera/nn/llama_config.hpp"
+#include "tessera/nn/llama_layout.hpp"
+#include "tessera/nn/llama_record.hpp"
+
+namespace tessera::nn {
+
+/// The Hugging Face name of a tessera parameter (make_llama_layout's
+/// names): embedding -> model.embed_tokens.weight, blocks.N.attn.wq ->
+/// model.layers.N.self_attn.q_proj.weight (wk, wv, wo: k_proj, v_proj,
+/// o_proj), blocks.N.attn_norm -> model.layers.N.input_layernorm.weight,
+/// blocks.N.mlp_norm -> model.layers.N.post_attention_layernorm.weight,
+/// blocks.N.mlp.w_gate / w_up / w_down -> model.layers.N.mlp.gate_proj /
+/// up_proj / down_proj.weight, final_norm -> model.norm.weight, lm_head ->
+/// lm_head.weight. Throws config_error for another name.
+inline std::string hf_tensor_name(const std::string& name) {
+  if (name == "embedding") return "model.embed_tokens.weight";
+  if (name == "final_norm") return "model.norm.weight";
+  if (name == "lm_head") return "lm_head.weight";
+  if (name.starts_with("blocks.")) {
+    const std::size_t dot = name.find('.', 7);
+    if (dot != std::string::npos) {
+      const std::string l = name.substr(7, dot - 7), rest = name.substr(dot + 1);
+      static const std::map<std::string, std::string> m = {
+          {"attn_norm", "input_layernorm"},      {"attn.wq", "self_attn.q_proj"},
+          {"attn.wk", "self_attn.k_proj"},       {"attn.wv", "self_attn.v_proj"},
+          {"attn.wo", "self_attn.o_proj"},       {"mlp_norm", "post_attention_layernorm"},
+          {"mlp.w_gate", "mlp.gate_proj"},       {"mlp.w_up", "mlp.up_proj"},
+          {"mlp.w_down", "mlp.down_proj"}};
+      if (auto it = m.find(rest); it != m.end()) return "model.layers." + l + "." + it->second + ".weight";
+    }
+  }
+  throw config_error("no Hugging Face name for the parameter '" + name + "'");
+}
+
+/// safetensors dtype name ("F32", "BF16", "F16", "F64") of a transformers
+/// torch_dtype ("float32", "bfloat16", "float16", "float64"). Throws
+/// config_error naming the value for another.
+inline std::string hf_safetensors_dtype(const std::string& torch_dtype) {
+  if (torch_dtype == "float32") return "F32";
+  if (torch_dtype == "bfloat16") return "BF16";
+  if (torch_dtype == "float16") return "F16";
+  if (torch_dtype == "float64") return "F64";
+  throw config_error("Hugging Face dtype '" + torch_dtype +
+                     "' is not one of float32, bfloat16, float16, float64");
+}
+
+/// config.json of LlamaForCausalLM for a model of config `c` whose tensors
+/// are stored as `torch_dtype` (float32, bfloat16 or float16): untied
+/// embeddings, no biases, no rope scaling, SiLU.
+inline nlohmann::json hf_config_json(const llama_config& c, const std::string& torch_dtype) {
+  (void)hf_safetensors_dtype(torch_dtype);
+  return {{"architectures", {"LlamaForCausalLM"}},
+          {"model_type", "llama"},
+          {"hidden_size", c.dim},
+          {"intermediate_size", c.ffn_dim},
+          {"num_hidden_layers", c.n_layers},
+          {"num_attention_heads", c.n_heads},
+          {"num_key_value_heads", c.n_kv_heads},
+          {"head_dim", c.head_dim()},
+          {"vocab_size", c.vocab},
+          {"max_position_embeddings", c.max_seq},
+          {"rms_norm_eps", c.norm_eps},
+          {"rope_theta", c.rope_theta},
+          {"rope_scaling", nullptr},
+          {"hidden_act", "silu"},
+          {"attention_bias", false},
+          {"attention_dropout", 0.0},
+          {"mlp_bias", false},
+          {"pretraining_tp", 1},
+          {"tie_word_embeddings", false},
+          {"initializer_range", 0.02},
+          {"use_cache", true},
+          {"torch_dtype", torch_dtype}};
+}
+
+/// The llama_config of a LlamaForCausalLM config.json (`j`, read from
+/// `where`, named in errors), named `name`. Reads hidden_size,
+/// intermediate_size, num_hidden_layers, num_attention_heads,
+/// num_key_value_heads (default: the attention heads), vocab_size,
+/// max_position_embeddings, rms_norm_eps (default 1e-6) and rope_theta
+/// (default 10000, transformers' defaults). Throws config_error naming the
+/// key and the value for what tessera's Llama cannot express: another
+/// model_type, attention or MLP biases, a rope_scaling, an activation
+/// other than silu, pretraining_tp > 1, attention dropout, a head_dim
+/// other than hidden_size / heads, a missing size; and as
+/// llama_config::validate.
+inline llama_config llama_config_from_hf(const nlohmann::json& j, const std::string& where,
+                                         std::string name = "hf") {
+  auto fail = [&](const std::string& key, const std::string& why) {
+    throw config_error(where + ": " + key + "=" + (j.contains(key) ? j[key].dump() : "(missing)") +
+                       ": " + why);
+  };
+  TESSERA_THROW_IF(!j.is_object(), config_error, where, ": not a JSON object");
+  if (!j.contains("model_type") || j["model_type"] != "llama")
+    fail("model_type", "tessera reads Llama checkpoints (model_type \"llama\")");
+  auto size = [&](const char* key) -> std::int64_t {
+    if (!j.contains(key) || !j[key].is_number_integer() || j[key].get<std::int64_t>() < 1)
+      fail(key, "needs a positive integer");
+    return j[key].get<std::int64_t>();
+  };
+  auto flag_off = [&](const char* key, const char* what) {
+    if (j.contains(key) && !j[key].is_null() && j[key] != false)
+      fail(key, std::string("tessera's Llama has no ") + what);
+  };
+  llama_config c;
+  c.name = std::move(name);
+  c.dim = size("hidden_size");
+  c.ffn_dim = size("intermediate_size");
+  c.n_layers = size("num_hidden_layers");
+  c.n_heads = size("num_attention_heads");
+  c.n_kv_heads = j.contains("num_key_value_heads") && !j["num_key_value_heads"].is_null()
+                     ? size("num_key_value_heads")
+                     : c.n_heads;
+  c.vocab = size("vocab_size");
+  c.max_seq = size("max_position_embeddings");
+  if (j.contains("rms_norm_eps")) {
+    if (!j["rms_norm_eps"].is_number()) fail("rms_norm_eps", "needs a number");
+    c.norm_eps = j["rms_norm_eps"].get<double>();
+  } else {
+    c.norm_eps = 1e-6;
+  }
+  if (j.contains("rope_theta")) {
+    if (!j["rope_theta"].is_number()) fail("rope_theta", "needs a number");
+    c.rope_theta = j["rope_theta"].get<double>();
+  }
+  if (j.contains("rope_scaling") && !j["rope_scaling"].is_null())
+    fail("rope_scaling", "tessera's RoPE has no scaling (plain theta^(-2i/hd) frequencies)");
+  flag_off("attention_bias", "attention biases");
+  flag_off("mlp_bias", "MLP biases");
+  if (j.contains("hidden_act") && j["hidden_act"] != "silu")
+    fail("hidden_act", "tessera's SwiGLU uses silu");
+  if (j.contains("pretraining_tp") && j["pretraining_tp"] != 1)
+    fail("pretraining_tp", "only 1 (the sliced-matmul emulation is not reproduced)");
+  if (j.contains("attention_dropout") && j["attention_dropout"] != 0 && j["attention_dropout"] != 0.0)
+    fail("attention_dropout", "tessera trains without dropout");
+  if (j.contains("head_dim") && !j["head_dim"].is_null() && c.n_heads > 0 &&
+      j["head_dim"] != c.dim / c.n_heads)
+    fail("head_dim", "must be hidden_size / num_attention_heads = " +
+                         std::to_string(c.dim / c.n_heads));
+  c.validate();
+  return c;
+}
+
+/// A Hugging Face Llama folder opened for reading: config.json parsed,
+/// the safetensors mapped, every tensor checked against the config.
+class hf_checkpoint {
+public:
+  /// Opens `dir`. Throws io_error for a missing or unreadable file (naming
+  /// it; a folder with only pytorch_model.bin is named as such: convert it
+  /// with save_pretrained(..., safe_serialization=True)), config_error as
+  /// llama_config_from_hf, and config_error naming the tensor for a
+  /// missing tensor, an unexpected one (rotary_emb.inv_freq buffers are
+  /// ignored: tessera derives them from rope_theta), a shape that disagrees
+  /// with config.json, or a dtype that is not F32, F16, BF16 or F64. An
+  /// absent lm_head.weight is read from the embedding when config.json has
+  /// tie_word_embeddings true (tessera then trains the two untied).
+  explicit hf_checkpoint(const std::filesystem::path& dir) : dir_(dir) {
+    const std::filesystem::path cj = dir / "config.json";
+    std::ifstream in(cj);
+    TESSERA_THROW_IF(!in, io_error, "cannot read '", cj.string(),
+                     "': a Hugging Face model folder holds config.json and model.safetensors");
+    try {
+      json_ = nlohmann::json::parse(in);
+    } catch (const nlohmann::json::exception& e) {
+      throw io_error("'" + cj.string() + "' is not JSON: " + e.what());
+    }
+    cfg_ = llama_config_from_hf(json_, cj.string(), dir.filename().string());
+    tied_ = json_.contains("tie_word_embeddings") && json_["tie_word_embeddings"] == true;
+    if (json_.contains("torch_dtype") && json_["torch_dtype"].is_string())
+      torch_dtype_ = json_["torch_dtype"].get<std::string>();
+    open_files();
+    check_tensors();
+  }
+
+  /// The model's sizes from config.json.
+  const llama_config& config() const { return cfg_; }
+  /// config.json as read.
+  const nlohmann::json& config_json() const { return json_; }
+  /// config.json's torch_dtype ("" when absent).
+  const std::string& torch_dtype() const { return torch_dtype_; }
+  /// Whether lm_head is read from the embedding (tie_word_embeddings).
+  bool tied() const { return tied_; }
+
+  /// The checkpoint as a tensor_reader of tessera names (for
+  /// llama_options::weights). The checkpoint must outlive it; reads are
+  /// thread-safe (the files are mapped read-only).
+  tensor_reader reader() const {
+    return [this](const std::string& name, std::int64_t first, std::int64_t n, double* out) {
+      tensor(name).read(first, n, out);
+    };
+  }
+  /// The safetensors tensor holding tessera parameter `name`. Throws
+  /// config_error for a name the checkpoint does not hold.
+  const data::safetensors_tensor& tensor(const std::string& name) const {
+    auto it = by_name_.find(name);
+    TESSERA_THROW_IF(it == by_name_.end(), config_error, "Hugging Face checkpoint '",
+                     dir_.string(), "' holds no tensor for '", name, "'");
+    return *it->second;
+  }
+
+private:
+  void open_files() {
+    const std::filesystem::path single = dir_ / "model.safetensors";
+    const std::filesystem::path index = dir_ / "model.safetensors.index.json";
+    if (std::filesystem::exists(index)) {
+      std::ifstream in(index);
+      TESSERA_THROW_IF(!in, io_error, "cannot read '", index.string(), "'");
+      nlohmann::json ix;
+      try {
+        ix = nlohmann::json::parse(in);
+      } catch (const nlohmann::json::exception& e) {
+        throw io_error("'" + index.string() + "' is not JSON: " + e.what());
+      }
+      TESSERA_THROW_IF(!ix.is_object() || !ix.contains("weight_map") || !ix["weight_map"].is_object(),
+                       io_error, "'", index.string(), "' has no weight_map object");
+      std::map<std::string, const data::safetensors_file*> opened;
+      for (const auto& [tensor, file] : ix["weight_map"].items()) {
+        TESSERA_THROW_IF(!file.is_string(), io_error, "'", index.string(), "': weight_map[\"",
+                         tensor, "\"] is not a file name");
+        const std::string f = file.get<std::string>();
+        TESSERA_THROW_IF(f.empty() || f.find('/') != std::string::npos || f == "." || f == "..",
+                         io_error, "'", index.string(), "': weight_map[\"", tensor, "\"] = \"", f,
+                         "\" is not a file name in the folder");
+        if (!opened.contains(f)) {
+          files_.push_back(std::make_unique<data::safetensors_file>(dir_ / f));
+          opened[f] = files_.back().get();
+        }
+        const data::safetensors_tensor* t = opened[f]->find(tensor);
+        TESSERA_THROW_IF(t == nullptr, io_error, "'", index.string(), "' places '", tensor,
+                         "' in '", f, "', which does not hold it");
+        hf_[tensor] = t;
+      }
+      // A shard's tensors the index does not list are still unexpected.
+      for (const auto& f : files_)
+        for (const auto& [tensor, t] : f->tensors())
+          if (!hf_.contains(tensor)) hf_[tensor] = &t;
+    } else if (std::filesystem::exists(single)) {
+      files_.push_back(std::make_unique<data::safetensors_file>(single));
+      for (const auto& [tensor, t] : files_.back()->tensors()) hf_[tensor] = &t;
+    } else {
+      const bool pickle = std::filesystem::exists(dir_ / "pytorch_model.bin") ||
+                          std::filesystem::exists(dir_ / "pytorch_model.bin.index.json");
+      throw io_error("'" + dir_.string() + "' has no model.safetensors or " +
+                     "model.safetensors.index.json" +
+                     (pickle ? std::string(" (only PyTorch pickles, which tessera does not read: "
+                                           "save the model with save_pretrained(dir, "
+                                           "safe_serialization=True))")
+                             : std::string()));
+    }
+  }
+
+  void check_tensors() {
+    const param_layout layout = make_llama_layout(cfg_);
+    const std::string where = "Hugging Face checkpoint '" + dir_.string() + "'";
+    std::set<std::string> used;
+    for (const auto& e : layout.entries()) {
+      std::string hn = hf_tensor_name(e.name);
+      if (e.name == "lm_head" && tied_ && !hf_.contains(hn)) hn = "model.embed_tokens.weight";
+      auto it = hf_.find(hn);
+      TESSERA_THROW_IF(it == hf_.end(), config_error, where, " has no tensor '", hn, "'",
+                       e.name == "lm_head" ? " (and config.json does not tie the embeddings)" : "");
+      const data::safetensors_tensor& t = *it->second;
+      std::vector<std::int64_t> want;
+      for (int d = 0; d < e.full.rank; ++d) want.push_back(e.full[d]);
+      TESSERA_THROW_IF(t.shape != want, config_error, where, ": tensor '", hn, "' has shape ",
+                       nlohmann::json(t.shape).dump(), " but config.json implies ",
+                       nlohmann::json(want).dump());
+      TESSERA_THROW_IF(t.dtype != "F32" && t.dtype != "BF16" && t.dtype != "F16" && t.dtype != "F64",
+                       config_error, where, ": tensor '", hn, "' has dtype ", t.dtype,
+                       ", not F32, BF16, F16 or F64");
+      by_name_[e.name] = &t;
+      used.insert(hn);
+    }
+    for (const auto& [hn, t] : hf_) {
+      (void)t;
+      if (used.contains(hn) || hn.ends_with(".rotary_emb.inv_freq")) continue;
+      if (hn == "lm_head.weight" && tied_) continue;  // tied: the embedding is read
+      throw config_error(where + " has a tensor tessera's Llama cannot hold: '" + hn + "'" +
+                         (hn.ends_with(".bias") ? " (biases)" : ""));
+    }
+  }
+
+  std::filesystem::path dir_;
+  nlohmann::json json_;
+  llama_config cfg_;
+  bool tied_ = false;
+  std::string torch_dtype_;
+  std::vector<std::unique_ptr<data::safetensors_file>> files_;
+  std::map<std::string, const data::safetensors_tensor*> hf_;       // HF name -> tensor
+  std::map<std::string, const data::safetensors_tensor*> by_name_;  // tessera name -> tensor
+};
+
+/// The largest shard of an export unless the caller sets one: 5 GB (10^9
+/// bytes each), transformers' save_pretrained default.
+inline constexpr std::uint64_t hf_default_shard_bytes = 5'000'000'000ull;
+
+/// Whether tessera parameter `name` (make_llama_layout's) belongs to the
+/// modules of stage `s` of a model of `n_layers` blocks.
+inline bool in_stage(const std::string& name, const stage_range& s, std::int64_t n_layers) {
+  if (name == "embedding") return s.embedding;
+  if (name == "final_norm" || name == "lm_head") return s.head;
+  TESSERA_THROW_IF(!name.starts_with("blocks."), config_error, "parameter '", name,
+                   "' is not a Llama parameter");
+  const std::int64_t l = std::stoll(name.substr(7, name.find('.', 7) - 7));
+  const std::int64_t last = s.last_block < 0 ? n_layers : s.last_block;
+  return l >= s.first_block && l < last;
+}
+
+/// One file of a Hugging Face export: its name, the tessera tensors it
+/// holds in order, its tensor bytes, and the virtual stage whose rank
+/// writes it.
+struct hf_file {
+  std::string name;
+  std::vector<std::string> tensors;
+  std::uint64_t bytes = 0;
+  int virtual_stage = 0;
+};
+
+/// The files of an export of model `c` held as `stages` (the virtual
+/// stages in order, parallel::partition_stages; one whole-model stage
+/// without a pipeline), `elem_bytes` bytes per element: consecutive
+/// tensors of one stage packed greedily into files of at most `max_bytes`
+/// (a larger tensor alone in its file), a file never spanning two stages
+/// (each stage's rank writes its own). One file is "model.safetensors";
+/// N > 1 are "model-0000i-of-0000N.safetensors" (transformers' names)
+/// listed by model.safetensors.index.json. Throws config_error for
+/// max_bytes 0.
+inline std::vector<hf_file> plan_hf_files(const llama_config& c,
+                                          const std::vector<stage_range>& stages,
+                                          std::size_t elem_bytes, std::uint64_t max_bytes) {
+  TESSERA_THROW_IF(max_bytes == 0, config_error, "Hugging Face export: a shard size of 0 bytes");
+  const param_layout layout = make_llama_layout(c);
+  std::vector<hf_file> files;
+  for (std::size_t v = 0; v < stages.size(); ++v) {
+    bool open = false;
+    for (const auto& e : layout.entries()) {
+      if (!in_stage(e.name, stages[v], c.n_layers)) continue;
+      const std::uint64_t b = static_cast<std::uint64_t>(e.full.numel()) * elem_bytes;
+      if (!open || (files.back().bytes > 0 && files.back().bytes + b > max_bytes)) {
+        files.push_back({});
+        files.back().virtual_stage = static_cast<int>(v);
+        open = true;
+      }
+      files.back().tensors.push_back(e.name);
+      files.back().bytes += b;
+    }
+  }
+  const std::size_t n = files.size();
+  for (std::size_t i = 0; i < n; ++i) {
+    if (n == 1) {
+      files[i].name = "model.safetensors";
+    } else {
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "model-%05zu-of-%05zu.safetensors", i + 1, n);
+      files[i].name = buf;
+    }
+  }
+  return files;
+}
+
+/// model.safetensors.index.json of a sharded export: {"metadata":
+/// {"total_size": bytes}, "weight_map": {Hugging Face name: file}}.
+inline nlohmann::json hf_index_json(const std::vector<hf_file>& files) {
+  nlohmann::json map = nlohmann::json::object();
+  std::uint64_t total = 0;
+  for (const auto& f : files) {
+    total += f.bytes;
+    for (const auto& t : f.tensors) map[hf_tensor_name(t)] = f.name;
+  }
+  return {{"metadata", {{"total_size", total}}}, {"weight_map", map}};
+}
+
+/// Writes `j` as `path` (indented, atomically).
+inline void write_json_file(const std::filesystem::path& path, const nlohmann::json& j) {
+  const std::string s = j.dump(2) + "\n";
+  write_file_atomically(path, [&](std::ofstream& out) {
+    out.write(s.data(), static_cast<std::streamsize>(s.size()));
+  });
+}
+
+}  // namespace tessera::nn

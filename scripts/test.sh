@@ -5,6 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh
+# numpy and safetensors for the Hugging Face interop test (skipped without them)
+scripts/python_deps.sh || echo "tessera: without numpy and safetensors the hf_interop test is skipped"
 cmake --preset host >/dev/null
 cmake --build --preset host -j "$(nproc)"
 ctest --preset host "$@"

@@ -34,6 +34,13 @@
 //
 //   build/host/examples/train_llama --steps 50 --pp 2 --schedule zb1 --micro-batch 2 --trace runs/zb1.json
 //
+// Hugging Face checkpoints (docs/huggingface.md): --init-from-hf DIR starts
+// from a Llama folder (its config.json gives the sizes), --export-hf DIR
+// writes the trained model as one (LlamaForCausalLM reads it):
+//
+//   build/host/examples/train_llama --preset tiny --steps 50 --out runs/t --export-hf runs/t/hf
+//   build/host/examples/train_llama --init-from-hf runs/t/hf --steps 20 --lr 3e-4 --out runs/ft
+//
 // The trainers are instantiated in run_host*.cpp and run_cuda.cpp; this
 // file reads and checks the command line and dispatches once, at the top.
 //
@@ -166,6 +173,9 @@ int main(int argc, char** argv) {
   app.add_option("--backend", o.backend, "host, or cuda (GPUs; a build with the cuda preset)")->capture_default_str();
   app.add_option("--checkpointing", o.checkpointing, "activation checkpointing: none (the host's default) or full (cuda's default)");
   app.add_option("--checkpoint-layers", o.checkpoint_layers, "with --checkpointing full: every k-th block recomputes (1: all)")->capture_default_str();
+  app.add_option("--init-from-hf", o.init_from_hf, "start from a Hugging Face Llama folder (config.json and safetensors; the model sizes are its)");
+  app.add_option("--export-hf", o.export_hf, "at the end, write the model as a Hugging Face Llama folder (config.json, safetensors) to DIR");
+  app.add_option("--hf-dtype", o.hf_dtype, "dtype of --export-hf: float32, bfloat16, float16 or float64 (default: bfloat16 for bf16 weights, float64 for fp64, else float32)");
   app.add_option("--peak-tflops", o.peak_tflops, "the peak TFLOP/s of one rank, for MFU (0, the default: the host's theoretical fp32 peak, threads x clock x FLOPs per cycle; a GPU's datasheet dense bf16 rate)")->check(CLI::Range(0.0, 1e9));
   try {
     app.parse(argc, argv);
@@ -222,6 +232,20 @@ int main(int argc, char** argv) {
                      " x pp=", o.cfg.pp, " = ", o.dp * o.tp * o.cfg.pp,
                      " ranks exceeds the limit of 1024");
     if (o.cfg.sequence_parallel) nn::check_sequence_parallel(o.cfg.seq, o.tp);
+    if (!o.init_from_hf.empty())
+      for (const char* f : {"--preset", "--dim", "--layers", "--heads", "--kv-heads", "--ffn"})
+        TESSERA_THROW_IF(app.count(f) > 0, config_error, f,
+                         " cannot be given with --init-from-hf: the model's sizes are its "
+                         "config.json's");
+    TESSERA_THROW_IF(!o.hf_dtype.empty() && o.export_hf.empty(), config_error, "--hf-dtype ",
+                     o.hf_dtype, " needs --export-hf DIR");
+    TESSERA_THROW_IF(!o.export_hf.empty() && fs::exists(o.export_hf) && !fs::is_directory(o.export_hf),
+                     io_error, "--export-hf '", o.export_hf, "' exists and is not a folder");
+    if (!o.hf_dtype.empty()) (void)nn::hf_safetensors_dtype(o.hf_dtype);
+    if (!o.init_from_hf.empty()) {
+      (void)train_llama::model_config(o);   // config.json: what the model cannot express
+      (void)nn::hf_checkpoint(o.init_from_hf);  // every tensor against it
+    }
     if (o.comm == "auto")
       o.comm = train_llama::launched_by_mpi() ? (gpu ? "nccl" : "mpi") : "local";
     TESSERA_THROW_IF(o.comm != "local" && o.comm != "mpi" && o.comm != "nccl", config_error,

@@ -25,6 +25,7 @@
 #include "tessera/data/token_file.hpp"
 #include "tessera/data/tokenizer.hpp"
 #include "tessera/nn/checkpointing.hpp"
+#include "tessera/nn/hf_llama.hpp"
 #include "tessera/nn/llama_config.hpp"
 #include "tessera/train/metrics.hpp"
 #include "tessera/train/trainer.hpp"
@@ -66,6 +67,9 @@ struct options {
   bool parallel = false;      // the data-parallel path (dp > 1, --zero, --comm or mpirun)
   // Overrides of the preset's sizes.
   std::optional<std::int64_t> dim, layers, heads, kv_heads, ffn;
+  std::string init_from_hf;  // a Hugging Face Llama folder to start from ("": seeded weights)
+  std::string export_hf;     // a folder to write the trained model to as a Hugging Face Llama
+  std::string hf_dtype;      // the export's dtype ("": bfloat16 for bf16 weights, else float32)
 };
 
 /// Files and folders this run created, removed again if it fails on bad input.
@@ -79,8 +83,17 @@ struct created_paths {
   }
 };
 
-/// The model sizes of the run: the preset with the --dim/--layers/... overrides.
+/// The model sizes of the run: the config.json of --init-from-hf, or the
+/// preset with the --dim/--layers/... overrides.
 inline nn::llama_config model_config(const options& o) {
+  if (!o.init_from_hf.empty()) {
+    const fs::path cj = fs::path(o.init_from_hf) / "config.json";
+    std::ifstream in(cj);
+    TESSERA_THROW_IF(!in, io_error, "--init-from-hf: cannot read '", cj.string(), "'");
+    const auto j = nlohmann::json::parse(in, nullptr, false);
+    TESSERA_THROW_IF(j.is_discarded(), io_error, "--init-from-hf: '", cj.string(), "' is not JSON");
+    return nn::llama_config_from_hf(j, cj.string(), fs::path(o.init_from_hf).filename().string());
+  }
   nn::llama_config mc = nn::llama_config::from_name(o.preset);
   if (o.dim) mc.dim = *o.dim;
   if (o.layers) mc.n_layers = *o.layers;
@@ -131,6 +144,7 @@ inline train::train_config run_config(const options& o) {
   c.tp = o.tp;
   c.pipeline = parallel::parse_schedule_kind(o.schedule);
   c.checkpointing = {nn::parse_checkpointing(o.checkpointing), o.checkpoint_layers};
+  c.init_from_hf = o.init_from_hf;
   return c;
 }
 
@@ -234,6 +248,8 @@ int train_loop(options& o, Trainer& tr, const data::token_file& data, const fs::
                   o.zero);
     if (o.baseline)
       std::printf("train_llama: 4-gram Kneser-Ney baseline on val: %.4f nats/byte\n", *o.baseline);
+    if (!o.init_from_hf.empty() && tr.step() == 0)
+      std::printf("train_llama: weights from the Hugging Face Llama %s\n", o.init_from_hf.c_str());
     if (tr.step() > 0) std::printf("train_llama: resumed from step %lld\n", (long long)tr.step());
     std::fflush(stdout);
     metrics.emplace(metrics_path);
@@ -314,6 +330,13 @@ int train_loop(options& o, Trainer& tr, const data::token_file& data, const fs::
       std::fprintf(stderr, "train_llama: training diverged: final validation loss %f (lr %g)\n",
                    *last_val, o.cfg.lr);
     return 1;
+  }
+  if (!o.export_hf.empty()) {  // every rank takes part (tp gathers, each stage its files)
+    tr.export_hf(o.export_hf, o.hf_dtype);
+    if (lead)
+      std::printf("train_llama: Hugging Face Llama written to %s (config.json, safetensors; "
+                  "LlamaForCausalLM.from_pretrained reads it)\n",
+                  o.export_hf.c_str());
   }
   if (o.sample_bytes > 0) {  // every rank generates (zero 3 gathers), rank 0 prints
     auto ids = data::byte_tokenizer::encode(o.prompt);

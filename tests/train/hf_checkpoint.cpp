@@ -146,10 +146,9 @@ train::train_config config(std::int64_t steps, int dp = 1, int tp = 1, int pp = 
 // Trains `steps` on the (dp, tp, pp) mesh under zero stage S and exports
 // to `dir` (shards of at most `shard` bytes); or, with init set, starts
 // from it and returns the first step's loss.
-template <class S>
+template <class S, class P = precision::fp64>
 double run_mesh(const data::token_file& f, int dp, int tp, int pp, std::int64_t steps,
                 const fs::path& dir, std::uint64_t shard, const std::string& init = "") {
-  using P = precision::fp64;
   using Comm = local_communicator;
   using tp_layers = nn::tensor_parallel_layers<Comm>;
   double loss = 0;
@@ -159,7 +158,7 @@ double run_mesh(const data::token_file& f, int dp, int tp, int pp, std::int64_t 
         omp_set_num_threads(1);
         const comm::device_mesh mesh(dp, tp, pp);
         auto g = comm::make_groups(world, mesh);
-        train::train_config cfg = config(steps, dp, tp, pp);
+        train::train_config cfg = config(std::max<std::int64_t>(steps, 1), dp, tp, pp);
         cfg.init_from_hf = init;
         auto body = [&](auto& tr) {
           for (std::int64_t s = 0; s < steps; ++s) {
@@ -305,6 +304,24 @@ TEST_CASE("hf export: dp x tp x pp meshes write one rank's tensors; sharded file
   }
 }
 
+TEST_CASE("hf export of bf16 weights under tp x pp: one rank's bits", "[train][hf][tp][pp]") {
+  // The initial weights do not depend on the layout: a bf16 export of a
+  // (1, 2, 2) mesh before any step is one rank's, bit for bit (the 16-bit
+  // shards travel in pairs through 32-bit words; the chunks hold odd
+  // element counts).
+  trainer_suite::temp_file corpus{trainer_suite::make_corpus("hfbf16", 0)};
+  data::token_file f(corpus.path);
+  temp_dir tmp;
+  {
+    train::trainer<precision::bf16_mixed> one(model4(), config(1), f);
+    one.export_hf(tmp / "one");
+  }
+  run_mesh<parallel::zero<1>, precision::bf16_mixed>(f, 1, 2, 2, 0, tmp / "mesh",
+                                                      nn::hf_default_shard_bytes);
+  CHECK(nn::hf_checkpoint(tmp / "mesh").torch_dtype() == "bfloat16");
+  CHECK(max_rel_diff(read_all(tmp / "mesh"), read_all(tmp / "one")) == 0);
+}
+
 TEST_CASE("hf import into a tp x pp mesh computes one rank's loss", "[train][hf][tp][pp]") {
   trainer_suite::temp_file corpus{trainer_suite::make_corpus("hfin", 0)};
   data::token_file f(corpus.path);
@@ -382,6 +399,10 @@ TEST_CASE("hf import refuses what tessera's Llama cannot express, naming key and
   };
   cfg_edit([](auto& j) { j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 2.0}}; },
            "rope_scaling={\"factor\":2.0,\"rope_type\":\"linear\"}: tessera's RoPE has no scaling");
+  cfg_edit([](auto& j) { j["rope_parameters"] = {{"rope_type", "yarn"}, {"rope_theta", 1e4}}; },
+           "rope_parameters={\"rope_theta\":10000.0,\"rope_type\":\"yarn\"}: tessera's RoPE "
+           "has no scaling");
+  cfg_edit([](auto& j) { j["rope_theta"] = -1.0; }, "rope_theta=-1.0: needs a positive rope_theta");
   cfg_edit([](auto& j) { j["attention_bias"] = true; }, "attention_bias=true");
   cfg_edit([](auto& j) { j["mlp_bias"] = true; }, "mlp_bias=true");
   cfg_edit([](auto& j) { j["model_type"] = "mistral"; }, "model_type=\"mistral\"");

@@ -73,8 +73,9 @@ inline std::string hf_safetensors_dtype(const std::string& torch_dtype) {
 }
 
 /// config.json of LlamaForCausalLM for a model of config `c` whose tensors
-/// are stored as `torch_dtype` (float32, bfloat16 or float16): untied
-/// embeddings, no biases, no rope scaling, SiLU.
+/// are stored as `torch_dtype` (float32, bfloat16, float16 or float64):
+/// untied embeddings, no biases, no rope scaling, SiLU. The dtype is
+/// written as both torch_dtype (transformers < 5) and dtype (5 on).
 inline nlohmann::json hf_config_json(const llama_config& c, const std::string& torch_dtype) {
   (void)hf_safetensors_dtype(torch_dtype);
   return {{"architectures", {"LlamaForCausalLM"}},
@@ -98,7 +99,8 @@ inline nlohmann::json hf_config_json(const llama_config& c, const std::string& t
           {"tie_word_embeddings", false},
           {"initializer_range", 0.02},
           {"use_cache", true},
-          {"torch_dtype", torch_dtype}};
+          {"torch_dtype", torch_dtype},
+          {"dtype", torch_dtype}};
 }
 
 /// The llama_config of a LlamaForCausalLM config.json (`j`, read from
@@ -106,9 +108,11 @@ inline nlohmann::json hf_config_json(const llama_config& c, const std::string& t
 /// intermediate_size, num_hidden_layers, num_attention_heads,
 /// num_key_value_heads (default: the attention heads), vocab_size,
 /// max_position_embeddings, rms_norm_eps (default 1e-6) and rope_theta
-/// (default 10000, transformers' defaults). Throws config_error naming the
+/// (default 10000, transformers' defaults; top-level as transformers < 5
+/// writes it, or inside rope_parameters as 5 does). Throws config_error naming the
 /// key and the value for what tessera's Llama cannot express: another
-/// model_type, attention or MLP biases, a rope_scaling, an activation
+/// model_type, attention or MLP biases, a rope_scaling or a rope_type
+/// other than "default", an activation
 /// other than silu, pretraining_tp > 1, attention dropout, a head_dim
 /// other than hidden_size / heads, a missing size; and as
 /// llama_config::validate.
@@ -147,11 +151,24 @@ inline llama_config llama_config_from_hf(const nlohmann::json& j, const std::str
   } else {
     c.norm_eps = 1e-6;
   }
-  if (j.contains("rope_theta")) {
-    if (!j["rope_theta"].is_number()) fail("rope_theta", "needs a number");
-    c.rope_theta = j["rope_theta"].get<double>();
+  // RoPE: transformers < 5 writes rope_theta and rope_scaling, 5 and later
+  // rope_parameters {"rope_type", "rope_theta", ...}; only the default
+  // (unscaled) type is tessera's.
+  const nlohmann::json* rope = &j;
+  if (j.contains("rope_parameters") && !j["rope_parameters"].is_null()) {
+    rope = &j["rope_parameters"];
+    if (!rope->is_object()) fail("rope_parameters", "needs an object");
+    if (rope->contains("rope_type") && (*rope)["rope_type"] != "default")
+      fail("rope_parameters", "tessera's RoPE has no scaling (rope_type \"default\" only)");
   }
-  if (j.contains("rope_scaling") && !j["rope_scaling"].is_null())
+  if (rope->contains("rope_theta")) {
+    if (!(*rope)["rope_theta"].is_number() || !((*rope)["rope_theta"].get<double>() > 0))
+      fail(rope == &j ? "rope_theta" : "rope_parameters", "needs a positive rope_theta");
+    c.rope_theta = (*rope)["rope_theta"].get<double>();
+  }
+  if (j.contains("rope_scaling") && !j["rope_scaling"].is_null() &&
+      !(j["rope_scaling"].is_object() && j["rope_scaling"].contains("rope_type") &&
+        j["rope_scaling"]["rope_type"] == "default"))
     fail("rope_scaling", "tessera's RoPE has no scaling (plain theta^(-2i/hd) frequencies)");
   flag_off("attention_bias", "attention biases");
   flag_off("mlp_bias", "MLP biases");
@@ -194,8 +211,8 @@ public:
     }
     cfg_ = llama_config_from_hf(json_, cj.string(), dir.filename().string());
     tied_ = json_.contains("tie_word_embeddings") && json_["tie_word_embeddings"] == true;
-    if (json_.contains("torch_dtype") && json_["torch_dtype"].is_string())
-      torch_dtype_ = json_["torch_dtype"].get<std::string>();
+    for (const char* k : {"torch_dtype", "dtype"})  // transformers < 5, and 5 on
+      if (json_.contains(k) && json_[k].is_string()) torch_dtype_ = json_[k].get<std::string>();
     open_files();
     check_tensors();
   }

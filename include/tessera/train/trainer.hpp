@@ -475,20 +475,28 @@ class trainer {
     }
     for (int ch = 0; ch < V; ++ch) {
       // This chunk's parameters of every tp rank, on the host (collective).
+      // 16-bit parameters travel as pairs in 32-bit words (as zero's
+      // gathers): the stride rounds up to even.
       const std::int64_t n = model(ch).flat_size();
-      tensor<Param, Backend> full = kernels::make_tensor<Param>(*ctx_, n);
+      const std::int64_t stride = sizeof(Param) == 2 ? (n + 1) / 2 * 2 : n;
+      tensor<Param, Backend> full = kernels::make_tensor<Param>(*ctx_, stride);
       engine(ch).full_params(full.data());
-      std::vector<Param> h(static_cast<std::size_t>(n * T));
+      std::vector<Param> h(static_cast<std::size_t>(stride * T));
       if constexpr (L::tensor_parallel) {
-        tensor<Param, Backend> all = kernels::make_tensor<Param>(*ctx_, n * T);
-        layers_.group->all_gather(full.data(), all.data(), static_cast<std::size_t>(n));
+        tensor<Param, Backend> all = kernels::make_tensor<Param>(*ctx_, stride * T);
+        if constexpr (comm::comm_element<Param>)
+          layers_.group->all_gather(full.data(), all.data(), static_cast<std::size_t>(stride));
+        else
+          layers_.group->all_gather(reinterpret_cast<const std::int32_t*>(full.data()),
+                                    reinterpret_cast<std::int32_t*>(all.data()),
+                                    static_cast<std::size_t>(stride / 2));
         ctx_->to_host(h.data(), all.data(), h.size() * sizeof(Param));
       } else {
         ctx_->to_host(h.data(), full.data(), h.size() * sizeof(Param));
       }
       if (!writer || failed) continue;
       try {
-        write_hf_chunk(dir, files, virtual_stage(ch), model(ch), h, dtype);
+        write_hf_chunk(dir, files, virtual_stage(ch), model(ch), h, stride, dtype);
       } catch (...) {
         failed = std::current_exception();
       }
@@ -689,15 +697,16 @@ class trainer {
     return cfg;
   }
   // The files of `files` that virtual stage v writes, from `h`: this
-  // chunk's flat parameters of every tp rank (rank r's at r * flat_size()),
+  // chunk's flat parameters of every tp rank (rank r's at r * stride),
   // each tensor reassembled whole (nn::param_entry::full_index) and
   // converted to `dtype`.
   static void write_hf_chunk(const std::filesystem::path& dir, const std::vector<nn::hf_file>& files,
                              int v, const model_type& m, const std::vector<Param>& h,
-                             const std::string& dtype) {
+                             std::int64_t stride, const std::string& dtype) {
     const nn::llama_config& c = m.config();
     const int T = m.tp_size();
-    const std::int64_t n = m.flat_size(), lo = m.flat_begin();
+    [[maybe_unused]] const std::int64_t n = m.flat_size();  // checked with contracts on
+    const std::int64_t lo = m.flat_begin();
     std::vector<nn::param_layout> layouts;
     for (int r = 0; r < T; ++r) layouts.push_back(nn::make_llama_layout(c, {T, r}));
     const std::size_t eb = data::safetensors_dtype_bytes(dtype);
@@ -713,7 +722,7 @@ class trainer {
         std::vector<double> w(static_cast<std::size_t>(whole));
         for (int r = 0; r < (e0.shard_dim < 0 ? 1 : T); ++r) {
           const nn::param_entry& e = layouts[static_cast<std::size_t>(r)].at(name);
-          const Param* src = h.data() + static_cast<std::size_t>(r * n + e.offset - lo);
+          const Param* src = h.data() + static_cast<std::size_t>(r * stride + e.offset - lo);
           for (std::int64_t j = 0; j < e.numel; ++j) {
             const std::int64_t at = e.full_index(j);
             if (at < whole) w[static_cast<std::size_t>(at)] = to<double>(src[j]);

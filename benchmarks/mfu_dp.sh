@@ -37,7 +37,7 @@ common=(--steps "$steps" --micro-batch 8 --seq 128 --eval-every 0 --checkpoint-e
 median_of() {
   python3 - "$1" <<'EOF'
 import json, statistics, sys
-rows = [json.loads(l) for l in open(sys.argv[1])][5:]
+rows = [r for r in map(json.loads, open(sys.argv[1])) if "step" in r][5:]
 print(statistics.median(r["mfu"] for r in rows if r["mfu"] is not None), statistics.median(r["tokens_per_s"] for r in rows))
 EOF
 }

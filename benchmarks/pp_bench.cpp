@@ -195,7 +195,8 @@ result run_case(const bench_case& bc, int pp, schedule_kind sk, int V, std::int6
 
 int main(int argc, char** argv) {
   const std::string blas = kernels::check_blas_core(argv);
-  std::string json_path = std::string(TESSERA_SOURCE_DIR) + "/benchmarks/pp_bench.json";
+  // Beside the other results when run from the repository root, else here.
+  std::string json_path = std::filesystem::is_directory("benchmarks") ? "benchmarks/pp_bench.json" : "pp_bench.json";
   std::int64_t warmup = 1, steps = 3;
   bool skip_7b = false, skip_small = false;
   CLI::App app{"pp_bench: tokens/s and bubble at pp 1, 2, 4 under each schedule on thread ranks"};

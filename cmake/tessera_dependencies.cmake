@@ -4,26 +4,43 @@ find_package(OpenMP REQUIRED COMPONENTS CXX)
 find_package(MPI QUIET COMPONENTS CXX)
 find_package(nlohmann_json 3 REQUIRED)
 
-# The CBLAS: OpenBLAS, the OpenMP build (Debian's libopenblas-openmp-dev).
-# tessera's kernels run on OpenMP; the pthreads build of OpenBLAS keeps a
-# second thread pool whose idle threads spin in sched_yield while OpenMP
-# regions run (and OpenMP's spin while BLAS runs): measured on 2 cores, a
-# `small` training step took 2.5x longer with it. The OpenMP build shares
-# libgomp's pool. We link its libopenblas by full path (the build gets an
+# The CBLAS, through CMake's FindBLAS: BLA_VENDOR chooses it (default
+# OpenBLAS; e.g. -DBLA_VENDOR=Intel10_64lp for MKL, FLAME for BLIS), and
+# TESSERA_CBLAS_INCLUDE_DIR the folder of its cblas.h. For OpenBLAS the
+# OpenMP build comes first (Debian's libopenblas-openmp-dev): tessera's
+# kernels run on OpenMP, and the pthreads build keeps a second thread pool
+# whose idle threads spin in sched_yield while OpenMP regions run (and
+# OpenMP's spin while BLAS runs): measured on 2 cores, a `small` training
+# step took 2.5x longer with it. The library is linked by full path with an
 # RPATH to its folder, so Debian's libopenblas.so.0 alternative, which may
-# point at the pthreads build, is not what loads).
-if(NOT TESSERA_OPENBLAS_LIBRARY)
-  find_library(TESSERA_OPENBLAS_LIBRARY NAMES openblas
-    PATHS /usr/lib/x86_64-linux-gnu/openblas-openmp /usr/lib/aarch64-linux-gnu/openblas-openmp
-    NO_DEFAULT_PATH)
-  find_path(TESSERA_CBLAS_INCLUDE_DIR NAMES cblas.h
-    PATHS /usr/include/x86_64-linux-gnu/openblas-openmp /usr/include/aarch64-linux-gnu/openblas-openmp
-    NO_DEFAULT_PATH)
+# point at the pthreads build, is not what loads.
+if(NOT DEFINED BLA_VENDOR)
+  set(BLA_VENDOR OpenBLAS)
 endif()
-if(NOT TESSERA_OPENBLAS_LIBRARY OR NOT TESSERA_CBLAS_INCLUDE_DIR)
-  message(FATAL_ERROR "tessera: the OpenMP build of OpenBLAS was not found (library "
-    "'${TESSERA_OPENBLAS_LIBRARY}', cblas.h '${TESSERA_CBLAS_INCLUDE_DIR}'). "
-    "On Debian: apt-get install libopenblas-openmp-dev")
+set(_tessera_openmp_blas_dirs /usr/lib/x86_64-linux-gnu/openblas-openmp
+  /usr/lib/aarch64-linux-gnu/openblas-openmp)
+if(TESSERA_OPENBLAS_LIBRARY)
+  # A library named outright (benchmarks/device_check.sh's bundle) is used as is.
+  set(BLAS_LIBRARIES ${TESSERA_OPENBLAS_LIBRARY})
+  set(BLAS_FOUND TRUE)
+else()
+  if(BLA_VENDOR STREQUAL "OpenBLAS")
+    list(PREPEND CMAKE_LIBRARY_PATH ${_tessera_openmp_blas_dirs})  # searched before the system's
+  endif()
+  find_package(BLAS)
+endif()
+if(NOT BLAS_FOUND OR NOT BLAS_LIBRARIES)
+  message(FATAL_ERROR "tessera: no BLAS of vendor '${BLA_VENDOR}' was found (FindBLAS). "
+    "On Debian: apt-get install libopenblas-openmp-dev; or choose another with -DBLA_VENDOR=...")
+endif()
+list(GET BLAS_LIBRARIES 0 _tessera_blas_first)
+get_filename_component(_tessera_blas_libdir "${_tessera_blas_first}" DIRECTORY)
+find_path(TESSERA_CBLAS_INCLUDE_DIR NAMES cblas.h
+  HINTS /usr/include/x86_64-linux-gnu/openblas-openmp /usr/include/aarch64-linux-gnu/openblas-openmp
+        ${_tessera_blas_libdir}/../include ${_tessera_blas_libdir}/../../include)
+if(NOT TESSERA_CBLAS_INCLUDE_DIR)
+  message(FATAL_ERROR "tessera: cblas.h of the BLAS '${BLAS_LIBRARIES}' was not found; set "
+    "TESSERA_CBLAS_INCLUDE_DIR to its folder")
 endif()
 
 # oneDNN (Debian's libdnnl-dev), optional: bf16 x bf16 GEMMs on its native
@@ -47,9 +64,8 @@ endif()
 macro(tessera_add_blas_target)
   if(NOT TARGET tessera_blas)
     add_library(tessera_blas INTERFACE)
-    get_filename_component(_tessera_blas_dir ${TESSERA_OPENBLAS_LIBRARY} DIRECTORY)
-    target_link_libraries(tessera_blas INTERFACE ${TESSERA_OPENBLAS_LIBRARY}
-      "-Wl,-rpath,${_tessera_blas_dir}")
+    target_link_libraries(tessera_blas INTERFACE ${BLAS_LIBRARIES}
+      "-Wl,-rpath,${_tessera_blas_libdir}")
     target_include_directories(tessera_blas SYSTEM INTERFACE ${TESSERA_CBLAS_INCLUDE_DIR})
     if(TESSERA_WITH_ONEDNN AND TARGET DNNL::dnnl)
       target_link_libraries(tessera_blas INTERFACE DNNL::dnnl)

@@ -27,10 +27,6 @@
 #include <tessera/cuda.hpp>
 #endif
 
-#ifndef TESSERA_SOURCE_DIR
-#define TESSERA_SOURCE_DIR "."
-#endif
-
 using namespace tessera;
 
 namespace {
@@ -71,7 +67,8 @@ bool report(const char* what, std::pair<double, double> l) {
 }  // namespace
 
 int run(int argc, char** argv) {
-  const std::string text_path = argc > 1 ? argv[1] : TESSERA_SOURCE_DIR "/data/fortunes.txt";
+  // The bundled corpus, from the repository root, unless a file is named.
+  const std::string text_path = argc > 1 ? argv[1] : "data/fortunes.txt";
   std::ifstream in(text_path, std::ios::binary);
   std::string text((std::istreambuf_iterator<char>(in)), {});
   if (text.empty()) return std::fprintf(stderr, "compose_trainer: cannot read %s\n", text_path.c_str()), 2;

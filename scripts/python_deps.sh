@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# Installs the Python packages the Hugging Face interop test reads the
-# exported files with (numpy, safetensors) for the python3 on PATH; the test
-# skips without them. transformers (and torch) are optional: with them the
-# test also loads the exports in LlamaForCausalLM and saves fresh models.
-#   scripts/python_deps.sh              # numpy and safetensors
+# Installs the Python packages for the Hugging Face checks (numpy and
+# safetensors read the exported files, tokenizers trains subword
+# vocabularies: scripts/tokenizer.py) for the python3 on PATH; the checks
+# skip without them. transformers (and torch) are optional: with them the
+# interop test also loads the exports in LlamaForCausalLM and saves fresh
+# models.
+#   scripts/python_deps.sh              # numpy, safetensors, tokenizers
 #   scripts/python_deps.sh transformers # also torch (CPU) and transformers
 set -euo pipefail
-pkgs=(numpy safetensors)
-mods="numpy, safetensors"
+pkgs=(numpy safetensors tokenizers)
+mods="numpy, safetensors, tokenizers"
 if [ "${1:-}" = transformers ]; then pkgs+=(torch transformers); mods+=", torch, transformers"; fi
 python3 -c "import $mods" 2>/dev/null && exit 0
 if ! python3 -m pip --version >/dev/null 2>&1; then

@@ -51,16 +51,20 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "run.hpp"
+#include "tessera/core/config.hpp"
+#include "tessera/data/hf_tokenizer.hpp"
 #include "tessera/data/token_file.hpp"
 #include "tessera/data/tokenizer.hpp"
 #include "tessera/kernels/blas.hpp"
@@ -70,6 +74,7 @@
 namespace fs = std::filesystem;
 using namespace tessera;
 using train_llama::created_paths;
+using train_llama::find_resource;
 using train_llama::options;
 
 namespace {
@@ -108,6 +113,140 @@ fs::path prepare_tokens(const fs::path& data, const fs::path& out, created_paths
   return tok;
 }
 
+// The vocabulary and the tokenizer of the data: the model's vocabulary
+// follows the token file unless --vocab sets it; a tokenizer.json beside a
+// token file (or --tokenizer) decodes the samples, measures the validation
+// split's bytes per token and, through scripts/tokenizer.py (Hugging Face
+// tokenizers), encodes the prompt; the sequence length defaults to at most
+// the model's max_seq.
+void prepare_vocabulary(const CLI::App& app, options& o, const fs::path& tok) {
+  const data::token_file f(tok);
+  o.data_vocab = f.vocab();
+  if (o.tokenizer.empty() && tok == fs::path(o.data)) {  // a token file, not text
+    const fs::path beside = fs::path(o.data).parent_path() / "tokenizer.json";
+    if (fs::exists(beside)) o.tokenizer = beside.string();
+  }
+  const nn::llama_config mc = train_llama::model_config(o);
+  if (app.count("--seq") == 0 && o.cfg.seq > mc.max_seq) o.cfg.seq = mc.max_seq;
+  if (o.tokenizer.empty()) {
+    TESSERA_THROW_IF(o.sample_bytes > 0 && f.vocab() > 256, config_error, "--data '", o.data,
+                     "' has a vocabulary of ", f.vocab(),
+                     " ids but no tokenizer.json beside it to decode samples with: give "
+                     "--tokenizer FILE, or --sample-bytes 0");
+    return;
+  }
+  const data::hf_tokenizer t(o.tokenizer);
+  TESSERA_THROW_IF(t.vocab_size() < f.vocab(), config_error, "tokenizer '", o.tokenizer,
+                   "' knows ", t.vocab_size(), " ids but the data uses ids up to ", f.vocab() - 1);
+  std::uint64_t bytes = 0;
+  const auto val = f.split().val;
+  for (std::uint64_t i = val.begin; i < val.end; ++i) bytes += t.token_bytes(f[i]).size();
+  TESSERA_THROW_IF(val.size() == 0 || bytes == 0, config_error, "the validation split of '",
+                   o.data, "' decodes to no bytes through '", o.tokenizer, "'");
+  o.val_bytes_per_token = static_cast<double>(bytes) / static_cast<double>(val.size());
+  if (o.sample_bytes == 0) return;
+  // The prompt through the tokenizers library, as the data was encoded.
+  std::string tried;
+  const fs::path script = find_resource("scripts/tokenizer.py", &tried);
+  TESSERA_THROW_IF(script.empty(), config_error, "encoding --prompt needs scripts/tokenizer.py "
+                   "(looked in ", tried, "); or give --sample-bytes 0");
+  const std::string cmd = "python3 " + train_llama::shell_quote(script.string()) +
+                          " ids --tokenizer " + train_llama::shell_quote(o.tokenizer) + " " +
+                          train_llama::shell_quote(o.prompt) + " 2>&1";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  TESSERA_THROW_IF(p == nullptr, config_error, "cannot run python3 to encode --prompt");
+  std::string outp;
+  char buf[4096];
+  while (std::fgets(buf, sizeof buf, p)) outp += buf;
+  const int rc = ::pclose(p);
+  TESSERA_THROW_IF(rc != 0, config_error, "encoding --prompt with '", o.tokenizer,
+                   "' failed (python3 scripts/tokenizer.py ids; Hugging Face tokenizers: pip "
+                   "install tokenizers; or --sample-bytes 0): ", outp);
+  std::istringstream is(outp);
+  for (long long id; is >> id;) {
+    TESSERA_THROW_IF(id < 0 || id >= mc.vocab, config_error, "--prompt encodes to id ", id,
+                     ", outside the model's vocabulary of ", mc.vocab);
+    o.prompt_ids.push_back(static_cast<std::int32_t>(id));
+  }
+  TESSERA_THROW_IF(o.prompt_ids.empty(), config_error, "--prompt '", o.prompt,
+                   "' encodes to no tokens through '", o.tokenizer, "'");
+}
+
+// The value of option `name` on the command line ("--name V" or
+// "--name=V"), or "" when it is not there.
+std::string argv_value(int argc, char** argv, const std::string& name) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == name && i + 1 < argc) return argv[i + 1];
+    if (a.rfind(name + "=", 0) == 0) return a.substr(name.size() + 1);
+  }
+  return {};
+}
+bool argv_has(int argc, char** argv, const std::string& name) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == name || a.rfind(name + "=", 0) == 0) return true;
+  }
+  return false;
+}
+
+// Replaces what CLI11 holds for `name` by the value the run used (what
+// run.toml records and --resume reads back).
+void set_effective(CLI::App& app, const std::string& name, const std::string& value) {
+  CLI::Option* opt = app.get_option(name);
+  opt->clear();
+  opt->add_result(value);
+}
+
+// Every option's value (given, from a --config file, or its default), for
+// metrics.jsonl's first line.
+nlohmann::json all_settings(const CLI::App& app) {
+  nlohmann::json j = nlohmann::json::object();
+  for (const CLI::Option* opt : app.get_options()) {
+    const std::string name = opt->get_single_name();
+    if (name.empty() || name == "help" || name == "version" || name == "config") continue;
+    const auto r = opt->reduced_results();
+    if (!r.empty())
+      j[name] = r.size() == 1 ? nlohmann::json(r[0]) : nlohmann::json(r);
+    else if (!opt->get_default_str().empty())
+      j[name] = opt->get_default_str();
+    else if (opt->get_expected_min() == 0)
+      j[name] = "false";
+  }
+  return j;
+}
+
+// CLI11 validators: a finite real number; an unsigned 64-bit integer
+// written in digits (CLI11 would wrap "-1" and round "1e23").
+const CLI::Validator finite_number(
+    [](std::string& v) -> std::string {
+      char* end = nullptr;
+      const double x = std::strtod(v.c_str(), &end);
+      if (end == v.c_str() || *end != '\0' || !std::isfinite(x))
+        return "'" + v + "' is not a finite number";
+      return {};
+    },
+    "FINITE");
+const CLI::Validator u64_digits(
+    [](std::string& v) -> std::string {
+      const bool digits = !v.empty() && v.size() <= 20 &&
+                          v.find_first_not_of("0123456789") == std::string::npos;
+      errno = 0;
+      if (digits) (void)std::strtoull(v.c_str(), nullptr, 10);
+      if (!digits || errno == ERANGE)
+        return "'" + v + "' is not an integer in [0, 18446744073709551615]";
+      return {};
+    },
+    "UINT64");
+
+// An error line. Bad settings are refused alike on every rank of an MPI
+// launch, so they are reported once, by rank 0; any other failure may be
+// one rank's own, and each rank reports it.
+void report(const char* what, const std::string& msg, bool same_on_every_rank) {
+  if (!same_on_every_rank || train_llama::launched_world().rank == 0)
+    std::fprintf(stderr, "train_llama: %s: %s\n", what, msg.c_str());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -127,32 +266,54 @@ int main(int argc, char** argv) {
   o.cfg.adamw.beta2 = 0.99;
 
   CLI::App app{"train_llama: train a Llama on a token file or UTF-8 text (on the host, or on GPUs with --backend cuda)"};
+  app.set_version_flag("--version", tessera::detail::str("train_llama (tessera) ", TESSERA_VERSION_MAJOR,
+                                                         ".", TESSERA_VERSION_MINOR, ".",
+                                                         TESSERA_VERSION_PATCH));
+  // --resume DIR reads the settings of the run from DIR/run.toml (what it
+  // was given), unless --config names another file; options on the command
+  // line override either.
+  const std::string resume_dir = argv_value(argc, argv, "--resume");
+  std::string config_default;
+  if (!resume_dir.empty() && !argv_has(argc, argv, "--config") &&
+      fs::exists(fs::path(resume_dir) / "run.toml"))
+    config_default = (fs::path(resume_dir) / "run.toml").string();
+  app.set_config("--config", config_default,
+                 "read options from a TOML file (CLI11's format, as OUT/run.toml); options on the "
+                 "command line override it");
+  {
+    std::string tried;
+    const fs::path d = find_resource("data/fortunes.txt", &tried);
+    o.data = d.empty() ? "data/fortunes.txt" : d.string();
+  }
   app.add_option("--preset", o.preset, "model preset: tiny, small, llama2_7b, llama3_8b")->capture_default_str();
   app.add_option("--dim", o.dim, "override the preset's model dimension H");
   app.add_option("--layers", o.layers, "override the preset's number of blocks L");
   app.add_option("--heads", o.heads, "override the preset's query heads nh");
   app.add_option("--kv-heads", o.kv_heads, "override the preset's key/value heads nkv");
   app.add_option("--ffn", o.ffn, "override the preset's SwiGLU dimension F");
-  app.add_option("--data", o.data, "token file, or UTF-8 text to byte-tokenize")->capture_default_str();
+  app.add_option("--vocab", o.vocab, "the model's vocabulary V (default: the data's)");
+  app.add_option("--tokenizer", o.tokenizer, "a Hugging Face tokenizer.json that decodes the data (default: tokenizer.json beside --data, if there): samples print through it, losses convert to nats per byte");
+  app.add_option("--data", o.data, "token file, or UTF-8 text to byte-tokenize (default: the bundled data/fortunes.txt)")->capture_default_str();
   app.add_option("--steps", o.cfg.steps, "optimizer steps")->capture_default_str();
-  app.add_option("--seed", o.cfg.seed, "seed of weights and data order")->capture_default_str();
+  app.add_option("--seed", o.cfg.seed, "seed of weights and data order (an integer in [0, 2^64-1])")->capture_default_str()->check(u64_digits);
   app.add_option("--precision", o.precision, "fp32, bf16 (bf16_mixed), bf16_mixed_bf16_grads or fp64; default fp32 on the host, bf16_mixed_bf16_grads on cuda");
   app.add_option("--optimizer", o.optimizer, "adamw or sgd (with momentum)")->capture_default_str();
-  app.add_option("--momentum", o.cfg.sgd.momentum, "sgd: momentum")->capture_default_str();
+  app.add_option("--momentum", o.cfg.sgd.momentum, "sgd: momentum")->capture_default_str()->check(finite_number);
   app.add_flag("--nesterov", o.cfg.sgd.nesterov, "sgd: Nesterov momentum");
   app.add_option("--global-batch", o.cfg.global_batch, "G: sequences per optimizer step")->capture_default_str();
   app.add_option("--micro-batch", o.cfg.micro_batch, "B: sequences per forward")->capture_default_str();
   app.add_option("--seq", o.cfg.seq, "T: tokens per sequence")->capture_default_str();
-  app.add_option("--lr", o.cfg.lr, "peak learning rate")->capture_default_str();
-  app.add_option("--min-lr-ratio", o.cfg.min_lr_ratio, "final lr / peak lr")->capture_default_str();
+  app.add_option("--lr", o.cfg.lr, "peak learning rate")->capture_default_str()->check(finite_number);
+  app.add_option("--min-lr-ratio", o.cfg.min_lr_ratio, "final lr / peak lr")->capture_default_str()->check(finite_number);
   app.add_option("--warmup", o.cfg.warmup, "linear warmup steps")->capture_default_str();
-  app.add_option("--weight-decay", o.cfg.adamw.weight_decay, "weight decay (AdamW: decoupled; sgd: L2 added to the gradient)")->capture_default_str();
-  app.add_option("--grad-clip", o.cfg.grad_clip, "max global gradient norm (0: off)")->capture_default_str();
+  app.add_option("--weight-decay", o.cfg.adamw.weight_decay, "weight decay (AdamW: decoupled; sgd: L2 added to the gradient)")->capture_default_str()->check(finite_number);
+  app.add_option("--grad-clip", o.cfg.grad_clip, "max global gradient norm (0: off)")->capture_default_str()->check(finite_number);
   app.add_option("--eval-every", o.cfg.eval_every, "evaluate every N steps (0: only at the end)")->capture_default_str();
   app.add_option("--eval-windows", o.cfg.eval_windows, "validation windows per evaluation (0: all)")->capture_default_str();
   app.add_option("--checkpoint-every", o.checkpoint_every, "save a checkpoint every N steps (and at the end)")->capture_default_str();
   app.add_option("--out", o.out, "output folder: checkpoint.bin, metrics.jsonl")->capture_default_str();
-  app.add_option("--resume", o.resume, "folder whose checkpoint.bin to continue from");
+  app.add_option("--resume", o.resume, "continue the run in DIR from its checkpoint.bin, with the settings of DIR/run.toml (options given here override them; a larger --steps extends the schedule)");
+  app.add_flag("--sample-only", o.sample_only, "with --resume: sample --sample-bytes from the checkpoint without training");
   app.add_option("--dp", o.dp, "data-parallel ranks (threads with --comm local, processes under mpirun)")->capture_default_str();
   app.add_option("--zero", o.zero, "ZeRO stage of data parallelism: 0, 1, 2 or 3")->capture_default_str();
   app.add_option("--tp", o.tp, "tensor-parallel ranks per dp rank (Megatron layout; world = dp x tp)")->capture_default_str();
@@ -163,11 +324,11 @@ int main(int argc, char** argv) {
   app.add_option("--stage-blocks", o.cfg.stage_blocks, "blocks of each of the pp x V stages, comma-separated, in order (default: balanced by FLOPs)")->delimiter(',');
   app.add_option("--trace", o.trace, "write one step's timeline as Chrome trace JSON (Perfetto) to FILE");
   app.add_option("--trace-step", o.trace_step, "the step --trace records (0: the last)")->capture_default_str();
-  app.add_option("--bucket-mb", o.bucket_mb, "gradient bucket size in MB (data parallel; zero 3 uses one per block)")->capture_default_str();
+  app.add_option("--bucket-mb", o.bucket_mb, "gradient bucket size in MB (data parallel; zero 3 uses one per block)")->capture_default_str()->check(finite_number);
   app.add_option("--comm", o.comm, "communicator: local (threads), mpi, nccl (--backend cuda), or auto (mpi or nccl under mpirun)")->capture_default_str();
   app.add_option("--sample-bytes", o.sample_bytes, "bytes to generate at the end (0: none)")->capture_default_str();
   app.add_option("--prompt", o.prompt, "prompt of the sample")->capture_default_str();
-  app.add_option("--baseline", o.baseline, "4-gram baseline in nats/byte to print beside val loss");
+  app.add_option("--baseline", o.baseline, "4-gram baseline in nats/byte to print beside val loss")->check(finite_number);
   app.add_flag("--no-baseline", o.no_baseline, "do not run scripts/ngram_baseline.py");
   app.add_option("--ce-chunk", o.cfg.ce_chunk, "token rows per LM-head/cross-entropy chunk")->capture_default_str();
   app.add_option("--backend", o.backend, "host, or cuda (GPUs; a build with the cuda preset)")->capture_default_str();
@@ -177,18 +338,37 @@ int main(int argc, char** argv) {
   app.add_option("--export-hf", o.export_hf, "at the end, write the model as a Hugging Face Llama folder (config.json, safetensors) to DIR");
   app.add_option("--hf-dtype", o.hf_dtype, "dtype of --export-hf: float32, bfloat16, float16 or float64 (default: bfloat16 for bf16 weights, float64 for fp64, else float32)");
   app.add_option("--peak-tflops", o.peak_tflops, "the peak TFLOP/s of one rank, for MFU (0, the default: the host's theoretical fp32 peak, threads x clock x FLOPs per cycle; a GPU's datasheet dense bf16 rate)")->check(CLI::Range(0.0, 1e9));
+  // An option given twice takes its last value (a command line that
+  // appends an override to a script's flags, as getopt tools do).
+  for (CLI::Option* opt : app.get_options())
+    if (opt->get_type_size_max() == 1 && opt->get_expected_max() == 1)
+      opt->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    std::fprintf(stderr, "train_llama: error: %s\n", e.what());
+    report("error", e.what(), true);
     return 2;
   }
   // The default warmup (50) suits the main job; a short run that did not ask
   // for a warmup gets a tenth of its steps instead of an error.
-  if (app.count("--warmup") == 0 && o.cfg.warmup >= o.cfg.steps) o.cfg.warmup = o.cfg.steps / 10;
+  if (app.count("--warmup") == 0 && o.cfg.warmup >= o.cfg.steps) {
+    o.cfg.warmup = o.cfg.steps / 10;
+    set_effective(app, "--warmup", std::to_string(o.cfg.warmup));
+  }
+  // Under an MPI launcher the data-parallel degree is what the world
+  // leaves after tp and pp, unless --dp says otherwise.
+  const train_llama::launch_world world = train_llama::launched_world();
+  if (train_llama::launched_by_mpi() && app.count("--dp") == 0 && o.tp > 0 && o.cfg.pp > 0 &&
+      world.size % (o.tp * o.cfg.pp) == 0)
+    o.dp = static_cast<int>(world.size / (o.tp * o.cfg.pp));
   created_paths created;
+  // Under an MPI launch every rank prepares the same files; only rank 0
+  // removes them after bad input, so no rank deletes what another reads.
+  if (train_llama::launched_world().rank != 0) created.keep = true;
   try {
     TESSERA_THROW_IF(!(o.cfg.lr > 0 && o.cfg.lr <= 1), config_error, "lr=", o.cfg.lr,
                      " must be in (0, 1]");
@@ -241,6 +421,12 @@ int main(int argc, char** argv) {
                      o.hf_dtype, " needs --export-hf DIR");
     TESSERA_THROW_IF(!o.export_hf.empty() && fs::exists(o.export_hf) && !fs::is_directory(o.export_hf),
                      io_error, "--export-hf '", o.export_hf, "' exists and is not a folder");
+    if (!o.export_hf.empty()) {  // checked now, not after the run: the nearest folder that exists
+      fs::path p = fs::absolute(o.export_hf);
+      while (!fs::exists(p) && p.has_parent_path() && p != p.parent_path()) p = p.parent_path();
+      TESSERA_THROW_IF(::access(p.c_str(), W_OK) != 0, io_error, "--export-hf '", o.export_hf,
+                       "': folder '", p.string(), "' is not writable");
+    }
     if (!o.hf_dtype.empty()) (void)nn::hf_safetensors_dtype(o.hf_dtype);
     if (!o.init_from_hf.empty()) {
       (void)train_llama::model_config(o);   // config.json: what the model cannot express
@@ -271,7 +457,31 @@ int main(int argc, char** argv) {
                        io_error, "--trace '", o.trace, "': folder '", t.parent_path().string(),
                        "' does not exist or is not writable");
     }
-    if (!o.resume.empty() && o.out == "runs/main") o.out = o.resume;
+    // A resumed run writes where it resumes from, wherever that folder is
+    // now, unless --out is on the command line.
+    // The model's sizes are refused before any file is touched (the
+    // vocabulary, which follows the data, is checked once it is known).
+    {
+      const nn::llama_config mc = train_llama::model_config(o);
+      mc.validate();
+      nn::check_tensor_parallel(mc, o.tp);
+    }
+    if (!o.resume.empty() && !argv_has(argc, argv, "--out")) o.out = o.resume;
+    TESSERA_THROW_IF(o.sample_only && o.resume.empty(), config_error,
+                     "--sample-only samples from a checkpoint: it needs --resume DIR");
+    TESSERA_THROW_IF(o.sample_only && o.sample_bytes == 0, config_error,
+                     "--sample-only with --sample-bytes 0 has nothing to do");
+    if (!config_default.empty()) {
+      // The steps the checkpoint's run planned, for the log of an extension.
+      std::ifstream in(config_default);
+      for (const auto& item : CLI::ConfigTOML().from_config(in))
+        if (item.name == "steps" && item.inputs.size() == 1)
+          o.planned_steps = std::stoll(item.inputs[0]);
+    }
+    if (app.count("--data") > 0) set_effective(app, "--data", fs::absolute(o.data).string());
+    set_effective(app, "--out", o.out);
+    o.config_toml = app.config_to_str(false, false);
+    o.config_json = all_settings(app);
     const fs::path out(o.out);
     std::error_code ec;
     if (!fs::exists(out)) {
@@ -289,15 +499,16 @@ int main(int argc, char** argv) {
     TESSERA_THROW_IF(::access(out.c_str(), W_OK) != 0, io_error, "output folder '", out.string(),
                      "' is not writable");
     const fs::path tok = prepare_tokens(o.data, out, created);
+    prepare_vocabulary(app, o, tok);
     return gpu ? train_llama::run_cuda(o, tok, created) : train_llama::run_host(o, tok, created);
   } catch (const config_error& e) {
-    std::fprintf(stderr, "train_llama: error: %s\n", e.what());
+    report("error", e.what(), true);
     return 2;
   } catch (const io_error& e) {
-    std::fprintf(stderr, "train_llama: error: %s\n", e.what());
+    report("error", e.what(), false);
     return 2;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "train_llama: failed: %s\n", e.what());
+    report("failed", e.what(), false);
     return 1;
   }
 }

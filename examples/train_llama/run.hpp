@@ -21,18 +21,17 @@
 #include <utility>
 #include <vector>
 
+#include "tessera/core/file.hpp"
 #include "tessera/kernels/peak.hpp"
+#include "tessera/data/hf_tokenizer.hpp"
 #include "tessera/data/token_file.hpp"
 #include "tessera/data/tokenizer.hpp"
 #include "tessera/nn/checkpointing.hpp"
 #include "tessera/nn/hf_llama.hpp"
 #include "tessera/nn/llama_config.hpp"
+#include "tessera/train/metadata.hpp"
 #include "tessera/train/metrics.hpp"
 #include "tessera/train/trainer.hpp"
-
-#ifndef TESSERA_SOURCE_DIR
-#define TESSERA_SOURCE_DIR "."
-#endif
 
 namespace train_llama {
 
@@ -45,7 +44,7 @@ struct options {
   std::string checkpointing;     // none or full; default: none on the host, full on cuda
   std::int64_t checkpoint_layers = 1;  // with full: every k-th block recomputes
   std::string preset = "small";
-  std::string data = std::string(TESSERA_SOURCE_DIR) + "/data/fortunes.txt";
+  std::string data;  // default: data/fortunes.txt found by find_resource
   std::string precision;  // fp32, bf16, bf16_mixed_bf16_grads, fp64; default: fp32 / bf16 grads on cuda
   std::string optimizer = "adamw";  // adamw or sgd
   std::string out = "runs/main";
@@ -70,7 +69,67 @@ struct options {
   std::string init_from_hf;  // a Hugging Face Llama folder to start from ("": seeded weights)
   std::string export_hf;     // a folder to write the trained model to as a Hugging Face Llama
   std::string hf_dtype;      // the export's dtype ("": bfloat16 for bf16 weights, else float32)
+  bool sample_only = false;  // with --resume: sample from the checkpoint, no training
+  std::optional<std::int64_t> vocab;  // the model's vocabulary; default: the data's
+  std::uint64_t data_vocab = 0;       // the token file's vocabulary (set by main)
+  std::string tokenizer;              // a tokenizer.json (default: beside the data, if there)
+  // With a tokenizer: the prompt's ids and the validation split's bytes per token.
+  std::vector<std::int32_t> prompt_ids;
+  double val_bytes_per_token = 0;
+  // The run's settings as given (CLI11's TOML, explicitly set options only:
+  // DIR/run.toml, read back by --resume DIR) and all of them (metrics.jsonl's
+  // first line).
+  std::string config_toml;
+  nlohmann::json config_json;
+  std::optional<std::int64_t> planned_steps;  // --resume: the steps the checkpoint's run planned
 };
+
+/// This process's rank and the world size as the MPI launcher tells them
+/// (Open MPI, MPICH/PMI, PMIx), before MPI_Init; {0, 1} when not launched
+/// by one.
+struct launch_world {
+  int rank = 0, size = 1;
+};
+inline launch_world launched_world() {
+  launch_world w;
+  auto num = [](const char* v) -> int {
+    const char* s = std::getenv(v);
+    return s ? std::atoi(s) : -1;
+  };
+  for (const char* r : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"})
+    if (num(r) >= 0) {
+      w.rank = num(r);
+      break;
+    }
+  for (const char* n : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"})
+    if (num(n) > 0) {
+      w.size = num(n);
+      break;
+    }
+  return w;
+}
+
+/// The first of the places a bundled file `rel` (data/fortunes.txt,
+/// scripts/ngram_baseline.py) may be: the current folder, the executable's
+/// folder and up to three above it (a build tree: build/host/examples/),
+/// and PREFIX/share/tessera beside an installed bin/. No path of the build
+/// machine is compiled in. Returns "" when none holds it; `tried` lists
+/// the places.
+inline fs::path find_resource(const std::string& rel, std::string* tried = nullptr) {
+  std::vector<fs::path> places{fs::current_path()};
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    fs::path d = exe.parent_path();
+    for (int up = 0; up < 4 && !d.empty(); ++up, d = d.parent_path()) places.push_back(d);
+    places.push_back(exe.parent_path().parent_path() / "share" / "tessera");
+  }
+  for (const auto& p : places) {
+    if (tried) *tried += (tried->empty() ? "" : ", ") + (p / rel).string();
+    if (fs::exists(p / rel, ec)) return p / rel;
+  }
+  return {};
+}
 
 /// Files and folders this run created, removed again if it fails on bad input.
 struct created_paths {
@@ -100,6 +159,9 @@ inline nn::llama_config model_config(const options& o) {
   if (o.heads) mc.n_heads = *o.heads;
   if (o.kv_heads) mc.n_kv_heads = *o.kv_heads;
   if (o.ffn) mc.ffn_dim = *o.ffn;
+  // The vocabulary follows the data unless --vocab sets it.
+  if (o.vocab) mc.vocab = *o.vocab;
+  else if (o.data_vocab > 0) mc.vocab = static_cast<std::int64_t>(o.data_vocab);
   return mc;
 }
 
@@ -110,14 +172,28 @@ inline std::string shell_quote(const std::string& s) {
   return q + "'";
 }
 
-/// Runs scripts/ngram_baseline.py on the token file: the 4-gram Kneser-Ney
-/// validation loss printed beside the model's. nullopt if python3 or the
-/// script is unavailable (the run goes on without it).
-inline std::optional<double> compute_baseline(const fs::path& tok) {
-  const std::string script = std::string(TESSERA_SOURCE_DIR) + "/scripts/ngram_baseline.py";
-  if (!fs::exists(script)) return std::nullopt;
+/// The 4-gram Kneser-Ney validation loss of the token file `tok`
+/// (scripts/ngram_baseline.py), printed beside the model's: computed once
+/// per corpus and cached as JSON beside `corpus` (the file the user named;
+/// beside `tok` when that folder is not writable), keyed by the token
+/// file's fingerprint. nullopt if python3 or the script is unavailable (the
+/// run goes on without it).
+inline std::optional<double> compute_baseline(const fs::path& tok, const fs::path& corpus) {
+  const data::token_file tf(tok);
+  const std::uint64_t fp = data::fingerprint(tf);
+  std::vector<fs::path> caches{corpus.string() + ".ngram4.json", tok.string() + ".ngram4.json"};
+  for (const auto& c : caches) {
+    std::ifstream in(c);
+    if (!in) continue;
+    const auto j = nlohmann::json::parse(in, nullptr, false);
+    if (!j.is_discarded() && j.value("fingerprint", std::uint64_t{0}) == fp &&
+        j.contains("val_nats_per_byte") && j["val_nats_per_byte"].is_number())
+      return j["val_nats_per_byte"].get<double>();
+  }
+  const fs::path script = find_resource("scripts/ngram_baseline.py");
+  if (script.empty()) return std::nullopt;
   const std::string cmd =
-      "python3 " + shell_quote(script) + " --json " + shell_quote(tok.string()) + " 2>/dev/null";
+      "python3 " + shell_quote(script.string()) + " --json " + shell_quote(tok.string()) + " 2>/dev/null";
   FILE* p = ::popen(cmd.c_str(), "r");
   if (!p) return std::nullopt;
   std::string outp;
@@ -128,7 +204,16 @@ inline std::optional<double> compute_baseline(const fs::path& tok) {
   if (nl == std::string::npos) return std::nullopt;
   auto j = nlohmann::json::parse(outp.substr(nl), nullptr, false);
   if (j.is_discarded() || !j.contains("val_nats_per_byte")) return std::nullopt;
-  return j["val_nats_per_byte"].get<double>();
+  const double v = j["val_nats_per_byte"].get<double>();
+  for (const auto& c : caches) {  // the first folder that takes it
+    try {
+      tessera::write_json_file(c, {{"fingerprint", fp}, {"val_nats_per_byte", v},
+                              {"order", 4}, {"token_file", tok.string()}});
+      break;
+    } catch (const std::exception&) {
+    }
+  }
+  return v;
 }
 
 /// True when this process was started by mpirun / srun (an MPI launcher).
@@ -144,7 +229,7 @@ inline train::train_config run_config(const options& o) {
   c.tp = o.tp;
   c.pipeline = parallel::parse_schedule_kind(o.schedule);
   c.checkpointing = {nn::parse_checkpointing(o.checkpointing), o.checkpoint_layers};
-  c.init_from_hf = o.init_from_hf;
+  if (o.resume.empty()) c.init_from_hf = o.init_from_hf;  // a resume loads its own weights
   return c;
 }
 
@@ -193,15 +278,18 @@ int train_loop(options& o, Trainer& tr, const data::token_file& data, const fs::
   if (!o.resume.empty()) tr.load_checkpoint(fs::path(o.resume) / "checkpoint.bin");
   tr.communicator().barrier();
   std::optional<train::jsonl_writer> metrics;
-  if (lead) {
+  if (lead && !o.sample_only) {
     if (!o.resume.empty()) {
       train::jsonl_writer::truncate_after(metrics_path, tr.step());
     } else {
       std::error_code ec;
       fs::remove(metrics_path, ec);
     }
+    // The settings as given, read back by --resume OUT.
+    const std::string toml = o.config_toml;
+    write_file_atomically(out / "run.toml", [&](std::ofstream& f) { f << toml; });
     created.keep = true;  // inputs are valid: from here on, outputs are kept
-    if (!o.no_baseline && !o.baseline) o.baseline = compute_baseline(tok_path);
+    if (!o.no_baseline && !o.baseline) o.baseline = compute_baseline(tok_path, o.data);
     const auto& c = tr.model().config();
     std::printf("train_llama: model %s (dim %lld, layers %lld, heads %lld/%lld kv, ffn %lld, "
                 "vocab %lld) %.2fM params, precision %s, optimizer %s, backend %s\n",
@@ -251,8 +339,21 @@ int train_loop(options& o, Trainer& tr, const data::token_file& data, const fs::
     if (!o.init_from_hf.empty() && tr.step() == 0)
       std::printf("train_llama: weights from the Hugging Face Llama %s\n", o.init_from_hf.c_str());
     if (tr.step() > 0) std::printf("train_llama: resumed from step %lld\n", (long long)tr.step());
+    if (o.planned_steps && *o.planned_steps != o.cfg.steps)
+      std::printf("train_llama: the schedule now runs to step %lld (the checkpoint's run planned "
+                  "%lld): warmup %lld, cosine decay to step %lld\n",
+                  (long long)o.cfg.steps, (long long)*o.planned_steps, (long long)o.cfg.warmup,
+                  (long long)o.cfg.steps);
     std::fflush(stdout);
-    metrics.emplace(metrics_path);
+    if (!o.sample_only) {
+      metrics.emplace(metrics_path);
+      // The run's whole configuration: the first line of a fresh file, a
+      // record of each resume after the steps it continues.
+      nlohmann::json rec = {{"config", o.config_json},
+                            {"model", train::model_metadata(tr.model().config())}};
+      if (tr.step() > 0) rec["resumed_at"] = tr.step();
+      metrics->write(rec);
+    }
   }
   tr.set_peak_flops(peak.flops);
   tr.set_blas_flops(peak.blas_flops);
@@ -260,7 +361,7 @@ int train_loop(options& o, Trainer& tr, const data::token_file& data, const fs::
   const auto t_start = std::chrono::steady_clock::now();
   std::optional<double> last_val;
   const std::int64_t trace_at = o.trace_step > 0 ? o.trace_step : o.cfg.steps;
-  while (tr.step() < o.cfg.steps) {
+  while (!o.sample_only && tr.step() < o.cfg.steps) {
     const bool traced = !o.trace.empty() && tr.step() + 1 == trace_at;
     if (traced) tr.set_tracing(true);
     train::step_metrics m = tr.train_step();
@@ -299,6 +400,9 @@ int train_loop(options& o, Trainer& tr, const data::token_file& data, const fs::
       j["tp"] = tr.tp_size();
       j["pp"] = tr.pp_size();
       if (o.baseline) j["baseline_4gram"] = *o.baseline;
+      if (m.val_loss)  // nats per byte whatever the tokenizer (bytes: the same number)
+        j["val_nats_per_byte"] =
+            o.tokenizer.empty() ? *m.val_loss : *m.val_loss / o.val_bytes_per_token;
       metrics->write(j);
       const std::string line = train::format_step(m, o.cfg.steps, o.baseline);
       if (tty) {
@@ -314,10 +418,15 @@ int train_loop(options& o, Trainer& tr, const data::token_file& data, const fs::
   }
   const double secs =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
-  if (lead) {
+  if (lead && !o.sample_only) {
     if (tty) std::printf("\n");
     std::printf("train_llama: done, %lld steps in %.1f s", (long long)o.cfg.steps, secs);
-    if (last_val) std::printf(", final val loss %.4f nats/byte (whole held-out split)", *last_val);
+    if (last_val && o.tokenizer.empty())
+      std::printf(", final val loss %.4f nats/byte (whole held-out split)", *last_val);
+    else if (last_val)
+      std::printf(", final val loss %.4f nats/token = %.4f nats/byte (%.3f bytes per token; whole "
+                  "held-out split)",
+                  *last_val, *last_val / o.val_bytes_per_token, o.val_bytes_per_token);
     if (last_val && o.baseline)
       std::printf(" (4-gram %.4f: %s)", *o.baseline,
                   *last_val < *o.baseline ? "beaten" : "NOT beaten");
@@ -339,13 +448,17 @@ int train_loop(options& o, Trainer& tr, const data::token_file& data, const fs::
                   o.export_hf.c_str());
   }
   if (o.sample_bytes > 0) {  // every rank generates (zero 3 gathers), rank 0 prints
-    auto ids = data::byte_tokenizer::encode(o.prompt);
-    std::vector<std::int32_t> prompt(ids.begin(), ids.end());
+    std::vector<std::int32_t> prompt = o.prompt_ids;
+    if (o.tokenizer.empty()) {
+      const auto ids = data::byte_tokenizer::encode(o.prompt);
+      prompt.assign(ids.begin(), ids.end());
+    }
     auto outp = tr.generate(prompt, o.sample_bytes, 0.8, o.cfg.seed);
     std::vector<std::uint32_t> u(outp.begin(), outp.end());
     if (lead)
       std::printf("---- sample (temperature 0.8) ----\n%s\n----\n",
-                  data::byte_tokenizer::decode(u).c_str());
+                  o.tokenizer.empty() ? data::byte_tokenizer::decode(u).c_str()
+                                      : data::hf_tokenizer(o.tokenizer).decode(u).c_str());
   }
   return 0;
 }

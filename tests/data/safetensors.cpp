@@ -111,6 +111,11 @@ TEST_CASE("safetensors writer refuses entries that do not match their shape", "[
                       Contains("16 bytes") && Contains("needs 12"));
   REQUIRE_THROWS_WITH(write_safetensors(tmp / "a", {{"t", "Q4", {4}, x, 16}}),
                       Contains("unknown dtype 'Q4'"));
+  REQUIRE_THROWS_WITH(write_safetensors(tmp / "a", {{"t", "F32", {-1, -1}, x, 4}}),
+                      Contains("dimension -1 < 0"));
+  REQUIRE_THROWS_WITH(
+      write_safetensors(tmp / "a", {{"t", "F32", {std::int64_t{1} << 62, 8}, x, 16}}),
+      Contains("overflows 64 bits"));
   REQUIRE_THROWS_WITH(
       write_safetensors(tmp / "a", {{"t", "F32", {4}, x, 16}, {"t", "F32", {4}, x, 16}}),
       Contains("'t' is reserved or repeated"));
@@ -161,6 +166,11 @@ TEST_CASE("safetensors reader refuses damaged files, naming the file and the num
   refused("two tensors overlap at data bytes [4, 8)");
   write_raw(p, R"({"__metadata__": {"k": 3}})");
   refused("__metadata__ value 'k' is not a string");
+  // A header nested a million levels deep (a stack bomb for a recursive
+  // printer) is refused while parsing.
+  write_raw(p, R"({"t": {"dtype": "F32", "shape": )" + std::string(1000000, '[') +
+                   std::string(1000000, ']') + "}}");
+  refused("JSON nested deeper than 16 levels");
   // A directory, and a file that does not exist.
   REQUIRE_THROWS_WITH(safetensors_file(tmp.dir), Contains("not a regular file"));
   REQUIRE_THROWS_WITH(safetensors_file(tmp / "missing"), Contains("cannot open"));

@@ -4,7 +4,9 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -241,4 +243,100 @@ TEST_CASE("split holds out the end of the file", "[data]") {
   CHECK(split_tokens(7, 0.5).train == token_range{0, 4});
   CHECK_THROWS_AS(split_tokens(10, 1.0), tessera::config_error);
   CHECK_THROWS_AS(split_tokens(10, -0.1), tessera::config_error);
+}
+
+namespace {
+
+// An llm.c shard (dev/data/data_common.py's write_datafile): 256 int32 of
+// header (magic, version, count), then the tokens.
+std::string llmc_bytes(const std::vector<std::uint32_t>& t, int version) {
+  std::string b(1024, '\0');
+  const std::int32_t head[3] = {20240520, version, static_cast<std::int32_t>(t.size())};
+  std::memcpy(b.data(), head, sizeof head);
+  for (std::uint32_t v : t) {
+    if (version == 1) {
+      const auto x = static_cast<std::uint16_t>(v);
+      b.append(reinterpret_cast<const char*>(&x), 2);
+    } else {
+      b.append(reinterpret_cast<const char*>(&v), 4);
+    }
+  }
+  return b;
+}
+// A .npy file as numpy.save writes it (format 1.0, header padded to 64).
+std::string npy_bytes(const std::vector<std::uint32_t>& t, const std::string& descr,
+                      const std::string& shape, const std::string& order = "False") {
+  std::string dict = "{'descr': '" + descr + "', 'fortran_order': " + order + ", 'shape': " +
+                     shape + ", }";
+  while ((10 + dict.size() + 1) % 64 != 0) dict += ' ';
+  dict += '\n';
+  std::string b = "\x93NUMPY";
+  b += '\x01';
+  b += '\x00';
+  const auto n = static_cast<std::uint16_t>(dict.size());
+  b.append(reinterpret_cast<const char*>(&n), 2);
+  b += dict;
+  for (std::uint32_t v : t) {
+    if (descr == "<u2") {
+      const auto x = static_cast<std::uint16_t>(v);
+      b.append(reinterpret_cast<const char*>(&x), 2);
+    } else {
+      b.append(reinterpret_cast<const char*>(&v), 4);
+    }
+  }
+  return b;
+}
+
+}  // namespace
+
+TEST_CASE("llm.c .bin shards and NumPy .npy arrays read as the same tokens", "[data]") {
+  temp_dir tmp;
+  const auto t16 = random_tokens(5000, 50257, 7);
+  const auto t32 = random_tokens(3000, 128256, 8);
+  struct file_case {
+    std::string name, bytes;
+    const std::vector<std::uint32_t>* tokens;
+    token_dtype dtype;
+  };
+  const std::vector<file_case> cases = {
+      {"gpt2.bin", llmc_bytes(t16, 1), &t16, token_dtype::u16},
+      {"llama3.bin", llmc_bytes(t32, 2), &t32, token_dtype::u32},
+      {"a.npy", npy_bytes(t16, "<u2", "(5000,)"), &t16, token_dtype::u16},
+      {"b.npy", npy_bytes(t32, "<u4", "(3000,)"), &t32, token_dtype::u32}};
+  for (const auto& c : cases) {
+    INFO(c.name);
+    write_bytes(tmp / c.name, c.bytes);
+    const token_file f = token_file::open(tmp / c.name);
+    REQUIRE(f.size() == c.tokens->size());
+    CHECK(f.dtype() == c.dtype);
+    // No vocabulary is recorded: the largest id + 1.
+    CHECK(f.vocab() == *std::max_element(c.tokens->begin(), c.tokens->end()) + 1ull);
+    std::vector<std::int32_t> got(c.tokens->size());
+    f.read(0, static_cast<std::int64_t>(got.size()), got.data());
+    for (std::size_t i = 0; i < got.size(); ++i)
+      REQUIRE(static_cast<std::uint32_t>(got[i]) == (*c.tokens)[i]);
+  }
+}
+
+TEST_CASE("damaged llm.c and NumPy token files are refused with the reason", "[data]") {
+  temp_dir tmp;
+  const std::vector<std::uint32_t> t = {1, 2, 3, 4};
+  auto refused = [&](const std::string& bytes, const std::string& what) {
+    INFO(what);
+    write_bytes(tmp / "x", bytes);
+    REQUIRE_THROWS_AS(token_file::open(tmp / "x"), tessera::io_error);
+    REQUIRE_THROWS_WITH(token_file::open(tmp / "x"), Contains(what) && Contains("'"));
+  };
+  refused(llmc_bytes(t, 3), "has version 3; this reader knows 1 (uint16) and 2 (uint32)");
+  refused(llmc_bytes(t, 1).substr(0, 1024 + 6), "is truncated: header says 4 uint16 tokens");
+  refused(llmc_bytes(t, 1).substr(0, 100), "llm.c token file");
+  refused(npy_bytes(t, "<i8", "(4,)"), "holds dtype '<i8'");
+  refused(npy_bytes(t, "<u2", "(2, 2)"), "has shape (2, 2); token ids are one-dimensional");
+  refused(npy_bytes(t, "<u2", "(4,)", "True"), "is in Fortran order");
+  refused(npy_bytes(t, "<u2", "(5,)"), "is truncated: header says 5 uint16 tokens");
+  refused(npy_bytes(t, "<u2", "(99999999999999999999999,)"), "overflows 64 bits");
+  std::string bad = npy_bytes(t, "<u2", "(4,)");
+  bad[8] = '\xff';
+  bad[9] = '\x7f';
+  refused(bad, "runs past the end of the file");
 }

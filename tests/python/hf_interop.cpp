@@ -13,6 +13,12 @@
 //                             at every position and the loss against
 //                             DIR/expect.json (transformers' float32 values)
 //                             at 1e-5 of the largest logit
+//   hf_interop decode TOK TOKENIZER OUT
+//                             writes the token file TOK (any format the
+//                             reader takes) decoded through TOKENIZER
+//                             (data::hf_tokenizer) to OUT
+//   hf_interop ids FILE       prints the vocabulary and the ids of a token
+//                             file (tessera's, llm.c's .bin or NumPy's .npy)
 //
 // Exit status 0 when the values agree, 1 when they do not, 2 on bad input.
 #include <unistd.h>
@@ -28,6 +34,7 @@
 
 #include <nlohmann/json.hpp>
 #include <tessera/core/random.hpp>
+#include <tessera/data/hf_tokenizer.hpp>
 #include <tessera/data/token_file.hpp>
 #include <tessera/nn/hf_llama.hpp>
 #include <tessera/nn/llama.hpp>
@@ -103,7 +110,7 @@ int do_export(const fs::path& dir) {
     evaluate(tr.model(), ids, logits, loss);
   }
   fs::remove(tok);
-  nn::write_json_file(dir / "tessera_expect.json",
+  tessera::write_json_file(dir / "tessera_expect.json",
                       {{"tokens", ids}, {"logits", logits}, {"loss", loss}});
   std::printf("hf_interop: exported a %lld-layer GQA Llama (%lld/%lld heads) to %s\n",
               (long long)c.n_layers, (long long)c.n_heads, (long long)c.n_kv_heads,
@@ -117,8 +124,9 @@ int do_import(const fs::path& dir) {
   TESSERA_THROW_IF(!in, io_error, "cannot read '", (dir / "expect.json").string(), "'");
   const auto want = nlohmann::json::parse(in);
   const auto ids = want["tokens"].get<std::vector<std::int32_t>>();
+  const nn::tensor_reader reader = ck.reader();
   nn::llama_options o;
-  o.weights = ck.reader();
+  o.weights = &reader;
   nn::llama<precision::fp32> m(ck.config(), o);
   m.init_weights(0);
   double loss = 0;
@@ -142,14 +150,36 @@ int do_import(const fs::path& dir) {
   return worst <= 1e-5 * scale && loss_rel <= 1e-5 ? 0 : 1;
 }
 
+int do_decode(const fs::path& tok, const fs::path& tokenizer, const fs::path& out) {
+  const data::token_file f(tok);
+  const data::hf_tokenizer t(tokenizer);
+  std::vector<std::uint32_t> ids(f.size());
+  for (std::uint64_t i = 0; i < f.size(); ++i) ids[i] = f[i];
+  const std::string text = t.decode(ids);
+  std::ofstream(out, std::ios::binary) << text;
+  std::printf("hf_interop: %llu tokens decoded to %zu bytes through %s\n",
+              (unsigned long long)f.size(), text.size(), tokenizer.c_str());
+  return 0;
+}
+
+int do_ids(const fs::path& file) {
+  const data::token_file f(file);
+  std::printf("%llu", (unsigned long long)f.vocab());
+  for (std::uint64_t i = 0; i < f.size(); ++i) std::printf(" %u", f[i]);
+  std::printf("\n");
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   try {
-    const std::string mode = argc == 3 ? argv[1] : "";
-    if (mode == "export") return do_export(argv[2]);
-    if (mode == "import") return do_import(argv[2]);
-    std::fprintf(stderr, "usage: hf_interop export DIR | hf_interop import DIR\n");
+    const std::string mode = argc >= 2 ? argv[1] : "";
+    if (mode == "export" && argc == 3) return do_export(argv[2]);
+    if (mode == "import" && argc == 3) return do_import(argv[2]);
+    if (mode == "decode" && argc == 5) return do_decode(argv[2], argv[3], argv[4]);
+    if (mode == "ids" && argc == 3) return do_ids(argv[2]);
+    std::fprintf(stderr, "usage: hf_interop export DIR | import DIR | decode TOK TOKENIZER OUT | ids FILE\n");
     return 2;
   } catch (const config_error& e) {
     std::fprintf(stderr, "hf_interop: error: %s\n", e.what());

@@ -9,6 +9,11 @@
 #      transformers' logits and loss at 1e-5: freshly saved where
 #      transformers is installed, else the copies in tests/python/fixtures/
 #      (saved the same way by `check_hf.py make tests/python/fixtures`).
+#   3. a NumPy .npy array saved by numpy.save reads as the same ids;
+#   4. where Hugging Face tokenizers is installed: scripts/tokenizer.py
+#      trains a byte-level BPE on a part of the bundled corpus, and tessera's
+#      decoder (data::hf_tokenizer) turns the token file back into the text,
+#      byte for byte.
 # Usage: hf_interop.sh path/to/hf_interop. Exit 77 (skipped) without numpy
 # and safetensors.
 set -euo pipefail
@@ -31,3 +36,23 @@ else
 fi
 "$bin" import "$from/fp32"
 "$bin" import "$from/bf16_tied_sharded"
+
+python3 - "$tmp/a.npy" "$tmp/a.ids" <<'PY'
+import sys, numpy as np
+ids = np.random.default_rng(5).integers(0, 50257, 1000).astype(np.uint16)
+np.save(sys.argv[1], ids)
+open(sys.argv[2], "w").write(" ".join(map(str, [int(ids.max()) + 1] + ids.tolist())) + "\n")
+PY
+"$bin" ids "$tmp/a.npy" > "$tmp/a.got"
+cmp -s "$tmp/a.ids" "$tmp/a.got" || { echo "hf_interop: numpy.save's .npy read differently"; exit 1; }
+echo "hf_interop: numpy.save's .npy of 1000 uint16 ids read back exactly"
+
+if python3 -c "import tokenizers" 2>/dev/null; then
+  head -c 300000 "$here/../../data/fortunes.txt" > "$tmp/part.txt"
+  python3 "$here/../../scripts/tokenizer.py" train "$tmp/part.txt" --vocab 1024 --out "$tmp/bpe"
+  "$bin" decode "$tmp/bpe/part.tok" "$tmp/bpe/tokenizer.json" "$tmp/part.back"
+  cmp "$tmp/part.txt" "$tmp/part.back" || { echo "hf_interop: the BPE decode differs from the text"; exit 1; }
+  echo "hf_interop: the trained BPE decodes back to the text byte for byte"
+else
+  echo "hf_interop: Hugging Face tokenizers is not installed: the BPE round trip is skipped"
+fi

@@ -56,8 +56,23 @@ expect "zero 3 with a pipeline" "use --zero 0, 1 or 2 with --pp" "$train" --pp 2
 expect "dp x tp x pp over the rank limit" "= 2048 ranks exceeds the limit of 1024" "$train" --dp 32 --tp 2 --pp 32 "${common[@]}"
 expect "trace into a missing folder" "does not exist or is not writable" "$train" --trace "$work/nodir/t.json" "${common[@]}"
 expect "trace step without a trace" "--trace-step 1 needs --trace FILE" "$train" --trace-step 1 "${common[@]}"
-expect "bad batch for a large mesh" "is not divisible by micro-batch B=16 x dp=8" timeout 20 "$train" --dp 8 --tp 64 "${common[@]}"
+expect "a large mesh refused before its ranks start" "tp=64 must divide the query heads nh=4" timeout 20 "$train" --dp 8 --tp 64 "${common[@]}"
+expect "bad batch for a large mesh" "is not divisible by micro-batch B=16 x dp=8" timeout 20 "$train" --dp 8 --tp 2 "${common[@]}"
 expect "foreign checkpoint" "not a tessera checkpoint" bash -c "mkdir -p '$work/ck' && echo junk > '$work/ck/checkpoint.bin' && '$train' --resume '$work/ck' --out '$work/out' --no-baseline --sample-bytes 0 --steps 2"
+# Numbers that do not fit: no silent wrap or rounding of a seed, no NaN or infinite rate.
+expect "negative seed" "'-1' is not an integer in \[0, 18446744073709551615\]" "$train" --seed -1 "${common[@]}"
+expect "seed of 2^64" "'18446744073709551616' is not an integer" "$train" --seed 18446744073709551616 "${common[@]}"
+expect "seed in floating notation" "'1e23' is not an integer" "$train" --seed 1e23 "${common[@]}"
+expect "weight decay nan" "'nan' is not a finite number" "$train" --weight-decay nan "${common[@]}"
+expect "lr inf" "'inf' is not a finite number" "$train" --lr inf "${common[@]}"
+expect "sample-only without resume" "--sample-only samples from a checkpoint: it needs --resume DIR" "$train" --sample-only "${common[@]}"
+expect "high-vocabulary data without a tokenizer" "has a vocabulary of 300 ids but no tokenizer.json beside it" bash -c "python3 -c \"import struct,sys; ids=list(range(300))*20; open(sys.argv[1],'wb').write(b'TSRATOK1'+struct.pack('<IIQQQ',1,1,len(ids),300,64)+bytes(24)+struct.pack('<%dH'%len(ids),*ids))\" '$work/v300.tok' && '$train' --data '$work/v300.tok' --out '$work/out' --no-baseline --steps 2 --seq 16 --micro-batch 2 --global-batch 2"
+expect "missing --config file" "$work/none.toml" "$train" --config "$work/none.toml" "${common[@]}"
+printf 'steps = "many"\n' > "$work/bad.toml"
+expect "bad value in a --config file" "many" "$train" --config "$work/bad.toml" --out "$work/out" --no-baseline
+if ! "$train" --version | grep -q "^train_llama (tessera) [0-9]*\.[0-9]*\.[0-9]*$"; then
+  echo "FAIL --version: $("$train" --version)"; fail=1
+fi
 # Hugging Face folders: a fixture saved by transformers, damaged copies.
 hf="$root/tests/python/fixtures/fp32"
 expect "hf folder missing" "cannot read '$work/nohf/config.json'" "$train" --init-from-hf "$work/nohf" "${common[@]}"
@@ -75,7 +90,7 @@ expect "not a ZeRO stage" "zero 5 is not a ZeRO stage" "$train" --zero 5 "${comm
 expect "dp of zero" "dp=0" "$train" --dp 0 "${common[@]}"
 expect "sharded checkpoint resume" "sharded checkpoints are not supported" "$train" --dp 2 --zero 1 --micro-batch 8 --resume "$work/ck" "${common[@]}"
 expect "dim override of zero" "dim=0" "$train" --dim 0 "${common[@]}"
-expect "lr not finite" "lr=inf" "$train" --lr inf "${common[@]}"
+expect "lr not finite" "--lr: .inf. is not a finite number" "$train" --lr inf "${common[@]}"
 expect "empty prompt" "prompt is empty" "$train" --prompt "" --sample-bytes 10 --out "$work/out" --no-baseline --steps 2
 head -c 4096 /dev/urandom > "$work/random.bin"
 expect "binary data offered as text" "UTF-8" "$train" --data "$work/random.bin" "${common[@]}"

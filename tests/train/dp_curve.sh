@@ -23,16 +23,28 @@ for z in 0 1 2 3; do
 done
 if [ -n "$mpirun" ]; then
   for z in 1 3; do
-    "$mpirun" -np 2 "$bin" "${args[@]}" --dp 2 --zero "$z" --comm mpi --out "$work/mpi_z$z" \
+    # --dp defaults to the world size under mpirun (zero 3 gives it anyway).
+    dp=(); [ "$z" = 3 ] && dp=(--dp 2)
+    "$mpirun" -np 2 "$bin" "${args[@]}" "${dp[@]}" --zero "$z" --comm mpi --out "$work/mpi_z$z" \
       > "$work/mpi_z$z.log"
     runs+=("mpi_z$z")
   done
+  # A refused setting is reported once, by rank 0, not by every rank.
+  set +e
+  "$mpirun" -np 2 "$bin" "${args[@]}" --heads 3 --comm mpi --out "$work/mpi_bad" > /dev/null 2> "$work/mpi_bad.err"
+  rc=$?
+  set -e
+  n=$(grep -c "n_heads=3 does not divide" "$work/mpi_bad.err" || true)
+  if [ "$rc" -eq 0 ] || [ "$n" -ne 1 ]; then
+    echo "FAIL mpirun refusal: rc $rc, the message $n times: $(cat "$work/mpi_bad.err")"; exit 1
+  fi
+  echo "ok   mpirun refusal reported once: $(grep "n_heads=3" "$work/mpi_bad.err")"
 fi
 python3 - "$work" "${runs[@]}" <<'PY'
 import json, sys
 work, runs = sys.argv[1], sys.argv[2:]
 def curve(name):
-    return [json.loads(l) for l in open(f"{work}/{name}/metrics.jsonl")]
+    return [r for r in map(json.loads, open(f"{work}/{name}/metrics.jsonl")) if "step" in r]
 ref = curve("dp1")
 assert len(ref) == 5, ref
 bad = 0

@@ -148,7 +148,8 @@ train::train_config config(std::int64_t steps, int dp = 1, int tp = 1, int pp = 
 // from it and returns the first step's loss.
 template <class S, class P = precision::fp64>
 double run_mesh(const data::token_file& f, int dp, int tp, int pp, std::int64_t steps,
-                const fs::path& dir, std::uint64_t shard, const std::string& init = "") {
+                const fs::path& dir, std::uint64_t shard, const std::string& init = "",
+                const nn::llama_config& mc = model4()) {
   using Comm = local_communicator;
   using tp_layers = nn::tensor_parallel_layers<Comm>;
   double loss = 0;
@@ -168,11 +169,11 @@ double run_mesh(const data::token_file& f, int dp, int tp, int pp, std::int64_t 
           if (init.empty()) tr.export_hf(dir, "", shard);
         };
         if (tp > 1) {
-          train::trainer<P, host, optim::adamw, S, Comm, tp_layers> tr(model4(), cfg, f, g.dp,
+          train::trainer<P, host, optim::adamw, S, Comm, tp_layers> tr(mc, cfg, f, g.dp,
                                                                        tp_layers{&g.tp}, g.pp);
           body(tr);
         } else {
-          train::trainer<P, host, optim::adamw, S, Comm> tr(model4(), cfg, f, g.dp,
+          train::trainer<P, host, optim::adamw, S, Comm> tr(mc, cfg, f, g.dp,
                                                             nn::dense_layers{}, g.pp);
           body(tr);
         }
@@ -304,6 +305,62 @@ TEST_CASE("hf export: dp x tp x pp meshes write one rank's tensors; sharded file
   }
 }
 
+TEST_CASE("hf export and import at tp 4: replicated key/value heads, vocabulary padding",
+          "[train][hf][tp]") {
+  // nkv 2 at tp 4: each key/value head on two ranks; V 257 at tp 4: 3
+  // padding rows. The export drops them and writes each head once; the
+  // import fills every replica and leaves the padding 0.
+  trainer_suite::temp_file corpus{trainer_suite::make_corpus("hftp4", 0)};
+  data::token_file f(corpus.path);
+  temp_dir tmp;
+  auto mc = model4();
+  mc.vocab = 257;
+  double want = 0;
+  {
+    train::trainer<precision::fp64> one(mc, config(3), f);
+    for (int s = 0; s < 2; ++s) one.train_step();
+    one.export_hf(tmp / "one");
+    train::train_config cfg = config(1);
+    cfg.init_from_hf = (tmp / "one").string();
+    train::trainer<precision::fp64> again(mc, cfg, f);
+    want = again.train_step().loss;
+  }
+  run_mesh<parallel::zero<1>>(f, 1, 4, 1, 2, tmp / "tp4", nn::hf_default_shard_bytes, "", mc);
+  CHECK(max_rel_diff(read_all(tmp / "tp4"), read_all(tmp / "one")) <= 1e-10);
+  const double got = run_mesh<parallel::zero<1>>(f, 1, 4, 1, 1, tmp / "unused", 0,
+                                                 (tmp / "one").string(), mc);
+  CHECK(std::fabs(got - want) <= 1e-10 * want);
+}
+
+TEST_CASE("hf re-export into the same folder leaves only its own files", "[train][hf][pp]") {
+  trainer_suite::temp_file corpus{trainer_suite::make_corpus("hfre", 0)};
+  data::token_file f(corpus.path);
+  temp_dir tmp;
+  auto names = [&] {
+    std::set<std::string> n;
+    for (const auto& e : fs::directory_iterator(tmp / "out")) n.insert(e.path().filename().string());
+    return n;
+  };
+  {
+    train::trainer<precision::fp64> one(model4(), config(1), f);
+    one.export_hf(tmp / "out");
+  }
+  CHECK(names() == std::set<std::string>{"config.json", "model.safetensors"});
+  run_mesh<parallel::zero<0>>(f, 1, 1, 2, 1, tmp / "out", nn::hf_default_shard_bytes);
+  CHECK(names() == std::set<std::string>{"config.json", "model-00001-of-00002.safetensors",
+                                         "model-00002-of-00002.safetensors",
+                                         "model.safetensors.index.json"});
+  {
+    train::trainer<precision::fp64> one(model4(), config(1), f);
+    one.export_hf(tmp / "out");
+  }
+  CHECK(names() == std::set<std::string>{"config.json", "model.safetensors"});
+  // Exporting into a path that is a file fails on every rank, naming it.
+  { std::ofstream(tmp / "file") << "x"; }
+  train::trainer<precision::fp64> one(model4(), config(1), f);
+  CHECK_THROWS_AS(one.export_hf(tmp / "file"), std::exception);
+}
+
 TEST_CASE("hf export of bf16 weights under tp x pp: one rank's bits", "[train][hf][tp][pp]") {
   // The initial weights do not depend on the layout: a bf16 export of a
   // (1, 2, 2) mesh before any step is one rank's, bit for bit (the 16-bit
@@ -433,8 +490,12 @@ TEST_CASE("hf import refuses what tessera's Llama cannot express, naming key and
             {{"model.layers.0.self_attn.rotary_emb.inv_freq", std::vector<float>(4)}});
     nn::hf_checkpoint ck(d);
     CHECK(ck.tied());
+    // A tied folder that also stores lm_head.weight: transformers ties it
+    // to the embedding, and so does tessera.
+    rewrite(d / "model.safetensors", {}, {{"lm_head.weight", std::vector<float>(256 * 16, 9.0f)}});
     std::vector<double> a(256 * 16), b(256 * 16);
-    ck.tensor("lm_head").read(0, 256 * 16, a.data());
+    nn::hf_checkpoint ck2(d);
+    ck2.tensor("lm_head").read(0, 256 * 16, a.data());
     ck.tensor("embedding").read(0, 256 * 16, b.data());
     CHECK(a == b);
   }

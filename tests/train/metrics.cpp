@@ -256,7 +256,21 @@ TEST_CASE("jsonl_writer::truncate_after keeps steps <= k and drops a line cut by
       written.push_back(m.to_json().dump());
     }
   }
-  REQUIRE(read_lines(p) == written);  // one object per line, flushed
+  // One object per line, flushed, each with its time (ISO 8601 UTC).
+  auto untimed = [](std::vector<std::string> lines) {
+    for (auto& l : lines) {
+      auto j = nlohmann::json::parse(l);
+      REQUIRE(j.contains("time"));
+      const std::string t = j["time"];
+      CHECK(t.size() == 24);
+      CHECK(t[10] == 'T');
+      CHECK(t.back() == 'Z');
+      j.erase("time");
+      l = j.dump();
+    }
+    return lines;
+  };
+  REQUIRE(untimed(read_lines(p)) == written);
   // A kill in the middle of step 11's line: no closing brace, no newline.
   {
     auto m = sample_metrics();
@@ -266,14 +280,15 @@ TEST_CASE("jsonl_writer::truncate_after keeps steps <= k and drops a line cut by
   }
 
   SECTION("k inside the file: steps 1..k, byte for byte") {
+    const auto before = read_lines(p);
     train::jsonl_writer::truncate_after(p, 6);
     std::string want;
-    for (int s = 0; s < 6; ++s) want += written[static_cast<std::size_t>(s)] + "\n";
+    for (int s = 0; s < 6; ++s) want += before[static_cast<std::size_t>(s)] + "\n";
     CHECK(read_all(p) == want);
   }
   SECTION("k past the last full line: every full line, the cut one dropped") {
     train::jsonl_writer::truncate_after(p, 12);
-    CHECK(read_lines(p) == written);
+    CHECK(untimed(read_lines(p)) == written);
   }
   SECTION("k = 0: an empty file") {
     train::jsonl_writer::truncate_after(p, 0);
@@ -296,6 +311,29 @@ TEST_CASE("jsonl_writer::truncate_after keeps steps <= k and drops a line cut by
   }
   // rewritten through a temp file and rename: no temp file is left behind
   CHECK(dir.entries() == std::vector<std::string>{"metrics.jsonl"});
+}
+
+TEST_CASE("jsonl_writer::truncate_after keeps the run's records and names a damaged line",
+          "[train][metrics]") {
+  temp_dir dir("records");
+  const fs::path p = dir.path / "metrics.jsonl";
+  {
+    std::ofstream out(p);
+    out << R"({"config":{"steps":"4"}})" << "\n"
+        << R"({"step":1,"loss":2})" << "\n"
+        << R"({"step":2,"loss":1})" << "\n"
+        << R"({"resumed_at":1})" << "\n";
+  }
+  train::jsonl_writer::truncate_after(p, 1);
+  CHECK(read_lines(p) == std::vector<std::string>{R"({"config":{"steps":"4"}})",
+                                                  R"({"step":1,"loss":2})",
+                                                  R"({"resumed_at":1})"});
+  { std::ofstream(p, std::ios::app) << R"({"step":"x"})" << "\n" << R"({"step":3})" << "\n"; }
+  CHECK_THROWS_WITH(train::jsonl_writer::truncate_after(p, 1),
+                    Catch::Contains("metrics.jsonl' line 4 has step \"x\", not an integer"));
+  { std::ofstream(p) << "garbage\n" << R"({"step":3})" << "\n"; }
+  CHECK_THROWS_WITH(train::jsonl_writer::truncate_after(p, 1),
+                    Catch::Contains("metrics.jsonl' line 1 is not a JSON object"));
 }
 
 TEST_CASE("jsonl_writer::truncate_after on a missing file does nothing; open errors name the path",

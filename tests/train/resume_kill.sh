@@ -2,7 +2,10 @@
 # Kills train_llama with SIGKILL mid-run, resumes it from its last checkpoint,
 # and checks that every step's loss, gradient norm and learning rate equal,
 # bit for bit, those of a run that was never stopped (same seed and thread
-# count). The steps before the kill also check that two runs replay exactly.
+# count). The resume is given nothing but --resume DIR: the settings come
+# from DIR/run.toml. The steps before the kill also check that two runs
+# replay exactly. Then the finished run is extended with a larger --steps,
+# and a resume with conflicting settings is refused listing all of them.
 #   tests/train/resume_kill.sh build/host/examples/train_llama
 set -euo pipefail
 bin=${1:?usage: resume_kill.sh path/to/train_llama}
@@ -19,21 +22,21 @@ args=(--preset small --dim 32 --layers 2 --heads 4 --kv-heads 2 --ffn 64 --data 
 pid=$!
 # wait until step 14 is logged (checkpoints at 4, 8, 12), then kill without warning
 for _ in $(seq 1 600); do
-  n=$({ wc -l < "$work/killed/metrics.jsonl"; } 2>/dev/null || echo 0)
+  n=$({ grep -c '"step"' "$work/killed/metrics.jsonl"; } 2>/dev/null || echo 0)
   [ "$n" -ge 14 ] && break
   sleep 0.05
 done
 kill -9 "$pid" 2>/dev/null || true
 wait "$pid" 2>/dev/null || true
-lines=$(wc -l < "$work/killed/metrics.jsonl")
+lines=$(grep -c '"step"' "$work/killed/metrics.jsonl")
 if [ "$lines" -ge 24 ]; then echo "resume_kill: run finished before the kill; test inconclusive" >&2; exit 1; fi
 echo "resume_kill: killed after $lines logged steps"
-"$bin" "${args[@]}" --resume "$work/killed" > "$work/resumed.log"
+"$bin" --resume "$work/killed" > "$work/resumed.log"
 
 python3 - "$work/full/metrics.jsonl" "$work/killed/metrics.jsonl" <<'PY'
 import json, sys
 def load(p):
-    return {r["step"]: (r["loss"], r["grad_norm"], r["lr"]) for r in map(json.loads, open(p))}
+    return {r["step"]: (r["loss"], r["grad_norm"], r["lr"]) for r in map(json.loads, open(p)) if "step" in r}
 full, resumed = load(sys.argv[1]), load(sys.argv[2])
 assert sorted(full) == list(range(1, 25)), sorted(full)
 assert sorted(resumed) == sorted(full), f"steps differ: {sorted(resumed)}"
@@ -43,3 +46,30 @@ if bad:
     sys.exit(1)
 print(f"resume_kill: all {len(full)} steps identical (loss, grad_norm, lr)")
 PY
+
+# Extended: 6 more steps on the schedule of the new total, the 24 steps kept.
+"$bin" --resume "$work/killed" --steps 30 > "$work/extended.log"
+grep -q "the schedule now runs to step 30 (the checkpoint's run planned 24)" "$work/extended.log" || {
+  echo "resume_kill: the extension's log does not state the new schedule" >&2; cat "$work/extended.log" >&2; exit 1; }
+python3 - "$work/killed/metrics.jsonl" <<'PY'
+import json, sys
+rows = list(map(json.loads, open(sys.argv[1])))
+steps = [r["step"] for r in rows if "step" in r]
+assert steps == list(range(1, 31)), steps
+assert "config" in rows[0] and all("time" in r for r in rows), rows[0]
+resumes = [r["resumed_at"] for r in rows if "resumed_at" in r]
+assert len(resumes) == 2 and resumes[1] == 24, resumes
+print("resume_kill: extended to 30 steps; the configuration and both resumes recorded")
+PY
+
+# Conflicting settings: one message naming every differing field, exit 2.
+set +e
+"$bin" --resume "$work/killed" --steps 30 --lr 0.01 --global-batch 16 > /dev/null 2> "$work/conflict.err"
+rc=$?
+set -e
+if [ $rc -ne 2 ] || [ "$(grep -c . "$work/conflict.err")" -ne 1 ] ||
+   ! grep -q "global_batch=8 in the checkpoint, 16 in this run" "$work/conflict.err" ||
+   ! grep -q "lr=0.003 in the checkpoint, 0.01 in this run" "$work/conflict.err"; then
+  echo "resume_kill: conflicting resume: rc $rc, $(cat "$work/conflict.err")" >&2; exit 1
+fi
+echo "resume_kill: conflicting settings refused at once: $(cat "$work/conflict.err")"

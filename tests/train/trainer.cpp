@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -97,14 +98,38 @@ TEST_CASE("a run resumed from a checkpoint continues exactly", "[train][checkpoi
     std::ofstream(ck, std::ios::binary | std::ios::trunc) << "not a checkpoint at all";
   }
   CHECK_THROWS_WITH(r.load_checkpoint(ck), Catch::Contains("not a tessera checkpoint"));
-  // A checkpoint of another configuration is refused naming the field.
+  // A checkpoint of another configuration is refused naming every
+  // differing field at once.
   {
     train::trainer<precision::bf16_mixed> t(model(), tcfg(), f);
     t.save_checkpoint(ck);
     auto other = tcfg();
     other.global_batch = 8;
+    other.lr = 0.5;
+    other.seed = 99;
     train::trainer<precision::bf16_mixed> u(model(), other, f);
-    CHECK_THROWS_WITH(u.load_checkpoint(ck), Catch::Contains("global_batch"));
+    CHECK_THROWS_WITH(u.load_checkpoint(ck),
+                      Catch::Contains("global_batch=4 in the checkpoint, 8 in this run") &&
+                          Catch::Contains("lr=") && Catch::Contains("0.5 in this run") &&
+                          Catch::Contains("seed=") && Catch::Contains("99 in this run"));
+  }
+  // More steps than planned: the run continues, its schedule over the new total.
+  {
+    auto base = tcfg();
+    base.warmup = 1;  // below every steps tried here
+    train::trainer<precision::bf16_mixed> t(model(), base, f);
+    for (int s = 0; s < 3; ++s) t.train_step();
+    t.save_checkpoint(ck);
+    auto longer = base;
+    longer.steps = base.steps + 10;
+    train::trainer<precision::bf16_mixed> u(model(), longer, f);
+    u.load_checkpoint(ck);
+    CHECK(u.step() == 3);
+    CHECK(u.train_step().lr == Approx(longer.schedule()(3)));
+    auto shorter = base;
+    shorter.steps = 2;
+    train::trainer<precision::bf16_mixed> v(model(), shorter, f);
+    CHECK_THROWS_WITH(v.load_checkpoint(ck), Catch::Contains("has step 3, not in [0, steps=2]"));
   }
   fs::remove(ck);
 }
@@ -273,4 +298,58 @@ TEST_CASE("a trainer on a context of its own counts its memory on its own resour
   CHECK(ma.mem_peak >= ma.mem_allocated);
   CHECK(ma.mem_allocated == a.context().resource().stats().allocated);
   CHECK(b.context().resource().stats().allocated == one);
+}
+
+TEST_CASE("llm.c .bin and NumPy .npy inputs train to the losses of the same tokens", "[train][data]") {
+  // The same ids in three formats: tessera's (vocabulary = largest id + 1,
+  // as the other two imply), an llm.c shard and a .npy array.
+  temp_file corpus{make_corpus("formats")};
+  std::vector<std::uint32_t> ids;
+  {
+    data::token_file f(corpus.path);
+    for (std::uint64_t i = 0; i < f.size(); ++i) ids.push_back(f[i]);
+  }
+  const std::uint64_t vocab = *std::max_element(ids.begin(), ids.end()) + 1ull;
+  const fs::path dir = fs::temp_directory_path() / ("tessera_formats_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  data::write_token_file(dir / "a.tok", ids, vocab);
+  {
+    std::ofstream out(dir / "a.bin", std::ios::binary);
+    std::vector<std::int32_t> head(256, 0);
+    head[0] = 20240520;
+    head[1] = 1;
+    head[2] = static_cast<std::int32_t>(ids.size());
+    out.write(reinterpret_cast<const char*>(head.data()), 1024);
+    for (std::uint32_t v : ids) {
+      const auto x = static_cast<std::uint16_t>(v);
+      out.write(reinterpret_cast<const char*>(&x), 2);
+    }
+  }
+  {
+    std::ofstream out(dir / "a.npy", std::ios::binary);
+    std::string dict = "{'descr': '<u4', 'fortran_order': False, 'shape': (" +
+                       std::to_string(ids.size()) + ",), }";
+    while ((10 + dict.size() + 1) % 64 != 0) dict += ' ';
+    dict += '\n';
+    const auto n = static_cast<std::uint16_t>(dict.size());
+    out.write("\x93NUMPY\x01\x00", 8);
+    out.write(reinterpret_cast<const char*>(&n), 2);
+    out << dict;
+    out.write(reinterpret_cast<const char*>(ids.data()), static_cast<std::streamsize>(4 * ids.size()));
+  }
+  auto losses = [&](const fs::path& p) {
+    data::token_file f(p);
+    CHECK(f.vocab() == vocab);
+    auto c = model();
+    c.vocab = static_cast<std::int64_t>(f.vocab());
+    train::trainer<precision::fp32> t(c, tcfg(), f);
+    std::vector<double> l;
+    for (int s = 0; s < 3; ++s) l.push_back(t.train_step().loss);
+    l.push_back(t.evaluate());
+    return l;
+  };
+  const auto want = losses(dir / "a.tok");
+  CHECK(losses(dir / "a.bin") == want);  // bit for bit
+  CHECK(losses(dir / "a.npy") == want);
+  fs::remove_all(dir);
 }

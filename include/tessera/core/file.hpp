@@ -13,6 +13,9 @@
 #include <functional>
 #include <string>
 #include <thread>
+#include <utility>
+
+#include <nlohmann/json.hpp>
 
 #include "tessera/core/error.hpp"
 
@@ -33,6 +36,7 @@ inline std::filesystem::path atomic_temporary_of(const std::filesystem::path& pa
 template <class Fill>
 void write_file_atomically(const std::filesystem::path& path, Fill&& fill) {
   const std::string tmp = atomic_temporary_of(path).string();
+  errno = 0;
   try {
     {
       std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
@@ -40,8 +44,12 @@ void write_file_atomically(const std::filesystem::path& path, Fill&& fill) {
                        "': ", std::strerror(errno));
       fill(out);
       out.flush();
-      TESSERA_THROW_IF(!out, io_error, "writing '", tmp, "' (for '", path.string(),
-                       "') failed: ", std::strerror(errno));
+      const int e = errno;  // iostreams keep no error code; the last system call's, if any
+      TESSERA_THROW_IF(!out, io_error, "writing '", tmp, "' (for '", path.string(), "') failed",
+                       e != 0 ? std::string(": ") + std::strerror(e) : std::string());
+      out.close();
+      TESSERA_THROW_IF(out.fail(), io_error, "closing '", tmp, "' (for '", path.string(),
+                       "') failed");
     }
     const int fd = ::open(tmp.c_str(), O_RDONLY | O_CLOEXEC);
     const bool synced = fd >= 0 && ::fsync(fd) == 0;
@@ -63,6 +71,34 @@ void write_file_atomically(const std::filesystem::path& path, Fill&& fill) {
     std::filesystem::remove(tmp, ec);
     throw;
   }
+}
+
+/// The deepest nesting a JSON file tessera reads (a safetensors header, a
+/// Hugging Face config.json or tokenizer.json) may have: theirs is at most 4; a bound
+/// keeps a crafted file from exhausting memory or, in a message, the stack.
+inline constexpr int json_max_depth = 16;
+
+/// Parses JSON from [first, last) (or a stream) refusing nesting deeper than
+/// json_max_depth. Throws nlohmann::json::exception as parse() does, and
+/// io_error for the depth, naming `what`.
+template <class... Source>
+nlohmann::json parse_json_bounded(const std::string& what, Source&&... src) {
+  return nlohmann::json::parse(
+      std::forward<Source>(src)...,
+      [&](int depth, nlohmann::json::parse_event_t, nlohmann::json&) {
+        TESSERA_THROW_IF(depth > json_max_depth, io_error, what, ": JSON nested deeper than ",
+                         json_max_depth, " levels");
+        return true;
+      });
+}
+
+/// Writes `j` to `path` as indented JSON, atomically (write_file_atomically).
+/// Throws io_error as write_file_atomically.
+inline void write_json_file(const std::filesystem::path& path, const nlohmann::json& j) {
+  const std::string s = j.dump(2) + "\n";
+  write_file_atomically(path, [&](std::ofstream& out) {
+    out.write(s.data(), static_cast<std::streamsize>(s.size()));
+  });
 }
 
 }  // namespace tessera

@@ -23,6 +23,7 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -157,7 +158,7 @@ private:
                      " runs past the end of the file (", bytes_, " bytes)");
     nlohmann::json h;
     try {
-      h = nlohmann::json::parse(map_ + 8, map_ + 8 + n);
+      h = tessera::parse_json_bounded("safetensors file '" + p + "'", map_ + 8, map_ + 8 + n);
     } catch (const nlohmann::json::exception& e) {
       throw io_error("safetensors file '" + p + "': the header (bytes 8 to " +
                      std::to_string(8 + n) + ") is not JSON: " + e.what());
@@ -256,7 +257,15 @@ inline void write_safetensors(const std::filesystem::path& path,
     TESSERA_THROW_IF(eb == 0, config_error, "safetensors: tensor '", t.name, "' has unknown dtype '",
                      t.dtype, "'");
     std::uint64_t numel = 1;
-    for (std::int64_t d : t.shape) numel *= static_cast<std::uint64_t>(d);
+    for (std::int64_t d : t.shape) {
+      TESSERA_THROW_IF(d < 0, config_error, "safetensors: tensor '", t.name, "' has dimension ",
+                       d, " < 0");
+      const auto ud = static_cast<std::uint64_t>(d);
+      TESSERA_THROW_IF(ud != 0 && numel > std::numeric_limits<std::uint64_t>::max() / eb / ud,
+                       config_error, "safetensors: tensor '", t.name,
+                       "' has a shape whose byte count overflows 64 bits");
+      numel *= ud;
+    }
     TESSERA_THROW_IF(numel * eb != t.bytes, config_error, "safetensors: tensor '", t.name, "' has ",
                      t.bytes, " bytes, its shape needs ", numel * eb);
     h[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {at, at + t.bytes}}};

@@ -19,6 +19,12 @@
 /// The file size is exactly 64 + N*s; the reader rejects anything else.
 /// scripts/ngram_baseline.py reads the same header and splits by the same rule
 /// (`split_tokens`); change them together.
+///
+/// The reader also takes the token files people already have, told apart by
+/// their first bytes: llm.c's shards (`.bin`: 256 int32, magic 20240520,
+/// version 1 for uint16 or 2 for uint32 tokens, the count; then the
+/// tokens) and NumPy arrays (`.npy`, "\x93NUMPY": one-dimensional uint16 or
+/// uint32). Neither records a vocabulary: it is the largest id + 1.
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -235,12 +241,16 @@ class token_file {
     }
   }
 
-  /// Maps and validates the token file at `path`. Scans every token (about
-  /// 1 GB/s on one core), so a bad id fails here rather than mid-run.
+  /// Maps and validates the token file at `path` (tessera's format, an
+  /// llm.c .bin shard or a NumPy .npy array; file comment). Scans every
+  /// token (about 1 GB/s on one core), so a bad id fails here rather than
+  /// mid-run.
   /// \throws io_error naming the path and the problem: missing or unreadable
   ///         (with strerror), not a regular file, empty, shorter than the
-  ///         64-byte header ("truncated"), wrong magic ("not a tessera token
-  ///         file", showing what was found and "TSRATOK1"), unsupported
+  ///         64-byte header ("truncated"), an unknown magic ("not a tessera
+  ///         token file", showing what was found and "TSRATOK1"), an llm.c
+  ///         version other than 1 or 2, a NumPy array that is not a 1-D
+  ///         C-order '<u2' or '<u4' (naming what it is), unsupported
   ///         version, dtype or header size, a vocabulary too large for the
   ///         dtype, a size other than 64 + N * dtype bytes ("truncated: header
   ///         says N tokens ..."), or a token id not below the vocabulary
@@ -353,10 +363,13 @@ class token_file {
     map_bytes_ = bytes;
     const auto* h = static_cast<const unsigned char*>(m);
 
+    if (bytes >= 4 && detail::load_u32_le(h) == llmc_magic) return open_llmc(p, h, bytes);
+    if (bytes >= 6 && std::memcmp(h, "\x93NUMPY", 6) == 0) return open_npy(p, h, bytes);
     TESSERA_THROW_IF(std::memcmp(h, token_file_magic.data(), 8) != 0, io_error, "'", p,
                      "' is not a tessera token file: magic is \"", detail::escape_bytes(h, 8),
                      "\", expected \"", token_file_magic,
-                     "\" (convert text with examples/tokenize)");
+                     "\" (or an llm.c .bin shard, or a NumPy .npy array of uint16 or uint32; "
+                     "convert text with examples/tokenize)");
     const std::uint32_t version = detail::load_u32_le(h + 8);
     TESSERA_THROW_IF(version != token_file_version, io_error, "token file '", p,
                      "' has unsupported version ", version, "; this reader supports version ",
@@ -377,27 +390,104 @@ class token_file {
     TESSERA_THROW_IF(vocab > max_vocab, io_error, "token file '", p, "' declares vocabulary ",
                      vocab, ", more than ", dtype_name(dtype), " tokens can address (", max_vocab,
                      ")");
+    take(p, h, bytes, token_file_header_bytes, count, dtype, vocab);
+  }
+
+  // The tokens after `header` bytes: the size checked against `count`,
+  // the ids against `vocab` (0: the vocabulary is the largest id + 1).
+  void take(const std::string& p, const unsigned char* h, std::uint64_t bytes,
+            std::uint64_t header, std::uint64_t count, token_dtype dtype, std::uint64_t vocab) {
     const std::uint64_t width = dtype_bytes(dtype);
-    const bool overflows = count > (std::numeric_limits<std::uint64_t>::max() - 64) / width;
-    const std::uint64_t expect = overflows ? 0 : token_file_header_bytes + count * width;
+    const bool overflows = count > (std::numeric_limits<std::uint64_t>::max() - header) / width;
+    const std::uint64_t expect = overflows ? 0 : header + count * width;
     if (overflows || expect != bytes) {
       const char* what = (!overflows && bytes > expect) ? "has trailing bytes" : "is truncated";
       throw io_error(tessera::detail::str(
           "token file '", p, "' ", what, ": header says ", count, " ", dtype_name(dtype),
-          " tokens (", token_file_header_bytes, " + ", count, " * ", width, " = ",
+          " tokens (", header, " + ", count, " * ", width, " = ",
           overflows ? std::string("overflow") : std::to_string(expect), " bytes) but file holds ",
           bytes));
     }
-
-    data_ = h + token_file_header_bytes;
+    data_ = h + header;
     count_ = count;
-    vocab_ = vocab;
     dtype_ = dtype;
-    check_ids();
+    vocab_ = vocab;
+    const std::uint32_t mx = max_id();
+    if (vocab_ == 0) vocab_ = count_ == 0 ? 1 : std::uint64_t{mx} + 1;
+    check_ids(mx);
   }
 
-  // Every id < vocab. The max-scan vectorizes; only a failure looks for the index.
-  void check_ids() const {
+  // llm.c's token shards (dev/data/data_common.py): 256 little-endian int32
+  // (magic 20240520, version 1 = uint16 tokens or 2 = uint32, token
+  // count), then the tokens. No vocabulary is recorded: the largest id + 1.
+  static constexpr std::uint32_t llmc_magic = 20240520;
+  static constexpr std::uint64_t llmc_header_bytes = 256 * 4;
+  void open_llmc(const std::string& p, const unsigned char* h, std::uint64_t bytes) {
+    TESSERA_THROW_IF(bytes < llmc_header_bytes, io_error, "llm.c token file '", p,
+                     "' is truncated: ", bytes, " bytes, its header needs ", llmc_header_bytes);
+    const std::uint32_t version = detail::load_u32_le(h + 4);
+    TESSERA_THROW_IF(version != 1 && version != 2, io_error, "llm.c token file '", p,
+                     "' has version ", version, "; this reader knows 1 (uint16) and 2 (uint32)");
+    const std::uint64_t count = detail::load_u32_le(h + 8);
+    take(p, h, bytes, llmc_header_bytes, count, version == 1 ? token_dtype::u16 : token_dtype::u32, 0);
+  }
+
+  // A NumPy .npy file (format versions 1 to 3) of a one-dimensional
+  // C-order array of little-endian uint16 or uint32 ('<u2', '<u4'). The
+  // header is the Python literal NumPy writes ({'descr': ..., 'fortran_order':
+  // ..., 'shape': (N,), }), read field by field. No vocabulary is recorded:
+  // the largest id + 1.
+  void open_npy(const std::string& p, const unsigned char* h, std::uint64_t bytes) {
+    TESSERA_THROW_IF(bytes < 10, io_error, "NumPy file '", p, "' is truncated: ", bytes, " bytes");
+    const unsigned major = h[6];
+    TESSERA_THROW_IF(major < 1 || major > 3, io_error, "NumPy file '", p, "' has format version ",
+                     major, "; this reader knows 1 to 3");
+    const std::uint64_t len_bytes = major == 1 ? 2 : 4;
+    TESSERA_THROW_IF(bytes < 8 + len_bytes, io_error, "NumPy file '", p, "' is truncated");
+    const std::uint64_t hlen =
+        major == 1 ? std::uint64_t{h[8]} | std::uint64_t{h[9]} << 8 : detail::load_u32_le(h + 8);
+    const std::uint64_t header = 8 + len_bytes + hlen;
+    TESSERA_THROW_IF(header > bytes, io_error, "NumPy file '", p, "': its header of ", hlen,
+                     " bytes runs past the end of the file (", bytes, " bytes)");
+    const std::string dict(reinterpret_cast<const char*>(h + 8 + len_bytes), hlen);
+    auto field = [&](const std::string& key) {
+      const std::size_t k = dict.find("'" + key + "'");
+      TESSERA_THROW_IF(k == std::string::npos, io_error, "NumPy file '", p, "': no '", key,
+                       "' in its header ", dict);
+      const std::size_t colon = dict.find(':', k);
+      TESSERA_THROW_IF(colon == std::string::npos, io_error, "NumPy file '", p,
+                       "': a malformed header ", dict);
+      std::size_t b = dict.find_first_not_of(' ', colon + 1);
+      std::size_t e = b;
+      if (b != std::string::npos && dict[b] == '(') e = dict.find(')', b) + 1;
+      else if (b != std::string::npos && dict[b] == '\'') e = dict.find('\'', b + 1) + 1;
+      else e = dict.find_first_of(",}", b);
+      TESSERA_THROW_IF(b == std::string::npos || e == std::string::npos || e <= b, io_error,
+                       "NumPy file '", p, "': a malformed header ", dict);
+      return dict.substr(b, e - b);
+    };
+    const std::string descr = field("descr"), order = field("fortran_order"), shape = field("shape");
+    TESSERA_THROW_IF(descr != "'<u2'" && descr != "'<u4'", io_error, "NumPy file '", p,
+                     "' holds dtype ", descr, "; token ids are read as '<u2' or '<u4' (uint16 or "
+                     "uint32): convert with arr.astype(np.uint32)");
+    TESSERA_THROW_IF(order != "False", io_error, "NumPy file '", p,
+                     "' is in Fortran order; save a C-order array");
+    // "(N,)" or "(N)": one dimension.
+    std::uint64_t count = 0;
+    std::size_t i = 1, digits = 0;
+    for (; i < shape.size() && shape[i] >= '0' && shape[i] <= '9'; ++i, ++digits) {
+      TESSERA_THROW_IF(count > (std::numeric_limits<std::uint64_t>::max() - 9) / 10, io_error,
+                       "NumPy file '", p, "': shape ", shape, " overflows 64 bits");
+      count = count * 10 + static_cast<std::uint64_t>(shape[i] - '0');
+    }
+    const std::string rest = shape.substr(i);
+    TESSERA_THROW_IF(digits == 0 || (rest != ",)" && rest != ")"), io_error, "NumPy file '", p,
+                     "' has shape ", shape, "; token ids are one-dimensional, (N,)");
+    take(p, h, bytes, header, count, descr == "'<u2'" ? token_dtype::u16 : token_dtype::u32, 0);
+  }
+
+  // The largest id (0 for an empty file). The scan vectorizes.
+  std::uint32_t max_id() const {
     std::uint32_t mx = 0;
     if (dtype_ == token_dtype::u16) {
       for (std::uint64_t i = 0; i < count_; ++i) {
@@ -412,6 +502,11 @@ class token_file {
         mx = v > mx ? v : mx;
       }
     }
+    return mx;
+  }
+
+  // Every id < vocab, given the largest id `mx`; only a failure looks for the index.
+  void check_ids(std::uint32_t mx) const {
     if (count_ == 0 || mx < vocab_) return;
     for (std::uint64_t i = 0; i < count_; ++i) {
       const std::uint32_t v = (*this)[i];

@@ -99,6 +99,8 @@ inline nlohmann::json hf_config_json(const llama_config& c, const std::string& t
           {"tie_word_embeddings", false},
           {"initializer_range", 0.02},
           {"use_cache", true},
+          {"bos_token_id", nullptr},  // a byte or subword model of tessera's has no special ids
+          {"eos_token_id", nullptr},
           {"torch_dtype", torch_dtype},
           {"dtype", torch_dtype}};
 }
@@ -161,6 +163,7 @@ inline llama_config llama_config_from_hf(const nlohmann::json& j, const std::str
     if (rope->contains("rope_type") && (*rope)["rope_type"] != "default")
       fail("rope_parameters", "tessera's RoPE has no scaling (rope_type \"default\" only)");
   }
+  if (!rope->contains("rope_theta")) rope = &j;  // rope_parameters without it: the top level's
   if (rope->contains("rope_theta")) {
     if (!(*rope)["rope_theta"].is_number() || !((*rope)["rope_theta"].get<double>() > 0))
       fail(rope == &j ? "rope_theta" : "rope_parameters", "needs a positive rope_theta");
@@ -186,6 +189,15 @@ inline llama_config llama_config_from_hf(const nlohmann::json& j, const std::str
   return c;
 }
 
+/// The name of a folder for a model's name: its last component ("a/b/" is
+/// "b"), "hf" for "." or "/".
+inline std::string folder_name(const std::filesystem::path& dir) {
+  std::filesystem::path p = dir.lexically_normal();
+  if (p.filename().empty()) p = p.parent_path();
+  const std::string n = p.filename().string();
+  return n.empty() || n == "." || n == ".." ? std::string("hf") : n;
+}
+
 /// A Hugging Face Llama folder opened for reading: config.json parsed,
 /// the safetensors mapped, every tensor checked against the config.
 class hf_checkpoint {
@@ -196,26 +208,32 @@ public:
   /// llama_config_from_hf, and config_error naming the tensor for a
   /// missing tensor, an unexpected one (rotary_emb.inv_freq buffers are
   /// ignored: tessera derives them from rope_theta), a shape that disagrees
-  /// with config.json, or a dtype that is not F32, F16, BF16 or F64. An
-  /// absent lm_head.weight is read from the embedding when config.json has
-  /// tie_word_embeddings true (tessera then trains the two untied).
+  /// with config.json, or a dtype that is not F32, F16, BF16 or F64. With
+  /// tie_word_embeddings true the LM head is read from the embedding, as
+  /// transformers ties them (a stored lm_head.weight is ignored; tessera
+  /// then trains the two untied). model.safetensors is read when present,
+  /// else the shards of model.safetensors.index.json (transformers' order).
   explicit hf_checkpoint(const std::filesystem::path& dir) : dir_(dir) {
     const std::filesystem::path cj = dir / "config.json";
     std::ifstream in(cj);
     TESSERA_THROW_IF(!in, io_error, "cannot read '", cj.string(),
                      "': a Hugging Face model folder holds config.json and model.safetensors");
     try {
-      json_ = nlohmann::json::parse(in);
+      json_ = tessera::parse_json_bounded("'" + cj.string() + "'", in);
     } catch (const nlohmann::json::exception& e) {
       throw io_error("'" + cj.string() + "' is not JSON: " + e.what());
     }
-    cfg_ = llama_config_from_hf(json_, cj.string(), dir.filename().string());
+    cfg_ = llama_config_from_hf(json_, cj.string(), folder_name(dir));
     tied_ = json_.contains("tie_word_embeddings") && json_["tie_word_embeddings"] == true;
     for (const char* k : {"torch_dtype", "dtype"})  // transformers < 5, and 5 on
       if (json_.contains(k) && json_[k].is_string()) torch_dtype_ = json_[k].get<std::string>();
     open_files();
     check_tensors();
   }
+
+  // reader() and tensor() point into this object's mappings.
+  hf_checkpoint(const hf_checkpoint&) = delete;
+  hf_checkpoint& operator=(const hf_checkpoint&) = delete;
 
   /// The model's sizes from config.json.
   const llama_config& config() const { return cfg_; }
@@ -247,12 +265,15 @@ private:
   void open_files() {
     const std::filesystem::path single = dir_ / "model.safetensors";
     const std::filesystem::path index = dir_ / "model.safetensors.index.json";
-    if (std::filesystem::exists(index)) {
+    if (std::filesystem::exists(single)) {  // transformers' order: the one file first
+      files_.push_back(std::make_unique<data::safetensors_file>(single));
+      for (const auto& [tensor, t] : files_.back()->tensors()) hf_[tensor] = &t;
+    } else if (std::filesystem::exists(index)) {
       std::ifstream in(index);
       TESSERA_THROW_IF(!in, io_error, "cannot read '", index.string(), "'");
       nlohmann::json ix;
       try {
-        ix = nlohmann::json::parse(in);
+        ix = tessera::parse_json_bounded("'" + index.string() + "'", in);
       } catch (const nlohmann::json::exception& e) {
         throw io_error("'" + index.string() + "' is not JSON: " + e.what());
       }
@@ -279,9 +300,6 @@ private:
       for (const auto& f : files_)
         for (const auto& [tensor, t] : f->tensors())
           if (!hf_.contains(tensor)) hf_[tensor] = &t;
-    } else if (std::filesystem::exists(single)) {
-      files_.push_back(std::make_unique<data::safetensors_file>(single));
-      for (const auto& [tensor, t] : files_.back()->tensors()) hf_[tensor] = &t;
     } else {
       const bool pickle = std::filesystem::exists(dir_ / "pytorch_model.bin") ||
                           std::filesystem::exists(dir_ / "pytorch_model.bin.index.json");
@@ -300,7 +318,9 @@ private:
     std::set<std::string> used;
     for (const auto& e : layout.entries()) {
       std::string hn = hf_tensor_name(e.name);
-      if (e.name == "lm_head" && tied_ && !hf_.contains(hn)) hn = "model.embed_tokens.weight";
+      // Tied: the head is the embedding, as transformers ties it (a stored
+      // lm_head.weight is not read).
+      if (e.name == "lm_head" && tied_) hn = "model.embed_tokens.weight";
       auto it = hf_.find(hn);
       TESSERA_THROW_IF(it == hf_.end(), config_error, where, " has no tensor '", hn, "'",
                        e.name == "lm_head" ? " (and config.json does not tie the embeddings)" : "");
@@ -339,16 +359,12 @@ private:
 /// bytes each), transformers' save_pretrained default.
 inline constexpr std::uint64_t hf_default_shard_bytes = 5'000'000'000ull;
 
-/// Whether tessera parameter `name` (make_llama_layout's) belongs to the
-/// modules of stage `s` of a model of `n_layers` blocks.
-inline bool in_stage(const std::string& name, const stage_range& s, std::int64_t n_layers) {
-  if (name == "embedding") return s.embedding;
-  if (name == "final_norm" || name == "lm_head") return s.head;
-  TESSERA_THROW_IF(!name.starts_with("blocks."), config_error, "parameter '", name,
-                   "' is not a Llama parameter");
-  const std::int64_t l = std::stoll(name.substr(7, name.find('.', 7) - 7));
+/// Whether the parameter `e` of make_llama_layout belongs to the modules
+/// of pipeline stage `s` of a model of `n_layers` blocks.
+inline bool stage_holds(const stage_range& s, const param_entry& e, std::int64_t n_layers) {
+  if (e.block < 0) return e.name == "embedding" ? s.embedding : s.head;
   const std::int64_t last = s.last_block < 0 ? n_layers : s.last_block;
-  return l >= s.first_block && l < last;
+  return e.block >= s.first_block && e.block < last;
 }
 
 /// One file of a Hugging Face export: its name, the tessera tensors it
@@ -379,7 +395,7 @@ inline std::vector<hf_file> plan_hf_files(const llama_config& c,
   for (std::size_t v = 0; v < stages.size(); ++v) {
     bool open = false;
     for (const auto& e : layout.entries()) {
-      if (!in_stage(e.name, stages[v], c.n_layers)) continue;
+      if (!stage_holds(stages[v], e, c.n_layers)) continue;
       const std::uint64_t b = static_cast<std::uint64_t>(e.full.numel()) * elem_bytes;
       if (!open || (files.back().bytes > 0 && files.back().bytes + b > max_bytes)) {
         files.push_back({});
@@ -413,14 +429,6 @@ inline nlohmann::json hf_index_json(const std::vector<hf_file>& files) {
     for (const auto& t : f.tensors) map[hf_tensor_name(t)] = f.name;
   }
   return {{"metadata", {{"total_size", total}}}, {"weight_map", map}};
-}
-
-/// Writes `j` as `path` (indented, atomically).
-inline void write_json_file(const std::filesystem::path& path, const nlohmann::json& j) {
-  const std::string s = j.dump(2) + "\n";
-  write_file_atomically(path, [&](std::ofstream& out) {
-    out.write(s.data(), static_cast<std::streamsize>(s.size()));
-  });
 }
 
 }  // namespace tessera::nn

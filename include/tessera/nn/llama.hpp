@@ -470,8 +470,8 @@ private:
   // Elements [lo, hi) of the whole layout: drawn from the seed, or read
   // from opt_.weights when set.
   void init_range(std::uint64_t seed, std::int64_t lo, std::int64_t hi, Param* out) const {
-    if (opt_.weights)
-      load_llama_weights_range(layout_, opt_.weights, lo, hi, out);
+    if (opt_.weights != nullptr)
+      load_llama_weights_range(layout_, *opt_.weights, lo, hi, out);
     else
       init_llama_weights_range(cfg_, layout_, seed, lo, hi, out);
   }

@@ -45,11 +45,12 @@ struct llama_options {
   checkpoint_policy checkpointing{};
   /// The modules of this instance (a pipeline stage), the whole model by default.
   stage_range stage{};
-  /// Where init_weights and init_weights_range take the weights from: empty,
-  /// drawn from the seed (init_llama_weights_range); set, read from whole
-  /// tensors (load_llama_weights_range; a Hugging Face checkpoint's
-  /// hf_checkpoint::reader()), the seed unused.
-  tensor_reader weights{};
+  /// Where init_weights and init_weights_range take the weights from:
+  /// nullptr, drawn from the seed (init_llama_weights_range); set, read from
+  /// whole tensors (load_llama_weights_range; a Hugging Face checkpoint's
+  /// hf_checkpoint::reader()), the seed unused. Not owned: the reader (and
+  /// what it reads) must outlive every init_weights* call.
+  const tensor_reader* weights = nullptr;
 };
 
 /// What one micro-batch's training forward leaves for its backward.

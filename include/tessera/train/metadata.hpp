@@ -89,10 +89,13 @@ nlohmann::json run_metadata(const nn::llama_config& c, const train_config& cfg,
 
 /// Checks a checkpoint's metadata against this run's before a resume: every
 /// key of `mine` except the positions (step, data_position,
-/// schedule_position) must be present and equal, the tensor-parallel
-/// degree checked first. Throws config_error naming the field and both
-/// values, and io_error if the step is not an integer in
-/// [0, steps]. Returns the checkpoint's step.
+/// schedule_position) and the planned steps must be present and equal, the
+/// tensor-parallel degree and the pipeline layout checked first. A run may
+/// plan more steps than the checkpoint's (`steps`, at least its step): the
+/// learning-rate schedule then decays over the new total. Throws
+/// config_error listing every differing field with both values in one
+/// message, and io_error if the step is not an integer in [0, steps].
+/// Returns the checkpoint's step.
 inline std::int64_t check_resume_metadata(const std::filesystem::path& path, nlohmann::json& meta,
                                           const nlohmann::json& mine, std::int64_t steps) {
   // The tensor-parallel degree first: a checkpoint of another tp holds
@@ -117,12 +120,16 @@ inline std::int64_t check_resume_metadata(const std::filesystem::path& path, nlo
                    pp_of(meta)[1].dump(), " virtual stages but this run has pp=",
                    pp_of(mine)[0].dump(), " with ", pp_of(mine)[1].dump(),
                    ": a checkpoint resumes at its own pipeline layout (it is not resharded)");
+  std::string diff;
   for (const auto& [k, v] : mine.items()) {
-    if (k == "step" || k == "data_position" || k == "schedule_position") continue;
-    TESSERA_THROW_IF(!meta.contains(k) || meta[k] != v, config_error, "checkpoint '",
-                     path.string(), "' has ", k, "=", meta.contains(k) ? meta[k].dump() : "(missing)",
-                     " but this run has ", k, "=", v.dump());
+    if (k == "step" || k == "data_position" || k == "schedule_position" || k == "steps") continue;
+    if (meta.contains(k) && meta[k] == v) continue;
+    diff += tessera::detail::str(diff.empty() ? "" : "; ", k, "=",
+                                 meta.contains(k) ? meta[k].dump() : "(missing)",
+                                 " in the checkpoint, ", v.dump(), " in this run");
   }
+  TESSERA_THROW_IF(!diff.empty(), config_error, "checkpoint '", path.string(),
+                   "' was written with other settings: ", diff);
   TESSERA_THROW_IF(!meta.contains("step") || !meta["step"].is_number_integer() ||
                        meta["step"].get<std::int64_t>() < 0 ||
                        meta["step"].get<std::int64_t>() > steps,

@@ -5,6 +5,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <ctime>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -19,6 +23,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tessera/core/error.hpp"
+#include "tessera/core/file.hpp"
 
 namespace tessera::train {
 
@@ -129,8 +134,23 @@ inline bool stdout_is_terminal() {
   return ::isatty(STDOUT_FILENO) == 1;
 }
 
-/// Appends one JSON object per line to a metrics file. On resume, truncate_after()
-/// drops lines for steps after the checkpoint so the file reads as one run.
+/// The current time as ISO 8601 UTC with milliseconds ("2026-12-03T19:24:05.123Z").
+inline std::string utc_timestamp() {
+  const auto now = std::chrono::system_clock::now();
+  const std::time_t t = std::chrono::system_clock::to_time_t(now);
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000;
+  std::tm tm{};
+  ::gmtime_r(&t, &tm);
+  char buf[96];
+  std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900,
+                tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, static_cast<int>(ms));
+  return buf;
+}
+
+/// Appends one JSON object per line to a metrics file, each with its "time"
+/// (utc_timestamp). Lines with a "step" are the steps; lines without one
+/// record the run (its configuration, a resume). On resume, truncate_after()
+/// drops the steps after the checkpoint so the file reads as one run.
 class jsonl_writer {
 public:
   jsonl_writer() = default;
@@ -139,32 +159,47 @@ public:
     out_.open(path, std::ios::app);
     TESSERA_THROW_IF(!out_, io_error, "cannot open metrics file '", path.string(), "' for writing");
   }
-  /// Writes one line and flushes it (a killed run keeps every finished step).
-  void write(const nlohmann::json& j) {
+  /// Writes one line with "time" added (unless `j` has one) and flushes it
+  /// (a killed run keeps every finished step). Throws io_error naming the
+  /// file when the write fails (a full disk).
+  void write(nlohmann::json j) {
     if (!out_.is_open()) return;
+    if (!j.contains("time")) j["time"] = utc_timestamp();
     out_ << j.dump() << '\n';
     out_.flush();
+    TESSERA_THROW_IF(!out_, io_error, "writing metrics file '", path_.string(),
+                     "' failed: ", std::strerror(errno));
   }
-  /// Keeps only lines whose "step" is <= `step` (rewritten via a temp file and rename).
+  /// Keeps the lines whose "step" is <= `step` and the lines without a step
+  /// (the run's records), and drops a last line cut by a kill; rewritten
+  /// atomically (write_file_atomically). Throws io_error naming the file
+  /// and the line for a line that is not JSON or whose step is not an
+  /// integer (before the last line).
   static void truncate_after(const std::filesystem::path& path, std::int64_t step) {
     if (!std::filesystem::exists(path)) return;
     std::ifstream in(path);
-    std::vector<std::string> keep;
-    std::string line;
-    while (std::getline(in, line)) {
-      if (line.empty()) continue;
-      auto j = nlohmann::json::parse(line, nullptr, false);
-      if (j.is_discarded()) continue;  // a line cut by a kill
-      if (j.contains("step") && j["step"].get<std::int64_t>() <= step) keep.push_back(line);
-    }
+    TESSERA_THROW_IF(!in, io_error, "cannot read metrics file '", path.string(), "'");
+    std::vector<std::string> lines, keep;
+    for (std::string line; std::getline(in, line);) lines.push_back(line);
     in.close();
-    const auto tmp = path.string() + ".tmp." + std::to_string(::getpid());
-    {
-      std::ofstream out(tmp, std::ios::trunc);
-      for (const auto& l : keep) out << l << '\n';
-      TESSERA_THROW_IF(!out, io_error, "cannot write '", tmp, "'");
+    for (std::size_t i = 0; i < lines.size(); ++i) {
+      if (lines[i].empty()) continue;
+      auto j = nlohmann::json::parse(lines[i], nullptr, false);
+      const bool last = i + 1 == lines.size();
+      if (j.is_discarded() && last) continue;  // a line cut by a kill
+      TESSERA_THROW_IF(j.is_discarded() || !j.is_object(), io_error, "metrics file '",
+                       path.string(), "' line ", i + 1, " is not a JSON object");
+      if (!j.contains("step")) {
+        keep.push_back(lines[i]);
+        continue;
+      }
+      TESSERA_THROW_IF(!j["step"].is_number_integer(), io_error, "metrics file '", path.string(),
+                       "' line ", i + 1, " has step ", j["step"].dump(), ", not an integer");
+      if (j["step"].get<std::int64_t>() <= step) keep.push_back(lines[i]);
     }
-    std::filesystem::rename(tmp, path);
+    write_file_atomically(path, [&](std::ofstream& out) {
+      for (const auto& l : keep) out << l << '\n';
+    });
   }
 
 private:

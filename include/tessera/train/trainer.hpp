@@ -53,6 +53,7 @@
 #include <memory>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -449,10 +450,14 @@ class trainer {
   /// else float32. Under tensor parallelism the shards are gathered over
   /// the tp group (padding rows dropped); zero<3> gathers over dp. dp
   /// rank 0 and tp rank 0 of each stage writes (each file atomically);
-  /// world rank 0 writes config.json and the index. Collective over the dp,
-  /// tp and pp groups; every rank throws when any rank fails (io_error
-  /// naming the file there, the others naming the failure elsewhere).
-  /// Throws config_error for an unknown dtype before any work.
+  /// world rank 0 then writes config.json and the index and removes the
+  /// weight files of an earlier export in `dir` that this one does not
+  /// write. Collective over the dp, tp and pp groups; every rank throws
+  /// when any rank fails (io_error naming the file there, the others
+  /// naming the failure elsewhere). Memory: each rank gathers its stage's
+  /// parameters of the whole tp group (tp x the stage's parameters, in the
+  /// context's memory and on the host), and the writer holds one file's
+  /// bytes. Throws config_error for an unknown dtype before any work.
   void export_hf(const std::filesystem::path& dir, std::string torch_dtype = "",
                  std::uint64_t max_shard_bytes = nn::hf_default_shard_bytes) {
     ctx_->apply_threads();
@@ -501,11 +506,26 @@ class trainer {
         failed = std::current_exception();
       }
     }
-    if (world_rank() == 0 && !failed) {
+    // Every stage's files are in place before the folder names them: then
+    // world rank 0 writes config.json and the index and removes weight
+    // files of an earlier export that this one does not have.
+    agree_or_throw(failed, "export to '" + dir.string() + "'");
+    if (world_rank() == 0) {
       try {
-        nn::write_json_file(dir / "config.json", nn::hf_config_json(c, torch_dtype));
-        if (files.size() > 1)
-          nn::write_json_file(dir / "model.safetensors.index.json", nn::hf_index_json(files));
+        write_json_file(dir / "config.json", nn::hf_config_json(c, torch_dtype));
+        const std::filesystem::path index = dir / "model.safetensors.index.json";
+        if (files.size() > 1) write_json_file(index, nn::hf_index_json(files));
+        std::set<std::string> mine{"model.safetensors.index.json"};
+        if (files.size() == 1) mine.erase("model.safetensors.index.json");
+        for (const auto& f : files) mine.insert(f.name);
+        std::vector<std::filesystem::path> stale;
+        for (const auto& e : std::filesystem::directory_iterator(dir)) {
+          const std::string n = e.path().filename().string();
+          if (n.starts_with("model") && (n.ends_with(".safetensors") || n == "model.safetensors.index.json") &&
+              !mine.contains(n))
+            stale.push_back(e.path());
+        }
+        for (const auto& p : stale) std::filesystem::remove(p);
       } catch (...) {
         failed = std::current_exception();
       }
@@ -612,7 +632,6 @@ class trainer {
         layers_(layers),
         cfg_(checked(model_cfg, cfg, data, *comm_, layers.size(), pp)),
         stage_(pp ? pp->rank() : 0),
-        hf_(open_hf(model_cfg, cfg_)),
         data_(&data),
         split_(data.split()),
         sampler_(data, split_.train, cfg_.micro_batch, cfg_.seq, cfg_.seed),
@@ -629,13 +648,26 @@ class trainer {
     // kernels that wrote what it sends (as the model does with its tp group).
     if constexpr (requires(C& c) { c.set_stream(ctx_->stream()); })
       if (pp_) pp_->set_stream(ctx_->stream());
+    // The Hugging Face folder opens on every rank or on none (a folder
+    // missing on one node fails every rank now, not at a later collective).
+    {
+      std::exception_ptr failed;
+      try {
+        hf_ = open_hf(model_cfg, cfg_);
+        if (hf_) hf_reader_ = hf_->reader();
+      } catch (...) {
+        failed = std::current_exception();
+      }
+      if (!cfg_.init_from_hf.empty())
+        agree_or_throw(failed, "opening the Hugging Face folder '" + cfg_.init_from_hf + "'");
+    }
     const std::vector<nn::stage_range> stages =
         parallel::partition_stages(model_cfg, cfg_.seq, K * V, cfg_.stage_blocks);
     std::vector<typename executor_type::chunk> ch;
     for (int c = 0; c < V; ++c) {
       nn::llama_options o = model_options(cfg_);
       o.stage = stages[static_cast<std::size_t>(c * K + stage_)];
-      if (hf_) o.weights = hf_->reader();
+      if (hf_) o.weights = &hf_reader_;
       models_.push_back(std::make_unique<model_type>(model_cfg, o, *ctx_, with_config(layers, cfg_)));
       engines_.push_back(std::make_unique<engine_type>(init_model(*models_.back(), cfg_.seed),
                                                        *comm_, cfg_.template optimizer_config<O>(),
@@ -749,9 +781,11 @@ class trainer {
   }
   // Ends a collective that may have failed on some ranks: the failure is
   // agreed over the tp, dp and pp groups, then every rank throws (this
-  // rank's own error, or io_error saying another rank failed `what`).
+  // rank's own error, or io_error naming the lowest failing world rank and
+  // `what`).
   void agree_or_throw(std::exception_ptr failed, const std::string& what) {
-    double v = failed ? 1.0 : 0.0;
+    // -(world rank + 1) of a failing rank, maximised: the lowest one; 0: none.
+    double v = failed ? -static_cast<double>(world_rank() + 1) : -1e18;
     tensor<double, Backend> d = kernels::make_tensor<double>(*ctx_, 1);
     ctx_->from_host(d.data(), &v, sizeof v);
     if constexpr (L::tensor_parallel) layers_.group->all_reduce(d.data(), 1, comm::reduce_op::max);
@@ -759,7 +793,8 @@ class trainer {
     if (pp_) pp_->all_reduce(d.data(), 1, comm::reduce_op::max);
     ctx_->to_host(&v, d.data(), sizeof v);
     if (failed) std::rethrow_exception(failed);
-    TESSERA_THROW_IF(v > 0, io_error, what, " failed on another rank (its error names the cause)");
+    TESSERA_THROW_IF(v > -1e17, io_error, what, " failed on world rank ",
+                     static_cast<long long>(-v) - 1, " (its error names the cause)");
   }
   // cfg.init_from_hf opened and its config.json held against the model's
   // (every differing size named at once); nullptr without one.
@@ -991,6 +1026,7 @@ class trainer {
   train_config cfg_;
   int stage_;  // this rank's pipeline stage
   std::shared_ptr<const nn::hf_checkpoint> hf_;  // cfg.init_from_hf, mapped (the models read it)
+  nn::tensor_reader hf_reader_;                  // its reader, which the models' options point at
   std::vector<std::unique_ptr<model_type>> models_;    // this rank's chunks (1 unless interleaved)
   std::vector<std::unique_ptr<engine_type>> engines_;  // one per chunk, over the dp group
   std::unique_ptr<executor_type> executor_;

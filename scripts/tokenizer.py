@@ -82,6 +82,9 @@ def write_token_file(path, ids, vocab):
             f.write(body.tobytes())
             f.flush()
             os.fsync(f.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would hide it from others
         os.replace(tmp, path)
     except BaseException:
         os.unlink(tmp)

@@ -79,38 +79,71 @@ using train_llama::options;
 
 namespace {
 
-bool is_token_file(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  char m[8] = {};
-  in.read(m, 8);
-  return in.gcount() == 8 && std::string(m, 8) == data::token_file_magic;
-}
-
-// Returns a token file path for `data`: the file itself, or (for UTF-8 text)
-// a byte-tokenized copy in the output folder.
-fs::path prepare_tokens(const fs::path& data, const fs::path& out, created_paths& created) {
+// Returns a token file path for `data`: the file itself (tessera's token
+// file, an llm.c .bin shard or a NumPy .npy array, told apart by their first
+// bytes), or, for UTF-8 text, a byte-tokenized copy in the output folder.
+// Text is text by --data-format text or by its extension (.txt, .text, .md
+// under --data-format auto): a token file whose header is damaged is refused
+// by the reader, never trained on as text. Only regular files are read (not
+// a device or a FIFO, which would never end).
+fs::path prepare_tokens(const fs::path& data, const fs::path& out, const std::string& format,
+                        created_paths& created) {
   std::error_code ec;
+  TESSERA_THROW_IF(format != "auto" && format != "text" && format != "tokens", config_error,
+                   "--data-format '", format, "' is not one of auto, text, tokens");
   TESSERA_THROW_IF(!fs::exists(data, ec), io_error, "data file '", data.string(), "' does not exist");
   TESSERA_THROW_IF(fs::is_directory(data, ec), io_error, "data path '", data.string(),
                    "' is a directory, not a file");
+  TESSERA_THROW_IF(!fs::is_regular_file(data, ec), io_error, "data path '", data.string(),
+                   "' is not a regular file (a device, a FIFO or a socket would not end)");
   std::ifstream probe(data, std::ios::binary);
   TESSERA_THROW_IF(!probe, io_error, "data file '", data.string(), "' is not readable");
-  if (is_token_file(data)) return data;
+  const std::string ext = data.extension().string();
+  const bool text = format == "text" || (format == "auto" && (ext == ".txt" || ext == ".text" || ext == ".md"));
+  if (!text) {
+    (void)data::token_file(data);  // every header field and id checked, the file named
+    return data;
+  }
   // Text: byte-tokenized into the output folder on every run (2.5 MB takes
   // milliseconds), so a cached file can never stand in for different text.
+  constexpr std::uintmax_t max_text = std::uintmax_t{1} << 32;
+  const std::uintmax_t size = fs::file_size(data, ec);
+  TESSERA_THROW_IF(size > max_text, io_error, "text file '", data.string(), "' holds ", size,
+                   " bytes, more than the ", max_text,
+                   " train_llama byte-tokenizes in memory: write a token file with "
+                   "examples/tokenize or scripts/tokenizer.py");
   const fs::path tok = out / (data.stem().string() + ".tok");
-  std::string text((std::istreambuf_iterator<char>(probe)), std::istreambuf_iterator<char>());
-  TESSERA_THROW_IF(text.empty(), io_error, "data file '", data.string(), "' is empty");
-  const std::size_t bad = data::first_invalid_utf8(text);
+  std::string text_bytes((std::istreambuf_iterator<char>(probe)), std::istreambuf_iterator<char>());
+  TESSERA_THROW_IF(text_bytes.empty(), io_error, "data file '", data.string(), "' is empty");
+  const std::size_t bad = data::first_invalid_utf8(text_bytes);
   TESSERA_THROW_IF(bad != std::string::npos, io_error, "data file '", data.string(),
-                   "' is neither a tessera token file nor UTF-8 text (invalid UTF-8 at byte ", bad,
-                   " of ", text.size(), ")");
+                   "' is not UTF-8 text (invalid UTF-8 at byte ", bad, " of ", text_bytes.size(),
+                   "); a token file is read by its header: give it another extension than .txt, "
+                   ".text or .md, or --data-format tokens");
   const bool existed = fs::exists(tok);
-  auto tokens = data::byte_tokenizer::encode(text);
+  auto tokens = data::byte_tokenizer::encode(text_bytes);
   data::write_token_file(tok, tokens, data::byte_tokenizer::vocab_size, data::token_dtype::u16);
   if (existed) return tok;
   created.paths.push_back(tok);
   return tok;
+}
+
+// Removes the temporaries (NAME.tmp.<pid>...) a killed run left in `out`:
+// those of processes that no longer run. The live ones are another run's.
+void remove_stale_temporaries(const fs::path& out) {
+  std::error_code ec;
+  std::vector<fs::path> stale;
+  for (const auto& e : fs::directory_iterator(out, ec)) {
+    const std::string n = e.path().filename().string();
+    const std::size_t at = n.find(".tmp.");
+    if (at == std::string::npos) continue;
+    const std::string rest = n.substr(at + 5);
+    const std::size_t digits = rest.find_first_not_of("0123456789");
+    const std::string pid = rest.substr(0, digits);
+    if (pid.empty() || pid.size() > 9) continue;
+    if (!fs::exists(fs::path("/proc") / pid, ec)) stale.push_back(e.path());
+  }
+  for (const auto& p : stale) fs::remove(p, ec);
 }
 
 // The vocabulary and the tokenizer of the data: the model's vocabulary
@@ -129,6 +162,9 @@ void prepare_vocabulary(const CLI::App& app, options& o, const fs::path& tok) {
   const nn::llama_config mc = train_llama::model_config(o);
   if (app.count("--seq") == 0 && o.cfg.seq > mc.max_seq) o.cfg.seq = mc.max_seq;
   if (o.tokenizer.empty()) {
+    for (unsigned char c : o.prompt)  // the byte tokenizer's ids are the bytes
+      TESSERA_THROW_IF(o.sample_bytes > 0 && c >= mc.vocab, config_error, "--prompt byte ",
+                       static_cast<int>(c), " is outside the model's vocabulary of ", mc.vocab);
     TESSERA_THROW_IF(o.sample_bytes > 0 && f.vocab() > 256, config_error, "--data '", o.data,
                      "' has a vocabulary of ", f.vocab(),
                      " ids but no tokenizer.json beside it to decode samples with: give "
@@ -291,6 +327,7 @@ int main(int argc, char** argv) {
   app.add_option("--heads", o.heads, "override the preset's query heads nh");
   app.add_option("--kv-heads", o.kv_heads, "override the preset's key/value heads nkv");
   app.add_option("--ffn", o.ffn, "override the preset's SwiGLU dimension F");
+  app.add_option("--data-format", o.data_format, "auto (text for .txt, .text and .md files, a token file otherwise: tessera's, llm.c's .bin, NumPy's .npy), text, or tokens")->capture_default_str();
   app.add_option("--vocab", o.vocab, "the model's vocabulary V (default: the data's)");
   app.add_option("--tokenizer", o.tokenizer, "a Hugging Face tokenizer.json that decodes the data (default: tokenizer.json beside --data, if there): samples print through it, losses convert to nats per byte");
   app.add_option("--data", o.data, "token file, or UTF-8 text to byte-tokenize (default: the bundled data/fortunes.txt)")->capture_default_str();
@@ -498,7 +535,8 @@ int main(int argc, char** argv) {
     }
     TESSERA_THROW_IF(::access(out.c_str(), W_OK) != 0, io_error, "output folder '", out.string(),
                      "' is not writable");
-    const fs::path tok = prepare_tokens(o.data, out, created);
+    remove_stale_temporaries(out);
+    const fs::path tok = prepare_tokens(o.data, out, o.data_format, created);
     prepare_vocabulary(app, o, tok);
     return gpu ? train_llama::run_cuda(o, tok, created) : train_llama::run_host(o, tok, created);
   } catch (const config_error& e) {

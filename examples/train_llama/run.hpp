@@ -45,6 +45,7 @@ struct options {
   std::int64_t checkpoint_layers = 1;  // with full: every k-th block recomputes
   std::string preset = "small";
   std::string data;  // default: data/fortunes.txt found by find_resource
+  std::string data_format = "auto";  // auto (by extension), text or tokens
   std::string precision;  // fp32, bf16, bf16_mixed_bf16_grads, fp64; default: fp32 / bf16 grads on cuda
   std::string optimizer = "adamw";  // adamw or sgd
   std::string out = "runs/main";

@@ -53,6 +53,10 @@ if python3 -c "import tokenizers" 2>/dev/null; then
   "$bin" decode "$tmp/bpe/part.tok" "$tmp/bpe/tokenizer.json" "$tmp/part.back"
   cmp "$tmp/part.txt" "$tmp/part.back" || { echo "hf_interop: the BPE decode differs from the text"; exit 1; }
   echo "hf_interop: the trained BPE decodes back to the text byte for byte"
+  # Encoding with the existing tokenizer.json gives the same token file.
+  python3 "$here/../../scripts/tokenizer.py" encode "$tmp/part.txt" --tokenizer "$tmp/bpe/tokenizer.json" --out "$tmp/bpe/again.tok"
+  cmp "$tmp/bpe/part.tok" "$tmp/bpe/again.tok" || { echo "hf_interop: encode differs from train's encoding"; exit 1; }
+  echo "hf_interop: encoding with the saved tokenizer.json gives the same token file"
 else
   echo "hf_interop: Hugging Face tokenizers is not installed: the BPE round trip is skipped"
 fi

@@ -70,9 +70,22 @@ expect "high-vocabulary data without a tokenizer" "has a vocabulary of 300 ids b
 expect "missing --config file" "$work/none.toml" "$train" --config "$work/none.toml" "${common[@]}"
 printf 'steps = "many"\n' > "$work/bad.toml"
 expect "bad value in a --config file" "many" "$train" --config "$work/bad.toml" --out "$work/out" --no-baseline
+# A temporary a killed save left behind is removed at the next start.
+mkdir -p "$work/stale" && printf 'x' > "$work/stale/checkpoint.bin.tmp.99999999.1"
+"$train" "${common[@]}" --out "$work/stale" --dim 32 --layers 1 --heads 4 --kv-heads 2 --ffn 64 --seq 16 --micro-batch 2 --global-batch 2 > /dev/null 2>&1
+if [ -e "$work/stale/checkpoint.bin.tmp.99999999.1" ]; then echo "FAIL stale temporary kept"; fail=1; else echo "ok   stale temporary removed"; fi
 if ! "$train" --version | grep -q "^train_llama (tessera) [0-9]*\.[0-9]*\.[0-9]*$"; then
   echo "FAIL --version: $("$train" --version)"; fail=1
 fi
+# Inputs that are not regular files, and token files with a damaged header.
+expect "a device as data" "is not a regular file" "$train" --data /dev/zero "${common[@]}"
+mkfifo "$work/fifo"
+expect "a FIFO as data" "is not a regular file" timeout 20 "$train" --data "$work/fifo" "${common[@]}"
+{ printf 'TSRBTOK1'; head -c 3000 "$root/data/fortunes.txt"; } > "$work/damaged.tok"
+expect "a token file with a damaged magic (UTF-8 after it)" "is not a tessera token file" "$train" --data "$work/damaged.tok" "${common[@]}"
+expect "unknown data format" "--data-format 'csv' is not one of auto, text, tokens" "$train" --data-format csv "${common[@]}"
+python3 -c "import struct,sys; ids=[i % 100 for i in range(6000)]; open(sys.argv[1],'wb').write(b'TSRATOK1'+struct.pack('<IIQQQ',1,1,len(ids),100,64)+bytes(24)+struct.pack('<%dH'%len(ids),*ids))" "$work/v100.tok"
+expect "a prompt byte outside the vocabulary" "--prompt byte 104 is outside the model's vocabulary of 100" "$train" --data "$work/v100.tok" --prompt "The " --sample-bytes 10 --out "$work/out" --no-baseline --steps 2 --seq 16 --micro-batch 2 --global-batch 2
 # Hugging Face folders: a fixture saved by transformers, damaged copies.
 hf="$root/tests/python/fixtures/fp32"
 expect "hf folder missing" "cannot read '$work/nohf/config.json'" "$train" --init-from-hf "$work/nohf" "${common[@]}"
@@ -93,7 +106,9 @@ expect "dim override of zero" "dim=0" "$train" --dim 0 "${common[@]}"
 expect "lr not finite" "--lr: .inf. is not a finite number" "$train" --lr inf "${common[@]}"
 expect "empty prompt" "prompt is empty" "$train" --prompt "" --sample-bytes 10 --out "$work/out" --no-baseline --steps 2
 head -c 4096 /dev/urandom > "$work/random.bin"
-expect "binary data offered as text" "UTF-8" "$train" --data "$work/random.bin" "${common[@]}"
+expect "binary data that is no token file" "is not a tessera token file" "$train" --data "$work/random.bin" "${common[@]}"
+cp "$work/random.bin" "$work/random.txt"
+expect "binary data named as text" "is not UTF-8 text (invalid UTF-8 at byte" "$train" --data "$work/random.txt" "${common[@]}"
 expect "tokenize: binary input" "not UTF-8" "$tok" "$work/random.bin" -o "$work/out.tok"
 cp "$work/short.txt" "$work/same.txt"
 expect "tokenize: output is the input" "is the input" "$tok" "$work/same.txt" -o "$work/same.txt"

@@ -160,6 +160,9 @@ void prepare_vocabulary(const CLI::App& app, options& o, const fs::path& tok) {
     if (fs::exists(beside)) o.tokenizer = beside.string();
   }
   const nn::llama_config mc = train_llama::model_config(o);
+  TESSERA_THROW_IF(f.vocab() > static_cast<std::uint64_t>(mc.vocab), config_error,
+                   "token file vocabulary ", f.vocab(), " of '", o.data, "' exceeds the model's vocab=",
+                   mc.vocab, o.init_from_hf.empty() ? " (--vocab)" : " (config.json of --init-from-hf)");
   if (app.count("--seq") == 0 && o.cfg.seq > mc.max_seq) o.cfg.seq = mc.max_seq;
   if (o.tokenizer.empty()) {
     for (unsigned char c : o.prompt)  // the byte tokenizer's ids are the bytes
@@ -177,9 +180,10 @@ void prepare_vocabulary(const CLI::App& app, options& o, const fs::path& tok) {
   std::uint64_t bytes = 0;
   const auto val = f.split().val;
   for (std::uint64_t i = val.begin; i < val.end; ++i) bytes += t.token_bytes(f[i]).size();
-  TESSERA_THROW_IF(val.size() == 0 || bytes == 0, config_error, "the validation split of '",
-                   o.data, "' decodes to no bytes through '", o.tokenizer, "'");
-  o.val_bytes_per_token = static_cast<double>(bytes) / static_cast<double>(val.size());
+  // An empty split is refused later with the window it lacks (check_run).
+  o.val_bytes_per_token = val.size() > 0 && bytes > 0
+                              ? static_cast<double>(bytes) / static_cast<double>(val.size())
+                              : 1.0;
   if (o.sample_bytes == 0) return;
   // The prompt through the tokenizers library, as the data was encoded.
   std::string tried;
@@ -310,9 +314,15 @@ int main(int argc, char** argv) {
   // line override either.
   const std::string resume_dir = argv_value(argc, argv, "--resume");
   std::string config_default;
-  if (!resume_dir.empty() && !argv_has(argc, argv, "--config") &&
-      fs::exists(fs::path(resume_dir) / "run.toml"))
-    config_default = (fs::path(resume_dir) / "run.toml").string();
+  if (!resume_dir.empty() && !argv_has(argc, argv, "--config")) {
+    if (fs::exists(fs::path(resume_dir) / "run.toml"))
+      config_default = (fs::path(resume_dir) / "run.toml").string();
+    else if (train_llama::launched_world().rank == 0)
+      std::printf("train_llama: '%s' holds no run.toml (a run of an older train_llama?): the "
+                  "settings are the command line's\n",
+                  (fs::path(resume_dir) / "run.toml").c_str());
+  }
+  app.allow_config_extras(CLI::config_extras_mode::error);  // an unknown key is refused
   app.set_config("--config", config_default,
                  "read options from a TOML file (CLI11's format, as OUT/run.toml); options on the "
                  "command line override it");
@@ -322,32 +332,32 @@ int main(int argc, char** argv) {
     o.data = d.empty() ? "data/fortunes.txt" : d.string();
   }
   app.add_option("--preset", o.preset, "model preset: tiny, small, llama2_7b, llama3_8b")->capture_default_str();
-  app.add_option("--dim", o.dim, "override the preset's model dimension H");
-  app.add_option("--layers", o.layers, "override the preset's number of blocks L");
-  app.add_option("--heads", o.heads, "override the preset's query heads nh");
-  app.add_option("--kv-heads", o.kv_heads, "override the preset's key/value heads nkv");
-  app.add_option("--ffn", o.ffn, "override the preset's SwiGLU dimension F");
+  app.add_option("--dim", o.dim, "override the preset's model dimension H")->check(CLI::Range(std::int64_t{1}, std::int64_t{1048576}));
+  app.add_option("--layers", o.layers, "override the preset's number of blocks L")->check(CLI::Range(std::int64_t{1}, std::int64_t{65536}));
+  app.add_option("--heads", o.heads, "override the preset's query heads nh")->check(CLI::Range(std::int64_t{1}, std::int64_t{65536}));
+  app.add_option("--kv-heads", o.kv_heads, "override the preset's key/value heads nkv")->check(CLI::Range(std::int64_t{1}, std::int64_t{65536}));
+  app.add_option("--ffn", o.ffn, "override the preset's SwiGLU dimension F")->check(CLI::Range(std::int64_t{1}, std::int64_t{16777216}));
   app.add_option("--data-format", o.data_format, "auto (text for .txt, .text and .md files, a token file otherwise: tessera's, llm.c's .bin, NumPy's .npy), text, or tokens")->capture_default_str();
-  app.add_option("--vocab", o.vocab, "the model's vocabulary V (default: the data's)");
+  app.add_option("--vocab", o.vocab, "the model's vocabulary V (default: the data's)")->check(CLI::Range(std::int64_t{1}, std::int64_t{4294967296}));
   app.add_option("--tokenizer", o.tokenizer, "a Hugging Face tokenizer.json that decodes the data (default: tokenizer.json beside --data, if there): samples print through it, losses convert to nats per byte");
   app.add_option("--data", o.data, "token file, or UTF-8 text to byte-tokenize (default: the bundled data/fortunes.txt)")->capture_default_str();
-  app.add_option("--steps", o.cfg.steps, "optimizer steps")->capture_default_str();
+  app.add_option("--steps", o.cfg.steps, "optimizer steps")->capture_default_str()->check(CLI::Range(std::int64_t{1}, std::int64_t{1000000000000}));
   app.add_option("--seed", o.cfg.seed, "seed of weights and data order (an integer in [0, 2^64-1])")->capture_default_str()->check(u64_digits);
   app.add_option("--precision", o.precision, "fp32, bf16 (bf16_mixed), bf16_mixed_bf16_grads or fp64; default fp32 on the host, bf16_mixed_bf16_grads on cuda");
   app.add_option("--optimizer", o.optimizer, "adamw or sgd (with momentum)")->capture_default_str();
   app.add_option("--momentum", o.cfg.sgd.momentum, "sgd: momentum")->capture_default_str()->check(finite_number);
   app.add_flag("--nesterov", o.cfg.sgd.nesterov, "sgd: Nesterov momentum");
-  app.add_option("--global-batch", o.cfg.global_batch, "G: sequences per optimizer step")->capture_default_str();
-  app.add_option("--micro-batch", o.cfg.micro_batch, "B: sequences per forward")->capture_default_str();
-  app.add_option("--seq", o.cfg.seq, "T: tokens per sequence")->capture_default_str();
+  app.add_option("--global-batch", o.cfg.global_batch, "G: sequences per optimizer step")->capture_default_str()->check(CLI::Range(std::int64_t{1}, std::int64_t{1000000000}));
+  app.add_option("--micro-batch", o.cfg.micro_batch, "B: sequences per forward")->capture_default_str()->check(CLI::Range(std::int64_t{1}, std::int64_t{1000000000}));
+  app.add_option("--seq", o.cfg.seq, "T: tokens per sequence")->capture_default_str()->check(CLI::Range(std::int64_t{1}, std::int64_t{16777216}));
   app.add_option("--lr", o.cfg.lr, "peak learning rate")->capture_default_str()->check(finite_number);
   app.add_option("--min-lr-ratio", o.cfg.min_lr_ratio, "final lr / peak lr")->capture_default_str()->check(finite_number);
-  app.add_option("--warmup", o.cfg.warmup, "linear warmup steps")->capture_default_str();
+  app.add_option("--warmup", o.cfg.warmup, "linear warmup steps")->capture_default_str()->check(CLI::Range(std::int64_t{0}, std::int64_t{1000000000000}));
   app.add_option("--weight-decay", o.cfg.adamw.weight_decay, "weight decay (AdamW: decoupled; sgd: L2 added to the gradient)")->capture_default_str()->check(finite_number);
   app.add_option("--grad-clip", o.cfg.grad_clip, "max global gradient norm (0: off)")->capture_default_str()->check(finite_number);
-  app.add_option("--eval-every", o.cfg.eval_every, "evaluate every N steps (0: only at the end)")->capture_default_str();
-  app.add_option("--eval-windows", o.cfg.eval_windows, "validation windows per evaluation (0: all)")->capture_default_str();
-  app.add_option("--checkpoint-every", o.checkpoint_every, "save a checkpoint every N steps (and at the end)")->capture_default_str();
+  app.add_option("--eval-every", o.cfg.eval_every, "evaluate every N steps (0: only at the end)")->capture_default_str()->check(CLI::Range(std::int64_t{0}, std::int64_t{1000000000000}));
+  app.add_option("--eval-windows", o.cfg.eval_windows, "validation windows per evaluation (0: all)")->capture_default_str()->check(CLI::Range(std::int64_t{0}, std::int64_t{1000000000000}));
+  app.add_option("--checkpoint-every", o.checkpoint_every, "save a checkpoint every N steps (and at the end)")->capture_default_str()->check(CLI::Range(std::int64_t{0}, std::int64_t{1000000000000}));
   app.add_option("--out", o.out, "output folder: checkpoint.bin, metrics.jsonl")->capture_default_str();
   app.add_option("--resume", o.resume, "continue the run in DIR from its checkpoint.bin, with the settings of DIR/run.toml (options given here override them; a larger --steps extends the schedule)");
   app.add_flag("--sample-only", o.sample_only, "with --resume: sample --sample-bytes from the checkpoint without training");
@@ -363,11 +373,11 @@ int main(int argc, char** argv) {
   app.add_option("--trace-step", o.trace_step, "the step --trace records (0: the last)")->capture_default_str();
   app.add_option("--bucket-mb", o.bucket_mb, "gradient bucket size in MB (data parallel; zero 3 uses one per block)")->capture_default_str()->check(finite_number);
   app.add_option("--comm", o.comm, "communicator: local (threads), mpi, nccl (--backend cuda), or auto (mpi or nccl under mpirun)")->capture_default_str();
-  app.add_option("--sample-bytes", o.sample_bytes, "bytes to generate at the end (0: none)")->capture_default_str();
+  app.add_option("--sample-bytes", o.sample_bytes, "tokens to generate at the end: bytes under the byte tokenizer (0: none)")->capture_default_str()->check(CLI::Range(std::int64_t{0}, std::int64_t{100000}));
   app.add_option("--prompt", o.prompt, "prompt of the sample")->capture_default_str();
   app.add_option("--baseline", o.baseline, "4-gram baseline in nats/byte to print beside val loss")->check(finite_number);
   app.add_flag("--no-baseline", o.no_baseline, "do not run scripts/ngram_baseline.py");
-  app.add_option("--ce-chunk", o.cfg.ce_chunk, "token rows per LM-head/cross-entropy chunk")->capture_default_str();
+  app.add_option("--ce-chunk", o.cfg.ce_chunk, "token rows per LM-head/cross-entropy chunk")->capture_default_str()->check(CLI::Range(std::int64_t{1}, std::int64_t{1000000000}));
   app.add_option("--backend", o.backend, "host, or cuda (GPUs; a build with the cuda preset)")->capture_default_str();
   app.add_option("--checkpointing", o.checkpointing, "activation checkpointing: none (the host's default) or full (cuda's default)");
   app.add_option("--checkpoint-layers", o.checkpoint_layers, "with --checkpointing full: every k-th block recomputes (1: all)")->capture_default_str();
@@ -375,6 +385,11 @@ int main(int argc, char** argv) {
   app.add_option("--export-hf", o.export_hf, "at the end, write the model as a Hugging Face Llama folder (config.json, safetensors) to DIR");
   app.add_option("--hf-dtype", o.hf_dtype, "dtype of --export-hf: float32, bfloat16, float16 or float64 (default: bfloat16 for bf16 weights, float64 for fp64, else float32)");
   app.add_option("--peak-tflops", o.peak_tflops, "the peak TFLOP/s of one rank, for MFU (0, the default: the host's theoretical fp32 peak, threads x clock x FLOPs per cycle; a GPU's datasheet dense bf16 rate)")->check(CLI::Range(0.0, 1e9));
+  // Actions of one invocation, not settings of the run: neither written to
+  // run.toml nor read from a --config file.
+  for (const char* a : {"--resume", "--sample-only", "--export-hf", "--hf-dtype", "--trace",
+                        "--trace-step"})
+    app.get_option(a)->configurable(false);
   // An option given twice takes its last value (a command line that
   // appends an override to a script's flags, as getopt tools do).
   for (CLI::Option* opt : app.get_options())
@@ -450,7 +465,7 @@ int main(int argc, char** argv) {
                      " ranks exceeds the limit of 1024");
     if (o.cfg.sequence_parallel) nn::check_sequence_parallel(o.cfg.seq, o.tp);
     if (!o.init_from_hf.empty())
-      for (const char* f : {"--preset", "--dim", "--layers", "--heads", "--kv-heads", "--ffn"})
+      for (const char* f : {"--preset", "--dim", "--layers", "--heads", "--kv-heads", "--ffn", "--vocab"})
         TESSERA_THROW_IF(app.count(f) > 0, config_error, f,
                          " cannot be given with --init-from-hf: the model's sizes are its "
                          "config.json's");
@@ -458,11 +473,19 @@ int main(int argc, char** argv) {
                      o.hf_dtype, " needs --export-hf DIR");
     TESSERA_THROW_IF(!o.export_hf.empty() && fs::exists(o.export_hf) && !fs::is_directory(o.export_hf),
                      io_error, "--export-hf '", o.export_hf, "' exists and is not a folder");
-    if (!o.export_hf.empty()) {  // checked now, not after the run: the nearest folder that exists
+    if (!o.export_hf.empty()) {  // checked now, not after the run: created (and probed) here
       fs::path p = fs::absolute(o.export_hf);
-      while (!fs::exists(p) && p.has_parent_path() && p != p.parent_path()) p = p.parent_path();
-      TESSERA_THROW_IF(::access(p.c_str(), W_OK) != 0, io_error, "--export-hf '", o.export_hf,
-                       "': folder '", p.string(), "' is not writable");
+      std::vector<fs::path> missing;
+      for (; !fs::exists(p) && p.has_parent_path() && p != p.parent_path(); p = p.parent_path())
+        missing.push_back(p);
+      TESSERA_THROW_IF(!fs::is_directory(p), io_error, "--export-hf '", o.export_hf, "': '",
+                       p.string(), "' is not a folder");
+      std::error_code mk;
+      fs::create_directories(o.export_hf, mk);
+      TESSERA_THROW_IF(mk || ::access(o.export_hf.c_str(), W_OK) != 0, io_error, "--export-hf '",
+                       o.export_hf, "' cannot be created or written",
+                       mk ? ": " + mk.message() : std::string());
+      for (auto it = missing.rbegin(); it != missing.rend(); ++it) created.paths.push_back(*it);
     }
     if (!o.hf_dtype.empty()) (void)nn::hf_safetensors_dtype(o.hf_dtype);
     if (!o.init_from_hf.empty()) {

@@ -443,6 +443,10 @@ int train_loop(options& o, Trainer& tr, const data::token_file& data, const fs::
   }
   if (!o.export_hf.empty()) {  // every rank takes part (tp gathers, each stage its files)
     tr.export_hf(o.export_hf, o.hf_dtype);
+    // The data's tokenizer beside the weights: what transformers users decode with.
+    if (lead && !o.tokenizer.empty())
+      fs::copy_file(o.tokenizer, fs::path(o.export_hf) / "tokenizer.json",
+                    fs::copy_options::overwrite_existing);
     if (lead)
       std::printf("train_llama: Hugging Face Llama written to %s (config.json, safetensors; "
                   "LlamaForCausalLM.from_pretrained reads it)\n",
@@ -456,10 +460,14 @@ int train_loop(options& o, Trainer& tr, const data::token_file& data, const fs::
     }
     auto outp = tr.generate(prompt, o.sample_bytes, 0.8, o.cfg.seed);
     std::vector<std::uint32_t> u(outp.begin(), outp.end());
-    if (lead)
-      std::printf("---- sample (temperature 0.8) ----\n%s\n----\n",
-                  o.tokenizer.empty() ? data::byte_tokenizer::decode(u).c_str()
-                                      : data::hf_tokenizer(o.tokenizer).decode(u).c_str());
+    std::string text;
+    if (!o.tokenizer.empty()) {
+      text = data::hf_tokenizer(o.tokenizer).decode(u);
+    } else {  // bytes; an id of a larger vocabulary (--vocab, --init-from-hf) shown as <id>
+      for (std::uint32_t id : u)
+        text += id < 256 ? std::string(1, static_cast<char>(id)) : "<" + std::to_string(id) + ">";
+    }
+    if (lead) std::printf("---- sample (temperature 0.8) ----\n%s\n----\n", text.c_str());
   }
   return 0;
 }

@@ -164,6 +164,19 @@ TEST_CASE("safetensors reader refuses damaged files, naming the file and the num
                 "b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}})",
             std::string(12, '\0'));
   refused("two tensors overlap at data bytes [4, 8)");
+  write_raw(p,
+            R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},
+                "b": {"dtype": "F32", "shape": [1], "data_offsets": [8, 12]}})",
+            std::string(12, '\0'));
+  refused("data bytes [4, 8) belong to no tensor");
+  write_raw(p, R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}})",
+            std::string(10, '\0'));
+  refused("the last 6 data bytes belong to no tensor");
+  write_raw(p,
+            R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},
+                "a": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}})",
+            std::string(8, '\0'));
+  refused("tensor 'a' appears twice in the header");
   write_raw(p, R"({"__metadata__": {"k": 3}})");
   refused("__metadata__ value 'k' is not a string");
   // A header nested a million levels deep (a stack bomb for a recursive

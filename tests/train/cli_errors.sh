@@ -31,8 +31,8 @@ expect "directory as data" "is a directory" "$train" --data "$work" "${common[@]
 expect "corpus smaller than a window" "than one window of T+1" "$train" --data "$work/short.txt" "${common[@]}"
 expect "heads do not divide dim" "n_heads=3 does not divide dim=128" "$train" --heads 3 "${common[@]}"
 expect "nkv does not divide nh" "n_kv_heads=3 does not divide n_heads=4" "$train" --kv-heads 3 "${common[@]}"
-expect "micro-batch of zero" "B=0" "$train" --micro-batch 0 "${common[@]}"
-expect "global batch of zero" "G=0" "$train" --global-batch 0 "${common[@]}"
+expect "micro-batch of zero" "--micro-batch: Value 0 not in range 1 to 1000000000" "$train" --micro-batch 0 "${common[@]}"
+expect "global batch of zero" "--global-batch: Value 0 not in range 1 to" "$train" --global-batch 0 "${common[@]}"
 expect "G not divisible by B" "not divisible" "$train" --global-batch 12 --micro-batch 8 "${common[@]}"
 expect "seq beyond max_seq" "max_seq" "$train" --seq 4096 "${common[@]}"
 expect "unknown preset" "unknown preset" "$train" --preset huge "${common[@]}"
@@ -86,6 +86,11 @@ expect "a token file with a damaged magic (UTF-8 after it)" "is not a tessera to
 expect "unknown data format" "--data-format 'csv' is not one of auto, text, tokens" "$train" --data-format csv "${common[@]}"
 python3 -c "import struct,sys; ids=[i % 100 for i in range(6000)]; open(sys.argv[1],'wb').write(b'TSRATOK1'+struct.pack('<IIQQQ',1,1,len(ids),100,64)+bytes(24)+struct.pack('<%dH'%len(ids),*ids))" "$work/v100.tok"
 expect "a prompt byte outside the vocabulary" "--prompt byte 104 is outside the model's vocabulary of 100" "$train" --data "$work/v100.tok" --prompt "The " --sample-bytes 10 --out "$work/out" --no-baseline --steps 2 --seq 16 --micro-batch 2 --global-batch 2
+expect "steps beyond the bound" "--steps: Value 99999999999999 not in range 1 to 1000000000000" "$train" --steps 99999999999999 --out "$work/out" --no-baseline
+printf 'stepz = 5\n' > "$work/extra.toml"
+expect "unknown key in a --config file" "stepz" "$train" --config "$work/extra.toml" "${common[@]}"
+printf 'x' > "$work/hffile"
+expect "--export-hf under a file" "is not a folder" "$train" --export-hf "$work/hffile/sub" "${common[@]}"
 # Hugging Face folders: a fixture saved by transformers, damaged copies.
 hf="$root/tests/python/fixtures/fp32"
 expect "hf folder missing" "cannot read '$work/nohf/config.json'" "$train" --init-from-hf "$work/nohf" "${common[@]}"
@@ -102,7 +107,7 @@ expect "G not divisible by dp x B" "G=16 is not divisible by micro-batch B=2 x d
 expect "not a ZeRO stage" "zero 5 is not a ZeRO stage" "$train" --zero 5 "${common[@]}"
 expect "dp of zero" "dp=0" "$train" --dp 0 "${common[@]}"
 expect "sharded checkpoint resume" "sharded checkpoints are not supported" "$train" --dp 2 --zero 1 --micro-batch 8 --resume "$work/ck" "${common[@]}"
-expect "dim override of zero" "dim=0" "$train" --dim 0 "${common[@]}"
+expect "dim override of zero" "--dim: Value 0 not in range 1 to 1048576" "$train" --dim 0 "${common[@]}"
 expect "lr not finite" "--lr: .inf. is not a finite number" "$train" --lr inf "${common[@]}"
 expect "empty prompt" "prompt is empty" "$train" --prompt "" --sample-bytes 10 --out "$work/out" --no-baseline --steps 2
 head -c 4096 /dev/urandom > "$work/random.bin"

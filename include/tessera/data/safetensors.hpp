@@ -23,6 +23,7 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <set>
 #include <utility>
 #include <string>
 #include <vector>
@@ -96,7 +97,8 @@ public:
   /// header length within the file and safetensors_max_header_bytes, the
   /// JSON an object of tensors with a known dtype, non-negative dims,
   /// offsets inside the data whose length is numel x dtype bytes (checked
-  /// for overflow), and no two tensors overlapping. Throws io_error naming
+  /// for overflow), the tensors tiling the data exactly (no overlap, gap or
+  /// trailing bytes), no name twice. Throws io_error naming
   /// the file, the tensor and the numbers.
   explicit safetensors_file(const std::filesystem::path& path) : path_(path) {
     const std::string p = path.string();
@@ -158,7 +160,21 @@ private:
                      " runs past the end of the file (", bytes_, " bytes)");
     nlohmann::json h;
     try {
-      h = tessera::parse_json_bounded("safetensors file '" + p + "'", map_ + 8, map_ + 8 + n);
+      // Depth bounded as parse_json_bounded, and a name given twice refused
+      // (nlohmann would keep the last silently).
+      std::set<std::string> names;
+      h = nlohmann::json::parse(
+          map_ + 8, map_ + 8 + n,
+          [&](int depth, nlohmann::json::parse_event_t e, nlohmann::json& v) {
+            TESSERA_THROW_IF(depth > json_max_depth, io_error, "safetensors file '", p,
+                             "': JSON nested deeper than ", json_max_depth, " levels");
+            if (e == nlohmann::json::parse_event_t::key && depth == 1) {
+              const std::string k = v.get<std::string>();
+              TESSERA_THROW_IF(!names.insert(k).second, io_error, "safetensors file '", p,
+                               "': tensor '", k, "' appears twice in the header");
+            }
+            return true;
+          });
     } catch (const nlohmann::json::exception& e) {
       throw io_error("safetensors file '" + p + "': the header (bytes 8 to " +
                      std::to_string(8 + n) + ") is not JSON: " + e.what());
@@ -214,11 +230,19 @@ private:
       spans.emplace_back(b, e);
       tensors_.emplace(name, std::move(t));
     }
+    // The tensors tile the data exactly, as the format's reference reader
+    // requires: no overlap, no gap, nothing after the last.
     std::sort(spans.begin(), spans.end());
-    for (std::size_t i = 1; i < spans.size(); ++i)
-      TESSERA_THROW_IF(spans[i].first < spans[i - 1].second, io_error, "safetensors file '", p,
-                       "': two tensors overlap at data bytes [", spans[i].first, ", ",
-                       spans[i - 1].second, ")");
+    std::uint64_t at = 0;
+    for (const auto& [b, e] : spans) {
+      TESSERA_THROW_IF(b < at, io_error, "safetensors file '", p,
+                       "': two tensors overlap at data bytes [", b, ", ", at, ")");
+      TESSERA_THROW_IF(b > at, io_error, "safetensors file '", p, "': data bytes [", at, ", ", b,
+                       ") belong to no tensor");
+      at = e;
+    }
+    TESSERA_THROW_IF(at != data_bytes, io_error, "safetensors file '", p, "': the last ",
+                     data_bytes - at, " data bytes belong to no tensor");
   }
 
   std::filesystem::path path_;

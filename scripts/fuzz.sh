@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets of tessera's file readers (preset fuzz:
+# clang++, ASan + UBSan; tests/fuzz) and runs each for SECONDS (default 30)
+# on a copy of its seed corpus, tests/fuzz/corpus/<name>/.
+#   scripts/fuzz.sh [SECONDS] [TARGET...]    # targets: token_file checkpoint safetensors hf_config
+# Exit status 1 on any finding (a crash, an exception other than
+# tessera::error, a leak, undefined behaviour, a timeout or running out of
+# memory); the input that caused it is kept under build/fuzz/findings/<name>/.
+# Add it to the corpus with the fix. As root, installs clang and the
+# libFuzzer runtime if missing (Debian 12: clang, libclang-rt-14-dev, libomp-14-dev).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+secs=${1:-30}
+shift || true
+targets=("$@")
+[ ${#targets[@]} -gt 0 ] || targets=(token_file checkpoint safetensors hf_config)
+[[ "$secs" =~ ^[0-9]+$ ]] || { echo "usage: scripts/fuzz.sh [SECONDS] [TARGET...]" >&2; exit 2; }
+
+scripts/deps.sh  # cmake, BLAS, OpenMP, nlohmann-json: what configuring tessera needs
+pkgs=(clang libclang-rt-14-dev libomp-14-dev)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" -eq 0 ]; then
+    echo "tessera: installing ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  else
+    echo "tessera: the fuzzers need ${missing[*]}: sudo apt-get install ${missing[*]}" >&2
+    exit 2
+  fi
+fi
+
+cmake --preset fuzz >/dev/null
+cmake --build --preset fuzz
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/tessera_fuzz.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+failed=()
+for t in "${targets[@]}"; do
+  bin=build/fuzz/tests/fuzz/fuzz_$t
+  [ -x "$bin" ] || { echo "tessera: no fuzz target '$t' ($bin)" >&2; exit 2; }
+  mkdir -p "$work/$t/corpus" "$work/$t/artifacts"
+  cp -r tests/fuzz/corpus/"$t"/. "$work/$t/corpus/"  # the committed corpus stays as it is
+  log=$work/$t/log
+  echo "== fuzz_$t: ${secs}s"
+  rc=0
+  "$bin" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -max_len=4096 \
+    -print_final_stats=1 -artifact_prefix="$work/$t/artifacts/" "$work/$t/corpus" \
+    >"$log" 2>&1 || rc=$?
+  execs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' || true)
+  cov=$(grep -E '^#[0-9]+.*cov: ' "$log" | tail -1 | grep -oE 'cov: [0-9]+ ft: [0-9]+ corp: [^ ]+' || true)
+  echo "fuzz_$t: ${execs:-?} executions; ${cov:-no coverage line}"
+  if [ "$rc" -ne 0 ] || grep -qE '^==[0-9]+==ERROR|runtime error:|SUMMARY: ' "$log"; then
+    keep=build/fuzz/findings/$t
+    mkdir -p "$keep"
+    cp "$work/$t/artifacts/"* "$keep/" 2>/dev/null || true
+    cp "$log" "$keep/log"
+    echo "fuzz_$t: FINDING (exit $rc); inputs and log in $keep/:" >&2
+    grep -E 'ERROR|runtime error|SUMMARY|what\(\)|property failed|Test unit written' "$log" | head -20 >&2
+    failed+=("$t")
+  fi
+done
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "tessera: fuzzing found problems in: ${failed[*]}" >&2
+  exit 1
+fi
+echo "tessera: no findings in ${targets[*]} (${secs}s each)"

@@ -123,6 +123,10 @@ inline void read_checkpoint(const std::filesystem::path& path, nlohmann::json& m
   in.read(js.data(), static_cast<std::streamsize>(jn));
   in.read(reinterpret_cast<char*>(&pn), 8);
   TESSERA_THROW_IF(!in, io_error, "checkpoint '", path.string(), "' is truncated (in the header)");
+  // Bounded before the sum below, which a crafted size would wrap to the file's length.
+  TESSERA_THROW_IF(pn > fsize, io_error, "checkpoint '", path.string(),
+                   "' is corrupt: payload size ", pn, " (at byte ", 24 + jn, ") exceeds the file's ",
+                   fsize, " bytes");
   const std::uint64_t expect = 8 + 4 + 4 + 8 + jn + 8 + pn + 8;
   TESSERA_THROW_IF(fsize != expect, io_error, "checkpoint '", path.string(), "' is ",
                    fsize < expect ? "truncated" : "corrupt (trailing bytes)", ": ", fsize,

@@ -105,6 +105,11 @@ inline nlohmann::json hf_config_json(const llama_config& c, const std::string& t
           {"dtype", torch_dtype}};
 }
 
+/// The most parameters a config.json may describe: 2^48 (281 trillion), so
+/// that every element and byte count of the model (x 16 bytes of optimizer
+/// state) fits int64 with room to spare.
+inline constexpr double hf_max_params = 281474976710656.0;
+
 /// The llama_config of a LlamaForCausalLM config.json (`j`, read from
 /// `where`, named in errors), named `name`. Reads hidden_size,
 /// intermediate_size, num_hidden_layers, num_attention_heads,
@@ -116,8 +121,8 @@ inline nlohmann::json hf_config_json(const llama_config& c, const std::string& t
 /// model_type, attention or MLP biases, a rope_scaling or a rope_type
 /// other than "default", an activation
 /// other than silu, pretraining_tp > 1, attention dropout, a head_dim
-/// other than hidden_size / heads, a missing size; and as
-/// llama_config::validate.
+/// other than hidden_size / heads, a missing size, sizes of more than
+/// hf_max_params parameters; and as llama_config::validate.
 inline llama_config llama_config_from_hf(const nlohmann::json& j, const std::string& where,
                                          std::string name = "hf") {
   auto fail = [&](const std::string& key, const std::string& why) {
@@ -186,6 +191,16 @@ inline llama_config llama_config_from_hf(const nlohmann::json& j, const std::str
     fail("head_dim", "must be hidden_size / num_attention_heads = " +
                          std::to_string(c.dim / c.n_heads));
   c.validate();
+  // The parameter count, in double (it cannot overflow there): sizes whose
+  // products pass int64 overflowed the layout's element counts.
+  const double H = static_cast<double>(c.dim), F = static_cast<double>(c.ffn_dim),
+               KV = static_cast<double>(c.kv_dim());
+  const double params = 2 * static_cast<double>(c.vocab) * H + H +
+                        static_cast<double>(c.n_layers) * (2 * H + 2 * H * H + 2 * KV * H + 3 * H * F);
+  TESSERA_THROW_IF(params > hf_max_params, config_error, where, ": hidden_size=", c.dim,
+                   ", intermediate_size=", c.ffn_dim, ", num_hidden_layers=", c.n_layers,
+                   ", vocab_size=", c.vocab, " describe ", params, " parameters, more than the ",
+                   hf_max_params, " (2^48) tessera's int64 element and byte counts hold");
   return c;
 }
 
@@ -313,8 +328,32 @@ private:
   }
 
   void check_tensors() {
-    const param_layout layout = make_llama_layout(cfg_);
     const std::string where = "Hugging Face checkpoint '" + dir_.string() + "'";
+    auto missing = [&](const std::string& hn, bool head) {
+      return config_error(where + " has no tensor '" + hn + "'" +
+                          (head ? " (and config.json does not tie the embeddings)" : ""));
+    };
+    // Files with fewer tensors than config.json's layers need (9 a layer,
+    // the embedding, the final norm and an untied head) are refused before
+    // the layout is built, naming the first missing one, which lies within
+    // the first hf_.size() + 1 names: a num_hidden_layers of 10^8 beside a
+    // small file would otherwise build a layout of 10^9 entries.
+    const auto need = 9 * static_cast<std::uint64_t>(cfg_.n_layers) + (tied_ ? 2 : 3);
+    if (hf_.size() < need) {
+      static constexpr const char* block[] = {"attn_norm", "attn.wq",    "attn.wk",
+                                              "attn.wv",   "attn.wo",    "mlp_norm",
+                                              "mlp.w_gate", "mlp.w_up", "mlp.w_down"};
+      auto check = [&](const std::string& name) {
+        const std::string hn = hf_tensor_name(name);
+        if (!hf_.contains(hn)) throw missing(hn, false);
+      };
+      check("embedding");
+      for (std::int64_t l = 0; l < cfg_.n_layers; ++l)
+        for (const char* b : block) check("blocks." + std::to_string(l) + "." + b);
+      check("final_norm");
+      if (!tied_ && !hf_.contains("lm_head.weight")) throw missing("lm_head.weight", true);
+    }
+    const param_layout layout = make_llama_layout(cfg_);
     std::set<std::string> used;
     for (const auto& e : layout.entries()) {
       std::string hn = hf_tensor_name(e.name);
@@ -322,8 +361,7 @@ private:
       // lm_head.weight is not read).
       if (e.name == "lm_head" && tied_) hn = "model.embed_tokens.weight";
       auto it = hf_.find(hn);
-      TESSERA_THROW_IF(it == hf_.end(), config_error, where, " has no tensor '", hn, "'",
-                       e.name == "lm_head" ? " (and config.json does not tie the embeddings)" : "");
+      if (it == hf_.end()) throw missing(hn, e.name == "lm_head");
       const data::safetensors_tensor& t = *it->second;
       std::vector<std::int64_t> want;
       for (int d = 0; d < e.full.rank; ++d) want.push_back(e.full[d]);

@@ -152,7 +152,11 @@ TEST_CASE("safetensors reader refuses damaged files, naming the file and the num
   write_raw(p,
             R"({"t": {"dtype": "F32", "shape": [4294967296, 4294967296], "data_offsets": [0, 8]}})",
             std::string(8, '\0'));
-  refused("overflows 64 bits");
+  refused("has a shape [4294967296,4294967296] whose element count overflows int64");
+  // Found by tests/fuzz/safetensors.cpp: a 0 at the end kept the unsigned count 0, but the
+  // partial product 3 x 2^62 overflowed int64 in safetensors_tensor::numel().
+  write_raw(p, R"({"t": {"dtype": "U8", "shape": [3, 4611686018427387904, 0], "data_offsets": [0, 0]}})");
+  refused("has a shape [3,4611686018427387904,0] whose element count overflows int64");
   write_raw(p, R"({"t": {"dtype": "F32", "shape": [2], "data_offsets": [0, 16]}})",
             std::string(8, '\0'));
   refused("data_offsets [0, 16) outside the 8 data bytes");

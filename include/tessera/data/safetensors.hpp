@@ -210,9 +210,11 @@ private:
         TESSERA_THROW_IF(!d.is_number_unsigned(), io_error, what, " has a dimension ", d.dump(),
                          " that is not a non-negative integer");
         const std::uint64_t x = d.get<std::uint64_t>();
-        TESSERA_THROW_IF(x > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()) ||
-                             (x != 0 && numel > std::numeric_limits<std::uint64_t>::max() / x),
-                         io_error, what, " has a shape whose element count overflows 64 bits");
+        // Every partial product within int64, as safetensors_tensor::numel() computes it
+        // (a later 0 made [3, 2^62, 0] pass with a product above 2^63).
+        constexpr auto max = static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max());
+        TESSERA_THROW_IF(x > max || (x != 0 && numel > max / x), io_error, what, " has a shape ",
+                         v["shape"].dump(), " whose element count overflows int64");
         numel *= x;
         t.shape.push_back(static_cast<std::int64_t>(x));
       }

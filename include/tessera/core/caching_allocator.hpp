@@ -194,7 +194,7 @@ class caching_allocator : public memory_resource {
   }
 
   /// Allocates `bytes` on the current stream. Throws config_error for an
-  /// alignment above System::base_alignment, tessera::error when the system
+  /// alignment above System::base_alignment, out_of_memory when the system
   /// refuses even after the cache was emptied.
   void* allocate(std::size_t bytes, std::size_t alignment = 64) override {
     return allocate_on(bytes, current_stream_, alignment);
@@ -449,7 +449,7 @@ class caching_allocator : public memory_resource {
       release_free_segments();
       p = sys_.allocate(seg);
     }
-    TESSERA_THROW_IF(!p, error, sys_.name(), ": out of memory allocating ", requested, " bytes (a ",
+    TESSERA_THROW_IF(!p, out_of_memory, sys_.name(), ": out of memory allocating ", requested, " bytes (a ",
                      seg, "-byte segment); ", allocated_, " bytes allocated, ", reserved_,
                      " reserved, peak allocated ", peak_allocated_,
                      ". Reduce the micro-batch or enable activation checkpointing");

@@ -33,6 +33,14 @@ public:
   using error::error;
 };
 
+/// An allocation failed (host or device memory): the message names the
+/// bytes asked for and what the resource held. Programs map it to exit
+/// status 2 and name the settings that drove it.
+class out_of_memory : public error {
+public:
+  using error::error;
+};
+
 /// A collective failed: timed out, mismatched, or a peer died.
 class comm_error : public error {
 public:

@@ -53,9 +53,12 @@ public:
     TESSERA_THROW_IF(alignment < sizeof(void*) || alignment > 4096 || (alignment & (alignment - 1)),
                      config_error, "alignment ", alignment,
                      " must be a power of two between ", sizeof(void*), " and 4096");
+    TESSERA_THROW_IF(bytes > (std::size_t{1} << 62), out_of_memory, "host allocation of ", bytes,
+                     " bytes refused: above 2^62 bytes (", allocated_.load(),
+                     " bytes already allocated)");
     std::size_t rounded = round_up(std::max<std::size_t>(bytes, 1), alignment);
     void* p = std::aligned_alloc(alignment, rounded);
-    TESSERA_THROW_IF(p == nullptr, error, "host allocation of ", bytes, " bytes failed (",
+    TESSERA_THROW_IF(p == nullptr, out_of_memory, "host allocation of ", bytes, " bytes failed (",
                      allocated_.load(), " bytes already allocated)");
     (void)rounded;
     add(bytes);

@@ -19,6 +19,7 @@
 #include <utility>
 
 #include "tessera/core/backend.hpp"
+#include "tessera/core/checked.hpp"
 #include "tessera/core/error.hpp"
 
 namespace tessera {
@@ -33,9 +34,11 @@ struct shape {
   shape(std::initializer_list<std::int64_t> d) {
     TESSERA_THROW_IF(static_cast<int>(d.size()) > max_rank, config_error, "shape rank ", d.size(),
                      " exceeds ", max_rank);
+    std::int64_t n = 1;
     for (auto x : d) {
       TESSERA_THROW_IF(x < 0, config_error, "shape dimension ", x, " is negative");
       dims[rank++] = x;
+      n = checked_mul(n, x, "the element count of a tensor");
     }
   }
   std::int64_t operator[](int i) const { return dims[i]; }
@@ -122,7 +125,8 @@ public:
   tensor() = default;
   explicit tensor(tessera::shape s, memory_resource& mr = Backend::default_resource())
       : shp_(s), mr_(&mr) {
-    bytes_ = static_cast<std::size_t>(s.numel()) * sizeof(T);
+    bytes_ = static_cast<std::size_t>(
+        checked_mul(s.numel(), static_cast<std::int64_t>(sizeof(T)), "the bytes of a tensor"));
     data_ = static_cast<T*>(mr_->allocate(bytes_));
   }
   tensor(const tensor&) = delete;

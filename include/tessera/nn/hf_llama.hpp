@@ -190,9 +190,10 @@ inline llama_config llama_config_from_hf(const nlohmann::json& j, const std::str
       j["head_dim"] != c.dim / c.n_heads)
     fail("head_dim", "must be hidden_size / num_attention_heads = " +
                          std::to_string(c.dim / c.n_heads));
-  c.validate();
   // The parameter count, in double (it cannot overflow there): sizes whose
-  // products pass int64 overflowed the layout's element counts.
+  // products pass int64 overflowed the layout's element counts. Before
+  // validate(), whose 64-bit check would name the model's fields rather
+  // than config.json's keys.
   const double H = static_cast<double>(c.dim), F = static_cast<double>(c.ffn_dim),
                KV = static_cast<double>(c.kv_dim());
   const double params = 2 * static_cast<double>(c.vocab) * H + H +
@@ -201,6 +202,7 @@ inline llama_config llama_config_from_hf(const nlohmann::json& j, const std::str
                    ", intermediate_size=", c.ffn_dim, ", num_hidden_layers=", c.n_layers,
                    ", vocab_size=", c.vocab, " describe ", params, " parameters, more than the ",
                    hf_max_params, " (2^48) tessera's int64 element and byte counts hold");
+  c.validate();
   return c;
 }
 

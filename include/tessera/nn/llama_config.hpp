@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "tessera/core/checked.hpp"
 #include "tessera/core/error.hpp"
 
 namespace tessera::nn {
@@ -50,6 +51,24 @@ struct llama_config {
                      " must be even for RoPE (dim=", dim, ", n_heads=", n_heads, ")");
     TESSERA_THROW_IF(rope_theta <= 1.0, config_error, "rope_theta=", rope_theta, " must be > 1");
     TESSERA_THROW_IF(!(norm_eps > 0), config_error, "norm_eps=", norm_eps, " must be > 0");
+    // Every size the model allocates fits 64 bits: a parameter count past
+    // 2^63 would wrap into a small, wrong one.
+    try {
+      const char* w = "the model's parameter count";
+      const std::int64_t kv = checked_mul(n_kv_heads, head_dim(), w);
+      std::int64_t block = checked_add(checked_mul(2, dim, w), checked_mul(checked_mul(2, dim, w), dim, w), w);
+      block = checked_add(block, checked_mul(checked_mul(2, kv, w), dim, w), w);
+      block = checked_add(block, checked_mul(checked_mul(3, dim, w), ffn_dim, w), w);
+      const std::int64_t total = checked_add(
+          checked_add(checked_mul(checked_mul(2, vocab, w), dim, w), checked_mul(n_layers, block, w), w),
+          dim, w);
+      (void)checked_mul(total, 16, "the model's training state (16 bytes per parameter)");
+      (void)checked_mul(max_seq, dim, "the RoPE table and one sequence's activations");
+    } catch (const config_error& e) {
+      throw config_error(detail::str(e.what(), " (model '", name, "': dim=", dim, ", n_layers=",
+                                     n_layers, ", ffn_dim=", ffn_dim, ", vocab=", vocab,
+                                     ", max_seq=", max_seq, ")"));
+    }
   }
 
   /// Parameters of one transformer block: 2 norms, wq, wk, wv, wo, and the

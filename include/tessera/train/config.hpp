@@ -3,11 +3,13 @@
 /// The run-time settings of a training run (sizes are values, DESIGN.md
 /// principle 3) and what a trainer refuses before it allocates.
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <type_traits>
 #include <vector>
 
+#include "tessera/core/checked.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/data/token_file.hpp"
 #include "tessera/nn/checkpointing.hpp"
@@ -61,9 +63,10 @@ struct train_config {
     TESSERA_THROW_IF(global_batch < 1, config_error, "global batch G=", global_batch, " must be >= 1");
     TESSERA_THROW_IF(micro_batch < 1, config_error, "micro-batch B=", micro_batch, " must be >= 1");
     TESSERA_THROW_IF(dp < 1, config_error, "dp=", dp, " must be >= 1");
-    TESSERA_THROW_IF(global_batch % (micro_batch * dp) != 0, config_error, "global batch G=",
+    const std::int64_t per_step = checked_mul(micro_batch, dp, "micro-batch B x dp");
+    TESSERA_THROW_IF(global_batch % per_step != 0, config_error, "global batch G=",
                      global_batch, " is not divisible by micro-batch B=", micro_batch, " x dp=", dp,
-                     " (= ", micro_batch * dp, ")");
+                     " (= ", per_step, ")");
     return global_batch / (micro_batch * dp);
   }
   /// Throws config_error for any inconsistent value.
@@ -71,6 +74,9 @@ struct train_config {
     accum_steps();
     TESSERA_THROW_IF(steps < 1, config_error, "steps=", steps, " must be >= 1");
     TESSERA_THROW_IF(seq < 1, config_error, "sequence length T=", seq, " must be >= 1");
+    // Token counts of a step and of the whole run fit 64 bits.
+    (void)checked_mul(checked_mul(global_batch, seq + 1, "the tokens of a step, G x (T+1)"), steps,
+                      "the tokens of the run, G x (T+1) x steps");
     TESSERA_THROW_IF(!(lr > 0), config_error, "lr=", lr, " must be > 0");
     TESSERA_THROW_IF(warmup < 0, config_error, "warmup=", warmup, " must be >= 0");
     TESSERA_THROW_IF(eval_every < 0, config_error, "eval_every=", eval_every, " must be >= 0");
@@ -123,6 +129,14 @@ inline void check_run(const nn::llama_config& c, const train_config& cfg, const 
                    " exceeds the model's max_seq=", c.max_seq, " (preset '", c.name, "')");
   TESSERA_THROW_IF(d.vocab() > static_cast<std::uint64_t>(c.vocab), config_error,
                    "token file vocabulary ", d.vocab(), " exceeds the model's vocab=", c.vocab);
+  // One micro-batch's activations (34 s b h per layer and the attention
+  // scores, Korthikanti et al. 2022) in bytes fit 64 bits, so the planner
+  // and the model's buffers cannot wrap.
+  const char* w = "one micro-batch's activations (B x (T+1) x max(H, F, V, nh T) x layers x 64 bytes)";
+  const std::int64_t width = std::max({c.dim, c.ffn_dim, c.vocab, checked_mul(c.n_heads, cfg.seq, w)});
+  (void)checked_mul(checked_mul(checked_mul(checked_mul(cfg.micro_batch, cfg.seq + 1, w), width, w),
+                                c.n_layers, w),
+                    64, w);
 }
 
 }  // namespace tessera::train

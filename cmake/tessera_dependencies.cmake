@@ -3,6 +3,8 @@
 find_package(OpenMP REQUIRED COMPONENTS CXX)
 find_package(MPI QUIET COMPONENTS CXX)
 find_package(nlohmann_json 3 REQUIRED)
+# SHA-256 of token files (data::fingerprint): OpenSSL's libcrypto (Debian: libssl-dev).
+find_package(OpenSSL REQUIRED COMPONENTS Crypto)
 
 # The CBLAS, through CMake's FindBLAS: BLA_VENDOR chooses it (default
 # OpenBLAS; e.g. -DBLA_VENDOR=Intel10_64lp for MKL, FLAME for BLIS), and

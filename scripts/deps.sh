@@ -3,7 +3,7 @@
 #   scripts/deps.sh            # host build, tests and the main job
 # Exit status 2 with the exact list of missing packages when not root.
 set -euo pipefail
-PKGS=(g++ cmake make ccache libopenblas-openmp-dev libdnnl-dev ocl-icd-opencl-dev catch2 nlohmann-json3-dev libcli11-dev
+PKGS=(g++ cmake make ccache libopenblas-openmp-dev libdnnl-dev ocl-icd-opencl-dev catch2 nlohmann-json3-dev libssl-dev libcli11-dev
       libopenmpi-dev openmpi-bin python3 python3-matplotlib fortunes)
 missing=()
 for p in "${PKGS[@]}"; do

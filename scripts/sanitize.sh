@@ -36,7 +36,8 @@ done
 asan_tests=(
   test_core_caching_allocator test_core_numeric
   test_comm_local test_comm_device_mesh
-  test_data_token_file test_data_safetensors test_data_tokenizer test_data_hf_tokenizer
+  test_data_token_file test_data_fingerprint test_data_safetensors test_data_tokenizer
+  test_data_hf_tokenizer
   test_data_sampler test_data_device_loader_bookkeeping
   test_kernels_attention test_kernels_cross_entropy test_kernels_gemm test_kernels_rmsnorm
   test_kernels_rope test_kernels_swiglu test_kernels_embedding test_kernels_exp
@@ -47,12 +48,13 @@ asan_tests=(
 )
 # TSan (10-45 s each): every test that runs ranks as threads of
 # local_communicator: the collectives and their failure paths, ZeRO 0-3,
-# buckets, the data-parallel, tensor-parallel and pipeline trainers.
+# buckets, the data-parallel, tensor-parallel and pipeline trainers, the
+# trainer's agreement on a failed write and on settings across ranks.
 tsan_tests=(
   test_comm_local
   test_parallel_zero test_parallel_buckets
   test_nn_tensor_parallel
-  test_train_data_parallel test_train_tensor_parallel test_train_pipeline
+  test_train_data_parallel test_train_tensor_parallel test_train_pipeline test_train_faults
 )
 
 now() { date +%s.%N; }

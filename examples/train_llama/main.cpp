@@ -58,6 +58,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <new>
 #include <string>
 #include <utility>
 #include <vector>
@@ -287,6 +288,21 @@ void report(const char* what, const std::string& msg, bool same_on_every_rank) {
     std::fprintf(stderr, "train_llama: %s: %s\n", what, msg.c_str());
 }
 
+// What drove a failed allocation: the sizes of the model and of a micro-batch.
+std::string oom_sizes(const options& o) {
+  try {
+    const nn::llama_config mc = train_llama::model_config(o);
+    return tessera::detail::str(
+        " (this run: ", mc.num_params(), " parameters of --dim ", mc.dim, " --layers ",
+        mc.n_layers, " --ffn ", mc.ffn_dim, " --vocab ", mc.vocab, ", --micro-batch ",
+        o.cfg.micro_batch, " x --seq ", o.cfg.seq, ", --precision ", o.precision, " --zero ",
+        o.zero, " --checkpointing ", o.checkpointing,
+        "; examples/plan with the same flags lists the bytes)");
+  } catch (const std::exception&) {
+    return {};
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -372,6 +388,7 @@ int main(int argc, char** argv) {
   app.add_option("--trace", o.trace, "write one step's timeline as Chrome trace JSON (Perfetto) to FILE");
   app.add_option("--trace-step", o.trace_step, "the step --trace records (0: the last)")->capture_default_str();
   app.add_option("--bucket-mb", o.bucket_mb, "gradient bucket size in MB (data parallel; zero 3 uses one per block)")->capture_default_str()->check(finite_number);
+  app.add_option("--comm-timeout", o.comm_timeout, "seconds a collective or message may wait for the other ranks before the run fails naming it")->capture_default_str()->check(finite_number)->check(CLI::Range(1.0, 86400.0));
   app.add_option("--comm", o.comm, "communicator: local (threads), mpi, nccl (--backend cuda), or auto (mpi or nccl under mpirun)")->capture_default_str();
   app.add_option("--sample-bytes", o.sample_bytes, "tokens to generate at the end: bytes under the byte tokenizer (0: none)")->capture_default_str()->check(CLI::Range(std::int64_t{0}, std::int64_t{100000}));
   app.add_option("--prompt", o.prompt, "prompt of the sample")->capture_default_str();
@@ -567,6 +584,12 @@ int main(int argc, char** argv) {
     return 2;
   } catch (const io_error& e) {
     report("error", e.what(), false);
+    return 2;
+  } catch (const out_of_memory& e) {
+    report("error", e.what() + oom_sizes(o), false);
+    return 2;
+  } catch (const std::bad_alloc&) {  // a std::vector or string of the host
+    report("error", "out of memory: a host allocation failed (std::bad_alloc)" + oom_sizes(o), false);
     return 2;
   } catch (const std::exception& e) {
     report("failed", e.what(), false);

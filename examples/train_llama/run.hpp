@@ -21,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "tessera/comm/communicator.hpp"
 #include "tessera/core/file.hpp"
 #include "tessera/kernels/peak.hpp"
 #include "tessera/data/hf_tokenizer.hpp"
@@ -29,9 +30,13 @@
 #include "tessera/nn/checkpointing.hpp"
 #include "tessera/nn/hf_llama.hpp"
 #include "tessera/nn/llama_config.hpp"
+#include "tessera/plan/state.hpp"
 #include "tessera/train/metadata.hpp"
 #include "tessera/train/metrics.hpp"
 #include "tessera/train/trainer.hpp"
+#if defined(TESSERA_HAS_MPI) && TESSERA_HAS_MPI
+#include "tessera/comm/mpi.hpp"
+#endif
 
 namespace train_llama {
 
@@ -64,6 +69,7 @@ struct options {
   int zero = 0;               // ZeRO stage of the data-parallel path
   std::string comm = "auto";  // local, mpi, nccl, or auto (mpi or nccl under mpirun, else local)
   double bucket_mb = 25;      // gradient bucket size of the data-parallel path
+  double comm_timeout = 300;  // seconds a collective or message may wait (comm_options::timeout)
   bool parallel = false;      // the data-parallel path (dp > 1, --zero, --comm or mpirun)
   // Overrides of the preset's sizes.
   std::optional<std::int64_t> dim, layers, heads, kv_heads, ffn;
@@ -181,13 +187,13 @@ inline std::string shell_quote(const std::string& s) {
 /// run goes on without it).
 inline std::optional<double> compute_baseline(const fs::path& tok, const fs::path& corpus) {
   const data::token_file tf(tok);
-  const std::uint64_t fp = data::fingerprint(tf);
+  const std::string fp = data::fingerprint(tf);
   std::vector<fs::path> caches{corpus.string() + ".ngram4.json", tok.string() + ".ngram4.json"};
   for (const auto& c : caches) {
     std::ifstream in(c);
     if (!in) continue;
     const auto j = nlohmann::json::parse(in, nullptr, false);
-    if (!j.is_discarded() && j.value("fingerprint", std::uint64_t{0}) == fp &&
+    if (!j.is_discarded() && j.contains("fingerprint") && j["fingerprint"] == fp &&
         j.contains("val_nats_per_byte") && j["val_nats_per_byte"].is_number())
       return j["val_nats_per_byte"].get<double>();
   }
@@ -238,6 +244,55 @@ inline train::train_config run_config(const options& o) {
 /// before any rank is started or any device is asked for (a bad
 /// configuration then fails at once, not inside dp x tp rank threads).
 /// Throws config_error or io_error as the trainer would.
+// The memory this process's ranks can use, in bytes: MemAvailable plus
+// SwapFree of /proc/meminfo; 0 when unknown (the check is skipped).
+inline std::uint64_t available_host_memory() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  std::uint64_t kib = 0, total = 0;
+  std::string unit;
+  while (in >> key >> kib) {
+    std::getline(in, unit);
+    if (key == "MemAvailable:" || key == "SwapFree:") total += kib * 1024;
+  }
+  return total;
+}
+
+// Refuses, before anything is allocated, a host run whose model state
+// alone (weights, gradients, master weights, optimizer state: the
+// planner's persistent bytes, plan/memory.hpp, under this --zero and --tp)
+// does not fit the memory this process's ranks share, naming the settings
+// and the limit. Activations come on top of it: an allocation that fails
+// later is reported with the settings as well (main, exit status 2).
+inline void check_host_memory(const options& o, const nn::llama_config& mc,
+                              const train::train_config& rc) {
+  const std::uint64_t avail = available_host_memory();
+  if (avail == 0) return;
+  const auto d = plan::dtype_sizes::from_name(o.precision == "bf16" ? "bf16_mixed" : o.precision);
+  const plan::sharding sh{o.zero, o.dp, 0, std::max<std::int64_t>(1, std::llround(o.bucket_mb * 1e6)),
+                          0, o.tp, 0};
+  const auto st = plan::plan_state(mc, d, plan::optimizer_spec::from_name(o.optimizer), sh);
+  // Ranks in this process (threads) or on this machine (mpirun's local size).
+  std::uint64_t here = static_cast<std::uint64_t>(o.dp) * o.tp * std::max<std::int64_t>(1, rc.pp);
+  if (o.comm == "mpi" || launched_by_mpi()) {
+    const char* ls = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+    here = ls ? std::max(1, std::atoi(ls)) : 1;
+  }
+  // Stages split the layers: a pipeline's ranks hold one copy between them.
+  const std::uint64_t stages = static_cast<std::uint64_t>(std::max<std::int64_t>(1, rc.pp));
+  const double need = static_cast<double>(st.persistent()) * static_cast<double>(here) /
+                      static_cast<double>(stages);
+  TESSERA_THROW_IF(
+      need > static_cast<double>(avail), config_error, "the model state of this run needs ",
+      std::llround(need / plan::gib), " GiB (", mc.num_params(), " parameters of --dim ", mc.dim,
+      " --layers ", mc.n_layers, " --ffn ", mc.ffn_dim, " --vocab ", mc.vocab, ": weights, ",
+      "gradients and optimizer state under --precision ", o.precision,
+      " --zero ", o.zero, ", ", here, " rank(s) on this machine; the planner, plan/memory.hpp) but ",
+      "the machine has ", std::llround(static_cast<double>(avail) / plan::gib),
+      " GiB available (MemAvailable + SwapFree): reduce the model, or shard its state over more "
+      "machines (--zero, --dp, --tp, --pp under mpirun)");
+}
+
 inline void check_before_ranks(const options& o, const fs::path& tok) {
   const nn::llama_config mc = model_config(o);
   const train::train_config rc = run_config(o);
@@ -258,6 +313,7 @@ inline void check_before_ranks(const options& o, const fs::path& tok) {
   if (rc.sequence_parallel) nn::check_sequence_parallel(rc.seq, o.tp);
   (void)data::val_windows(data, data.split().val, rc.seq, rc.eval_windows);
   (void)data::batch_sampler(data, data.split().train, rc.micro_batch, rc.seq, rc.seed);
+  if (o.backend != "cuda") check_host_memory(o, mc, rc);
   if (!o.resume.empty()) {
     const fs::path from = fs::path(o.resume) / "checkpoint.bin";
     TESSERA_THROW_IF(!fs::exists(from), io_error, "cannot open checkpoint '", from.string(), "'");
@@ -268,6 +324,51 @@ inline void check_before_ranks(const options& o, const fs::path& tok) {
 /// checkpoints, the final sample. Every rank runs it (the trainer's calls
 /// are collectives); rank 0 prints and writes. `peak` is one rank's peak
 /// for MFU (with the sgemm rate beside it on the host) and how it was obtained.
+// The communicators' options: --comm-timeout.
+inline comm::comm_options comm_opts(const options& o) {
+  comm::comm_options c;
+  c.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(o.comm_timeout * 1000));
+  return c;
+}
+
+#if defined(TESSERA_HAS_MPI) && TESSERA_HAS_MPI
+// Runs `f` on this MPI rank; an error only this rank sees (a failed write,
+// a check, an exception mid-step) is sent to every other rank through the
+// communicators' error path before it propagates, so their waits end at
+// once naming this rank and the cause, not at the timeout.
+template <class F>
+int notify_peers_on_error(F&& f) {
+  try {
+    return f();
+  } catch (const std::exception& e) {
+    comm::mpi_notify_failure(e.what());
+    throw;
+  }
+}
+#endif
+
+// Rethrows the exception in flight, `prefix` before its message, as its
+// class (config_error, io_error, comm_error, out_of_memory; anything else
+// as error), so
+// main's exit status stays the same.
+[[noreturn]] inline void rethrow_with(const std::string& prefix) {
+  try {
+    throw;
+  } catch (const config_error& e) {
+    throw config_error(prefix + e.what());
+  } catch (const io_error& e) {
+    throw io_error(prefix + e.what());
+  } catch (const comm_error& e) {
+    throw comm_error(prefix + e.what());
+  } catch (const out_of_memory& e) {
+    throw out_of_memory(prefix + e.what());
+  } catch (const std::bad_alloc&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw error(prefix + e.what());
+  }
+}
+
 template <class Trainer>
 int train_loop(options& o, Trainer& tr, const data::token_file& data, const fs::path& tok_path,
                created_paths& created, const kernels::peak_flops& peak) {
@@ -276,6 +377,9 @@ int train_loop(options& o, Trainer& tr, const data::token_file& data, const fs::
   const fs::path out(o.out);
   const fs::path ckpt = out / "checkpoint.bin";
   const fs::path metrics_path = out / "metrics.jsonl";
+  // Every option decides collectives (evaluations, samples, checkpoints):
+  // ranks launched with different ones stop here, naming the option.
+  tr.agree_settings(o.config_json, "train_llama's options");
   if (!o.resume.empty()) tr.load_checkpoint(fs::path(o.resume) / "checkpoint.bin");
   tr.communicator().barrier();
   std::optional<train::jsonl_writer> metrics;
@@ -363,59 +467,65 @@ int train_loop(options& o, Trainer& tr, const data::token_file& data, const fs::
   std::optional<double> last_val;
   const std::int64_t trace_at = o.trace_step > 0 ? o.trace_step : o.cfg.steps;
   while (!o.sample_only && tr.step() < o.cfg.steps) {
-    const bool traced = !o.trace.empty() && tr.step() + 1 == trace_at;
-    if (traced) tr.set_tracing(true);
-    train::step_metrics m = tr.train_step();
-    if (traced) {
-      tr.set_tracing(false);
-      const auto events = tr.gather_timeline();  // collective
-      if (lead) {
-        nlohmann::json meta = {{"dp", dp},
-                               {"tp", tr.tp_size()},
-                               {"pp", tr.pp_size()},
-                               {"schedule", o.schedule},
-                               {"virtual_stages", tr.config().virtual_stages},
-                               {"micro_batches", tr.config().accum_steps()},
-                               {"step", m.step}};
-        // Only this rank writes: a failure here must not leave the others
-        // waiting in the next collective, so it is reported, not thrown.
-        try {
-          train::write_chrome_trace(o.trace, events, meta);
-          const auto b = train::measure_bubble(events, dp * tr.tp_size() * tr.pp_size());
-          std::printf("train_llama: trace of step %lld written to %s (bubble %.1f%% of %.3f s)\n",
-                      (long long)m.step, o.trace.c_str(), 100 * b.bubble_fraction, b.span);
-        } catch (const std::exception& e) {
-          std::fprintf(stderr, "train_llama: warning: %s (the run goes on)\n", e.what());
+    // A failure names the step (and, under MPI, reaches every rank with it).
+    const std::int64_t at = tr.step() + 1;
+    try {
+      const bool traced = !o.trace.empty() && tr.step() + 1 == trace_at;
+      if (traced) tr.set_tracing(true);
+      train::step_metrics m = tr.train_step();
+      if (traced) {
+        tr.set_tracing(false);
+        const auto events = tr.gather_timeline();  // collective
+        if (lead) {
+          nlohmann::json meta = {{"dp", dp},
+                                 {"tp", tr.tp_size()},
+                                 {"pp", tr.pp_size()},
+                                 {"schedule", o.schedule},
+                                 {"virtual_stages", tr.config().virtual_stages},
+                                 {"micro_batches", tr.config().accum_steps()},
+                                 {"step", m.step}};
+          // Only this rank writes: a failure here must not leave the others
+          // waiting in the next collective, so it is reported, not thrown.
+          try {
+            train::write_chrome_trace(o.trace, events, meta);
+            const auto b = train::measure_bubble(events, dp * tr.tp_size() * tr.pp_size());
+            std::printf("train_llama: trace of step %lld written to %s (bubble %.1f%% of %.3f s)\n",
+                        (long long)m.step, o.trace.c_str(), 100 * b.bubble_fraction, b.span);
+          } catch (const std::exception& e) {
+            std::fprintf(stderr, "train_llama: warning: %s (the run goes on)\n", e.what());
+          }
         }
       }
-    }
-    const bool last = m.step == o.cfg.steps;
-    const bool eval_now = last || (o.cfg.eval_every > 0 && m.step % o.cfg.eval_every == 0);
-    // Periodic evaluations use the first --eval-windows windows; the last one
-    // scores the whole held-out split, as the 4-gram baseline does.
-    if (eval_now) last_val = m.val_loss = tr.evaluate(last ? 0 : -1);
-    if (lead) {
-      nlohmann::json j = m.to_json();
-      j["dp"] = dp;
-      j["zero"] = o.zero;
-      j["tp"] = tr.tp_size();
-      j["pp"] = tr.pp_size();
-      if (o.baseline) j["baseline_4gram"] = *o.baseline;
-      if (m.val_loss)  // nats per byte whatever the tokenizer (bytes: the same number)
-        j["val_nats_per_byte"] =
-            o.tokenizer.empty() ? *m.val_loss : *m.val_loss / o.val_bytes_per_token;
-      metrics->write(j);
-      const std::string line = train::format_step(m, o.cfg.steps, o.baseline);
-      if (tty) {
-        std::printf("\r\033[K%s", train::progress_bar(m.step, o.cfg.steps, line).c_str());
-        if (eval_now) std::printf("\n");
-      } else {
-        std::printf("%s\n", line.c_str());
+      const bool last = m.step == o.cfg.steps;
+      const bool eval_now = last || (o.cfg.eval_every > 0 && m.step % o.cfg.eval_every == 0);
+      // Periodic evaluations use the first --eval-windows windows; the last one
+      // scores the whole held-out split, as the 4-gram baseline does.
+      if (eval_now) last_val = m.val_loss = tr.evaluate(last ? 0 : -1);
+      if (lead) {
+        nlohmann::json j = m.to_json();
+        j["dp"] = dp;
+        j["zero"] = o.zero;
+        j["tp"] = tr.tp_size();
+        j["pp"] = tr.pp_size();
+        if (o.baseline) j["baseline_4gram"] = *o.baseline;
+        if (m.val_loss)  // nats per byte whatever the tokenizer (bytes: the same number)
+          j["val_nats_per_byte"] =
+              o.tokenizer.empty() ? *m.val_loss : *m.val_loss / o.val_bytes_per_token;
+        metrics->write(j);
+        const std::string line = train::format_step(m, o.cfg.steps, o.baseline);
+        if (tty) {
+          std::printf("\r\033[K%s", train::progress_bar(m.step, o.cfg.steps, line).c_str());
+          if (eval_now) std::printf("\n");
+        } else {
+          std::printf("%s\n", line.c_str());
+        }
+        std::fflush(stdout);
       }
-      std::fflush(stdout);
+      if (o.zero == 0 && ((o.checkpoint_every > 0 && m.step % o.checkpoint_every == 0) || last))
+        tr.save_checkpoint(ckpt);
+    } catch (...) {
+      rethrow_with(tessera::detail::str("step ", at, " of ", o.cfg.steps, ": "));
     }
-    if (o.zero == 0 && ((o.checkpoint_every > 0 && m.step % o.checkpoint_every == 0) || last))
-      tr.save_checkpoint(ckpt);
   }
   const double secs =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();

@@ -37,17 +37,16 @@ kernels::peak_flops gpu_peak(const options& o) {
 }
 
 #if defined(TESSERA_EXAMPLE_NCCL)
-// One process per GPU: the device is the process's local rank.
+// The ranks of a run over NCCL, bootstrapped over `boot`.
 template <precision::policy P, class O, class S>
-int run_cuda_nccl(options& o, const fs::path& tok, created_paths& created) {
-  comm::mpi_environment env;
-  comm::mpi_communicator boot(MPI_COMM_WORLD);
+int run_cuda_nccl_ranks(options& o, const fs::path& tok, created_paths& created,
+                        comm::mpi_communicator& boot) {
   const int n_dev = tessera::cuda::device_count();
   TESSERA_THROW_IF(n_dev < 1, config_error, "--comm nccl: no CUDA device is visible");
   const char* lr = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
   const int device = (lr ? std::atoi(lr) : boot.rank()) % n_dev;
   TESSERA_CUDA_CHECK(cudaSetDevice(device));
-  comm::nccl_communicator c(boot, device);
+  comm::nccl_communicator c(boot, device, nullptr, comm_opts(o));
   parallel::data_parallel_options dpo;
   dpo.bucket_bytes = static_cast<std::int64_t>(o.bucket_mb * 1e6);
   data::token_file data(tok);
@@ -69,6 +68,14 @@ int run_cuda_nccl(options& o, const fs::path& tok, created_paths& created) {
   train::trainer<P, tessera::cuda, O, S, comm::nccl_communicator> tr(model_config(o),
                                                                      run_config(o), data, c, dpo);
   return train_loop(o, tr, data, tok, created, gpu_peak(o));
+}
+
+// One process per GPU: the device is the process's local rank.
+template <precision::policy P, class O, class S>
+int run_cuda_nccl(options& o, const fs::path& tok, created_paths& created) {
+  comm::mpi_environment env;
+  comm::mpi_communicator boot(MPI_COMM_WORLD, comm_opts(o));
+  return notify_peers_on_error([&] { return run_cuda_nccl_ranks<P, O, S>(o, tok, created, boot); });
 }
 #endif
 

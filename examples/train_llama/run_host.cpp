@@ -4,7 +4,13 @@
 namespace train_llama {
 
 int run_host(options& o, const fs::path& tok, created_paths& created) {
-  if (o.parallel) check_before_ranks(o, tok);  // before dp x tp rank threads or processes start
+  if (o.parallel) {
+    check_before_ranks(o, tok);  // before dp x tp rank threads or processes start
+  } else {
+    const data::token_file data(tok);
+    train::check_run(model_config(o), run_config(o), data, 1);
+    check_host_memory(o, model_config(o), run_config(o));  // before the model is allocated
+  }
   if (o.precision == "fp32") return run_host_with<precision::fp32>(o, tok, created);
   if (o.precision == "bf16" || o.precision == "bf16_mixed")
     return run_host_with<precision::bf16_mixed>(o, tok, created);

@@ -56,23 +56,25 @@ int run_host_mesh(options& o, const fs::path& tok, created_paths& created,
       data::token_file data(tok);
       const int r = run(world, g, data, peak);
       if (world.rank() == 0) rc = r;
-    });
+    }, comm_opts(o));
     return rc;
   }
 #if defined(TESSERA_HAS_MPI) && TESSERA_HAS_MPI
   if (o.comm == "mpi") {
     comm::mpi_environment env;
-    comm::mpi_communicator world(MPI_COMM_WORLD);
-    double blas = world.rank() == 0 ? kernels::measure_sgemm_flops() : 0.0;
-    world.broadcast(&blas, 1, 0);
-    const auto peak = host_peak(o, omp_get_max_threads(), blas);
-    TESSERA_THROW_IF(world.size() != mesh.size(), config_error, "--comm mpi: the mesh dp=", o.dp,
-                     " x tp=", o.tp, " x pp=", mesh.pp(), " needs ", mesh.size(),
-                     " MPI processes but the job has ", world.size(), " (start it as mpirun -np ",
-                     mesh.size(), " ...)");
-    auto g = comm::make_groups(world, mesh);
-    data::token_file data(tok);
-    return run(world, g, data, peak);
+    comm::mpi_communicator world(MPI_COMM_WORLD, comm_opts(o));
+    return notify_peers_on_error([&] {
+      double blas = world.rank() == 0 ? kernels::measure_sgemm_flops() : 0.0;
+      world.broadcast(&blas, 1, 0);
+      const auto peak = host_peak(o, omp_get_max_threads(), blas);
+      TESSERA_THROW_IF(world.size() != mesh.size(), config_error, "--comm mpi: the mesh dp=",
+                       o.dp, " x tp=", o.tp, " x pp=", mesh.pp(), " needs ", mesh.size(),
+                       " MPI processes but the job has ", world.size(),
+                       " (start it as mpirun -np ", mesh.size(), " ...)");
+      auto g = comm::make_groups(world, mesh);
+      data::token_file data(tok);
+      return run(world, g, data, peak);
+    });
   }
   throw config_error("--comm '" + o.comm + "' is not one of local, mpi (the host backend)");
 #else
@@ -105,20 +107,22 @@ int run_host_dp(options& o, const fs::path& tok, created_paths& created) {
                                                                   data, c, dpo);
       const int r = train_loop(o, tr, data, tok, created, peak);
       if (c.rank() == 0) rc = r;
-    });
+    }, comm_opts(o));
     return rc;
   }
 #if defined(TESSERA_HAS_MPI) && TESSERA_HAS_MPI
   if (o.comm == "mpi") {
     comm::mpi_environment env;
-    comm::mpi_communicator c(MPI_COMM_WORLD);
-    double blas = c.rank() == 0 ? kernels::measure_sgemm_flops() : 0.0;
-    c.broadcast(&blas, 1, 0);
-    const auto peak = host_peak(o, omp_get_max_threads(), blas);
-    data::token_file data(tok);
-    train::trainer<P, host, O, S, comm::mpi_communicator> tr(model_config(o), run_config(o), data,
-                                                             c, dpo);
-    return train_loop(o, tr, data, tok, created, peak);
+    comm::mpi_communicator c(MPI_COMM_WORLD, comm_opts(o));
+    return notify_peers_on_error([&] {
+      double blas = c.rank() == 0 ? kernels::measure_sgemm_flops() : 0.0;
+      c.broadcast(&blas, 1, 0);
+      const auto peak = host_peak(o, omp_get_max_threads(), blas);
+      data::token_file data(tok);
+      train::trainer<P, host, O, S, comm::mpi_communicator> tr(model_config(o), run_config(o),
+                                                               data, c, dpo);
+      return train_loop(o, tr, data, tok, created, peak);
+    });
   }
   throw config_error("--comm '" + o.comm + "' is not one of local, mpi (the host backend)");
 #else

@@ -117,6 +117,19 @@ expect "binary data named as text" "is not UTF-8 text (invalid UTF-8 at byte" "$
 expect "tokenize: binary input" "not UTF-8" "$tok" "$work/random.bin" -o "$work/out.tok"
 cp "$work/short.txt" "$work/same.txt"
 expect "tokenize: output is the input" "is the input" "$tok" "$work/same.txt" -o "$work/same.txt"
+# Sizes whose products pass 64 bits, and models that cannot be allocated:
+# refused by name before any allocation (once: SIGFPE, SIGSEGV, a hang).
+expect "batch sizes of 2^62 with dp 4" "--global-batch: Value 4611686018427387904 not in range" "$train" --data "$root/data/fortunes.txt" "${common[@]}" --global-batch 4611686018427387904 --micro-batch 4611686018427387904 --dp 4
+expect "dim of 2^62" "--dim: Value 4611686018427387904 not in range 1 to 1048576" "$train" --data "$root/data/fortunes.txt" "${common[@]}" --dim 4611686018427387904
+expect "ffn of 2^62" "--ffn: Value 4611686018427387904 not in range 1 to 16777216" "$train" --data "$root/data/fortunes.txt" "${common[@]}" --ffn 4611686018427387904
+expect "a billion layers" "--layers: Value 1000000000 not in range 1 to 65536" timeout 20 "$train" --data "$root/data/fortunes.txt" "${common[@]}" --layers 1000000000
+expect "bounded sizes whose state overflows 64 bits" "the model's training state (16 bytes per parameter) overflows 64 bits" timeout 20 "$train" --data "$root/data/fortunes.txt" "${common[@]}" --dim 1048576 --layers 65536 --ffn 16777216
+expect "a model state larger than the machine" "the model state of this run needs [0-9]* GiB (.* parameters of --dim 65536 --layers 64 .* but the machine has [0-9]* GiB available" timeout 20 "$train" --data "$root/data/fortunes.txt" "${common[@]}" --dim 65536 --layers 64
+expect "an allocation that fails names the settings" "out of memory.*--micro-batch 1000000000 x --seq 128" timeout 60 "$train" --data "$root/data/fortunes.txt" "${common[@]}" --global-batch 1000000000 --micro-batch 1000000000
+# A damaged metrics.jsonl in a resume folder: the file and the line named.
+"$train" --data "$root/data/fortunes.txt" --out "$work/mres" --no-baseline --sample-bytes 0 --steps 2 --preset small --dim 32 --layers 1 --heads 4 --kv-heads 2 --ffn 64 --seq 32 > /dev/null 2>&1
+printf '{"step": "two"}\n{"step": 3}\n' >> "$work/mres/metrics.jsonl"
+expect "a damaged metrics.jsonl in the resume folder" "metrics file '$work/mres/metrics.jsonl' line [0-9]*" "$train" --resume "$work/mres" --steps 4
 expect "tokenize: missing input" "" "$tok" "$work/nope.txt" -o "$work/out.tok"
 expect "tokenize: empty input" "empty" bash -c ": > '$work/empty.txt'; '$tok' '$work/empty.txt' -o '$work/out.tok'"
 exit $fail

@@ -16,14 +16,21 @@
 /// Bytes are counted with the ring formulas of communicator.hpp (what the
 /// ring algorithm sends), whatever algorithm Open MPI picks underneath.
 ///
-/// Failure under MPI: a collective that timed out is still pending inside
-/// MPI and cannot be cancelled; the communicator is broken afterwards (later
-/// operations throw at once). A program should then end the job with
-/// `mpi_abort(message)`. A process that dies usually makes mpirun abort the
-/// whole job; MPI does not tell the survivors which rank is missing from a
-/// collective, so a collective timeout names the operation but not the
-/// absent rank (use debug mode and `verify_collective_hash()` to find a rank
-/// that issued different collectives). A timed-out receive names its peer.
+/// Failure under MPI: the job has an error path. A rank that fails (any
+/// error it catches, a timeout of its own included) reports it with
+/// `mpi_notify_failure(why)`, which sends a notice to every other rank;
+/// their pending and later operations on every mpi_communicator throw
+/// comm_error at once with "world rank R failed: why", so every rank ends
+/// within moments with the cause instead of waiting for its timeout (a
+/// timeout alone breaks only its communicator: the others stay usable). A
+/// collective that failed is still pending inside MPI and cannot be
+/// cancelled: the communicator is broken afterwards (later operations
+/// throw at once), and after a notice mpi_environment does not call
+/// MPI_Finalize (which would progress it); a program ends after reporting,
+/// or calls `mpi_abort(message)`. A process that dies (kill -9) makes mpirun end the
+/// whole job, naming it. A timed-out collective with no notice names the
+/// operation but not the absent rank (MPI does not say; use debug mode and
+/// `verify_collective_hash()`); a timed-out receive names its peer.
 ///
 /// Determinism: results are identical run to run for the same process
 /// count, sizes and Open MPI configuration; summation order is MPI's, not the
@@ -34,6 +41,7 @@
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <chrono>
 #include <climits>
 #include <cstdio>
@@ -101,6 +109,63 @@ struct mpi_comm_state {
   [[nodiscard]] std::string context(const op_ctx& c) const { return who() + ": " + describe(c); }
 };
 
+/// The job's error path: a duplicate of MPI_COMM_WORLD (made by the first
+/// mpi_communicator built on the world) on which a failing rank sends a
+/// notice to every other rank (mpi_notify_failure). Every wait() polls it,
+/// so a rank that fails between or inside collectives ends its peers'
+/// waits at once, with its message, instead of after their timeouts.
+struct mpi_error_channel {
+  static constexpr int tag = 7411;
+  MPI_Comm comm = MPI_COMM_NULL;
+  int world_rank = 0, world_size = 1;
+  std::string notice;  // "world rank R failed: why", once failed or told
+  std::vector<std::unique_ptr<std::string>> sent;  // buffers of sends still in flight
+
+  /// Receives a pending notice, if any (nonblocking). True once there is one.
+  bool poll() {
+    if (!notice.empty()) return true;
+    if (comm == MPI_COMM_NULL) return false;
+    int flag = 0;
+    MPI_Status st{};
+    if (MPI_Iprobe(MPI_ANY_SOURCE, tag, comm, &flag, &st) != MPI_SUCCESS || !flag) return false;
+    int n = 0;
+    MPI_Get_count(&st, MPI_CHAR, &n);
+    std::string msg(static_cast<std::size_t>(std::max(n, 0)), '\0');
+    MPI_Recv(msg.data(), n, MPI_CHAR, st.MPI_SOURCE, tag, comm, MPI_STATUS_IGNORE);
+    notice = msg;
+    return true;
+  }
+  /// After a failure: tells every rank this one is about to exit and waits
+  /// until all have said so, or `limit` passes. The first process to exit
+  /// makes mpirun end the others; waiting lets each report its error first.
+  void rendezvous(std::chrono::milliseconds limit) {
+    if (comm == MPI_COMM_NULL) return;
+    static char done = 1;
+    for (int r = 0; r < world_size; ++r) {
+      MPI_Request req = MPI_REQUEST_NULL;
+      if (r != world_rank && MPI_Isend(&done, 1, MPI_CHAR, r, tag + 1, comm, &req) == MPI_SUCCESS)
+        MPI_Request_free(&req);
+    }
+    const auto deadline = std::chrono::steady_clock::now() + limit;
+    for (int seen = 0; seen < world_size - 1 && std::chrono::steady_clock::now() < deadline;) {
+      int flag = 0;
+      MPI_Status st{};
+      if (MPI_Iprobe(MPI_ANY_SOURCE, tag + 1, comm, &flag, &st) != MPI_SUCCESS) return;
+      if (!flag) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        continue;
+      }
+      char c = 0;
+      MPI_Recv(&c, 1, MPI_CHAR, st.MPI_SOURCE, tag + 1, comm, MPI_STATUS_IGNORE);
+      ++seen;
+    }
+  }
+};
+inline mpi_error_channel& error_channel() {
+  static mpi_error_channel c;
+  return c;
+}
+
 /// One pending MPI operation.
 struct mpi_pending {
   mpi_comm_state* st = nullptr;
@@ -141,10 +206,22 @@ class mpi_environment {
   }
   mpi_environment(const mpi_environment&) = delete;
   mpi_environment& operator=(const mpi_environment&) = delete;
+  /// Finalises MPI, unless the job failed (a notice on the error path,
+  /// mpi_notify_failure): operations the failed rank never joined are
+  /// still pending inside MPI, over buffers already freed, and MPI_Finalize
+  /// would progress them. The ranks then wait for each other (at most 10
+  /// s, so each can report before mpirun ends the job at the first exit)
+  /// and exit without it; mpirun reports a non-zero status.
   ~mpi_environment() {
     int fin = 0;
     MPI_Finalized(&fin);
-    if (owns_ && !fin) MPI_Finalize();
+    if (!owns_ || fin) return;
+    auto& ch = detail::error_channel();
+    if (ch.poll()) {
+      ch.rendezvous(std::chrono::seconds(10));
+      return;
+    }
+    MPI_Finalize();
   }
   /// The thread level MPI provides.
   [[nodiscard]] int thread_level() const { return provided_; }
@@ -168,6 +245,41 @@ class mpi_environment {
   std::fflush(stderr);
   if (inited) MPI_Abort(MPI_COMM_WORLD, code);
   std::abort();
+}
+
+/// The job's error path (detail::mpi_error_channel): tells every other
+/// rank of MPI_COMM_WORLD that this one failed with `why` (nonblocking
+/// sends, never waited for). Their pending and later operations on any
+/// mpi_communicator then throw comm_error "... world rank R failed: why"
+/// at once, and so do this rank's, so unwinding does not wait for
+/// timeouts. Call it where a rank catches an error its peers cannot see
+/// (a failed write, a check, an exception mid-step) before rethrowing; a
+/// notice already received is not sent again. No-op (false) before the
+/// first mpi_communicator on the world exists; never throws.
+inline bool mpi_notify_failure(const std::string& why) noexcept {
+  auto& ch = detail::error_channel();
+  if (ch.comm == MPI_COMM_NULL || !ch.notice.empty()) return false;
+  try {
+    ch.notice = detail::str("world rank ", ch.world_rank, " failed: ", why);
+    for (int r = 0; r < ch.world_size; ++r) {
+      if (r == ch.world_rank) continue;
+      auto& buf = ch.sent.emplace_back(std::make_unique<std::string>(ch.notice));
+      MPI_Request req = MPI_REQUEST_NULL;
+      if (MPI_Isend(buf->data(), static_cast<int>(std::min<std::size_t>(buf->size(), 1 << 20)),
+                    MPI_CHAR, r, detail::mpi_error_channel::tag, ch.comm, &req) == MPI_SUCCESS)
+        MPI_Request_free(&req);  // the buffer is kept: the send may still read it
+    }
+  } catch (...) {
+    return false;
+  }
+  return true;
+}
+
+/// The notice of the job's error path ("world rank R failed: why"), once
+/// this rank failed or was told; empty otherwise. Never blocks.
+inline std::string mpi_failure_notice() {
+  detail::error_channel().poll();
+  return detail::error_channel().notice;
 }
 
 /// Handle of an asynchronous mpi_communicator operation (`comm_request`).
@@ -198,6 +310,10 @@ class mpi_request {
       const auto deadline = std::chrono::steady_clock::now() + p.c.timeout;
       for (unsigned spins = 0;; ++spins) {
         if (poll()) break;
+        if (detail::error_channel().poll()) {
+          fail(detail::str(p.st->context(p.c), ": ", detail::error_channel().notice));
+          break;
+        }
         if (std::chrono::steady_clock::now() >= deadline) {
           fail(detail::str(p.st->context(p.c), " timed out after ", p.c.timeout.count(), " ms",
                            p.c.collective ? "; missing: " : " waiting for rank ",
@@ -279,6 +395,16 @@ class mpi_communicator {
     MPI_Comm dup = MPI_COMM_NULL;
     detail::mpi_check(MPI_Comm_dup(comm, &dup), "MPI_Comm_dup", "mpi_communicator");
     adopt(dup, opt);
+    auto& ch = detail::error_channel();
+    int same = MPI_UNEQUAL;
+    MPI_Comm_compare(comm, MPI_COMM_WORLD, &same);
+    if (ch.comm == MPI_COMM_NULL && (same == MPI_IDENT || same == MPI_CONGRUENT)) {
+      // Collective over the world, like the dup above: every rank builds it.
+      detail::mpi_check(MPI_Comm_dup(MPI_COMM_WORLD, &ch.comm), "MPI_Comm_dup",
+                        "mpi_communicator (error channel)");
+      MPI_Comm_rank(ch.comm, &ch.world_rank);
+      MPI_Comm_size(ch.comm, &ch.world_size);
+    }
   }
   mpi_communicator(mpi_communicator&&) noexcept = default;
   mpi_communicator& operator=(mpi_communicator&&) noexcept = default;
@@ -497,6 +623,8 @@ class mpi_communicator {
     TESSERA_THROW_IF(
         !s_->broken.empty(), comm_error, s_->context(c),
         ": this communicator is broken by an earlier error: ", s_->broken.substr(0, 400));
+    TESSERA_THROW_IF(detail::error_channel().poll(), comm_error, s_->context(c), ": ",
+                     detail::error_channel().notice);
     auto p = std::make_unique<detail::mpi_pending>();
     p->st = s_.get();
     p->c = std::move(c);

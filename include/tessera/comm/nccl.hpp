@@ -131,8 +131,9 @@ class nccl_request {
   /// Blocks until the GPU finished the operation: polls cudaEventQuery and
   /// ncclCommGetAsyncError. Throws comm_error if `timeout` passes first or
   /// NCCL reports an error (both abort the communicator), or if the
-  /// communicator was aborted meanwhile. Calling it again returns (or
-  /// rethrows) at once.
+  /// communicator was aborted meanwhile, or another rank of the job failed
+  /// (the MPI error path, mpi_notify_failure: also an abort). Calling it
+  /// again returns (or rethrows) at once.
   void wait() {
     if (!p_) return;
     auto& p = *p_;
@@ -140,6 +141,15 @@ class nccl_request {
       const auto deadline = std::chrono::steady_clock::now() + p.c.timeout;
       for (unsigned spins = 0;; ++spins) {
         if (poll()) break;
+        if ((spins & 1023) == 0 && detail::error_channel().poll()) {
+          // Another rank failed (mpi_notify_failure): the GPU may wait for
+          // it forever, so the communicator is aborted now.
+          const std::string msg = detail::str(p.st->context(p.c), ": ", detail::error_channel().notice,
+                                              "; the NCCL communicator was aborted (ncclCommAbort)");
+          p.st->abort(msg);
+          finish(msg);
+          break;
+        }
         if (std::chrono::steady_clock::now() >= deadline) {
           const std::string msg = detail::str(
               p.st->context(p.c), " timed out after ", p.c.timeout.count(), " ms",

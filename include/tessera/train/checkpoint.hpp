@@ -137,7 +137,11 @@ inline void read_checkpoint(const std::filesystem::path& path, nlohmann::json& m
   TESSERA_THROW_IF(!in, io_error, "checkpoint '", path.string(), "' is truncated (in the payload)");
   TESSERA_THROW_IF(hash != fnv1a64(payload.data(), payload.size(), fnv1a64(js.data(), js.size())),
                    io_error, "checkpoint '", path.string(), "' is corrupt (checksum mismatch)");
-  meta = nlohmann::json::parse(js, nullptr, false);
+  try {  // depth-bounded, as every JSON tessera reads (core/file.hpp)
+    meta = parse_json_bounded("checkpoint '" + path.string() + "' metadata", js);
+  } catch (const nlohmann::json::exception&) {
+    meta = nlohmann::json(nlohmann::json::value_t::discarded);
+  }
   TESSERA_THROW_IF(meta.is_discarded() || !meta.is_object(), io_error, "checkpoint '",
                    path.string(), "' has unreadable metadata");
 }

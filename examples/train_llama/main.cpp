@@ -280,29 +280,6 @@ const CLI::Validator u64_digits(
     },
     "UINT64");
 
-// An error line. Bad settings are refused alike on every rank of an MPI
-// launch, so they are reported once, by rank 0; any other failure may be
-// one rank's own, and each rank reports it.
-void report(const char* what, const std::string& msg, bool same_on_every_rank) {
-  if (!same_on_every_rank || train_llama::launched_world().rank == 0)
-    std::fprintf(stderr, "train_llama: %s: %s\n", what, msg.c_str());
-}
-
-// What drove a failed allocation: the sizes of the model and of a micro-batch.
-std::string oom_sizes(const options& o) {
-  try {
-    const nn::llama_config mc = train_llama::model_config(o);
-    return tessera::detail::str(
-        " (this run: ", mc.num_params(), " parameters of --dim ", mc.dim, " --layers ",
-        mc.n_layers, " --ffn ", mc.ffn_dim, " --vocab ", mc.vocab, ", --micro-batch ",
-        o.cfg.micro_batch, " x --seq ", o.cfg.seq, ", --precision ", o.precision, " --zero ",
-        o.zero, " --checkpointing ", o.checkpointing,
-        "; examples/plan with the same flags lists the bytes)");
-  } catch (const std::exception&) {
-    return {};
-  }
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -419,7 +396,7 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    report("error", e.what(), true);
+    train_llama::report("error", e.what(), true);
     return 2;
   }
   // The default warmup (50) suits the main job; a short run that did not ask
@@ -579,20 +556,7 @@ int main(int argc, char** argv) {
     const fs::path tok = prepare_tokens(o.data, out, o.data_format, created);
     prepare_vocabulary(app, o, tok);
     return gpu ? train_llama::run_cuda(o, tok, created) : train_llama::run_host(o, tok, created);
-  } catch (const config_error& e) {
-    report("error", e.what(), true);
-    return 2;
-  } catch (const io_error& e) {
-    report("error", e.what(), false);
-    return 2;
-  } catch (const out_of_memory& e) {
-    report("error", e.what() + oom_sizes(o), false);
-    return 2;
-  } catch (const std::bad_alloc&) {  // a std::vector or string of the host
-    report("error", "out of memory: a host allocation failed (std::bad_alloc)" + oom_sizes(o), false);
-    return 2;
-  } catch (const std::exception& e) {
-    report("failed", e.what(), false);
-    return 1;
+  } catch (...) {
+    return train_llama::report_failure(o);
   }
 }

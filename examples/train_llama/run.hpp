@@ -25,6 +25,7 @@
 #include "tessera/core/file.hpp"
 #include "tessera/kernels/peak.hpp"
 #include "tessera/data/hf_tokenizer.hpp"
+#include "tessera/data/fingerprint.hpp"
 #include "tessera/data/token_file.hpp"
 #include "tessera/data/tokenizer.hpp"
 #include "tessera/nn/checkpointing.hpp"
@@ -33,6 +34,7 @@
 #include "tessera/plan/state.hpp"
 #include "tessera/train/metadata.hpp"
 #include "tessera/train/metrics.hpp"
+#include "tessera/train/agree.hpp"
 #include "tessera/train/trainer.hpp"
 #if defined(TESSERA_HAS_MPI) && TESSERA_HAS_MPI
 #include "tessera/comm/mpi.hpp"
@@ -240,12 +242,10 @@ inline train::train_config run_config(const options& o) {
   return c;
 }
 
-/// Everything the trainers would refuse, checked on the launching thread
-/// before any rank is started or any device is asked for (a bad
-/// configuration then fails at once, not inside dp x tp rank threads).
-/// Throws config_error or io_error as the trainer would.
 // The memory this process's ranks can use, in bytes: MemAvailable plus
-// SwapFree of /proc/meminfo; 0 when unknown (the check is skipped).
+// SwapFree of /proc/meminfo, or less where a cgroup (v2: Slurm, Kubernetes,
+// containers) limits it to memory.max - memory.current; 0 when unknown
+// (the check is skipped).
 inline std::uint64_t available_host_memory() {
   std::ifstream in("/proc/meminfo");
   std::string key;
@@ -255,6 +255,10 @@ inline std::uint64_t available_host_memory() {
     std::getline(in, unit);
     if (key == "MemAvailable:" || key == "SwapFree:") total += kib * 1024;
   }
+  std::ifstream mx("/sys/fs/cgroup/memory.max"), cur("/sys/fs/cgroup/memory.current");
+  std::uint64_t limit = 0, used = 0;
+  if (mx >> limit && cur >> used && limit > used && total > 0)  // "max" fails the read: no limit
+    total = std::min(total, limit - used);
   return total;
 }
 
@@ -293,6 +297,10 @@ inline void check_host_memory(const options& o, const nn::llama_config& mc,
       "machines (--zero, --dp, --tp, --pp under mpirun)");
 }
 
+/// Everything the trainers would refuse, checked on the launching thread
+/// before any rank is started or any device is asked for (a bad
+/// configuration then fails at once, not inside dp x tp rank threads).
+/// Throws config_error or io_error as the trainer would.
 inline void check_before_ranks(const options& o, const fs::path& tok) {
   const nn::llama_config mc = model_config(o);
   const train::train_config rc = run_config(o);
@@ -320,10 +328,6 @@ inline void check_before_ranks(const options& o, const fs::path& tok) {
   }
 }
 
-/// The one training loop: resume, step logs, evaluations, metrics,
-/// checkpoints, the final sample. Every rank runs it (the trainer's calls
-/// are collectives); rank 0 prints and writes. `peak` is one rank's peak
-/// for MFU (with the sgemm rate beside it on the host) and how it was obtained.
 // The communicators' options: --comm-timeout.
 inline comm::comm_options comm_opts(const options& o) {
   comm::comm_options c;
@@ -331,26 +335,81 @@ inline comm::comm_options comm_opts(const options& o) {
   return c;
 }
 
+// An error line of train_llama. Bad settings are refused alike on every
+// rank of an MPI launch, so they are reported once, by rank 0; any other
+// failure may be one rank's own, and each rank reports it.
+inline void report(const char* what, const std::string& msg, bool same_on_every_rank) {
+  if (!same_on_every_rank || launched_world().rank == 0)
+    std::fprintf(stderr, "train_llama: %s: %s\n", what, msg.c_str());
+}
+
+// What drove a failed allocation: the sizes of the model and of a micro-batch.
+inline std::string oom_sizes(const options& o) {
+  try {
+    const nn::llama_config mc = model_config(o);
+    return tessera::detail::str(
+        " (this run: ", mc.num_params(), " parameters of --dim ", mc.dim, " --layers ",
+        mc.n_layers, " --ffn ", mc.ffn_dim, " --vocab ", mc.vocab, ", --micro-batch ",
+        o.cfg.micro_batch, " x --seq ", o.cfg.seq, ", --precision ", o.precision, " --zero ",
+        o.zero, " --checkpointing ", o.checkpointing,
+        "; examples/plan with the same flags lists the bytes)");
+  } catch (const std::exception&) {
+    return {};
+  }
+}
+
+// Reports the exception in flight as train_llama's error line and returns
+// the exit status: 2 for bad input (config_error, io_error) and for memory
+// that cannot be had (out_of_memory, std::bad_alloc; the sizes named), 1
+// for anything else.
+inline int report_failure(const options& o) {
+  try {
+    throw;
+  } catch (const config_error& e) {
+    report("error", e.what(), true);
+    return 2;
+  } catch (const io_error& e) {
+    report("error", e.what(), false);
+    return 2;
+  } catch (const out_of_memory& e) {
+    report("error", e.what() + oom_sizes(o), false);
+    return 2;
+  } catch (const std::bad_alloc&) {  // a std::vector or string of the host
+    report("error", "out of memory: a host allocation failed (std::bad_alloc)" + oom_sizes(o), false);
+    return 2;
+  } catch (const std::exception& e) {
+    report("failed", e.what(), false);
+    return 1;
+  }
+}
+
 #if defined(TESSERA_HAS_MPI) && TESSERA_HAS_MPI
-// Runs `f` on this MPI rank; an error only this rank sees (a failed write,
+// Runs `f` on this MPI rank. An error only this rank sees (a failed write,
 // a check, an exception mid-step) is sent to every other rank through the
-// communicators' error path before it propagates, so their waits end at
-// once naming this rank and the cause, not at the timeout.
+// communicators' error path, so their waits end at once naming this rank
+// and the cause, not at the timeout; and it is reported here, before
+// mpi_environment ends MPI (after a failure mpirun may end the job as soon
+// as one process exits). Returns f's status or the error's.
 template <class F>
-int notify_peers_on_error(F&& f) {
+int notify_peers_on_error(const options& o, F&& f) {
   try {
     return f();
-  } catch (const std::exception& e) {
-    comm::mpi_notify_failure(e.what());
-    throw;
+  } catch (...) {
+    try {
+      throw;
+    } catch (const std::exception& e) {
+      comm::mpi_notify_failure(e.what());
+    } catch (...) {
+      comm::mpi_notify_failure("unknown exception");
+    }
+    return report_failure(o);
   }
 }
 #endif
 
 // Rethrows the exception in flight, `prefix` before its message, as its
 // class (config_error, io_error, comm_error, out_of_memory; anything else
-// as error), so
-// main's exit status stays the same.
+// as error), so main's exit status stays the same.
 [[noreturn]] inline void rethrow_with(const std::string& prefix) {
   try {
     throw;
@@ -369,6 +428,10 @@ int notify_peers_on_error(F&& f) {
   }
 }
 
+/// The one training loop: resume, step logs, evaluations, metrics,
+/// checkpoints, the final sample. Every rank runs it (the trainer's calls
+/// are collectives); rank 0 prints and writes. `peak` is one rank's peak
+/// for MFU (with the sgemm rate beside it on the host) and how it was obtained.
 template <class Trainer>
 int train_loop(options& o, Trainer& tr, const data::token_file& data, const fs::path& tok_path,
                created_paths& created, const kernels::peak_flops& peak) {
@@ -377,9 +440,6 @@ int train_loop(options& o, Trainer& tr, const data::token_file& data, const fs::
   const fs::path out(o.out);
   const fs::path ckpt = out / "checkpoint.bin";
   const fs::path metrics_path = out / "metrics.jsonl";
-  // Every option decides collectives (evaluations, samples, checkpoints):
-  // ranks launched with different ones stop here, naming the option.
-  tr.agree_settings(o.config_json, "train_llama's options");
   if (!o.resume.empty()) tr.load_checkpoint(fs::path(o.resume) / "checkpoint.bin");
   tr.communicator().barrier();
   std::optional<train::jsonl_writer> metrics;

@@ -75,7 +75,11 @@ template <precision::policy P, class O, class S>
 int run_cuda_nccl(options& o, const fs::path& tok, created_paths& created) {
   comm::mpi_environment env;
   comm::mpi_communicator boot(MPI_COMM_WORLD, comm_opts(o));
-  return notify_peers_on_error([&] { return run_cuda_nccl_ranks<P, O, S>(o, tok, created, boot); });
+  return notify_peers_on_error(o, [&] {
+    auto reduce = train::world_reduction(boot);
+    train::agree_settings(reduce, boot.rank(), o.config_json, "train_llama's options");
+    return run_cuda_nccl_ranks<P, O, S>(o, tok, created, boot);
+  });
 }
 #endif
 

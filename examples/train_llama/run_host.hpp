@@ -63,7 +63,11 @@ int run_host_mesh(options& o, const fs::path& tok, created_paths& created,
   if (o.comm == "mpi") {
     comm::mpi_environment env;
     comm::mpi_communicator world(MPI_COMM_WORLD, comm_opts(o));
-    return notify_peers_on_error([&] {
+    return notify_peers_on_error(o, [&] {
+      // Ranks launched with different options stop here, before any group
+      // is split or collective issued, naming the option.
+      auto reduce = train::world_reduction(world);
+      train::agree_settings(reduce, world.rank(), o.config_json, "train_llama's options");
       double blas = world.rank() == 0 ? kernels::measure_sgemm_flops() : 0.0;
       world.broadcast(&blas, 1, 0);
       const auto peak = host_peak(o, omp_get_max_threads(), blas);
@@ -114,7 +118,9 @@ int run_host_dp(options& o, const fs::path& tok, created_paths& created) {
   if (o.comm == "mpi") {
     comm::mpi_environment env;
     comm::mpi_communicator c(MPI_COMM_WORLD, comm_opts(o));
-    return notify_peers_on_error([&] {
+    return notify_peers_on_error(o, [&] {
+      auto reduce = train::world_reduction(c);
+      train::agree_settings(reduce, c.rank(), o.config_json, "train_llama's options");
       double blas = c.rank() == 0 ? kernels::measure_sgemm_flops() : 0.0;
       c.broadcast(&blas, 1, 0);
       const auto peak = host_peak(o, omp_get_max_threads(), blas);

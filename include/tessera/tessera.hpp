@@ -18,6 +18,7 @@
 #include "tessera/core/placement.hpp"
 #include "tessera/core/tensor.hpp"
 #include "tessera/data/device_loader.hpp"
+#include "tessera/data/fingerprint.hpp"
 #include "tessera/data/safetensors.hpp"
 #include "tessera/data/sampler.hpp"
 #include "tessera/data/token_file.hpp"

@@ -1,4 +1,4 @@
-// Tests data::fingerprint (include/tessera/data/token_file.hpp): SHA-256
+// Tests data::fingerprint (include/tessera/data/fingerprint.hpp): SHA-256
 // over every token, checked against Python's hashlib, sensitive to one
 // token anywhere, equal across the three token-file formats, and cached
 // beside the file only when that is safe.
@@ -11,9 +11,10 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
-#include "tessera/data/token_file.hpp"
+#include "tessera/data/fingerprint.hpp"
 
 namespace fs = std::filesystem;
 using namespace tessera::data;
@@ -30,9 +31,12 @@ struct temp_dir {
   ~temp_dir() { fs::remove_all(dir); }
 };
 
-// Sets p's modification time an hour back (a file hashed long after it was written).
+// Sets p's modification time an hour back and waits out the second in
+// which its change time (now) counts as racy: a file hashed long after it
+// was written.
 void age(const fs::path& p) {
   fs::last_write_time(p, fs::file_time_type::clock::now() - std::chrono::hours(1));
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
 }
 
 }  // namespace
@@ -124,7 +128,7 @@ TEST_CASE("fingerprint is cached beside an unchanged file and refreshed when it 
     const std::uint16_t v = 9;
     f.write(reinterpret_cast<const char*>(&v), 2);
   }
-  age(p);  // an hour back, but not the time recorded in the cache
+  age(p);  // an hour back, but not the times recorded in the cache
   const std::string changed = fingerprint(token_file(p));
   CHECK(changed != fresh);
   CHECK(changed != "sha256:planted");

@@ -76,7 +76,7 @@ set +e
   --steps 4 --out "$work/seeds" > "$work/seeds.log" 2>&1
 rc=$?
 set -e
-grep -q "the trainer's settings differ between ranks: seed is 7 on world rank 0 but 8 on world rank 1" "$work/seeds.log" &&
+grep -q "train_llama's options differ between ranks: seed is \"7\" on world rank 0 but \"8\" on world rank 1" "$work/seeds.log" &&
   [ "$rc" -ne 0 ] || { echo "train_faults: a per-rank seed was not refused (status $rc):" >&2; cat "$work/seeds.log" >&2; exit 1; }
 echo "train_faults: a seed given to one rank refused: $(grep -m1 'differ between ranks' "$work/seeds.log")"
 

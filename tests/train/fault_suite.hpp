@@ -55,8 +55,10 @@ void failed_save_ends_every_rank(Comm& c, const fs::path& dir) {
 }
 
 /// A setting given differently to the last rank (the seed, the step count,
-/// the learning rate) is refused on every rank at construction, naming the
-/// setting, its value on world rank 0 and on the last rank.
+/// the learning rate, the gradient bucket size) is refused on every rank at
+/// construction, naming the setting, its value on world rank 0 and on the
+/// last rank; a program's own settings likewise (agree_settings), a
+/// setting only the last rank holds named.
 template <class Comm>
 void differing_settings_refused(Comm& c) {
   if (c.size() == 1) return;
@@ -86,9 +88,35 @@ void differing_settings_refused(Comm& c) {
   t = trainer_suite::config(c.size());
   t.lr = last ? 1e-3 : 3e-3;
   expect(t, "lr is 0.003" + who + "0.001" + tail);
+  t = trainer_suite::config(c.size());
+  parallel::data_parallel_options dpo;
+  dpo.bucket_bytes = last ? 4096 : 8192;  // buckets of other sizes: collectives of other lengths
+  try {
+    train::trainer<precision::fp32, host, optim::adamw, parallel::zero<1>, Comm> tr(
+        trainer_suite::model(), t, f, c, dpo);
+    throw zero_suite::suite_failure("rank " + std::to_string(c.rank()) + ": other bucket sizes accepted");
+  } catch (const config_error& e) {
+    check(std::string(e.what()).find("bucket_bytes is 8192" + who + "4096" + tail) != std::string::npos,
+          "rank ", c.rank(), ": ", e.what());
+  }
   // Agreed settings construct, and train.
   train::trainer<precision::fp32, host, optim::adamw, parallel::zero<1>, Comm> ok(
       trainer_suite::model(), trainer_suite::config(c.size()), f, c);
+  (void)ok.train_step();
+  // A program's own settings, one of them given to the last rank only: the
+  // lists differ in length, and the extra setting is named.
+  const nlohmann::json mine = last ? nlohmann::json{{"eval", 10}, {"zlast", 1}}
+                                   : nlohmann::json{{"eval", 10}};
+  try {
+    ok.agree_settings(mine, "the program's settings");
+    throw zero_suite::suite_failure("rank " + std::to_string(c.rank()) + ": an extra setting accepted");
+  } catch (const config_error& e) {
+    const std::string want = "the program's settings differ between ranks: world rank 0 has no "
+                             "further setting where world rank " +
+                             std::to_string(c.size() - 1) + " has zlast=1";
+    check(std::string(e.what()).find(want) != std::string::npos, "rank ", c.rank(), ": ", e.what());
+  }
+  ok.agree_settings(nlohmann::json{{"eval", 10}}, "the program's settings");  // agreed: returns
   (void)ok.train_step();
 }
 

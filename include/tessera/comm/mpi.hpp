@@ -48,6 +48,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -120,45 +121,73 @@ struct mpi_error_channel {
   int world_rank = 0, world_size = 1;
   std::string notice;  // "world rank R failed: why", once failed or told
   std::vector<std::unique_ptr<std::string>> sent;  // buffers of sends still in flight
+  // An operation of this process was ended by a notice while MPI may
+  // still progress it (over buffers its caller may free): from then on this
+  // process makes no MPI call, and MPI_Finalize must not run.
+  bool unfinished = false;
+  // The channel is one per process, shared by every communicator (each
+  // one thread at a time, possibly different threads).
+  std::mutex mu;
 
-  /// Receives a pending notice, if any (nonblocking). True once there is one.
+  /// Receives a pending notice, if any (nonblocking: MPI_Improbe and
+  /// MPI_Mrecv, so two threads cannot take the same message). True once
+  /// there is one. Never throws.
   bool poll() {
+    std::lock_guard<std::mutex> lock(mu);
     if (!notice.empty()) return true;
-    if (comm == MPI_COMM_NULL) return false;
-    int flag = 0;
+    // Once an operation was ended by a notice this process makes no MPI
+    // call: any call may progress it over buffers already freed.
+    if (comm == MPI_COMM_NULL || unfinished) return false;
+    int flag = 0, n = 0;
+    MPI_Message m = MPI_MESSAGE_NULL;
     MPI_Status st{};
-    if (MPI_Iprobe(MPI_ANY_SOURCE, tag, comm, &flag, &st) != MPI_SUCCESS || !flag) return false;
-    int n = 0;
-    MPI_Get_count(&st, MPI_CHAR, &n);
-    std::string msg(static_cast<std::size_t>(std::max(n, 0)), '\0');
-    MPI_Recv(msg.data(), n, MPI_CHAR, st.MPI_SOURCE, tag, comm, MPI_STATUS_IGNORE);
-    notice = msg;
+    if (MPI_Improbe(MPI_ANY_SOURCE, tag, comm, &flag, &m, &st) != MPI_SUCCESS || !flag) return false;
+    if (MPI_Get_count(&st, MPI_CHAR, &n) != MPI_SUCCESS || n == MPI_UNDEFINED || n < 0) n = 0;
+    std::string msg(static_cast<std::size_t>(n), '\0');
+    if (MPI_Mrecv(msg.data(), n, MPI_CHAR, &m, MPI_STATUS_IGNORE) != MPI_SUCCESS)
+      msg = "world rank " + std::to_string(st.MPI_SOURCE) + " failed (its notice was unreadable)";
+    notice = msg.empty() ? "world rank " + std::to_string(st.MPI_SOURCE) + " failed" : msg;
     return true;
   }
-  /// After a failure: tells every rank this one is about to exit and waits
-  /// until all have said so, or `limit` passes. The first process to exit
-  /// makes mpirun end the others; waiting lets each report its error first.
-  void rendezvous(std::chrono::milliseconds limit) {
-    if (comm == MPI_COMM_NULL) return;
-    static char done = 1;
+  /// After a failure: tells every rank this one is about to exit (and
+  /// whether an operation of its is unfinished) and waits until all have
+  /// said so, or `limit` passes. The first process to exit makes mpirun end
+  /// the others; waiting lets each report its error first. Returns true if
+  /// every rank arrived and none has an unfinished operation: MPI_Finalize
+  /// may then run. With an unfinished operation of its own this process
+  /// makes no MPI call: it waits a second and returns false.
+  bool rendezvous(std::chrono::milliseconds limit) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (comm == MPI_COMM_NULL) return !unfinished;
+    if (unfinished) {  // no MPI call is safe now: a grace period for the others to report
+      std::this_thread::sleep_for(std::min(limit, std::chrono::milliseconds(1000)));
+      return false;
+    }
+    static char mine = 0;
+    mine = unfinished ? 2 : 1;
     for (int r = 0; r < world_size; ++r) {
       MPI_Request req = MPI_REQUEST_NULL;
-      if (r != world_rank && MPI_Isend(&done, 1, MPI_CHAR, r, tag + 1, comm, &req) == MPI_SUCCESS)
+      if (r != world_rank && MPI_Isend(&mine, 1, MPI_CHAR, r, tag + 1, comm, &req) == MPI_SUCCESS)
         MPI_Request_free(&req);
     }
     const auto deadline = std::chrono::steady_clock::now() + limit;
-    for (int seen = 0; seen < world_size - 1 && std::chrono::steady_clock::now() < deadline;) {
+    int seen = 0;
+    bool clean = !unfinished;
+    while (seen < world_size - 1 && std::chrono::steady_clock::now() < deadline) {
       int flag = 0;
+      MPI_Message m = MPI_MESSAGE_NULL;
       MPI_Status st{};
-      if (MPI_Iprobe(MPI_ANY_SOURCE, tag + 1, comm, &flag, &st) != MPI_SUCCESS) return;
+      if (MPI_Improbe(MPI_ANY_SOURCE, tag + 1, comm, &flag, &m, &st) != MPI_SUCCESS) return false;
       if (!flag) {
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
         continue;
       }
       char c = 0;
-      MPI_Recv(&c, 1, MPI_CHAR, st.MPI_SOURCE, tag + 1, comm, MPI_STATUS_IGNORE);
+      if (MPI_Mrecv(&c, 1, MPI_CHAR, &m, MPI_STATUS_IGNORE) != MPI_SUCCESS) return false;
+      if (c != 1) clean = false;
       ++seen;
     }
+    return clean && seen == world_size - 1;
   }
 };
 inline mpi_error_channel& error_channel() {
@@ -206,21 +235,20 @@ class mpi_environment {
   }
   mpi_environment(const mpi_environment&) = delete;
   mpi_environment& operator=(const mpi_environment&) = delete;
-  /// Finalises MPI, unless the job failed (a notice on the error path,
-  /// mpi_notify_failure): operations the failed rank never joined are
-  /// still pending inside MPI, over buffers already freed, and MPI_Finalize
-  /// would progress them. The ranks then wait for each other (at most 10
-  /// s, so each can report before mpirun ends the job at the first exit)
-  /// and exit without it; mpirun reports a non-zero status.
+  /// Finalises MPI. After a failure (a notice on the error path,
+  /// mpi_notify_failure) the ranks first wait for each other (at most 10
+  /// s, so each can report before mpirun ends the job at the first exit),
+  /// and if any of them has an operation that failed while MPI may still
+  /// progress it (a collective a failed rank never joined, over buffers
+  /// already freed), or did not arrive, none calls MPI_Finalize (it would
+  /// progress them): the processes exit without it and mpirun reports a
+  /// non-zero status.
   ~mpi_environment() {
     int fin = 0;
     MPI_Finalized(&fin);
     if (!owns_ || fin) return;
     auto& ch = detail::error_channel();
-    if (ch.poll()) {
-      ch.rendezvous(std::chrono::seconds(10));
-      return;
-    }
+    if (ch.poll() && !ch.rendezvous(std::chrono::seconds(10))) return;
     MPI_Finalize();
   }
   /// The thread level MPI provides.
@@ -258,9 +286,13 @@ class mpi_environment {
 /// first mpi_communicator on the world exists; never throws.
 inline bool mpi_notify_failure(const std::string& why) noexcept {
   auto& ch = detail::error_channel();
+  std::lock_guard<std::mutex> lock(ch.mu);
   if (ch.comm == MPI_COMM_NULL || !ch.notice.empty()) return false;
   try {
     ch.notice = detail::str("world rank ", ch.world_rank, " failed: ", why);
+    // With an operation ended by an earlier notice, an MPI call could
+    // progress it over freed buffers (not reached: a notice was set then).
+    if (ch.unfinished) return false;
     for (int r = 0; r < ch.world_size; ++r) {
       if (r == ch.world_rank) continue;
       auto& buf = ch.sent.emplace_back(std::make_unique<std::string>(ch.notice));
@@ -278,8 +310,10 @@ inline bool mpi_notify_failure(const std::string& why) noexcept {
 /// The notice of the job's error path ("world rank R failed: why"), once
 /// this rank failed or was told; empty otherwise. Never blocks.
 inline std::string mpi_failure_notice() {
-  detail::error_channel().poll();
-  return detail::error_channel().notice;
+  auto& ch = detail::error_channel();
+  ch.poll();
+  std::lock_guard<std::mutex> lock(ch.mu);
+  return ch.notice;
 }
 
 /// Handle of an asynchronous mpi_communicator operation (`comm_request`).
@@ -310,8 +344,8 @@ class mpi_request {
       const auto deadline = std::chrono::steady_clock::now() + p.c.timeout;
       for (unsigned spins = 0;; ++spins) {
         if (poll()) break;
-        if (detail::error_channel().poll()) {
-          fail(detail::str(p.st->context(p.c), ": ", detail::error_channel().notice));
+        if ((spins & 15) == 0 && detail::error_channel().poll()) {
+          fail(detail::str(p.st->context(p.c), ": ", mpi_failure_notice()), true);
           break;
         }
         if (std::chrono::steady_clock::now() >= deadline) {
@@ -346,14 +380,34 @@ class mpi_request {
         " ranks has not entered it (use set_debug(true) and verify_collective_hash(), or "
         "look for the rank whose log stops before this operation)");
   }
-  void fail(std::string msg) {
+  // `job_failed`: ended by a notice of the error path, so the operation
+  // will never complete and this process stops calling MPI (a timeout
+  // alone breaks only this communicator).
+  void fail(std::string msg, bool job_failed = false) {
     p_->done = true;
     p_->err = msg;
+    if (job_failed) {
+      auto& ch = detail::error_channel();
+      std::lock_guard<std::mutex> lock(ch.mu);
+      ch.unfinished = true;  // MPI may still progress this request
+    }
     if (p_->st->broken.empty()) p_->st->broken = std::move(msg);
   }
   /// One MPI_Test; on completion runs on_complete. Returns done.
   bool poll() {
     auto& p = *p_;
+    bool stopped = false;
+    {
+      auto& ch = detail::error_channel();
+      std::lock_guard<std::mutex> lock(ch.mu);
+      stopped = ch.unfinished;
+    }
+    if (stopped) {  // no MPI call after an operation of this process failed (see poll above)
+      fail(detail::str(p.st->context(p.c), ": not completed: the job failed: ",
+                       mpi_failure_notice()),
+           true);
+      return true;
+    }
     int flag = 0;
     const int rc = MPI_Test(&p.req, &flag, &p.status);
     if (rc != MPI_SUCCESS) {
@@ -402,8 +456,13 @@ class mpi_communicator {
       // Collective over the world, like the dup above: every rank builds it.
       detail::mpi_check(MPI_Comm_dup(MPI_COMM_WORLD, &ch.comm), "MPI_Comm_dup",
                         "mpi_communicator (error channel)");
-      MPI_Comm_rank(ch.comm, &ch.world_rank);
-      MPI_Comm_size(ch.comm, &ch.world_size);
+      // Errors are return codes here too (a send to a dead peer must not abort).
+      detail::mpi_check(MPI_Comm_set_errhandler(ch.comm, MPI_ERRORS_RETURN),
+                        "MPI_Comm_set_errhandler", "mpi_communicator (error channel)");
+      detail::mpi_check(MPI_Comm_rank(ch.comm, &ch.world_rank), "MPI_Comm_rank",
+                        "mpi_communicator (error channel)");
+      detail::mpi_check(MPI_Comm_size(ch.comm, &ch.world_size), "MPI_Comm_size",
+                        "mpi_communicator (error channel)");
     }
   }
   mpi_communicator(mpi_communicator&&) noexcept = default;
@@ -624,7 +683,7 @@ class mpi_communicator {
         !s_->broken.empty(), comm_error, s_->context(c),
         ": this communicator is broken by an earlier error: ", s_->broken.substr(0, 400));
     TESSERA_THROW_IF(detail::error_channel().poll(), comm_error, s_->context(c), ": ",
-                     detail::error_channel().notice);
+                     mpi_failure_notice());
     auto p = std::make_unique<detail::mpi_pending>();
     p->st = s_.get();
     p->c = std::move(c);

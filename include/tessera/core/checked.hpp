@@ -18,18 +18,20 @@ namespace tessera {
 /// factor is negative.
 inline std::int64_t checked_mul(std::int64_t a, std::int64_t b, const char* what) {
   std::int64_t r = 0;
-  TESSERA_THROW_IF(a < 0 || b < 0, config_error, what, ": negative size ", a < 0 ? a : b);
+  TESSERA_THROW_IF(a < 0 || b < 0, config_error, what, ": negative size ", a < 0 ? a : b,
+                   " (sizes are >= 0)");
   TESSERA_THROW_IF(__builtin_mul_overflow(a, b, &r), config_error, what, " overflows 64 bits: ",
-                   a, " x ", b, " > 9223372036854775807");
+                   a, " x ", b, " > 9223372036854775807; reduce the sizes");
   return r;
 }
 
 /// a + b for non-negative int64 sizes; throws config_error as checked_mul.
 inline std::int64_t checked_add(std::int64_t a, std::int64_t b, const char* what) {
   std::int64_t r = 0;
-  TESSERA_THROW_IF(a < 0 || b < 0, config_error, what, ": negative size ", a < 0 ? a : b);
+  TESSERA_THROW_IF(a < 0 || b < 0, config_error, what, ": negative size ", a < 0 ? a : b,
+                   " (sizes are >= 0)");
   TESSERA_THROW_IF(__builtin_add_overflow(a, b, &r), config_error, what, " overflows 64 bits: ",
-                   a, " + ", b, " > 9223372036854775807");
+                   a, " + ", b, " > 9223372036854775807; reduce the sizes");
   return r;
 }
 
@@ -38,7 +40,7 @@ inline std::int64_t checked_add(std::int64_t a, std::int64_t b, const char* what
 inline std::uint64_t checked_mul_u64(std::uint64_t a, std::uint64_t b, const char* what) {
   std::uint64_t r = 0;
   TESSERA_THROW_IF(__builtin_mul_overflow(a, b, &r), config_error, what, " overflows 64 bits: ",
-                   a, " x ", b, " > 18446744073709551615");
+                   a, " x ", b, " > 18446744073709551615; reduce the sizes");
   return r;
 }
 

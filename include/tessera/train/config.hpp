@@ -75,8 +75,9 @@ struct train_config {
     TESSERA_THROW_IF(steps < 1, config_error, "steps=", steps, " must be >= 1");
     TESSERA_THROW_IF(seq < 1, config_error, "sequence length T=", seq, " must be >= 1");
     // Token counts of a step and of the whole run fit 64 bits.
-    (void)checked_mul(checked_mul(global_batch, seq + 1, "the tokens of a step, G x (T+1)"), steps,
-                      "the tokens of the run, G x (T+1) x steps");
+    (void)checked_mul(checked_mul(global_batch, checked_add(seq, 1, "T+1"),
+                                  "the tokens of a step, G x (T+1)"),
+                      steps, "the tokens of the run, G x (T+1) x steps");
     TESSERA_THROW_IF(!(lr > 0), config_error, "lr=", lr, " must be > 0");
     TESSERA_THROW_IF(warmup < 0, config_error, "warmup=", warmup, " must be >= 0");
     TESSERA_THROW_IF(eval_every < 0, config_error, "eval_every=", eval_every, " must be >= 0");
@@ -134,9 +135,8 @@ inline void check_run(const nn::llama_config& c, const train_config& cfg, const 
   // and the model's buffers cannot wrap.
   const char* w = "one micro-batch's activations (B x (T+1) x max(H, F, V, nh T) x layers x 64 bytes)";
   const std::int64_t width = std::max({c.dim, c.ffn_dim, c.vocab, checked_mul(c.n_heads, cfg.seq, w)});
-  (void)checked_mul(checked_mul(checked_mul(checked_mul(cfg.micro_batch, cfg.seq + 1, w), width, w),
-                                c.n_layers, w),
-                    64, w);
+  const std::int64_t rows = checked_mul(cfg.micro_batch, checked_add(cfg.seq, 1, w), w);
+  (void)checked_mul(checked_mul(checked_mul(rows, width, w), c.n_layers, w), 64, w);
 }
 
 }  // namespace tessera::train

@@ -15,6 +15,7 @@
 
 #include "tessera/core/error.hpp"
 #include "tessera/data/sampler.hpp"
+#include "tessera/data/fingerprint.hpp"
 #include "tessera/data/token_file.hpp"
 #include "tessera/nn/llama_config.hpp"
 #include "tessera/train/config.hpp"
@@ -120,6 +121,15 @@ inline std::int64_t check_resume_metadata(const std::filesystem::path& path, nlo
                    pp_of(meta)[1].dump(), " virtual stages but this run has pp=",
                    pp_of(mine)[0].dump(), " with ", pp_of(mine)[1].dump(),
                    ": a checkpoint resumes at its own pipeline layout (it is not resharded)");
+  // Checkpoints of tessera before the SHA-256 fingerprint recorded the
+  // corpus by a 64-bit FNV-1a of sampled tokens: said so, not a bare mismatch.
+  TESSERA_THROW_IF(meta.contains("data") && meta["data"].is_object() &&
+                       meta["data"].contains("fingerprint") &&
+                       meta["data"]["fingerprint"].is_number(),
+                   config_error, "checkpoint '", path.string(),
+                   "' records its corpus by the fingerprint of an older tessera (a 64-bit hash "
+                   "of sampled tokens; now SHA-256 over every token), so its corpus cannot be "
+                   "verified: resume it with the tessera that wrote it, or start a new run");
   std::string diff;
   for (const auto& [k, v] : mine.items()) {
     if (k == "step" || k == "data_position" || k == "schedule_position" || k == "steps") continue;

@@ -82,6 +82,7 @@
 #include "tessera/parallel/sharding.hpp"
 #include "tessera/parallel/zero.hpp"
 #include "tessera/precision/policy.hpp"
+#include "tessera/train/agree.hpp"
 #include "tessera/train/checkpoint.hpp"
 #include "tessera/train/config.hpp"
 #include "tessera/train/metadata.hpp"
@@ -541,54 +542,15 @@ class trainer {
   }
 
   /// Checks that every rank holds the same `settings` (collective over the
-  /// tp, dp and pp groups; at construction the trainer checks its model,
-  /// run, optimizer and data settings this way, a program may add its own,
-  /// e.g. its evaluation and sampling options, which decide collectives
-  /// too). Each leaf of the JSON is hashed; throws config_error on every
-  /// rank naming `what`, the first differing key and its values on world
-  /// rank 0 and on the lowest rank that differs, so ranks launched with
-  /// different flags (a seed, a step count) stop at start-up instead of
-  /// training diverged replicas or hanging in a collective.
+  /// tp, dp and pp groups; train::agree_settings, train/agree.hpp). At
+  /// construction the trainer checks its model, run, schedule, bucket,
+  /// optimizer and data settings this way; a program may add its own.
+  /// Throws config_error on every rank naming `what`, the first differing
+  /// setting and its values on world rank 0 and on the lowest rank that
+  /// differs.
   void agree_settings(const nlohmann::json& settings, const std::string& what) {
-    std::vector<std::pair<std::string, std::string>> leaves;
-    const nlohmann::json flat = settings.flatten();  // "/a/b" -> leaf, in key order
-    for (const auto& [k, v] : flat.items()) leaves.emplace_back(k, v.dump());
-    auto hash = [](const std::string& t) {  // FNV-1a, 52 bits: exact in a double
-      std::uint64_t h = 1469598103934665603ull;
-      for (unsigned char ch : t) h = (h ^ ch) * 1099511628211ull;
-      return static_cast<double>(h >> 12);
-    };
-    // The count first: vectors of different lengths cannot be reduced.
-    std::vector<double> n{static_cast<double>(leaves.size()), -static_cast<double>(leaves.size())};
-    reduce_world(n, comm::reduce_op::max);
-    std::vector<double> h(leaves.size() + 1, 0.0), h0;
-    for (std::size_t i = 0; i < leaves.size(); ++i) h[i] = hash(leaves[i].first + "=" + leaves[i].second);
-    std::size_t first = leaves.size();  // this rank's first leaf unlike world rank 0's
-    if (n[0] == -n[1]) {
-      h0 = h;
-      if (world_rank() != 0) std::fill(h0.begin(), h0.end(), 0.0);
-      reduce_world(h0, comm::reduce_op::sum);
-      for (std::size_t i = 0; i < leaves.size() && first == leaves.size(); ++i)
-        if (h[i] != h0[i]) first = i;
-    }
-    const bool differs = n[0] != -n[1] || first < leaves.size();
-    const int r = lowest_rank_where(differs);
-    if (r < 0) return;
-    auto text = [&](std::size_t i) {
-      return i < leaves.size() ? leaves[i].first.substr(1) + "\n" + leaves[i].second
-                               : std::string("(none)\n") + std::to_string(leaves.size()) + " settings";
-    };
-    const std::string theirs = text_of_rank(r, text(first));
-    const std::string key = theirs.substr(0, theirs.find('\n'));
-    std::string mine = "(absent)";
-    for (const auto& [k, v] : leaves)
-      if (k.substr(1) == key) mine = v;
-    const std::string zeros = text_of_rank(0, mine);
-    throw config_error(detail::str(
-        what, " differ between ranks: ", key == "(none)" ? "the number of settings" : key, " is ",
-        key == "(none)" ? std::to_string(static_cast<long long>(-n[1])) + "..." : zeros,
-        " on world rank 0 but ", theirs.substr(theirs.find('\n') + 1), " on world rank ", r,
-        " (start every rank with the same settings)"));
+    auto world = [this](std::vector<double>& v, comm::reduce_op op) { reduce_world(v, op); };
+    train::agree_settings(world, world_rank(), settings, what);
   }
 
   /// Records the timeline of the steps that follow (off: none); the last
@@ -706,19 +668,35 @@ class trainer {
     // kernels that wrote what it sends (as the model does with its tp group).
     if constexpr (requires(C& c) { c.set_stream(ctx_->stream()); })
       if (pp_) pp_->set_stream(ctx_->stream());
-    // Every rank trains the same run: a seed or step count given to one
-    // rank only is refused here, naming it, not trained into diverged
-    // replicas (the data fingerprint compares the corpora too).
+    // Every rank trains the same run: a seed, step count, schedule or
+    // bucket size given to one rank only is refused here, naming it, not
+    // trained into diverged replicas or a hang (the data fingerprint
+    // compares the corpora too). Hashing the corpus may fail on one rank
+    // only: that is agreed first.
     {
-      nlohmann::json mine = run_metadata(model_cfg, cfg_, P::name, O::name,
-                                         cfg_.template optimizer_config<O>(), S::name,
-                                         comm_->size(), 0, 0, data);
-      mine["tp"] = layers.size();
-      mine["pp"] = cfg_.pp;
-      mine["virtual_stages"] = cfg_.virtual_stages;
-      mine["stage_blocks"] = cfg_.stage_blocks;
-      mine["init_from_hf"] = cfg_.init_from_hf;
-      mine.erase("rng");  // its seed is "seed": one name for one setting
+      nlohmann::json mine;
+      std::exception_ptr failed;
+      try {
+        mine = run_metadata(model_cfg, cfg_, P::name, O::name, cfg_.template optimizer_config<O>(),
+                            S::name, comm_->size(), 0, 0, data);
+        mine["tp"] = layers.size();
+        mine["pp"] = cfg_.pp;
+        mine["virtual_stages"] = cfg_.virtual_stages;
+        mine["stage_blocks"] = cfg_.stage_blocks;
+        mine["pipeline"] = parallel::to_string(cfg_.pipeline);
+        mine["sequence_parallel"] = cfg_.sequence_parallel;
+        mine["checkpointing"] = {static_cast<int>(cfg_.checkpointing.mode),
+                                 cfg_.checkpointing.every};
+        mine["eval_every"] = cfg_.eval_every;
+        mine["eval_windows"] = cfg_.eval_windows;
+        mine["bucket_bytes"] = dpo.bucket_bytes;
+        mine["prefetch"] = dpo.prefetch;
+        mine["init_from_hf"] = cfg_.init_from_hf;
+        mine.erase("rng");  // its seed is "seed": one name for one setting
+      } catch (...) {
+        failed = std::current_exception();
+      }
+      agree_or_throw(failed, "the trainer's start-up");
       agree_settings(mine, "the trainer's settings");
     }
     // The Hugging Face folder opens on every rank or on none (a folder
@@ -863,66 +841,11 @@ class trainer {
     if (pp_) pp_->all_reduce(d.data(), n, op);
     ctx_->to_host(h.data(), d.data(), h.size() * sizeof(double));
   }
-  // World rank `from`'s `mine` (its first 1024 bytes; a NUL ends it) on
-  // every rank: summed from zeros, so exact (collective).
-  std::string text_of_rank(int from, const std::string& mine) {
-    constexpr std::size_t max_bytes = 1024;
-    std::vector<double> m(max_bytes, 0.0);
-    if (world_rank() == from)
-      for (std::size_t i = 0; i < std::min(mine.size(), max_bytes); ++i)
-        m[i] = static_cast<unsigned char>(mine[i]);
-    reduce_world(m, comm::reduce_op::sum);
-    std::string t;
-    for (std::size_t i = 0; i < m.size() && m[i] != 0; ++i) t += static_cast<char>(m[i]);
-    return t;
-  }
-  // The lowest world rank for which `mine` is true, or -1 (collective).
-  int lowest_rank_where(bool mine) {
-    // -(world rank + 1), maximised: the lowest such rank.
-    std::vector<double> v{mine ? -static_cast<double>(world_rank() + 1) : -1e18};
-    reduce_world(v, comm::reduce_op::max);
-    return v[0] < -1e17 ? -1 : static_cast<int>(-v[0]) - 1;
-  }
-
-  // Ends an operation that may have failed on some ranks (collective over
-  // the tp, dp and pp groups, a barrier when none failed): the lowest
-  // failing world rank is agreed, its message and error class are sent to
-  // every rank, and every rank throws the same message, "<what> failed on
-  // world rank R: <its error>", as that rank's class (config_error,
-  // io_error, comm_error, out_of_memory, else error). So a write that
-  // fails on one rank ends all of them at once with the cause, not at a
-  // later collective's timeout.
+  // Ends an operation that may have failed on some ranks: every rank
+  // throws the lowest failing rank's message (train::agree_or_throw).
   void agree_or_throw(std::exception_ptr failed, const std::string& what) {
-    std::string why;
-    char kind = '4';  // 1 config_error, 2 io_error, 3 comm_error, 5 out_of_memory, 4 other
-    if (failed) {
-      try {
-        std::rethrow_exception(failed);
-      } catch (const config_error& e) {
-        why = e.what(), kind = '1';
-      } catch (const io_error& e) {
-        why = e.what(), kind = '2';
-      } catch (const comm_error& e) {
-        why = e.what(), kind = '3';
-      } catch (const out_of_memory& e) {
-        why = e.what(), kind = '5';
-      } catch (const std::exception& e) {
-        why = e.what();
-      } catch (...) {
-        why = "unknown exception";
-      }
-    }
-    const int r = lowest_rank_where(failed != nullptr);
-    if (r < 0) return;
-    const std::string m = text_of_rank(r, kind + why);
-    const std::string text = detail::str(what, " failed on world rank ", r, ": ", m.substr(1));
-    switch (m.empty() ? '4' : m[0]) {
-      case '1': throw config_error(text);
-      case '2': throw io_error(text);
-      case '3': throw comm_error(text);
-      case '5': throw out_of_memory(text);
-      default: throw error(text);
-    }
+    auto world = [this](std::vector<double>& v, comm::reduce_op op) { reduce_world(v, op); };
+    train::agree_or_throw(world, world_rank(), std::move(failed), what);
   }
   // cfg.init_from_hf opened and its config.json held against the model's
   // (every differing size named at once); nullptr without one.

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Faults of a train_llama job under mpirun, end to end:
 #   1. kill -9 of one rank of four mid-step: mpirun ends the job within
-#      seconds naming the lost rank; a restart from nothing but --resume DIR
+#      seconds naming the lost rank, each survivor names the lost rank, its
+#      step and the operation it waited in; a restart from nothing but --resume DIR
 #      continues bit for bit (every step's loss, norm and lr equal those of
 #      a job never stopped);
 #   2. a full disk (a small tmpfs) during a checkpoint: every rank ends
@@ -35,8 +36,8 @@ for r in map(json.loads, open(sys.argv[1])):
 }
 
 # ---- 1. kill -9 of world rank 2 of 4 -------------------------------------------------------
-"$mpirun" -np 4 "$bin" "${args[@]}" --steps 24 --checkpoint-every 4 --out "$work/full" > "$work/full.log" 2>&1
-"$mpirun" -np 4 "$bin" "${args[@]}" --steps 24 --checkpoint-every 4 --out "$work/killed" > "$work/killed.log" 2>&1 &
+"$mpirun" -np 4 "$bin" "${args[@]}" --steps 96 --checkpoint-every 4 --out "$work/full" > "$work/full.log" 2>&1
+"$mpirun" -np 4 "$bin" "${args[@]}" --steps 96 --checkpoint-every 4 --out "$work/killed" > "$work/killed.log" 2>&1 &
 job=$!
 victim=""
 for _ in $(seq 1 1200); do
@@ -59,16 +60,24 @@ set -e
 secs=$(python3 -c "import time; print(round(time.time() - $start, 1))")
 lines=$(grep -c '"step"' "$work/killed/metrics.jsonl")
 echo "train_faults: killed world rank 2 (pid $victim) after $lines logged steps; mpirun ended in $secs s with status $rc"
-if [ "$rc" -eq 0 ] || [ "$lines" -ge 24 ]; then echo "train_faults: the job went on without rank 2" >&2; exit 1; fi
+if [ "$rc" -eq 0 ] || [ "$lines" -ge 96 ]; then echo "train_faults: the job went on without rank 2" >&2; exit 1; fi
 python3 -c "import sys; sys.exit(0 if $secs < 30 else 1)" || { echo "train_faults: the job took $secs s to end" >&2; exit 1; }
 grep -Eq "rank 2 .*(signal 9|Killed)" "$work/killed.log" || {
   echo "train_faults: the job's output does not name the lost rank:" >&2; cat "$work/killed.log" >&2; exit 1; }
+# Each survivor, stopped by mpirun's SIGTERM, names itself, the step, the
+# operation it waited in and the lost rank (comm/mpi.hpp's SIGTERM note).
+for r in 0 1 3; do
+  grep -Eq "tessera: world rank $r of 4 \(pid [0-9]+\) stopped by SIGTERM from its launcher at step [0-9]+, (waiting in [a-z_]+ #[0-9]+ \(n=[0-9]+ [a-z0-9]+\) as rank [0-9]+ of [0-9]+|computing \(in no communicator operation\)): lost world rank 2 \(pid $victim\), no longer running on this node" "$work/killed.log" || {
+    echo "train_faults: world rank $r did not name the lost rank, its step and its operation:" >&2
+    cat "$work/killed.log" >&2; exit 1; }
+done
+echo "train_faults: a survivor's note: $(grep -m1 'stopped by SIGTERM' "$work/killed.log")"
 "$mpirun" -np 4 "$bin" --resume "$work/killed" > "$work/resumed.log" 2>&1 || {
   echo "train_faults: the restart failed:" >&2; cat "$work/resumed.log" >&2; exit 1; }
 if ! diff <(steps_of "$work/full/metrics.jsonl") <(steps_of "$work/killed/metrics.jsonl") > "$work/diff"; then
   echo "train_faults: the restarted job differs from the uninterrupted one:" >&2; head "$work/diff" >&2; exit 1
 fi
-echo "train_faults: restarted with --resume: all 24 steps equal the uninterrupted job's, bit for bit"
+echo "train_faults: restarted with --resume: all 96 steps equal the uninterrupted job's, bit for bit"
 
 # ---- 3. one rank started with another seed -------------------------------------------------
 set +e

@@ -29,6 +29,7 @@
 /// caller with numel not divisible by N pads to `padded_count(numel, N)`
 /// (ZeRO's flat buffers do, DESIGN.md principle 4).
 
+#include <atomic>
 #include <chrono>
 #include <concepts>
 #include <cstddef>
@@ -430,5 +431,33 @@ inline std::string describe(const op_ctx& c) {
              ", ", c.n * dtype_bytes(c.dt), " bytes, ", c.extra, ")");
 }
 
+/// What this process is doing now, for a message written from a signal
+/// handler (mpi_communicator's, when the launcher stops a rank because
+/// another was lost): the training step and the communicator operation a
+/// wait() is blocked in. Lock-free atomics only (async-signal-safe reads);
+/// one per process, shared by every communicator and thread (with ranks as
+/// threads the last writer wins: a hint, never used for control).
+struct activity_note {
+  std::atomic<std::int64_t> step{-1};  ///< the step being computed, -1 before the first
+  std::atomic<int> kind{-1};           ///< op_kind of the operation waited for, -1 if none
+  std::atomic<std::uint64_t> seq{0};   ///< its sequence number
+  std::atomic<std::uint64_t> n{0};     ///< its element count
+  std::atomic<int> dt{0};              ///< its dtype
+  std::atomic<int> rank{0}, size{1};   ///< this rank in the operation's group, and its size
+};
+inline activity_note& activity() {
+  static activity_note a;
+  return a;
+}
+
 }  // namespace detail
+
+/// Records that this process is computing training step `step` (1-based,
+/// as metrics and error messages number steps), so a rank stopped by its
+/// launcher can say where it was (mpi_communicator's SIGTERM note). The
+/// trainer calls it at the start of each step. Lock-free; never throws.
+inline void note_step(std::int64_t step) noexcept {
+  detail::activity().step.store(step, std::memory_order_relaxed);
+}
+
 }  // namespace tessera::comm

@@ -228,6 +228,7 @@ class trainer {
   step_metrics train_step() {
     TESSERA_NVTX_RANGE("train step");
     const auto t0 = std::chrono::steady_clock::now();
+    comm::note_step(step_ + 1);  // for a rank stopped by its launcher (comm/mpi.hpp)
     ctx_->apply_threads();
     memory_resource& mr = ctx_->resource();
     mr.reset_peak();

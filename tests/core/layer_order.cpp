@@ -137,3 +137,27 @@ TEST_CASE("no CUDA translation unit reaches cblas.h", "[layers][cuda]") {
     CHECK(seen.size() > 3);
   }
 }
+
+// The tsan preset runs the unit tests that start threads, found by scanning
+// each test's source (tests/CMakeLists.txt, label `threads`): sound only if
+// no library header starts a thread a test could reach without naming
+// local_world. This keeps it so: comm/local.hpp is the one header that does.
+TEST_CASE("only comm/local.hpp starts threads", "[layers][threads]") {
+  static const std::regex starts(R"(std::(thread|jthread)\b(?!::)|std::async\b|pthread_create)");
+  const fs::path inc = root / "include" / "tessera";
+  std::vector<std::string> starters;
+  for (const auto& h : all_headers()) {
+    std::ifstream in(inc / h);
+    std::string line;
+    while (std::getline(in, line))
+      if (std::regex_search(line, starts)) {
+        starters.push_back(h);
+        break;
+      }
+  }
+  CHECK(starters == std::vector<std::string>{"comm/local.hpp"});
+  for (const auto& s : starters) INFO(s);
+  // (split so that tests/CMakeLists.txt's scan does not label this test)
+  CHECK(std::regex_search(std::string("std::vector<std::") + "thread> ts;", starts));
+  CHECK_FALSE(std::regex_search("std::hash<std::thread::id>{}", starts));
+}

@@ -18,33 +18,19 @@ targets=("$@")
 [[ "$secs" =~ ^[0-9]+$ ]] || { echo "usage: scripts/fuzz.sh [SECONDS] [TARGET...]" >&2; exit 2; }
 
 scripts/deps.sh  # cmake, BLAS, OpenMP, nlohmann-json: what configuring tessera needs
-pkgs=(clang libclang-rt-14-dev libomp-14-dev)
-missing=()
-for p in "${pkgs[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  if [ "$(id -u)" -eq 0 ]; then
-    echo "tessera: installing ${missing[*]}"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
-    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-  else
-    echo "tessera: the fuzzers need ${missing[*]}: sudo apt-get install ${missing[*]}" >&2
-    exit 2
-  fi
-fi
+scripts/clang_deps.sh  # clang++, libFuzzer and the sanitizer runtimes
 
 cmake --preset fuzz >/dev/null
 cmake --build --preset fuzz
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/tessera_fuzz.XXXXXX")
-trap 'rm -rf "$work"' EXIT
+trap 'kill $(jobs -p) 2>/dev/null || true; wait || true; rm -rf "$work"' EXIT
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 # One fuzzer per core at a time (FUZZ_JOBS, default nproc): each still runs
 # SECONDS on one core.
 jobs=${FUZZ_JOBS:-$(nproc)}
+[[ "$jobs" =~ ^[1-9][0-9]*$ ]] || { echo "tessera: FUZZ_JOBS must be a positive integer, not '$jobs'" >&2; exit 2; }
 run_one() {  # target -> its log and artifacts under $work/<target>/, status in rc
   local t=$1 bin=build/fuzz/tests/fuzz/fuzz_$1 rc=0
   "$bin" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -max_len=4096 \
@@ -77,7 +63,7 @@ for t in "${targets[@]}"; do
     keep=build/fuzz/findings/$t
     mkdir -p "$keep"
     cp "$work/$t/artifacts/"* "$keep/" 2>/dev/null || true
-    cp "$log" "$keep/log"
+    cp "$log" "$keep/log" 2>/dev/null || true
     echo "fuzz_$t: FINDING (exit $rc); inputs and log in $keep/:" >&2
     grep -E 'ERROR|runtime error|SUMMARY|what\(\)|property failed|Test unit written' "$log" | head -20 >&2
     failed+=("$t")

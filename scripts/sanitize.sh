@@ -1,24 +1,29 @@
 #!/usr/bin/env bash
-# Builds every host unit test (target tessera_unit_tests) under a sanitizer
-# preset and runs them all with CTest (CMakePresets.json):
+# Builds host unit tests under a sanitizer preset and runs them with CTest
+# (CMakePresets.json):
 #   asan  AddressSanitizer (LeakSanitizer at exit) and UndefinedBehavior-
-#         Sanitizer, at -O0: UBSan's instrumentation makes -O1 compile about
-#         twice as slowly, and -O0 keeps the whole suite inside CI's budget;
-#   tsan  ThreadSanitizer at -O1 over the thread communicator
-#         (comm::local_communicator: ranks as threads), one OpenMP thread per
-#         rank (libgomp is not built with TSan; scripts/tsan.supp).
+#         Sanitizer, clang++ -O0, over every unit test (tessera_asan_tests):
+#         clang compiles it twice as fast as g++ at -O0, and g++ -O1 twice
+#         as slowly again (UBSan's instrumentation), which keeps the whole
+#         suite inside CI's budget;
+#   tsan  ThreadSanitizer, clang++ -O0, over every unit test that starts threads
+#         (label `threads`, target tessera_tsan_tests: ranks as threads of
+#         comm::local_world or std::thread; tests/CMakeLists.txt finds them),
+#         one OpenMP thread per rank (libgomp is not built with TSan;
+#         scripts/tsan.supp).
 # Not run under either: the golden trajectories (bit-exact at the host
 # preset's -O3), the steady-state allocation test, the compile-fail,
 # consumer, Python and MPI tests (those are about the build or other
 # processes; MPI is off in these presets).
 #   scripts/sanitize.sh [asan|tsan|all] [ctest arguments...]
-#   scripts/sanitize.sh all                 # CI: both, every unit test
+#   scripts/sanitize.sh all                 # CI: both
 #   scripts/sanitize.sh tsan -R comm_local  # one test
 # Any finding fails the run: UBSan and TSan halt on the first report, ASan
 # on its first error and LeakSanitizer at exit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh  # g++, cmake, BLAS, OpenMP, Catch2: what the build needs
+scripts/clang_deps.sh  # clang++ and its sanitizer runtimes (the asan preset)
 
 which=all
 args=()

@@ -199,10 +199,11 @@ TEST_CASE("pp trainer: evaluation, generation and checkpoints through the pipeli
   std::filesystem::create_directories(dir);
   using tp_layers = nn::tensor_parallel_layers<local_communicator>;
   const auto ckpt = dir / "ckpt.bin";
-  for (auto [K, s, V, tp] : {std::tuple{4, schedule_kind::zero_bubble_h1, 1, 1},
-                             std::tuple{2, schedule_kind::one_f_one_b, 1, 1},
-                             std::tuple{2, schedule_kind::interleaved, 2, 1},
-                             std::tuple{2, schedule_kind::one_f_one_b, 1, 2}}) {
+  for (auto [K_, s, V, tp_] : {std::tuple{4, schedule_kind::zero_bubble_h1, 1, 1},
+                               std::tuple{2, schedule_kind::one_f_one_b, 1, 1},
+                               std::tuple{2, schedule_kind::interleaved, 2, 1},
+                               std::tuple{2, schedule_kind::one_f_one_b, 1, 2}}) {
+    const int K = K_, tp = tp_;  // lambdas capture variables, not bindings (clang 14)
     INFO("pp " << K << " " << parallel::to_string(s) << " V " << V << " tp " << tp);
     auto l = pipe(K, s, V, 4, 1, tp);
     REQUIRE_NOTHROW(local_world::run(

@@ -432,7 +432,7 @@ inline std::string describe(const op_ctx& c) {
 }
 
 /// What this process is doing now, for a message written from a signal
-/// handler (mpi_communicator's, when the launcher stops a rank because
+/// handler (comm/detail/launcher_note.hpp's, when the launcher stops a rank because
 /// another was lost): the training step and the communicator operation a
 /// wait() is blocked in. Lock-free atomics only (async-signal-safe reads);
 /// one per process, shared by every communicator and thread (with ranks as
@@ -452,10 +452,10 @@ inline activity_note& activity() {
 
 }  // namespace detail
 
-/// Records that this process is computing training step `step` (1-based,
-/// as metrics and error messages number steps), so a rank stopped by its
-/// launcher can say where it was (mpi_communicator's SIGTERM note). The
-/// trainer calls it at the start of each step. Lock-free; never throws.
+/// Records that this process is computing training step `step` (1-based, as
+/// metrics number steps) for comm/detail/launcher_note.hpp's message. The
+/// trainer calls it at the start of each step; ranks as threads overwrite
+/// each other (a hint, never read for control). Lock-free; never throws.
 inline void note_step(std::int64_t step) noexcept {
   detail::activity().step.store(step, std::memory_order_relaxed);
 }

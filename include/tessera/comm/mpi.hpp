@@ -45,13 +45,11 @@
 #if defined(TESSERA_HAS_MPI) && TESSERA_HAS_MPI
 
 #include <mpi.h>
-#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <climits>
-#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <functional>
@@ -63,6 +61,7 @@
 
 #include "tessera/comm/communicator.hpp"
 #include "tessera/comm/detail/collective_log.hpp"
+#include "tessera/comm/detail/launcher_note.hpp"
 
 namespace tessera::comm {
 
@@ -203,105 +202,14 @@ inline mpi_error_channel& error_channel() {
   return c;
 }
 
-/// The world's processes as the first communicator on the world saw them:
-/// pid and whether on this node, by world rank. Written once, before the
-/// SIGTERM note is installed; read by it.
-struct mpi_peer_table {
-  std::vector<long> pid;
-  std::vector<char> same_node;
-  int world_rank = 0, world_size = 1;
-};
-inline mpi_peer_table& peer_table() {
-  static mpi_peer_table t;
-  return t;
-}
-
-/// Text built without allocation (for a signal handler): a fixed buffer.
-struct signal_text {
-  char buf[1024];
-  std::size_t len = 0;
-  signal_text& operator<<(const char* s) noexcept {
-    while (*s && len + 1 < sizeof buf) buf[len++] = *s++;
-    return *this;
-  }
-  signal_text& operator<<(std::uint64_t v) noexcept {
-    char d[24];
-    int k = 0;
-    do {
-      d[k++] = static_cast<char>('0' + v % 10);
-      v /= 10;
-    } while (v != 0);
-    while (k > 0 && len + 1 < sizeof buf) buf[len++] = d[--k];
-    return *this;
-  }
-};
-
-/// SIGTERM while mpirun ends the job (a rank was lost): one line naming
-/// this rank, the step, the operation waited in and the ranks of this node
-/// that are gone (kill(pid, 0) fails with ESRCH: mpirun has reaped them),
-/// then the default action (SA_RESETHAND), so the exit is unchanged. Only
-/// async-signal-safe calls: atomics, kill, getpid, write.
-inline void on_launcher_sigterm(int sig) {
-  const int saved = errno;
-  const auto& t = peer_table();
-  const auto& a = activity();
-  signal_text m;
-  m << "tessera: world rank " << static_cast<std::uint64_t>(t.world_rank) << " of "
-    << static_cast<std::uint64_t>(t.world_size) << " (pid " << static_cast<std::uint64_t>(getpid())
-    << ") stopped by SIGTERM from its launcher ";
-  const std::int64_t step = a.step.load(std::memory_order_relaxed);
-  if (step < 0)
-    m << "before the first step";
-  else
-    m << "at step " << static_cast<std::uint64_t>(step);
-  const int kind = a.kind.load(std::memory_order_relaxed);
-  if (kind < 0) {
-    m << ", computing (in no communicator operation)";
-  } else {
-    m << ", waiting in " << to_string(static_cast<op_kind>(kind)) << " #"
-      << a.seq.load(std::memory_order_relaxed) << " (n=" << a.n.load(std::memory_order_relaxed)
-      << " " << to_string(static_cast<dtype>(a.dt.load(std::memory_order_relaxed)))
-      << ") as rank " << static_cast<std::uint64_t>(a.rank.load(std::memory_order_relaxed))
-      << " of " << static_cast<std::uint64_t>(a.size.load(std::memory_order_relaxed));
-  }
-  int lost = 0, elsewhere = 0;
-  for (int r = 0; r < t.world_size && r < static_cast<int>(t.pid.size()); ++r) {
-    if (r == t.world_rank) continue;
-    if (!t.same_node[static_cast<std::size_t>(r)]) {
-      ++elsewhere;
-      continue;
-    }
-    if (kill(static_cast<pid_t>(t.pid[static_cast<std::size_t>(r)]), 0) == 0 || errno != ESRCH) continue;
-    m << (lost++ == 0 ? ": lost " : ", ") << "world rank " << static_cast<std::uint64_t>(r) << " (pid "
-      << static_cast<std::uint64_t>(t.pid[static_cast<std::size_t>(r)]) << ")";
-  }
-  if (lost > 0)
-    m << ", no longer running on this node";
-  else
-    m << ": every other rank on this node is still running";
-  if (elsewhere > 0)
-    m << " (" << static_cast<std::uint64_t>(elsewhere) << " ranks on other nodes not checked)";
-  m << "\n";
-  for (std::size_t off = 0; off < m.len;) {
-    const ssize_t w = write(STDERR_FILENO, m.buf + off, m.len - off);
-    if (w <= 0) break;
-    off += static_cast<std::size_t>(w);
-  }
-  errno = saved;
-  raise(sig);  // SA_RESETHAND restored the default action: end as the signal would have
-}
-
-/// Exchanges pids and processor names over `world` (collective) and, if
-/// SIGTERM still has its default action, installs on_launcher_sigterm.
-/// Throws comm_error if an MPI call fails.
-inline void install_launcher_note(MPI_Comm world, int world_rank, int world_size) {
-  auto& t = peer_table();
-  t.world_rank = world_rank;
-  t.world_size = world_size;
+/// Exchanges pids and processor names over `world` (collective: every
+/// rank builds the first world communicator) and installs the SIGTERM note
+/// (detail/launcher_note.hpp). Throws comm_error if an MPI call fails.
+inline void exchange_pids_for_note(MPI_Comm world, int world_rank, int world_size) {
   const auto n = static_cast<std::size_t>(world_size);
   long mine = static_cast<long>(getpid());
-  t.pid.assign(n, 0);
-  mpi_check(MPI_Allgather(&mine, 1, MPI_LONG, t.pid.data(), 1, MPI_LONG, world), "MPI_Allgather",
+  std::vector<long> pid(n, 0);
+  mpi_check(MPI_Allgather(&mine, 1, MPI_LONG, pid.data(), 1, MPI_LONG, world), "MPI_Allgather",
             "mpi_communicator (pids)");
   char name[MPI_MAX_PROCESSOR_NAME] = {};
   int len = 0;
@@ -310,38 +218,12 @@ inline void install_launcher_note(MPI_Comm world, int world_rank, int world_size
   mpi_check(MPI_Allgather(name, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, names.data(),
                           MPI_MAX_PROCESSOR_NAME, MPI_CHAR, world),
             "MPI_Allgather", "mpi_communicator (processor names)");
-  t.same_node.assign(n, 0);
+  std::vector<char> same(n, 0);
   for (std::size_t r = 0; r < n; ++r)
-    t.same_node[r] = std::strncmp(name, names.data() + r * MPI_MAX_PROCESSOR_NAME,
-                                  MPI_MAX_PROCESSOR_NAME) == 0;
-  (void)activity();  // constructed before a handler can read it
-  struct sigaction old {};
-  if (sigaction(SIGTERM, nullptr, &old) != 0 || old.sa_handler != SIG_DFL ||
-      (old.sa_flags & SA_SIGINFO) != 0)
-    return;  // the program handles SIGTERM itself
-  struct sigaction sa {};
-  sa.sa_handler = on_launcher_sigterm;
-  sigemptyset(&sa.sa_mask);
-  sa.sa_flags = SA_RESETHAND;
-  sigaction(SIGTERM, &sa, nullptr);
+    same[r] = std::strncmp(name, names.data() + r * MPI_MAX_PROCESSOR_NAME,
+                           MPI_MAX_PROCESSOR_NAME) == 0;
+  install_launcher_note(world_rank, std::move(pid), std::move(same));
 }
-
-/// Marks, for its lifetime, the operation a wait() is blocked in
-/// (activity_note, read by the SIGTERM note).
-struct waiting_note {
-  waiting_note(const op_ctx& c, int rank, int size) noexcept {
-    auto& a = activity();
-    a.seq.store(c.seq, std::memory_order_relaxed);
-    a.n.store(c.n, std::memory_order_relaxed);
-    a.dt.store(static_cast<int>(c.dt), std::memory_order_relaxed);
-    a.rank.store(rank, std::memory_order_relaxed);
-    a.size.store(size, std::memory_order_relaxed);
-    a.kind.store(static_cast<int>(c.k), std::memory_order_release);
-  }
-  ~waiting_note() { activity().kind.store(-1, std::memory_order_relaxed); }
-  waiting_note(const waiting_note&) = delete;
-  waiting_note& operator=(const waiting_note&) = delete;
-};
 
 /// One pending MPI operation.
 struct mpi_pending {
@@ -612,7 +494,7 @@ class mpi_communicator {
                         "mpi_communicator (error channel)");
       detail::mpi_check(MPI_Comm_size(ch.comm, &ch.world_size), "MPI_Comm_size",
                         "mpi_communicator (error channel)");
-      detail::install_launcher_note(ch.comm, ch.world_rank, ch.world_size);
+      detail::exchange_pids_for_note(ch.comm, ch.world_rank, ch.world_size);
     }
   }
   mpi_communicator(mpi_communicator&&) noexcept = default;

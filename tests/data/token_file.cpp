@@ -340,3 +340,18 @@ TEST_CASE("damaged llm.c and NumPy token files are refused with the reason", "[d
   bad[9] = '\x7f';
   refused(bad, "runs past the end of the file");
 }
+
+// Fuzz finding (tests/fuzz/corpus/token_file/npy_empty_shape_read): a .npy
+// of shape (0,) maps nothing, and read(0, 0) passed its null base pointer to
+// memcpy (undefined behaviour; UBSan's nonnull-attribute check in the asan
+// preset).
+TEST_CASE("an empty NumPy token file opens and reads zero tokens", "[data]") {
+  temp_dir tmp;
+  write_bytes(tmp / "empty.npy", npy_bytes({}, "<u4", "(0,)"));
+  const token_file f = token_file::open(tmp / "empty.npy");
+  CHECK(f.size() == 0);
+  std::int32_t out = -7;
+  f.read(0, 0, &out);
+  CHECK(out == -7);
+  CHECK_THROWS_AS(f.read(0, 1, &out), tessera::config_error);
+}

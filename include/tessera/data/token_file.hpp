@@ -308,6 +308,7 @@ class token_file {
                      path_.string(), "' (", count_, " tokens)");
     TESSERA_THROW_IF(vocab_ > (std::uint64_t{1} << 31), config_error, "vocabulary ", vocab_,
                      " of '", path_.string(), "' does not fit int32 token ids");
+    if (n == 0) return;  // an empty file maps nothing: no memcpy from a null pointer
     if (dtype_ == token_dtype::u16) {
       const unsigned char* p = data_ + 2 * start;
       for (std::int64_t i = 0; i < n; ++i) {

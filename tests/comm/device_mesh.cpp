@@ -4,6 +4,8 @@
 
 #include <tessera/comm/device_mesh.hpp>
 
+namespace test_comm_device_mesh {
+
 using tessera::comm::device_mesh;
 using tessera::comm::mesh_coord;
 using V = std::vector<int>;
@@ -53,3 +55,5 @@ TEST_CASE("device_mesh that does not match the world names the numbers", "[comm]
   CHECK_THROWS_AS(device_mesh(0, 2, 2), tessera::config_error);
   CHECK_THROWS_AS(device_mesh(2, 2, 1).coord(4), tessera::config_error);
 }
+
+}  // namespace test_comm_device_mesh

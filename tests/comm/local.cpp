@@ -10,6 +10,8 @@
 
 #include "collective_suite.hpp"
 
+namespace test_comm_local {
+
 using tessera::comm::local_communicator;
 using tessera::comm::local_world;
 using tessera::comm::reduce_op;
@@ -191,3 +193,5 @@ TEST_CASE("local: a timeout names the rank, the operation, its sequence number a
   // The communicator is broken afterwards: later operations throw at once.
   CHECK_THROWS_AS(c0.barrier(), tessera::comm_error);
 }
+
+}  // namespace test_comm_local

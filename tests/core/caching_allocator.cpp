@@ -10,6 +10,8 @@
 
 #include <tessera/core/caching_allocator.hpp>
 
+namespace test_core_caching_allocator {
+
 namespace {
 
 constexpr std::size_t KiB = 1024, MiB = 1024 * 1024;
@@ -373,3 +375,5 @@ TEST_CASE("caching allocator: random traffic on three streams keeps every invari
   CHECK(st->in_use == 0);
   CHECK(a.stats().peak_reserved >= a.stats().peak_allocated);
 }
+
+}  // namespace test_core_caching_allocator

@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+namespace test_core_layer_order {
+
 #ifndef TESSERA_SOURCE_DIR
 #error "layer_order.cpp needs TESSERA_SOURCE_DIR (the repository root)"
 #endif
@@ -166,3 +168,5 @@ TEST_CASE("only comm/local.hpp starts threads", "[layers][threads]") {
   CHECK(std::regex_search(std_ + "array<" + std_ + "thread, 4> ts;", starts));
   CHECK_FALSE(std::regex_search(std_ + "hash<" + std_ + "thread::id>{}", starts));
 }
+
+}  // namespace test_core_layer_order

@@ -25,11 +25,13 @@
 
 #include "tessera/core/numeric.hpp"
 
-using namespace tessera;
-
 #if defined(__clang__) && __clang_major__ < 15
 #include <immintrin.h>
 #endif
+
+namespace test_core_numeric {
+
+using namespace tessera;
 
 namespace {
 
@@ -332,3 +334,5 @@ TEST_CASE("to<> converts between all numeric types", "[core][numeric]") {
   static_assert(std::is_same_v<accum_t<bf16>, float> && std::is_same_v<accum_t<double>, double>);
   CHECK(std::string(dtype_name<bf16>()) == "bf16");
 }
+
+}  // namespace test_core_numeric

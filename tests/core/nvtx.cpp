@@ -12,6 +12,8 @@
 
 #include "tessera/core/nvtx.hpp"
 
+namespace test_core_nvtx {
+
 #define TESSERA_TEST_STR_IMPL(...) #__VA_ARGS__
 #define TESSERA_TEST_STR(...) TESSERA_TEST_STR_IMPL(__VA_ARGS__)
 
@@ -107,3 +109,5 @@ TEST_CASE("nvtx_range: the depth is per thread", "[core][nvtx]") {
   CHECK(other == 2);
   CHECK(nvtx_range::depth() == 1);
 }
+
+}  // namespace test_core_nvtx

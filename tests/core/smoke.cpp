@@ -1,5 +1,7 @@
 #include <catch2/catch.hpp>
 #include <tessera/tessera.hpp>
+
+namespace test_core_smoke {
 TEST_CASE("tensor allocation is counted by the host resource", "[core]") {
   tessera::host_memory_resource mr;
   {
@@ -9,3 +11,5 @@ TEST_CASE("tensor allocation is counted by the host resource", "[core]") {
   CHECK(mr.stats().allocated == 0);
   CHECK(mr.stats().peak_allocated == 60);
 }
+
+}  // namespace test_core_smoke

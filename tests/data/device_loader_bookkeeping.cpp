@@ -31,6 +31,8 @@
 #include "tessera/data/sampler.hpp"
 #include "tessera/data/token_file.hpp"
 
+namespace test_data_device_loader_bookkeeping {
+
 using namespace tessera;
 using namespace tessera::data;
 using Catch::Contains;
@@ -575,3 +577,5 @@ TEST_CASE("device loader: over a batch_sampler, the device holds the sampler's w
   }
   fs::remove(path);
 }
+
+}  // namespace test_data_device_loader_bookkeeping

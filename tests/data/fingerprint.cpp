@@ -16,6 +16,8 @@
 
 #include "tessera/data/fingerprint.hpp"
 
+namespace test_data_fingerprint {
+
 namespace fs = std::filesystem;
 using namespace tessera::data;
 
@@ -136,3 +138,5 @@ TEST_CASE("fingerprint is cached beside an unchanged file and refreshed when it 
   write_token_file(t.dir / "b.tok", ids, 256);
   CHECK(fingerprint(token_file(t.dir / "b.tok")) == changed);
 }
+
+}  // namespace test_data_fingerprint

@@ -18,6 +18,8 @@
 
 #include "tessera/data/hf_tokenizer.hpp"
 
+namespace test_data_hf_tokenizer {
+
 namespace fs = std::filesystem;
 using namespace tessera;
 using Catch::Contains;
@@ -106,3 +108,5 @@ TEST_CASE("tokenizer.json files tessera cannot decode are refused, naming them",
   REQUIRE_THROWS_WITH(data::hf_tokenizer("/nonexistent/tokenizer.json"), Contains("cannot read tokenizer"));
   for (const auto& p : {wp, unigram, bad}) fs::remove(p);
 }
+
+}  // namespace test_data_hf_tokenizer

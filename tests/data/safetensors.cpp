@@ -18,6 +18,8 @@
 #include "tessera/core/numeric.hpp"
 #include "tessera/data/safetensors.hpp"
 
+namespace test_data_safetensors {
+
 namespace fs = std::filesystem;
 using namespace tessera;
 using namespace tessera::data;
@@ -198,3 +200,5 @@ TEST_CASE("safetensors reader refuses damaged files, naming the file and the num
   double out[2];
   REQUIRE_THROWS_WITH(ok.find("i")->read(0, 2, out), Contains("I32 is not a floating type"));
 }
+
+}  // namespace test_data_safetensors

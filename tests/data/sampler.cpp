@@ -16,6 +16,8 @@
 #include "tessera/data/sampler.hpp"
 #include "tessera/data/token_file.hpp"
 
+namespace test_data_sampler {
+
 namespace fs = std::filesystem;
 using namespace tessera::data;
 using Catch::Contains;
@@ -181,3 +183,5 @@ TEST_CASE("a range smaller than one window is an error naming the numbers", "[da
   REQUIRE_THROWS_AS(batch_sampler(cf.file, token_range{0, 100}, 0, 4, 0), tessera::config_error);
   REQUIRE_THROWS_AS(batch_sampler(cf.file, token_range{0, 100}, 1, 0, 0), tessera::config_error);
 }
+
+}  // namespace test_data_sampler

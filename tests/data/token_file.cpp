@@ -15,6 +15,8 @@
 
 #include "tessera/data/token_file.hpp"
 
+namespace test_data_token_file {
+
 namespace fs = std::filesystem;
 using namespace tessera::data;
 using Catch::Contains;
@@ -355,3 +357,5 @@ TEST_CASE("an empty NumPy token file opens and reads zero tokens", "[data]") {
   CHECK(out == -7);
   CHECK_THROWS_AS(f.read(0, 1, &out), tessera::config_error);
 }
+
+}  // namespace test_data_token_file

@@ -9,6 +9,8 @@
 
 #include "tessera/data/tokenizer.hpp"
 
+namespace test_data_tokenizer {
+
 using Catch::Contains;
 using tessera::data::byte_tokenizer;
 
@@ -61,3 +63,5 @@ TEST_CASE("printable rendering keeps UTF-8 and escapes the rest", "[data]") {
   CHECK(byte_tokenizer::printable(std::span<const std::uint32_t>(t)) == "hi\\n");
   CHECK(byte_tokenizer::eot == 0x03);
 }
+
+}  // namespace test_data_tokenizer

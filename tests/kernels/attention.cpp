@@ -17,6 +17,8 @@
 
 #include <tessera/kernels/attention.hpp>
 
+namespace test_kernels_attention {
+
 namespace {
 
 using tessera::bf16;
@@ -400,3 +402,5 @@ TEST_CASE("attention rejects bad sizes with config_error", "[kernels][attention]
   CHECK_THROWS_AS((attention_backward<float, float>(ctx, p, p, p, p, p, p, p, p, p, 1, 4, 4, 3, 8)),
                   config_error);
 }
+
+}  // namespace test_kernels_attention

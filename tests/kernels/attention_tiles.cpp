@@ -13,6 +13,8 @@
 
 #include "tessera/kernels/detail/attention_host.hpp"
 
+namespace test_kernels_attention_tiles {
+
 namespace {
 
 using namespace tessera::kernels::detail;
@@ -107,3 +109,5 @@ TEST_CASE("attention_row_keys: row r sees keys c <= r + diag, at most nk", "[ker
   CHECK(attention_padded(attention_lanes) == attention_lanes);
   CHECK(attention_padded(attention_lanes + 1) == 2 * attention_lanes);
 }
+
+}  // namespace test_kernels_attention_tiles

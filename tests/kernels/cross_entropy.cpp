@@ -14,6 +14,8 @@
 
 #include <tessera/kernels/cross_entropy.hpp>
 
+namespace test_kernels_cross_entropy {
+
 namespace {
 
 using tessera::bf16;
@@ -413,3 +415,5 @@ TEST_CASE("lm_head_logits of one row equals the float64 product", "[kernels][cro
   check(float{}, 1e-6);
   check(bf16{}, 1e-6);
 }
+
+}  // namespace test_kernels_cross_entropy

@@ -37,6 +37,8 @@
 
 #include "kernel_testing.hpp"
 
+namespace test_kernels_cuda_attention_launch {
+
 namespace kc = tessera::kernels::cuda;
 namespace mm = tessera::kernels::cuda::mma_m16n8k16;
 using tessera::bf16;
@@ -941,3 +943,5 @@ TEST_CASE("cuda attention kernels under the warp emulator match float64 attentio
   check_case<128>({1, 133, 2, 2, 128}, 7104);
   check_case<32>({1, 70, 4, 1, 32}, 7105);
 }
+
+}  // namespace test_kernels_cuda_attention_launch

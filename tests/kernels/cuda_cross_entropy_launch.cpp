@@ -16,6 +16,8 @@
 #include <tessera/kernels/cuda/launch.hpp>
 #include <tessera/kernels/detail/cross_entropy.hpp>
 
+namespace test_kernels_cuda_cross_entropy_launch {
+
 namespace kc = tessera::kernels::cuda;
 
 namespace {
@@ -181,3 +183,5 @@ TEST_CASE("cuda lm_head_cross_entropy: the online normaliser equals max and sum 
       tessera::kernels::detail::ce_online_update(empty, std::numeric_limits<float>::quiet_NaN())
           .sum));
 }
+
+}  // namespace test_kernels_cuda_cross_entropy_launch

@@ -7,6 +7,8 @@
 
 #include <tessera/kernels/cuda/launch.hpp>
 
+namespace test_kernels_cuda_launch {
+
 namespace kc = tessera::kernels::cuda;
 
 namespace {
@@ -111,3 +113,5 @@ TEST_CASE("cuda launch: RoPE over the 7B attention shapes", "[kernels][cuda_laun
   CHECK_THROWS_AS(kc::rope_config(-1, T, nh, hd, 8), tessera::config_error);
   CHECK_THROWS_AS(kc::rope_config(B, T, nh, hd, 0), tessera::config_error);
 }
+
+}  // namespace test_kernels_cuda_launch

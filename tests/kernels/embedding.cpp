@@ -14,6 +14,8 @@
 
 #include "kernel_testing.hpp"
 
+namespace test_kernels_embedding {
+
 using namespace tessera;
 using namespace tessera::kernels;
 using namespace tessera::testing;
@@ -111,3 +113,5 @@ TEST_CASE("embedding_backward is independent of the thread count", "[kernels][em
     for (std::int64_t h = 0; h < H; ++h) seq[tokens[n] * H + h] += dout[n * H + h];
   CHECK(std::memcmp(results[0].data(), seq.data(), V * H * sizeof(float)) == 0);
 }
+
+}  // namespace test_kernels_embedding

@@ -13,6 +13,8 @@
 
 #include "tessera/kernels/detail/exp.hpp"
 
+namespace test_kernels_exp {
+
 namespace {
 
 using tessera::kernels::detail::exp;
@@ -93,3 +95,5 @@ TEST_CASE("a vectorised loop of the float exp gives the scalar results", "[kerne
       CHECK(bits(y[i]) == bits(std::exp(x[i])));
   }
 }
+
+}  // namespace test_kernels_exp

@@ -17,6 +17,8 @@
 
 #include "kernel_testing.hpp"
 
+namespace test_kernels_gemm {
+
 using namespace tessera;
 using namespace tessera::kernels;
 using namespace tessera::testing;
@@ -316,3 +318,5 @@ TEST_CASE("linear backward with bf16 storage matches float64 of the rounded inpu
   for (std::size_t i = 0; i < dw.size(); ++i)
     REQUIRE(std::fabs(dw[i] - rdw.c[i]) <= (M + 2) * u_f32 * rdw.scale[i]);
 }
+
+}  // namespace test_kernels_gemm

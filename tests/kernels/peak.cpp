@@ -3,6 +3,8 @@
 
 #include "tessera/kernels/peak.hpp"
 
+namespace test_kernels_peak {
+
 using namespace tessera;
 
 TEST_CASE("the host's theoretical peak is threads x clock x FLOPs per cycle", "[kernels][peak]") {
@@ -38,3 +40,5 @@ TEST_CASE("host_peak: a given peak wins; a measured sgemm rate above the theoret
   CHECK_THROWS_AS(kernels::host_peak(1, 0, -1.0), config_error);
   CHECK_THROWS_AS(kernels::host_peak(1, 0, std::nan("")), config_error);
 }
+
+}  // namespace test_kernels_peak

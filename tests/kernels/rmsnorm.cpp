@@ -16,6 +16,8 @@
 
 #include "kernel_testing.hpp"
 
+namespace test_kernels_rmsnorm {
+
 using namespace tessera;
 using namespace tessera::kernels;
 using namespace tessera::testing;
@@ -191,3 +193,5 @@ TEST_CASE("rmsnorm rejects bad sizes and eps", "[kernels][rmsnorm]") {
       rmsnorm_backward(ctx, a.data(), a.data(), a.data(), a.data(), a.data(), r.data(), -1, 4),
       config_error);
 }
+
+}  // namespace test_kernels_rmsnorm

@@ -13,6 +13,8 @@
 
 #include "kernel_testing.hpp"
 
+namespace test_kernels_rope {
+
 using namespace tessera;
 using namespace tessera::kernels;
 using namespace tessera::testing;
@@ -143,3 +145,5 @@ TEST_CASE("rope_backward matches float64 finite differences", "[kernels][rope]")
   rope_backward(ctx, dx.data(), c.data(), s.data(), B, T, nh, hd);
   CHECK(fd_max_error(x, loss, dx) < 1e-6);
 }
+
+}  // namespace test_kernels_rope

@@ -13,6 +13,8 @@
 
 #include "kernel_testing.hpp"
 
+namespace test_kernels_swiglu {
+
 using namespace tessera;
 using namespace tessera::kernels;
 using namespace tessera::testing;
@@ -117,3 +119,5 @@ TEST_CASE("swiglu saturates without NaN far from 0", "[kernels][swiglu]") {
     }
   }
 }
+
+}  // namespace test_kernels_swiglu

@@ -9,6 +9,8 @@
 
 #include "collective_suite.hpp"
 
+namespace test_mpi_collectives {
+
 using tessera::comm::mpi_communicator;
 
 static_assert(tessera::comm::communicator<mpi_communicator>);
@@ -62,3 +64,5 @@ TEST_CASE("mpi device_mesh groups as sub-communicators", "[mpi]") {
     REQUIRE_NOTHROW(comm_suite::mesh_groups_reduce(c, 1, 1, c.size()));
   }
 }
+
+}  // namespace test_mpi_collectives

@@ -11,6 +11,8 @@
 
 #include "fault_suite.hpp"
 
+namespace test_mpi_faults {
+
 using tessera::comm::mpi_communicator;
 namespace fs = std::filesystem;
 
@@ -38,3 +40,5 @@ TEST_CASE("mpi: ranks given different settings are refused at construction",
   auto c = world();
   REQUIRE_NOTHROW(fault_suite::differing_settings_refused(c));
 }
+
+}  // namespace test_mpi_faults

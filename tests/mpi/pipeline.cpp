@@ -12,6 +12,8 @@
 
 #include "pp_suite.hpp"
 
+namespace test_mpi_pipeline {
+
 using namespace tessera;
 using comm::mpi_communicator;
 using parallel::schedule_kind;
@@ -75,3 +77,5 @@ TEST_CASE("mpi pp trainer equals one rank's (float64)", "[mpi][pp]") {
 TEST_CASE("mpi pp trainer equals one rank's (float32)", "[mpi][pp]") {
   meshes<precision::fp32>(1e-5);
 }
+
+}  // namespace test_mpi_pipeline

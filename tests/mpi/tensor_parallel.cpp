@@ -11,6 +11,8 @@
 
 #include "tp_suite.hpp"
 
+namespace test_mpi_tensor_parallel {
+
 using namespace tessera;
 using comm::mpi_communicator;
 
@@ -49,3 +51,5 @@ TEST_CASE("mpi tp trainer equals one rank's (float64)", "[mpi][tp]") {
 TEST_CASE("mpi tp trainer equals one rank's (float32)", "[mpi][tp]") {
   meshes<precision::fp32>(1e-5);
 }
+
+}  // namespace test_mpi_tensor_parallel

@@ -16,6 +16,8 @@
 #include "trainer_suite.hpp"
 #include "zero_suite.hpp"
 
+namespace test_mpi_zero {
+
 using tessera::comm::mpi_communicator;
 namespace fs = std::filesystem;
 
@@ -68,3 +70,5 @@ TEST_CASE("mpi zero<0> checkpoint resumes exactly; sharded stages refuse",
   c.barrier();
   if (c.rank() == 0) fs::remove_all(dir);
 }
+
+}  // namespace test_mpi_zero

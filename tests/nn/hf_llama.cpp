@@ -16,6 +16,8 @@
 #include "tessera/data/safetensors.hpp"
 #include "tessera/nn/hf_llama.hpp"
 
+namespace test_nn_hf_llama {
+
 namespace fs = std::filesystem;
 using namespace tessera;
 using Catch::Contains;
@@ -58,3 +60,5 @@ TEST_CASE("more layers in config.json than the files hold tensors: refused befor
                     Contains("has no tensor 'model.layers.0.input_layernorm.weight'"));
   fs::remove_all(d);
 }
+
+}  // namespace test_nn_hf_llama

@@ -17,6 +17,8 @@
 #include "tessera/kernels/context.hpp"
 #include "tessera/nn/llama.hpp"
 
+namespace test_nn_llama {
+
 using namespace tessera;
 
 namespace {
@@ -225,3 +227,5 @@ TEST_CASE("llama rejects bad shapes and tokens with the numbers", "[nn][errors]"
   CHECK_THROWS_WITH(nn::llama<precision::fp32>(bad),
                     Catch::Contains("n_kv_heads=3 does not divide n_heads=4"));
 }
+
+}  // namespace test_nn_llama

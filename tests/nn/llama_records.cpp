@@ -23,6 +23,8 @@
 #include "tessera/nn/llama.hpp"
 #include "tessera/nn/record_pool.hpp"
 
+namespace test_nn_llama_records {
+
 using namespace tessera;
 
 namespace {
@@ -460,3 +462,5 @@ TEST_CASE("bf16 activation gradients keep the forward and move gradients by bf16
   // The policy does change the backward (bf16 rounding is visible).
   CHECK(worst > 0);
 }
+
+}  // namespace test_nn_llama_records

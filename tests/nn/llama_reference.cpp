@@ -37,6 +37,8 @@
 #include "tessera/kernels/context.hpp"
 #include "tessera/nn/llama.hpp"
 
+namespace test_nn_llama_reference {
+
 using namespace tessera;
 
 namespace {
@@ -389,3 +391,5 @@ TEST_CASE("fp32 and bf16_mixed losses against float64 of the same rounded weight
           3e-2);
   }
 }
+
+}  // namespace test_nn_llama_reference

@@ -10,6 +10,8 @@
 #include "tessera/core/random.hpp"
 #include "tessera/nn/llama.hpp"
 
+namespace test_nn_segment_hooks {
+
 using namespace tessera;
 
 namespace {
@@ -94,3 +96,5 @@ TEST_CASE("init_weights_range reproduces every slice of init_weights", "[nn][ini
     }
   }
 }
+
+}  // namespace test_nn_segment_hooks

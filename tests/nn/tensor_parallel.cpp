@@ -19,6 +19,8 @@
 #include "tessera/kernels/context.hpp"
 #include "../kernels/kernel_testing.hpp"
 
+namespace test_nn_tensor_parallel {
+
 using namespace tessera;
 
 namespace {
@@ -275,3 +277,5 @@ TEST_CASE("placement-checked residual add and norm compute the kernels' result",
                                              replicated<const float>{b.data(), N, H}),
                     Catch::Contains("(5, 8)"));
 }
+
+}  // namespace test_nn_tensor_parallel

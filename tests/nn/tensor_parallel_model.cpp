@@ -19,6 +19,8 @@
 #include "tessera/nn/llama.hpp"
 #include "tessera/nn/tensor_parallel.hpp"
 
+namespace test_nn_tensor_parallel_model {
+
 using namespace tessera;
 
 namespace {
@@ -285,3 +287,5 @@ TEST_CASE("tp that does not split the heads or F is refused with the numbers", "
                     Catch::Contains("tp=4") && Catch::Contains("F=26"));
   CHECK_THROWS_WITH(nn::make_llama_layout(c, {2, 2}), Catch::Contains("rank 2"));
 }
+
+}  // namespace test_nn_tensor_parallel_model

@@ -18,6 +18,8 @@
 #include "tessera/optim/clip.hpp"
 #include "tessera/optim/schedule.hpp"
 
+namespace test_optim_adamw {
+
 using namespace tessera;
 
 namespace {
@@ -383,3 +385,5 @@ TEST_CASE("global gradient norm and clip coefficient", "[optim]") {
   kernels::clip_coefficient(ctx, &dcoef, &inf_ss, max_norm);
   CHECK(std::isnan(dcoef));
 }
+
+}  // namespace test_optim_adamw

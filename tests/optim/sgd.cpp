@@ -17,6 +17,8 @@
 #include "tessera/kernels/optimizer.hpp"
 #include "tessera/optim/sgd.hpp"
 
+namespace test_optim_sgd {
+
 using namespace tessera;
 
 namespace {
@@ -417,3 +419,5 @@ TEST_CASE("SGD rejects bad hyper-parameters naming them", "[optim][sgd][errors]"
   CHECK_THROWS_AS((sgd_opt<float>({}, -1, r, ctx)), config_error);
   CHECK_THROWS_WITH((sgd_opt<float>({}, -1, r, ctx)), Catch::Contains("n=-1"));
 }
+
+}  // namespace test_optim_sgd

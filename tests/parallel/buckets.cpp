@@ -13,6 +13,8 @@
 #include <tessera/parallel/buckets.hpp>
 #include <tessera/parallel/sharding.hpp>
 
+namespace test_parallel_buckets {
+
 using namespace tessera;
 using parallel::bucket_plan;
 using parallel::segment_range;
@@ -164,3 +166,5 @@ TEST_CASE("llama segments give one bucket per block under zero<3>", "[parallel][
   CHECK(dflt.buckets()[0].begin == 0);
   CHECK(dflt.buckets()[0].end == m.layout().total());
 }
+
+}  // namespace test_parallel_buckets

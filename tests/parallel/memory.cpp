@@ -40,6 +40,8 @@
 #include <tessera/plan/step.hpp>
 #include <tessera/train/trainer.hpp>
 
+namespace test_parallel_memory {
+
 using namespace tessera;
 using comm::local_communicator;
 namespace fs = std::filesystem;
@@ -198,3 +200,5 @@ TEST_CASE("the test's buckets: several per rank, some holding two segments",
     CHECK(merged);
   }
 }
+
+}  // namespace test_parallel_memory

@@ -36,6 +36,8 @@
 #include <tessera/parallel/pipeline_schedule.hpp>
 #include <tessera/parallel/pipeline_sim.hpp>
 
+namespace test_parallel_pipeline_schedule {
+
 using namespace tessera;
 using namespace tessera::parallel;
 using Catch::Matchers::Contains;
@@ -604,3 +606,5 @@ TEST_CASE("rendezvous: crossing sends deadlock, out-of-order messages are refuse
                           Contains("rank 1's receive #0 from rank 0 expects micro-batch 1") &&
                           Contains("matches them in order"));
 }
+
+}  // namespace test_parallel_pipeline_schedule

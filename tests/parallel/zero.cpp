@@ -15,6 +15,8 @@
 
 #include "zero_suite.hpp"
 
+namespace test_parallel_zero {
+
 using tessera::comm::local_communicator;
 using tessera::comm::local_world;
 
@@ -80,3 +82,5 @@ TEST_CASE("communicated bytes per step: zero<1,2> equal zero<0>, zero<3> its for
     }
   });
 }
+
+}  // namespace test_parallel_zero

@@ -9,6 +9,8 @@
 #include <tessera/nn/transformer_block.hpp>
 #include <tessera/plan/cuda_step.hpp>
 
+namespace test_plan_cuda_step {
+
 using namespace tessera;
 
 TEST_CASE("plan_cuda_step: state is 2 + 4 + 4 + 8 bytes per flat element", "[plan]") {
@@ -111,3 +113,5 @@ TEST_CASE("plan_cuda_step rejects bad sizes and host-only policies", "[plan]") {
   o.optimizer = "lion";
   CHECK_THROWS_WITH(plan::plan_cuda_step(c, o), Catch::Contains("adamw, sgd"));
 }
+
+}  // namespace test_plan_cuda_step

@@ -14,6 +14,8 @@
 #include "tessera/optim/adamw.hpp"
 #include "tessera/plan/memory.hpp"
 
+namespace test_plan_memory {
+
 using namespace tessera;
 
 namespace {
@@ -364,3 +366,5 @@ TEST_CASE("planner rejects bad input with the numbers", "[plan][errors]") {
   CHECK_THROWS_WITH(plan::dtype_sizes::from_name("fp8"), Catch::Contains("bf16_mixed"));
   CHECK_THROWS_AS(plan::seed004_training_memory_gib(7e9, 0, 0), config_error);
 }
+
+}  // namespace test_plan_memory

@@ -25,6 +25,8 @@
 
 #include "../train/pp_suite.hpp"
 
+namespace test_plan_pipeline {
+
 using namespace tessera;
 using parallel::schedule_kind;
 
@@ -276,3 +278,5 @@ TEST_CASE("pipeline plan: the bubble at equal stage costs is parallel::simulate'
   CHECK(pl.bubble_fraction >= pl.bubble_closed_form);
   CHECK(pl.bubble_fraction < 0.5);
 }
+
+}  // namespace test_plan_pipeline

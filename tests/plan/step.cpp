@@ -11,6 +11,8 @@
 #include "tessera/comm/local.hpp"
 #include "tessera/plan/step.hpp"
 
+namespace test_plan_step {
+
 using namespace tessera;
 
 TEST_CASE("zero 0 sends a ring all-reduce of the gradients: 2(N-1)/N n bytes", "[plan][comm]") {
@@ -169,3 +171,5 @@ TEST_CASE("comm and FLOPs plans reject bad input", "[plan][errors]") {
   CHECK(plan::to_json(plan::plan_comm(100, {3, 2}))["collectives"].size() == 3);
   CHECK(plan::to_table(plan::plan_comm(100, {0, 2})).find("all_reduce") != std::string::npos);
 }
+
+}  // namespace test_plan_step

@@ -16,6 +16,8 @@
 #include "tessera/plan/memory.hpp"
 #include "tessera/plan/step.hpp"
 
+namespace test_plan_tensor_parallel {
+
 using namespace tessera;
 
 namespace {
@@ -195,3 +197,5 @@ TEST_CASE("planned saved activations under tp, sequence parallelism and replicat
         co);
   }
 }
+
+}  // namespace test_plan_tensor_parallel

@@ -16,6 +16,8 @@
 
 #include "tessera/train/checkpoint.hpp"
 
+namespace test_train_checkpoint {
+
 namespace fs = std::filesystem;
 using namespace tessera;
 using Catch::Contains;
@@ -74,3 +76,5 @@ TEST_CASE("a payload size that wraps the length sum is refused, not allocated",
                         Contains(std::to_string(wraps)) && Contains("at byte 26"));
   fs::remove(p);
 }
+
+}  // namespace test_train_checkpoint

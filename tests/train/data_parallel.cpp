@@ -17,6 +17,8 @@
 
 #include "trainer_suite.hpp"
 
+namespace test_train_data_parallel {
+
 using tessera::comm::local_communicator;
 using tessera::comm::local_world;
 namespace fs = std::filesystem;
@@ -67,3 +69,5 @@ TEST_CASE("a zero<0> checkpoint of a dp run resumes exactly; sharded stages refu
   for_dp([&](local_communicator& c) { trainer_suite::checkpoint_resumes_or_refuses(c, dir); });
   fs::remove_all(dir);
 }
+
+}  // namespace test_train_data_parallel

@@ -15,6 +15,8 @@
 
 #include "fault_suite.hpp"
 
+namespace test_train_faults {
+
 using tessera::comm::local_communicator;
 using tessera::comm::local_world;
 namespace fs = std::filesystem;
@@ -58,3 +60,5 @@ TEST_CASE("ranks given different settings are refused at construction, naming th
           "[train][errors]") {
   for_dp([](local_communicator& c) { fault_suite::differing_settings_refused(c); });
 }
+
+}  // namespace test_train_faults

@@ -32,6 +32,8 @@
 #include "pp_suite.hpp"
 #include "trainer_suite.hpp"
 
+namespace test_train_hf_checkpoint {
+
 namespace fs = std::filesystem;
 using namespace tessera;
 using Catch::Contains;
@@ -521,3 +523,5 @@ TEST_CASE("hf import refuses what tessera's Llama cannot express, naming key and
                       Contains("ffn_dim=96 vs intermediate_size=24") &&
                           Contains("n_layers=2 vs num_hidden_layers=4"));
 }
+
+}  // namespace test_train_hf_checkpoint

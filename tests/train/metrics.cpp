@@ -19,6 +19,8 @@
 #include "tessera/core/random.hpp"
 #include "tessera/train/metrics.hpp"
 
+namespace test_train_metrics {
+
 using namespace tessera;
 namespace fs = std::filesystem;
 
@@ -344,3 +346,5 @@ TEST_CASE("jsonl_writer::truncate_after on a missing file does nothing; open err
   CHECK_THROWS_WITH(train::jsonl_writer(dir.path / "no_such_dir" / "m.jsonl"),
                     Catch::Contains("no_such_dir/m.jsonl"));
 }
+
+}  // namespace test_train_metrics

@@ -30,6 +30,8 @@
 #include "pp_suite.hpp"
 #include "trainer_suite.hpp"
 
+namespace test_train_pipeline {
+
 using namespace tessera;
 using comm::local_communicator;
 using comm::local_world;
@@ -415,3 +417,5 @@ TEST_CASE("pp trainer: wrong configurations fail before the first send", "[train
       test_options()));
   CHECK(z3.load() == 2);
 }
+
+}  // namespace test_train_pipeline

@@ -15,6 +15,8 @@
 
 #include "trainer_suite.hpp"
 
+namespace test_train_steady_state {
+
 using namespace tessera;
 namespace fs = std::filesystem;
 
@@ -94,3 +96,5 @@ TEST_CASE("host_caching_resource reuses a freed block and counts the system", "[
   CHECK(mr.detailed_stats().system_frees == 1);
   CHECK_THROWS_AS(mr.allocate(64, 1024), config_error);
 }
+
+}  // namespace test_train_steady_state

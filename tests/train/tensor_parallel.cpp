@@ -31,6 +31,8 @@
 #include "tp_suite.hpp"
 #include "trainer_suite.hpp"
 
+namespace test_train_tensor_parallel {
+
 using namespace tessera;
 using comm::local_communicator;
 using comm::local_world;
@@ -253,3 +255,5 @@ TEST_CASE("tp trainer: shards that are not one checkpoint are refused on every r
     std::filesystem::remove(p.string() + ".tp1", ec);
   }
 }
+
+}  // namespace test_train_tensor_parallel

@@ -14,6 +14,8 @@
 #include "tessera/data/tokenizer.hpp"
 #include "tessera/train/trainer.hpp"
 
+namespace test_train_trainer {
+
 using namespace tessera;
 namespace fs = std::filesystem;
 
@@ -353,3 +355,5 @@ TEST_CASE("llm.c .bin and NumPy .npy inputs train to the losses of the same toke
   CHECK(losses(dir / "a.npy") == want);
   fs::remove_all(dir);
 }
+
+}  // namespace test_train_trainer

@@ -9,7 +9,7 @@
 #   tsan  ThreadSanitizer, clang++ -O0, over every unit test that starts threads
 #         (label `threads`, target tessera_tsan_tests: ranks as threads of
 #         comm::local_world or std::thread; tests/CMakeLists.txt finds them),
-#         one OpenMP thread per rank (libgomp is not built with TSan;
+#         one OpenMP thread per rank (the OpenMP runtime is not built with TSan;
 #         scripts/tsan.supp).
 # Not run under either: the golden trajectories (bit-exact at the host
 # preset's -O3), the steady-state allocation test, the compile-fail,

@@ -111,3 +111,6 @@ TEST_CASE("nvtx_range: the depth is per thread", "[core][nvtx]") {
 }
 
 }  // namespace test_core_nvtx
+
+#undef TESSERA_TEST_STR
+#undef TESSERA_TEST_STR_IMPL

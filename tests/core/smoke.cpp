@@ -2,6 +2,7 @@
 #include <tessera/tessera.hpp>
 
 namespace test_core_smoke {
+
 TEST_CASE("tensor allocation is counted by the host resource", "[core]") {
   tessera::host_memory_resource mr;
   {

@@ -1,6 +1,7 @@
 // Tests include/tessera/comm/mpi.hpp: the shared multi-rank bodies
 // (tests/comm/collective_suite.hpp) on mpi_communicator. Run by ctest as
-//   mpirun -np {1,2,3,4} test_mpi_collectives --order rand --rng-seed 20261129
+//   mpirun -np {1,2,3,4} test_mpi --filenames-as-tags "[#collectives]"
+//          --order rand --rng-seed 20261129
 // Every test case gets a fresh communicator (a dup of MPI_COMM_WORLD) with a
 // 20 s timeout, so a failing rank makes the others fail instead of hanging.
 #include <catch2/catch.hpp>

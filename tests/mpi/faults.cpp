@@ -1,6 +1,7 @@
 // Tests the trainer's failure paths over mpi_communicator: the bodies of
 // tests/train/fault_suite.hpp (tests/train/faults.cpp runs them on
-// threads). Run by ctest as mpirun -np {2,4} test_mpi_faults.
+// threads). Run by ctest as
+//   mpirun -np {2,4} test_mpi --filenames-as-tags "[#faults]"
 #include <catch2/catch.hpp>
 
 #include <unistd.h>

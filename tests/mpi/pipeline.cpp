@@ -1,9 +1,10 @@
 // The trainer on a dp x tp x pp mesh of MPI processes computes the
 // single-rank run: the bodies of tests/train/pp_suite.hpp (the same ones
 // tests/train/pipeline.cpp runs on threads). Run by ctest as
-//   mpirun -np 2 test_mpi_pipeline   pp 2 under every schedule
-//   mpirun -np 4 test_mpi_pipeline   pp 4; (2, 1, 2) and (1, 2, 2)
-//   mpirun -np 8 test_mpi_pipeline   (2, 2, 2), 1f1b and interleaved
+//   mpirun -np N test_mpi --filenames-as-tags "[#pipeline]" with
+//   N = 2: pp 2 under every schedule
+//   N = 4: pp 4; (2, 1, 2) and (1, 2, 2)
+//   N = 8: (2, 2, 2), 1f1b and interleaved
 // under zero<0> and zero<1> (and zero<2> where dp > 1). (A failing stage:
 // tests/mpi/pipeline_fault.cpp.)
 #include <catch2/catch.hpp>

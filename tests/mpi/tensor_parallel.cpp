@@ -1,9 +1,10 @@
 // The trainer on a dp x tp mesh of MPI processes computes the single-rank
 // run: the bodies of tests/train/tp_suite.hpp (the same ones
 // tests/train/tensor_parallel.cpp runs on threads). Run by ctest as
-//   mpirun -np 2 test_mpi_tensor_parallel   (dp, tp) = (1, 2)
-//   mpirun -np 4 test_mpi_tensor_parallel   (1, 4) and (2, 2)
-//   mpirun -np 8 test_mpi_tensor_parallel   (4, 2)
+//   mpirun -np N test_mpi --filenames-as-tags "[#tensor_parallel]" with
+//   N = 2: (dp, tp) = (1, 2)
+//   N = 4: (1, 4) and (2, 2)
+//   N = 8: (4, 2)
 // with and without sequence parallelism, under zero<0> and zero<1>.
 #include <catch2/catch.hpp>
 

@@ -2,7 +2,8 @@
 // mpi_communicator: the bodies of tests/parallel/zero_suite.hpp and
 // trainer_suite.hpp (the same ones tests/parallel/ runs on threads). Run by
 // ctest as
-//   mpirun -np {1,2,3,4} test_mpi_zero --order rand --rng-seed 20261129
+//   mpirun -np {1,2,3,4} test_mpi --filenames-as-tags "[#zero]"
+//          --order rand --rng-seed 20261129
 // Every test case gets a fresh communicator (a dup of MPI_COMM_WORLD) with a
 // 60 s timeout, so a failing rank makes the others fail instead of hanging.
 #include <catch2/catch.hpp>

@@ -61,7 +61,7 @@ struct result {
   double median_s = 0, tokens_per_s = 0;
   std::vector<double> losses;  // every step's loss (the check against pp 1)
   double bubble_trace = 0, bubble_sim = 0, bubble_formula = 0;
-  double forward_ms = 0, backward_ms = 0;  // mean per chunk action (B + W for zb1)
+  double forward_ms = 0, backward_ms = 0;   // mean per chunk action (B + W for zb1)
   std::vector<double> peak_activation_mib;  // per stage: the most record bytes held
 };
 
@@ -81,8 +81,8 @@ result run_case(const bench_case& bc, int pp, schedule_kind sk, int V, std::int6
                 std::int64_t steps) {
   auto mc = nn::llama_config::from_name(bc.preset);
   if (bc.layers > 0) mc.n_layers = bc.layers;
-  corpus text(mc.vocab, static_cast<std::uint64_t>(std::max<std::int64_t>(
-                            8192, 4 * bc.M * bc.B * (bc.T + 1))));
+  corpus text(mc.vocab, static_cast<std::uint64_t>(
+                            std::max<std::int64_t>(8192, 4 * bc.M * bc.B * (bc.T + 1))));
   train::train_config cfg;
   cfg.steps = warmup + steps + 1;
   cfg.global_batch = bc.M * bc.B;
@@ -107,9 +107,8 @@ result run_case(const bench_case& bc, int pp, schedule_kind sk, int V, std::int6
     const comm::device_mesh mesh(1, 1, pp);
     auto g = comm::make_groups(world, mesh);
     data::token_file f(text.path);
-    train::trainer<precision::fp32, host, optim::adamw, parallel::zero<0>,
-                   comm::local_communicator>
-        tr(mc, cfg, f, g.dp, nn::dense_layers{}, g.pp);
+    train::trainer<precision::fp32, host, optim::adamw, parallel::zero<0>, comm::local_communicator>
+        tr(mc, cfg, f, parallel::layout{g.dp, nn::dense_layers{}, g.pp});
     std::vector<double> losses;
     for (std::int64_t s = 0; s < warmup; ++s) losses.push_back(tr.train_step().loss);
     std::vector<double> secs;
@@ -181,12 +180,12 @@ result run_case(const bench_case& bc, int pp, schedule_kind sk, int V, std::int6
       res.bubble_sim = 1 - busy / (pp * sim.step_time);
     }
     const double K = pp, M = static_cast<double>(bc.M);
-    res.bubble_formula = sk == schedule_kind::interleaved ? (K - 1) / (V * M + K - 1)
-                                                          : (K - 1) / (M + K - 1);
+    res.bubble_formula =
+        sk == schedule_kind::interleaved ? (K - 1) / (V * M + K - 1) : (K - 1) / (M + K - 1);
     res.forward_ms = 1e3 * b.forward;
-    res.backward_ms = 1e3 * (sk == schedule_kind::zero_bubble_h1
-                                 ? b.backward_input + b.backward_weight
-                                 : b.backward);
+    res.backward_ms =
+        1e3 *
+        (sk == schedule_kind::zero_bubble_h1 ? b.backward_input + b.backward_weight : b.backward);
   });
   return res;
 }
@@ -196,13 +195,18 @@ result run_case(const bench_case& bc, int pp, schedule_kind sk, int V, std::int6
 int main(int argc, char** argv) {
   const std::string blas = kernels::check_blas_core(argv);
   // Beside the other results when run from the repository root, else here.
-  std::string json_path = std::filesystem::is_directory("benchmarks") ? "benchmarks/pp_bench.json" : "pp_bench.json";
+  std::string json_path =
+      std::filesystem::is_directory("benchmarks") ? "benchmarks/pp_bench.json" : "pp_bench.json";
   std::int64_t warmup = 1, steps = 3;
   bool skip_7b = false, skip_small = false;
   CLI::App app{"pp_bench: tokens/s and bubble at pp 1, 2, 4 under each schedule on thread ranks"};
   app.add_option("--json", json_path, "where to write the JSON results")->capture_default_str();
-  app.add_option("--warmup", warmup, "untimed steps")->check(CLI::Range(1, 1000))->capture_default_str();
-  app.add_option("--steps", steps, "timed steps")->check(CLI::Range(1, 100000))->capture_default_str();
+  app.add_option("--warmup", warmup, "untimed steps")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
+  app.add_option("--steps", steps, "timed steps")
+      ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
   app.add_flag("--skip-7b", skip_7b, "skip the llama2_7b-shaped case (4 layers, T 256)");
   app.add_flag("--skip-small", skip_small, "skip the small preset's case");
   try {
@@ -213,17 +217,20 @@ int main(int argc, char** argv) {
   }
   try {
     std::vector<bench_case> cases;
-    if (!skip_small) cases.push_back({"small preset, fp32, M 8 x B 4, T 128", "small", 0, 4, 128, 8});
+    if (!skip_small)
+      cases.push_back({"small preset, fp32, M 8 x B 4, T 128", "small", 0, 4, 128, 8});
     if (!skip_7b)
-      cases.push_back({"llama2_7b shapes, 4 layers, fp32, M 4 x B 1, T 256", "llama2_7b", 4, 1, 256, 4});
+      cases.push_back(
+          {"llama2_7b shapes, 4 layers, fp32, M 4 x B 1, T 256", "llama2_7b", 4, 1, 256, 4});
     std::vector<result> rows;
     for (const auto& c : cases) {
       rows.push_back(run_case(c, 1, schedule_kind::one_f_one_b, 1, warmup, steps));
       const std::vector<double> base_losses = rows.back().losses;
       for (int pp : {2, 4})
-        for (auto [sk, V] : {std::pair{schedule_kind::gpipe, 1}, std::pair{schedule_kind::one_f_one_b, 1},
-                             std::pair{schedule_kind::interleaved, 2},
-                             std::pair{schedule_kind::zero_bubble_h1, 1}}) {
+        for (auto [sk, V] :
+             {std::pair{schedule_kind::gpipe, 1}, std::pair{schedule_kind::one_f_one_b, 1},
+              std::pair{schedule_kind::interleaved, 2},
+              std::pair{schedule_kind::zero_bubble_h1, 1}}) {
           if (sk == schedule_kind::interleaved && (pp * V > c.layers && c.layers > 0)) continue;
           if (sk == schedule_kind::interleaved && c.layers == 0 && pp * V > 4) continue;
           if (sk == schedule_kind::interleaved && c.M % pp != 0) continue;
@@ -233,21 +240,23 @@ int main(int argc, char** argv) {
           for (std::size_t i = 0; i < r.losses.size(); ++i) {
             const double want = base_losses[i];
             TESSERA_THROW_IF(std::abs(r.losses[i] - want) > 1e-4 * std::abs(want), error,
-                             "pp_bench: ", r.name, " pp ", r.pp, " ", r.schedule, ": step ",
-                             i + 1, " loss ", r.losses[i], " differs from pp 1's ", want);
+                             "pp_bench: ", r.name, " pp ", r.pp, " ", r.schedule, ": step ", i + 1,
+                             " loss ", r.losses[i], " differs from pp 1's ", want);
           }
-          std::printf("pp_bench: %s, pp %d %s V %d: median step %.3f s, %.0f tokens/s, bubble "
-                      "%.1f%% traced, %.1f%% simulated, %.1f%% closed form\n",
-                      r.name.c_str(), r.pp, r.schedule.c_str(), r.V, r.median_s, r.tokens_per_s,
-                      100 * r.bubble_trace, 100 * r.bubble_sim, 100 * r.bubble_formula);
+          std::printf(
+              "pp_bench: %s, pp %d %s V %d: median step %.3f s, %.0f tokens/s, bubble "
+              "%.1f%% traced, %.1f%% simulated, %.1f%% closed form\n",
+              r.name.c_str(), r.pp, r.schedule.c_str(), r.V, r.median_s, r.tokens_per_s,
+              100 * r.bubble_trace, 100 * r.bubble_sim, 100 * r.bubble_formula);
           std::fflush(stdout);
         }
     }
     std::printf("\npp_bench: %s, %d OpenMP threads shared by the stages, %lld timed steps\n\n",
                 blas.c_str(), omp_get_max_threads(), (long long)steps);
-    std::printf("| step | pp | schedule | median step (s) | tokens/s | vs pp 1 | bubble traced | "
-                "bubble simulated (traced F, B, W) | (K-1)/(M+K-1) | F / B+W per chunk (ms) | "
-                "peak activations per stage (MiB) |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
+    std::printf(
+        "| step | pp | schedule | median step (s) | tokens/s | vs pp 1 | bubble traced | "
+        "bubble simulated (traced F, B, W) | (K-1)/(M+K-1) | F / B+W per chunk (ms) | "
+        "peak activations per stage (MiB) |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
     nlohmann::json j;
     j["blas"] = blas;
     j["threads"] = omp_get_max_threads();
@@ -258,17 +267,22 @@ int main(int argc, char** argv) {
       std::string peaks;
       for (double m : r.peak_activation_mib)
         peaks += tessera::detail::str(peaks.empty() ? "" : " / ", static_cast<long long>(m + 0.5));
-      std::printf("| %s | %d | %s%s | %.3f | %.0f | %.2f | %.1f%% | %.1f%% | %.1f%% | %.1f / %.1f | %s |\n",
-                  r.name.c_str(), r.pp, r.pp == 1 ? "none" : r.schedule.c_str(),
-                  r.V > 1 ? " (V 2)" : "", r.median_s, r.tokens_per_s, r.tokens_per_s / base,
-                  100 * r.bubble_trace, 100 * r.bubble_sim, 100 * r.bubble_formula, r.forward_ms,
-                  r.backward_ms, peaks.c_str());
-      j["cases"].push_back({{"name", r.name}, {"pp", r.pp}, {"schedule", r.schedule},
-                            {"virtual_stages", r.V}, {"median_s", r.median_s},
-                            {"tokens_per_s", r.tokens_per_s}, {"bubble_traced", r.bubble_trace},
+      std::printf(
+          "| %s | %d | %s%s | %.3f | %.0f | %.2f | %.1f%% | %.1f%% | %.1f%% | %.1f / %.1f | %s |\n",
+          r.name.c_str(), r.pp, r.pp == 1 ? "none" : r.schedule.c_str(), r.V > 1 ? " (V 2)" : "",
+          r.median_s, r.tokens_per_s, r.tokens_per_s / base, 100 * r.bubble_trace,
+          100 * r.bubble_sim, 100 * r.bubble_formula, r.forward_ms, r.backward_ms, peaks.c_str());
+      j["cases"].push_back({{"name", r.name},
+                            {"pp", r.pp},
+                            {"schedule", r.schedule},
+                            {"virtual_stages", r.V},
+                            {"median_s", r.median_s},
+                            {"tokens_per_s", r.tokens_per_s},
+                            {"bubble_traced", r.bubble_trace},
                             {"bubble_simulated", r.bubble_sim},
                             {"bubble_closed_form", r.bubble_formula},
-                            {"forward_ms", r.forward_ms}, {"backward_ms", r.backward_ms},
+                            {"forward_ms", r.forward_ms},
+                            {"backward_ms", r.backward_ms},
                             {"peak_activation_mib", r.peak_activation_mib}});
     }
     bench::write_json(json_path, j);

@@ -55,8 +55,8 @@ struct bench_case {
 struct result {
   std::string name;
   int tp = 1;
-  bool sp = false;                  // sequence parallelism
-  double saved_bytes = 0;           // activations a micro-batch keeps for backward, per rank
+  bool sp = false;         // sequence parallelism
+  double saved_bytes = 0;  // activations a micro-batch keeps for backward, per rank
   double median_s = 0, tokens_per_s = 0, comm_share = 0;
   std::uint64_t bytes_per_step = 0, planned_bytes = 0;
   double params_per_rank = 0;
@@ -79,7 +79,8 @@ result run_case(const bench_case& bc, int tp, bool sp, std::int64_t warmup, std:
   auto mc = nn::llama_config::from_name(bc.preset);
   if (bc.layers > 0) mc.n_layers = bc.layers;
   if (bc.preset == "small") mc.vocab = 256;
-  corpus text(mc.vocab, static_cast<std::uint64_t>(std::max<std::int64_t>(8192, 40 * bc.B * (bc.T + 1))));
+  corpus text(mc.vocab,
+              static_cast<std::uint64_t>(std::max<std::int64_t>(8192, 40 * bc.B * (bc.T + 1))));
   train::train_config cfg;
   cfg.steps = warmup + steps;
   cfg.global_batch = bc.B;
@@ -103,9 +104,9 @@ result run_case(const bench_case& bc, int tp, bool sp, std::int64_t warmup, std:
     double comm_s = 0;
     using layers = nn::tensor_parallel_layers<comm::local_communicator>;
     data::token_file f(text.path);
-    train::trainer<precision::fp32, host, optim::adamw, parallel::zero<0>,
-                   comm::local_communicator, layers>
-        tr(mc, cfg, f, g.dp, layers{&g.tp, &comm_s});
+    train::trainer<precision::fp32, host, optim::adamw, parallel::zero<0>, comm::local_communicator,
+                   layers>
+        tr(mc, cfg, f, parallel::layout{g.dp, layers{&g.tp, &comm_s}});
     for (std::int64_t s = 0; s < warmup; ++s) tr.train_step();
     comm_s = 0;
     g.tp.reset_stats();
@@ -134,13 +135,20 @@ result run_case(const bench_case& bc, int tp, bool sp, std::int64_t warmup, std:
 int main(int argc, char** argv) {
   const std::string blas = kernels::check_blas_core(argv);
   // Beside the other results when run from the repository root, else here.
-  std::string json_path = std::filesystem::is_directory("benchmarks") ? "benchmarks/tp_bench.json" : "tp_bench.json";
+  std::string json_path =
+      std::filesystem::is_directory("benchmarks") ? "benchmarks/tp_bench.json" : "tp_bench.json";
   std::int64_t warmup = 2, steps = 8;
   bool skip_7b = false;
-  CLI::App app{"tp_bench: tokens/s at tp 1, 2 and 2 with sequence parallelism on thread ranks, with the communication share"};
+  CLI::App app{
+      "tp_bench: tokens/s at tp 1, 2 and 2 with sequence parallelism on thread ranks, with the "
+      "communication share"};
   app.add_option("--json", json_path, "where to write the JSON results")->capture_default_str();
-  app.add_option("--warmup", warmup, "untimed steps")->check(CLI::Range(1, 1000))->capture_default_str();
-  app.add_option("--steps", steps, "timed steps")->check(CLI::Range(1, 100000))->capture_default_str();
+  app.add_option("--warmup", warmup, "untimed steps")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
+  app.add_option("--steps", steps, "timed steps")
+      ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
   app.add_flag("--skip-7b", skip_7b, "skip the llama2_7b-shaped case (2 layers, T 256)");
   try {
     app.parse(argc, argv);
@@ -150,26 +158,30 @@ int main(int argc, char** argv) {
   }
   try {
     std::vector<bench_case> cases = {{"small preset, fp32, B 16, T 128", "small", 0, 16, 128}};
-    if (!skip_7b) cases.push_back({"llama2_7b shapes, 2 layers, fp32, B 1, T 256", "llama2_7b", 2, 1, 256});
+    if (!skip_7b)
+      cases.push_back({"llama2_7b shapes, 2 layers, fp32, B 1, T 256", "llama2_7b", 2, 1, 256});
     std::vector<result> rows;
     for (const auto& c : cases)
       for (auto [tp, sp] : {std::pair{1, false}, std::pair{2, false}, std::pair{2, true}}) {
         rows.push_back(run_case(c, tp, sp, warmup, steps));
         const auto& r = rows.back();
         // Check before reporting: the communicators' count is the plan's.
-        TESSERA_THROW_IF(r.bytes_per_step != r.planned_bytes, error, "tp_bench: ", r.name,
-                         " tp ", r.tp, r.sp ? " sp" : "", ": ", r.bytes_per_step,
+        TESSERA_THROW_IF(r.bytes_per_step != r.planned_bytes, error, "tp_bench: ", r.name, " tp ",
+                         r.tp, r.sp ? " sp" : "", ": ", r.bytes_per_step,
                          " bytes sent per step, the plan says ", r.planned_bytes);
-        std::printf("tp_bench: %s, tp %d%s: median step %.4f s, %.0f tokens/s, tp collectives "
-                    "%.1f%% of the step, %llu bytes sent per step (planned %llu)\n",
-                    r.name.c_str(), r.tp, r.sp ? " sp" : "", r.median_s, r.tokens_per_s,
-                    100 * r.comm_share,
-                    (unsigned long long)r.bytes_per_step, (unsigned long long)r.planned_bytes);
+        std::printf(
+            "tp_bench: %s, tp %d%s: median step %.4f s, %.0f tokens/s, tp collectives "
+            "%.1f%% of the step, %llu bytes sent per step (planned %llu)\n",
+            r.name.c_str(), r.tp, r.sp ? " sp" : "", r.median_s, r.tokens_per_s, 100 * r.comm_share,
+            (unsigned long long)r.bytes_per_step, (unsigned long long)r.planned_bytes);
         std::fflush(stdout);
       }
     std::printf("\ntp_bench: %s, %d OpenMP threads shared by the tp ranks, %lld timed steps\n\n",
                 blas.c_str(), omp_get_max_threads(), (long long)steps);
-    std::printf("| step | tp | parameters per rank | saved activations per rank (MiB) | median step (s) | tokens/s | vs tp 1 | tp collectives share | bytes sent per step (planned) |\n|---|---|---|---|---|---|---|---|---|\n");
+    std::printf(
+        "| step | tp | parameters per rank | saved activations per rank (MiB) | median step (s) | "
+        "tokens/s | vs tp 1 | tp collectives share | bytes sent per step (planned) "
+        "|\n|---|---|---|---|---|---|---|---|---|\n");
     nlohmann::json j;
     j["blas"] = blas;
     j["threads"] = omp_get_max_threads();
@@ -182,11 +194,15 @@ int main(int argc, char** argv) {
                   r.saved_bytes / 1048576.0, r.median_s, r.tokens_per_s, r.tokens_per_s / base,
                   100 * r.comm_share, (unsigned long long)r.bytes_per_step,
                   (unsigned long long)r.planned_bytes);
-      j["cases"].push_back({{"name", r.name}, {"tp", r.tp}, {"sequence_parallel", r.sp},
+      j["cases"].push_back({{"name", r.name},
+                            {"tp", r.tp},
+                            {"sequence_parallel", r.sp},
                             {"saved_activation_bytes", r.saved_bytes},
                             {"params_per_rank", r.params_per_rank},
-                            {"median_s", r.median_s}, {"tokens_per_s", r.tokens_per_s},
-                            {"comm_share", r.comm_share}, {"bytes_per_step", r.bytes_per_step},
+                            {"median_s", r.median_s},
+                            {"tokens_per_s", r.tokens_per_s},
+                            {"comm_share", r.comm_share},
+                            {"bytes_per_step", r.bytes_per_step},
                             {"planned_bytes_per_step", r.planned_bytes}});
     }
     bench::write_json(json_path, j);

@@ -35,9 +35,9 @@ namespace {
 train::train_config run_config(std::int64_t dp) {
   train::train_config cfg;
   cfg.steps = 40;
-  cfg.global_batch = 16;  // G sequences per optimizer step
+  cfg.global_batch = 16;     // G sequences per optimizer step
   cfg.micro_batch = 8 / dp;  // B per forward: 2 micro-batches per rank
-  cfg.seq = 64;           // T
+  cfg.seq = 64;              // T
   cfg.dp = dp;
   cfg.lr = 3e-3;
   cfg.warmup = 5;
@@ -71,7 +71,8 @@ int run(int argc, char** argv) {
   const std::string text_path = argc > 1 ? argv[1] : "data/fortunes.txt";
   std::ifstream in(text_path, std::ios::binary);
   std::string text((std::istreambuf_iterator<char>(in)), {});
-  if (text.empty()) return std::fprintf(stderr, "compose_trainer: cannot read %s\n", text_path.c_str()), 2;
+  if (text.empty())
+    return std::fprintf(stderr, "compose_trainer: cannot read %s\n", text_path.c_str()), 2;
   const auto tok_path = std::filesystem::temp_directory_path() / "tessera_compose.tok";
   data::write_token_file(tok_path, data::byte_tokenizer::encode(text), 256);
   bool ok = true;
@@ -102,7 +103,7 @@ int run(int argc, char** argv) {
   comm::local_world::run(2, [&](comm::local_communicator& c) {
     train::trainer<precision::bf16_mixed, host, optim::adamw, parallel::zero<2>,
                    comm::local_communicator>
-        trainer(model, run_config(2), corpus, c);
+        trainer(model, run_config(2), corpus, parallel::layout{c});
     const auto l = fit(trainer);
     if (c.rank() == 0) ok &= report("bf16_mixed, adamw, zero<2> on 2 thread ranks", l);
   });

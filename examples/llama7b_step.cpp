@@ -61,24 +61,24 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <nlohmann/json.hpp>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
-#include <type_traits>
 #include <string>
+#include <type_traits>
 #include <vector>
 
-#include "tessera/kernels/peak.hpp"
+#include "tessera/comm/self.hpp"
 #include "tessera/core/memory.hpp"
 #include "tessera/core/random.hpp"
 #include "tessera/data/token_file.hpp"
 #include "tessera/kernels/attention.hpp"
 #include "tessera/kernels/blas.hpp"
+#include "tessera/kernels/peak.hpp"
+#include "tessera/nn/flops.hpp"
 #include "tessera/nn/llama_config.hpp"
 #include "tessera/plan/memory.hpp"
 #include "tessera/plan/step.hpp"
-#include "tessera/comm/self.hpp"
-#include "tessera/nn/flops.hpp"
 #include "tessera/train/trainer.hpp"
 #if defined(TESSERA_EXAMPLE_CUDA)
 #include "tessera/cuda.hpp"
@@ -143,7 +143,8 @@ struct temp_file {
 };
 
 // Writes `n` seeded uniform random tokens below V to `path` (u16 when V fits).
-void write_random_tokens(const fs::path& path, std::uint64_t n, std::int64_t V, std::uint64_t seed) {
+void write_random_tokens(const fs::path& path, std::uint64_t n, std::int64_t V,
+                         std::uint64_t seed) {
   std::vector<std::uint32_t> tok(n);
   rng r(seed);
   for (auto& t : tok)
@@ -153,7 +154,9 @@ void write_random_tokens(const fs::path& path, std::uint64_t n, std::int64_t V, 
                          V <= 65536 ? data::token_dtype::u16 : data::token_dtype::u32);
 }
 
-double gib(double bytes) { return bytes / plan::gib; }
+double gib(double bytes) {
+  return bytes / plan::gib;
+}
 
 // What the warm-up and timed steps of a run measured.
 struct step_times {
@@ -239,8 +242,7 @@ device_facts visible_device<tessera::cuda>() {
   cudaDeviceProp prop{};
   TESSERA_CUDA_CHECK(cudaGetDeviceProperties(&prop, tessera::cuda::current_device()));
   const double bytes = static_cast<double>(prop.totalGlobalMem);
-  return {detail::str(prop.name, " (", gib(bytes), " GiB, sm_", prop.major, prop.minor,
-                      ")"),
+  return {detail::str(prop.name, " (", gib(bytes), " GiB, sm_", prop.major, prop.minor, ")"),
           bytes};
 }
 #endif
@@ -297,8 +299,8 @@ int run(const options& o, const nn::llama_config& full, const nn::llama_config& 
 
   // Random tokens: enough for the train split's windows and one validation window.
   temp_file tmp;
-  tmp.path = fs::temp_directory_path() /
-             ("tessera_llama7b_step_" + std::to_string(::getpid()) + ".tok");
+  tmp.path =
+      fs::temp_directory_path() / ("tessera_llama7b_step_" + std::to_string(::getpid()) + ".tok");
   const std::uint64_t n_tokens =
       std::max<std::uint64_t>(4096, static_cast<std::uint64_t>(20 * (B + 1) * (T + 1)));
   write_random_tokens(tmp.path, n_tokens, V, o.seed);
@@ -306,34 +308,34 @@ int run(const options& o, const nn::llama_config& full, const nn::llama_config& 
 
   const kernels::peak_flops pk = peak_of<Backend>(o);
   const double peak = pk.flops;
-  std::printf("llama7b_step: preset %s (H %lld, L %lld, heads %lld/%lld kv, F %lld, V %lld), "
-              "built %lld of %lld layers, precision %s, AdamW, checkpointing %s (every %lld), "
-              "single rank on %s\n",
-              full.name.c_str(), (long long)mc.dim, (long long)full.n_layers,
-              (long long)mc.n_heads, (long long)mc.n_kv_heads, (long long)mc.ffn_dim,
-              (long long)V, (long long)mc.n_layers, (long long)full.n_layers, P::name,
-              to_string(ck.mode), (long long)ck.every, device.c_str());
+  std::printf(
+      "llama7b_step: preset %s (H %lld, L %lld, heads %lld/%lld kv, F %lld, V %lld), "
+      "built %lld of %lld layers, precision %s, AdamW, checkpointing %s (every %lld), "
+      "single rank on %s\n",
+      full.name.c_str(), (long long)mc.dim, (long long)full.n_layers, (long long)mc.n_heads,
+      (long long)mc.n_kv_heads, (long long)mc.ffn_dim, (long long)V, (long long)mc.n_layers,
+      (long long)full.n_layers, P::name, to_string(ck.mode), (long long)ck.every, device.c_str());
   std::printf("llama7b_step: parameters: full preset %lld (%.3fB), built %lld (%.3fB)\n",
               (long long)full.num_params(), full.num_params() / 1e9, (long long)mc.num_params(),
               mc.num_params() / 1e9);
-  std::printf("llama7b_step: B=%lld, T=%lld, %lld warmup + %lld timed steps on seeded random "
-              "tokens (seed %llu, %llu tokens in %s)\n",
-              (long long)B, (long long)T, (long long)o.warmup_steps, (long long)o.steps,
-              (unsigned long long)o.seed, (unsigned long long)n_tokens, tmp.path.c_str());
+  std::printf(
+      "llama7b_step: B=%lld, T=%lld, %lld warmup + %lld timed steps on seeded random "
+      "tokens (seed %llu, %llu tokens in %s)\n",
+      (long long)B, (long long)T, (long long)o.warmup_steps, (long long)o.steps,
+      (unsigned long long)o.seed, (unsigned long long)n_tokens, tmp.path.c_str());
   std::printf("llama7b_step: MFU against %s\n", kernels::describe_peak(pk).c_str());
-  std::printf("llama7b_step: planned %.3f GiB: persistent %.3f (weights %.3f, gradients %.3f, "
-              "master %.3f, moments %.3f, RoPE %.3f, trainer %.6f, context %.3f) + activation "
-              "peak %.3f%s\n",
-              gib(static_cast<double>(mp.total())), gib(static_cast<double>(mp.persistent())),
-              gib(static_cast<double>(mp.state.weights)), gib(static_cast<double>(mp.state.grads)),
-              gib(static_cast<double>(mp.state.master)),
-              gib(static_cast<double>(mp.state.optimizer)),
-              gib(static_cast<double>(mp.state.rope_tables)), gib(static_cast<double>(mp.trainer)),
-              gib(static_cast<double>(mp.context)), gib(static_cast<double>(mp.activations.peak)),
-              gpu ? detail::str("; margin ", gib(device_bytes - static_cast<double>(mp.total())),
-                                " GiB")
-                        .c_str()
-                  : "");
+  std::printf(
+      "llama7b_step: planned %.3f GiB: persistent %.3f (weights %.3f, gradients %.3f, "
+      "master %.3f, moments %.3f, RoPE %.3f, trainer %.6f, context %.3f) + activation "
+      "peak %.3f%s\n",
+      gib(static_cast<double>(mp.total())), gib(static_cast<double>(mp.persistent())),
+      gib(static_cast<double>(mp.state.weights)), gib(static_cast<double>(mp.state.grads)),
+      gib(static_cast<double>(mp.state.master)), gib(static_cast<double>(mp.state.optimizer)),
+      gib(static_cast<double>(mp.state.rope_tables)), gib(static_cast<double>(mp.trainer)),
+      gib(static_cast<double>(mp.context)), gib(static_cast<double>(mp.activations.peak)),
+      gpu ? detail::str("; margin ", gib(device_bytes - static_cast<double>(mp.total())), " GiB")
+                .c_str()
+          : "");
   std::fflush(stdout);
 
   using Ctx = kernels::context_t<Backend>;
@@ -347,20 +349,20 @@ int run(const options& o, const nn::llama_config& full, const nn::llama_config& 
   ctx->synchronize();
   const std::size_t base = mr.stats().allocated;
   if constexpr (gpu)
-    if (!o.memory_log.empty())
-      Backend::resource(Backend::current_device()).set_event_logging(true);
+    if (!o.memory_log.empty()) Backend::resource(Backend::current_device()).set_event_logging(true);
   const auto t_build = std::chrono::steady_clock::now();
   comm::self_communicator<Ctx> self(*ctx);
-  train::trainer<P, Backend> tr(mc, cfg, corpus, self, *ctx);
+  train::trainer<P, Backend> tr(mc, cfg, corpus, parallel::layout{self}, {}, ctx.get());
   tr.set_peak_flops(peak);
   tr.set_blas_flops(pk.blas_flops);
   ctx->synchronize();
   const double build_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t_build).count();
-  std::printf("llama7b_step: built and initialised in %.1f s; %.3f GiB allocated (planned "
-              "persistent %.3f GiB)\n",
-              build_s, gib(static_cast<double>(mr.stats().allocated - base)),
-              gib(static_cast<double>(mp.persistent())));
+  std::printf(
+      "llama7b_step: built and initialised in %.1f s; %.3f GiB allocated (planned "
+      "persistent %.3f GiB)\n",
+      build_s, gib(static_cast<double>(mr.stats().allocated - base)),
+      gib(static_cast<double>(mp.persistent())));
   std::fflush(stdout);
 
   const auto run = timed_steps(tr, o, V, base);
@@ -376,18 +378,20 @@ int run(const options& o, const nn::llama_config& full, const nn::llama_config& 
   const double mfu = fpt * tokens / mean / peak, mfu_best = fpt * tokens / best / peak;
   const double hfu = (fpt + rpt) * tokens / mean / peak;
   const double planned = static_cast<double>(mp.total());
-  std::printf("llama7b_step: check passed: first step's loss %.4f, ln(V) = %.4f (|diff| %.4f <= 1)\n",
-              first_loss, ln_v, std::abs(first_loss - ln_v));
-  std::printf("llama7b_step: step time best %.3f s, mean %.3f s over %zu timed steps\n", best,
-              mean, static_cast<std::size_t>(o.steps));
+  std::printf(
+      "llama7b_step: check passed: first step's loss %.4f, ln(V) = %.4f (|diff| %.4f <= 1)\n",
+      first_loss, ln_v, std::abs(first_loss - ln_v));
+  std::printf("llama7b_step: step time best %.3f s, mean %.3f s over %zu timed steps\n", best, mean,
+              static_cast<std::size_t>(o.steps));
   std::printf("llama7b_step: tokens/s %.1f (mean), %.1f (best); %lld tokens per step\n",
               tokens / mean, tokens / best, (long long)(B * T));
-  std::printf("llama7b_step: FLOPs: MFU counts nn::flops_per_token = 6 N_matmul + 6 L H T per "
-              "token (causal attention counted once), N_matmul = %.0f (L %lld, H %lld, T %lld): "
-              "%.4g FLOP/token, %.4g FLOP/step (plan_flops: %.4g); HFU adds the recomputed "
-              "forward of checkpointing (nn::recompute_flops_per_token): %.4g FLOP/token\n",
-              n_matmul, (long long)mc.n_layers, (long long)mc.dim, (long long)T, fpt, fpt * tokens,
-              fp.flops_per_rank, rpt);
+  std::printf(
+      "llama7b_step: FLOPs: MFU counts nn::flops_per_token = 6 N_matmul + 6 L H T per "
+      "token (causal attention counted once), N_matmul = %.0f (L %lld, H %lld, T %lld): "
+      "%.4g FLOP/token, %.4g FLOP/step (plan_flops: %.4g); HFU adds the recomputed "
+      "forward of checkpointing (nn::recompute_flops_per_token): %.4g FLOP/token\n",
+      n_matmul, (long long)mc.n_layers, (long long)mc.dim, (long long)T, fpt, fpt * tokens,
+      fp.flops_per_rank, rpt);
   std::printf("llama7b_step: MFU %s (mean), %s (best), HFU %s (mean) of peak %.1f GFLOP/s",
               train::format_utilisation(mfu).c_str(), train::format_utilisation(mfu_best).c_str(),
               train::format_utilisation(hfu).c_str(), peak / 1e9);
@@ -395,15 +399,17 @@ int run(const options& o, const nn::llama_config& full, const nn::llama_config& 
     std::printf("; %s (mean) of the measured sgemm rate",
                 train::format_utilisation(fpt * tokens / mean / pk.blas_flops).c_str());
   std::printf("\n");
-  std::printf("llama7b_step: peak memory measured %.3f GiB (%zu B, the run's allocator during a "
-              "step), planned %.3f GiB (%llu B, plan_memory dp 1, zero 0): measured/planned "
-              "%.4f\n",
-              gib(static_cast<double>(mem_peak)), mem_peak, gib(planned),
-              (unsigned long long)mp.total(), static_cast<double>(mem_peak) / planned);
+  std::printf(
+      "llama7b_step: peak memory measured %.3f GiB (%zu B, the run's allocator during a "
+      "step), planned %.3f GiB (%llu B, plan_memory dp 1, zero 0): measured/planned "
+      "%.4f\n",
+      gib(static_cast<double>(mem_peak)), mem_peak, gib(planned), (unsigned long long)mp.total(),
+      static_cast<double>(mem_peak) / planned);
   if (mp.activations.host_gemm_workspace > 0)
-    std::printf("llama7b_step: the bf16 GEMM conversion buffers (%.3f GiB) live outside the "
-                "resource\n",
-                gib(static_cast<double>(mp.activations.host_gemm_workspace)));
+    std::printf(
+        "llama7b_step: the bf16 GEMM conversion buffers (%.3f GiB) live outside the "
+        "resource\n",
+        gib(static_cast<double>(mp.activations.host_gemm_workspace)));
   if constexpr (gpu) {
     if (!o.memory_log.empty()) {
       const fs::path tmp_log = o.memory_log + ".tmp";
@@ -414,9 +420,10 @@ int run(const options& o, const nn::llama_config& full, const nn::llama_config& 
         TESSERA_THROW_IF(!f, error, "writing '", tmp_log.string(), "' failed");
       }
       fs::rename(tmp_log, o.memory_log);
-      std::printf("llama7b_step: allocator event log %s (scripts/plot_memory.py %s --plan-bytes "
-                  "%llu)\n",
-                  o.memory_log.c_str(), o.memory_log.c_str(), (unsigned long long)mp.total());
+      std::printf(
+          "llama7b_step: allocator event log %s (scripts/plot_memory.py %s --plan-bytes "
+          "%llu)\n",
+          o.memory_log.c_str(), o.memory_log.c_str(), (unsigned long long)mp.total());
     }
   }
   write_json(o.json, {{"backend", gpu ? "cuda" : "host"},
@@ -451,23 +458,40 @@ int run(const options& o, const nn::llama_config& full, const nn::llama_config& 
 int main(int argc, char** argv) {
   kernels::check_blas_core(argv);
   options o;
-  CLI::App app{"llama7b_step: time optimizer steps of a 7B-class Llama (single rank: the host, or one GPU with --backend cuda)"};
-  app.add_option("--backend", o.backend, "host or cuda (a build with the cuda preset)")->capture_default_str();
+  CLI::App app{
+      "llama7b_step: time optimizer steps of a 7B-class Llama (single rank: the host, or one GPU "
+      "with --backend cuda)"};
+  app.add_option("--backend", o.backend, "host or cuda (a build with the cuda preset)")
+      ->capture_default_str();
   app.add_option("--preset", o.preset, "llama2_7b or llama3_8b")->capture_default_str();
-  app.add_option("--precision", o.precision, "fp32, bf16 (bf16_mixed) or bf16_mixed_bf16_grads; default fp32 on the host, bf16_mixed_bf16_grads on cuda");
-  app.add_option("--layers", o.layers, "blocks to build, 1 to the preset's layers; default 1 on the host, all on cuda");
-  app.add_option("--seq", o.seq, "T: tokens per sequence, 1 to the preset's max_seq; default 256 on the host, 4096 on cuda");
+  app.add_option("--precision", o.precision,
+                 "fp32, bf16 (bf16_mixed) or bf16_mixed_bf16_grads; default fp32 on the host, "
+                 "bf16_mixed_bf16_grads on cuda");
+  app.add_option("--layers", o.layers,
+                 "blocks to build, 1 to the preset's layers; default 1 on the host, all on cuda");
+  app.add_option(
+      "--seq", o.seq,
+      "T: tokens per sequence, 1 to the preset's max_seq; default 256 on the host, 4096 on cuda");
   app.add_option("--micro-batch", o.micro_batch, "B: sequences per step")->capture_default_str();
   app.add_option("--warmup-steps", o.warmup_steps, "untimed steps first")->capture_default_str();
   app.add_option("--steps", o.steps, "timed optimizer steps")->capture_default_str();
   app.add_option("--seed", o.seed, "seed of weights and tokens")->capture_default_str();
-  app.add_option("--checkpointing", o.checkpointing, "activation checkpointing: none (the host's default) or full (cuda's)");
-  app.add_option("--checkpoint-layers", o.checkpoint_layers, "with --checkpointing full: every k-th block recomputes (1: all)")->capture_default_str();
-  app.add_option("--ce-chunk", o.ce_chunk, "token rows per LM-head/cross-entropy chunk (default 256 on the host, 1024 on cuda)");
-  app.add_option("--peak-tflops", o.peak_tflops, "the peak TFLOP/s for MFU/HFU (default: the host's theoretical fp32 peak; a GPU's datasheet dense bf16 rate)")->check(CLI::Range(0.0, 1e9));
+  app.add_option("--checkpointing", o.checkpointing,
+                 "activation checkpointing: none (the host's default) or full (cuda's)");
+  app.add_option("--checkpoint-layers", o.checkpoint_layers,
+                 "with --checkpointing full: every k-th block recomputes (1: all)")
+      ->capture_default_str();
+  app.add_option(
+      "--ce-chunk", o.ce_chunk,
+      "token rows per LM-head/cross-entropy chunk (default 256 on the host, 1024 on cuda)");
+  app.add_option("--peak-tflops", o.peak_tflops,
+                 "the peak TFLOP/s for MFU/HFU (default: the host's theoretical fp32 peak; a GPU's "
+                 "datasheet dense bf16 rate)")
+      ->check(CLI::Range(0.0, 1e9));
   app.add_option("--json", o.json, "also write the results to this JSON file");
-  app.add_option("--memory-log", o.memory_log,
-                 "cuda: write the device allocator's event log here (scripts/plot_memory.py plots it)");
+  app.add_option(
+      "--memory-log", o.memory_log,
+      "cuda: write the device allocator's event log here (scripts/plot_memory.py plots it)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -495,8 +519,8 @@ int main(int argc, char** argv) {
                      "unknown preset '", o.preset, "' (valid: llama2_7b, llama3_8b)");
     const nn::llama_config full = nn::llama_config::from_name(o.preset);
     if (o.layers == 0) o.layers = gpu ? full.n_layers : 1;
-    TESSERA_THROW_IF(o.precision != "fp32" && o.precision != "bf16" && o.precision != "bf16_mixed" &&
-                         o.precision != "bf16_mixed_bf16_grads",
+    TESSERA_THROW_IF(o.precision != "fp32" && o.precision != "bf16" &&
+                         o.precision != "bf16_mixed" && o.precision != "bf16_mixed_bf16_grads",
                      config_error, "unknown precision '", o.precision,
                      "' (valid: fp32, bf16, bf16_mixed_bf16_grads)");
     TESSERA_THROW_IF(o.layers < 1 || o.layers > full.n_layers, config_error, "--layers ", o.layers,

@@ -22,19 +22,20 @@
 #include <vector>
 
 #include "tessera/comm/communicator.hpp"
+#include "tessera/comm/device_mesh.hpp"
 #include "tessera/core/file.hpp"
-#include "tessera/kernels/peak.hpp"
-#include "tessera/data/hf_tokenizer.hpp"
 #include "tessera/data/fingerprint.hpp"
+#include "tessera/data/hf_tokenizer.hpp"
 #include "tessera/data/token_file.hpp"
 #include "tessera/data/tokenizer.hpp"
+#include "tessera/kernels/peak.hpp"
 #include "tessera/nn/checkpointing.hpp"
 #include "tessera/nn/hf_llama.hpp"
 #include "tessera/nn/llama_config.hpp"
 #include "tessera/plan/state.hpp"
+#include "tessera/train/agree.hpp"
 #include "tessera/train/metadata.hpp"
 #include "tessera/train/metrics.hpp"
-#include "tessera/train/agree.hpp"
 #include "tessera/train/trainer.hpp"
 #if defined(TESSERA_HAS_MPI) && TESSERA_HAS_MPI
 #include "tessera/comm/mpi.hpp"
@@ -46,14 +47,15 @@ namespace fs = std::filesystem;
 using namespace tessera;
 
 struct options {
-  std::string backend = "host";  // host, or cuda (builds with the cuda preset)
-  double peak_tflops = 0;        // the peak for MFU; 0: theoretical (host) or datasheet (GPU)
-  std::string checkpointing;     // none or full; default: none on the host, full on cuda
+  std::string backend = "host";        // host, or cuda (builds with the cuda preset)
+  double peak_tflops = 0;              // the peak for MFU; 0: theoretical (host) or datasheet (GPU)
+  std::string checkpointing;           // none or full; default: none on the host, full on cuda
   std::int64_t checkpoint_layers = 1;  // with full: every k-th block recomputes
   std::string preset = "small";
-  std::string data;  // default: data/fortunes.txt found by find_resource
+  std::string data;                  // default: data/fortunes.txt found by find_resource
   std::string data_format = "auto";  // auto (by extension), text or tokens
-  std::string precision;  // fp32, bf16, bf16_mixed_bf16_grads, fp64; default: fp32 / bf16 grads on cuda
+  std::string
+      precision;  // fp32, bf16, bf16_mixed_bf16_grads, fp64; default: fp32 / bf16 grads on cuda
   std::string optimizer = "adamw";  // adamw or sgd
   std::string out = "runs/main";
   std::string resume;
@@ -64,11 +66,11 @@ struct options {
   bool no_baseline = false;
   std::string prompt = "The ";
   int dp = 1;
-  int tp = 1;                 // tensor-parallel degree (threads with --comm local, or MPI ranks)
+  int tp = 1;  // tensor-parallel degree (threads with --comm local, or MPI ranks)
   std::string schedule = "1f1b";  // pipeline schedule: gpipe, 1f1b, interleaved, zb1
   std::string trace;              // Chrome trace JSON of one step ("": none)
   std::int64_t trace_step = 0;    // the traced step (0: the last)
-  int zero = 0;               // ZeRO stage of the data-parallel path
+  int zero = 0;                   // ZeRO stage of the data-parallel path
   std::string comm = "auto";  // local, mpi, nccl, or auto (mpi or nccl under mpirun, else local)
   double bucket_mb = 25;      // gradient bucket size of the data-parallel path
   double comm_timeout = 300;  // seconds a collective or message may wait (comm_options::timeout)
@@ -169,8 +171,10 @@ inline nn::llama_config model_config(const options& o) {
   if (o.kv_heads) mc.n_kv_heads = *o.kv_heads;
   if (o.ffn) mc.ffn_dim = *o.ffn;
   // The vocabulary follows the data unless --vocab sets it.
-  if (o.vocab) mc.vocab = *o.vocab;
-  else if (o.data_vocab > 0) mc.vocab = static_cast<std::int64_t>(o.data_vocab);
+  if (o.vocab)
+    mc.vocab = *o.vocab;
+  else if (o.data_vocab > 0)
+    mc.vocab = static_cast<std::int64_t>(o.data_vocab);
   return mc;
 }
 
@@ -201,8 +205,8 @@ inline std::optional<double> compute_baseline(const fs::path& tok, const fs::pat
   }
   const fs::path script = find_resource("scripts/ngram_baseline.py");
   if (script.empty()) return std::nullopt;
-  const std::string cmd =
-      "python3 " + shell_quote(script.string()) + " --json " + shell_quote(tok.string()) + " 2>/dev/null";
+  const std::string cmd = "python3 " + shell_quote(script.string()) + " --json " +
+                          shell_quote(tok.string()) + " 2>/dev/null";
   FILE* p = ::popen(cmd.c_str(), "r");
   if (!p) return std::nullopt;
   std::string outp;
@@ -216,8 +220,10 @@ inline std::optional<double> compute_baseline(const fs::path& tok, const fs::pat
   const double v = j["val_nats_per_byte"].get<double>();
   for (const auto& c : caches) {  // the first folder that takes it
     try {
-      tessera::write_json_file(c, {{"fingerprint", fp}, {"val_nats_per_byte", v},
-                              {"order", 4}, {"token_file", tok.string()}});
+      tessera::write_json_file(c, {{"fingerprint", fp},
+                                   {"val_nats_per_byte", v},
+                                   {"order", 4},
+                                   {"token_file", tok.string()}});
       break;
     } catch (const std::exception&) {
     }
@@ -227,8 +233,7 @@ inline std::optional<double> compute_baseline(const fs::path& tok, const fs::pat
 
 /// True when this process was started by mpirun / srun (an MPI launcher).
 inline bool launched_by_mpi() {
-  return std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") ||
-         std::getenv("PMIX_RANK");
+  return std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") || std::getenv("PMIX_RANK");
 }
 
 /// The train_config of the run: the options' with dp and the checkpointing policy.
@@ -273,8 +278,8 @@ inline void check_host_memory(const options& o, const nn::llama_config& mc,
   const std::uint64_t avail = available_host_memory();
   if (avail == 0) return;
   const auto d = plan::dtype_sizes::from_name(o.precision == "bf16" ? "bf16_mixed" : o.precision);
-  const plan::sharding sh{o.zero, o.dp, 0, std::max<std::int64_t>(1, std::llround(o.bucket_mb * 1e6)),
-                          0, o.tp, 0};
+  const plan::sharding sh{
+      o.zero, o.dp, 0, std::max<std::int64_t>(1, std::llround(o.bucket_mb * 1e6)), 0, o.tp, 0};
   const auto st = plan::plan_state(mc, d, plan::optimizer_spec::from_name(o.optimizer), sh);
   // Ranks in this process (threads) or on this machine (mpirun's local size).
   std::uint64_t here = static_cast<std::uint64_t>(o.dp) * o.tp * std::max<std::int64_t>(1, rc.pp);
@@ -290,9 +295,9 @@ inline void check_host_memory(const options& o, const nn::llama_config& mc,
       need > static_cast<double>(avail), config_error, "the model state of this run needs ",
       std::llround(need / plan::gib), " GiB (", mc.num_params(), " parameters of --dim ", mc.dim,
       " --layers ", mc.n_layers, " --ffn ", mc.ffn_dim, " --vocab ", mc.vocab, ": weights, ",
-      "gradients and optimizer state under --precision ", o.precision,
-      " --zero ", o.zero, ", ", here, " rank(s) on this machine; the planner, plan/memory.hpp) but ",
-      "the machine has ", std::llround(static_cast<double>(avail) / plan::gib),
+      "gradients and optimizer state under --precision ", o.precision, " --zero ", o.zero, ", ",
+      here, " rank(s) on this machine; the planner, plan/memory.hpp) but ", "the machine has ",
+      std::llround(static_cast<double>(avail) / plan::gib),
       " GiB available (MemAvailable + SwapFree): reduce the model, or shard its state over more "
       "machines (--zero, --dp, --tp, --pp under mpirun)");
 }
@@ -305,17 +310,14 @@ inline void check_before_ranks(const options& o, const fs::path& tok) {
   const nn::llama_config mc = model_config(o);
   const train::train_config rc = run_config(o);
   data::token_file data(tok);
-  train::check_run(mc, rc, data, o.dp);
-  nn::check_tensor_parallel(mc, o.tp);
-  TESSERA_THROW_IF(rc.pp > 1 && o.zero == 3, config_error,
-                   "--zero 3 gathers each block's parameters per pass, which a pipeline does not "
-                   "schedule; use --zero 0, 1 or 2 with --pp ", rc.pp);
-  parallel::check_pipeline(rc.pipeline,
-                           {static_cast<int>(rc.pp), rc.accum_steps(),
-                            static_cast<int>(rc.virtual_stages)},
-                           mc.n_layers);
-  (void)parallel::partition_stages(mc, rc.seq, static_cast<int>(rc.pp * rc.virtual_stages),
-                                   rc.stage_blocks);
+  const comm::device_mesh mesh(o.dp, o.tp, static_cast<int>(rc.pp));
+  switch (o.zero) {
+    case 3:
+      train::validate<parallel::zero<3>>(mc, rc, data, mesh);
+      break;
+    default:
+      train::validate<parallel::zero<0>>(mc, rc, data, mesh);
+  }
   TESSERA_THROW_IF(o.trace_step < 0 || o.trace_step > rc.steps, config_error, "--trace-step ",
                    o.trace_step, " must be in [0, steps=", rc.steps, "] (0: the last)");
   if (rc.sequence_parallel) nn::check_sequence_parallel(rc.seq, o.tp);
@@ -347,12 +349,12 @@ inline void report(const char* what, const std::string& msg, bool same_on_every_
 inline std::string oom_sizes(const options& o) {
   try {
     const nn::llama_config mc = model_config(o);
-    return tessera::detail::str(
-        " (this run: ", mc.num_params(), " parameters of --dim ", mc.dim, " --layers ",
-        mc.n_layers, " --ffn ", mc.ffn_dim, " --vocab ", mc.vocab, ", --micro-batch ",
-        o.cfg.micro_batch, " x --seq ", o.cfg.seq, ", --precision ", o.precision, " --zero ",
-        o.zero, " --checkpointing ", o.checkpointing,
-        "; examples/plan with the same flags lists the bytes)");
+    return tessera::detail::str(" (this run: ", mc.num_params(), " parameters of --dim ", mc.dim,
+                                " --layers ", mc.n_layers, " --ffn ", mc.ffn_dim, " --vocab ",
+                                mc.vocab, ", --micro-batch ", o.cfg.micro_batch, " x --seq ",
+                                o.cfg.seq, ", --precision ", o.precision, " --zero ", o.zero,
+                                " --checkpointing ", o.checkpointing,
+                                "; examples/plan with the same flags lists the bytes)");
   } catch (const std::exception&) {
     return {};
   }
@@ -375,7 +377,8 @@ inline int report_failure(const options& o) {
     report("error", e.what() + oom_sizes(o), false);
     return 2;
   } catch (const std::bad_alloc&) {  // a std::vector or string of the host
-    report("error", "out of memory: a host allocation failed (std::bad_alloc)" + oom_sizes(o), false);
+    report("error", "out of memory: a host allocation failed (std::bad_alloc)" + oom_sizes(o),
+           false);
     return 2;
   } catch (const std::exception& e) {
     report("failed", e.what(), false);
@@ -456,59 +459,63 @@ int train_loop(options& o, Trainer& tr, const data::token_file& data, const fs::
     created.keep = true;  // inputs are valid: from here on, outputs are kept
     if (!o.no_baseline && !o.baseline) o.baseline = compute_baseline(tok_path, o.data);
     const auto& c = tr.model().config();
-    std::printf("train_llama: model %s (dim %lld, layers %lld, heads %lld/%lld kv, ffn %lld, "
-                "vocab %lld) %.2fM params, precision %s, optimizer %s, backend %s\n",
-                c.name.c_str(), (long long)c.dim, (long long)c.n_layers, (long long)c.n_heads,
-                (long long)c.n_kv_heads, (long long)c.ffn_dim, (long long)c.vocab,
-                c.num_params() / 1e6, o.precision.c_str(), o.optimizer.c_str(),
-                o.backend.c_str());
+    std::printf(
+        "train_llama: model %s (dim %lld, layers %lld, heads %lld/%lld kv, ffn %lld, "
+        "vocab %lld) %.2fM params, precision %s, optimizer %s, backend %s\n",
+        c.name.c_str(), (long long)c.dim, (long long)c.n_layers, (long long)c.n_heads,
+        (long long)c.n_kv_heads, (long long)c.ffn_dim, (long long)c.vocab, c.num_params() / 1e6,
+        o.precision.c_str(), o.optimizer.c_str(), o.backend.c_str());
     std::printf("train_llama: data %s (%llu tokens, train %llu, val %llu)\n", tok_path.c_str(),
                 (unsigned long long)data.size(), (unsigned long long)data.split().train.size(),
                 (unsigned long long)data.split().val.size());
     if (o.parallel)
-      std::printf("train_llama: data parallel dp=%d, zero%d, %s communicator, %zu gradient "
-                  "buckets\n",
-                  dp, o.zero, o.comm.c_str(), tr.engine().plan().size());
+      std::printf(
+          "train_llama: data parallel dp=%d, zero%d, %s communicator, %zu gradient "
+          "buckets\n",
+          dp, o.zero, o.comm.c_str(), tr.engine().plan().size());
     if (tr.tp_size() > 1)
-      std::printf("train_llama: tensor parallel tp=%d (mesh dp %d x tp %d, tp fastest): each "
-                  "rank holds %.2fM of the %.2fM parameters%s\n",
-                  tr.tp_size(), dp, tr.tp_size(), tr.model().num_params() / 1e6,
-                  c.num_params() / 1e6,
-                  tr.model().sequence_parallel()
-                      ? "; sequence parallel: norms and residuals hold T/tp tokens"
-                      : "");
+      std::printf(
+          "train_llama: tensor parallel tp=%d (mesh dp %d x tp %d, tp fastest): each "
+          "rank holds %.2fM of the %.2fM parameters%s\n",
+          tr.tp_size(), dp, tr.tp_size(), tr.model().num_params() / 1e6, c.num_params() / 1e6,
+          tr.model().sequence_parallel()
+              ? "; sequence parallel: norms and residuals hold T/tp tokens"
+              : "");
     if (tr.pp_size() > 1) {
       std::string stages;
       const std::int64_t K = tr.pp_size(), V = tr.config().virtual_stages;
-      const auto parts = parallel::partition_stages(c, o.cfg.seq, static_cast<int>(K * V),
-                                                    o.cfg.stage_blocks);
+      const auto parts =
+          parallel::partition_stages(c, o.cfg.seq, static_cast<int>(K * V), o.cfg.stage_blocks);
       for (const auto& st : parts)
         stages += tessera::detail::str(stages.empty() ? "" : " ", st.last_block - st.first_block);
-      std::printf("train_llama: pipeline parallel pp=%lld, schedule %s, %lld virtual stage%s per "
-                  "rank, blocks per stage [%s] (embedding on the first, head on the last)\n",
-                  (long long)K, o.schedule.c_str(), (long long)V, V > 1 ? "s" : "",
-                  stages.c_str());
+      std::printf(
+          "train_llama: pipeline parallel pp=%lld, schedule %s, %lld virtual stage%s per "
+          "rank, blocks per stage [%s] (embedding on the first, head on the last)\n",
+          (long long)K, o.schedule.c_str(), (long long)V, V > 1 ? "s" : "", stages.c_str());
     }
-    std::printf("train_llama: G=%lld sequences/step = dp %d x %lld micro-batches x B=%lld, "
-                "T=%lld, %lld steps, lr %.1e, warmup %lld, checkpointing %s\n",
-                (long long)o.cfg.global_batch, dp, (long long)tr.config().accum_steps(),
-                (long long)o.cfg.micro_batch, (long long)o.cfg.seq, (long long)o.cfg.steps,
-                o.cfg.lr, (long long)o.cfg.warmup, o.checkpointing.c_str());
+    std::printf(
+        "train_llama: G=%lld sequences/step = dp %d x %lld micro-batches x B=%lld, "
+        "T=%lld, %lld steps, lr %.1e, warmup %lld, checkpointing %s\n",
+        (long long)o.cfg.global_batch, dp, (long long)tr.config().accum_steps(),
+        (long long)o.cfg.micro_batch, (long long)o.cfg.seq, (long long)o.cfg.steps, o.cfg.lr,
+        (long long)o.cfg.warmup, o.checkpointing.c_str());
     std::printf("train_llama: MFU against %s\n", kernels::describe_peak(peak).c_str());
     if (o.zero > 0)
-      std::printf("train_llama: zero%d: no checkpoints are written (sharded checkpoints are not "
-                  "supported yet; use --zero 0 to checkpoint)\n",
-                  o.zero);
+      std::printf(
+          "train_llama: zero%d: no checkpoints are written (sharded checkpoints are not "
+          "supported yet; use --zero 0 to checkpoint)\n",
+          o.zero);
     if (o.baseline)
       std::printf("train_llama: 4-gram Kneser-Ney baseline on val: %.4f nats/byte\n", *o.baseline);
     if (!o.init_from_hf.empty() && tr.step() == 0)
       std::printf("train_llama: weights from the Hugging Face Llama %s\n", o.init_from_hf.c_str());
     if (tr.step() > 0) std::printf("train_llama: resumed from step %lld\n", (long long)tr.step());
     if (o.planned_steps && *o.planned_steps != o.cfg.steps)
-      std::printf("train_llama: the schedule now runs to step %lld (the checkpoint's run planned "
-                  "%lld): warmup %lld, cosine decay to step %lld\n",
-                  (long long)o.cfg.steps, (long long)*o.planned_steps, (long long)o.cfg.warmup,
-                  (long long)o.cfg.steps);
+      std::printf(
+          "train_llama: the schedule now runs to step %lld (the checkpoint's run planned "
+          "%lld): warmup %lld, cosine decay to step %lld\n",
+          (long long)o.cfg.steps, (long long)*o.planned_steps, (long long)o.cfg.warmup,
+          (long long)o.cfg.steps);
     std::fflush(stdout);
     if (!o.sample_only) {
       metrics.emplace(metrics_path);
@@ -595,9 +602,10 @@ int train_loop(options& o, Trainer& tr, const data::token_file& data, const fs::
     if (last_val && o.tokenizer.empty())
       std::printf(", final val loss %.4f nats/byte (whole held-out split)", *last_val);
     else if (last_val)
-      std::printf(", final val loss %.4f nats/token = %.4f nats/byte (%.3f bytes per token; whole "
-                  "held-out split)",
-                  *last_val, *last_val / o.val_bytes_per_token, o.val_bytes_per_token);
+      std::printf(
+          ", final val loss %.4f nats/token = %.4f nats/byte (%.3f bytes per token; whole "
+          "held-out split)",
+          *last_val, *last_val / o.val_bytes_per_token, o.val_bytes_per_token);
     if (last_val && o.baseline)
       std::printf(" (4-gram %.4f: %s)", *o.baseline,
                   *last_val < *o.baseline ? "beaten" : "NOT beaten");
@@ -618,9 +626,10 @@ int train_loop(options& o, Trainer& tr, const data::token_file& data, const fs::
       fs::copy_file(o.tokenizer, fs::path(o.export_hf) / "tokenizer.json",
                     fs::copy_options::overwrite_existing);
     if (lead)
-      std::printf("train_llama: Hugging Face Llama written to %s (config.json, safetensors; "
-                  "LlamaForCausalLM.from_pretrained reads it)\n",
-                  o.export_hf.c_str());
+      std::printf(
+          "train_llama: Hugging Face Llama written to %s (config.json, safetensors; "
+          "LlamaForCausalLM.from_pretrained reads it)\n",
+          o.export_hf.c_str());
   }
   if (o.sample_bytes > 0) {  // every rank generates (zero 3 gathers), rank 0 prints
     std::vector<std::int32_t> prompt = o.prompt_ids;

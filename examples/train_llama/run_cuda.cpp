@@ -25,7 +25,8 @@ kernels::peak_flops gpu_peak(const options& o) {
   kernels::peak_flops k;
   if (o.peak_tflops > 0) {
     k.flops = o.peak_tflops * 1e12;
-    k.how = tessera::detail::str("GPU ", p.name, " (sm_", p.major, p.minor, "), given (--peak-tflops)");
+    k.how =
+        tessera::detail::str("GPU ", p.name, " (sm_", p.major, p.minor, "), given (--peak-tflops)");
   } else {
     k.flops = tessera::cuda::datasheet_bf16_flops(dev);
     TESSERA_THROW_IF(!(k.flops > 0), config_error, "GPU ", p.name,
@@ -59,14 +60,14 @@ int run_cuda_nccl_ranks(options& o, const fs::path& tok, created_paths& created,
     auto g = comm::make_groups(c, mesh);
     auto run = [&](auto l) {
       train::trainer<P, tessera::cuda, O, S, comm::nccl_communicator, decltype(l)> tr(
-          model_config(o), run_config(o), data, g.dp, l, g.pp, dpo);
+          model_config(o), run_config(o), data, parallel::layout{g.dp, l, g.pp}, dpo);
       return train_loop(o, tr, data, tok, created, gpu_peak(o));
     };
     if (o.tp > 1) return run(nn::tensor_parallel_layers<comm::nccl_communicator>{&g.tp});
     return run(nn::dense_layers{});
   }
-  train::trainer<P, tessera::cuda, O, S, comm::nccl_communicator> tr(model_config(o),
-                                                                     run_config(o), data, c, dpo);
+  train::trainer<P, tessera::cuda, O, S, comm::nccl_communicator> tr(
+      model_config(o), run_config(o), data, parallel::layout{c}, dpo);
   return train_loop(o, tr, data, tok, created, gpu_peak(o));
 }
 
@@ -103,8 +104,9 @@ int run_cuda_opt(options& o, const fs::path& tok, created_paths& created) {
     }
     throw config_error("--zero " + std::to_string(o.zero) + " is not a ZeRO stage");
 #else
-    throw config_error("--backend cuda: this build has no NCCL (data parallelism on GPUs needs "
-                       "tessera::nccl: NCCL and MPI)");
+    throw config_error(
+        "--backend cuda: this build has no NCCL (data parallelism on GPUs needs "
+        "tessera::nccl: NCCL and MPI)");
 #endif
   }
   TESSERA_THROW_IF(tessera::cuda::device_count() < 1, config_error,

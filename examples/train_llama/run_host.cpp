@@ -8,7 +8,8 @@ int run_host(options& o, const fs::path& tok, created_paths& created) {
     check_before_ranks(o, tok);  // before dp x tp rank threads or processes start
   } else {
     const data::token_file data(tok);
-    train::check_run(model_config(o), run_config(o), data, 1);
+    train::validate<parallel::zero<0>>(model_config(o), run_config(o), data,
+                                       comm::device_mesh(1, 1, 1));
     check_host_memory(o, model_config(o), run_config(o));  // before the model is allocated
   }
   if (o.precision == "fp32") return run_host_with<precision::fp32>(o, tok, created);

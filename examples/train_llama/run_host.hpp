@@ -5,15 +5,15 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <type_traits>
 #include <string>
+#include <type_traits>
 
 #include "run.hpp"
 #include "tessera/comm/device_mesh.hpp"
 #include "tessera/comm/local.hpp"
-#include "tessera/nn/tensor_parallel.hpp"
 #include "tessera/kernels/blas.hpp"
 #include "tessera/kernels/peak.hpp"
+#include "tessera/nn/tensor_parallel.hpp"
 #include "tessera/optim/sgd.hpp"
 #if defined(TESSERA_HAS_MPI) && TESSERA_HAS_MPI
 #include "tessera/comm/mpi.hpp"
@@ -37,26 +37,30 @@ int run_host_mesh(options& o, const fs::path& tok, created_paths& created,
                   const parallel::data_parallel_options& dpo) {
   const comm::device_mesh mesh(o.dp, o.tp, o.cfg.pp > 1 ? static_cast<int>(o.cfg.pp) : 1);
   // The trainer on this rank's groups: dense or tp layers, with or without a pipeline.
-  auto run = [&](auto& world, auto& g, const data::token_file& data, const kernels::peak_flops& peak) {
+  auto run = [&](auto& world, auto& g, const data::token_file& data,
+                 const kernels::peak_flops& peak) {
     using Comm = std::remove_reference_t<decltype(world)>;
     using layers = std::conditional_t<TP, nn::tensor_parallel_layers<Comm>, nn::dense_layers>;
     layers l{};
     if constexpr (TP) l.group = &g.tp;
-    train::trainer<P, host, O, S, Comm, layers> tr(model_config(o), run_config(o), data, g.dp, l,
-                                                   g.pp, dpo);
+    train::trainer<P, host, O, S, Comm, layers> tr(model_config(o), run_config(o), data,
+                                                   parallel::layout{g.dp, l, g.pp}, dpo);
     return train_loop(o, tr, data, tok, created, peak);
   };
   if (o.comm == "local") {
     const int per_rank = std::max(1, omp_get_max_threads() / mesh.size());
     const auto peak = host_peak(o, per_rank, kernels::measure_sgemm_flops() / mesh.size());
     int rc = 0;
-    comm::local_world::run(mesh.size(), [&](comm::local_communicator& world) {
-      omp_set_num_threads(per_rank);
-      auto g = comm::make_groups(world, mesh);
-      data::token_file data(tok);
-      const int r = run(world, g, data, peak);
-      if (world.rank() == 0) rc = r;
-    }, comm_opts(o));
+    comm::local_world::run(
+        mesh.size(),
+        [&](comm::local_communicator& world) {
+          omp_set_num_threads(per_rank);
+          auto g = comm::make_groups(world, mesh);
+          data::token_file data(tok);
+          const int r = run(world, g, data, peak);
+          if (world.rank() == 0) rc = r;
+        },
+        comm_opts(o));
     return rc;
   }
 #if defined(TESSERA_HAS_MPI) && TESSERA_HAS_MPI
@@ -71,10 +75,10 @@ int run_host_mesh(options& o, const fs::path& tok, created_paths& created,
       double blas = world.rank() == 0 ? kernels::measure_sgemm_flops() : 0.0;
       world.broadcast(&blas, 1, 0);
       const auto peak = host_peak(o, omp_get_max_threads(), blas);
-      TESSERA_THROW_IF(world.size() != mesh.size(), config_error, "--comm mpi: the mesh dp=",
-                       o.dp, " x tp=", o.tp, " x pp=", mesh.pp(), " needs ", mesh.size(),
-                       " MPI processes but the job has ", world.size(),
-                       " (start it as mpirun -np ", mesh.size(), " ...)");
+      TESSERA_THROW_IF(world.size() != mesh.size(), config_error, "--comm mpi: the mesh dp=", o.dp,
+                       " x tp=", o.tp, " x pp=", mesh.pp(), " needs ", mesh.size(),
+                       " MPI processes but the job has ", world.size(), " (start it as mpirun -np ",
+                       mesh.size(), " ...)");
       auto g = comm::make_groups(world, mesh);
       data::token_file data(tok);
       return run(world, g, data, peak);
@@ -94,8 +98,9 @@ int run_host_dp(options& o, const fs::path& tok, created_paths& created) {
   if (o.tp > 1) return run_host_mesh<P, O, S, true>(o, tok, created, dpo);
   if (o.cfg.pp > 1) {
     if constexpr (S::shards_parameters)
-      throw config_error("--zero 3 gathers each block's parameters per pass, which a pipeline "
-                         "does not schedule; use --zero 0, 1 or 2 with --pp");
+      throw config_error(
+          "--zero 3 gathers each block's parameters per pass, which a pipeline "
+          "does not schedule; use --zero 0, 1 or 2 with --pp");
     else
       return run_host_mesh<P, O, S, false>(o, tok, created, dpo);
   }
@@ -104,14 +109,17 @@ int run_host_dp(options& o, const fs::path& tok, created_paths& created) {
     const int per_rank = std::max(1, omp_get_max_threads() / o.dp);
     const auto peak = host_peak(o, per_rank, kernels::measure_sgemm_flops() / o.dp);
     int rc = 0;
-    comm::local_world::run(o.dp, [&](comm::local_communicator& c) {
-      omp_set_num_threads(per_rank);
-      data::token_file data(tok);
-      train::trainer<P, host, O, S, comm::local_communicator> tr(model_config(o), run_config(o),
-                                                                  data, c, dpo);
-      const int r = train_loop(o, tr, data, tok, created, peak);
-      if (c.rank() == 0) rc = r;
-    }, comm_opts(o));
+    comm::local_world::run(
+        o.dp,
+        [&](comm::local_communicator& c) {
+          omp_set_num_threads(per_rank);
+          data::token_file data(tok);
+          train::trainer<P, host, O, S, comm::local_communicator> tr(
+              model_config(o), run_config(o), data, parallel::layout{c}, dpo);
+          const int r = train_loop(o, tr, data, tok, created, peak);
+          if (c.rank() == 0) rc = r;
+        },
+        comm_opts(o));
     return rc;
   }
 #if defined(TESSERA_HAS_MPI) && TESSERA_HAS_MPI
@@ -125,8 +133,8 @@ int run_host_dp(options& o, const fs::path& tok, created_paths& created) {
       c.broadcast(&blas, 1, 0);
       const auto peak = host_peak(o, omp_get_max_threads(), blas);
       data::token_file data(tok);
-      train::trainer<P, host, O, S, comm::mpi_communicator> tr(model_config(o), run_config(o),
-                                                               data, c, dpo);
+      train::trainer<P, host, O, S, comm::mpi_communicator> tr(model_config(o), run_config(o), data,
+                                                               parallel::layout{c}, dpo);
       return train_loop(o, tr, data, tok, created, peak);
     });
   }
@@ -168,8 +176,7 @@ int run_host_with(options& o, const fs::path& tok, created_paths& created) {
 }
 
 extern template int run_host_with<precision::fp32>(options&, const fs::path&, created_paths&);
-extern template int run_host_with<precision::bf16_mixed>(options&, const fs::path&,
-                                                         created_paths&);
+extern template int run_host_with<precision::bf16_mixed>(options&, const fs::path&, created_paths&);
 extern template int run_host_with<precision::bf16_mixed_bf16_grads>(options&, const fs::path&,
                                                                     created_paths&);
 extern template int run_host_with<precision::fp64>(options&, const fs::path&, created_paths&);

@@ -20,10 +20,10 @@
 #include <string>
 #include <vector>
 
+#include <tessera/comm/device_mesh.hpp>
 #include <tessera/comm/mpi.hpp>
 #include <tessera/comm/nccl.hpp>
 #include <tessera/cuda.hpp>
-#include <tessera/comm/device_mesh.hpp>
 #include <tessera/data/tokenizer.hpp>
 #include <tessera/nn/tensor_parallel.hpp>
 #include <tessera/parallel/pipeline_schedule.hpp>
@@ -39,7 +39,8 @@ struct corpus_file {
   std::filesystem::path path;
   corpus_file() {
     std::string text;
-    const char* words[] = {"the ", "cat ", "sat ", "on ", "a ", "mat, ", "and ", "then ", "it ", "ran.\n"};
+    const char* words[] = {"the ",  "cat ", "sat ",  "on ", "a ",
+                           "mat, ", "and ", "then ", "it ", "ran.\n"};
     std::uint64_t s = 1;
     while (text.size() < 40000) {
       s = mix64(s);
@@ -55,7 +56,9 @@ struct corpus_file {
   }
 };
 
-nn::llama_config model() { return {"gpu_test", 256, 2, 4, 2, 512, 256, 128, 10000.0, 1e-5}; }
+nn::llama_config model() {
+  return {"gpu_test", 256, 2, 4, 2, 512, 256, 128, 10000.0, 1e-5};
+}
 
 train::train_config config(int dp) {
   train::train_config t;
@@ -123,9 +126,8 @@ void tp_matches_one_gpu(int tp, bool sp) {
   train::train_config cfg = config(dp);
   cfg.tp = tp;
   cfg.sequence_parallel = sp;
-  train::trainer<P, tessera::cuda, optim::adamw, parallel::zero<1>, comm::nccl_communicator,
-                 layers>
-      tr(model(), cfg, f, g.dp, layers{&g.tp});
+  train::trainer<P, tessera::cuda, optim::adamw, parallel::zero<1>, comm::nccl_communicator, layers>
+      tr(model(), cfg, f, parallel::layout{g.dp, layers{&g.tp}});
   CHECK(tr.model().sequence_parallel() == sp);
   for (int s = 0; s < 4; ++s)
     check_step(sp ? "tp sequence-parallel" : "tp", world.rank(), s, tr.train_step(), one);
@@ -152,7 +154,7 @@ void pp_matches_one_gpu(parallel::schedule_kind kind, int V) {
   cfg.pipeline = kind;
   cfg.virtual_stages = V;
   train::trainer<P, tessera::cuda, optim::adamw, parallel::zero<1>, comm::nccl_communicator> tr(
-      mc, cfg, f, g.dp, nn::dense_layers{}, g.pp);
+      mc, cfg, f, parallel::layout{g.dp, nn::dense_layers{}, g.pp});
   CHECK(tr.pp_size() == pp);
   for (int s = 0; s < 4; ++s)
     check_step(parallel::to_string(kind), world.rank(), s, tr.train_step(), one);
@@ -181,11 +183,11 @@ void matches_one_gpu() {
   parallel::data_parallel_options dpo;
   dpo.bucket_bytes = 256 * 1024;  // several buckets
   train::trainer<P, tessera::cuda, optim::adamw, S, comm::nccl_communicator> many(
-      model(), config(dp), f, c, dpo);
+      model(), config(dp), f, parallel::layout{c}, dpo);
   for (int s = 0; s < 4; ++s) {
     const auto m = many.train_step();
-    INFO(S::name << " rank " << c.rank() << " of " << dp << " step " << s + 1 << ": loss "
-                 << m.loss << " vs one GPU " << one_loss[static_cast<std::size_t>(s)] << ", norm "
+    INFO(S::name << " rank " << c.rank() << " of " << dp << " step " << s + 1 << ": loss " << m.loss
+                 << " vs one GPU " << one_loss[static_cast<std::size_t>(s)] << ", norm "
                  << m.grad_norm << " vs " << one_norm[static_cast<std::size_t>(s)]);
     // The same global batch and schedule; the reduction order (NCCL's, in
     // float32) and the micro-batch split differ: bf16-level drift, 1% on the

@@ -14,7 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "fuzz_common.hpp"
-#include "tessera/train/checkpoint.hpp"
+#include "tessera/train/checkpoint_file.hpp"
 
 namespace {
 
@@ -60,8 +60,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const std::uint64_t pn = size - 40 - jn;
   std::memcpy(b.data() + 24 + jn, &pn, 8);
   const char* js = reinterpret_cast<const char*>(b.data() + 24);
-  const std::uint64_t h = tessera::train::fnv1a64(
-      reinterpret_cast<const char*>(b.data() + 32 + jn), pn, tessera::train::fnv1a64(js, jn));
+  const std::uint64_t h = tessera::train::fnv1a64(reinterpret_cast<const char*>(b.data() + 32 + jn),
+                                                  pn, tessera::train::fnv1a64(js, jn));
   std::memcpy(b.data() + size - 8, &h, 8);
   read_one(b.data(), b.size());
   return 0;

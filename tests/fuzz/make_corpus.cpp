@@ -20,7 +20,7 @@
 #include "tessera/data/safetensors.hpp"
 #include "tessera/data/token_file.hpp"
 #include "tessera/nn/llama_config.hpp"
-#include "tessera/train/checkpoint.hpp"
+#include "tessera/train/checkpoint_file.hpp"
 
 namespace fs = std::filesystem;
 using bytes = std::vector<unsigned char>;
@@ -35,7 +35,9 @@ void put(const fs::path& p, const bytes& b) {
   std::ofstream out(p, std::ios::binary | std::ios::trunc);
   out.write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
 }
-void put(const fs::path& p, const std::string& s) { put(p, bytes(s.begin(), s.end())); }
+void put(const fs::path& p, const std::string& s) {
+  put(p, bytes(s.begin(), s.end()));
+}
 // A copy of `b` with its last `n` bytes dropped, or byte `at` xor'ed with `x`.
 bytes cut(bytes b, std::size_t n) {
   b.resize(b.size() > n ? b.size() - n : 0);
@@ -45,7 +47,9 @@ bytes flip(bytes b, std::size_t at, unsigned char x = 0x01) {
   if (at < b.size()) b[at] ^= x;
   return b;
 }
-void store32(bytes& b, std::size_t at, std::uint32_t v) { std::memcpy(b.data() + at, &v, 4); }
+void store32(bytes& b, std::size_t at, std::uint32_t v) {
+  std::memcpy(b.data() + at, &v, 4);
+}
 
 void token_files(const fs::path& d) {
   using tessera::data::token_dtype;
@@ -70,7 +74,8 @@ void token_files(const fs::path& d) {
   put(d / "llmc_v3.bin", flip(shard, 4, 0x02));
   // NumPy .npy version 1.0, '<u2' and '<u4', padded to a multiple of 64 bytes as NumPy pads it.
   auto npy = [&](const std::string& descr, std::size_t width, const std::string& shape) {
-    std::string dict = "{'descr': '" + descr + "', 'fortran_order': False, 'shape': " + shape + ", }";
+    std::string dict =
+        "{'descr': '" + descr + "', 'fortran_order': False, 'shape': " + shape + ", }";
     dict.append(128 - 10 - dict.size() - 1, ' ');
     dict += '\n';
     bytes b = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, static_cast<unsigned char>(dict.size()), 0};
@@ -86,8 +91,11 @@ void token_files(const fs::path& d) {
 }
 
 void checkpoints(const fs::path& d) {
-  const nlohmann::json meta = {{"step", 12}, {"seed", 7}, {"model", {{"dim", 16}, {"layers", 2}}},
-                               {"lr", 3e-4}, {"data", "corpus.tok"}};
+  const nlohmann::json meta = {{"step", 12},
+                               {"seed", 7},
+                               {"model", {{"dim", 16}, {"layers", 2}}},
+                               {"lr", 3e-4},
+                               {"data", "corpus.tok"}};
   const std::vector<float> state = {1.0f, -2.5f, 0.125f, 3.0f};
   auto write = [&](const fs::path& p, const nlohmann::json& m, const void* b, std::size_t n) {
     tessera::train::write_checkpoint(p, m, n, [&](tessera::train::checkpoint_writer& w) {
@@ -110,17 +118,20 @@ void safetensors(const fs::path& d) {
   const std::vector<std::int64_t> i64 = {1, -1};
   tessera::data::write_safetensors(d / "f32.safetensors",
                                    {{"w", "F32", {2, 3}, f.data(), f.size() * 4}});
-  tessera::data::write_safetensors(
-      d / "mixed.safetensors",
-      {{"a.weight", "BF16", {2, 2}, bf.data(), bf.size() * 2},
-       {"b.bias", "I64", {2}, i64.data(), i64.size() * 8},
-       {"empty", "F16", {0, 4}, nullptr, 0},
-       {"scalar", "F32", {}, f.data(), 4}},
-      {{"format", "pt"}});
+  tessera::data::write_safetensors(d / "mixed.safetensors",
+                                   {{"a.weight", "BF16", {2, 2}, bf.data(), bf.size() * 2},
+                                    {"b.bias", "I64", {2}, i64.data(), i64.size() * 8},
+                                    {"empty", "F16", {0, 4}, nullptr, 0},
+                                    {"scalar", "F32", {}, f.data(), 4}},
+                                   {{"format", "pt"}});
   tessera::data::write_safetensors(d / "none.safetensors", {});
   const bytes ok = slurp(d / "f32.safetensors");
   put(d / "truncated.safetensors", cut(ok, 4));
-  put(d / "trailing.safetensors", [&] { bytes b = ok; b.push_back(0); return b; }());
+  put(d / "trailing.safetensors", [&] {
+    bytes b = ok;
+    b.push_back(0);
+    return b;
+  }());
   put(d / "long_header.safetensors", flip(ok, 0, 0x40));
   // A hand-written header: a gap between two tensors, and a zero-sized dimension.
   auto raw = [&](std::string h, std::size_t data_bytes) {
@@ -132,9 +143,9 @@ void safetensors(const fs::path& d) {
     b.resize(b.size() + data_bytes, 0x3c);
     return b;
   };
-  put(d / "gap.safetensors",
-      raw(R"({"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},)"
-          R"("b":{"dtype":"U8","shape":[2],"data_offsets":[4,6]}})", 6));
+  put(d / "gap.safetensors", raw(R"({"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},)"
+                                 R"("b":{"dtype":"U8","shape":[2],"data_offsets":[4,6]}})",
+                                 6));
   put(d / "zero_dim.safetensors",
       raw(R"({"z":{"dtype":"F32","shape":[3,0,5],"data_offsets":[0,0]}})", 0));
 }
@@ -142,20 +153,30 @@ void safetensors(const fs::path& d) {
 void hf_configs(const fs::path& d, const fs::path& fixtures) {
   // transformers 4's keys (nn::hf_config_json writes these) for the tiny preset.
   const auto c = tessera::nn::llama_config::tiny();
-  const nlohmann::json v4 = {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"},
-                             {"hidden_size", c.dim}, {"intermediate_size", c.ffn_dim},
-                             {"num_hidden_layers", c.n_layers}, {"num_attention_heads", c.n_heads},
-                             {"num_key_value_heads", c.n_kv_heads}, {"head_dim", c.head_dim()},
-                             {"vocab_size", c.vocab}, {"max_position_embeddings", c.max_seq},
-                             {"rms_norm_eps", c.norm_eps}, {"rope_theta", c.rope_theta},
-                             {"rope_scaling", nullptr}, {"hidden_act", "silu"},
-                             {"attention_bias", false}, {"mlp_bias", false},
-                             {"pretraining_tp", 1}, {"tie_word_embeddings", true},
+  const nlohmann::json v4 = {{"architectures", {"LlamaForCausalLM"}},
+                             {"model_type", "llama"},
+                             {"hidden_size", c.dim},
+                             {"intermediate_size", c.ffn_dim},
+                             {"num_hidden_layers", c.n_layers},
+                             {"num_attention_heads", c.n_heads},
+                             {"num_key_value_heads", c.n_kv_heads},
+                             {"head_dim", c.head_dim()},
+                             {"vocab_size", c.vocab},
+                             {"max_position_embeddings", c.max_seq},
+                             {"rms_norm_eps", c.norm_eps},
+                             {"rope_theta", c.rope_theta},
+                             {"rope_scaling", nullptr},
+                             {"hidden_act", "silu"},
+                             {"attention_bias", false},
+                             {"mlp_bias", false},
+                             {"pretraining_tp", 1},
+                             {"tie_word_embeddings", true},
                              {"torch_dtype", "bfloat16"}};
   put(d / "tiny_v4.json", v4.dump(2));
   for (const char* f : {"fp32", "bf16_tied_sharded"}) {
     const fs::path p = fixtures / f / "config.json";
-    if (fs::exists(p)) fs::copy_file(p, d / (std::string(f) + ".json"), fs::copy_options::overwrite_existing);
+    if (fs::exists(p))
+      fs::copy_file(p, d / (std::string(f) + ".json"), fs::copy_options::overwrite_existing);
   }
   put(d / "odd_head_dim.json",
       R"({"model_type":"llama","hidden_size":12,"intermediate_size":8,"num_hidden_layers":1,)"

@@ -33,7 +33,7 @@ int main(int argc, char** argv) {
     trainer_suite::temp_file corpus{trainer_suite::make_corpus("mpi_err", world.rank())};
     data::token_file f(corpus.path);
     train::trainer<precision::fp32, host, optim::adamw, parallel::zero<1>, comm::mpi_communicator>
-        tr(trainer_suite::model(), trainer_suite::config(4), f, world);
+        tr(trainer_suite::model(), trainer_suite::config(4), f, parallel::layout{world});
     // Rank 2 fails after its first step; the others train on, and their
     // next wait (perhaps the end of step 1 still) must throw.
     const auto t0 = std::chrono::steady_clock::now();

@@ -30,7 +30,8 @@ int main(int argc, char** argv) {
   const comm::device_mesh mesh(1, 1, 4);
   auto g = comm::make_groups(world, mesh);
   train::trainer<precision::fp64, host, optim::adamw, parallel::zero<0>, comm::mpi_communicator> tr(
-      pp_suite::model(), pp_suite::config(l, 4), f, g.dp, nn::dense_layers{}, g.pp);
+      pp_suite::model(), pp_suite::config(l, 4), f,
+      parallel::layout{g.dp, nn::dense_layers{}, g.pp});
   (void)tr.train_step();
   if (world.rank() == 2) comm::mpi_abort("pipeline stage 2 failed mid-step (injected)");
   (void)tr.train_step();

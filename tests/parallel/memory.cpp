@@ -103,7 +103,8 @@ void check_rank(const nn::llama_config& mc, const fs::path& tokens, local_commun
   parallel::data_parallel_options dpo;
   dpo.bucket_bytes = bucket_bytes_for(mc);
   const kernels::host_context ctx{&mr};
-  train::trainer<P, host, optim::adamw, S, local_communicator> tr(mc, tc, f, c, ctx, dpo);
+  train::trainer<P, host, optim::adamw, S, local_communicator> tr(mc, tc, f, parallel::layout{c},
+                                                                  dpo, &ctx);
 
   const auto d = plan::dtype_sizes::of<P>();
   const plan::sharding sh{S::stage, c.size(), 1, dpo.bucket_bytes, c.rank()};

@@ -45,8 +45,7 @@ using Catch::Matchers::Contains;
 namespace {
 
 constexpr schedule_kind all_kinds[] = {schedule_kind::gpipe, schedule_kind::one_f_one_b,
-                                       schedule_kind::interleaved,
-                                       schedule_kind::zero_bubble_h1};
+                                       schedule_kind::interleaved, schedule_kind::zero_bubble_h1};
 
 // The simulated times are sums of small dyadic or 1/V multiples; 1e-12
 // absorbs the rounding of the 1/3 chunk costs over at most ~150 additions.
@@ -54,8 +53,7 @@ constexpr double eps = 1e-12;
 
 bool refused(schedule_kind kind, pipeline_shape s) {
   if (s.virtual_stages > 1 && kind != schedule_kind::interleaved) return true;
-  return kind == schedule_kind::interleaved &&
-         (s.stages < 2 || s.micro_batches % s.stages != 0);
+  return kind == schedule_kind::interleaved && (s.stages < 2 || s.micro_batches % s.stages != 0);
 }
 
 // Calls body(kind, shape) for every accepted combination in the test's
@@ -93,7 +91,9 @@ std::vector<std::vector<action>> all_lists(schedule_kind kind, pipeline_shape s)
   return lists;
 }
 
-bool is_split(schedule_kind kind) { return kind == schedule_kind::zero_bubble_h1; }
+bool is_split(schedule_kind kind) {
+  return kind == schedule_kind::zero_bubble_h1;
+}
 
 // The compute actions of a list, in order.
 std::vector<action> compute_order(const std::vector<action>& list) {
@@ -223,8 +223,7 @@ void check_messages(pipeline_shape s, const std::vector<std::vector<action>>& li
       if (a.kind == action_kind::recv_backward) ++msgs[{1, a.micro_batch, v}].second;
     }
   // One forward and one backward message per micro-batch and boundary.
-  CHECK(msgs.size() ==
-        static_cast<std::size_t>(2 * s.micro_batches * (K * s.virtual_stages - 1)));
+  CHECK(msgs.size() == static_cast<std::size_t>(2 * s.micro_batches * (K * s.virtual_stages - 1)));
   for (const auto& [key, sr] : msgs) {
     INFO("direction " << std::get<0>(key) << " micro-batch " << std::get<1>(key)
                       << " to virtual stage " << std::get<2>(key));
@@ -306,14 +305,13 @@ TEST_CASE("check_pipeline refuses impossible shapes, naming the numbers", "[pipe
   REQUIRE_NOTHROW(check_pipeline(K::interleaved, {4, 8, 3}, 12));
   REQUIRE_NOTHROW(check_pipeline(K::gpipe, {4, 3, 1}, -1));
   // A stage outside [0, K).
-  REQUIRE_THROWS_WITH(one_f_one_b(4, {4, 8, 1}), Contains("stage=4 must be in [0, pp=4)"));
-  REQUIRE_THROWS_WITH(gpipe(-1, {4, 8, 1}), Contains("stage=-1"));
-  REQUIRE_THROWS_AS(zero_bubble_h1(2, {2, 8, 1}), config_error);
-  REQUIRE_THROWS_AS(interleaved_one_f_one_b(2, {2, 8, 2}), config_error);
+  REQUIRE_THROWS_WITH(one_f_one_b::actions(4, {4, 8, 1}), Contains("stage=4 must be in [0, pp=4)"));
+  REQUIRE_THROWS_WITH(gpipe::actions(-1, {4, 8, 1}), Contains("stage=-1"));
+  REQUIRE_THROWS_AS(zero_bubble_h1::actions(2, {2, 8, 1}), config_error);
+  REQUIRE_THROWS_AS(interleaved_one_f_one_b::actions(2, {2, 8, 2}), config_error);
 }
 
-TEST_CASE("every schedule's lists are complete, matched, deadlock-free and causal",
-          "[pipeline]") {
+TEST_CASE("every schedule's lists are complete, matched, deadlock-free and causal", "[pipeline]") {
   for_each_shape([](schedule_kind kind, pipeline_shape s) {
     const auto lists = all_lists(kind, s);
     for (int k = 0; k < s.stages; ++k) check_list(kind, s, k, lists[static_cast<std::size_t>(k)]);
@@ -321,8 +319,7 @@ TEST_CASE("every schedule's lists are complete, matched, deadlock-free and causa
     for (double hop : {0.0, 0.25}) {
       INFO("hop " << hop);
       stage_costs costs;
-      costs.forward = 1, costs.backward_input = 1.5, costs.backward_weight = 0.75,
-      costs.hop = hop;
+      costs.forward = 1, costs.backward_input = 1.5, costs.backward_weight = 0.75, costs.hop = hop;
       simulation r;
       REQUIRE_NOTHROW(r = simulate(lists, s.virtual_stages, costs));
       check_times(s, r, hop);
@@ -399,11 +396,11 @@ TEST_CASE("peak in flight: gpipe M, 1f1b and zb1 min(K, M) on stage 0 and <= K",
           break;
         case schedule_kind::interleaved:
           // Warm-up plus one, over all chunks (Megatron's count).
-          CHECK(peak == std::min<std::int64_t>(
-                            s.virtual_stages == 1
-                                ? K - k
-                                : (K - k - 1) * 2 + (s.virtual_stages - 1) * K + 1,
-                            M * s.virtual_stages));
+          CHECK(peak ==
+                std::min<std::int64_t>(s.virtual_stages == 1
+                                           ? K - k
+                                           : (K - k - 1) * 2 + (s.virtual_stages - 1) * K + 1,
+                                       M * s.virtual_stages));
           break;
       }
     }
@@ -415,8 +412,8 @@ TEST_CASE("interleaved with V = 1 is 1f1b; K = 1 is gradient accumulation", "[pi
     for (std::int64_t M = K; M <= 3 * K; M += K)
       for (int k = 0; k < K; ++k) {
         INFO("K=" << K << " M=" << M << " rank " << k);
-        const auto a = interleaved_one_f_one_b(k, {K, M, 1});
-        const auto b = one_f_one_b(k, {K, M, 1});
+        const auto a = interleaved_one_f_one_b::actions(k, {K, M, 1});
+        const auto b = one_f_one_b::actions(k, {K, M, 1});
         CHECK(compute_order(a) == compute_order(b));
         CHECK(a == b);  // sends and receives too
       }
@@ -437,11 +434,11 @@ TEST_CASE("interleaved with V = 1 is 1f1b; K = 1 is gradient accumulation", "[pi
     }
     // 1f1b and zb1 are one-at-a-time accumulation; gpipe stays GPipe (all
     // forwards, then all backwards in forward order: peak M, like K > 1).
-    CHECK(one_f_one_b(0, {1, M, 1}) == want);
-    CHECK(one_f_one_b(0, {1, M, 1}) == no_pipeline(M));
-    CHECK(gpipe(0, {1, M, 1}) == no_pipeline(M, M, backward_order::forward_order));
-    CHECK(zero_bubble_h1(0, {1, M, 1}) == want_split);
-    REQUIRE_THROWS_WITH(interleaved_one_f_one_b(0, {1, M, 1}),
+    CHECK(one_f_one_b::actions(0, {1, M, 1}) == want);
+    CHECK(one_f_one_b::actions(0, {1, M, 1}) == no_pipeline(M));
+    CHECK(gpipe::actions(0, {1, M, 1}) == no_pipeline(M, M, backward_order::forward_order));
+    CHECK(zero_bubble_h1::actions(0, {1, M, 1}) == want_split);
+    REQUIRE_THROWS_WITH(interleaved_one_f_one_b::actions(0, {1, M, 1}),
                         Contains("interleaved needs pp >= 2 stages"));
   }
 }
@@ -451,27 +448,29 @@ TEST_CASE("interleaved runs micro-batches through the chunks in groups of K", "[
   // (m, c) = (0,0) (1,0) (0,1) (1,1); then 1F1B over virtual micro-batches,
   // backwards starting from the last chunk.
   std::vector<std::pair<std::int64_t, int>> f, b;
-  for (const action& a : compute_order(interleaved_one_f_one_b(0, {2, 4, 2}))) {
+  for (const action& a : compute_order(interleaved_one_f_one_b::actions(0, {2, 4, 2}))) {
     if (a.kind == action_kind::forward) f.push_back({a.micro_batch, a.chunk});
     if (a.kind == action_kind::backward) b.push_back({a.micro_batch, a.chunk});
   }
   using P = std::vector<std::pair<std::int64_t, int>>;
   CHECK(f == P{{0, 0}, {1, 0}, {0, 1}, {1, 1}, {2, 0}, {3, 0}, {2, 1}, {3, 1}});
   CHECK(b == P{{0, 1}, {1, 1}, {0, 0}, {1, 0}, {2, 1}, {3, 1}, {2, 0}, {3, 0}});
-  const auto order = compute_order(interleaved_one_f_one_b(0, {2, 4, 2}));
+  const auto order = compute_order(interleaved_one_f_one_b::actions(0, {2, 4, 2}));
   CHECK(order[4] == action{action_kind::forward, 2, 0});
   CHECK(order[5] == action{action_kind::backward, 0, 1});
 }
 
-TEST_CASE("the simulator names a deadlock's ranks and refuses unmatched messages",
-          "[pipeline]") {
+TEST_CASE("the simulator names a deadlock's ranks and refuses unmatched messages", "[pipeline]") {
   // Both ranks receive first: rank 0 waits for micro-batch 0's output
   // gradient from rank 1, rank 1 for micro-batch 0's input from rank 0.
-  const std::vector<std::vector<action>> stuck = {
-      {{action_kind::recv_backward, 0}, {action_kind::forward, 0}, {action_kind::send_forward, 0},
-       {action_kind::backward, 0}},
-      {{action_kind::recv_forward, 0}, {action_kind::forward, 0}, {action_kind::backward, 0},
-       {action_kind::send_backward, 0}}};
+  const std::vector<std::vector<action>> stuck = {{{action_kind::recv_backward, 0},
+                                                   {action_kind::forward, 0},
+                                                   {action_kind::send_forward, 0},
+                                                   {action_kind::backward, 0}},
+                                                  {{action_kind::recv_forward, 0},
+                                                   {action_kind::forward, 0},
+                                                   {action_kind::backward, 0},
+                                                   {action_kind::send_backward, 0}}};
   REQUIRE_THROWS_AS(simulate(stuck, 1, stage_costs{}), config_error);
   REQUIRE_THROWS_WITH(simulate(stuck, 1, stage_costs{}),
                       Contains("deadlock") &&
@@ -495,29 +494,27 @@ TEST_CASE("the simulator names a deadlock's ranks and refuses unmatched messages
                           Contains("has no matching send_forward"));
   auto no_recv = lists;
   drop(no_recv[0], {action_kind::recv_backward, 1});
-  REQUIRE_THROWS_WITH(simulate(no_recv, 1, stage_costs{}),
-                      Contains("rank 1's send_backward of micro-batch 1") &&
-                          Contains("is never received"));
+  REQUIRE_THROWS_WITH(
+      simulate(no_recv, 1, stage_costs{}),
+      Contains("rank 1's send_backward of micro-batch 1") && Contains("is never received"));
   // A send off the end of the pipeline, and a chunk outside [0, V).
   auto off_end = lists;
   off_end[2].insert(off_end[2].begin(), action{action_kind::send_forward, 0});
   REQUIRE_THROWS_WITH(simulate(off_end, 1, stage_costs{}), Contains("has no next virtual stage"));
   const std::vector<std::vector<action>> bad_chunk = {{{action_kind::forward, 0, 1}}};
-  REQUIRE_THROWS_WITH(simulate(bad_chunk, 1, stage_costs{}),
-                      Contains("chunk 1 outside [0, V=1)"));
+  REQUIRE_THROWS_WITH(simulate(bad_chunk, 1, stage_costs{}), Contains("chunk 1 outside [0, V=1)"));
 }
 
 TEST_CASE("message_groups are the maximal runs of adjacent messages", "[pipeline]") {
   using A = action_kind;
-  const std::vector<action> l = {{A::recv_forward, 0}, {A::forward, 0},      {A::send_forward, 0},
-                                 {A::recv_backward, 0}, {A::backward, 0},    {A::send_backward, 0},
+  const std::vector<action> l = {{A::recv_forward, 0},     {A::forward, 0},  {A::send_forward, 0},
+                                 {A::recv_backward, 0},    {A::backward, 0}, {A::send_backward, 0},
                                  {A::reduce_gradients, -1}};
   CHECK(message_groups(l) == std::vector<action_range>{{0, 1}, {2, 4}, {5, 6}});
   CHECK(message_groups({}).empty());
 }
 
-TEST_CASE("every schedule completes under NCCL's rendezvous, each group at once",
-          "[pipeline]") {
+TEST_CASE("every schedule completes under NCCL's rendezvous, each group at once", "[pipeline]") {
   // A send waits for its receive; a rank issues each message group whole and
   // waits for it; sends and receives between two ranks match in order.
   for_each_shape([](schedule_kind kind, pipeline_shape s) {
@@ -525,8 +522,7 @@ TEST_CASE("every schedule completes under NCCL's rendezvous, each group at once"
     for (double hop : {0.0, 0.25}) {
       INFO("hop " << hop);
       stage_costs costs;
-      costs.forward = 1, costs.backward_input = 1.5, costs.backward_weight = 0.75,
-      costs.hop = hop;
+      costs.forward = 1, costs.backward_input = 1.5, costs.backward_weight = 0.75, costs.hop = hop;
       simulation r;
       REQUIRE_NOTHROW(r = simulate(lists, s.virtual_stages, costs, message_transport::rendezvous));
       check_times(s, r, hop);
@@ -541,21 +537,37 @@ TEST_CASE("every schedule completes under NCCL's rendezvous, each group at once"
   });
 }
 
-TEST_CASE("rendezvous: crossing sends deadlock, out-of-order messages are refused",
-          "[pipeline]") {
+TEST_CASE("rendezvous: crossing sends deadlock, out-of-order messages are refused", "[pipeline]") {
   using A = action_kind;
   // Rank 0 sends micro-batch 1 before receiving 0's gradient, rank 1 sends
   // that gradient before receiving micro-batch 1, each in a group of its
   // own (a compute between): buffered, it runs; under rendezvous each send
   // waits for a receive queued behind the other's.
-  const std::vector<std::vector<action>> crossing = {
-      {{A::forward, 0}, {A::send_forward, 0}, {A::forward, 1}, {A::send_forward, 1},
-       {A::forward, 2}, {A::recv_backward, 0}, {A::backward, 0}, {A::send_forward, 2},
-       {A::recv_backward, 1}, {A::backward, 1}, {A::recv_backward, 2}, {A::backward, 2}},
-      {{A::recv_forward, 0}, {A::forward, 0}, {A::backward_input, 0}, {A::send_backward, 0},
-       {A::backward_weight, 0}, {A::recv_forward, 1}, {A::forward, 1}, {A::backward, 1},
-       {A::send_backward, 1}, {A::recv_forward, 2}, {A::forward, 2}, {A::backward, 2},
-       {A::send_backward, 2}}};
+  const std::vector<std::vector<action>> crossing = {{{A::forward, 0},
+                                                      {A::send_forward, 0},
+                                                      {A::forward, 1},
+                                                      {A::send_forward, 1},
+                                                      {A::forward, 2},
+                                                      {A::recv_backward, 0},
+                                                      {A::backward, 0},
+                                                      {A::send_forward, 2},
+                                                      {A::recv_backward, 1},
+                                                      {A::backward, 1},
+                                                      {A::recv_backward, 2},
+                                                      {A::backward, 2}},
+                                                     {{A::recv_forward, 0},
+                                                      {A::forward, 0},
+                                                      {A::backward_input, 0},
+                                                      {A::send_backward, 0},
+                                                      {A::backward_weight, 0},
+                                                      {A::recv_forward, 1},
+                                                      {A::forward, 1},
+                                                      {A::backward, 1},
+                                                      {A::send_backward, 1},
+                                                      {A::recv_forward, 2},
+                                                      {A::forward, 2},
+                                                      {A::backward, 2},
+                                                      {A::send_backward, 2}}};
   REQUIRE_NOTHROW(simulate(crossing, 1, stage_costs{}));
   REQUIRE_THROWS_WITH(simulate(crossing, 1, stage_costs{}, message_transport::rendezvous),
                       Contains("deadlock") &&
@@ -571,7 +583,7 @@ TEST_CASE("rendezvous: crossing sends deadlock, out-of-order messages are refuse
       std::vector<std::vector<action>> lists;
       for (int k = 0; k < K; ++k) {
         std::vector<action> l;
-        for (const action& a : interleaved_one_f_one_b(k, s)) l.push_back(a);
+        for (const action& a : interleaved_one_f_one_b::actions(k, s)) l.push_back(a);
         // Undo the per-step grouping: each receive right before its compute,
         // each send right after it.
         std::vector<action> computes, out;
@@ -596,11 +608,22 @@ TEST_CASE("rendezvous: crossing sends deadlock, out-of-order messages are refuse
 
   // Two messages from rank 0 to rank 1 received in the other order: MPI's
   // tags match them, NCCL's order cannot.
-  const std::vector<std::vector<action>> swapped = {
-      {{A::forward, 0}, {A::send_forward, 0}, {A::forward, 1}, {A::send_forward, 1},
-       {A::recv_backward, 1}, {A::backward, 1}, {A::recv_backward, 0}, {A::backward, 0}},
-      {{A::recv_forward, 1}, {A::recv_forward, 0}, {A::forward, 1}, {A::forward, 0},
-       {A::backward, 1}, {A::backward, 0}, {A::send_backward, 1}, {A::send_backward, 0}}};
+  const std::vector<std::vector<action>> swapped = {{{A::forward, 0},
+                                                     {A::send_forward, 0},
+                                                     {A::forward, 1},
+                                                     {A::send_forward, 1},
+                                                     {A::recv_backward, 1},
+                                                     {A::backward, 1},
+                                                     {A::recv_backward, 0},
+                                                     {A::backward, 0}},
+                                                    {{A::recv_forward, 1},
+                                                     {A::recv_forward, 0},
+                                                     {A::forward, 1},
+                                                     {A::forward, 0},
+                                                     {A::backward, 1},
+                                                     {A::backward, 0},
+                                                     {A::send_backward, 1},
+                                                     {A::send_backward, 0}}};
   REQUIRE_THROWS_WITH(simulate(swapped, 1, stage_costs{}, message_transport::rendezvous),
                       Contains("rank 0's send #0 to rank 1 is micro-batch 0") &&
                           Contains("rank 1's receive #0 from rank 0 expects micro-batch 1") &&

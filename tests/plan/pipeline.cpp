@@ -32,8 +32,8 @@ using parallel::schedule_kind;
 
 namespace {
 
-plan::pipeline_options pipe(int pp, schedule_kind s, std::int64_t M, std::int64_t B,
-                            std::int64_t T, bool full = false, int V = 1) {
+plan::pipeline_options pipe(int pp, schedule_kind s, std::int64_t M, std::int64_t B, std::int64_t T,
+                            bool full = false, int V = 1) {
   plan::pipeline_options p;
   p.pp = pp;
   p.virtual_stages = V;
@@ -107,10 +107,9 @@ void check_records_tp(int pp, bool sp) {
           std::lock_guard lk(mu);
           if (st.chunks[0].saved != static_cast<std::uint64_t>(m.record_bytes(B, T)) ||
               st.params != real)
-            bad.push_back(tessera::detail::str("tp rank ", g.rank(), " stage ", st.stage,
-                                               ": saved ", st.chunks[0].saved, " vs ",
-                                               m.record_bytes(B, T), ", params ", st.params,
-                                               " vs ", real));
+            bad.push_back(tessera::detail::str(
+                "tp rank ", g.rank(), " stage ", st.stage, ": saved ", st.chunks[0].saved, " vs ",
+                m.record_bytes(B, T), ", params ", st.params, " vs ", real));
         }
       },
       co);
@@ -151,7 +150,7 @@ void check_trainer_peak(schedule_kind s, int V = 1) {
         omp_set_num_threads(1);
         auto g = comm::make_groups(world, comm::device_mesh(1, 1, K));
         train::trainer<P, host, optim::adamw, parallel::zero<0>, comm::local_communicator> tr(
-            pp_suite::model(), cfg, f, g.dp, nn::dense_layers{}, g.pp);
+            pp_suite::model(), cfg, f, parallel::layout{g.dp, nn::dense_layers{}, g.pp});
         tr.set_tracing(true);
         const auto before = static_cast<std::int64_t>(tr.context().resource().stats().allocated);
         (void)tr.train_step();
@@ -171,9 +170,8 @@ void check_trainer_peak(schedule_kind s, int V = 1) {
       },
       co);
   plan::pipeline_options p = pipe(K, s, M, cfg.micro_batch, cfg.seq, false, V);
-  const plan::pipeline_plan pl =
-      plan::plan_pipeline(pp_suite::model(), plan::dtype_sizes::of<P>(),
-                          plan::optimizer_spec::adamw(), {}, p);
+  const plan::pipeline_plan pl = plan::plan_pipeline(pp_suite::model(), plan::dtype_sizes::of<P>(),
+                                                     plan::optimizer_spec::adamw(), {}, p);
   for (int k = 0; k < K; ++k) {
     const auto u = static_cast<std::size_t>(k);
     const auto want = static_cast<double>(pl.stages[u].peak_activation_bytes);
@@ -248,13 +246,15 @@ TEST_CASE("pipeline plan: in-flight counts, p2p bytes, ZeRO shards", "[plan][pp]
                     Catch::Contains("multiple of pp=3"));
 }
 
-TEST_CASE("pipeline plan: the bubble at equal stage costs is parallel::simulate's and the "
-          "closed form", "[plan][pp]") {
-  for (auto [s, K, M, V] : {std::tuple{schedule_kind::gpipe, 4, 8, 1},
-                            std::tuple{schedule_kind::one_f_one_b, 4, 8, 1},
-                            std::tuple{schedule_kind::one_f_one_b, 8, 3, 1},
-                            std::tuple{schedule_kind::interleaved, 4, 8, 2},
-                            std::tuple{schedule_kind::zero_bubble_h1, 4, 8, 1}}) {
+TEST_CASE(
+    "pipeline plan: the bubble at equal stage costs is parallel::simulate's and the "
+    "closed form",
+    "[plan][pp]") {
+  for (auto [s, K, M, V] :
+       {std::tuple{schedule_kind::gpipe, 4, 8, 1}, std::tuple{schedule_kind::one_f_one_b, 4, 8, 1},
+        std::tuple{schedule_kind::one_f_one_b, 8, 3, 1},
+        std::tuple{schedule_kind::interleaved, 4, 8, 2},
+        std::tuple{schedule_kind::zero_bubble_h1, 4, 8, 1}}) {
     INFO(parallel::to_string(s) << " K " << K << " M " << M << " V " << V);
     const parallel::pipeline_shape shape{K, M, V};
     std::vector<std::vector<parallel::action>> lists;
@@ -270,10 +270,9 @@ TEST_CASE("pipeline plan: the bubble at equal stage costs is parallel::simulate'
     CHECK(mine.bubble_fraction == Approx(plan::bubble_closed_form(s, shape)).epsilon(1e-12));
   }
   // With the head on the last stage the simulated bubble exceeds the closed form.
-  const auto pl = plan::plan_pipeline(nn::llama_config::llama2_7b(),
-                                      plan::dtype_sizes::from_name("bf16_mixed"),
-                                      plan::optimizer_spec::adamw(), {},
-                                      pipe(4, schedule_kind::one_f_one_b, 8, 1, 4096));
+  const auto pl = plan::plan_pipeline(
+      nn::llama_config::llama2_7b(), plan::dtype_sizes::from_name("bf16_mixed"),
+      plan::optimizer_spec::adamw(), {}, pipe(4, schedule_kind::one_f_one_b, 8, 1, 4096));
   CHECK(pl.bubble_closed_form == Approx(3.0 / 11));
   CHECK(pl.bubble_fraction >= pl.bubble_closed_form);
   CHECK(pl.bubble_fraction < 0.5);

@@ -1,4 +1,4 @@
-// Tests include/tessera/train/checkpoint.hpp: a checkpoint reads back its
+// Tests include/tessera/train/checkpoint_file.hpp: a checkpoint reads back its
 // metadata and payload, and a damaged one is refused with io_error naming
 // the file (the fuzz target tests/fuzz/checkpoint.cpp explores the rest).
 #include <catch2/catch.hpp>
@@ -14,7 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "tessera/train/checkpoint.hpp"
+#include "tessera/train/checkpoint_file.hpp"
 
 namespace test_train_checkpoint {
 
@@ -62,7 +62,8 @@ TEST_CASE("a payload size that wraps the length sum is refused, not allocated",
   // near 2^64 summed to the file's length, so the reader tried to allocate it.
   const fs::path p = temp_file("wrapping.ckpt");
   train::write_checkpoint(p, nlohmann::json::object(), 0, [](train::checkpoint_writer&) {});
-  std::vector<char> b = bytes_of(p);  // 8 magic, 8 version, 8 json size, "{}", 8 payload size, 8 hash
+  std::vector<char> b =
+      bytes_of(p);  // 8 magic, 8 version, 8 json size, "{}", 8 payload size, 8 hash
   REQUIRE(b.size() == 42);
   b.resize(34);  // without its checksum the file is 8 bytes shorter than 40 + 2 + payload size,
   const std::uint64_t wraps = std::uint64_t{0} - 8;  // so 2^64 - 8 made the sum 34 again

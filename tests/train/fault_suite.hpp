@@ -33,7 +33,7 @@ void failed_save_ends_every_rank(Comm& c, const fs::path& dir) {
   if (c.rank() == 0) std::ofstream(blocker) << "a file where a folder should be";
   c.barrier();
   train::trainer<precision::fp32, host, optim::adamw, parallel::zero<0>, Comm> t(
-      trainer_suite::model(), trainer_suite::config(c.size()), f, c);
+      trainer_suite::model(), trainer_suite::config(c.size()), f, parallel::layout{c});
   (void)t.train_step();
   const auto t0 = std::chrono::steady_clock::now();
   std::string msg;
@@ -45,8 +45,8 @@ void failed_save_ends_every_rank(Comm& c, const fs::path& dir) {
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const std::string want = "checkpoint save at step 1 to '" + (blocker / "ck.bin").string() +
                            "' failed on world rank 0: ";
-  check(msg.find(want) == 0, "rank ", c.rank(), ": message '", msg, "' does not start with '",
-        want, "'");
+  check(msg.find(want) == 0, "rank ", c.rank(), ": message '", msg, "' does not start with '", want,
+        "'");
   check(secs < 10, "rank ", c.rank(), ": the failure took ", secs, " s to arrive");
   (void)t.train_step();  // the communicators are intact: the run can go on
   t.save_checkpoint(dir / "ck.bin");
@@ -70,14 +70,14 @@ void differing_settings_refused(Comm& c) {
   auto expect = [&](train::train_config t, const std::string& needle) {
     try {
       train::trainer<precision::fp32, host, optim::adamw, parallel::zero<1>, Comm> tr(
-          trainer_suite::model(), t, f, c);
+          trainer_suite::model(), t, f, parallel::layout{c});
     } catch (const config_error& e) {
       check(std::string(e.what()).find(needle) != std::string::npos, "rank ", c.rank(),
             ": message '", e.what(), "' does not contain '", needle, "'");
       return;
     }
-    throw zero_suite::suite_failure("rank " + std::to_string(c.rank()) +
-                                    ": no config_error for '" + needle + "'");
+    throw zero_suite::suite_failure("rank " + std::to_string(c.rank()) + ": no config_error for '" +
+                                    needle + "'");
   };
   auto t = trainer_suite::config(c.size());
   t.seed = last ? 8 : 7;
@@ -93,27 +93,31 @@ void differing_settings_refused(Comm& c) {
   dpo.bucket_bytes = last ? 4096 : 8192;  // buckets of other sizes: collectives of other lengths
   try {
     train::trainer<precision::fp32, host, optim::adamw, parallel::zero<1>, Comm> tr(
-        trainer_suite::model(), t, f, c, dpo);
-    throw zero_suite::suite_failure("rank " + std::to_string(c.rank()) + ": other bucket sizes accepted");
+        trainer_suite::model(), t, f, parallel::layout{c}, dpo);
+    throw zero_suite::suite_failure("rank " + std::to_string(c.rank()) +
+                                    ": other bucket sizes accepted");
   } catch (const config_error& e) {
-    check(std::string(e.what()).find("bucket_bytes is 8192" + who + "4096" + tail) != std::string::npos,
+    check(std::string(e.what()).find("bucket_bytes is 8192" + who + "4096" + tail) !=
+              std::string::npos,
           "rank ", c.rank(), ": ", e.what());
   }
   // Agreed settings construct, and train.
   train::trainer<precision::fp32, host, optim::adamw, parallel::zero<1>, Comm> ok(
-      trainer_suite::model(), trainer_suite::config(c.size()), f, c);
+      trainer_suite::model(), trainer_suite::config(c.size()), f, parallel::layout{c});
   (void)ok.train_step();
   // A program's own settings, one of them given to the last rank only: the
   // lists differ in length, and the extra setting is named.
-  const nlohmann::json mine = last ? nlohmann::json{{"eval", 10}, {"zlast", 1}}
-                                   : nlohmann::json{{"eval", 10}};
+  const nlohmann::json mine =
+      last ? nlohmann::json{{"eval", 10}, {"zlast", 1}} : nlohmann::json{{"eval", 10}};
   try {
     ok.agree_settings(mine, "the program's settings");
-    throw zero_suite::suite_failure("rank " + std::to_string(c.rank()) + ": an extra setting accepted");
+    throw zero_suite::suite_failure("rank " + std::to_string(c.rank()) +
+                                    ": an extra setting accepted");
   } catch (const config_error& e) {
-    const std::string want = "the program's settings differ between ranks: world rank 0 has no "
-                             "further setting where world rank " +
-                             std::to_string(c.size() - 1) + " has zlast=1";
+    const std::string want =
+        "the program's settings differ between ranks: world rank 0 has no "
+        "further setting where world rank " +
+        std::to_string(c.size() - 1) + " has zlast=1";
     check(std::string(e.what()).find(want) != std::string::npos, "rank ", c.rank(), ": ", e.what());
   }
   ok.agree_settings(nlohmann::json{{"eval", 10}}, "the program's settings");  // agreed: returns

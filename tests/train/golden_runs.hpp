@@ -83,8 +83,8 @@ inline trajectory tiny_single_run(std::int64_t resume_at) {
     train::trainer<precision::fp32> tr(tiny_model(), cfg, data);
     return run_steps(tr, 50);
   }
-  const fs::path ck = fs::temp_directory_path() /
-                      ("tessera_golden_resume_" + std::to_string(::getpid()) + ".bin");
+  const fs::path ck =
+      fs::temp_directory_path() / ("tessera_golden_resume_" + std::to_string(::getpid()) + ".bin");
   {
     train::trainer<precision::fp32> tr(tiny_model(), cfg, data);
     run_steps(tr, resume_at);
@@ -107,7 +107,7 @@ trajectory tiny_dp_run(Comm& comm, std::int64_t micro, const std::string& tag) {
   parallel::data_parallel_options dpo;
   dpo.bucket_bytes = 4096;
   train::trainer<precision::fp32, host, optim::adamw, S, Comm> tr(
-      tiny_model(), tiny_config(20, comm.size(), micro), data, comm, dpo);
+      tiny_model(), tiny_config(20, comm.size(), micro), data, parallel::layout{comm}, dpo);
   return run_steps(tr, 20);
 }
 

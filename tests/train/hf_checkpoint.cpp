@@ -134,7 +134,9 @@ void edit_config(const fs::path& dir, const std::function<void(nlohmann::json&)>
   std::ofstream(dir / "config.json") << j.dump(2);
 }
 
-nn::llama_config model4() { return pp_suite::model(4); }
+nn::llama_config model4() {
+  return pp_suite::model(4);
+}
 
 train::train_config config(std::int64_t steps, int dp = 1, int tp = 1, int pp = 1) {
   pp_suite::layout l;
@@ -171,12 +173,12 @@ double run_mesh(const data::token_file& f, int dp, int tp, int pp, std::int64_t 
           if (init.empty()) tr.export_hf(dir, "", shard);
         };
         if (tp > 1) {
-          train::trainer<P, host, optim::adamw, S, Comm, tp_layers> tr(mc, cfg, f, g.dp,
-                                                                       tp_layers{&g.tp}, g.pp);
+          train::trainer<P, host, optim::adamw, S, Comm, tp_layers> tr(
+              mc, cfg, f, parallel::layout{g.dp, tp_layers{&g.tp}, g.pp});
           body(tr);
         } else {
-          train::trainer<P, host, optim::adamw, S, Comm> tr(mc, cfg, f, g.dp,
-                                                            nn::dense_layers{}, g.pp);
+          train::trainer<P, host, optim::adamw, S, Comm> tr(
+              mc, cfg, f, parallel::layout{g.dp, nn::dense_layers{}, g.pp});
           body(tr);
         }
       },
@@ -217,15 +219,13 @@ TEST_CASE("hf export: transformers' names and config.json, read back bit for bit
 
   data::safetensors_file st(tmp / "model.safetensors");
   CHECK(st.tensors().size() == 2 + 9 * 4 + 1);
-  for (const char* n : {"model.embed_tokens.weight", "model.layers.3.self_attn.q_proj.weight",
-                        "model.layers.0.self_attn.k_proj.weight",
-                        "model.layers.1.self_attn.v_proj.weight",
-                        "model.layers.2.self_attn.o_proj.weight",
-                        "model.layers.0.input_layernorm.weight",
-                        "model.layers.0.post_attention_layernorm.weight",
-                        "model.layers.1.mlp.gate_proj.weight", "model.layers.1.mlp.up_proj.weight",
-                        "model.layers.1.mlp.down_proj.weight", "model.norm.weight",
-                        "lm_head.weight"})
+  for (const char* n :
+       {"model.embed_tokens.weight", "model.layers.3.self_attn.q_proj.weight",
+        "model.layers.0.self_attn.k_proj.weight", "model.layers.1.self_attn.v_proj.weight",
+        "model.layers.2.self_attn.o_proj.weight", "model.layers.0.input_layernorm.weight",
+        "model.layers.0.post_attention_layernorm.weight", "model.layers.1.mlp.gate_proj.weight",
+        "model.layers.1.mlp.up_proj.weight", "model.layers.1.mlp.down_proj.weight",
+        "model.norm.weight", "lm_head.weight"})
     CHECK(st.find(n) != nullptr);
   // nn.Linear's (out, in): k_proj is (kv_dim, dim), down_proj (dim, ffn).
   CHECK(st.find("model.layers.0.self_attn.k_proj.weight")->shape ==
@@ -250,7 +250,7 @@ TEST_CASE("hf export: transformers' names and config.json, read back bit for bit
         train::train_config c2 = config(2, 2);
         c2.init_from_hf = tmp.dir.string();
         train::trainer<precision::fp64, host, optim::adamw, parallel::zero<3>, local_communicator>
-            z3(model4(), c2, f, world);
+            z3(model4(), c2, f, parallel::layout{world});
         std::vector<double> full(static_cast<std::size_t>(z3.model().flat_size()));
         z3.engine().full_params(full.data());
         for (std::size_t i = 0; i < full.size(); ++i)
@@ -329,8 +329,8 @@ TEST_CASE("hf export and import at tp 4: replicated key/value heads, vocabulary 
   }
   run_mesh<parallel::zero<1>>(f, 1, 4, 1, 2, tmp / "tp4", nn::hf_default_shard_bytes, "", mc);
   CHECK(max_rel_diff(read_all(tmp / "tp4"), read_all(tmp / "one")) <= 1e-10);
-  const double got = run_mesh<parallel::zero<1>>(f, 1, 4, 1, 1, tmp / "unused", 0,
-                                                 (tmp / "one").string(), mc);
+  const double got =
+      run_mesh<parallel::zero<1>>(f, 1, 4, 1, 1, tmp / "unused", 0, (tmp / "one").string(), mc);
   CHECK(std::fabs(got - want) <= 1e-10 * want);
 }
 
@@ -340,7 +340,8 @@ TEST_CASE("hf re-export into the same folder leaves only its own files", "[train
   temp_dir tmp;
   auto names = [&] {
     std::set<std::string> n;
-    for (const auto& e : fs::directory_iterator(tmp / "out")) n.insert(e.path().filename().string());
+    for (const auto& e : fs::directory_iterator(tmp / "out"))
+      n.insert(e.path().filename().string());
     return n;
   };
   {
@@ -376,7 +377,7 @@ TEST_CASE("hf export of bf16 weights under tp x pp: one rank's bits", "[train][h
     one.export_hf(tmp / "one");
   }
   run_mesh<parallel::zero<1>, precision::bf16_mixed>(f, 1, 2, 2, 0, tmp / "mesh",
-                                                      nn::hf_default_shard_bytes);
+                                                     nn::hf_default_shard_bytes);
   CHECK(nn::hf_checkpoint(tmp / "mesh").torch_dtype() == "bfloat16");
   CHECK(max_rel_diff(read_all(tmp / "mesh"), read_all(tmp / "one")) == 0);
 }
@@ -395,8 +396,8 @@ TEST_CASE("hf import into a tp x pp mesh computes one rank's loss", "[train][hf]
   cfg.init_from_hf = (tmp / "src").string();
   train::trainer<precision::fp64> one(model4(), cfg, f);
   const double want = one.train_step().loss;
-  const double got = run_mesh<parallel::zero<1>>(f, 1, 2, 2, 1, tmp / "unused", 0,
-                                                 (tmp / "src").string());
+  const double got =
+      run_mesh<parallel::zero<1>>(f, 1, 2, 2, 1, tmp / "unused", 0, (tmp / "src").string());
   CHECK(std::fabs(got - want) <= 1e-10 * want);
   // And it differs from the seeded start: the weights came from the folder.
   train::trainer<precision::fp64> seeded(model4(), config(1), f);
@@ -423,9 +424,8 @@ TEST_CASE("hf export in bf16 and float16 rounds each parameter once", "[train][h
   CHECK(max_rel_diff(read_all(tmp / "h"), rounded(fp16{})) == 0);
   CHECK(max_rel_diff(read_all(tmp / "f"), p) == 0);
   CHECK(nn::hf_checkpoint(tmp / "bf").torch_dtype() == "bfloat16");
-  CHECK(data::safetensors_file(tmp / "h" / "model.safetensors")
-            .find("lm_head.weight")
-            ->dtype == "F16");
+  CHECK(data::safetensors_file(tmp / "h" / "model.safetensors").find("lm_head.weight")->dtype ==
+        "F16");
   REQUIRE_THROWS_WITH(tr.export_hf(tmp / "x", "int8"),
                       Contains("'int8' is not one of float32, bfloat16, float16, float64"));
   CHECK(!fs::exists(tmp / "x"));
@@ -456,11 +456,17 @@ TEST_CASE("hf import refuses what tessera's Llama cannot express, naming key and
     edit_config(d, e);
     refused(d, what);
   };
-  cfg_edit([](auto& j) { j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 2.0}}; },
-           "rope_scaling={\"factor\":2.0,\"rope_type\":\"linear\"}: tessera's RoPE has no scaling");
-  cfg_edit([](auto& j) { j["rope_parameters"] = {{"rope_type", "yarn"}, {"rope_theta", 1e4}}; },
-           "rope_parameters={\"rope_theta\":10000.0,\"rope_type\":\"yarn\"}: tessera's RoPE "
-           "has no scaling");
+  cfg_edit(
+      [](auto& j) {
+        j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 2.0}};
+      },
+      "rope_scaling={\"factor\":2.0,\"rope_type\":\"linear\"}: tessera's RoPE has no scaling");
+  cfg_edit(
+      [](auto& j) {
+        j["rope_parameters"] = {{"rope_type", "yarn"}, {"rope_theta", 1e4}};
+      },
+      "rope_parameters={\"rope_theta\":10000.0,\"rope_type\":\"yarn\"}: tessera's RoPE "
+      "has no scaling");
   cfg_edit([](auto& j) { j["rope_theta"] = -1.0; }, "rope_theta=-1.0: needs a positive rope_theta");
   cfg_edit([](auto& j) { j["attention_bias"] = true; }, "attention_bias=true");
   cfg_edit([](auto& j) { j["mlp_bias"] = true; }, "mlp_bias=true");
@@ -479,8 +485,10 @@ TEST_CASE("hf import refuses what tessera's Llama cannot express, naming key and
   }
   {
     const fs::path d = copy();
-    rewrite(d / "model.safetensors", {}, {{"model.layers.0.self_attn.q_proj.bias", std::vector<float>(16)}});
-    refused(d, "a tensor tessera's Llama cannot hold: 'model.layers.0.self_attn.q_proj.bias' (biases)");
+    rewrite(d / "model.safetensors", {},
+            {{"model.layers.0.self_attn.q_proj.bias", std::vector<float>(16)}});
+    refused(
+        d, "a tensor tessera's Llama cannot hold: 'model.layers.0.self_attn.q_proj.bias' (biases)");
   }
   {
     const fs::path d = copy();

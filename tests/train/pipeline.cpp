@@ -14,9 +14,9 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <string>
@@ -82,12 +82,11 @@ pp_suite::layout pipe(int pp, schedule_kind s, int V = 1, std::int64_t M = 8, in
 
 }  // namespace
 
-TEST_CASE("pp trainer: every schedule at pp 2 and 4 equals one rank's (float64)",
-          "[train][pp]") {
+TEST_CASE("pp trainer: every schedule at pp 2 and 4 equals one rank's (float64)", "[train][pp]") {
   using P = precision::fp64;
   using Z0 = parallel::zero<0>;
-  for (schedule_kind s : {schedule_kind::gpipe, schedule_kind::one_f_one_b,
-                          schedule_kind::zero_bubble_h1}) {
+  for (schedule_kind s :
+       {schedule_kind::gpipe, schedule_kind::one_f_one_b, schedule_kind::zero_bubble_h1}) {
     check_mesh<P, Z0>(pipe(2, s), 1e-10);
     check_mesh<P, Z0>(pipe(4, s), 1e-10);
   }
@@ -106,8 +105,8 @@ TEST_CASE("pp trainer: grouped messages with a rendezvous (NCCL's) equal one ran
   // one group_p2p whose sends wait for their receives.
   using P = precision::fp64;
   using Z1 = parallel::zero<1>;
-  for (schedule_kind s : {schedule_kind::gpipe, schedule_kind::one_f_one_b,
-                          schedule_kind::zero_bubble_h1}) {
+  for (schedule_kind s :
+       {schedule_kind::gpipe, schedule_kind::one_f_one_b, schedule_kind::zero_bubble_h1}) {
     check_mesh<P, Z1, true>(pipe(2, s), 1e-10);
     check_mesh<P, Z1, true>(pipe(4, s), 1e-10);
   }
@@ -151,14 +150,15 @@ TEST_CASE("pp trainer: float32 under every schedule", "[train][pp]") {
 TEST_CASE("pp trainer: micro-batch counts 1, K - 1, K and K + 1", "[train][pp]") {
   using P = precision::fp64;
   const int K = 4;
-  for (std::int64_t M : {std::int64_t{1}, std::int64_t{K - 1}, std::int64_t{K},
-                         std::int64_t{K + 1}}) {
-    for (schedule_kind s : {schedule_kind::gpipe, schedule_kind::one_f_one_b,
-                            schedule_kind::zero_bubble_h1})
+  for (std::int64_t M :
+       {std::int64_t{1}, std::int64_t{K - 1}, std::int64_t{K}, std::int64_t{K + 1}}) {
+    for (schedule_kind s :
+         {schedule_kind::gpipe, schedule_kind::one_f_one_b, schedule_kind::zero_bubble_h1})
       check_mesh<P, parallel::zero<0>>(pipe(K, s, 1, M), 1e-10, 2);
     // Interleaved runs only multiples of pp (then as one rank does); others
     // are refused at construction, before any send.
-    if (M % 2 == 0) check_mesh<P, parallel::zero<0>>(pipe(2, schedule_kind::interleaved, 2, M), 1e-10, 2);
+    if (M % 2 == 0)
+      check_mesh<P, parallel::zero<0>>(pipe(2, schedule_kind::interleaved, 2, M), 1e-10, 2);
     trainer_suite::temp_file corpus{trainer_suite::make_corpus("ppm", 0)};
     data::token_file f(corpus.path);
     std::atomic<int> refused{0};
@@ -170,15 +170,15 @@ TEST_CASE("pp trainer: micro-batch counts 1, K - 1, K and K + 1", "[train][pp]")
           auto g = comm::make_groups(world, mesh);
           try {
             train::trainer<P, host, optim::adamw, parallel::zero<0>, local_communicator> tr(
-                pp_suite::model(), pp_suite::config(l, 2), f, g.dp, nn::dense_layers{}, g.pp);
+                pp_suite::model(), pp_suite::config(l, 2), f,
+                parallel::layout{g.dp, nn::dense_layers{}, g.pp});
             (void)tr.train_step();
           } catch (const config_error& e) {
             const std::string w = e.what();
             if (w.find("multiple of pp=2") != std::string::npos) ++refused;
           }
           // Refused: nothing was sent on the pp group.
-          if (M % 2 != 0)
-            zero_suite::check(g.pp.stats().send.calls == 0, "a send before refusal");
+          if (M % 2 != 0) zero_suite::check(g.pp.stats().send.calls == 0, "a send before refusal");
         },
         test_options()));
     CHECK(refused.load() == (M % 2 == 0 ? 0 : 2));
@@ -196,8 +196,8 @@ TEST_CASE("pp trainer: evaluation, generation and checkpoints through the pipeli
   (void)one.train_step();
   const double eval_one = one.evaluate();
   const std::vector<std::int32_t> gen_one = one.generate({104, 101}, 6, 0.8, 5);
-  const auto dir = std::filesystem::temp_directory_path() /
-                   ("tessera_pp_ckpt_" + std::to_string(::getpid()));
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("tessera_pp_ckpt_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   using tp_layers = nn::tensor_parallel_layers<local_communicator>;
   const auto ckpt = dir / "ckpt.bin";
@@ -216,7 +216,8 @@ TEST_CASE("pp trainer: evaluation, generation and checkpoints through the pipeli
           auto g = comm::make_groups(world, mesh);
           using T = train::trainer<P, host, optim::adamw, parallel::zero<0>, local_communicator,
                                    tp_layers>;
-          T tr(pp_suite::model(), pp_suite::config(l, 4), f, g.dp, tp_layers{&g.tp}, g.pp);
+          T tr(pp_suite::model(), pp_suite::config(l, 4), f,
+               parallel::layout{g.dp, tp_layers{&g.tp}, g.pp});
           (void)tr.train_step();
           (void)tr.train_step();
           const double e = tr.evaluate();
@@ -226,7 +227,8 @@ TEST_CASE("pp trainer: evaluation, generation and checkpoints through the pipeli
           zero_suite::check(gen == gen_one, "generation differs from one rank's");
           tr.save_checkpoint(ckpt);
           const auto m3 = tr.train_step();
-          T back(pp_suite::model(), pp_suite::config(l, 4), f, g.dp, tp_layers{&g.tp}, g.pp);
+          T back(pp_suite::model(), pp_suite::config(l, 4), f,
+                 parallel::layout{g.dp, tp_layers{&g.tp}, g.pp});
           back.load_checkpoint(ckpt);
           zero_suite::check(back.step() == 2, "resumed at step ", back.step());
           const auto r3 = back.train_step();
@@ -262,12 +264,14 @@ TEST_CASE("pp trainer: evaluation, generation and checkpoints through the pipeli
         const comm::device_mesh mesh(1, 1, 2);
         auto g = comm::make_groups(world, mesh);
         train::trainer<P, host, optim::adamw, parallel::zero<0>, local_communicator> tr(
-            pp_suite::model(), pp_suite::config(pipe(2, schedule_kind::gpipe, 1, 4), 4), f, g.dp,
-            nn::dense_layers{}, g.pp);
+            pp_suite::model(), pp_suite::config(pipe(2, schedule_kind::gpipe, 1, 4), 4), f,
+            parallel::layout{g.dp, nn::dense_layers{}, g.pp});
         tr.save_checkpoint(ckpt);
       },
       test_options()));
-  CHECK_THROWS_WITH(other.load_checkpoint(ckpt), Catch::Contains("was written at pp=2 with 1 virtual stages but this run has pp=1"));
+  CHECK_THROWS_WITH(
+      other.load_checkpoint(ckpt),
+      Catch::Contains("was written at pp=2 with 1 virtual stages but this run has pp=1"));
   std::filesystem::remove_all(dir);
 }
 
@@ -287,7 +291,8 @@ TEST_CASE("pp trainer: an exception on one stage ends every rank promptly, namin
           auto g = comm::make_groups(world, mesh);
           auto l = pipe(4, schedule_kind::one_f_one_b, 1, 8);
           train::trainer<P, host, optim::adamw, parallel::zero<0>, local_communicator> tr(
-              pp_suite::model(), pp_suite::config(l, 4), f, g.dp, nn::dense_layers{}, g.pp);
+              pp_suite::model(), pp_suite::config(l, 4), f,
+              parallel::layout{g.dp, nn::dense_layers{}, g.pp});
           (void)tr.train_step();
           if (world.rank() == 2) throw std::runtime_error("stage 2 fails mid-run");
           try {
@@ -328,7 +333,8 @@ TEST_CASE("pp executor: a feed that throws mid-step on stage 0 ends both stages 
           auto g = comm::make_groups(world, mesh);
           auto l = pipe(2, schedule_kind::one_f_one_b, 1, 8);
           train::trainer<P, host, optim::adamw, parallel::zero<0>, local_communicator> tr(
-              pp_suite::model(), pp_suite::config(l, 4), f, g.dp, nn::dense_layers{}, g.pp);
+              pp_suite::model(), pp_suite::config(l, 4), f,
+              parallel::layout{g.dp, nn::dense_layers{}, g.pp});
           (void)tr.train_step();
           using Exec = std::remove_reference_t<decltype(tr.executor())>;
           const std::int64_t N = 16;  // B 1 x T 16
@@ -343,15 +349,16 @@ TEST_CASE("pp executor: a feed that throws mid-step on stage 0 ends both stages 
           in.d_sum_squares = sq.data();
           in.d_clip = clip.data();
           auto feed = [&](std::int64_t m) {
-            if (world.rank() == 0 && m == 3) throw std::runtime_error("feed fails at micro-batch 3");
+            if (world.rank() == 0 && m == 3)
+              throw std::runtime_error("feed fails at micro-batch 3");
             return nn::micro_batch<double>{ids.data(), ids.data() + N, nullptr, 1, 16};
           };
           try {
             tr.executor().run(tr.actions(), feed, in);
           } catch (const std::runtime_error& e) {
             if (world.rank() == 0 && std::string(e.what()) == "feed fails at micro-batch 3") ++ok;
-            if (world.rank() == 1 && std::string(e.what()).find("peer rank 0 will not send") !=
-                                         std::string::npos)
+            if (world.rank() == 1 &&
+                std::string(e.what()).find("peer rank 0 will not send") != std::string::npos)
               ++ok;
             if (world.rank() == 0) {
               // Nothing is held after the failed step: records and messages dropped.
@@ -381,9 +388,10 @@ TEST_CASE("pp trainer: wrong configurations fail before the first send", "[train
           auto g = comm::make_groups(world, mesh);
           try {
             train::trainer<P, host, optim::adamw, parallel::zero<0>, local_communicator> tr(
-                c, pp_suite::config(l, 2), f, g.dp, nn::dense_layers{}, g.pp);
+                c, pp_suite::config(l, 2), f, parallel::layout{g.dp, nn::dense_layers{}, g.pp});
           } catch (const config_error& e) {
-            if (std::string(e.what()).find(msg) != std::string::npos) ++ok;
+            if (std::string(e.what()).find(msg) != std::string::npos)
+              ++ok;
             else
               UNSCOPED_INFO(e.what());
           }
@@ -394,9 +402,9 @@ TEST_CASE("pp trainer: wrong configurations fail before the first send", "[train
   };
   auto c = pp_suite::model();
   c.n_layers = 3;
-  expect(4, pipe(4, schedule_kind::one_f_one_b), c, "more");       // stages than layers
-  expect(2, pipe(2, schedule_kind::interleaved, 2), c, "more");    // 4 virtual stages, 3 layers
-  auto wrong = pipe(3, schedule_kind::one_f_one_b);                // pp=3 on a group of 2
+  expect(4, pipe(4, schedule_kind::one_f_one_b), c, "more");     // stages than layers
+  expect(2, pipe(2, schedule_kind::interleaved, 2), c, "more");  // 4 virtual stages, 3 layers
+  auto wrong = pipe(3, schedule_kind::one_f_one_b);              // pp=3 on a group of 2
   expect(2, wrong, pp_suite::model(), "pp=3");
   expect(2, pipe(2, schedule_kind::one_f_one_b, 2), pp_suite::model(), "interleaved");
   // ZeRO-3 is refused with a pipeline.
@@ -408,8 +416,8 @@ TEST_CASE("pp trainer: wrong configurations fail before the first send", "[train
         auto g = comm::make_groups(world, mesh);
         try {
           train::trainer<P, host, optim::adamw, parallel::zero<3>, local_communicator> tr(
-              pp_suite::model(), pp_suite::config(pipe(2, schedule_kind::gpipe), 2), f, g.dp,
-              nn::dense_layers{}, g.pp);
+              pp_suite::model(), pp_suite::config(pipe(2, schedule_kind::gpipe), 2), f,
+              parallel::layout{g.dp, nn::dense_layers{}, g.pp});
         } catch (const config_error&) {
           ++z3;
         }

@@ -100,8 +100,8 @@ void check_chunk(const M& model, const T* values, const std::vector<double>& wan
       worst = std::max(worst, std::fabs(a - b));
       scale = std::max(scale, std::fabs(b));
     }
-    check(worst <= tol * scale, what, ": ", e.name, " differs from one rank's by ", worst,
-          " of ", scale);
+    check(worst <= tol * scale, what, ": ", e.name, " differs from one rank's by ", worst, " of ",
+          scale);
   }
 }
 
@@ -120,8 +120,9 @@ void check_mesh(Comm& world, const reference& ref, const data::token_file& f, co
   const comm::device_mesh mesh(l.dp, l.tp, l.pp);
   auto g = comm::make_groups(world, mesh);
   const train::train_config cfg = config(l, steps);
-  const auto where = [&] { return l.name() + " " + S::name + " world rank " +
-                                  std::to_string(world.rank()); };
+  const auto where = [&] {
+    return l.name() + " " + S::name + " world rank " + std::to_string(world.rank());
+  };
   auto body = [&](auto& tr) {
     check(tr.pp_rank() == mesh.coord(world.rank()).pp, where(), ": stage ", tr.pp_rank());
     check(tr.chunks() == l.virtual_stages, where(), ": ", tr.chunks(), " chunks");
@@ -153,12 +154,12 @@ void check_mesh(Comm& world, const reference& ref, const data::token_file& f, co
     }
   };
   if (l.tp > 1) {
-    train::trainer<P, host, optim::adamw, S, Comm, tp_layers> tr(model(l.layers), cfg, f, g.dp,
-                                                                 tp_layers{&g.tp}, g.pp);
+    train::trainer<P, host, optim::adamw, S, Comm, tp_layers> tr(
+        model(l.layers), cfg, f, parallel::layout{g.dp, tp_layers{&g.tp}, g.pp});
     body(tr);
   } else {
-    train::trainer<P, host, optim::adamw, S, Comm> tr(model(l.layers), cfg, f, g.dp, nn::dense_layers{},
-                                                      g.pp);
+    train::trainer<P, host, optim::adamw, S, Comm> tr(
+        model(l.layers), cfg, f, parallel::layout{g.dp, nn::dense_layers{}, g.pp});
     body(tr);
   }
 }

@@ -52,8 +52,8 @@ train::train_config tp_config(int dp, int tp, std::int64_t steps) {
 }
 
 template <class P, class S>
-void check_mesh(int dp, int tp, double tol, bool sp = false,
-                const nn::checkpoint_policy& ck = {}, std::int64_t steps = 5) {
+void check_mesh(int dp, int tp, double tol, bool sp = false, const nn::checkpoint_policy& ck = {},
+                std::int64_t steps = 5) {
   trainer_suite::temp_file corpus{trainer_suite::make_corpus("tp", 0)};
   data::token_file f(corpus.path);
   const tp_suite::reference ref = tp_suite::single_rank<P>(f, steps, ck);
@@ -140,13 +140,20 @@ TEST_CASE("tp trainer: a tp that does not match or split fails before any collec
         using T = train::trainer<precision::fp64, host, optim::adamw, parallel::zero<0>,
                                  local_communicator, tp_layers>;
         auto& m = msg[static_cast<std::size_t>(world.rank())];
-        m[0] = what([&] { T t(trainer_suite::model(), tp_config(1, 4, 2), f, g.dp, tp_layers{&g.tp}); });
+        m[0] = what([&] {
+          T t(trainer_suite::model(), tp_config(1, 4, 2), f,
+              parallel::layout{g.dp, tp_layers{&g.tp}});
+        });
         auto odd = trainer_suite::model();
         odd.ffn_dim = 25;
-        m[1] = what([&] { T t(odd, tp_config(1, 2, 2), f, g.dp, tp_layers{&g.tp}); });
+        m[1] = what([&] {
+          T t(odd, tp_config(1, 2, 2), f, parallel::layout{g.dp, tp_layers{&g.tp}});
+        });
         train::train_config sp = tp_suite::config(1, 2, 2, true);
         sp.seq = 15;
-        m[2] = what([&] { T t(trainer_suite::model(), sp, f, g.dp, tp_layers{&g.tp}); });
+        m[2] = what([&] {
+          T t(trainer_suite::model(), sp, f, parallel::layout{g.dp, tp_layers{&g.tp}});
+        });
         tp_bytes[static_cast<std::size_t>(world.rank())] = g.tp.stats().bytes_sent();
       },
       test_options()));
@@ -173,13 +180,15 @@ TEST_CASE("tp trainer: a checkpoint resumes at its layout", "[train][tp]") {
         auto g = comm::make_groups(world, mesh);
         using T = train::trainer<precision::fp64, host, optim::adamw, parallel::zero<0>,
                                  local_communicator, tp_layers>;
-        T whole(trainer_suite::model(), tp_config(1, 2, 6), f, g.dp, tp_layers{&g.tp});
+        T whole(trainer_suite::model(), tp_config(1, 2, 6), f,
+                parallel::layout{g.dp, tp_layers{&g.tp}});
         for (int s = 0; s < 3; ++s) whole.train_step();
         whole.save_checkpoint(ck);
         world.barrier();
         const auto r = static_cast<std::size_t>(world.rank());
         for (int s = 0; s < 3; ++s) rest[r].push_back(whole.train_step().loss);
-        T resumed(trainer_suite::model(), tp_config(1, 2, 6), f, g.dp, tp_layers{&g.tp});
+        T resumed(trainer_suite::model(), tp_config(1, 2, 6), f,
+                  parallel::layout{g.dp, tp_layers{&g.tp}});
         resumed.load_checkpoint(ck);
         for (int s = 0; s < 3; ++s) again[r].push_back(resumed.train_step().loss);
       },
@@ -198,8 +207,8 @@ TEST_CASE("tp trainer: shards that are not one checkpoint are refused on every r
           "[train][tp][errors]") {
   trainer_suite::temp_file corpus{trainer_suite::make_corpus("tp_mix", 0)};
   data::token_file f(corpus.path);
-  const auto base = std::filesystem::temp_directory_path() /
-                    ("tessera_tp_mix_" + std::to_string(::getpid()));
+  const auto base =
+      std::filesystem::temp_directory_path() / ("tessera_tp_mix_" + std::to_string(::getpid()));
   const std::filesystem::path a = base.string() + ".a.ckpt", b = base.string() + ".b.ckpt",
                               one_ck = base.string() + ".one.ckpt";
   // A stale shard of an earlier tp 4 run, which the tp 2 save removes.
@@ -218,7 +227,8 @@ TEST_CASE("tp trainer: shards that are not one checkpoint are refused on every r
         auto g = comm::make_groups(world, comm::device_mesh(1, 2, 1));
         using T = train::trainer<precision::fp64, host, optim::adamw, parallel::zero<0>,
                                  local_communicator, tp_layers>;
-        T tr(trainer_suite::model(), tp_config(1, 2, 6), f, g.dp, tp_layers{&g.tp});
+        T tr(trainer_suite::model(), tp_config(1, 2, 6), f,
+             parallel::layout{g.dp, tp_layers{&g.tp}});
         for (int s = 0; s < 3; ++s) tr.train_step();
         tr.save_checkpoint(a);
         for (int s = 0; s < 2; ++s) tr.train_step();
@@ -230,7 +240,8 @@ TEST_CASE("tp trainer: shards that are not one checkpoint are refused on every r
                                      std::filesystem::copy_options::overwrite_existing);
         world.barrier();
         const auto r = static_cast<std::size_t>(world.rank());
-        T resumed(trainer_suite::model(), tp_config(1, 2, 6), f, g.dp, tp_layers{&g.tp});
+        T resumed(trainer_suite::model(), tp_config(1, 2, 6), f,
+                  parallel::layout{g.dp, tp_layers{&g.tp}});
         try {
           resumed.load_checkpoint(a);
         } catch (const std::exception& e) {
@@ -246,7 +257,8 @@ TEST_CASE("tp trainer: shards that are not one checkpoint are refused on every r
   for (int r = 0; r < 2; ++r) {
     INFO("tp rank " << r);
     CHECK_THAT(mixed[r], Catch::Contains("different steps") && Catch::Contains("3 to 5"));
-    CHECK_THAT(degree[r], Catch::Contains("written at tp=1") && Catch::Contains("this run has tp=2"));
+    CHECK_THAT(degree[r],
+               Catch::Contains("written at tp=1") && Catch::Contains("this run has tp=2"));
   }
   CHECK(!std::filesystem::exists(a.string() + ".tp3"));
   std::error_code ec;

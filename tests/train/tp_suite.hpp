@@ -49,8 +49,8 @@ inline train::train_config config(int dp, int tp, std::int64_t steps, bool sp) {
 
 /// The single-rank run every mesh is held against.
 struct reference {
-  std::vector<double> loss, norm;  // per step
-  std::vector<double> params;      // after the last step
+  std::vector<double> loss, norm;          // per step
+  std::vector<double> params;              // after the last step
   std::vector<std::vector<double>> grads;  // per step: the gradient before clipping
   nn::param_layout layout;
 };
@@ -94,8 +94,8 @@ void check_mesh(Comm& world, const reference& ref, const data::token_file& f, in
   auto g = comm::make_groups(world, mesh);
   train::train_config cfg = config(dp, tp, steps, sp);
   cfg.checkpointing = ck;
-  train::trainer<P, host, optim::adamw, S, Comm, layers> tr(trainer_suite::model(), cfg, f, g.dp,
-                                                            layers{&g.tp});
+  train::trainer<P, host, optim::adamw, S, Comm, layers> tr(trainer_suite::model(), cfg, f,
+                                                            parallel::layout{g.dp, layers{&g.tp}});
   check(tr.model().sequence_parallel() == sp, "sequence parallelism not as configured");
   const Comm* kv = tr.model().kv_replica_group();
   g.tp.reset_stats();
@@ -135,8 +135,8 @@ void check_mesh(Comm& world, const reference& ref, const data::token_file& f, in
   for (std::int64_t s = 0; s < steps; ++s) {
     const auto m = tr.train_step();
     const auto u = static_cast<std::size_t>(s);
-    check(std::fabs(m.loss - ref.loss[u]) <= tol * ref.loss[u], where(), " step ", s + 1,
-          ": loss ", m.loss, " vs one rank's ", ref.loss[u]);
+    check(std::fabs(m.loss - ref.loss[u]) <= tol * ref.loss[u], where(), " step ", s + 1, ": loss ",
+          m.loss, " vs one rank's ", ref.loss[u]);
     check(std::fabs(m.grad_norm - ref.norm[u]) <= tol * ref.norm[u], where(), " step ", s + 1,
           ": gradient norm ", m.grad_norm, " vs one rank's ", ref.norm[u]);
     if (s < grad_steps) check_grads(s);
@@ -151,17 +151,15 @@ void check_mesh(Comm& world, const reference& ref, const data::token_file& f, in
   t.ce_chunk = cfg.ce_chunk;
   t.checkpointing = ck;
   t.sequence_parallel = sp;
-  const std::uint64_t planned =
-      static_cast<std::uint64_t>(steps) *
-      plan::plan_tp_bytes(trainer_suite::model(), cfg.micro_batch, cfg.seq, cfg.accum_steps(),
-                          tp, g.tp.rank(), t);
+  const std::uint64_t planned = static_cast<std::uint64_t>(steps) *
+                                plan::plan_tp_bytes(trainer_suite::model(), cfg.micro_batch,
+                                                    cfg.seq, cfg.accum_steps(), tp, g.tp.rank(), t);
   const std::uint64_t sent = g.tp.stats().bytes_sent();
-  check(sent == planned, where(), ": the tp group sent ", sent, " bytes, the plan says ",
-        planned);
+  check(sent == planned, where(), ": the tp group sent ", sent, " bytes, the plan says ", planned);
   const std::uint64_t kv_planned =
-      static_cast<std::uint64_t>(steps) *
-      plan::plan_kv_replica_bytes(trainer_suite::model(), cfg.accum_steps(), tp, g.tp.rank(),
-                                  t.grad);
+      static_cast<std::uint64_t>(steps) * plan::plan_kv_replica_bytes(trainer_suite::model(),
+                                                                      cfg.accum_steps(), tp,
+                                                                      g.tp.rank(), t.grad);
   const std::uint64_t kv_sent = kv ? kv->stats().bytes_sent() - kv0 : 0;
   check(kv_sent == kv_planned, where(), ": the key/value replica group sent ", kv_sent,
         " bytes, the plan says ", kv_planned);

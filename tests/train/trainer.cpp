@@ -23,7 +23,8 @@ namespace {
 
 fs::path make_corpus(const std::string& name, std::size_t bytes = 20000) {
   std::string text;
-  const char* words[] = {"the ", "cat ", "sat ", "on ", "a ", "mat, ", "and ", "then ", "it ", "ran.\n"};
+  const char* words[] = {"the ",  "cat ", "sat ",  "on ", "a ",
+                         "mat, ", "and ", "then ", "it ", "ran.\n"};
   std::uint64_t s = 1;
   while (text.size() < bytes) {
     s = mix64(s);
@@ -82,7 +83,8 @@ TEST_CASE("a run resumed from a checkpoint continues exactly", "[train][checkpoi
   temp_file corpus{make_corpus("resume")};
   const fs::path& path = corpus.path;
   data::token_file f(path);
-  auto ck = fs::temp_directory_path() / ("tessera_test_resume_" + std::to_string(::getpid()) + ".ckpt");
+  auto ck =
+      fs::temp_directory_path() / ("tessera_test_resume_" + std::to_string(::getpid()) + ".ckpt");
   std::vector<double> full;
   {
     train::trainer<precision::bf16_mixed> t(model(), tcfg(), f);
@@ -96,9 +98,7 @@ TEST_CASE("a run resumed from a checkpoint continues exactly", "[train][checkpoi
   CHECK(r.step() == 3);
   for (int s = 3; s < 6; ++s) CHECK(r.train_step().loss == full[static_cast<std::size_t>(s)]);
   // A foreign or truncated checkpoint is refused with the reason.
-  {
-    std::ofstream(ck, std::ios::binary | std::ios::trunc) << "not a checkpoint at all";
-  }
+  { std::ofstream(ck, std::ios::binary | std::ios::trunc) << "not a checkpoint at all"; }
   CHECK_THROWS_WITH(r.load_checkpoint(ck), Catch::Contains("not a tessera checkpoint"));
   // A checkpoint of another configuration is refused naming every
   // differing field at once.
@@ -136,7 +136,8 @@ TEST_CASE("a run resumed from a checkpoint continues exactly", "[train][checkpoi
   fs::remove(ck);
 }
 
-TEST_CASE("the loss curve does not depend on the micro-batch size (float64)", "[train][accumulation]") {
+TEST_CASE("the loss curve does not depend on the micro-batch size (float64)",
+          "[train][accumulation]") {
   temp_file corpus{make_corpus("accum")};
   const fs::path& path = corpus.path;
   data::token_file f(path);
@@ -219,15 +220,17 @@ TEST_CASE("the first SGD step equals a float64 reference of SGD with momentum an
     sampler.fill(0, static_cast<std::uint64_t>(a), w.data());
     mbs.push_back(w);
     for (std::int64_t b = 0; b < c.micro_batch; ++b)
-      for (std::int64_t k = 1; k <= c.seq; ++k) scored += w[static_cast<std::size_t>(b * (c.seq + 1) + k)] != -100;
+      for (std::int64_t k = 1; k <= c.seq; ++k)
+        scored += w[static_cast<std::size_t>(b * (c.seq + 1) + k)] != -100;
   }
-  for (auto& mb : mbs) m.forward_backward(mb.data(), c.micro_batch, c.seq, 1.0 / static_cast<double>(scored));
+  for (auto& mb : mbs)
+    m.forward_backward(mb.data(), c.micro_batch, c.seq, 1.0 / static_cast<double>(scored));
   const double lr = c.schedule()(0), mu = 0.9, wd = 0.01;
   double worst = 0;
   for (const auto& r : m.param_ranges())
     for (std::int64_t i = r.begin; i < r.end; ++i) {
       const double g = m.grads()[i] + (r.decay ? wd * p0[static_cast<std::size_t>(i)] : 0.0);
-      const double buf = g;                       // PyTorch: the first buffer is the gradient
+      const double buf = g;  // PyTorch: the first buffer is the gradient
       const double want = p0[static_cast<std::size_t>(i)] - lr * (g + mu * buf);  // Nesterov
       const double got = t.model().params()[i];
       worst = std::max(worst, std::abs(got - want) / std::max(std::abs(want), 1e-3));
@@ -269,20 +272,19 @@ TEST_CASE("a user's optimizer policy reaches the trainer through config_from", "
   // A temporary context would dangle: refused at compile time.
   using tr = train::trainer<precision::fp32, host, optim::adamw, parallel::zero<0>,
                             comm::self_communicator<kernels::host_context>>;
-  static_assert(!std::is_constructible_v<tr, nn::llama_config, train::train_config,
-                                          const data::token_file&,
-                                          comm::self_communicator<kernels::host_context>&,
-                                          kernels::host_context&&>);
-  static_assert(std::is_constructible_v<tr, nn::llama_config, train::train_config,
-                                        const data::token_file&,
-                                        comm::self_communicator<kernels::host_context>&,
-                                        const kernels::host_context&>);
+  using one_rank = parallel::layout<comm::self_communicator<kernels::host_context>>;
+  static_assert(
+      !std::is_constructible_v<tr, nn::llama_config, train::train_config, const data::token_file&,
+                               one_rank, parallel::data_parallel_options, kernels::host_context&&>);
+  static_assert(
+      std::is_constructible_v<tr, nn::llama_config, train::train_config, const data::token_file&,
+                              one_rank, parallel::data_parallel_options,
+                              const kernels::host_context*>);
   static_assert(!std::is_constructible_v<comm::self_communicator<kernels::host_context>,
                                          kernels::host_context&&>);
 }
 
-TEST_CASE("a trainer on a context of its own counts its memory on its own resource",
-          "[train]") {
+TEST_CASE("a trainer on a context of its own counts its memory on its own resource", "[train]") {
   // Two trainers in one process (as thread ranks are): each one's figures
   // are its own, and the default resource holds none of their tensors.
   temp_file corpus{make_corpus("own_mr")};
@@ -302,7 +304,8 @@ TEST_CASE("a trainer on a context of its own counts its memory on its own resour
   CHECK(b.context().resource().stats().allocated == one);
 }
 
-TEST_CASE("llm.c .bin and NumPy .npy inputs train to the losses of the same tokens", "[train][data]") {
+TEST_CASE("llm.c .bin and NumPy .npy inputs train to the losses of the same tokens",
+          "[train][data]") {
   // The same ids in three formats: tessera's (vocabulary = largest id + 1,
   // as the other two imply), an llm.c shard and a .npy array.
   temp_file corpus{make_corpus("formats")};
@@ -312,7 +315,8 @@ TEST_CASE("llm.c .bin and NumPy .npy inputs train to the losses of the same toke
     for (std::uint64_t i = 0; i < f.size(); ++i) ids.push_back(f[i]);
   }
   const std::uint64_t vocab = *std::max_element(ids.begin(), ids.end()) + 1ull;
-  const fs::path dir = fs::temp_directory_path() / ("tessera_formats_" + std::to_string(::getpid()));
+  const fs::path dir =
+      fs::temp_directory_path() / ("tessera_formats_" + std::to_string(::getpid()));
   fs::create_directories(dir);
   data::write_token_file(dir / "a.tok", ids, vocab);
   {
@@ -337,7 +341,8 @@ TEST_CASE("llm.c .bin and NumPy .npy inputs train to the losses of the same toke
     out.write("\x93NUMPY\x01\x00", 8);
     out.write(reinterpret_cast<const char*>(&n), 2);
     out << dict;
-    out.write(reinterpret_cast<const char*>(ids.data()), static_cast<std::streamsize>(4 * ids.size()));
+    out.write(reinterpret_cast<const char*>(ids.data()),
+              static_cast<std::streamsize>(4 * ids.size()));
   }
   auto losses = [&](const fs::path& p) {
     data::token_file f(p);

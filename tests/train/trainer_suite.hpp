@@ -74,7 +74,8 @@ void matches_single_rank(Comm& c) {
   temp_file corpus{make_corpus("match", c.rank())};
   data::token_file f(corpus.path);
   train::trainer<P> one(model(), config(1), f);
-  train::trainer<P, host, optim::adamw, S, Comm> many(model(), config(c.size()), f, c);
+  train::trainer<P, host, optim::adamw, S, Comm> many(model(), config(c.size()), f,
+                                                      parallel::layout{c});
   for (int s = 0; s < 4; ++s) {
     const auto a = one.train_step(), b = many.train_step();
     check(std::abs(a.loss - b.loss) <= 1e-12 * a.loss, "rank ", c.rank(), " of ", c.size(), " ",
@@ -111,8 +112,8 @@ void bad_settings_fail_before_work(Comm& c) {
   const auto calls_before = c.stats().all_reduce.calls + c.stats().all_gather.calls;
   auto expect = [&](train::train_config t, const std::string& needle) {
     try {
-      train::trainer<precision::fp32, host, optim::adamw, parallel::zero<1>, Comm> tr(model(), t, f,
-                                                                                   c);
+      train::trainer<precision::fp32, host, optim::adamw, parallel::zero<1>, Comm> tr(
+          model(), t, f, parallel::layout{c});
     } catch (const config_error& e) {
       check(std::string(e.what()).find(needle) != std::string::npos, "rank ", c.rank(),
             ": message '", e.what(), "' does not contain '", needle, "'");
@@ -144,13 +145,15 @@ void checkpoint_resumes_or_refuses(Comm& c, const fs::path& dir) {
   const fs::path ck = dir / "dp.ckpt";
   std::vector<double> full;
   {
-    train::trainer<P, host, optim::adamw, parallel::zero<0>, Comm> t(model(), config(c.size()), f, c);
+    train::trainer<P, host, optim::adamw, parallel::zero<0>, Comm> t(model(), config(c.size()), f,
+                                                                     parallel::layout{c});
     for (int s = 0; s < 4; ++s) {
       full.push_back(t.train_step().loss);
       if (s == 1) t.save_checkpoint(ck);
     }
   }
-  train::trainer<P, host, optim::adamw, parallel::zero<0>, Comm> r(model(), config(c.size()), f, c);
+  train::trainer<P, host, optim::adamw, parallel::zero<0>, Comm> r(model(), config(c.size()), f,
+                                                                   parallel::layout{c});
   r.load_checkpoint(ck);
   check(r.step() == 2, "rank ", c.rank(), ": resumed at step ", r.step());
   for (int s = 2; s < 4; ++s) {
@@ -158,7 +161,8 @@ void checkpoint_resumes_or_refuses(Comm& c, const fs::path& dir) {
     check(l == full[static_cast<std::size_t>(s)], "rank ", c.rank(), ": resumed step ", s, " loss ",
           l, " vs ", full[static_cast<std::size_t>(s)]);
   }
-  train::trainer<P, host, optim::adamw, parallel::zero<2>, Comm> z(model(), config(c.size()), f, c);
+  train::trainer<P, host, optim::adamw, parallel::zero<2>, Comm> z(model(), config(c.size()), f,
+                                                                   parallel::layout{c});
   try {
     z.save_checkpoint(ck);
     throw zero_suite::suite_failure("zero<2> saved a checkpoint");

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -25,6 +26,7 @@
 
 #include "tessera/core/error.hpp"
 #include "tessera/core/file.hpp"
+#include "tessera/core/numeric.hpp"
 #include "tessera/data/safetensors.hpp"
 #include "tessera/nn/llama_config.hpp"
 #include "tessera/nn/llama_layout.hpp"
@@ -49,12 +51,13 @@ inline std::string hf_tensor_name(const std::string& name) {
     if (dot != std::string::npos) {
       const std::string l = name.substr(7, dot - 7), rest = name.substr(dot + 1);
       static const std::map<std::string, std::string> m = {
-          {"attn_norm", "input_layernorm"},      {"attn.wq", "self_attn.q_proj"},
-          {"attn.wk", "self_attn.k_proj"},       {"attn.wv", "self_attn.v_proj"},
-          {"attn.wo", "self_attn.o_proj"},       {"mlp_norm", "post_attention_layernorm"},
-          {"mlp.w_gate", "mlp.gate_proj"},       {"mlp.w_up", "mlp.up_proj"},
+          {"attn_norm", "input_layernorm"}, {"attn.wq", "self_attn.q_proj"},
+          {"attn.wk", "self_attn.k_proj"},  {"attn.wv", "self_attn.v_proj"},
+          {"attn.wo", "self_attn.o_proj"},  {"mlp_norm", "post_attention_layernorm"},
+          {"mlp.w_gate", "mlp.gate_proj"},  {"mlp.w_up", "mlp.up_proj"},
           {"mlp.w_down", "mlp.down_proj"}};
-      if (auto it = m.find(rest); it != m.end()) return "model.layers." + l + "." + it->second + ".weight";
+      if (auto it = m.find(rest); it != m.end())
+        return "model.layers." + l + "." + it->second + ".weight";
     }
   }
   throw config_error("no Hugging Face name for the parameter '" + name + "'");
@@ -184,20 +187,22 @@ inline llama_config llama_config_from_hf(const nlohmann::json& j, const std::str
     fail("hidden_act", "tessera's SwiGLU uses silu");
   if (j.contains("pretraining_tp") && j["pretraining_tp"] != 1)
     fail("pretraining_tp", "only 1 (the sliced-matmul emulation is not reproduced)");
-  if (j.contains("attention_dropout") && j["attention_dropout"] != 0 && j["attention_dropout"] != 0.0)
+  if (j.contains("attention_dropout") && j["attention_dropout"] != 0 &&
+      j["attention_dropout"] != 0.0)
     fail("attention_dropout", "tessera trains without dropout");
   if (j.contains("head_dim") && !j["head_dim"].is_null() && c.n_heads > 0 &&
       j["head_dim"] != c.dim / c.n_heads)
-    fail("head_dim", "must be hidden_size / num_attention_heads = " +
-                         std::to_string(c.dim / c.n_heads));
+    fail("head_dim",
+         "must be hidden_size / num_attention_heads = " + std::to_string(c.dim / c.n_heads));
   // The parameter count, in double (it cannot overflow there): sizes whose
   // products pass int64 overflowed the layout's element counts. Before
   // validate(), whose 64-bit check would name the model's fields rather
   // than config.json's keys.
   const double H = static_cast<double>(c.dim), F = static_cast<double>(c.ffn_dim),
                KV = static_cast<double>(c.kv_dim());
-  const double params = 2 * static_cast<double>(c.vocab) * H + H +
-                        static_cast<double>(c.n_layers) * (2 * H + 2 * H * H + 2 * KV * H + 3 * H * F);
+  const double params =
+      2 * static_cast<double>(c.vocab) * H + H +
+      static_cast<double>(c.n_layers) * (2 * H + 2 * H * H + 2 * KV * H + 3 * H * F);
   TESSERA_THROW_IF(params > hf_max_params, config_error, where, ": hidden_size=", c.dim,
                    ", intermediate_size=", c.ffn_dim, ", num_hidden_layers=", c.n_layers,
                    ", vocab_size=", c.vocab, " describe ", params, " parameters, more than the ",
@@ -218,7 +223,7 @@ inline std::string folder_name(const std::filesystem::path& dir) {
 /// A Hugging Face Llama folder opened for reading: config.json parsed,
 /// the safetensors mapped, every tensor checked against the config.
 class hf_checkpoint {
-public:
+ public:
   /// Opens `dir`. Throws io_error for a missing or unreadable file (naming
   /// it; a folder with only pytorch_model.bin is named as such: convert it
   /// with save_pretrained(..., safe_serialization=True)), config_error as
@@ -273,12 +278,12 @@ public:
   /// config_error for a name the checkpoint does not hold.
   const data::safetensors_tensor& tensor(const std::string& name) const {
     auto it = by_name_.find(name);
-    TESSERA_THROW_IF(it == by_name_.end(), config_error, "Hugging Face checkpoint '",
-                     dir_.string(), "' holds no tensor for '", name, "'");
+    TESSERA_THROW_IF(it == by_name_.end(), config_error, "Hugging Face checkpoint '", dir_.string(),
+                     "' holds no tensor for '", name, "'");
     return *it->second;
   }
 
-private:
+ private:
   void open_files() {
     const std::filesystem::path single = dir_ / "model.safetensors";
     const std::filesystem::path index = dir_ / "model.safetensors.index.json";
@@ -294,8 +299,9 @@ private:
       } catch (const nlohmann::json::exception& e) {
         throw io_error("'" + index.string() + "' is not JSON: " + e.what());
       }
-      TESSERA_THROW_IF(!ix.is_object() || !ix.contains("weight_map") || !ix["weight_map"].is_object(),
-                       io_error, "'", index.string(), "' has no weight_map object");
+      TESSERA_THROW_IF(
+          !ix.is_object() || !ix.contains("weight_map") || !ix["weight_map"].is_object(), io_error,
+          "'", index.string(), "' has no weight_map object");
       std::map<std::string, const data::safetensors_file*> opened;
       for (const auto& [tensor, file] : ix["weight_map"].items()) {
         TESSERA_THROW_IF(!file.is_string(), io_error, "'", index.string(), "': weight_map[\"",
@@ -342,8 +348,8 @@ private:
     // small file would otherwise build a layout of 10^9 entries.
     const auto need = 9 * static_cast<std::uint64_t>(cfg_.n_layers) + (tied_ ? 2 : 3);
     if (hf_.size() < need) {
-      static constexpr const char* block[] = {"attn_norm", "attn.wq",    "attn.wk",
-                                              "attn.wv",   "attn.wo",    "mlp_norm",
+      static constexpr const char* block[] = {"attn_norm",  "attn.wq",  "attn.wk",
+                                              "attn.wv",    "attn.wo",  "mlp_norm",
                                               "mlp.w_gate", "mlp.w_up", "mlp.w_down"};
       auto check = [&](const std::string& name) {
         const std::string hn = hf_tensor_name(name);
@@ -370,9 +376,10 @@ private:
       TESSERA_THROW_IF(t.shape != want, config_error, where, ": tensor '", hn, "' has shape ",
                        nlohmann::json(t.shape).dump(), " but config.json implies ",
                        nlohmann::json(want).dump());
-      TESSERA_THROW_IF(t.dtype != "F32" && t.dtype != "BF16" && t.dtype != "F16" && t.dtype != "F64",
-                       config_error, where, ": tensor '", hn, "' has dtype ", t.dtype,
-                       ", not F32, BF16, F16 or F64");
+      TESSERA_THROW_IF(
+          t.dtype != "F32" && t.dtype != "BF16" && t.dtype != "F16" && t.dtype != "F64",
+          config_error, where, ": tensor '", hn, "' has dtype ", t.dtype,
+          ", not F32, BF16, F16 or F64");
       by_name_[e.name] = &t;
       used.insert(hn);
     }
@@ -394,6 +401,34 @@ private:
   std::map<std::string, const data::safetensors_tensor*> hf_;       // HF name -> tensor
   std::map<std::string, const data::safetensors_tensor*> by_name_;  // tessera name -> tensor
 };
+
+/// The Hugging Face folder `dir` opened for a model of config `c` (the
+/// weights it starts from): its config.json held against `c`, every
+/// differing size named at once. Throws config_error listing them
+/// ("dim=64 vs hidden_size=128, ..."), and what hf_checkpoint throws.
+inline std::shared_ptr<const hf_checkpoint> open_hf_for(const llama_config& c,
+                                                        const std::string& dir) {
+  auto hf = std::make_shared<const hf_checkpoint>(dir);
+  const llama_config& h = hf->config();
+  std::string diff;
+  auto cmp = [&](const char* ours, auto a, const char* theirs, auto b) {
+    if (a != b)
+      diff += tessera::detail::str(diff.empty() ? "" : ", ", ours, "=", a, " vs ", theirs, "=", b);
+  };
+  cmp("dim", c.dim, "hidden_size", h.dim);
+  cmp("ffn_dim", c.ffn_dim, "intermediate_size", h.ffn_dim);
+  cmp("n_layers", c.n_layers, "num_hidden_layers", h.n_layers);
+  cmp("n_heads", c.n_heads, "num_attention_heads", h.n_heads);
+  cmp("n_kv_heads", c.n_kv_heads, "num_key_value_heads", h.n_kv_heads);
+  cmp("vocab", c.vocab, "vocab_size", h.vocab);
+  cmp("max_seq", c.max_seq, "max_position_embeddings", h.max_seq);
+  cmp("norm_eps", c.norm_eps, "rms_norm_eps", h.norm_eps);
+  cmp("rope_theta", c.rope_theta, "rope_theta", h.rope_theta);
+  TESSERA_THROW_IF(!diff.empty(), config_error, "model '", c.name,
+                   "' differs from the Hugging Face checkpoint '", dir, "': ", diff,
+                   " (take the model config from its config.json: nn::llama_config_from_hf)");
+  return hf;
+}
 
 /// The largest shard of an export unless the caller sets one: 5 GB (10^9
 /// bytes each), transformers' save_pretrained default.
@@ -469,6 +504,65 @@ inline nlohmann::json hf_index_json(const std::vector<hf_file>& files) {
     for (const auto& t : f.tensors) map[hf_tensor_name(t)] = f.name;
   }
   return {{"metadata", {{"total_size", total}}}, {"weight_map", map}};
+}
+
+/// Writes the files of `files` that virtual stage `v` writes into `dir`
+/// (each atomically; data::write_safetensors), from `h`: the flat
+/// parameters of that stage's chunk on every rank of a tp group of `tp`,
+/// rank r's at h[r * stride] (its chunk's elements [flat_begin, flat_begin
+/// + n) of make_llama_layout(c, {tp, r})). Each tensor is reassembled whole
+/// from its shards (param_entry::full_index; padding rows dropped) in
+/// float64, then rounded to `dtype` ("F32", "BF16", "F16" or "F64").
+/// Memory: one tensor in float64 and one in `dtype` at a time per file.
+/// Throws io_error naming a file that cannot be written.
+template <class Param>
+void write_hf_stage_files(const std::filesystem::path& dir, const std::vector<hf_file>& files,
+                          int v, const llama_config& c, int tp, std::int64_t flat_begin,
+                          [[maybe_unused]] std::int64_t n, const std::vector<Param>& h,
+                          std::int64_t stride, const std::string& dtype) {
+  std::vector<param_layout> layouts;
+  for (int r = 0; r < tp; ++r) layouts.push_back(make_llama_layout(c, {tp, r}));
+  const std::size_t eb = data::safetensors_dtype_bytes(dtype);
+  for (const auto& f : files) {
+    if (f.virtual_stage != v) continue;
+    std::vector<std::vector<unsigned char>> bytes;
+    std::vector<data::safetensors_entry> entries;
+    for (const auto& name : f.tensors) {
+      const param_entry& e0 = layouts[0].at(name);
+      TESSERA_EXPECTS(e0.offset >= flat_begin && e0.offset + e0.numel <= flat_begin + n,
+                      "an exported tensor outside its stage's chunk");
+      const std::int64_t whole = e0.full.numel();
+      std::vector<double> w(static_cast<std::size_t>(whole));
+      for (int r = 0; r < (e0.shard_dim < 0 ? 1 : tp); ++r) {
+        const param_entry& e = layouts[static_cast<std::size_t>(r)].at(name);
+        const Param* src = h.data() + static_cast<std::size_t>(r * stride + e.offset - flat_begin);
+        for (std::int64_t j = 0; j < e.numel; ++j) {
+          const std::int64_t at = e.full_index(j);
+          if (at < whole) w[static_cast<std::size_t>(at)] = to<double>(src[j]);
+        }
+      }
+      auto& b = bytes.emplace_back(static_cast<std::size_t>(whole) * eb);
+      auto put = [&](auto tag) {
+        using D = decltype(tag);
+        for (std::int64_t i = 0; i < whole; ++i) {
+          const D x = to<D>(w[static_cast<std::size_t>(i)]);
+          std::memcpy(b.data() + static_cast<std::size_t>(i) * sizeof(D), &x, sizeof(D));
+        }
+      };
+      if (dtype == "F32")
+        put(float{});
+      else if (dtype == "BF16")
+        put(bf16{});
+      else if (dtype == "F16")
+        put(fp16{});
+      else
+        put(double{});
+      std::vector<std::int64_t> shape;
+      for (int d = 0; d < e0.full.rank; ++d) shape.push_back(e0.full[d]);
+      entries.push_back({hf_tensor_name(name), dtype, shape, b.data(), b.size()});
+    }
+    data::write_safetensors(dir / f.name, entries, {{"format", "pt"}});
+  }
 }
 
 }  // namespace tessera::nn

@@ -77,8 +77,7 @@ struct kv_group_of {
   using type = char;
 };
 template <class Layers>
-  requires Layers::tensor_parallel
-struct kv_group_of<Layers> {
+requires Layers::tensor_parallel struct kv_group_of<Layers> {
   using type = typename Layers::comm_type;
 };
 }  // namespace tessera::detail
@@ -94,6 +93,7 @@ class llama {
   using precision_type = P;
   using backend_type = Backend;
   using context_type = kernels::context_t<Backend>;
+  using layers_type = Layers;  ///< the layer family (nn::dense_layers, nn::tensor_parallel_layers)
   using Ctx = context_type;
   using Param = typename P::param_type;
   using Grad = typename P::grad_type;
@@ -112,8 +112,8 @@ class llama {
   /// config, ce_chunk < 1, a bad checkpointing policy or stage range, or
   /// heads the backend's attention kernels cannot run (kernels::
   /// attention_check_shape; on a GPU the head dim must be 32, 64 or 128).
-  llama(llama_config cfg, llama_options opt, const Ctx& ctx)
-    requires std::same_as<Layers, dense_layers>
+  llama(llama_config cfg, llama_options opt,
+        const Ctx& ctx) requires std::same_as<Layers, dense_layers>
       : llama(std::move(cfg), opt, ctx, Layers{}) {}
 
   /// As above, on the tp group of `layers` (tensor_parallel_layers; not
@@ -170,14 +170,14 @@ class llama {
       // collectives go on the context's stream, behind the kernels that
       // produce their inputs and before those that read their outputs.
       using Comm = typename Layers::comm_type;
-      if constexpr (requires(Comm& c) { c.set_stream(ctx.stream()); })
+      if constexpr (requires(Comm & c) { c.set_stream(ctx.stream()); })
         layers.group->set_stream(ctx.stream());
       // After every check above: the split is a collective of the tp group.
       const int rep = kv_replicas(cfg_, layers.size());
       if (rep > 1) {
-        kv_group_ = std::make_unique<Comm>(
-            layers.group->split(layers.rank() / rep, layers.rank() % rep));
-        if constexpr (requires(Comm& c) { c.set_stream(ctx.stream()); })
+        kv_group_ =
+            std::make_unique<Comm>(layers.group->split(layers.rank() / rep, layers.rank() % rep));
+        if constexpr (requires(Comm & c) { c.set_stream(ctx.stream()); })
           kv_group_->set_stream(ctx.stream());
         layers.kv_group = kv_group_.get();
         layers_.kv_group = kv_group_.get();
@@ -199,13 +199,12 @@ class llama {
     if (st.head) {
       const std::int64_t s0 = global_segment_begin(static_cast<int>(L));
       if constexpr (Layers::tensor_parallel)
-        head_ = head_type(cfg_.vocab, cfg_.dim, cfg_.norm_eps,
-                          layout_.at("final_norm").offset - s0, layout_.at("lm_head").offset - s0,
-                          opt_.ce_chunk, opt_.ignore_index, layers, v_begin, Vl);
+        head_ = head_type(cfg_.vocab, cfg_.dim, cfg_.norm_eps, layout_.at("final_norm").offset - s0,
+                          layout_.at("lm_head").offset - s0, opt_.ce_chunk, opt_.ignore_index,
+                          layers, v_begin, Vl);
       else
-        head_ = head_type(cfg_.vocab, cfg_.dim, cfg_.norm_eps,
-                          layout_.at("final_norm").offset - s0, layout_.at("lm_head").offset - s0,
-                          opt_.ce_chunk, opt_.ignore_index);
+        head_ = head_type(cfg_.vocab, cfg_.dim, cfg_.norm_eps, layout_.at("final_norm").offset - s0,
+                          layout_.at("lm_head").offset - s0, opt_.ce_chunk, opt_.ignore_index);
     }
     if (!opt_.external_params) {
       params_ = kernels::make_tensor<Param>(ctx, flat_size());
@@ -235,8 +234,7 @@ class llama {
   llama(llama_config, llama_options, const Ctx&&, Layers) = delete;
 
   /// Host backend only: the default host context (host::default_resource()).
-  explicit llama(llama_config cfg, llama_options opt = {})
-    requires std::same_as<Backend, host>
+  explicit llama(llama_config cfg, llama_options opt = {}) requires std::same_as<Backend, host>
       : llama(std::move(cfg), opt, kernels::default_host_context()) {}
 
   llama(const llama&) = delete;
@@ -466,7 +464,7 @@ class llama {
     }
   }
 
-private:
+ private:
   // Elements [lo, hi) of the whole layout: drawn from the seed, or read
   // from opt_.weights when set.
   void init_range(std::uint64_t seed, std::int64_t lo, std::int64_t hi, Param* out) const {
@@ -506,8 +504,8 @@ private:
     TESSERA_NVTX_RANGE("lm head + cross-entropy");
     const int L = static_cast<int>(cfg_.n_layers);
     hook(&segment_hooks::before_forward, L);
-    head_.forward(ctx, x.data(), mb.targets, N, segment_params_checked(L),
-                  segment_grads_checked(L), grad_scale, d_loss, r.head, s.sequence_parallel);
+    head_.forward(ctx, x.data(), mb.targets, N, segment_params_checked(L), segment_grads_checked(L),
+                  grad_scale, d_loss, r.head, s.sequence_parallel);
     x.release();
     hook(&segment_hooks::after_backward, L);
     r.filled = true;
@@ -706,7 +704,9 @@ private:
     return bytes;
   }
   /// The blocks' modules (the planner reads their byte counts).
-  const std::vector<block_type>& blocks() const { return blocks_; }
+  const std::vector<block_type>& blocks() const {
+    return blocks_;
+  }
 
  private:
   // Host windows staged into the context's memory for one call.
@@ -731,9 +731,7 @@ private:
       ctx->from_host(tok.data(), h.data(), h.size() * sizeof(std::int32_t));
       d_loss = kernels::make_tensor<double>(*ctx, 1);
     }
-    micro_batch<Param> batch() const {
-      return {tok.data(), tok.data() + B * T, nullptr, B, T};
-    }
+    micro_batch<Param> batch() const { return {tok.data(), tok.data() + B * T, nullptr, B, T}; }
     double* loss() { return d_loss.data(); }
     loss_sum result() const {
       loss_sum r;
@@ -743,8 +741,12 @@ private:
     }
   };
 
-  std::int64_t global_segment_begin(int s) const { return seg_begin_[seg(s)]; }
-  std::int64_t global_segment_end(int s) const { return seg_begin_[seg(s) + 1]; }
+  std::int64_t global_segment_begin(int s) const {
+    return seg_begin_[seg(s)];
+  }
+  std::int64_t global_segment_end(int s) const {
+    return seg_begin_[seg(s) + 1];
+  }
   std::size_t seg(int s) const {
     TESSERA_EXPECTS(s >= -1 && s <= static_cast<int>(cfg_.n_layers), "segment id out of range");
     return static_cast<std::size_t>(s + 1);
@@ -776,7 +778,9 @@ private:
     TESSERA_THROW_IF(!opt_.stage.embedding || !opt_.stage.head, config_error, what,
                      " needs the whole model (this instance is a pipeline stage)");
   }
-  void check_shapes(const micro_batch<Param>& mb) const { (void)shape(mb, sequence_parallel_); }
+  void check_shapes(const micro_batch<Param>& mb) const {
+    (void)shape(mb, sequence_parallel_);
+  }
   // The blocks' shape of a micro-batch, sequence-parallel if `sp`. Throws
   // config_error for B or T < 1, T > max_seq, or (sp) T not divisible by tp.
   block_shape shape(const micro_batch<Param>& mb, bool sp) const {
@@ -841,8 +845,8 @@ private:
   tensor<Param, Backend> params_;        // (flat_size) flat parameters; empty with external_params
   tensor<Grad, Backend> grads_;          // (flat_size) flat gradients; empty with external_grads
   tensor<Rope, Backend> rope_cos_, rope_sin_;  // (max_seq, hd/2) each, in the policy's rope_type
-  std::vector<const Param*> seg_params_;  // L+2: where segment s's parameters are read
-  std::vector<Grad*> seg_grads_;          // L+2: where segment s's gradients accumulate
+  std::vector<const Param*> seg_params_;       // L+2: where segment s's parameters are read
+  std::vector<Grad*> seg_grads_;               // L+2: where segment s's gradients accumulate
   segment_hooks* hooks_ = nullptr;
   bool sequence_parallel_ = false;  // training and evaluation shard the tokens over tp
   // tp > nkv: the ranks sharing this rank's key/value heads, split from the tp group

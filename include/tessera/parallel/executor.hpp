@@ -21,8 +21,9 @@
 ///   send_backward m    isend of the input gradient to the previous virtual stage
 ///   recv_backward m    recv of the output gradient from the next one
 ///   reduce_gradients   every engine's finish_gradients(); every send completed
-///   clip               the norm squared over every chunk, the dp, tp and pp
-///                      groups; clip_coefficient(ctx, d_clip, d_sum_squares, max_norm)
+///   clip               the norm squared over every chunk, summed over the mesh
+///                      (layout::reduce over dp, tp, pp); clip_coefficient(ctx,
+///                      d_clip, d_sum_squares, max_norm)
 ///   optimizer_step     every engine's step(lr, d_clip)
 /// The step starts with each model's zero_grad() and engine.begin_step(its
 /// number of backwards). Every scalar stays in the context's memory: the
@@ -78,6 +79,7 @@
 #include "tessera/kernels/optimizer.hpp"
 #include "tessera/nn/llama_record.hpp"
 #include "tessera/nn/record_pool.hpp"
+#include "tessera/parallel/layout.hpp"
 #include "tessera/parallel/schedule.hpp"
 
 namespace tessera::parallel {
@@ -86,12 +88,13 @@ namespace tessera::parallel {
 /// context's memory where it is a pointer.
 template <class Acc, class Master>
 struct step_inputs {
-  Acc grad_scale = 1;              ///< 1 / scored tokens of the whole step (every rank)
-  double* d_losses = nullptr;      ///< (micro-batches) loss sum of each micro-batch, written (last stage)
-  double lr = 0;                   ///< learning rate of the step
-  double max_norm = 0;             ///< clip threshold (<= 0: off)
-  double* d_sum_squares = nullptr; ///< (1) the global gradient sum of squares, written
-  Master* d_clip = nullptr;        ///< (1) the clip coefficient, written
+  Acc grad_scale = 1;  ///< 1 / scored tokens of the whole step (every rank)
+  double* d_losses =
+      nullptr;          ///< (micro-batches) loss sum of each micro-batch, written (last stage)
+  double lr = 0;        ///< learning rate of the step
+  double max_norm = 0;  ///< clip threshold (<= 0: off)
+  double* d_sum_squares = nullptr;  ///< (1) the global gradient sum of squares, written
+  Master* d_clip = nullptr;         ///< (1) the clip coefficient, written
 };
 
 namespace detail {
@@ -105,22 +108,30 @@ auto p2p_isend(C& g, const T* p, std::int64_t n, int peer, int tag) {
     static_assert(sizeof(T) == 2, "pipeline messages: a comm_element or a two-byte type");
     TESSERA_THROW_IF(n % 2 != 0, config_error, "pipeline message of ", n,
                      " two-byte elements: the hidden size must be even");
-    return g.isend(reinterpret_cast<const std::int32_t*>(p), static_cast<std::size_t>(n / 2),
-                   peer, tag);
+    return g.isend(reinterpret_cast<const std::int32_t*>(p), static_cast<std::size_t>(n / 2), peer,
+                   tag);
   }
 }
 // The same message as one operation of a group (comm::p2p_op).
 template <class T>
 comm::p2p_op p2p_group_op(comm::op_kind k, T* p, std::int64_t n, int peer, int tag) {
   if constexpr (comm::comm_element<std::remove_const_t<T>>) {
-    return {k, const_cast<void*>(static_cast<const void*>(p)), static_cast<std::size_t>(n),
-            comm::dtype_of<std::remove_const_t<T>>(), peer, tag};
+    return {k,
+            const_cast<void*>(static_cast<const void*>(p)),
+            static_cast<std::size_t>(n),
+            comm::dtype_of<std::remove_const_t<T>>(),
+            peer,
+            tag};
   } else {
     static_assert(sizeof(T) == 2, "pipeline messages: a comm_element or a two-byte type");
     TESSERA_THROW_IF(n % 2 != 0, config_error, "pipeline message of ", n,
                      " two-byte elements: the hidden size must be even");
-    return {k, const_cast<void*>(static_cast<const void*>(p)), static_cast<std::size_t>(n / 2),
-            comm::dtype::i32, peer, tag};
+    return {k,
+            const_cast<void*>(static_cast<const void*>(p)),
+            static_cast<std::size_t>(n / 2),
+            comm::dtype::i32,
+            peer,
+            tag};
   }
 }
 template <class C, class T>
@@ -141,10 +152,10 @@ void p2p_recv(C& g, T* p, std::int64_t n, int peer, int tag) {
 /// stage; not owned). One rank without a pipeline: K = V = 1, no group.
 template <class C>
 struct pipeline_place {
-  C* group = nullptr;     ///< the pp group (nullptr when K = 1)
-  int stage = 0;          ///< k in [0, K)
-  int stages = 1;         ///< K
-  int virtual_stages = 1; ///< V
+  C* group = nullptr;      ///< the pp group (nullptr when K = 1)
+  int stage = 0;           ///< k in [0, K)
+  int stages = 1;          ///< K
+  int virtual_stages = 1;  ///< V
 };
 
 /// Runs action lists over this rank's model chunks (`Model`, `Engine`;
@@ -159,10 +170,13 @@ class executor {
   using Backend = typename Model::backend_type;
   using comm_type = std::remove_cvref_t<decltype(std::declval<Engine&>().communicator())>;
   using inputs = step_inputs<typename P::accum_type, typename P::master_type>;
+  /// This rank's groups (parallel/layout.hpp).
+  using layout_type = layout<comm_type, typename Model::layers_type>;
   /// True when the pipeline group's sends wait for their receives and it
   /// issues groups of them (group_p2p): the file comment's grouped path.
-  static constexpr bool grouped =
-      requires(comm_type& g, std::span<const comm::p2p_op> ops) { g.group_p2p(ops); };
+  static constexpr bool grouped = requires(comm_type & g, std::span<const comm::p2p_op> ops) {
+    g.group_p2p(ops);
+  };
 
   /// One chunk of this rank: its model and its engine.
   struct chunk {
@@ -170,30 +184,22 @@ class executor {
     Engine* engine = nullptr;
   };
 
-  /// One chunk without a pipeline, with a pool of `capacity` records: the
-  /// most micro-batches in flight the lists it runs may hold
-  /// (peak_in_flight). Throws config_error if capacity < 1.
-  executor(Model& model, Engine& engine, std::int64_t capacity)
-      : executor(std::vector<chunk>{{&model, &engine}}, pipeline_place<comm_type>{},
-                 std::vector<std::int64_t>{capacity}) {}
-
-  /// This rank's V = place.virtual_stages chunks of a pipeline (chunk c is
-  /// virtual stage c K + k), with `capacity[c]` records for chunk c.
-  /// Throws config_error if the counts differ, a capacity is < 1, or K > 1
-  /// without a group of K ranks whose rank is the stage.
-  executor(std::vector<chunk> chunks, pipeline_place<comm_type> place,
+  /// This rank's V = `virtual_stages` chunks on the layout `mesh` (copied;
+  /// its groups not owned): chunk c is virtual stage c K + k of K =
+  /// mesh.pp() stages, with `capacity[c]` records for chunk c (the most
+  /// micro-batches in flight its lists hold: peak_in_flight). One rank
+  /// without a pipeline: one chunk, a layout without a pp group. Throws
+  /// config_error if the counts differ or a capacity is < 1.
+  executor(std::vector<chunk> chunks, const layout_type& mesh, int virtual_stages,
            std::vector<std::int64_t> capacity)
-      : chunks_(std::move(chunks)), place_(place) {
+      : chunks_(std::move(chunks)),
+        mesh_(mesh),
+        place_{mesh.pp() > 1 ? mesh.pp_group() : nullptr, mesh.stage(), mesh.pp(), virtual_stages} {
     TESSERA_THROW_IF(chunks_.empty() || static_cast<int>(chunks_.size()) != place_.virtual_stages,
                      config_error, "executor: ", chunks_.size(), " model chunks for ",
                      place_.virtual_stages, " virtual stages");
-    TESSERA_THROW_IF(capacity.size() != chunks_.size(), config_error, "executor: ",
-                     capacity.size(), " pool capacities for ", chunks_.size(), " chunks");
-    TESSERA_THROW_IF(place_.stages > 1 && (place_.group == nullptr ||
-                                           place_.group->size() != place_.stages ||
-                                           place_.group->rank() != place_.stage),
-                     config_error, "executor: stage ", place_.stage, " of ", place_.stages,
-                     " needs a pipeline group of ", place_.stages, " ranks ranked by stage");
+    TESSERA_THROW_IF(capacity.size() != chunks_.size(), config_error, "executor: ", capacity.size(),
+                     " pool capacities for ", chunks_.size(), " chunks");
     for (std::int64_t c : capacity) pools_.emplace_back(c);
   }
 
@@ -295,7 +301,8 @@ class executor {
       std::int64_t& last = (f ? fwd : bwd)[static_cast<std::size_t>(a.chunk)];
       TESSERA_THROW_IF(a.micro_batch <= last, config_error, "schedule: chunk ", a.chunk, "'s ",
                        to_string(a.kind), " of micro-batch ", a.micro_batch, " after micro-batch ",
-                       last, ": a pipeline runs each chunk's forwards and backwards in "
+                       last,
+                       ": a pipeline runs each chunk's forwards and backwards in "
                        "micro-batch order (its messages are matched in order)");
       last = a.micro_batch;
     }
@@ -339,9 +346,9 @@ class executor {
         const ActGrad* dout = nullptr;
         auto it = grad_inbox_.find(k);
         if (v < last_virtual_stage()) {
-          TESSERA_THROW_IF(it == grad_inbox_.end(), config_error, "schedule: ",
-                           to_string(a.kind), " of micro-batch ", a.micro_batch, " (chunk ",
-                           a.chunk, ") before its output gradient was received (recv_backward)");
+          TESSERA_THROW_IF(it == grad_inbox_.end(), config_error, "schedule: ", to_string(a.kind),
+                           " of micro-batch ", a.micro_batch, " (chunk ", a.chunk,
+                           ") before its output gradient was received (recv_backward)");
           dout = it->second.data();
         }
         if (a.kind == action_kind::backward)
@@ -384,8 +391,7 @@ class executor {
       case action_kind::clip: {
         for (std::size_t i = 0; i < chunks_.size(); ++i)
           chunks_[i].engine->local_grad_norm_squared(in.d_sum_squares, i > 0);
-        chunks_.front().engine->reduce_grad_norm_squared(in.d_sum_squares);
-        if (place_.stages > 1) place_.group->all_reduce(in.d_sum_squares, 1, comm::reduce_op::sum);
+        mesh_.reduce(in.d_sum_squares, 1, axes::all());
         clip_coefficient(context(), in.d_clip, in.d_sum_squares, in.max_norm);
         break;
       }
@@ -459,8 +465,8 @@ class executor {
         m.peer = rank_of(v + 1), m.tag = 2 * (v + 1) + 1;
         break;
       default:
-        throw config_error(::tessera::detail::str("executor: ", to_string(a.kind),
-                                                  " is not a message"));
+        throw config_error(
+            ::tessera::detail::str("executor: ", to_string(a.kind), " is not a message"));
     }
     return m;
   }
@@ -484,8 +490,7 @@ class executor {
       const bool send =
           a->kind == action_kind::send_forward || a->kind == action_kind::send_backward;
       const comm::op_kind k = send ? comm::op_kind::send : comm::op_kind::recv;
-      const bool act =
-          a->kind == action_kind::send_forward || a->kind == action_kind::recv_forward;
+      const bool act = a->kind == action_kind::send_forward || a->kind == action_kind::recv_forward;
       ops.push_back(act ? detail::p2p_group_op(k, m.act.data(), m.act.numel(), m.peer, m.tag)
                         : detail::p2p_group_op(k, m.grad.data(), m.grad.numel(), m.peer, m.tag));
     }
@@ -497,8 +502,7 @@ class executor {
       throw;
     }
     for (std::size_t i = 0; i < msgs.size(); ++i)
-      if (first[i].kind == action_kind::recv_forward ||
-          first[i].kind == action_kind::recv_backward)
+      if (first[i].kind == action_kind::recv_forward || first[i].kind == action_kind::recv_backward)
         deliver(first[i], std::move(msgs[i]));
   }
 
@@ -537,9 +541,10 @@ class executor {
   }
 
   std::vector<chunk> chunks_;
+  layout_type mesh_;
   pipeline_place<comm_type> place_;
   std::vector<nn::record_pool<record>> pools_;
-  std::map<key, tensor<Param, Backend>> inbox_, out_act_;       // received inputs, outputs to send
+  std::map<key, tensor<Param, Backend>> inbox_, out_act_;  // received inputs, outputs to send
   std::map<key, tensor<ActGrad, Backend>> grad_inbox_, out_grad_;  // received, to send
   std::vector<pending_send> sends_;
   std::vector<timed_action> timeline_;

@@ -1,10 +1,14 @@
 #pragma once
 /// \file parallel/pipeline_schedule.hpp
-/// Pipeline schedules as pure functions (DESIGN.md, "Seams: schedule and
-/// executor"): each returns the list of actions (parallel/schedule.hpp) one
-/// rank of a K-stage pipeline runs for one optimizer step of M
-/// micro-batches, with V model chunks (virtual stages) per rank. The lists
-/// are data: parallel/pipeline_sim.hpp times them, the executor runs them.
+/// Pipeline schedules as types (DESIGN.md, "Seams: schedule and executor"):
+/// `gpipe`, `one_f_one_b`, `interleaved_one_f_one_b` and `zero_bubble_h1`,
+/// each with a static `actions(stage, shape)` returning the list of actions
+/// (parallel/schedule.hpp) one rank of a K-stage pipeline runs for one
+/// optimizer step of M micro-batches, with V model chunks (virtual stages)
+/// per rank, and its `kind`. A schedule type is a template parameter of the
+/// trainer (train::trainer's `Schedule`); `any_schedule` holds a choice made
+/// at run time and gives the same lists (make_schedule). The lists are
+/// data: parallel/pipeline_sim.hpp times them, the executor runs them.
 ///
 /// Layout: chunk c of rank k is virtual stage v = c K + k of the K V
 /// virtual stages; the next virtual stage of (k, c) is rank k + 1 chunk c,
@@ -32,9 +36,11 @@
 /// the order of the one-rank run (no_pipeline with in_flight = 1).
 
 #include <algorithm>
+#include <concepts>
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "tessera/core/error.hpp"
@@ -103,8 +109,7 @@ inline void check_pipeline(schedule_kind kind, pipeline_shape shape, std::int64_
   if (kind == schedule_kind::interleaved) {
     TESSERA_THROW_IF(K < 2, config_error, "interleaved needs pp >= 2 stages, got pp=", K,
                      " (use 1f1b or no pipeline)");
-    TESSERA_THROW_IF(M % K != 0, config_error,
-                     "interleaved needs the micro-batch count M=", M,
+    TESSERA_THROW_IF(M % K != 0, config_error, "interleaved needs the micro-batch count M=", M,
                      " to be a multiple of pp=", K);
   }
   if (layers >= 0)
@@ -119,9 +124,8 @@ namespace detail {
 /// Appends one rank's actions with the sends and receives the layout
 /// implies (the contract at the top of this file).
 class pipeline_list {
-public:
-  pipeline_list(int stage, pipeline_shape s)
-      : stage_(stage), K_(s.stages), V_(s.virtual_stages) {}
+ public:
+  pipeline_list(int stage, pipeline_shape s) : stage_(stage), K_(s.stages), V_(s.virtual_stages) {}
 
   void forward(std::int64_t m, int c) {
     const int v = c * K_ + stage_;
@@ -163,7 +167,7 @@ public:
     return std::move(a_);
   }
 
-private:
+ private:
   void recv(action a) {
     if (block_)
       a_.insert(a_.begin() + static_cast<std::ptrdiff_t>(recv_at_++), a);
@@ -181,13 +185,13 @@ private:
   std::vector<action> a_;
   std::vector<action> held_;  // sends of the open block
   bool block_ = false;
-  std::size_t recv_at_ = 0;   // where the open block's next receive goes
+  std::size_t recv_at_ = 0;  // where the open block's next receive goes
 };
 
 inline void check_pipeline_stage(schedule_kind kind, int stage, pipeline_shape s) {
   check_pipeline(kind, s);
-  TESSERA_THROW_IF(stage < 0 || stage >= s.stages, config_error, to_string(kind),
-                   ": stage=", stage, " must be in [0, pp=", s.stages, ")");
+  TESSERA_THROW_IF(stage < 0 || stage >= s.stages, config_error, to_string(kind), ": stage=", stage,
+                   " must be in [0, pp=", s.stages, ")");
 }
 
 }  // namespace detail
@@ -198,13 +202,16 @@ inline void check_pipeline_stage(schedule_kind kind, int stage, pipeline_shape s
 /// Bubble fraction (K - 1)/(M + K - 1) (pipeline_sim.hpp). Preconditions:
 /// check_pipeline(gpipe, shape), 0 <= stage < K; throws config_error
 /// otherwise.
-inline std::vector<action> gpipe(int stage, pipeline_shape shape) {
-  detail::check_pipeline_stage(schedule_kind::gpipe, stage, shape);
-  detail::pipeline_list l(stage, shape);
-  for (std::int64_t m = 0; m < shape.micro_batches; ++m) l.forward(m, 0);
-  for (std::int64_t m = 0; m < shape.micro_batches; ++m) l.backward(m, 0);
-  return std::move(l).finish();
-}
+struct gpipe {
+  static constexpr schedule_kind kind = schedule_kind::gpipe;
+  static std::vector<action> actions(int stage, pipeline_shape shape) {
+    detail::check_pipeline_stage(schedule_kind::gpipe, stage, shape);
+    detail::pipeline_list l(stage, shape);
+    for (std::int64_t m = 0; m < shape.micro_batches; ++m) l.forward(m, 0);
+    for (std::int64_t m = 0; m < shape.micro_batches; ++m) l.backward(m, 0);
+    return std::move(l).finish();
+  }
+};
 
 /// 1F1B, PipeDream-flush (Narayanan et al. 2021, "Efficient Large-Scale
 /// Language Model Training on GPU Clusters", section 2.2.1; Megatron-Core's
@@ -213,19 +220,22 @@ inline std::vector<action> gpipe(int stage, pipeline_shape shape) {
 /// backward m, then the w cool-down backwards. Backwards in order m =
 /// 0..M-1. Holds at most min(K - stage, M) records (min(K, M) on stage 0);
 /// same bubble as GPipe. Preconditions and throws as gpipe.
-inline std::vector<action> one_f_one_b(int stage, pipeline_shape shape) {
-  detail::check_pipeline_stage(schedule_kind::one_f_one_b, stage, shape);
-  const std::int64_t M = shape.micro_batches;
-  const std::int64_t w = std::min<std::int64_t>(shape.stages - stage - 1, M);
-  detail::pipeline_list l(stage, shape);
-  for (std::int64_t m = 0; m < w; ++m) l.forward(m, 0);
-  for (std::int64_t m = 0; m < M - w; ++m) {
-    l.forward(m + w, 0);
-    l.backward(m, 0);
+struct one_f_one_b {
+  static constexpr schedule_kind kind = schedule_kind::one_f_one_b;
+  static std::vector<action> actions(int stage, pipeline_shape shape) {
+    detail::check_pipeline_stage(schedule_kind::one_f_one_b, stage, shape);
+    const std::int64_t M = shape.micro_batches;
+    const std::int64_t w = std::min<std::int64_t>(shape.stages - stage - 1, M);
+    detail::pipeline_list l(stage, shape);
+    for (std::int64_t m = 0; m < w; ++m) l.forward(m, 0);
+    for (std::int64_t m = 0; m < M - w; ++m) {
+      l.forward(m + w, 0);
+      l.backward(m, 0);
+    }
+    for (std::int64_t m = M - w; m < M; ++m) l.backward(m, 0);
+    return std::move(l).finish();
   }
-  for (std::int64_t m = M - w; m < M; ++m) l.backward(m, 0);
-  return std::move(l).finish();
-}
+};
 
 /// Interleaved 1F1B (Narayanan et al. 2021, section 2.2.2; Megatron-Core's
 /// forward_backward_pipelining_with_interleaving): rank `stage` holds V
@@ -248,31 +258,34 @@ inline std::vector<action> one_f_one_b(int stage, pipeline_shape shape) {
 /// each chunk costing 1/V of a rank's layers (pipeline_sim.hpp).
 /// Preconditions: check_pipeline(interleaved, shape) (K >= 2, M a multiple
 /// of K), 0 <= stage < K; throws config_error otherwise.
-inline std::vector<action> interleaved_one_f_one_b(int stage, pipeline_shape shape) {
-  detail::check_pipeline_stage(schedule_kind::interleaved, stage, shape);
-  const int K = shape.stages;
-  const int V = shape.virtual_stages;
-  const std::int64_t total = shape.micro_batches * V;
-  const std::int64_t group = static_cast<std::int64_t>(K) * V;
-  auto micro_batch = [&](std::int64_t j) { return j / group * K + j % K; };
-  auto chunk = [&](std::int64_t j, bool forward) {
-    const int c = static_cast<int>(j % group / K);
-    return forward ? c : V - 1 - c;
-  };
-  const std::int64_t warmup =
-      V == 1 ? K - stage - 1 : static_cast<std::int64_t>(K - stage - 1) * 2 + (V - 1) * K;
-  const std::int64_t w = std::min(warmup, total);
-  detail::pipeline_list l(stage, shape);
-  for (std::int64_t j = 0; j < w; ++j) l.forward(micro_batch(j), chunk(j, true));
-  for (std::int64_t j = 0; j < total - w; ++j) {
-    if (V > 1) l.begin_block();
-    l.forward(micro_batch(j + w), chunk(j + w, true));
-    l.backward(micro_batch(j), chunk(j, false));
-    l.end_block();
+struct interleaved_one_f_one_b {
+  static constexpr schedule_kind kind = schedule_kind::interleaved;
+  static std::vector<action> actions(int stage, pipeline_shape shape) {
+    detail::check_pipeline_stage(schedule_kind::interleaved, stage, shape);
+    const int K = shape.stages;
+    const int V = shape.virtual_stages;
+    const std::int64_t total = shape.micro_batches * V;
+    const std::int64_t group = static_cast<std::int64_t>(K) * V;
+    auto micro_batch = [&](std::int64_t j) { return j / group * K + j % K; };
+    auto chunk = [&](std::int64_t j, bool forward) {
+      const int c = static_cast<int>(j % group / K);
+      return forward ? c : V - 1 - c;
+    };
+    const std::int64_t warmup =
+        V == 1 ? K - stage - 1 : static_cast<std::int64_t>(K - stage - 1) * 2 + (V - 1) * K;
+    const std::int64_t w = std::min(warmup, total);
+    detail::pipeline_list l(stage, shape);
+    for (std::int64_t j = 0; j < w; ++j) l.forward(micro_batch(j), chunk(j, true));
+    for (std::int64_t j = 0; j < total - w; ++j) {
+      if (V > 1) l.begin_block();
+      l.forward(micro_batch(j + w), chunk(j + w, true));
+      l.backward(micro_batch(j), chunk(j, false));
+      l.end_block();
+    }
+    for (std::int64_t j = total - w; j < total; ++j) l.backward(micro_batch(j), chunk(j, false));
+    return std::move(l).finish();
   }
-  for (std::int64_t j = total - w; j < total; ++j) l.backward(micro_batch(j), chunk(j, false));
-  return std::move(l).finish();
-}
+};
 
 /// ZB-H1 (Qi et al. 2023, "Zero Bubble Pipeline Parallelism", arXiv
 /// 2401.10241, section 3.1, figure 3 top; the layout of the authors'
@@ -288,44 +301,82 @@ inline std::vector<action> interleaved_one_f_one_b(int stage, pipeline_shape sha
 /// order m = 0..M-1. With F = B = W each rank idles (K - 1)(F + B - W) per
 /// step, a third of 1F1B's (K - 1)(F + B + W), when M >= K (pipeline_sim.hpp;
 /// the test states the exact claim). Preconditions and throws as gpipe.
-inline std::vector<action> zero_bubble_h1(int stage, pipeline_shape shape) {
-  detail::check_pipeline_stage(schedule_kind::zero_bubble_h1, stage, shape);
-  const std::int64_t M = shape.micro_batches;
-  const std::int64_t w = std::min<std::int64_t>(shape.stages - stage - 1, M);
-  detail::pipeline_list l(stage, shape);
-  std::int64_t f = 0, b = 0, wt = 0;  // next forward, B, W
-  for (; f < w; ++f) l.forward(f, 0);
-  for (int i = 0; i < stage && f < M; ++i, ++f, ++b) {
-    l.forward(f, 0);
-    l.backward(b, 0, action_kind::backward_input);
+struct zero_bubble_h1 {
+  static constexpr schedule_kind kind = schedule_kind::zero_bubble_h1;
+  static std::vector<action> actions(int stage, pipeline_shape shape) {
+    detail::check_pipeline_stage(schedule_kind::zero_bubble_h1, stage, shape);
+    const std::int64_t M = shape.micro_batches;
+    const std::int64_t w = std::min<std::int64_t>(shape.stages - stage - 1, M);
+    detail::pipeline_list l(stage, shape);
+    std::int64_t f = 0, b = 0, wt = 0;  // next forward, B, W
+    for (; f < w; ++f) l.forward(f, 0);
+    for (int i = 0; i < stage && f < M; ++i, ++f, ++b) {
+      l.forward(f, 0);
+      l.backward(b, 0, action_kind::backward_input);
+    }
+    for (; f < M; ++f, ++b, ++wt) {
+      l.forward(f, 0);
+      l.backward(b, 0, action_kind::backward_input);
+      l.weight(wt, 0);
+    }
+    for (; b < M; ++b, ++wt) {
+      l.backward(b, 0, action_kind::backward_input);
+      l.weight(wt, 0);
+    }
+    for (; wt < M; ++wt) l.weight(wt, 0);
+    return std::move(l).finish();
   }
-  for (; f < M; ++f, ++b, ++wt) {
-    l.forward(f, 0);
-    l.backward(b, 0, action_kind::backward_input);
-    l.weight(wt, 0);
-  }
-  for (; b < M; ++b, ++wt) {
-    l.backward(b, 0, action_kind::backward_input);
-    l.weight(wt, 0);
-  }
-  for (; wt < M; ++wt) l.weight(wt, 0);
-  return std::move(l).finish();
-}
+};
 
 /// The list of rank `stage` under schedule `kind`: gpipe, one_f_one_b,
-/// interleaved_one_f_one_b or zero_bubble_h1. Throws as those do.
+/// interleaved_one_f_one_b or zero_bubble_h1 (their actions()). Throws as
+/// those do.
 inline std::vector<action> make_schedule(schedule_kind kind, int stage, pipeline_shape shape) {
   switch (kind) {
     case schedule_kind::gpipe:
-      return gpipe(stage, shape);
+      return gpipe::actions(stage, shape);
     case schedule_kind::one_f_one_b:
-      return one_f_one_b(stage, shape);
+      return one_f_one_b::actions(stage, shape);
     case schedule_kind::interleaved:
-      return interleaved_one_f_one_b(stage, shape);
+      return interleaved_one_f_one_b::actions(stage, shape);
     case schedule_kind::zero_bubble_h1:
-      return zero_bubble_h1(stage, shape);
+      return zero_bubble_h1::actions(stage, shape);
   }
   throw config_error("make_schedule: unknown schedule_kind");
 }
+
+/// A schedule chosen at run time (a command line's --schedule): the value
+/// of `kind`, whose actions() are make_schedule's. The trainer's default
+/// schedule policy; a schedule type (gpipe, one_f_one_b,
+/// interleaved_one_f_one_b, zero_bubble_h1) fixes the choice at compile
+/// time instead, with the same lists.
+struct any_schedule {
+  schedule_kind kind = schedule_kind::one_f_one_b;
+  std::vector<action> actions(int stage, pipeline_shape shape) const {
+    return make_schedule(kind, stage, shape);
+  }
+};
+
+/// A pipeline schedule policy: `s.kind` (a schedule_kind: a static constant
+/// of a schedule type, the run-time value of any_schedule) and
+/// `s.actions(stage, shape)`, the action list of one rank (static in the
+/// schedule types). The trainer's `Schedule` parameter.
+template <class S>
+concept pipeline_schedule = requires(const S& s, int stage, pipeline_shape shape) {
+  { s.kind } -> std::convertible_to<schedule_kind>;
+  { s.actions(stage, shape) } -> std::same_as<std::vector<action>>;
+};
+
+/// True for the schedule types whose choice is fixed at compile time (every
+/// pipeline_schedule but any_schedule).
+template <class S>
+inline constexpr bool fixed_schedule = requires {
+  { &S::kind } -> std::convertible_to<const schedule_kind*>;
+};
+
+static_assert(pipeline_schedule<gpipe> && pipeline_schedule<one_f_one_b> &&
+              pipeline_schedule<interleaved_one_f_one_b> && pipeline_schedule<zero_bubble_h1> &&
+              pipeline_schedule<any_schedule>);
+static_assert(fixed_schedule<gpipe> && !fixed_schedule<any_schedule>);
 
 }  // namespace tessera::parallel

@@ -16,8 +16,8 @@
 #include "tessera/kernels/attention.hpp"
 #include "tessera/kernels/cross_entropy.hpp"
 #include "tessera/kernels/cuda/launch.hpp"
-#include "tessera/nn/llama_record.hpp"
 #include "tessera/nn/llama_config.hpp"
+#include "tessera/nn/llama_record.hpp"
 #include "tessera/plan/state.hpp"
 
 namespace tessera::plan {
@@ -58,16 +58,15 @@ struct activation_options {
 /// slots of 2 B T int32 inputs and targets; on the host the "pinned" and
 /// "device" buffers are both in the resource, on a GPU the pinned ones are
 /// page-locked host memory, outside the device allocator), the step's
-/// scalars ((1 + A) doubles: the norm and each micro-batch's loss), the clip
-/// coefficient (one master_type) and two doubles that carry host values
-/// through a collective.
+/// scalars ((1 + A) doubles: the norm and each micro-batch's loss) and the
+/// clip coefficient (one master_type). (Host values summed over the mesh
+/// travel through a transient buffer of their own: parallel::layout::reduce.)
 inline std::uint64_t trainer_bytes(const activation_options& o, std::int64_t T,
                                    const dtype_sizes& d) {
   const auto N = static_cast<std::uint64_t>(o.micro_batch * T);
   const std::uint64_t slot = 2 * N * sizeof(std::int32_t);
   const std::uint64_t loader = (o.backend == backend_kind::host ? 4 : 2) * slot;
-  return loader + static_cast<std::uint64_t>(1 + o.micro_batches) * sizeof(double) + d.master +
-         2 * sizeof(double);
+  return loader + static_cast<std::uint64_t>(1 + o.micro_batches) * sizeof(double) + d.master;
 }
 
 /// Activation bytes of one micro-batch's training forward and backward
@@ -87,7 +86,7 @@ struct activation_plan {
   /// projection buffer under checkpointing.
   std::uint64_t backward_temporaries = 0;
   std::uint64_t attention_scratch = 0;  ///< largest attention workspace (forward or backward)
-  std::uint64_t peak = 0;  ///< the most bytes live at once over forward and backward
+  std::uint64_t peak = 0;               ///< the most bytes live at once over forward and backward
   /// Host backend only, outside the memory resource: bf16 GEMM conversion
   /// buffers (kernels::gemm_workspace_bytes after one step); not in peak,
   /// nor is oneDNN's scratchpad (kernels::detail::onednn_workspace_bytes).
@@ -105,8 +104,8 @@ struct kernel_scratch {
   std::uint64_t attention_forward = 0, attention_backward = 0;
   std::uint64_t cross_entropy = 0;     // the fused LM head (training)
   std::uint64_t rmsnorm_backward = 0;  // per call
-  std::uint64_t mlp_backward = 0;      // the largest bf16 copy of a float gradient into a GEMM (cuda)
-  std::uint64_t attention_gemm = 0;    // the same for the attention's GEMMs (cuda)
+  std::uint64_t mlp_backward = 0;    // the largest bf16 copy of a float gradient into a GEMM (cuda)
+  std::uint64_t attention_gemm = 0;  // the same for the attention's GEMMs (cuda)
 };
 
 inline kernel_scratch scratch_of(const nn::llama_config& c, const dtype_sizes& d,
@@ -132,7 +131,8 @@ inline kernel_scratch scratch_of(const nn::llama_config& c, const dtype_sizes& d
     k.cross_entropy = C * V * A + C * sizeof(double);
     if (d.param != A) {  // 16-bit storage: x rows and a block of wlm converted to accum_type
       const std::uint64_t Vb = std::min<std::uint64_t>(
-          V, std::max<std::uint64_t>(1, static_cast<std::uint64_t>(kernels::ce_wlm_block_elems) / H));
+          V,
+          std::max<std::uint64_t>(1, static_cast<std::uint64_t>(kernels::ce_wlm_block_elems) / H));
       k.cross_entropy += C * H * A + Vb * H * A;
     }
     if (G != A) k.cross_entropy += C * H * A;  // bf16 dx: each chunk's float dx first
@@ -140,8 +140,8 @@ inline kernel_scratch scratch_of(const nn::llama_config& c, const dtype_sizes& d
     // kernels/cuda/ops.hpp: each overload's ctx.scratch(...).
     const bool wide = G != 2;  // float32 activation gradients go through bf16 copies
     k.attention_backward = N * nh * 4 + (wide ? 2 * N * (2 * H + 2 * KV) : 0);
-    k.cross_entropy = kernels::cuda::lm_head_cross_entropy_scratch_bytes(
-                          B * T, c.vocab, c.dim, o.model.ce_chunk) +
+    k.cross_entropy = kernels::cuda::lm_head_cross_entropy_scratch_bytes(B * T, c.vocab, c.dim,
+                                                                         o.model.ce_chunk) +
                       (wide ? 2 * N * H : 0);
     k.rmsnorm_backward = kernels::cuda::rmsnorm_backward_scratch_bytes(B * T, c.dim);
     k.mlp_backward = wide ? 2 * N * std::max(H, F) : 0;
@@ -170,9 +170,8 @@ inline activation_plan plan_activations(const nn::llama_config& c, const dtype_s
   const std::uint64_t N = static_cast<std::uint64_t>(Ni), H = static_cast<std::uint64_t>(c.dim);
   const std::uint64_t P = d.param, G = d.act_grad, A = d.accum;
   nn::check_tensor_parallel(c, o.tp);
-  nn::block_bytes bb = nn::block_bytes::of(c, static_cast<std::int64_t>(P),
-                                           static_cast<std::int64_t>(G),
-                                           static_cast<std::int64_t>(A));
+  nn::block_bytes bb = nn::block_bytes::of(
+      c, static_cast<std::int64_t>(P), static_cast<std::int64_t>(G), static_cast<std::int64_t>(A));
   const int kv_rep = nn::kv_replicas(c, o.tp);
   bb.Hq /= o.tp;
   bb.KV = kv_rep > 1 ? c.head_dim() : bb.KV / o.tp;  // one head, replicated, when tp > nkv
@@ -186,8 +185,8 @@ inline activation_plan plan_activations(const nn::llama_config& c, const dtype_s
   const std::uint64_t R = sp ? N / static_cast<std::uint64_t>(o.tp) : N;  // residual rows
   const detail::kernel_scratch ks = detail::scratch_of(c, d, o, B, T);
   const auto u = [](std::int64_t x) { return static_cast<std::uint64_t>(x); };
-  const std::uint64_t att = u(bb.attention_part(Ni)), mlp = u(bb.mlp_part(Ni)),
-                      x = u(bb.input(Ni)), ws = u(bb.workspace(Ni));
+  const std::uint64_t att = u(bb.attention_part(Ni)), mlp = u(bb.mlp_part(Ni)), x = u(bb.input(Ni)),
+                      ws = u(bb.workspace(Ni));
   const nn::checkpoint_policy& ck = o.model.checkpointing;
   activation_plan a;
   a.tokens = Ni;

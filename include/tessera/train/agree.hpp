@@ -21,6 +21,7 @@
 #include <cstdio>
 #include <exception>
 #include <new>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -29,6 +30,7 @@
 
 #include "tessera/comm/communicator.hpp"
 #include "tessera/core/error.hpp"
+#include "tessera/parallel/layout.hpp"
 
 namespace tessera::train {
 
@@ -99,11 +101,16 @@ void agree_or_throw(World& world, int rank, std::exception_ptr failed, const std
   const std::string m = agree_text(world, rank, r, std::string(1, kind) + why);
   const std::string text = detail::str(what, " failed on world rank ", r, ": ", m.substr(1));
   switch (m.empty() ? '4' : m[0]) {
-    case '1': throw config_error(text);
-    case '2': throw io_error(text);
-    case '3': throw comm_error(text);
-    case '5': throw out_of_memory(text);
-    default: throw error(text);
+    case '1':
+      throw config_error(text);
+    case '2':
+      throw io_error(text);
+    case '3':
+      throw comm_error(text);
+    case '5':
+      throw out_of_memory(text);
+    default:
+      throw error(text);
   }
 }
 
@@ -161,6 +168,16 @@ void agree_settings(World& world, int rank, const nlohmann::json& settings,
   };
   throw config_error(detail::str(what, " differ between ranks: ", held(zeros, 0), " where ",
                                  held(theirs, r), hint));
+}
+
+/// The world reduction of a rank's layout (parallel/layout.hpp): every
+/// axis of the mesh, through a buffer in `ctx`'s memory. `mesh` and `ctx`
+/// must outlive the returned callable.
+template <class Layout, class Ctx>
+auto mesh_reduction(const Layout& mesh, const Ctx& ctx) {
+  return [&mesh, &ctx](std::vector<double>& v, comm::reduce_op op) {
+    mesh.reduce(ctx, std::span<double>(v), parallel::axes::all(), op);
+  };
 }
 
 /// A world reduction over one communicator with host buffers (an

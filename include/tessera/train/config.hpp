@@ -1,7 +1,8 @@
 #pragma once
 /// \file train/config.hpp
 /// The run-time settings of a training run (sizes are values, DESIGN.md
-/// principle 3) and what a trainer refuses before it allocates.
+/// principle 3). What a run refuses before it allocates, with the model
+/// and the layout: train/validate.hpp.
 
 #include <algorithm>
 #include <cstdint>
@@ -11,7 +12,6 @@
 
 #include "tessera/core/checked.hpp"
 #include "tessera/core/error.hpp"
-#include "tessera/data/token_file.hpp"
 #include "tessera/nn/checkpointing.hpp"
 #include "tessera/nn/llama_config.hpp"
 #include "tessera/optim/adamw.hpp"
@@ -23,16 +23,16 @@ namespace tessera::train {
 
 /// Run-time settings of a training run.
 struct train_config {
-  std::int64_t steps = 1000;        ///< optimizer steps
-  std::int64_t global_batch = 16;   ///< G, sequences per optimizer step (all ranks)
-  std::int64_t micro_batch = 16;    ///< B, sequences per forward
-  std::int64_t seq = 128;           ///< T, tokens per sequence
-  std::int64_t dp = 1;              ///< data-parallel degree (the communicator's size)
-  std::int64_t tp = 1;              ///< tensor-parallel degree (the layer family's group size)
+  std::int64_t steps = 1000;       ///< optimizer steps
+  std::int64_t global_batch = 16;  ///< G, sequences per optimizer step (all ranks)
+  std::int64_t micro_batch = 16;   ///< B, sequences per forward
+  std::int64_t seq = 128;          ///< T, tokens per sequence
+  std::int64_t dp = 1;             ///< data-parallel degree (the communicator's size)
+  std::int64_t tp = 1;             ///< tensor-parallel degree (the layer family's group size)
   /// Sequence parallelism over the tp group (tp > 1, seq divisible by tp):
   /// the trainer sets the layer family's `sequence_parallel` from it.
   bool sequence_parallel = false;
-  std::int64_t pp = 1;              ///< pipeline-parallel degree K (the pp group's size)
+  std::int64_t pp = 1;  ///< pipeline-parallel degree K (the pp group's size)
   /// The pipeline schedule (pp > 1): gpipe, 1f1b, interleaved or zb1.
   parallel::schedule_kind pipeline = parallel::schedule_kind::one_f_one_b;
   std::int64_t virtual_stages = 1;  ///< V, model chunks per pp rank (interleaved only)
@@ -60,12 +60,13 @@ struct train_config {
   /// Micro-batches per step and rank: G / (B * dp). Throws config_error
   /// naming G, B and dp if it does not divide exactly or a value is < 1.
   std::int64_t accum_steps() const {
-    TESSERA_THROW_IF(global_batch < 1, config_error, "global batch G=", global_batch, " must be >= 1");
+    TESSERA_THROW_IF(global_batch < 1, config_error, "global batch G=", global_batch,
+                     " must be >= 1");
     TESSERA_THROW_IF(micro_batch < 1, config_error, "micro-batch B=", micro_batch, " must be >= 1");
     TESSERA_THROW_IF(dp < 1, config_error, "dp=", dp, " must be >= 1");
     const std::int64_t per_step = checked_mul(micro_batch, dp, "micro-batch B x dp");
-    TESSERA_THROW_IF(global_batch % per_step != 0, config_error, "global batch G=",
-                     global_batch, " is not divisible by micro-batch B=", micro_batch, " x dp=", dp,
+    TESSERA_THROW_IF(global_batch % per_step != 0, config_error, "global batch G=", global_batch,
+                     " is not divisible by micro-batch B=", micro_batch, " x dp=", dp,
                      " (= ", per_step, ")");
     return global_batch / (micro_batch * dp);
   }
@@ -75,15 +76,15 @@ struct train_config {
     TESSERA_THROW_IF(steps < 1, config_error, "steps=", steps, " must be >= 1");
     TESSERA_THROW_IF(seq < 1, config_error, "sequence length T=", seq, " must be >= 1");
     // Token counts of a step and of the whole run fit 64 bits.
-    (void)checked_mul(checked_mul(global_batch, checked_add(seq, 1, "T+1"),
-                                  "the tokens of a step, G x (T+1)"),
-                      steps, "the tokens of the run, G x (T+1) x steps");
+    (void)checked_mul(
+        checked_mul(global_batch, checked_add(seq, 1, "T+1"), "the tokens of a step, G x (T+1)"),
+        steps, "the tokens of the run, G x (T+1) x steps");
     TESSERA_THROW_IF(!(lr > 0), config_error, "lr=", lr, " must be > 0");
     TESSERA_THROW_IF(warmup < 0, config_error, "warmup=", warmup, " must be >= 0");
     TESSERA_THROW_IF(eval_every < 0, config_error, "eval_every=", eval_every, " must be >= 0");
     TESSERA_THROW_IF(ce_chunk < 1, config_error, "ce_chunk=", ce_chunk, " must be >= 1");
-    TESSERA_THROW_IF(!(min_lr_ratio >= 0 && min_lr_ratio <= 1), config_error, "min_lr_ratio=",
-                     min_lr_ratio, " must be in [0, 1]");
+    TESSERA_THROW_IF(!(min_lr_ratio >= 0 && min_lr_ratio <= 1), config_error,
+                     "min_lr_ratio=", min_lr_ratio, " must be in [0, 1]");
     TESSERA_THROW_IF(warmup >= steps && steps > 1, config_error, "warmup=", warmup,
                      " must be below steps=", steps);
     adamw.validate();
@@ -115,28 +116,5 @@ struct train_config {
     }
   }
 };
-
-/// What a trainer refuses before it allocates: an invalid model or train
-/// config, dp not matching the communicator's `ranks`, a sequence longer
-/// than max_seq, a corpus whose vocabulary exceeds the model's. Throws
-/// config_error naming the value and the limit.
-inline void check_run(const nn::llama_config& c, const train_config& cfg, const data::token_file& d,
-                      int ranks) {
-  c.validate();
-  TESSERA_THROW_IF(cfg.dp != ranks, config_error, "dp=", cfg.dp,
-                   " does not match the communicator's ", ranks, " ranks (world size)");
-  cfg.validate();
-  TESSERA_THROW_IF(cfg.seq > c.max_seq, config_error, "sequence length T=", cfg.seq,
-                   " exceeds the model's max_seq=", c.max_seq, " (preset '", c.name, "')");
-  TESSERA_THROW_IF(d.vocab() > static_cast<std::uint64_t>(c.vocab), config_error,
-                   "token file vocabulary ", d.vocab(), " exceeds the model's vocab=", c.vocab);
-  // One micro-batch's activations (34 s b h per layer and the attention
-  // scores, Korthikanti et al. 2022) in bytes fit 64 bits, so the planner
-  // and the model's buffers cannot wrap.
-  const char* w = "one micro-batch's activations (B x (T+1) x max(H, F, V, nh T) x layers x 64 bytes)";
-  const std::int64_t width = std::max({c.dim, c.ffn_dim, c.vocab, checked_mul(c.n_heads, cfg.seq, w)});
-  const std::int64_t rows = checked_mul(cfg.micro_batch, checked_add(cfg.seq, 1, w), w);
-  (void)checked_mul(checked_mul(checked_mul(rows, width, w), c.n_layers, w), 64, w);
-}
 
 }  // namespace tessera::train

@@ -27,6 +27,7 @@
 
 #include "tessera/core/error.hpp"
 #include "tessera/parallel/executor.hpp"
+#include "tessera/parallel/layout.hpp"
 #include "tessera/parallel/schedule.hpp"
 
 namespace tessera::train {
@@ -36,6 +37,34 @@ struct trace_event {
   int rank = 0;  ///< the world rank (comm::device_mesh order)
   parallel::timed_action t;
 };
+
+/// Every rank's `timeline` (the executor's last traced step,
+/// parallel::executor::timeline) as trace events of its world rank, on
+/// every rank: gathered over the mesh (parallel::layout::gather_rows) and
+/// sorted by rank and start. Collective over the mesh.
+template <class Layout, class Ctx>
+std::vector<trace_event> gather_timeline(const Layout& mesh, const Ctx& ctx,
+                                         const std::vector<parallel::timed_action>& timeline) {
+  constexpr std::size_t width = 7;
+  std::vector<double> v;
+  for (const auto& t : timeline)
+    v.insert(v.end(), {static_cast<double>(mesh.world_rank()), static_cast<double>(t.a.kind),
+                       static_cast<double>(t.a.micro_batch), static_cast<double>(t.a.chunk),
+                       t.start, t.end, static_cast<double>(t.allocated)});
+  v = mesh.gather_rows(ctx, std::move(v), width, parallel::axes::all());
+  std::vector<trace_event> out;
+  for (std::size_t i = 0; i + width <= v.size(); i += width)
+    out.push_back({static_cast<int>(v[i]),
+                   {{static_cast<parallel::action_kind>(static_cast<int>(v[i + 1])),
+                     static_cast<std::int64_t>(v[i + 2]), static_cast<int>(v[i + 3])},
+                    v[i + 4],
+                    v[i + 5],
+                    static_cast<std::int64_t>(v[i + 6])}});
+  std::stable_sort(out.begin(), out.end(), [](const trace_event& a, const trace_event& b) {
+    return a.rank != b.rank ? a.rank < b.rank : a.t.start < b.t.start;
+  });
+  return out;
+}
 
 /// "F3", "B3", "W3", "BW3" (a whole backward), "send F3", "recv B3",
 /// "reduce", "clip", "step": the box label of an action.
@@ -149,8 +178,8 @@ inline trace_bubble measure_bubble(const std::vector<trace_event>& events, int r
     t1 = std::max(t1, e.t.end);
     const double d = e.t.end - e.t.start;
     b.busy[static_cast<std::size_t>(e.rank)] += d;
-    const int k = e.t.a.kind == parallel::action_kind::forward    ? 0
-                  : e.t.a.kind == parallel::action_kind::backward ? 1
+    const int k = e.t.a.kind == parallel::action_kind::forward          ? 0
+                  : e.t.a.kind == parallel::action_kind::backward       ? 1
                   : e.t.a.kind == parallel::action_kind::backward_input ? 2
                                                                         : 3;
     sum[k] += d;

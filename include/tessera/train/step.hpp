@@ -1,0 +1,196 @@
+#pragma once
+/// \file train/step.hpp
+/// `step_runner<Chunks>`: one optimizer step of one rank, as data flows
+/// (DESIGN.md, "One step"; seeds/004). It owns what a step reads and
+/// writes besides the model chunks: the sampler of the training split, the
+/// double-buffered loader, the schedule's action list, the executor that
+/// runs it (parallel/executor.hpp) and the step's scalars in the
+/// context's memory.
+///
+///   the global batch of G sequences is dp ranks x A micro-batches x B rows;
+///   rank r trains on global micro-batches r A .. r A + A - 1
+///   (data::global_micro_batch), so the union over the ranks is exactly the
+///   one-rank job's batch -> count the scored tokens of the whole step on
+///   the host from the sampler, summed over dp (the loss is the mean over
+///   every scored token of the global batch, so grad_scale = 1/scored) ->
+///   the schedule's actions (no_pipeline: forward, backward per micro-batch)
+///   run by the executor, fed by the loader, buckets reduced as the last
+///   backward produces them -> the global norm over every shard and rank ->
+///   clip -> the optimizer on the owned elements -> one read of the losses
+///   and the norm back to the host -> the loss summed over dp and pp.
+///
+/// The schedule: `Schedule` (parallel/pipeline_schedule.hpp) under a
+/// pipeline or under zb1; the no_pipeline list of A micro-batches
+/// otherwise. Every rank calls run() in the same order (collective over
+/// the mesh).
+
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "tessera/core/error.hpp"
+#include "tessera/core/tensor.hpp"
+#include "tessera/data/device_loader.hpp"
+#include "tessera/data/sampler.hpp"
+#include "tessera/data/token_file.hpp"
+#include "tessera/optim/clip.hpp"
+#include "tessera/parallel/executor.hpp"
+#include "tessera/parallel/layout.hpp"
+#include "tessera/parallel/pipeline_schedule.hpp"
+#include "tessera/parallel/schedule.hpp"
+#include "tessera/train/config.hpp"
+#include "tessera/train/metrics.hpp"
+
+namespace tessera::train {
+
+/// The action list of stage `stage` of `shape` under `schedule`: the
+/// schedule's own, or no_pipeline(M) for one stage (zb1 keeps its B/W
+/// split on one stage). Throws config_error as the schedules do.
+template <parallel::pipeline_schedule Schedule>
+std::vector<parallel::action> step_actions(const Schedule& schedule, int stage,
+                                           parallel::pipeline_shape shape) {
+  if (shape.stages == 1 && schedule.kind != parallel::schedule_kind::zero_bubble_h1)
+    return parallel::no_pipeline(shape.micro_batches);
+  return schedule.actions(stage, shape);
+}
+
+/// One rank's optimizer steps over `Chunks` (train::model_chunks) on the
+/// layout `mesh` (file comment). Holds references to the chunks, the
+/// layout, the context and the token file: they must outlive it.
+template <class Chunks>
+class step_runner {
+ public:
+  using model_type = typename Chunks::model_type;
+  using engine_type = typename Chunks::engine_type;
+  using layout_type = typename Chunks::layout_type;
+  using Ctx = typename Chunks::Ctx;
+  using Backend = typename Ctx::backend_type;
+  using P = typename model_type::precision_type;
+  using Param = typename P::param_type;
+  using Acc = typename P::accum_type;
+  using Master = typename P::master_type;
+  using executor_type = parallel::executor<model_type, engine_type>;
+  static constexpr std::int32_t ignore_index = Chunks::ignore_index;
+
+  /// Builds the sampler, the loader (the first micro-batch of step 0
+  /// prefetched), the action list of `schedule` for this rank and the
+  /// executor with a record pool per chunk as deep as the list needs.
+  /// Throws config_error as the sampler and the schedule do.
+  template <parallel::pipeline_schedule Schedule>
+  step_runner(Chunks& chunks, const layout_type& mesh, const train_config& cfg,
+              const data::token_file& data, const Schedule& schedule, const Ctx& ctx)
+      : chunks_(&chunks),
+        mesh_(&mesh),
+        ctx_(&ctx),
+        cfg_(cfg),
+        sampler_(data, data.split().train, cfg.micro_batch, cfg.seq, cfg.seed),
+        loader_(data::loader_system_for<Backend>::make(ctx), sampler_,
+                chunks.model().config().vocab, cfg.accum_steps(), first_micro_batch(),
+                ignore_index),
+        actions_(
+            step_actions(schedule, mesh.stage(), {mesh.pp(), cfg.accum_steps(), chunks.size()})),
+        scalars_(kernels::make_tensor<double>(ctx, 1 + cfg.accum_steps())),
+        clip_(kernels::make_tensor<Master>(ctx, 1)),
+        windows_(static_cast<std::size_t>(cfg.micro_batch * (cfg.seq + 1))) {
+    std::vector<typename executor_type::chunk> ch;
+    std::vector<std::int64_t> capacity;
+    for (int c = 0; c < chunks.size(); ++c) {
+      ch.push_back({&chunks.model(c), &chunks.engine(c)});
+      capacity.push_back(std::max<std::int64_t>(1, parallel::peak_in_flight(actions_, c)));
+    }
+    executor_ =
+        std::make_unique<executor_type>(std::move(ch), mesh, chunks.size(), std::move(capacity));
+    executor_->set_micro_batch(cfg.micro_batch, cfg.seq);
+    loader_.prefetch(0, first_micro_batch());
+  }
+
+  /// Optimizer step `step` (0-based: it reads step's windows) at learning
+  /// rate `lr`: the global loss, gradient norm, clip coefficient, scored
+  /// and skipped fields of the metrics (the trainer adds the timing).
+  /// Collective over the mesh. Throws config_error for a step with no
+  /// scored token on any rank, what the executor throws.
+  step_metrics run(std::int64_t step, double lr) {
+    const std::int64_t A = cfg_.accum_steps(), B = cfg_.micro_batch, T = cfg_.seq;
+    step_ = step;
+    step_metrics m;
+    m.lr = lr;
+    // The loss is normalised by the scored tokens of the whole step, which
+    // must be known before the first backward: counted on the host from
+    // the sampler (the loader checks and copies the same windows).
+    double scored = 0;
+    for (std::int64_t a = 0; a < A; ++a) {
+      sampler_.fill(static_cast<std::uint64_t>(step),
+                    first_micro_batch() + static_cast<std::uint64_t>(a), windows_.data());
+      for (std::int64_t b = 0; b < B; ++b)
+        for (std::int64_t t = 1; t <= T; ++t)
+          scored += windows_[static_cast<std::size_t>(b * (T + 1) + t)] != ignore_index;
+    }
+    mesh_->reduce(*ctx_, std::span<double>(&scored, 1), parallel::axis::dp);
+    TESSERA_THROW_IF(scored == 0, config_error, "step ", step,
+                     " has no scored tokens on any rank (every target is ignore_index)");
+    typename executor_type::inputs in;
+    in.grad_scale = static_cast<Acc>(1.0 / scored);
+    in.d_losses = scalars_.data() + 1;
+    in.lr = lr;
+    in.max_norm = cfg_.grad_clip;
+    in.d_sum_squares = scalars_.data();
+    in.d_clip = clip_.data();
+    executor_->run(
+        actions_, [&](std::int64_t a) { return next_micro_batch(a); }, in);
+    // One read back: the norm, then the micro-batches' losses.
+    std::vector<double> h(static_cast<std::size_t>(A + 1));
+    ctx_->to_host(h.data(), scalars_.data(), h.size() * sizeof(double));
+    double loss_sum = 0;  // the last stage's (the losses are written there)
+    if (chunks_->holds_head())
+      for (std::int64_t a = 0; a < A; ++a) loss_sum += h[static_cast<std::size_t>(1 + a)];
+    m.grad_norm = std::sqrt(h[0]);
+    m.clip = optim::clip_coefficient(m.grad_norm, cfg_.grad_clip);
+    if (!std::isfinite(m.clip)) {
+      m.skipped = true;  // the optimizer kernel wrote nothing
+      for (int c = 0; c < chunks_->size(); ++c) chunks_->engine(c).optimizer().skipped();
+    }
+    mesh_->reduce(*ctx_, std::span<double>(&loss_sum, 1), {parallel::axis::dp, parallel::axis::pp});
+    m.loss = loss_sum / scored;
+    m.scored = static_cast<std::int64_t>(scored);
+    return m;
+  }
+
+  /// Restarts the loader at `step` (a resume): its first micro-batch prefetched.
+  void restart(std::int64_t step) {
+    loader_.prefetch(static_cast<std::uint64_t>(step), first_micro_batch());
+  }
+  /// This rank's action list of one step.
+  const std::vector<parallel::action>& actions() const { return actions_; }
+  executor_type& executor() { return *executor_; }
+
+ private:
+  std::uint64_t first_micro_batch() const {
+    return data::global_micro_batch(static_cast<std::uint64_t>(mesh_->dp_rank()),
+                                    static_cast<std::uint64_t>(cfg_.accum_steps()), 0);
+  }
+  // The feed of the executor: micro-batch a of this step from the loader.
+  nn::micro_batch<Param> next_micro_batch(std::int64_t a) {
+    (void)a;  // checked only with contracts on
+    const data::device_batch b = loader_.next();
+    TESSERA_EXPECTS(b.step == static_cast<std::uint64_t>(step_) &&
+                        b.micro_batch == first_micro_batch() + static_cast<std::uint64_t>(a),
+                    "loader out of order");
+    return {b.d_inputs, b.d_targets, nullptr, cfg_.micro_batch, cfg_.seq};
+  }
+
+  Chunks* chunks_;
+  const layout_type* mesh_;
+  const Ctx* ctx_;
+  train_config cfg_;
+  data::batch_sampler sampler_;
+  data::loader_for<Backend> loader_;
+  std::vector<parallel::action> actions_;
+  std::unique_ptr<executor_type> executor_;
+  tensor<double, Backend> scalars_;    // (1 + A): sum of squares, then each micro-batch's loss
+  tensor<Master, Backend> clip_;       // (1): the clip coefficient
+  std::vector<std::int32_t> windows_;  // (B, T+1): the host's scored-token count
+  std::int64_t step_ = 0;
+};
+
+}  // namespace tessera::train

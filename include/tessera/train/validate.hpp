@@ -1,0 +1,96 @@
+#pragma once
+/// \file train/validate.hpp
+/// Every check a training run must pass before anything is allocated, in
+/// one place: the trainer runs it in its constructor, and a program runs it
+/// before it starts its ranks (a bad configuration then fails at once, on
+/// the launching thread, not inside dp x tp x pp rank threads or
+/// processes). DESIGN.md principle 8: each refusal names the values and
+/// the limit.
+
+#include <algorithm>
+#include <cstdint>
+
+#include "tessera/core/checked.hpp"
+#include "tessera/core/error.hpp"
+#include "tessera/data/sampler.hpp"
+#include "tessera/data/token_file.hpp"
+#include "tessera/nn/llama_config.hpp"
+#include "tessera/nn/llama_layout.hpp"
+#include "tessera/parallel/pipeline_partition.hpp"
+#include "tessera/parallel/pipeline_schedule.hpp"
+#include "tessera/parallel/sharding.hpp"
+#include "tessera/train/config.hpp"
+
+namespace tessera::train {
+
+/// A layout's degrees: anything with dp(), tp() and pp() (parallel::layout
+/// over its groups, or comm::device_mesh before any group exists).
+template <class M>
+concept mesh_degrees = requires(const M& m) {
+  { m.dp() } -> std::convertible_to<int>;
+  { m.tp() } -> std::convertible_to<int>;
+  { m.pp() } -> std::convertible_to<int>;
+};
+
+/// Checks model `c`, run `cfg`, the corpus `d` and the degrees of `mesh`
+/// under sharding strategy `Sharding` together, before anything is
+/// allocated. Throws config_error naming the value and the limit for: an
+/// invalid model or run config (llama_config::validate,
+/// train_config::validate); dp, tp or pp in `cfg` other than the mesh's;
+/// a sequence longer than max_seq; a corpus vocabulary beyond the model's;
+/// one micro-batch's activation bytes beyond 64 bits; a pipeline the
+/// schedule cannot run (parallel::check_pipeline: micro-batch count,
+/// virtual stages, stages per layer) or whose message tags (3 K V) exceed
+/// MPI's bound 32767; a stage list that does not sum to the layers; zero<3>
+/// with a pipeline; tp that does not split the heads or F
+/// (nn::check_tensor_parallel); sequence parallelism with tp 1 or T not
+/// divisible by tp; a training or validation split shorter than one
+/// window of T + 1 tokens.
+template <parallel::sharding_strategy Sharding, mesh_degrees Mesh>
+void validate(const nn::llama_config& c, const train_config& cfg, const data::token_file& d,
+              const Mesh& mesh) {
+  c.validate();
+  TESSERA_THROW_IF(cfg.dp != mesh.dp(), config_error, "dp=", cfg.dp,
+                   " does not match the communicator's ", mesh.dp(), " ranks (world size)");
+  cfg.validate();
+  TESSERA_THROW_IF(cfg.seq > c.max_seq, config_error, "sequence length T=", cfg.seq,
+                   " exceeds the model's max_seq=", c.max_seq, " (preset '", c.name, "')");
+  TESSERA_THROW_IF(d.vocab() > static_cast<std::uint64_t>(c.vocab), config_error,
+                   "token file vocabulary ", d.vocab(), " exceeds the model's vocab=", c.vocab);
+  // One micro-batch's activations (34 s b h per layer and the attention
+  // scores, Korthikanti et al. 2022) in bytes fit 64 bits, so the planner
+  // and the model's buffers cannot wrap.
+  const char* w =
+      "one micro-batch's activations (B x (T+1) x max(H, F, V, nh T) x layers x 64 bytes)";
+  const std::int64_t width =
+      std::max({c.dim, c.ffn_dim, c.vocab, checked_mul(c.n_heads, cfg.seq, w)});
+  const std::int64_t rows = checked_mul(cfg.micro_batch, checked_add(cfg.seq, 1, w), w);
+  (void)checked_mul(checked_mul(checked_mul(rows, width, w), c.n_layers, w), 64, w);
+  // Tensor parallelism.
+  TESSERA_THROW_IF(cfg.tp != mesh.tp(), config_error, "tp=", cfg.tp,
+                   " does not match the tensor-parallel group's ", mesh.tp(), " ranks");
+  nn::check_tensor_parallel(c, mesh.tp());
+  // The pipeline.
+  const int K = mesh.pp();
+  TESSERA_THROW_IF(cfg.pp != K, config_error, "pp=", cfg.pp,
+                   " does not match the pipeline group's ", K, " ranks");
+  TESSERA_THROW_IF(cfg.virtual_stages < 1 || cfg.virtual_stages > 1024, config_error,
+                   "virtual stages V=", cfg.virtual_stages, " must be in [1, 1024]");
+  TESSERA_THROW_IF(3 * static_cast<std::int64_t>(K) * cfg.virtual_stages > 32767, config_error,
+                   "pp=", K, " x virtual stages V=", cfg.virtual_stages,
+                   ": the pipeline's message tags (3 K V) exceed MPI's bound of 32767");
+  TESSERA_THROW_IF(K > 1 && Sharding::shards_parameters, config_error, "--zero 3 (", Sharding::name,
+                   ") gathers each block's parameters per pass, which a pipeline does not "
+                   "schedule; use --zero 0, 1 or 2 with --pp ",
+                   K);
+  parallel::check_pipeline(
+      cfg.pipeline, {K, cfg.accum_steps(), static_cast<int>(cfg.virtual_stages)}, c.n_layers);
+  (void)parallel::partition_stages(c, cfg.seq, K * static_cast<int>(cfg.virtual_stages),
+                                   cfg.stage_blocks);
+  if (cfg.sequence_parallel) nn::check_sequence_parallel(cfg.seq, mesh.tp());
+  // The data: one window of each split.
+  (void)data::val_windows(d, d.split().val, cfg.seq, cfg.eval_windows);
+  (void)data::batch_sampler(d, d.split().train, cfg.micro_batch, cfg.seq, cfg.seed);
+}
+
+}  // namespace tessera::train

@@ -4,22 +4,25 @@
   tokenizer.py train TEXT --vocab 4096 --out DIR
       trains a byte-level BPE tokenizer (GPT-2's byte-to-unicode alphabet,
       so every byte sequence is encodable) on the UTF-8 file TEXT, locally
-      with nothing downloaded, and writes DIR/tokenizer.json and
-      DIR/<name>.tok, TEXT encoded as a tessera token file whose vocabulary
-      is the tokenizer's
+      with nothing downloaded, and writes DIR/<name>.tok, TEXT encoded as a
+      tessera token file whose vocabulary is the tokenizer's, its own
+      DIR/<name>.tokenizer.json, and DIR/tokenizer.json
   tokenizer.py encode TEXT --tokenizer tokenizer.json --out FILE.tok
       encodes TEXT with an existing tokenizer.json (any model `tokenizers`
-      reads: BPE, WordPiece, Unigram) into a tessera token file, and copies
-      tokenizer.json beside it when it is not there
-  tokenizer.py ids --tokenizer tokenizer.json TEXT...
+      reads: BPE, WordPiece, Unigram) into a tessera token file, with a copy
+      of the tokenizer as FILE.tokenizer.json beside it
+  tokenizer.py ids --tokenizer tokenizer.json -- TEXT...
       prints the ids of TEXT (one line of integers): how train_llama encodes
-      a --prompt for a data file with a tokenizer.json beside it
+      a --prompt for a token file with a tokenizer ("--" keeps a TEXT that
+      starts with "-" a text)
 
 The token file is include/tessera/data/token_file.hpp's format: a 64-byte
 header ("TSRATOK1", version 1, dtype 1 = uint16 or 2 = uint32, count,
-vocabulary, header bytes 64) and the ids, little-endian. A tokenizer.json
-beside a token file is what train_llama decodes its samples with and what
-it measures nats per byte with.
+vocabulary, header bytes 64) and the ids, little-endian. A token file's
+tokenizer, <name>.tokenizer.json beside <name>.tok (or, for files of older
+tessera, tokenizer.json in its folder), is what train_llama decodes its
+samples with and what it measures nats per byte with: each token file names
+its own, so token files of different tokenizers can share a folder.
 
 Exit status 0 on success, 2 on bad input, 3 when `tokenizers` is missing
 (pip install tokenizers).
@@ -108,10 +111,12 @@ def cmd_train(a):
     os.makedirs(a.out, exist_ok=True)
     tok, trainer = byte_level_bpe(a.vocab)
     tok.train_from_iterator(text.splitlines(keepends=True), trainer=trainer)
+    stem = os.path.splitext(os.path.basename(a.text))[0]
     json_path = os.path.join(a.out, "tokenizer.json")
     tok.save(json_path)
+    tok.save(os.path.join(a.out, stem + ".tokenizer.json"))
     ids = tok.encode(text).ids
-    name = os.path.splitext(os.path.basename(a.text))[0] + ".tok"
+    name = stem + ".tok"
     write_token_file(os.path.join(a.out, name), ids, tok.get_vocab_size())
     print(f"tokenizer.py: trained byte-level BPE, vocabulary {tok.get_vocab_size()}; "
           f"{len(text.encode('utf-8'))} bytes -> {len(ids)} tokens "
@@ -127,13 +132,9 @@ def cmd_encode(a):
     text = read_text(a.text)
     ids = tok.encode(text).ids
     write_token_file(a.out, ids, tok.get_vocab_size())
-    beside = os.path.join(os.path.dirname(os.path.abspath(a.out)), "tokenizer.json")
-    if os.path.abspath(a.tokenizer) != beside:
-        if os.path.exists(beside):
-            print(f"tokenizer.py: warning: {beside} exists and was left as it is",
-                  file=sys.stderr)
-        else:
-            shutil.copyfile(a.tokenizer, beside)
+    own = os.path.splitext(os.path.abspath(a.out))[0] + ".tokenizer.json"
+    if os.path.abspath(a.tokenizer) != own:
+        shutil.copyfile(a.tokenizer, own)
     print(f"tokenizer.py: {len(ids)} tokens, vocabulary {tok.get_vocab_size()} -> {a.out}")
 
 

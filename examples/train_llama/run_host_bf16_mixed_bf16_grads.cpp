@@ -1,7 +1,7 @@
 // train_llama's host trainers of precision::bf16_mixed_bf16_grads (one translation unit per
 // precision: they compile in parallel).
-#include "run_host.hpp"
+#include "run.hpp"
 
 namespace train_llama {
-template int run_host_with<tessera::precision::bf16_mixed_bf16_grads>(options&, const fs::path&, created_paths&);
+template int run_precision<host, precision::bf16_mixed_bf16_grads>(options&, const fs::path&, created_paths&);
 }  // namespace train_llama

@@ -11,4 +11,5 @@
 #include "tessera/data/cuda_loader.hpp"
 #include "tessera/kernels/cuda/context.hpp"
 #include "tessera/kernels/cuda/ops.hpp"
+#include "tessera/kernels/cuda/peak.hpp"
 #include "tessera/tessera.hpp"

@@ -337,6 +337,29 @@ inline bool mpi_notify_failure(const std::string& why) noexcept {
   return true;
 }
 
+/// Runs `f()` (returning int) on this MPI rank. An exception it throws is
+/// sent to every other rank first (mpi_notify_failure: their waits end at
+/// once naming this rank and the cause, not at the timeout), then
+/// `report()` is called inside the handler (it may rethrow with `throw;`
+/// to inspect the exception) and its int returned: so the error is
+/// reported here, before mpi_environment ends MPI (after a failure mpirun
+/// may end the job as soon as one process exits).
+template <class F, class Report>
+int mpi_run_notifying(F&& f, Report&& report) {
+  try {
+    return f();
+  } catch (...) {
+    try {
+      throw;
+    } catch (const std::exception& e) {
+      mpi_notify_failure(e.what());
+    } catch (...) {
+      mpi_notify_failure("unknown exception");
+    }
+    return report();
+  }
+}
+
 /// The notice of the job's error path ("world rank R failed: why"), once
 /// this rank failed or was told; empty otherwise. Never blocks.
 inline std::string mpi_failure_notice() {

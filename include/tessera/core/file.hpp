@@ -1,7 +1,9 @@
 #pragma once
 /// \file core/file.hpp
-/// Writing a file so that a reader never sees half of it: a temporary name
-/// beside it, flushed to disk, renamed over the target.
+/// Files: writing one so that a reader never sees half of it (a temporary
+/// name beside it, flushed to disk, renamed over the target), depth-bounded
+/// JSON, the temporaries a killed writer left, the paths a failed program
+/// created, and the files tessera ships (find_resource).
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -14,6 +16,7 @@
 #include <string>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -99,6 +102,89 @@ inline void write_json_file(const std::filesystem::path& path, const nlohmann::j
   write_file_atomically(path, [&](std::ofstream& out) {
     out.write(s.data(), static_cast<std::streamsize>(s.size()));
   });
+}
+
+/// Removes the temporaries of write_file_atomically in `dir`
+/// (NAME.tmp.<pid>...) whose process no longer runs (a killed run's); a
+/// live process's are another run's and stay. Errors are ignored.
+inline void remove_stale_temporaries(const std::filesystem::path& dir) {
+  std::error_code ec;
+  std::vector<std::filesystem::path> stale;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string n = e.path().filename().string();
+    const std::size_t at = n.find(".tmp.");
+    if (at == std::string::npos) continue;
+    const std::string rest = n.substr(at + 5);
+    const std::string pid = rest.substr(0, rest.find_first_not_of("0123456789"));
+    if (pid.empty() || pid.size() > 9) continue;
+    if (!std::filesystem::exists(std::filesystem::path("/proc") / pid, ec)) stale.push_back(e.path());
+  }
+  for (const auto& p : stale) std::filesystem::remove(p, ec);
+}
+
+/// Files and folders a program created, removed again (latest first) when
+/// it is destroyed before keep() (a run that fails on bad input leaves
+/// nothing partial behind).
+class created_paths {
+ public:
+  created_paths() = default;
+  created_paths(const created_paths&) = delete;
+  created_paths& operator=(const created_paths&) = delete;
+  ~created_paths() {
+    if (keep_) return;
+    std::error_code ec;
+    for (auto it = paths_.rbegin(); it != paths_.rend(); ++it) std::filesystem::remove(*it, ec);
+  }
+  /// Records `p` as created by this program.
+  void add(const std::filesystem::path& p) { paths_.push_back(p); }
+  /// From now on everything recorded stays.
+  void keep() { keep_ = true; }
+
+ private:
+  std::vector<std::filesystem::path> paths_;
+  bool keep_ = false;
+};
+
+/// Creates folder `dir` and every missing folder above it, recording each
+/// in `created`. Throws io_error naming `what` (the folder's name for the
+/// user, "--out") and the path: when an existing part of it is not a
+/// folder, or it cannot be created.
+inline void create_folders(const std::filesystem::path& dir, created_paths& created,
+                           const std::string& what = "folder") {
+  std::error_code ec;
+  std::vector<std::filesystem::path> missing;
+  std::filesystem::path p = std::filesystem::absolute(dir);
+  for (; !std::filesystem::exists(p, ec) && p.has_parent_path() && p != p.parent_path();
+       p = p.parent_path())
+    missing.push_back(p);
+  TESSERA_THROW_IF(!std::filesystem::is_directory(p, ec), io_error, what, " '", dir.string(), "': '",
+                   p.string(), "' is not a folder");
+  std::filesystem::create_directories(dir, ec);
+  TESSERA_THROW_IF(ec || !std::filesystem::is_directory(dir), io_error, "cannot create ", what, " '",
+                   dir.string(), "'", ec ? ": " + ec.message() : std::string());
+  for (auto it = missing.rbegin(); it != missing.rend(); ++it) created.add(*it);
+}
+
+/// The first of the places a file `rel` shipped with tessera
+/// (data/fortunes.txt, scripts/ngram_baseline.py) may be: the current
+/// folder, the executable's folder and up to three above it (a build tree:
+/// build/host/examples/), and PREFIX/share/tessera beside an installed
+/// bin/. No path of the build machine is compiled in. Returns "" when none
+/// holds it; `tried` (when given) lists the places.
+inline std::filesystem::path find_resource(const std::string& rel, std::string* tried = nullptr) {
+  std::vector<std::filesystem::path> places{std::filesystem::current_path()};
+  std::error_code ec;
+  const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    std::filesystem::path d = exe.parent_path();
+    for (int up = 0; up < 4 && !d.empty(); ++up, d = d.parent_path()) places.push_back(d);
+    places.push_back(exe.parent_path().parent_path() / "share" / "tessera");
+  }
+  for (const auto& p : places) {
+    if (tried) *tried += (tried->empty() ? "" : ", ") + (p / rel).string();
+    if (std::filesystem::exists(p / rel, ec)) return p / rel;
+  }
+  return {};
 }
 
 }  // namespace tessera

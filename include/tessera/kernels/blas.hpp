@@ -9,8 +9,11 @@
 /// re-executes the program with the core type set, once, and otherwise warns.
 
 #include <cblas.h>
+#include <omp.h>
+#include <sched.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -18,6 +21,8 @@
 #include <fstream>
 #include <string>
 #include <vector>
+
+#include "tessera/core/error.hpp"
 
 extern "C" char* openblas_get_corename(void);
 extern "C" int openblas_get_num_threads(void);
@@ -86,6 +91,37 @@ inline std::string check_blas_core(char** argv) {
                  blas_core_name().c_str(), want.c_str(), want.c_str());
   }
   return "OpenBLAS core " + blas_core_name() + ", " + std::to_string(blas_threads()) + " threads";
+}
+
+/// The CPUs this process may run on (its affinity mask: a cpuset, taskset
+/// or mpirun binding), at least 1.
+inline int available_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof set, &set) != 0) return 1;
+  return std::max(1, CPU_COUNT(&set));
+}
+
+/// Refuses an OpenMP environment under which the host kernels would hang,
+/// crash or crawl, before any parallel region runs (call it first thing in
+/// main, after check_blas_core): OMP_DYNAMIC=true (OpenMP may give a region
+/// fewer threads than OpenBLAS waits for: it spins for ever), OMP_NUM_THREADS
+/// above OMP_THREAD_LIMIT (the same), and OMP_NUM_THREADS above the CPUs
+/// this process may use (many times slower: every GEMM's threads wait for
+/// descheduled peers; 99999 crashes libgomp). Throws config_error naming
+/// the variables, their values and the limit.
+inline void check_openmp_environment() {
+  TESSERA_THROW_IF(omp_get_dynamic() != 0, config_error,
+                   "OMP_DYNAMIC is true: OpenMP may then run a parallel region on fewer threads "
+                   "than OpenBLAS waits for, which hangs; unset OMP_DYNAMIC (or set it to false)");
+  const int threads = omp_get_max_threads(), limit = omp_get_thread_limit(), cpus = available_cpus();
+  TESSERA_THROW_IF(threads > limit, config_error, "OMP_NUM_THREADS=", threads,
+                   " exceeds OMP_THREAD_LIMIT=", limit,
+                   ": a parallel region would get fewer threads than OpenBLAS waits for (it "
+                   "hangs); set OMP_NUM_THREADS to at most ", limit);
+  TESSERA_THROW_IF(threads > cpus, config_error, "OMP_NUM_THREADS=", threads, " exceeds the ", cpus,
+                   " CPUs this process may use (its affinity): the threads would wait on each other "
+                   "many times slower; set OMP_NUM_THREADS to at most ", cpus);
 }
 
 /// Measures this machine's sgemm rate in FLOP/s: the best of `reps` runs of

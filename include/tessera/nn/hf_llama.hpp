@@ -211,6 +211,12 @@ inline llama_config llama_config_from_hf(const nlohmann::json& j, const std::str
   return c;
 }
 
+/// The llama_config of the Hugging Face folder `dir` (its config.json,
+/// llama_config_from_hf), named after the folder. Throws io_error naming
+/// config.json when it cannot be read or is not JSON, and config_error as
+/// llama_config_from_hf.
+inline llama_config llama_config_from_hf_folder(const std::filesystem::path& dir);
+
 /// The name of a folder for a model's name: its last component ("a/b/" is
 /// "b"), "hf" for "." or "/".
 inline std::string folder_name(const std::filesystem::path& dir) {
@@ -218,6 +224,15 @@ inline std::string folder_name(const std::filesystem::path& dir) {
   if (p.filename().empty()) p = p.parent_path();
   const std::string n = p.filename().string();
   return n.empty() || n == "." || n == ".." ? std::string("hf") : n;
+}
+
+inline llama_config llama_config_from_hf_folder(const std::filesystem::path& dir) {
+  const std::filesystem::path cj = dir / "config.json";
+  std::ifstream in(cj);
+  TESSERA_THROW_IF(!in, io_error, "--init-from-hf: cannot read '", cj.string(), "'");
+  const auto j = nlohmann::json::parse(in, nullptr, false);
+  TESSERA_THROW_IF(j.is_discarded(), io_error, "--init-from-hf: '", cj.string(), "' is not JSON");
+  return llama_config_from_hf(j, cj.string(), folder_name(dir));
 }
 
 /// A Hugging Face Llama folder opened for reading: config.json parsed,

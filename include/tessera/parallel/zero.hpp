@@ -151,6 +151,7 @@ class data_parallel final : public nn::segment_hooks {
   using Master = typename P::master_type;
   using Reduce = reduce_type_t<P>;
   using model_type = Model;
+  using sharding_type = S;
   /// The optimizer over the whole flat buffer (zero<0>) or this rank's shard.
   using optimizer_type =
       typename O::template state<Param, std::conditional_t<S::shards_optimizer_state, Reduce, Grad>,

@@ -99,7 +99,7 @@ void agree_or_throw(World& world, int rank, std::exception_ptr failed, const std
     std::fprintf(stderr, "tessera: world rank %d: %s failed here too: %s\n", rank, what.c_str(),
                  why.c_str());
   const std::string m = agree_text(world, rank, r, std::string(1, kind) + why);
-  const std::string text = detail::str(what, " failed on world rank ", r, ": ", m.substr(1));
+  const std::string text = tessera::detail::str(what, " failed on world rank ", r, ": ", m.substr(1));
   switch (m.empty() ? '4' : m[0]) {
     case '1':
       throw config_error(text);
@@ -159,14 +159,14 @@ void agree_settings(World& world, int rank, const nlohmann::json& settings,
   auto value = [](const std::string& t) { return t.substr(t.find('\n') + 1); };
   const std::string hint = " (start every rank with the same settings)";
   if (key(theirs) == key(zeros))
-    throw config_error(detail::str(what, " differ between ranks: ", key(theirs), " is ",
+    throw config_error(tessera::detail::str(what, " differ between ranks: ", key(theirs), " is ",
                                    value(zeros), " on world rank 0 but ", value(theirs),
                                    " on world rank ", r, hint));
   auto held = [&](const std::string& t, int who) {
-    return key(t).empty() ? detail::str("world rank ", who, " has no further setting")
-                          : detail::str("world rank ", who, " has ", key(t), "=", value(t));
+    return key(t).empty() ? tessera::detail::str("world rank ", who, " has no further setting")
+                          : tessera::detail::str("world rank ", who, " has ", key(t), "=", value(t));
   };
-  throw config_error(detail::str(what, " differ between ranks: ", held(zeros, 0), " where ",
+  throw config_error(tessera::detail::str(what, " differ between ranks: ", held(zeros, 0), " where ",
                                  held(theirs, r), hint));
 }
 

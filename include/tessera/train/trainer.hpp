@@ -81,11 +81,16 @@ namespace tessera::train {
 /// parallel/pipeline_schedule.hpp, or any_schedule: cfg.pipeline). A type
 /// that is not an optimizer policy, a sharding strategy, a communicator or
 /// a schedule fails to compile with a message naming what it lacks.
-template <precision::policy P, class Backend = host, class O = optim::adamw,
-          class S = parallel::zero<0>,
-          class C = comm::self_communicator<kernels::context_t<Backend>>,
-          class L = nn::dense_layers, class Schedule = parallel::any_schedule>
+// example-begin signature
+template <precision::policy P,                   // fp32, bf16_mixed, bf16_mixed_bf16_grads, fp64
+          class Backend = host,                  // host or cuda
+          class O = optim::adamw,                // optim::sgd, or an optimizer policy of yours
+          class S = parallel::zero<0>,           // zero<0..3>
+          class C = comm::self_communicator<kernels::context_t<Backend>>,  // local, mpi, nccl
+          class L = nn::dense_layers,            // or nn::tensor_parallel_layers<C>
+          class Schedule = parallel::any_schedule>  // or gpipe, one_f_one_b, ...
 class trainer {
+  // example-end signature
   static_assert(optim::check_optimizer_policy<O>());
   static_assert(parallel::check_sharding_strategy<S>());
   static_assert(comm::check_communicator<C>());
@@ -103,6 +108,10 @@ class trainer {
   using executor_type = typename step_runner<chunks_type>::executor_type;
   using Param = typename P::param_type;
   static constexpr std::int32_t ignore_index = chunks_type::ignore_index;
+  /// The policies' names, for logs and checkpoints.
+  static constexpr const char* precision_name = P::name;
+  static constexpr const char* optimizer_name = O::name;
+  static constexpr const char* backend_name = Backend::name;
 
   /// One rank of a run on `mesh` (default: one rank), checked by
   /// train::validate before anything is allocated. Builds this rank's
@@ -121,8 +130,10 @@ class trainer {
   /// config_error as train::validate, io_error for a Hugging Face folder
   /// that cannot be read, and what the backend throws when it runs out of
   /// memory (out_of_memory).
+  // example-begin constructor
   trainer(nn::llama_config model_cfg, train_config cfg, const data::token_file& data,
           layout_type mesh = {}, parallel::data_parallel_options dpo = {}, const Ctx* ctx = nullptr)
+      // example-end constructor
       : own_ctx_(ctx ? nullptr : make_context(mesh)),
         ctx_(ctx ? ctx : &own_ctx_->ctx),
         self_(mesh.dp_group() ? std::nullopt : make_self(*ctx_)),

@@ -23,6 +23,11 @@
 
 namespace tessera::train {
 
+/// The most micro-batches one rank runs per optimizer step (G / (B dp)):
+/// 2^20, far above any gradient accumulation in use (thousands), and a bound
+/// on the step's action list and loss scalars.
+inline constexpr std::int64_t max_micro_batches = std::int64_t{1} << 20;
+
 /// A layout's degrees: anything with dp(), tp() and pp() (parallel::layout
 /// over its groups, or comm::device_mesh before any group exists).
 template <class M>
@@ -36,7 +41,8 @@ concept mesh_degrees = requires(const M& m) {
 /// under sharding strategy `Sharding` together, before anything is
 /// allocated. Throws config_error naming the value and the limit for: an
 /// invalid model or run config (llama_config::validate,
-/// train_config::validate); dp, tp or pp in `cfg` other than the mesh's;
+/// train_config::validate); more than max_micro_batches micro-batches per
+/// step and rank; dp, tp or pp in `cfg` other than the mesh's;
 /// a sequence longer than max_seq; a corpus vocabulary beyond the model's;
 /// one micro-batch's activation bytes beyond 64 bits; a pipeline the
 /// schedule cannot run (parallel::check_pipeline: micro-batch count,
@@ -53,6 +59,11 @@ void validate(const nn::llama_config& c, const train_config& cfg, const data::to
   TESSERA_THROW_IF(cfg.dp != mesh.dp(), config_error, "dp=", cfg.dp,
                    " does not match the communicator's ", mesh.dp(), " ranks (world size)");
   cfg.validate();
+  TESSERA_THROW_IF(cfg.accum_steps() > max_micro_batches, config_error, "G / (B x dp) = ",
+                   cfg.global_batch, " / (", cfg.micro_batch, " x ", cfg.dp, ") = ", cfg.accum_steps(),
+                   " micro-batches per step and rank exceed the limit of ", max_micro_batches,
+                   " (each holds a loss and its schedule's actions): raise the micro-batch B or dp, "
+                   "or lower the global batch G");
   TESSERA_THROW_IF(cfg.seq > c.max_seq, config_error, "sequence length T=", cfg.seq,
                    " exceeds the model's max_seq=", c.max_seq, " (preset '", c.name, "')");
   TESSERA_THROW_IF(d.vocab() > static_cast<std::uint64_t>(c.vocab), config_error,

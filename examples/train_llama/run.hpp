@@ -52,12 +52,12 @@ struct options {
   bool no_baseline = false, sample_only = false, parallel = false;
   int dp = 1, tp = 1, zero = 0;
   double peak_tflops = 0, bucket_mb = 25, comm_timeout = 300;
-  std::uint64_t data_vocab = 0;            // the token file's vocabulary (set by main)
-  std::vector<std::int32_t> prompt_ids;    // with a tokenizer: the prompt's ids
-  double val_bytes_per_token = 0;          // with a tokenizer: the validation split's
-  std::string config_toml;                 // the settings as given: OUT/run.toml
-  nlohmann::json config_json;              // all of them: metrics.jsonl's first line
-  std::int64_t planned_steps = 0;          // --resume: the steps the checkpoint's run planned
+  std::uint64_t data_vocab = 0;          // the token file's vocabulary (set by main)
+  std::vector<std::int32_t> prompt_ids;  // with a tokenizer: the prompt's ids
+  double val_bytes_per_token = 0;        // with a tokenizer: the validation split's
+  std::string config_toml;               // the settings as given: OUT/run.toml
+  nlohmann::json config_json;            // all of them: metrics.jsonl's first line
+  std::int64_t planned_steps = 0;        // --resume: the steps the checkpoint's run planned
 };
 
 /// The reporting of a failure (main.cpp): one line, the exit status.
@@ -74,8 +74,10 @@ inline nn::llama_config model_config(const options& o) {
   if (o.heads) mc.n_heads = *o.heads;
   if (o.kv_heads) mc.n_kv_heads = *o.kv_heads;
   if (o.ffn) mc.ffn_dim = *o.ffn;
-  if (o.vocab) mc.vocab = *o.vocab;
-  else if (o.data_vocab > 0) mc.vocab = static_cast<std::int64_t>(o.data_vocab);
+  if (o.vocab)
+    mc.vocab = *o.vocab;
+  else if (o.data_vocab > 0)
+    mc.vocab = static_cast<std::int64_t>(o.data_vocab);
   return mc;
 }
 
@@ -107,7 +109,8 @@ struct cli_observer : train::observer {
   cli_observer(options& opts, created_paths& c) : o(opts), created(c) {}
   void on_start(const train::run_start&) override {
     if (o.sample_only) return;
-    write_file_atomically(fs::path(o.out) / "run.toml", [&](std::ofstream& f) { f << o.config_toml; });
+    write_file_atomically(fs::path(o.out) / "run.toml",
+                          [&](std::ofstream& f) { f << o.config_toml; });
     created.keep();
   }
   void on_export(const fs::path& dir) override {
@@ -144,6 +147,7 @@ int fit_rank(options& o, Trainer& tr, const data::token_file& data, const fs::pa
   r.sample_only = o.sample_only;
   train::console_log::options c;
   c.data_path = tok.string();
+  c.tokenizer = o.tokenizer;
   c.data = &data;
   c.communicator = o.comm;
   c.planned_steps = o.planned_steps;
@@ -199,9 +203,10 @@ struct world<host> {
           train::agree_settings(reduce, w.rank(), o.config_json, "train_llama's options");
           double blas = w.rank() == 0 ? kernels::measure_sgemm_flops() : 0.0;
           w.broadcast(&blas, 1, 0);
-          TESSERA_THROW_IF(w.size() != n, config_error, "--comm mpi: the mesh dp=", o.dp, " x tp=",
-                           o.tp, " x pp=", o.cfg.pp, " needs ", n, " MPI processes but the job has ",
-                           w.size(), " (start it as mpirun -np ", n, " ...)");
+          TESSERA_THROW_IF(w.size() != n, config_error, "--comm mpi: the mesh dp=", o.dp,
+                           " x tp=", o.tp, " x pp=", o.cfg.pp, " needs ", n,
+                           " MPI processes but the job has ", w.size(), " (start it as mpirun -np ",
+                           n, " ...)");
           return ranks(w, peak(o, omp_get_max_threads(), blas));
         },
         [&] { return report_failure(o); });
@@ -222,8 +227,8 @@ inline void check_host_memory(const options& o, const plan::dtype_sizes& d) {
   if (avail == 0) return;
   const nn::llama_config mc = model_config(o);
   const train::train_config rc = run_config(o);
-  const plan::sharding sh{o.zero, o.dp, 0, std::max<std::int64_t>(1, std::llround(o.bucket_mb * 1e6)),
-                          0, o.tp, 0};
+  const plan::sharding sh{
+      o.zero, o.dp, 0, std::max<std::int64_t>(1, std::llround(o.bucket_mb * 1e6)), 0, o.tp, 0};
   plan::activation_options a;
   a.micro_batch = rc.micro_batch;
   a.seq = rc.seq;
@@ -240,7 +245,8 @@ inline void check_host_memory(const options& o, const plan::dtype_sizes& d) {
                           : static_cast<double>(o.dp) * o.tp * static_cast<double>(o.cfg.pp);
   const double stages = static_cast<double>(std::max<std::int64_t>(1, rc.pp));
   plan::check_host_fit(
-      static_cast<double>(m.state.persistent()) * here / stages, avail, "the model state of this run",
+      static_cast<double>(m.state.persistent()) * here / stages, avail,
+      "the model state of this run",
       tessera::detail::str(mc.num_params(), " parameters of --dim ", mc.dim, " --layers ",
                            mc.n_layers, " --ffn ", mc.ffn_dim, " --vocab ", mc.vocab,
                            ": weights, gradients and optimizer state under --precision ",
@@ -291,11 +297,12 @@ int launch(options& o, const fs::path& tok, created_paths& created) {
 /// Calls f(std::type_identity<T>{}) for the T of `types` whose name in
 /// `names` (same order) is `name`; throws config_error listing the names.
 template <class... T, class F>
-int pick(const char* what, const std::string& name, const std::array<const char*, sizeof...(T)>& names,
-         F&& f) {
+int pick(const char* what, const std::string& name,
+         const std::array<const char*, sizeof...(T)>& names, F&& f) {
   int rc = 0;
   std::size_t i = 0;
-  const bool found = ((names[i++] == name ? (rc = f(std::type_identity<T>{}), true) : false) || ...);
+  const bool found =
+      ((names[i++] == name ? (rc = f(std::type_identity<T>{}), true) : false) || ...);
   if (found) return rc;
   std::string valid;
   for (const char* n : names) valid += (valid.empty() ? "" : ", ") + std::string(n);

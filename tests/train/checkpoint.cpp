@@ -1,81 +1,68 @@
-// Tests include/tessera/train/checkpoint_file.hpp: a checkpoint reads back its
-// metadata and payload, and a damaged one is refused with io_error naming
-// the file (the fuzz target tests/fuzz/checkpoint.cpp explores the rest).
+// Tests include/tessera/train/checkpoint.hpp: a rank's chunks saved and
+// restored through train::save_checkpoint / load_checkpoint continue bit for
+// bit; the shard files of a tp and pp layout are named by position; a
+// strategy that shards the optimizer state is refused before any work; a
+// file of other settings is refused naming the field.
 #include <catch2/catch.hpp>
 
 #include <unistd.h>
 
-#include <cstdint>
-#include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <string>
-#include <vector>
 
-#include <nlohmann/json.hpp>
-
-#include "tessera/train/checkpoint_file.hpp"
+#include "tessera/train/checkpoint.hpp"
+#include "trainer_suite.hpp"
 
 namespace test_train_checkpoint {
 
-namespace fs = std::filesystem;
 using namespace tessera;
-using Catch::Contains;
+namespace fs = std::filesystem;
+using Catch::Matchers::Contains;
 
-namespace {
-
-fs::path temp_file(const std::string& name) {
-  return fs::temp_directory_path() /
-         ("tessera_checkpoint_" + std::to_string(::getpid()) + "_" + name);
-}
-
-std::vector<char> bytes_of(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return std::vector<char>(std::istreambuf_iterator<char>(in), {});
-}
-
-void put(const fs::path& p, const std::vector<char>& b) {
-  std::ofstream out(p, std::ios::binary | std::ios::trunc);
-  out.write(b.data(), static_cast<std::streamsize>(b.size()));
-}
-
-}  // namespace
-
-TEST_CASE("a checkpoint reads back its metadata and payload", "[train][checkpoint]") {
-  const fs::path p = temp_file("round_trip.ckpt");
-  const nlohmann::json meta = {{"step", 3}, {"name", "tiny"}};
-  const std::vector<float> state = {1.0f, -2.0f, 0.5f};
-  train::write_checkpoint(p, meta, sizeof(float) * state.size(),
-                          [&](train::checkpoint_writer& w) { w.write(state.data(), 12); });
-  nlohmann::json m;
-  std::vector<char> payload;
-  train::read_checkpoint(p, m, payload);
-  CHECK(m == meta);
-  REQUIRE(payload.size() == 12);
-  CHECK(std::memcmp(payload.data(), state.data(), 12) == 0);
-  fs::remove(p);
-}
-
-TEST_CASE("a payload size that wraps the length sum is refused, not allocated",
+TEST_CASE("the chunks of a rank save and load, and the run continues bit for bit",
           "[train][checkpoint]") {
-  // Found by tests/fuzz/checkpoint.cpp: header + metadata + a payload size
-  // near 2^64 summed to the file's length, so the reader tried to allocate it.
-  const fs::path p = temp_file("wrapping.ckpt");
-  train::write_checkpoint(p, nlohmann::json::object(), 0, [](train::checkpoint_writer&) {});
-  std::vector<char> b =
-      bytes_of(p);  // 8 magic, 8 version, 8 json size, "{}", 8 payload size, 8 hash
-  REQUIRE(b.size() == 42);
-  b.resize(34);  // without its checksum the file is 8 bytes shorter than 40 + 2 + payload size,
-  const std::uint64_t wraps = std::uint64_t{0} - 8;  // so 2^64 - 8 made the sum 34 again
-  std::memcpy(b.data() + 26, &wraps, 8);
-  put(p, b);
-  nlohmann::json m;
-  std::vector<char> payload;
-  CHECK_THROWS_AS(train::read_checkpoint(p, m, payload), io_error);
-  CHECK_THROWS_WITH(train::read_checkpoint(p, m, payload),
-                    Contains(p.string()) && Contains("payload size") &&
-                        Contains(std::to_string(wraps)) && Contains("at byte 26"));
-  fs::remove(p);
+  trainer_suite::temp_file corpus{trainer_suite::make_corpus("chunks_ckpt", 0)};
+  const data::token_file f(corpus.path);
+  const fs::path ck =
+      fs::temp_directory_path() / ("tessera_chunks_" + std::to_string(::getpid()) + ".bin");
+  train::trainer<precision::fp64> a(trainer_suite::model(), trainer_suite::config(1), f);
+  a.train_step();
+  train::save_checkpoint<parallel::zero<0>>(a.all_chunks(), a.layout(), ck, a.metadata(), a.step());
+  train::trainer<precision::fp64> b(trainer_suite::model(), trainer_suite::config(1), f);
+  const std::int64_t step =
+      train::load_checkpoint<parallel::zero<0>>(b.all_chunks(), b.layout(), ck, b.metadata(), 4);
+  CHECK(step == 1);
+  const std::int64_t n = a.model().flat_size();
+  CHECK(std::equal(a.model().params(), a.model().params() + n, b.model().params()));
+  CHECK(b.optimizer().steps_taken() == 1);
+  // Restarted at the checkpoint's step (what trainer::load_checkpoint does).
+  b.load_checkpoint(ck);
+  for (int s = 0; s < 2; ++s) {
+    const auto x = a.train_step(), y = b.train_step();
+    CHECK(x.loss == y.loss);
+    CHECK(x.grad_norm == y.grad_norm);
+  }
+  // Another run's settings: refused, the field named.
+  auto other = trainer_suite::config(1);
+  other.seed = 7;
+  train::trainer<precision::fp64> c(trainer_suite::model(), other, f);
+  REQUIRE_THROWS_WITH(
+      train::load_checkpoint<parallel::zero<0>>(c.all_chunks(), c.layout(), ck, c.metadata(), 4),
+      Contains("seed=1337 in the checkpoint, 7 in this run"));
+  // A strategy that shards the optimizer state: refused before any work.
+  REQUIRE_THROWS_WITH(
+      train::save_checkpoint<parallel::zero<1>>(a.all_chunks(), a.layout(), ck, a.metadata(), 1),
+      Contains("sharded checkpoints are not supported"));
+  std::error_code ec;
+  fs::remove(ck, ec);
+}
+
+TEST_CASE("shard files are named by their tp rank and stage", "[train][checkpoint]") {
+  using train::detail::shard_path;
+  CHECK(shard_path("run/checkpoint.bin", 0, 1, 0) == fs::path("run/checkpoint.bin"));
+  CHECK(shard_path("run/checkpoint.bin", 0, 2, 1) == fs::path("run/checkpoint.bin.tp1"));
+  CHECK(shard_path("run/checkpoint.bin", 2, 2, 0) == fs::path("run/checkpoint.bin.pp2"));
+  CHECK(shard_path("run/checkpoint.bin", 3, 4, 2) == fs::path("run/checkpoint.bin.pp3.tp2"));
 }
 
 }  // namespace test_train_checkpoint

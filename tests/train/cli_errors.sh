@@ -152,6 +152,28 @@ expect "--nesterov with adamw" "--nesterov sets SGD's momentum: it needs --optim
 expect "--schedule without --pp" "--schedule gpipe orders a pipeline's stages: it needs --pp > 1" "$train" "${common[@]}" --schedule gpipe
 expect "a negative --baseline" "--baseline -1 must be > 0" "$train" "${common[@]}" --baseline -1
 expect "a negative --trace-step" "--trace-step: Value -1 not in range" "$train" "${common[@]}" --trace-step -1
+# Subword token files (Hugging Face tokenizers): each decodes through its
+# own <name>.tokenizer.json, also beside another tokenizer's files in one
+# folder; a prompt that starts with '-' is a prompt; one that is not UTF-8
+# is refused naming it.
+if python3 -c "import tokenizers" 2> /dev/null; then
+  mkdir -p "$work/tk"
+  head -c 200000 "$root/data/fortunes.txt" > "$work/tk/a.txt"
+  tail -c 200000 "$root/data/fortunes.txt" > "$work/tk/b.txt"
+  python3 "$root/scripts/tokenizer.py" train "$work/tk/a.txt" --vocab 300 --out "$work/tk/A" > /dev/null
+  python3 "$root/scripts/tokenizer.py" train "$work/tk/b.txt" --vocab 280 --out "$work/tk/B" > /dev/null
+  python3 "$root/scripts/tokenizer.py" encode "$work/tk/b.txt" --tokenizer "$work/tk/B/tokenizer.json" --out "$work/tk/A/b.tok" > /dev/null
+  small=(--out "$work/tkrun" --no-baseline --steps 2 --seq 16 --micro-batch 2 --global-batch 2 --sample-bytes 8)
+  if "$train" --data "$work/tk/A/b.tok" "${small[@]}" --prompt "-x" > "$work/tk.out" 2>&1 &&
+     grep -q "tokenizer $work/tk/A/b.tokenizer.json" "$work/tk.out" && grep -q -- "---- sample" "$work/tk.out"; then
+    echo "ok   a token file's own tokenizer in a shared folder, a prompt starting with '-'"
+  else
+    echo "FAIL a token file's own tokenizer, a prompt starting with '-': $(cat "$work/tk.out")"; fail=1
+  fi
+  expect "a prompt that is not UTF-8, through a tokenizer" "--prompt: the text to encode is not UTF-8" "$train" --data "$work/tk/A/b.tok" "${common[@]}" --seq 16 --micro-batch 2 --global-batch 2 --sample-bytes 8 --prompt $'\xff'
+else
+  echo "skip subword token files: Hugging Face tokenizers is not installed"
+fi
 # --sample-only reads a checkpoint and writes nothing: a folder others may
 # only read works (as root, run as nobody), and is left as it was.
 "$train" --out "$work/ro" --no-baseline --sample-bytes 0 --steps 2 --preset tiny --seq 16 --micro-batch 2 --global-batch 2 > /dev/null 2>&1

@@ -55,10 +55,11 @@ inline std::string fitted_progress(std::int64_t step, std::int64_t total, const 
 class console_log : public observer {
  public:
   struct options {
-    std::string prefix = "train_llama";  ///< every line starts "<prefix>: "
-    std::string data_path;               ///< the token file, as named in the log
+    std::string prefix = "train_llama";      ///< every line starts "<prefix>: "
+    std::string data_path;                   ///< the token file, as named in the log
+    std::string tokenizer;                   ///< its tokenizer.json, named in the log ("": bytes)
     const data::token_file* data = nullptr;  ///< its sizes in the log (not owned)
-    std::string communicator;            ///< the dp/tp/pp groups' communicator ("local", "mpi")
+    std::string communicator;                ///< the dp/tp/pp groups' communicator ("local", "mpi")
     /// The steps the resumed checkpoint's run planned (a log line when the
     /// schedule now runs further); 0: not a resume.
     std::int64_t planned_steps = 0;
@@ -73,58 +74,65 @@ class console_log : public observer {
     const nn::llama_config& c = *s.model;
     const train_config& cfg = *s.config;
     s_ = s;
-    line("model %s (dim %lld, layers %lld, heads %lld/%lld kv, ffn %lld, vocab %lld) %.2fM params, "
-         "precision %s, optimizer %s, backend %s",
-         c.name.c_str(), ll(c.dim), ll(c.n_layers), ll(c.n_heads), ll(c.n_kv_heads), ll(c.ffn_dim),
-         ll(c.vocab), c.num_params() / 1e6, s.precision, s.optimizer, s.backend);
+    line(
+        "model %s (dim %lld, layers %lld, heads %lld/%lld kv, ffn %lld, vocab %lld) %.2fM params, "
+        "precision %s, optimizer %s, backend %s",
+        c.name.c_str(), ll(c.dim), ll(c.n_layers), ll(c.n_heads), ll(c.n_kv_heads), ll(c.ffn_dim),
+        ll(c.vocab), c.num_params() / 1e6, s.precision, s.optimizer, s.backend);
     if (o_.data)
-      line("data %s (%llu tokens, train %llu, val %llu)", o_.data_path.c_str(),
+      line("data %s (%llu tokens, train %llu, val %llu%s%s)", o_.data_path.c_str(),
            static_cast<unsigned long long>(o_.data->size()),
            static_cast<unsigned long long>(o_.data->split().train.size()),
-           static_cast<unsigned long long>(o_.data->split().val.size()));
+           static_cast<unsigned long long>(o_.data->split().val.size()),
+           o_.tokenizer.empty() ? "" : "; tokenizer ", o_.tokenizer.c_str());
     if (s.dp > 1 || s.zero > 0 || s.tp > 1 || s.pp > 1)
       line("data parallel dp=%d, zero%d, %s communicator, %zu gradient buckets", s.dp, s.zero,
            o_.communicator.c_str(), s.buckets);
     if (s.tp > 1)
-      line("tensor parallel tp=%d (mesh dp %d x tp %d, tp fastest): each rank holds %.2fM of the "
-           "%.2fM parameters%s",
-           s.tp, s.dp, s.tp, static_cast<double>(s.params_per_rank) / 1e6, c.num_params() / 1e6,
-           s.sequence_parallel ? "; sequence parallel: norms and residuals hold T/tp tokens" : "");
+      line(
+          "tensor parallel tp=%d (mesh dp %d x tp %d, tp fastest): each rank holds %.2fM of the "
+          "%.2fM parameters%s",
+          s.tp, s.dp, s.tp, static_cast<double>(s.params_per_rank) / 1e6, c.num_params() / 1e6,
+          s.sequence_parallel ? "; sequence parallel: norms and residuals hold T/tp tokens" : "");
     if (s.pp > 1) {
       std::string stages;
       for (const auto& st : s.stages)
         stages += tessera::detail::str(stages.empty() ? "" : " ", st.last_block - st.first_block);
-      line("pipeline parallel pp=%d, schedule %s, %lld virtual stage%s per rank, blocks per stage "
-           "[%s] (embedding on the first, head on the last)",
-           s.pp, parallel::to_string(cfg.pipeline), ll(cfg.virtual_stages),
-           cfg.virtual_stages > 1 ? "s" : "", stages.c_str());
+      line(
+          "pipeline parallel pp=%d, schedule %s, %lld virtual stage%s per rank, blocks per stage "
+          "[%s] (embedding on the first, head on the last)",
+          s.pp, parallel::to_string(cfg.pipeline), ll(cfg.virtual_stages),
+          cfg.virtual_stages > 1 ? "s" : "", stages.c_str());
     }
-    line("G=%lld sequences/step = dp %d x %lld micro-batches x B=%lld, T=%lld, %lld steps, lr "
-         "%.1e, warmup %lld, checkpointing %s",
-         ll(cfg.global_batch), s.dp, ll(s.accum_steps), ll(cfg.micro_batch), ll(cfg.seq),
-         ll(cfg.steps), cfg.lr, ll(cfg.warmup), nn::to_string(cfg.checkpointing.mode));
+    line(
+        "G=%lld sequences/step = dp %d x %lld micro-batches x B=%lld, T=%lld, %lld steps, lr "
+        "%.1e, warmup %lld, checkpointing %s",
+        ll(cfg.global_batch), s.dp, ll(s.accum_steps), ll(cfg.micro_batch), ll(cfg.seq),
+        ll(cfg.steps), cfg.lr, ll(cfg.warmup), nn::to_string(cfg.checkpointing.mode));
     line("MFU against %s", kernels::describe_peak(s.options->peak).c_str());
     if (!s.checkpoints && !s.options->out.empty())
-      line("%s: no checkpoints are written (sharded checkpoints are not supported yet; use --zero "
-           "0 to checkpoint)",
-           s.sharding);
+      line(
+          "%s: no checkpoints are written (sharded checkpoints are not supported yet; use --zero "
+          "0 to checkpoint)",
+          s.sharding);
     if (s.options->baseline)
       line("4-gram Kneser-Ney baseline on val: %.4f nats/byte", *s.options->baseline);
     if (!cfg.init_from_hf.empty() && s.step == 0)
       line("weights from the Hugging Face Llama %s", cfg.init_from_hf.c_str());
     if (s.step > 0) line("resumed from step %lld", ll(s.step));
     if (o_.planned_steps > 0 && o_.planned_steps != cfg.steps)
-      line("the schedule now runs to step %lld (the checkpoint's run planned %lld): warmup %lld, "
-           "cosine decay to step %lld",
-           ll(cfg.steps), ll(o_.planned_steps), ll(cfg.warmup), ll(cfg.steps));
+      line(
+          "the schedule now runs to step %lld (the checkpoint's run planned %lld): warmup %lld, "
+          "cosine decay to step %lld",
+          ll(cfg.steps), ll(o_.planned_steps), ll(cfg.warmup), ll(cfg.steps));
     std::fflush(stdout);
   }
 
   void on_step(const step_metrics& m) override {
     const std::string text = format_step(m, s_.config->steps, s_.options->baseline);
     if (o_.progress) {
-      std::printf("\r\033[K%s", fitted_progress(m.step, s_.config->steps, text,
-                                                terminal_columns()).c_str());
+      std::printf("\r\033[K%s",
+                  fitted_progress(m.step, s_.config->steps, text, terminal_columns()).c_str());
       if (m.val_loss) std::printf("\n");
     } else {
       std::printf("%s\n", text.c_str());
@@ -146,8 +154,8 @@ class console_log : public observer {
     if (e.val_loss && bpt <= 0)
       l += ", final val loss " + fixed(*e.val_loss, 4) + " nats/byte (whole held-out split)";
     else if (e.val_loss)
-      l += ", final val loss " + fixed(*e.val_loss, 4) + " nats/token = " +
-           fixed(*e.val_loss / bpt, 4) + " nats/byte (" + fixed(bpt, 3) +
+      l += ", final val loss " + fixed(*e.val_loss, 4) +
+           " nats/token = " + fixed(*e.val_loss / bpt, 4) + " nats/byte (" + fixed(bpt, 3) +
            " bytes per token; whole held-out split)";
     if (e.val_loss && s_.options->baseline)
       l += " (4-gram " + fixed(*s_.options->baseline, 4) + ": " +
@@ -162,9 +170,10 @@ class console_log : public observer {
   }
 
   void on_export(const std::filesystem::path& dir) override {
-    line("Hugging Face Llama written to %s (config.json, safetensors; "
-         "LlamaForCausalLM.from_pretrained reads it)",
-         dir.c_str());
+    line(
+        "Hugging Face Llama written to %s (config.json, safetensors; "
+        "LlamaForCausalLM.from_pretrained reads it)",
+        dir.c_str());
   }
 
   void on_sample(const std::vector<std::int32_t>& tokens) override {

@@ -1,0 +1,213 @@
+// Tests include/tessera/train/fit.hpp: train::fit adds nothing to the
+// arithmetic of the steps it drives (bit for bit against a loop of
+// train_step), runs its cadences (evaluation, checkpoints, metrics lines)
+// and calls the observers in order, resumes a run folder bit for bit, names
+// the step a failure happened in, and samples what generate samples.
+#include <catch2/catch.hpp>
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "tessera/data/tokenizer.hpp"
+#include "tessera/train/fit.hpp"
+#include "tessera/train/trainer.hpp"
+
+namespace test_train_fit {
+
+using namespace tessera;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct temp_dir {
+  fs::path path = fs::temp_directory_path() / ("tessera_fit_" + std::to_string(::getpid()));
+  temp_dir() { fs::create_directories(path); }
+  ~temp_dir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+fs::path make_corpus(const fs::path& dir) {
+  std::string text;
+  const char* words[] = {"the ",  "cat ", "sat ",  "on ", "a ",
+                         "mat, ", "and ", "then ", "it ", "ran.\n"};
+  std::uint64_t s = 1;
+  while (text.size() < 20000) {
+    s = mix64(s);
+    text += words[s % 10];
+  }
+  const fs::path p = dir / "corpus.tok";
+  data::write_token_file(p, data::byte_tokenizer::encode(text), 256, data::token_dtype::u16);
+  return p;
+}
+
+nn::llama_config model() {
+  auto c = nn::llama_config::tiny();
+  c.vocab = 256;
+  return c;
+}
+
+train::train_config config() {
+  train::train_config t;
+  t.steps = 6;
+  t.global_batch = 4;
+  t.micro_batch = 2;
+  t.seq = 16;
+  t.lr = 3e-3;
+  t.warmup = 2;
+  t.eval_every = 2;
+  t.eval_windows = 8;
+  return t;
+}
+
+// Records every hook call, in order.
+struct recorder : train::observer {
+  std::vector<std::string> calls;
+  std::vector<train::step_metrics> steps;
+  std::vector<std::int32_t> sample;
+  train::run_end end;
+  std::int64_t start_step = -1;
+  std::int64_t throw_at_checkpoint = 0;
+  void on_start(const train::run_start& s) override {
+    calls.push_back("start");
+    start_step = s.step;
+  }
+  void on_step(const train::step_metrics& m) override {
+    calls.push_back("step " + std::to_string(m.step));
+    steps.push_back(m);
+  }
+  void on_checkpoint(std::int64_t step, const fs::path&) override {
+    calls.push_back("checkpoint " + std::to_string(step));
+    if (step == throw_at_checkpoint) throw io_error("the observer stops the run");
+  }
+  void on_end(const train::run_end& e) override {
+    calls.push_back("end");
+    end = e;
+  }
+  void on_sample(const std::vector<std::int32_t>& t) override {
+    calls.push_back("sample");
+    sample = t;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("fit drives the same steps as a loop of train_step, bit for bit, on its cadences",
+          "[train][fit]") {
+  temp_dir dir;
+  const data::token_file f(make_corpus(dir.path));
+  train::trainer<precision::fp32> a(model(), config(), f), b(model(), config(), f);
+  recorder r;
+  train::run_options opt;
+  opt.out = dir.path / "run";
+  fs::create_directories(opt.out);
+  opt.checkpoint_every = 3;
+  opt.settings = {{"note", "the settings as given"}};
+  const train::run_end end = train::fit(a, opt, {&r});
+  // The plain loop, evaluating where fit does (evaluation changes nothing).
+  for (std::int64_t s = 1; s <= 6; ++s) {
+    const train::step_metrics m = b.train_step();
+    const train::step_metrics& got = r.steps[static_cast<std::size_t>(s - 1)];
+    CHECK(got.step == s);
+    CHECK(got.loss == m.loss);  // bit for bit: fit adds no arithmetic
+    CHECK(got.grad_norm == m.grad_norm);
+    CHECK(got.lr == m.lr);
+    CHECK(got.val_loss.has_value() == (s % 2 == 0));
+    if (s % 2 == 0) CHECK(*got.val_loss == b.evaluate(s == 6 ? 0 : -1));
+  }
+  CHECK(r.calls == std::vector<std::string>{"start", "step 1", "step 2", "step 3", "checkpoint 3",
+                                            "step 4", "step 5", "step 6", "checkpoint 6", "end"});
+  CHECK(end.val_loss == r.steps.back().val_loss);
+  CHECK(!end.diverged);
+  CHECK(end.checkpoint == opt.out / "checkpoint.bin");
+  // metrics.jsonl: the settings, then one line per step.
+  std::ifstream in(opt.out / "metrics.jsonl");
+  std::vector<nlohmann::json> lines;
+  for (std::string l; std::getline(in, l);) lines.push_back(nlohmann::json::parse(l));
+  REQUIRE(lines.size() == 7);
+  CHECK(lines[0]["config"]["note"] == "the settings as given");
+  for (std::size_t i = 1; i < 7; ++i) {
+    CHECK(lines[i]["step"] == static_cast<int>(i));
+    CHECK(lines[i]["loss"].get<double>() == r.steps[i - 1].loss);
+  }
+}
+
+TEST_CASE("fit resumes a run folder where it stopped, bit for bit", "[train][fit]") {
+  temp_dir dir;
+  const data::token_file f(make_corpus(dir.path));
+  train::run_options opt;
+  opt.out = dir.path / "run";
+  fs::create_directories(opt.out);
+  opt.checkpoint_every = 3;
+  recorder whole;
+  {
+    train::trainer<precision::fp32> t(model(), config(), f);
+    train::run_options w = opt;
+    w.out = dir.path / "whole";
+    fs::create_directories(w.out);
+    train::fit(t, w, {&whole});
+  }
+  {  // stopped after the step-3 checkpoint (an observer's failure, named with its step)
+    train::trainer<precision::fp32> t(model(), config(), f);
+    recorder r;
+    r.throw_at_checkpoint = 3;
+    REQUIRE_THROWS_MATCHES(train::fit(t, opt, {&r}), io_error,
+                           Catch::Matchers::Message("step 3 of 6: the observer stops the run"));
+  }
+  train::trainer<precision::fp32> t(model(), config(), f);
+  recorder r;
+  train::run_options resumed = opt;
+  resumed.resume = opt.out;
+  train::fit(t, resumed, {&r});
+  CHECK(r.start_step == 3);
+  REQUIRE(r.steps.size() == 3);
+  for (std::size_t i = 0; i < 3; ++i) {
+    CHECK(r.steps[i].step == whole.steps[i + 3].step);
+    CHECK(r.steps[i].loss == whole.steps[i + 3].loss);
+    CHECK(r.steps[i].grad_norm == whole.steps[i + 3].grad_norm);
+  }
+  // The metrics file reads as one run: steps 1..6, each once, and the resume recorded.
+  std::ifstream in(opt.out / "metrics.jsonl");
+  std::vector<std::int64_t> steps;
+  bool resumed_at = false;
+  for (std::string l; std::getline(in, l);) {
+    const auto j = nlohmann::json::parse(l);
+    if (j.contains("step")) steps.push_back(j["step"].get<std::int64_t>());
+    resumed_at = resumed_at || (j.contains("resumed_at") && j["resumed_at"] == 3);
+  }
+  CHECK(steps == std::vector<std::int64_t>{1, 2, 3, 4, 5, 6});
+  CHECK(resumed_at);
+}
+
+TEST_CASE("fit samples what generate samples, and only samples with sample_only", "[train][fit]") {
+  temp_dir dir;
+  const data::token_file f(make_corpus(dir.path));
+  train::train_config c = config();
+  c.steps = 2;
+  c.warmup = 1;
+  train::trainer<precision::fp32> a(model(), c, f), b(model(), c, f);
+  recorder r;
+  train::run_options opt;  // no run folder
+  opt.prompt = {84, 104, 101, 32};
+  opt.sample_tokens = 12;
+  train::fit(a, opt, {&r});
+  b.train_step();
+  b.train_step();
+  CHECK(r.sample == b.generate(opt.prompt, 12, 0.8, c.seed));
+  CHECK(r.calls.back() == "sample");
+  CHECK(!fs::exists(dir.path / "metrics.jsonl"));
+  // sample_only: no step, no on_end, the sample of the trainer as it is.
+  train::trainer<precision::fp32> s(model(), c, f);
+  recorder only;
+  opt.sample_only = true;
+  train::fit(s, opt, {&only});
+  CHECK(only.calls == std::vector<std::string>{"start", "sample"});
+  CHECK(s.step() == 0);
+}
+
+}  // namespace test_train_fit

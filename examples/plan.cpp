@@ -42,6 +42,7 @@
 
 #include "tessera/nn/llama_config.hpp"
 #include "tessera/nn/llama_layout.hpp"
+#include "tessera/parallel/grad_reducer.hpp"
 #include "tessera/plan/cuda_step.hpp"
 #include "tessera/plan/memory.hpp"
 #include "tessera/plan/pipeline.hpp"
@@ -58,8 +59,9 @@ struct options {
   bool sequence_parallel = false;  // --sequence-parallel (with --tp > 1)
   std::int64_t micro_batch = 1, seq = 4096, micro_batches = 1, ce_chunk = 256;
   int threads = 1;
-  std::int64_t reduce_bytes = 0;  // 0: the precision's reduce type
-  double bucket_mb = 25;         // engine bucket capacity, MB of the reduce type
+  std::int64_t reduce_bytes = 0;     // 0: the precision's reduce type
+  double bucket_mb = 25;             // engine bucket capacity, MB of the reduce type
+  std::string grad_reduce = "step";  // when buckets reduce: step, or micro-batch (zero 2, 3)
   std::string accounting = "engine";
   double memory_gib = 140.4;   // one H200 as nvidia-smi reports it: 143,771 MiB
   double peak_tflops = 989.0;  // H200 dense bf16 (NVIDIA datasheet, without sparsity)
@@ -71,9 +73,9 @@ struct options {
   std::int64_t checkpoint_layers = 1;  // with full: every k-th block recomputes
   std::string optimizer = "adamw";     // adamw or sgd
   bool ce_chunk_given = false;
-  int pp = 1;                         // pipeline ranks (--pp > 1: the pipeline plan)
-  std::string schedule = "1f1b";      // gpipe, 1f1b, interleaved, zb1
-  int virtual_stages = 1;             // model chunks per pipeline rank (interleaved)
+  int pp = 1;                              // pipeline ranks (--pp > 1: the pipeline plan)
+  std::string schedule = "1f1b";           // gpipe, 1f1b, interleaved, zb1
+  int virtual_stages = 1;                  // model chunks per pipeline rank (interleaved)
   std::vector<std::int64_t> stage_blocks;  // blocks of each virtual stage (empty: by FLOPs)
   bool schedule_given = false;
 };
@@ -82,13 +84,14 @@ struct options {
 // micro-batch (token ids and counts are int32 on the device, and the byte
 // counts stay far from 64-bit overflow).
 void check_batch(const options& o) {
-  TESSERA_THROW_IF(o.micro_batch < 1, config_error, "micro-batch B=", o.micro_batch, " must be >= 1");
+  TESSERA_THROW_IF(o.micro_batch < 1, config_error, "micro-batch B=", o.micro_batch,
+                   " must be >= 1");
   TESSERA_THROW_IF(o.seq < 1, config_error, "sequence length T=", o.seq, " must be >= 1");
   TESSERA_THROW_IF(o.micro_batches < 1, config_error, "micro-batches=", o.micro_batches,
                    " must be >= 1");
   constexpr std::int64_t max_tokens = (std::int64_t{1} << 31) - 1;
-  TESSERA_THROW_IF(o.micro_batch > max_tokens / o.seq, config_error, "micro-batch B=",
-                   o.micro_batch, " x T=", o.seq, " exceeds ", max_tokens,
+  TESSERA_THROW_IF(o.micro_batch > max_tokens / o.seq, config_error,
+                   "micro-batch B=", o.micro_batch, " x T=", o.seq, " exceeds ", max_tokens,
                    " tokens per micro-batch");
   TESSERA_THROW_IF(o.micro_batches > 1 << 20, config_error, "micro-batches=", o.micro_batches,
                    " exceeds 1048576");
@@ -127,13 +130,13 @@ int print_gpu_step(const options& o) {
     std::cout << j.dump(2) << "\n";
     return margin >= 0 ? 0 : 1;
   }
-  std::printf("One-GPU training step of train::trainer<%s, cuda, %s> (%s, %lld parameters), B "
-              "%lld x T %lld, %lld micro-batch(es), activation checkpointing %s (every %lld), CE "
-              "chunk %lld\n",
-              co.precision.c_str(), o.optimizer.c_str(), cfg.name.c_str(),
-              (long long)cfg.num_params(), (long long)o.micro_batch, (long long)o.seq,
-              (long long)o.micro_batches, o.checkpointing.c_str(), (long long)o.checkpoint_layers,
-              (long long)co.ce_chunk);
+  std::printf(
+      "One-GPU training step of train::trainer<%s, cuda, %s> (%s, %lld parameters), B "
+      "%lld x T %lld, %lld micro-batch(es), activation checkpointing %s (every %lld), CE "
+      "chunk %lld\n",
+      co.precision.c_str(), o.optimizer.c_str(), cfg.name.c_str(), (long long)cfg.num_params(),
+      (long long)o.micro_batch, (long long)o.seq, (long long)o.micro_batches,
+      o.checkpointing.c_str(), (long long)o.checkpoint_layers, (long long)co.ce_chunk);
   std::printf("%s", p.to_table().c_str());
   std::printf("\nMemory: %.2f GiB (%.2f GB) of %.2f GiB: %s, margin %.2f GiB\n",
               static_cast<double>(p.total()) / plan::gib, static_cast<double>(p.total()) / 1e9,
@@ -255,12 +258,13 @@ int print_pipeline(const options& o) {
     std::cout << nlohmann::json{{"pipeline", j}}.dump(2) << "\n";
     return 0;
   }
-  std::printf("Pipeline plan: %s (%lld parameters), %s, pp=%d %s V=%d, M=%lld micro-batches "
-              "of B %lld x T %lld per dp rank, dp=%d zero-%d, tp=%d, checkpointing %s\n",
-              cfg.name.c_str(), static_cast<long long>(cfg.num_params()), d.name.c_str(), o.pp,
-              parallel::to_string(pl.schedule), o.virtual_stages,
-              static_cast<long long>(o.micro_batches), static_cast<long long>(pl.B),
-              static_cast<long long>(pl.T), o.dp, o.zero, o.tp, o.checkpointing.c_str());
+  std::printf(
+      "Pipeline plan: %s (%lld parameters), %s, pp=%d %s V=%d, M=%lld micro-batches "
+      "of B %lld x T %lld per dp rank, dp=%d zero-%d, tp=%d, checkpointing %s\n",
+      cfg.name.c_str(), static_cast<long long>(cfg.num_params()), d.name.c_str(), o.pp,
+      parallel::to_string(pl.schedule), o.virtual_stages, static_cast<long long>(o.micro_batches),
+      static_cast<long long>(pl.B), static_cast<long long>(pl.T), o.dp, o.zero, o.tp,
+      o.checkpointing.c_str());
   std::printf("  %-5s %-16s %14s %10s %6s %10s %12s\n", "stage", "blocks", "params", "state GiB",
               "held", "act GiB", "p2p MB/step");
   for (const auto& st : pl.stages)
@@ -270,18 +274,19 @@ int print_pipeline(const options& o) {
                 static_cast<long long>(st.peak_in_flight),
                 static_cast<double>(st.peak_activation_bytes) / plan::gib,
                 static_cast<double>(st.p2p_bytes) / 1e6);
-  std::printf("  (state: weights + gradients + master + optimizer, ideal accounting; held: "
-              "micro-batches in flight at most; act: saved records and message buffers at "
-              "their most, without the workspaces inside an action; E embedding, H head)\n");
-  std::printf("Pipeline bubble: %.2f%% simulated (stage costs proportional to their FLOPs, "
-              "no communication cost), %.2f%% closed form %s\n",
-              100.0 * pl.bubble_fraction, 100.0 * pl.bubble_closed_form,
-              pl.schedule == parallel::schedule_kind::interleaved
-                  ? "(K-1)/(VM+K-1)"
-                  : (pl.schedule == parallel::schedule_kind::zero_bubble_h1 &&
-                             o.micro_batches >= o.pp
-                         ? "(K-1)/(3M+K-1)"
-                         : "(K-1)/(M+K-1)"));
+  std::printf(
+      "  (state: weights + gradients + master + optimizer, ideal accounting; held: "
+      "micro-batches in flight at most; act: saved records and message buffers at "
+      "their most, without the workspaces inside an action; E embedding, H head)\n");
+  std::printf(
+      "Pipeline bubble: %.2f%% simulated (stage costs proportional to their FLOPs, "
+      "no communication cost), %.2f%% closed form %s\n",
+      100.0 * pl.bubble_fraction, 100.0 * pl.bubble_closed_form,
+      pl.schedule == parallel::schedule_kind::interleaved
+          ? "(K-1)/(VM+K-1)"
+          : (pl.schedule == parallel::schedule_kind::zero_bubble_h1 && o.micro_batches >= o.pp
+                 ? "(K-1)/(3M+K-1)"
+                 : "(K-1)/(M+K-1)"));
   return 0;
 }
 
@@ -291,25 +296,32 @@ int run(const options& o) {
   TESSERA_THROW_IF(o.accounting != "engine" && o.accounting != "ideal", config_error,
                    "accounting '", o.accounting, "' (valid: engine, ideal)");
   const auto mode = o.accounting == "ideal" ? plan::accounting::ideal : plan::accounting::engine;
-  TESSERA_THROW_IF(!(o.bucket_mb > 0) || !(o.bucket_mb <= 1e6), config_error, "bucket-mb=", o.bucket_mb, " must be in (0, 1e6]");
-  const plan::sharding sh{o.zero,
-                          o.dp,
-                          o.prefetch,
-                          std::max<std::int64_t>(1, std::llround(o.bucket_mb * 1e6)),
-                          0,
-                          o.tp,
-                          0};
+  TESSERA_THROW_IF(!(o.bucket_mb > 0) || !(o.bucket_mb <= 1e6), config_error,
+                   "bucket-mb=", o.bucket_mb, " must be in (0, 1e6]");
+  const plan::sharding sh{
+      o.zero,
+      o.dp,
+      o.prefetch,
+      std::max<std::int64_t>(1, std::llround(o.bucket_mb * 1e6)),
+      0,
+      o.tp,
+      0,
+      parallel::parse_grad_reduction(o.grad_reduce) == parallel::grad_reduction::per_micro_batch,
+      o.micro_batches};
   sh.validate();
-  const std::int64_t reduce_bytes = o.reduce_bytes ? o.reduce_bytes : static_cast<std::int64_t>(d.reduce);
+  const std::int64_t reduce_bytes =
+      o.reduce_bytes ? o.reduce_bytes : static_cast<std::int64_t>(d.reduce);
   check_batch(o);
   TESSERA_THROW_IF(reduce_bytes != 2 && reduce_bytes != 4 && reduce_bytes != 8, config_error,
                    "reduce-bytes=", reduce_bytes, " must be 2, 4 or 8");
   TESSERA_THROW_IF(!(o.memory_gib > 0), config_error, "memory-gib=", o.memory_gib, " must be > 0");
-  TESSERA_THROW_IF(!(o.peak_tflops > 0) || !std::isfinite(o.peak_tflops), config_error, "peak-tflops=", o.peak_tflops, " must be a finite number > 0");
-  TESSERA_THROW_IF(o.step_seconds < 0 || (o.step_seconds_given && !(o.step_seconds > 0)), config_error,
-                   "step-seconds=", o.step_seconds, " must be > 0");
-  TESSERA_THROW_IF(o.prefetch < 0 || o.prefetch > cfg.n_layers, config_error, "prefetch=",
-                   o.prefetch, " must be in [0, ", cfg.n_layers, "] (the model's blocks)");
+  TESSERA_THROW_IF(!(o.peak_tflops > 0) || !std::isfinite(o.peak_tflops), config_error,
+                   "peak-tflops=", o.peak_tflops, " must be a finite number > 0");
+  TESSERA_THROW_IF(o.step_seconds < 0 || (o.step_seconds_given && !(o.step_seconds > 0)),
+                   config_error, "step-seconds=", o.step_seconds, " must be > 0");
+  TESSERA_THROW_IF(o.prefetch < 0 || o.prefetch > cfg.n_layers, config_error,
+                   "prefetch=", o.prefetch, " must be in [0, ", cfg.n_layers,
+                   "] (the model's blocks)");
   plan::activation_options ao;
   ao.micro_batch = o.micro_batch;
   ao.seq = o.seq;
@@ -325,8 +337,8 @@ int run(const options& o) {
   dr.reduce = static_cast<std::size_t>(reduce_bytes);
   const auto mem =
       plan::plan_memory(cfg, dr, plan::optimizer_spec::from_name(o.optimizer), sh, ao, mode);
-  const auto comm =
-      plan::plan_comm(cfg, sh, {static_cast<std::size_t>(reduce_bytes), d.param, o.micro_batches, 0}, mode);
+  const auto comm = plan::plan_comm(
+      cfg, sh, {static_cast<std::size_t>(reduce_bytes), d.param, o.micro_batches, 0}, mode);
   const auto flops = plan::plan_flops(cfg, o.micro_batch, o.seq, o.micro_batches, o.dp, o.tp);
   // Tensor parallelism runs on the host communicators, which move float
   // and double: 16-bit tensors travel as float.
@@ -340,8 +352,7 @@ int run(const options& o) {
   traffic.sequence_parallel = o.sequence_parallel;
   const std::uint64_t tp_bytes =
       plan::plan_tp_bytes(cfg, o.micro_batch, o.seq, o.micro_batches, o.tp, 0, traffic);
-  const std::uint64_t kv_bytes =
-      plan::plan_kv_replica_bytes(cfg, o.micro_batches, o.tp, 0, d.grad);
+  const std::uint64_t kv_bytes = plan::plan_kv_replica_bytes(cfg, o.micro_batches, o.tp, 0, d.grad);
 
   // Check before reporting: the persistent rows add up to their subtotal,
   // and the total is it plus the larger of backward's and the update's transients.
@@ -396,22 +407,23 @@ int run(const options& o) {
       o.zero, o.dp, o.accounting.c_str(), reduce_bytes, d.param,
       static_cast<long long>(o.micro_batches), plan::to_table(comm).c_str());
   if (o.tp > 1)
-    std::printf("\nTensor parallelism tp=%d: each rank holds its shards of the blocks and of "
-                "the vocabulary (the norm gains whole) and sends %llu B (%.2f GiB) per step in "
-                "the tp %s, on top of the data-parallel traffic above (per block and "
-                "micro-batch four of B T H elements, ring, plus the embedding and the "
-                "cross-entropy; 16-bit elements as float, as the host communicators move them)\n",
-                o.tp, static_cast<unsigned long long>(tp_bytes),
-                static_cast<double>(tp_bytes) / plan::gib,
-                o.sequence_parallel
-                    ? "all-gathers and reduce-scatters (sequence parallel: norms and residuals "
-                      "hold T/tp tokens; the norm outputs are gathered again in backward)"
-                    : "all-reduces");
+    std::printf(
+        "\nTensor parallelism tp=%d: each rank holds its shards of the blocks and of "
+        "the vocabulary (the norm gains whole) and sends %llu B (%.2f GiB) per step in "
+        "the tp %s, on top of the data-parallel traffic above (per block and "
+        "micro-batch four of B T H elements, ring, plus the embedding and the "
+        "cross-entropy; 16-bit elements as float, as the host communicators move them)\n",
+        o.tp, static_cast<unsigned long long>(tp_bytes), static_cast<double>(tp_bytes) / plan::gib,
+        o.sequence_parallel
+            ? "all-gathers and reduce-scatters (sequence parallel: norms and residuals "
+              "hold T/tp tokens; the norm outputs are gathered again in backward)"
+            : "all-reduces");
   if (kv_bytes > 0)
-    std::printf("Key/value heads: tp=%d > nkv=%lld, each head on %d ranks, whose wk and wv "
-                "gradients they sum: %llu B per step per rank\n",
-                o.tp, static_cast<long long>(cfg.n_kv_heads), nn::kv_replicas(cfg, o.tp),
-                static_cast<unsigned long long>(kv_bytes));
+    std::printf(
+        "Key/value heads: tp=%d > nkv=%lld, each head on %d ranks, whose wk and wv "
+        "gradients they sum: %llu B per step per rank\n",
+        o.tp, static_cast<long long>(cfg.n_kv_heads), nn::kv_replicas(cfg, o.tp),
+        static_cast<unsigned long long>(kv_bytes));
   std::printf("\nMemory: %.2f GiB of %.2f GiB: %s, margin %.2f GiB\n",
               static_cast<double>(mem.total()) / plan::gib, o.memory_gib,
               fits ? "fits" : "DOES NOT FIT", margin / plan::gib);
@@ -424,11 +436,15 @@ int main(int argc, char** argv) {
   options o;
   CLI::App app{"plan: per-rank memory, FLOPs and communication of a Llama training step"};
   app.add_option("--preset", o.preset, "tiny, small, llama2_7b, llama3_8b")->capture_default_str();
-  app.add_option("--precision", o.precision, "fp32, fp64, bf16_mixed, bf16_mixed_bf16_grads, seed004 (--gpu-step: bf16_mixed_bf16_grads)")
+  app.add_option("--precision", o.precision,
+                 "fp32, fp64, bf16_mixed, bf16_mixed_bf16_grads, seed004 (--gpu-step: "
+                 "bf16_mixed_bf16_grads)")
       ->capture_default_str();
   app.add_option("--dp", o.dp, "data-parallel ranks")->capture_default_str();
-  app.add_option("--tp", o.tp, "tensor-parallel ranks (per-rank bytes are one tp rank's)")->capture_default_str();
-  app.add_flag("--sequence-parallel", o.sequence_parallel, "with --tp > 1: norms and residuals hold T/tp tokens");
+  app.add_option("--tp", o.tp, "tensor-parallel ranks (per-rank bytes are one tp rank's)")
+      ->capture_default_str();
+  app.add_flag("--sequence-parallel", o.sequence_parallel,
+               "with --tp > 1: norms and residuals hold T/tp tokens");
   app.add_option("--zero", o.zero, "ZeRO stage 0..3")->capture_default_str();
   app.add_option("--prefetch", o.prefetch, "ZeRO-3 units gathered ahead")->capture_default_str();
   app.add_option("--micro-batch", o.micro_batch, "sequences per micro-batch (B)")
@@ -443,6 +459,10 @@ int main(int argc, char** argv) {
   app.add_option("--reduce-bytes", o.reduce_bytes,
                  "bytes per element of the gradient reduction (0: the precision's reduce type)")
       ->capture_default_str();
+  app.add_option("--grad-reduce", o.grad_reduce,
+                 "when gradient buckets reduce: step (once per step, the window accumulated) or "
+                 "micro-batch (zero 2, 3: every micro-batch, two bucket buffers at most)")
+      ->capture_default_str();
   app.add_option("--bucket-mb", o.bucket_mb, "gradient bucket size in MB (engine, zero 0-2)")
       ->capture_default_str();
   app.add_option("--accounting", o.accounting,
@@ -455,18 +475,26 @@ int main(int argc, char** argv) {
   app.add_flag("--json", o.json, "print JSON instead of tables");
   app.add_flag("--seed004", o.seed004, "print seeds/004's ZeRO table and exit");
   app.add_flag("--gpu-step", o.gpu_step,
-               "plan the one-GPU step of train::trainer<P, cuda> instead (bf16 activation gradients and full checkpointing by default)");
-  app.add_option("--checkpointing", o.checkpointing, "activation checkpointing, none or full (default: none; full with --gpu-step)");
-  app.add_option("--checkpoint-layers", o.checkpoint_layers, "with --checkpointing full: every k-th block recomputes")->capture_default_str();
-  app.add_option("--optimizer", o.optimizer, "adamw or sgd")->capture_default_str()
+               "plan the one-GPU step of train::trainer<P, cuda> instead (bf16 activation "
+               "gradients and full checkpointing by default)");
+  app.add_option("--checkpointing", o.checkpointing,
+                 "activation checkpointing, none or full (default: none; full with --gpu-step)");
+  app.add_option("--checkpoint-layers", o.checkpoint_layers,
+                 "with --checkpointing full: every k-th block recomputes")
       ->capture_default_str();
-  app.add_option("--pp", o.pp, "pipeline ranks (> 1: print the pipeline plan)")->capture_default_str();
+  app.add_option("--optimizer", o.optimizer, "adamw or sgd")
+      ->capture_default_str()
+      ->capture_default_str();
+  app.add_option("--pp", o.pp, "pipeline ranks (> 1: print the pipeline plan)")
+      ->capture_default_str();
   app.add_option("--schedule", o.schedule, "pipeline schedule: gpipe, 1f1b, interleaved, zb1")
       ->capture_default_str();
-  app.add_option("--virtual-stages", o.virtual_stages, "model chunks per pipeline rank (interleaved)")
+  app.add_option("--virtual-stages", o.virtual_stages,
+                 "model chunks per pipeline rank (interleaved)")
       ->capture_default_str();
-  app.add_option("--stage-blocks", o.stage_blocks,
-                 "blocks of each of pp x V virtual stages, comma-separated (default: balanced by FLOPs)")
+  app.add_option(
+         "--stage-blocks", o.stage_blocks,
+         "blocks of each of pp x V virtual stages, comma-separated (default: balanced by FLOPs)")
       ->delimiter(',');
   try {
     app.parse(argc, argv);
@@ -484,13 +512,13 @@ int main(int argc, char** argv) {
     if (o.seed004) return print_seed004();
     if (o.checkpointing.empty()) o.checkpointing = o.gpu_step ? "full" : "none";
     if (o.gpu_step && app.count("--precision") == 0) o.precision = "bf16_mixed_bf16_grads";
-    TESSERA_THROW_IF(o.checkpoint_layers < 1, config_error, "checkpoint-layers=",
-                     o.checkpoint_layers, " must be >= 1");
+    TESSERA_THROW_IF(o.checkpoint_layers < 1, config_error,
+                     "checkpoint-layers=", o.checkpoint_layers, " must be >= 1");
     TESSERA_THROW_IF(o.tp < 1 || o.tp > 64, config_error, "tp=", o.tp,
                      " must be in [1, 64] (one node's ranks)");
     if (o.sequence_parallel) nn::check_sequence_parallel(o.seq, o.tp);
-    TESSERA_THROW_IF(o.gpu_step && o.tp > 1, config_error, "--gpu-step plans one GPU: --tp ",
-                     o.tp, " must be 1 (plan a tp rank's bytes without --gpu-step)");
+    TESSERA_THROW_IF(o.gpu_step && o.tp > 1, config_error, "--gpu-step plans one GPU: --tp ", o.tp,
+                     " must be 1 (plan a tp rank's bytes without --gpu-step)");
     TESSERA_THROW_IF(o.gpu_step && (o.pp != 1 || o.schedule_given), config_error,
                      "--gpu-step plans one GPU without a pipeline: --pp ", o.pp, " must be 1");
     if (o.gpu_step) return print_gpu_step(o);
@@ -498,8 +526,9 @@ int main(int argc, char** argv) {
     // pipeline plan shards over dp as ZeRO-1 does.
     if (o.pp > 1 && app.count("--zero") == 0) o.zero = 1;
     if (o.pp != 1) return print_pipeline(o);
-    TESSERA_THROW_IF(o.schedule_given, config_error,
-                     "--schedule, --virtual-stages and --stage-blocks plan a pipeline: give --pp > 1");
+    TESSERA_THROW_IF(
+        o.schedule_given, config_error,
+        "--schedule, --virtual-stages and --stage-blocks plan a pipeline: give --pp > 1");
     return run(o);
   } catch (const config_error& e) {
     std::fprintf(stderr, "plan: error: %s\n", e.what());

@@ -18,8 +18,9 @@
 // global batch --global-batch stays the sequences per optimizer step.
 //
 //   build/host/examples/train_llama --steps 50 --dp 4 --micro-batch 4 --zero 2   # threads
-//   OMP_NUM_THREADS=1 mpirun -np 4 build/host/examples/train_llama --steps 50 --dp 4 --micro-batch 4 --zero 3
-//   mpirun -np 8 build/cuda/examples/train_llama --backend cuda --comm nccl --dp 8 --zero 1
+//   OMP_NUM_THREADS=1 mpirun -np 4 build/host/examples/train_llama --steps 50 --dp 4 --micro-batch
+//   4 --zero 3 mpirun -np 8 build/cuda/examples/train_llama --backend cuda --comm nccl --dp 8
+//   --zero 1
 //
 // Tensor parallel (docs/tensor_parallel.md), --tp T; pipeline parallel
 // (docs/pipeline.md), --pp K with --schedule gpipe, 1f1b, interleaved
@@ -27,7 +28,8 @@
 // --trace FILE writes one step's timeline for Perfetto:
 //
 //   build/host/examples/train_llama --steps 50 --dp 2 --tp 2 --zero 1 --micro-batch 8
-//   build/host/examples/train_llama --steps 50 --pp 2 --schedule zb1 --micro-batch 2 --trace runs/zb1.json
+//   build/host/examples/train_llama --steps 50 --pp 2 --schedule zb1 --micro-batch 2 --trace
+//   runs/zb1.json
 //
 // Hugging Face checkpoints (docs/huggingface.md): --init-from-hf DIR starts
 // from a Llama folder, --export-hf DIR writes the trained model as one:
@@ -44,9 +46,9 @@
 
 #include <CLI/CLI.hpp>
 #include <cerrno>
-#include <cstdlib>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <new>
@@ -98,9 +100,12 @@ nlohmann::json all_settings(const CLI::App& app) {
     const std::string name = opt->get_single_name();
     if (name.empty() || name == "help" || name == "version" || name == "config") continue;
     const auto r = opt->reduced_results();
-    if (!r.empty()) j[name] = r.size() == 1 ? nlohmann::json(r[0]) : nlohmann::json(r);
-    else if (!opt->get_default_str().empty()) j[name] = opt->get_default_str();
-    else if (opt->get_expected_min() == 0) j[name] = "false";
+    if (!r.empty())
+      j[name] = r.size() == 1 ? nlohmann::json(r[0]) : nlohmann::json(r);
+    else if (!opt->get_default_str().empty())
+      j[name] = opt->get_default_str();
+    else if (opt->get_expected_min() == 0)
+      j[name] = "false";
   }
   return j;
 }
@@ -110,17 +115,20 @@ const CLI::Validator finite_number(
     [](std::string& v) -> std::string {
       char* end = nullptr;
       const double x = std::strtod(v.c_str(), &end);
-      return end == v.c_str() || *end != '\0' || !std::isfinite(x) ? "'" + v + "' is not a finite number"
-                                                                   : std::string();
+      return end == v.c_str() || *end != '\0' || !std::isfinite(x)
+                 ? "'" + v + "' is not a finite number"
+                 : std::string();
     },
     "FINITE");
 const CLI::Validator u64_digits(
     [](std::string& v) -> std::string {
-      const bool digits = !v.empty() && v.size() <= 20 && v.find_first_not_of("0123456789") == std::string::npos;
+      const bool digits =
+          !v.empty() && v.size() <= 20 && v.find_first_not_of("0123456789") == std::string::npos;
       errno = 0;
       if (digits) (void)std::strtoull(v.c_str(), nullptr, 10);
-      return !digits || errno == ERANGE ? "'" + v + "' is not an integer in [0, 18446744073709551615]"
-                                        : std::string();
+      return !digits || errno == ERANGE
+                 ? "'" + v + "' is not an integer in [0, 18446744073709551615]"
+                 : std::string();
     },
     "UINT64");
 
@@ -134,12 +142,13 @@ void refuse_duplicate_keys(const std::string& file) {
     ++n;
     const std::size_t eq = line.find('=');
     const std::size_t first = line.find_first_not_of(" \t");
-    if (eq == std::string::npos || first == std::string::npos || line[first] == '#' || line[first] == '[')
+    if (eq == std::string::npos || first == std::string::npos || line[first] == '#' ||
+        line[first] == '[')
       continue;
     std::string key = line.substr(first, eq - first);
     key.erase(key.find_last_not_of(" \t") + 1);
-    TESSERA_THROW_IF(seen.count(key), config_error, "--config '", file, "': '", key, "' is given twice (lines ",
-                     seen[key], " and ", n, ")");
+    TESSERA_THROW_IF(seen.count(key), config_error, "--config '", file, "': '", key,
+                     "' is given twice (lines ", seen[key], " and ", n, ")");
     seen[key] = n;
   }
 }
@@ -151,69 +160,94 @@ void check_options(const CLI::App& app, options& o) {
   for (const CLI::Option* opt : app.get_options())  // run.toml records the values raw
     for (const std::string& v : opt->results())
       for (std::size_t i = 0; i < v.size(); ++i)
-        TESSERA_THROW_IF(static_cast<unsigned char>(v[i]) < 0x20 || v[i] == 0x7f, config_error, "--",
-                         opt->get_single_name(), " holds a control character (byte ", i,
+        TESSERA_THROW_IF(static_cast<unsigned char>(v[i]) < 0x20 || v[i] == 0x7f, config_error,
+                         "--", opt->get_single_name(), " holds a control character (byte ", i,
                          "): run.toml, which --resume reads back, cannot record it");
   for (const char* f : {"--out", "--resume", "--export-hf", "--trace", "--tokenizer", "--data"})
-    TESSERA_THROW_IF(given(f) && app.get_option(f)->as<std::string>().empty(), config_error, f,
-                     " is empty: name a ", std::string(f) == "--out" || std::string(f) == "--resume" ||
-                                                   std::string(f) == "--export-hf"
-                                               ? "folder"
-                                               : "file");
-  TESSERA_THROW_IF(!(o.cfg.lr > 0 && o.cfg.lr <= 1), config_error, "lr=", o.cfg.lr, " must be in (0, 1]");
+    TESSERA_THROW_IF(
+        given(f) && app.get_option(f)->as<std::string>().empty(), config_error, f,
+        " is empty: name a ",
+        std::string(f) == "--out" || std::string(f) == "--resume" || std::string(f) == "--export-hf"
+            ? "folder"
+            : "file");
+  TESSERA_THROW_IF(!(o.cfg.lr > 0 && o.cfg.lr <= 1), config_error, "lr=", o.cfg.lr,
+                   " must be in (0, 1]");
   TESSERA_THROW_IF(o.sample_bytes > 0 && o.prompt.empty(), config_error,
                    "--prompt is empty; generation needs at least one byte of prompt");
-  TESSERA_THROW_IF(!(o.cfg.grad_clip >= 0), config_error, "--grad-clip ", o.cfg.grad_clip, " must be >= 0 (0: off)");
+  TESSERA_THROW_IF(!(o.cfg.grad_clip >= 0), config_error, "--grad-clip ", o.cfg.grad_clip,
+                   " must be >= 0 (0: off)");
   TESSERA_THROW_IF(o.baseline && !(*o.baseline > 0), config_error, "--baseline ", *o.baseline,
                    " must be > 0 (a loss in nats per byte)");
   TESSERA_THROW_IF(o.dp < 1 || o.dp > 1024, config_error, "dp=", o.dp, " must be in [1, 1024]");
-  TESSERA_THROW_IF(o.zero < 0 || o.zero > 3, config_error, "--zero ", o.zero, " is not a ZeRO stage (valid: 0, 1, 2, 3)");
-  TESSERA_THROW_IF(o.backend != "host" && o.backend != "cuda", config_error, "unknown backend '", o.backend,
-                   "' (valid: host, cuda)");
+  TESSERA_THROW_IF(o.zero < 0 || o.zero > 3, config_error, "--zero ", o.zero,
+                   " is not a ZeRO stage (valid: 0, 1, 2, 3)");
+  TESSERA_THROW_IF(o.backend != "host" && o.backend != "cuda", config_error, "unknown backend '",
+                   o.backend, "' (valid: host, cuda)");
   const bool gpu = o.backend == "cuda";
   if (o.precision.empty()) o.precision = gpu ? "bf16_mixed_bf16_grads" : "fp32";
   if (o.checkpointing.empty()) o.checkpointing = gpu ? "full" : "none";
   TESSERA_THROW_IF(o.precision != "fp32" && o.precision != "bf16" && o.precision != "bf16_mixed" &&
                        o.precision != "bf16_mixed_bf16_grads" && o.precision != "fp64",
-                   config_error, "unknown precision '", o.precision, "' (valid: fp32, bf16, bf16_mixed_bf16_grads, fp64)");
-  TESSERA_THROW_IF(o.optimizer != "adamw" && o.optimizer != "sgd", config_error, "unknown optimizer '",
-                   o.optimizer, "' (valid: adamw, sgd)");
+                   config_error, "unknown precision '", o.precision,
+                   "' (valid: fp32, bf16, bf16_mixed_bf16_grads, fp64)");
+  TESSERA_THROW_IF(o.optimizer != "adamw" && o.optimizer != "sgd", config_error,
+                   "unknown optimizer '", o.optimizer, "' (valid: adamw, sgd)");
   for (const char* f : {"--nesterov", "--momentum"})
-    TESSERA_THROW_IF(given(f) && o.optimizer != "sgd", config_error, f, " sets SGD's momentum: it needs --optimizer sgd");
-  if (o.optimizer == "sgd") o.cfg.sgd.weight_decay = given("--weight-decay") ? o.cfg.adamw.weight_decay : 0.0;
+    TESSERA_THROW_IF(given(f) && o.optimizer != "sgd", config_error, f,
+                     " sets SGD's momentum: it needs --optimizer sgd");
+  if (o.optimizer == "sgd")
+    o.cfg.sgd.weight_decay = given("--weight-decay") ? o.cfg.adamw.weight_decay : 0.0;
   (void)nn::parse_checkpointing(o.checkpointing);
   TESSERA_THROW_IF(o.checkpoint_layers < 1 || o.checkpoint_layers > 1000000, config_error,
                    "--checkpoint-layers ", o.checkpoint_layers, " must be in [1, 1000000]");
-  TESSERA_THROW_IF(!(o.bucket_mb > 0) || o.bucket_mb > 1e6, config_error, "--bucket-mb ", o.bucket_mb, " must be in (0, 1e6]");
-  TESSERA_THROW_IF(o.tp < 1 || o.tp > 64, config_error, "tp=", o.tp, " must be in [1, 64] (one node's ranks)");
-  TESSERA_THROW_IF(o.cfg.pp < 1 || o.cfg.pp > 256, config_error, "pp=", o.cfg.pp, " must be in [1, 256]");
-  TESSERA_THROW_IF(o.cfg.virtual_stages < 1 || o.cfg.virtual_stages > 64, config_error, "--virtual-stages ",
-                   o.cfg.virtual_stages, " must be in [1, 64]");
+  TESSERA_THROW_IF(!(o.bucket_mb > 0) || o.bucket_mb > 1e6, config_error, "--bucket-mb ",
+                   o.bucket_mb, " must be in (0, 1e6]");
+  (void)parallel::parse_grad_reduction(o.grad_reduce);
+  TESSERA_THROW_IF(o.tp < 1 || o.tp > 64, config_error, "tp=", o.tp,
+                   " must be in [1, 64] (one node's ranks)");
+  TESSERA_THROW_IF(o.cfg.pp < 1 || o.cfg.pp > 256, config_error, "pp=", o.cfg.pp,
+                   " must be in [1, 256]");
+  TESSERA_THROW_IF(o.cfg.virtual_stages < 1 || o.cfg.virtual_stages > 64, config_error,
+                   "--virtual-stages ", o.cfg.virtual_stages, " must be in [1, 64]");
   (void)parallel::parse_schedule_kind(o.schedule);
   TESSERA_THROW_IF(given("--schedule") && o.cfg.pp == 1, config_error, "--schedule ", o.schedule,
                    " orders a pipeline's stages: it needs --pp > 1");
-  TESSERA_THROW_IF(o.dp * o.tp * o.cfg.pp > 1024, config_error, "dp=", o.dp, " x tp=", o.tp, " x pp=", o.cfg.pp,
-                   " = ", o.dp * o.tp * o.cfg.pp, " ranks exceeds the limit of 1024");
+  TESSERA_THROW_IF(o.dp * o.tp * o.cfg.pp > 1024, config_error, "dp=", o.dp, " x tp=", o.tp,
+                   " x pp=", o.cfg.pp, " = ", o.dp * o.tp * o.cfg.pp,
+                   " ranks exceeds the limit of 1024");
   if (o.cfg.sequence_parallel) nn::check_sequence_parallel(o.cfg.seq, o.tp);
   if (!o.init_from_hf.empty())
-    for (const char* f : {"--preset", "--dim", "--layers", "--heads", "--kv-heads", "--ffn", "--vocab"})
-      TESSERA_THROW_IF(given(f), config_error, f, " cannot be given with --init-from-hf: the model's sizes are its config.json's");
-  TESSERA_THROW_IF(!o.hf_dtype.empty() && o.export_hf.empty(), config_error, "--hf-dtype ", o.hf_dtype, " needs --export-hf DIR");
+    for (const char* f :
+         {"--preset", "--dim", "--layers", "--heads", "--kv-heads", "--ffn", "--vocab"})
+      TESSERA_THROW_IF(
+          given(f), config_error, f,
+          " cannot be given with --init-from-hf: the model's sizes are its config.json's");
+  TESSERA_THROW_IF(!o.hf_dtype.empty() && o.export_hf.empty(), config_error, "--hf-dtype ",
+                   o.hf_dtype, " needs --export-hf DIR");
   if (!o.hf_dtype.empty()) (void)nn::hf_safetensors_dtype(o.hf_dtype);
   if (o.comm == "auto") o.comm = comm::launched_by_mpi() ? (gpu ? "nccl" : "mpi") : "local";
-  TESSERA_THROW_IF(o.comm != "local" && o.comm != "mpi" && o.comm != "nccl", config_error, "--comm '", o.comm,
-                   "' is not one of local, mpi, nccl");
-  TESSERA_THROW_IF(o.comm == "nccl" && !gpu, config_error, "--comm nccl reduces GPU memory: it needs --backend cuda");
-  TESSERA_THROW_IF(gpu && o.comm != "nccl" && (o.dp > 1 || o.tp > 1 || o.cfg.pp > 1 || given("--comm")),
-                   config_error, "--backend cuda --comm ", o.comm, ": GPUs reduce over --comm nccl (one MPI process per GPU)");
-  o.parallel = o.dp > 1 || o.tp > 1 || o.cfg.pp > 1 || given("--zero") || given("--comm") || o.comm != "local";
-  TESSERA_THROW_IF(o.trace_step > 0 && o.trace.empty(), config_error, "--trace-step ", o.trace_step, " needs --trace FILE");
-  TESSERA_THROW_IF(o.trace_step > o.cfg.steps, config_error, "--trace-step ", o.trace_step, " must be in [0, steps=",
-                   o.cfg.steps, "] (0: the last)");
-  TESSERA_THROW_IF(o.sample_only && o.resume.empty(), config_error, "--sample-only samples from a checkpoint: it needs --resume DIR");
-  TESSERA_THROW_IF(o.sample_only && o.sample_bytes == 0, config_error, "--sample-only with --sample-bytes 0 has nothing to do");
-  if (!o.init_from_hf.empty()) (void)nn::hf_checkpoint(o.init_from_hf);  // every tensor against config.json
-  const nn::llama_config mc = train_llama::model_config(o);  // the sizes, before any file is touched
+  TESSERA_THROW_IF(o.comm != "local" && o.comm != "mpi" && o.comm != "nccl", config_error,
+                   "--comm '", o.comm, "' is not one of local, mpi, nccl");
+  TESSERA_THROW_IF(o.comm == "nccl" && !gpu, config_error,
+                   "--comm nccl reduces GPU memory: it needs --backend cuda");
+  TESSERA_THROW_IF(
+      gpu && o.comm != "nccl" && (o.dp > 1 || o.tp > 1 || o.cfg.pp > 1 || given("--comm")),
+      config_error, "--backend cuda --comm ", o.comm,
+      ": GPUs reduce over --comm nccl (one MPI process per GPU)");
+  o.parallel = o.dp > 1 || o.tp > 1 || o.cfg.pp > 1 || given("--zero") || given("--comm") ||
+               o.comm != "local";
+  TESSERA_THROW_IF(o.trace_step > 0 && o.trace.empty(), config_error, "--trace-step ", o.trace_step,
+                   " needs --trace FILE");
+  TESSERA_THROW_IF(o.trace_step > o.cfg.steps, config_error, "--trace-step ", o.trace_step,
+                   " must be in [0, steps=", o.cfg.steps, "] (0: the last)");
+  TESSERA_THROW_IF(o.sample_only && o.resume.empty(), config_error,
+                   "--sample-only samples from a checkpoint: it needs --resume DIR");
+  TESSERA_THROW_IF(o.sample_only && o.sample_bytes == 0, config_error,
+                   "--sample-only with --sample-bytes 0 has nothing to do");
+  if (!o.init_from_hf.empty())
+    (void)nn::hf_checkpoint(o.init_from_hf);  // every tensor against config.json
+  const nn::llama_config mc =
+      train_llama::model_config(o);  // the sizes, before any file is touched
   mc.validate();
   nn::check_tensor_parallel(mc, o.tp);
 }
@@ -225,16 +259,18 @@ void prepare_folders(options& o, created_paths& created) {
   namespace fs = std::filesystem;
   auto writable = [](const fs::path& p) { return ::access(p.c_str(), W_OK) == 0; };
   if (!o.export_hf.empty()) {
-    TESSERA_THROW_IF(fs::exists(o.export_hf) && !fs::is_directory(o.export_hf), io_error, "--export-hf '",
-                     o.export_hf, "' exists and is not a folder");
+    TESSERA_THROW_IF(fs::exists(o.export_hf) && !fs::is_directory(o.export_hf), io_error,
+                     "--export-hf '", o.export_hf, "' exists and is not a folder");
     create_folders(o.export_hf, created, "--export-hf");
-    TESSERA_THROW_IF(!writable(o.export_hf), io_error, "--export-hf '", o.export_hf, "' cannot be written");
+    TESSERA_THROW_IF(!writable(o.export_hf), io_error, "--export-hf '", o.export_hf,
+                     "' cannot be written");
   }
   if (!o.trace.empty()) {
     const fs::path t = fs::absolute(o.trace);
     TESSERA_THROW_IF(fs::is_directory(t), io_error, "--trace '", o.trace, "' is a directory");
-    TESSERA_THROW_IF(!fs::is_directory(t.parent_path()) || !writable(t.parent_path()), io_error, "--trace '",
-                     o.trace, "': folder '", t.parent_path().string(), "' does not exist or is not writable");
+    TESSERA_THROW_IF(!fs::is_directory(t.parent_path()) || !writable(t.parent_path()), io_error,
+                     "--trace '", o.trace, "': folder '", t.parent_path().string(),
+                     "' does not exist or is not writable");
   }
   if (o.sample_only) return;  // nothing is written: the folder may be read-only
   create_folders(o.out, created, "output folder");
@@ -249,21 +285,25 @@ void prepare_folders(options& o, created_paths& created) {
 void prepare_vocabulary(const CLI::App& app, options& o, const std::filesystem::path& tok) {
   const data::token_file f(tok);
   o.data_vocab = f.vocab();
-  if (o.tokenizer.empty() && tok == std::filesystem::path(o.data)) o.tokenizer = data::tokenizer_of(tok).string();
-  TESSERA_THROW_IF(!o.tokenizer.empty() && !std::filesystem::is_regular_file(o.tokenizer), config_error,
-                   "--tokenizer '", o.tokenizer, "' is not a file (a Hugging Face tokenizer.json)");
+  if (o.tokenizer.empty() && tok == std::filesystem::path(o.data))
+    o.tokenizer = data::tokenizer_of(tok).string();
+  TESSERA_THROW_IF(!o.tokenizer.empty() && !std::filesystem::is_regular_file(o.tokenizer),
+                   config_error, "--tokenizer '", o.tokenizer,
+                   "' is not a file (a Hugging Face tokenizer.json)");
   const nn::llama_config mc = train_llama::model_config(o);
-  TESSERA_THROW_IF(f.vocab() > static_cast<std::uint64_t>(mc.vocab), config_error, "token file vocabulary ",
-                   f.vocab(), " of '", o.data, "' exceeds the model's vocab=", mc.vocab,
+  TESSERA_THROW_IF(f.vocab() > static_cast<std::uint64_t>(mc.vocab), config_error,
+                   "token file vocabulary ", f.vocab(), " of '", o.data,
+                   "' exceeds the model's vocab=", mc.vocab,
                    o.init_from_hf.empty() ? " (--vocab)" : " (config.json of --init-from-hf)");
   if (app.count("--seq") == 0 && o.cfg.seq > mc.max_seq) o.cfg.seq = mc.max_seq;
   if (o.tokenizer.empty()) {
     for (unsigned char c : o.prompt)  // the byte tokenizer's ids are the bytes
-      TESSERA_THROW_IF(o.sample_bytes > 0 && c >= mc.vocab, config_error, "--prompt byte ", static_cast<int>(c),
-                       " is outside the model's vocabulary of ", mc.vocab);
+      TESSERA_THROW_IF(o.sample_bytes > 0 && c >= mc.vocab, config_error, "--prompt byte ",
+                       static_cast<int>(c), " is outside the model's vocabulary of ", mc.vocab);
     TESSERA_THROW_IF(o.sample_bytes > 0 && f.vocab() > 256, config_error, "--data '", o.data,
                      "' has a vocabulary of ", f.vocab(),
-                     " ids but no tokenizer.json beside it to decode samples with: give --tokenizer FILE, or --sample-bytes 0");
+                     " ids but no tokenizer.json beside it to decode samples with: give "
+                     "--tokenizer FILE, or --sample-bytes 0");
     return;
   }
   const data::hf_tokenizer t(o.tokenizer);
@@ -272,7 +312,9 @@ void prepare_vocabulary(const CLI::App& app, options& o, const std::filesystem::
   std::uint64_t bytes = 0;
   const auto val = f.split().val;
   for (std::uint64_t i = val.begin; i < val.end; ++i) bytes += t.token_bytes(f[i]).size();
-  o.val_bytes_per_token = val.size() > 0 && bytes > 0 ? static_cast<double>(bytes) / static_cast<double>(val.size()) : 1.0;
+  o.val_bytes_per_token = val.size() > 0 && bytes > 0
+                              ? static_cast<double>(bytes) / static_cast<double>(val.size())
+                              : 1.0;
   if (o.sample_bytes == 0) return;
   try {
     o.prompt_ids = data::encode_with_tokenizer(o.tokenizer, o.prompt);
@@ -292,10 +334,11 @@ namespace train_llama {
 std::string oom_sizes(const options& o) {
   try {
     const nn::llama_config mc = model_config(o);
-    return tessera::detail::str(" (this run: ", mc.num_params(), " parameters of --dim ", mc.dim, " --layers ",
-                                mc.n_layers, " --ffn ", mc.ffn_dim, " --vocab ", mc.vocab, ", --micro-batch ",
-                                o.cfg.micro_batch, " x --seq ", o.cfg.seq, ", --precision ", o.precision,
-                                " --zero ", o.zero, " --checkpointing ", o.checkpointing,
+    return tessera::detail::str(" (this run: ", mc.num_params(), " parameters of --dim ", mc.dim,
+                                " --layers ", mc.n_layers, " --ffn ", mc.ffn_dim, " --vocab ",
+                                mc.vocab, ", --micro-batch ", o.cfg.micro_batch, " x --seq ",
+                                o.cfg.seq, ", --precision ", o.precision, " --zero ", o.zero,
+                                " --checkpointing ", o.checkpointing,
                                 "; examples/plan with the same flags lists the bytes)");
   } catch (const std::exception&) {
     return {};
@@ -318,7 +361,8 @@ int report_failure(const options& o) {
     report("error", e.what() + oom_sizes(o), false);
     return 2;
   } catch (const std::bad_alloc&) {
-    report("error", "out of memory: a host allocation failed (std::bad_alloc)" + oom_sizes(o), false);
+    report("error", "out of memory: a host allocation failed (std::bad_alloc)" + oom_sizes(o),
+           false);
     return 2;
   } catch (const std::exception& e) {
     report("failed", e.what(), false);
@@ -347,9 +391,12 @@ int main(int argc, char** argv) {
   const std::string data_default = find_resource("data/fortunes.txt").string();
   o.data = data_default.empty() ? "data/fortunes.txt" : data_default;
 
-  CLI::App app{"train_llama: train a Llama on a token file or UTF-8 text (on the host, or on GPUs with --backend cuda)"};
-  app.set_version_flag("--version", tessera::detail::str("train_llama (tessera) ", TESSERA_VERSION_MAJOR, ".",
-                                                         TESSERA_VERSION_MINOR, ".", TESSERA_VERSION_PATCH));
+  CLI::App app{
+      "train_llama: train a Llama on a token file or UTF-8 text (on the host, or on GPUs with "
+      "--backend cuda)"};
+  app.set_version_flag("--version",
+                       tessera::detail::str("train_llama (tessera) ", TESSERA_VERSION_MAJOR, ".",
+                                            TESSERA_VERSION_MINOR, ".", TESSERA_VERSION_PATCH));
   // --resume DIR reads the settings of the run from DIR/run.toml (what it
   // was given), unless --config names another file; options on the command
   // line override either.
@@ -361,72 +408,184 @@ int main(int argc, char** argv) {
     if (std::filesystem::exists(std::filesystem::path(resume_dir) / "run.toml"))
       config_default = (std::filesystem::path(resume_dir) / "run.toml").string();
     else if (comm::launched_world().rank == 0)
-      std::printf("train_llama: '%s' holds no run.toml (a run of an older train_llama?): the settings are the command line's\n",
-                  (std::filesystem::path(resume_dir) / "run.toml").c_str());
+      std::printf(
+          "train_llama: '%s' holds no run.toml (a run of an older train_llama?): the settings are "
+          "the command line's\n",
+          (std::filesystem::path(resume_dir) / "run.toml").c_str());
   }
   app.allow_config_extras(CLI::config_extras_mode::error);  // an unknown key is refused
   app.set_config("--config", config_default,
-                 "read options from a TOML file (CLI11's format, as OUT/run.toml); options on the command line override it");
+                 "read options from a TOML file (CLI11's format, as OUT/run.toml); options on the "
+                 "command line override it");
   using R = CLI::Range;
   const std::int64_t big = 1000000000000;
-  app.add_option("--preset", o.preset, "model preset: tiny, small, llama2_7b, llama3_8b")->capture_default_str();
-  app.add_option("--dim", o.dim, "override the preset's model dimension H")->check(R(std::int64_t{1}, std::int64_t{1048576}));
-  app.add_option("--layers", o.layers, "override the preset's number of blocks L")->check(R(std::int64_t{1}, std::int64_t{65536}));
-  app.add_option("--heads", o.heads, "override the preset's query heads nh")->check(R(std::int64_t{1}, std::int64_t{65536}));
-  app.add_option("--kv-heads", o.kv_heads, "override the preset's key/value heads nkv")->check(R(std::int64_t{1}, std::int64_t{65536}));
-  app.add_option("--ffn", o.ffn, "override the preset's SwiGLU dimension F")->check(R(std::int64_t{1}, std::int64_t{16777216}));
-  app.add_option("--data-format", o.data_format, "auto (text for .txt, .text and .md files, a token file otherwise: tessera's, llm.c's .bin, NumPy's .npy), text, or tokens")->capture_default_str();
-  app.add_option("--vocab", o.vocab, "the model's vocabulary V (default: the data's)")->check(R(std::int64_t{1}, std::int64_t{4294967296}));
-  app.add_option("--tokenizer", o.tokenizer, "a Hugging Face tokenizer.json that decodes the data (default: the token file's, <name>.tokenizer.json or tokenizer.json beside it): samples print through it, losses convert to nats per byte");
-  app.add_option("--data", o.data, "token file, or UTF-8 text to byte-tokenize (default: the bundled data/fortunes.txt)")->capture_default_str();
-  app.add_option("--steps", o.cfg.steps, "optimizer steps")->capture_default_str()->check(R(std::int64_t{1}, big));
-  app.add_option("--seed", o.cfg.seed, "seed of weights and data order (an integer in [0, 2^64-1])")->capture_default_str()->check(u64_digits);
-  app.add_option("--precision", o.precision, "fp32, bf16 (bf16_mixed), bf16_mixed_bf16_grads or fp64; default fp32 on the host, bf16_mixed_bf16_grads on cuda");
+  app.add_option("--preset", o.preset, "model preset: tiny, small, llama2_7b, llama3_8b")
+      ->capture_default_str();
+  app.add_option("--dim", o.dim, "override the preset's model dimension H")
+      ->check(R(std::int64_t{1}, std::int64_t{1048576}));
+  app.add_option("--layers", o.layers, "override the preset's number of blocks L")
+      ->check(R(std::int64_t{1}, std::int64_t{65536}));
+  app.add_option("--heads", o.heads, "override the preset's query heads nh")
+      ->check(R(std::int64_t{1}, std::int64_t{65536}));
+  app.add_option("--kv-heads", o.kv_heads, "override the preset's key/value heads nkv")
+      ->check(R(std::int64_t{1}, std::int64_t{65536}));
+  app.add_option("--ffn", o.ffn, "override the preset's SwiGLU dimension F")
+      ->check(R(std::int64_t{1}, std::int64_t{16777216}));
+  app.add_option("--data-format", o.data_format,
+                 "auto (text for .txt, .text and .md files, a token file otherwise: tessera's, "
+                 "llm.c's .bin, NumPy's .npy), text, or tokens")
+      ->capture_default_str();
+  app.add_option("--vocab", o.vocab, "the model's vocabulary V (default: the data's)")
+      ->check(R(std::int64_t{1}, std::int64_t{4294967296}));
+  app.add_option("--tokenizer", o.tokenizer,
+                 "a Hugging Face tokenizer.json that decodes the data (default: the token file's, "
+                 "<name>.tokenizer.json or tokenizer.json beside it): samples print through it, "
+                 "losses convert to nats per byte");
+  app.add_option(
+         "--data", o.data,
+         "token file, or UTF-8 text to byte-tokenize (default: the bundled data/fortunes.txt)")
+      ->capture_default_str();
+  app.add_option("--steps", o.cfg.steps, "optimizer steps")
+      ->capture_default_str()
+      ->check(R(std::int64_t{1}, big));
+  app.add_option("--seed", o.cfg.seed, "seed of weights and data order (an integer in [0, 2^64-1])")
+      ->capture_default_str()
+      ->check(u64_digits);
+  app.add_option("--precision", o.precision,
+                 "fp32, bf16 (bf16_mixed), bf16_mixed_bf16_grads or fp64; default fp32 on the "
+                 "host, bf16_mixed_bf16_grads on cuda");
   app.add_option("--optimizer", o.optimizer, "adamw or sgd (with momentum)")->capture_default_str();
-  app.add_option("--momentum", o.cfg.sgd.momentum, "sgd: momentum")->capture_default_str()->check(finite_number);
+  app.add_option("--momentum", o.cfg.sgd.momentum, "sgd: momentum")
+      ->capture_default_str()
+      ->check(finite_number);
   app.add_flag("--nesterov", o.cfg.sgd.nesterov, "sgd: Nesterov momentum");
-  app.add_option("--global-batch", o.cfg.global_batch, "G: sequences per optimizer step")->capture_default_str()->check(R(std::int64_t{1}, std::int64_t{1000000000}));
-  app.add_option("--micro-batch", o.cfg.micro_batch, "B: sequences per forward")->capture_default_str()->check(R(std::int64_t{1}, std::int64_t{1000000000}));
-  app.add_option("--seq", o.cfg.seq, "T: tokens per sequence")->capture_default_str()->check(R(std::int64_t{1}, std::int64_t{16777216}));
-  app.add_option("--lr", o.cfg.lr, "peak learning rate")->capture_default_str()->check(finite_number);
-  app.add_option("--min-lr-ratio", o.cfg.min_lr_ratio, "final lr / peak lr")->capture_default_str()->check(finite_number);
-  app.add_option("--warmup", o.cfg.warmup, "linear warmup steps")->capture_default_str()->check(R(std::int64_t{0}, big));
-  app.add_option("--weight-decay", o.cfg.adamw.weight_decay, "weight decay (AdamW: decoupled; sgd: L2 added to the gradient)")->capture_default_str()->check(finite_number);
-  app.add_option("--grad-clip", o.cfg.grad_clip, "max global gradient norm (0: off)")->capture_default_str()->check(finite_number);
-  app.add_option("--eval-every", o.cfg.eval_every, "evaluate every N steps (0: only at the end)")->capture_default_str()->check(R(std::int64_t{0}, big));
-  app.add_option("--eval-windows", o.cfg.eval_windows, "validation windows per evaluation (0: all)")->capture_default_str()->check(R(std::int64_t{0}, big));
-  app.add_option("--checkpoint-every", o.checkpoint_every, "save a checkpoint every N steps (and at the end)")->capture_default_str()->check(R(std::int64_t{0}, big));
-  app.add_option("--out", o.out, "output folder: checkpoint.bin, metrics.jsonl")->capture_default_str();
-  app.add_option("--resume", o.resume, "continue the run in DIR from its checkpoint.bin, with the settings of DIR/run.toml (options given here override them; a larger --steps extends the schedule)");
-  app.add_flag("--sample-only", o.sample_only, "with --resume: sample --sample-bytes from the checkpoint without training");
-  app.add_option("--dp", o.dp, "data-parallel ranks (threads with --comm local, processes under mpirun)")->capture_default_str();
-  app.add_option("--zero", o.zero, "ZeRO stage of data parallelism: 0, 1, 2 or 3")->capture_default_str();
-  app.add_option("--tp", o.tp, "tensor-parallel ranks per dp rank (Megatron layout; world = dp x tp)")->capture_default_str();
-  app.add_flag("--sequence-parallel", o.cfg.sequence_parallel, "with --tp > 1: shard the norm and residual regions along the tokens (T divisible by tp)");
-  app.add_option("--pp", o.cfg.pp, "pipeline-parallel stages (world = dp x tp x pp, Megatron order)")->capture_default_str();
-  app.add_option("--schedule", o.schedule, "pipeline schedule (--pp > 1): gpipe, 1f1b, interleaved or zb1 (zero-bubble ZB-H1)")->capture_default_str();
-  app.add_option("--virtual-stages", o.cfg.virtual_stages, "model chunks per pipeline rank (--schedule interleaved)")->capture_default_str();
-  app.add_option("--stage-blocks", o.cfg.stage_blocks, "blocks of each of the pp x V stages, comma-separated, in order (default: balanced by FLOPs)")->delimiter(',');
-  app.add_option("--trace", o.trace, "write one step's timeline as Chrome trace JSON (Perfetto) to FILE");
-  app.add_option("--trace-step", o.trace_step, "the step --trace records (0: the last)")->capture_default_str()->check(R(std::int64_t{0}, big));
-  app.add_option("--bucket-mb", o.bucket_mb, "gradient bucket size in MB (data parallel; zero 3 uses one per block)")->capture_default_str()->check(finite_number);
-  app.add_option("--comm-timeout", o.comm_timeout, "seconds a collective or message may wait for the other ranks before the run fails naming it")->capture_default_str()->check(finite_number)->check(R(1.0, 86400.0));
-  app.add_option("--comm", o.comm, "communicator: local (threads), mpi, nccl (--backend cuda), or auto (mpi or nccl under mpirun)")->capture_default_str();
-  app.add_option("--sample-bytes", o.sample_bytes, "tokens to generate at the end: bytes under the byte tokenizer (0: none)")->capture_default_str()->check(R(std::int64_t{0}, std::int64_t{100000}));
+  app.add_option("--global-batch", o.cfg.global_batch, "G: sequences per optimizer step")
+      ->capture_default_str()
+      ->check(R(std::int64_t{1}, std::int64_t{1000000000}));
+  app.add_option("--micro-batch", o.cfg.micro_batch, "B: sequences per forward")
+      ->capture_default_str()
+      ->check(R(std::int64_t{1}, std::int64_t{1000000000}));
+  app.add_option("--seq", o.cfg.seq, "T: tokens per sequence")
+      ->capture_default_str()
+      ->check(R(std::int64_t{1}, std::int64_t{16777216}));
+  app.add_option("--lr", o.cfg.lr, "peak learning rate")
+      ->capture_default_str()
+      ->check(finite_number);
+  app.add_option("--min-lr-ratio", o.cfg.min_lr_ratio, "final lr / peak lr")
+      ->capture_default_str()
+      ->check(finite_number);
+  app.add_option("--warmup", o.cfg.warmup, "linear warmup steps")
+      ->capture_default_str()
+      ->check(R(std::int64_t{0}, big));
+  app.add_option("--weight-decay", o.cfg.adamw.weight_decay,
+                 "weight decay (AdamW: decoupled; sgd: L2 added to the gradient)")
+      ->capture_default_str()
+      ->check(finite_number);
+  app.add_option("--grad-clip", o.cfg.grad_clip, "max global gradient norm (0: off)")
+      ->capture_default_str()
+      ->check(finite_number);
+  app.add_option("--eval-every", o.cfg.eval_every, "evaluate every N steps (0: only at the end)")
+      ->capture_default_str()
+      ->check(R(std::int64_t{0}, big));
+  app.add_option("--eval-windows", o.cfg.eval_windows, "validation windows per evaluation (0: all)")
+      ->capture_default_str()
+      ->check(R(std::int64_t{0}, big));
+  app.add_option("--checkpoint-every", o.checkpoint_every,
+                 "save a checkpoint every N steps (and at the end)")
+      ->capture_default_str()
+      ->check(R(std::int64_t{0}, big));
+  app.add_option("--out", o.out, "output folder: checkpoint.bin, metrics.jsonl")
+      ->capture_default_str();
+  app.add_option(
+      "--resume", o.resume,
+      "continue the run in DIR from its checkpoint.bin, with the settings of DIR/run.toml (options "
+      "given here override them; a larger --steps extends the schedule)");
+  app.add_flag("--sample-only", o.sample_only,
+               "with --resume: sample --sample-bytes from the checkpoint without training");
+  app.add_option("--dp", o.dp,
+                 "data-parallel ranks (threads with --comm local, processes under mpirun)")
+      ->capture_default_str();
+  app.add_option("--zero", o.zero, "ZeRO stage of data parallelism: 0, 1, 2 or 3")
+      ->capture_default_str();
+  app.add_option("--tp", o.tp,
+                 "tensor-parallel ranks per dp rank (Megatron layout; world = dp x tp)")
+      ->capture_default_str();
+  app.add_flag(
+      "--sequence-parallel", o.cfg.sequence_parallel,
+      "with --tp > 1: shard the norm and residual regions along the tokens (T divisible by tp)");
+  app.add_option("--pp", o.cfg.pp,
+                 "pipeline-parallel stages (world = dp x tp x pp, Megatron order)")
+      ->capture_default_str();
+  app.add_option(
+         "--schedule", o.schedule,
+         "pipeline schedule (--pp > 1): gpipe, 1f1b, interleaved or zb1 (zero-bubble ZB-H1)")
+      ->capture_default_str();
+  app.add_option("--virtual-stages", o.cfg.virtual_stages,
+                 "model chunks per pipeline rank (--schedule interleaved)")
+      ->capture_default_str();
+  app.add_option("--stage-blocks", o.cfg.stage_blocks,
+                 "blocks of each of the pp x V stages, comma-separated, in order (default: "
+                 "balanced by FLOPs)")
+      ->delimiter(',');
+  app.add_option("--trace", o.trace,
+                 "write one step's timeline as Chrome trace JSON (Perfetto) to FILE");
+  app.add_option("--trace-step", o.trace_step, "the step --trace records (0: the last)")
+      ->capture_default_str()
+      ->check(R(std::int64_t{0}, big));
+  app.add_option("--grad-reduce", o.grad_reduce,
+                 "when gradient buckets reduce over dp: step (once per step, the micro-batches "
+                 "accumulated first: fewer bytes) or micro-batch (--zero 2, 3: every micro-batch "
+                 "into the float32 shard, two bucket buffers at most: less memory)")
+      ->capture_default_str();
+  app.add_option("--bucket-mb", o.bucket_mb,
+                 "gradient bucket size in MB (data parallel; zero 3 uses one per block)")
+      ->capture_default_str()
+      ->check(finite_number);
+  app.add_option("--comm-timeout", o.comm_timeout,
+                 "seconds a collective or message may wait for the other ranks before the run "
+                 "fails naming it")
+      ->capture_default_str()
+      ->check(finite_number)
+      ->check(R(1.0, 86400.0));
+  app.add_option("--comm", o.comm,
+                 "communicator: local (threads), mpi, nccl (--backend cuda), or auto (mpi or nccl "
+                 "under mpirun)")
+      ->capture_default_str();
+  app.add_option("--sample-bytes", o.sample_bytes,
+                 "tokens to generate at the end: bytes under the byte tokenizer (0: none)")
+      ->capture_default_str()
+      ->check(R(std::int64_t{0}, std::int64_t{100000}));
   app.add_option("--prompt", o.prompt, "prompt of the sample")->capture_default_str();
-  app.add_option("--baseline", o.baseline, "4-gram baseline in nats/byte to print beside val loss")->check(finite_number);
+  app.add_option("--baseline", o.baseline, "4-gram baseline in nats/byte to print beside val loss")
+      ->check(finite_number);
   app.add_flag("--no-baseline", o.no_baseline, "do not run scripts/ngram_baseline.py");
-  app.add_option("--ce-chunk", o.cfg.ce_chunk, "token rows per LM-head/cross-entropy chunk")->capture_default_str()->check(R(std::int64_t{1}, std::int64_t{1000000000}));
-  app.add_option("--backend", o.backend, "host, or cuda (GPUs; a build with the cuda preset)")->capture_default_str();
-  app.add_option("--checkpointing", o.checkpointing, "activation checkpointing: none (the host's default) or full (cuda's default)");
-  app.add_option("--checkpoint-layers", o.checkpoint_layers, "with --checkpointing full: every k-th block recomputes (1: all)")->capture_default_str();
-  app.add_option("--init-from-hf", o.init_from_hf, "start from a Hugging Face Llama folder (config.json and safetensors; the model sizes are its)");
-  app.add_option("--export-hf", o.export_hf, "at the end, write the model as a Hugging Face Llama folder (config.json, safetensors) to DIR");
-  app.add_option("--hf-dtype", o.hf_dtype, "dtype of --export-hf: float32, bfloat16, float16 or float64 (default: bfloat16 for bf16 weights, float64 for fp64, else float32)");
-  app.add_option("--peak-tflops", o.peak_tflops, "the peak TFLOP/s of one rank, for MFU (0, the default: the host's theoretical fp32 peak, threads x clock x FLOPs per cycle; a GPU's datasheet dense bf16 rate)")->check(R(0.0, 1e9));
+  app.add_option("--ce-chunk", o.cfg.ce_chunk, "token rows per LM-head/cross-entropy chunk")
+      ->capture_default_str()
+      ->check(R(std::int64_t{1}, std::int64_t{1000000000}));
+  app.add_option("--backend", o.backend, "host, or cuda (GPUs; a build with the cuda preset)")
+      ->capture_default_str();
+  app.add_option("--checkpointing", o.checkpointing,
+                 "activation checkpointing: none (the host's default) or full (cuda's default)");
+  app.add_option("--checkpoint-layers", o.checkpoint_layers,
+                 "with --checkpointing full: every k-th block recomputes (1: all)")
+      ->capture_default_str();
+  app.add_option("--init-from-hf", o.init_from_hf,
+                 "start from a Hugging Face Llama folder (config.json and safetensors; the model "
+                 "sizes are its)");
+  app.add_option("--export-hf", o.export_hf,
+                 "at the end, write the model as a Hugging Face Llama folder (config.json, "
+                 "safetensors) to DIR");
+  app.add_option("--hf-dtype", o.hf_dtype,
+                 "dtype of --export-hf: float32, bfloat16, float16 or float64 (default: bfloat16 "
+                 "for bf16 weights, float64 for fp64, else float32)");
+  app.add_option("--peak-tflops", o.peak_tflops,
+                 "the peak TFLOP/s of one rank, for MFU (0, the default: the host's theoretical "
+                 "fp32 peak, threads x clock x FLOPs per cycle; a GPU's datasheet dense bf16 rate)")
+      ->check(R(0.0, 1e9));
   // Actions of one invocation, not settings of the run: neither written to
   // run.toml nor read from a --config file.
-  for (const char* a : {"--resume", "--sample-only", "--export-hf", "--hf-dtype", "--trace", "--trace-step"})
+  for (const char* a :
+       {"--resume", "--sample-only", "--export-hf", "--hf-dtype", "--trace", "--trace-step"})
     app.get_option(a)->configurable(false);
   // An option given twice takes its last value (a command line that
   // appends an override to a script's flags, as getopt tools do).
@@ -467,12 +626,15 @@ int main(int argc, char** argv) {
   created_paths created;
   try {
     check_options(app, o);
-    if (!config_default.empty()) {  // the steps the checkpoint's run planned, for the log of an extension
+    if (!config_default
+             .empty()) {  // the steps the checkpoint's run planned, for the log of an extension
       std::ifstream in(config_default);
       for (const auto& item : CLI::ConfigTOML().from_config(in))
-        if (item.name == "steps" && item.inputs.size() == 1) o.planned_steps = std::stoll(item.inputs[0]);
+        if (item.name == "steps" && item.inputs.size() == 1)
+          o.planned_steps = std::stoll(item.inputs[0]);
     }
-    if (app.count("--data") > 0) set_effective(app, "--data", std::filesystem::absolute(o.data).string());
+    if (app.count("--data") > 0)
+      set_effective(app, "--data", std::filesystem::absolute(o.data).string());
     set_effective(app, "--out", o.out);
     o.config_toml = app.config_to_str(false, false);
     o.config_json = all_settings(app);
@@ -488,7 +650,8 @@ int main(int argc, char** argv) {
     if (o.sample_only) {
       tokens_into = std::filesystem::temp_directory_path() / "train_llama.XXXXXX";
       std::string t = tokens_into.string();
-      TESSERA_THROW_IF(::mkdtemp(t.data()) == nullptr, io_error, "cannot create a temporary folder in '",
+      TESSERA_THROW_IF(::mkdtemp(t.data()) == nullptr, io_error,
+                       "cannot create a temporary folder in '",
                        std::filesystem::temp_directory_path().string(), "'");
       tokens_into = t;
     }
@@ -518,15 +681,18 @@ int main(int argc, char** argv) {
     }
 #endif
     if (failed) std::rethrow_exception(failed);
-    if (world.rank != 0 && !o.sample_only) tok = data::token_file_path(o.data, tokens_into, o.data_format);
+    if (world.rank != 0 && !o.sample_only)
+      tok = data::token_file_path(o.data, tokens_into, o.data_format);
     prepare_vocabulary(app, o, tok);
-    return o.backend == "cuda" ? train_llama::run_cuda(o, tok, created)
-                               : train_llama::pick<precision::fp32, precision::bf16_mixed, precision::bf16_mixed,
-                                                   precision::bf16_mixed_bf16_grads, precision::fp64>(
-                                     "precision", o.precision, {"fp32", "bf16", "bf16_mixed", "bf16_mixed_bf16_grads", "fp64"},
-                                     [&](auto p) {
-                                       return train_llama::run_precision<host, typename decltype(p)::type>(o, tok, created);
-                                     });
+    return o.backend == "cuda"
+               ? train_llama::run_cuda(o, tok, created)
+               : train_llama::pick<precision::fp32, precision::bf16_mixed, precision::bf16_mixed,
+                                   precision::bf16_mixed_bf16_grads, precision::fp64>(
+                     "precision", o.precision,
+                     {"fp32", "bf16", "bf16_mixed", "bf16_mixed_bf16_grads", "fp64"}, [&](auto p) {
+                       return train_llama::run_precision<host, typename decltype(p)::type>(o, tok,
+                                                                                           created);
+                     });
   } catch (...) {
     return train_llama::report_failure(o);
   }

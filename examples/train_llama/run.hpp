@@ -45,6 +45,7 @@ struct options {
   std::string backend = "host", precision, optimizer = "adamw", checkpointing, preset = "small";
   std::string data, data_format = "auto", out = "runs/main", resume, tokenizer, prompt = "The ";
   std::string schedule = "1f1b", trace, comm = "auto", init_from_hf, export_hf, hf_dtype;
+  std::string grad_reduce = "step";  // when gradient buckets reduce: step or micro-batch
   train::train_config cfg;
   std::int64_t checkpoint_layers = 1, checkpoint_every = 200, sample_bytes = 300, trace_step = 0;
   std::optional<std::int64_t> dim, layers, heads, kv_heads, ffn, vocab;
@@ -271,12 +272,13 @@ inline void check_host_memory(const options& o, const plan::dtype_sizes& d) {
 template <class Backend, class P, class O, class S, bool TP>
 int launch(options& o, const fs::path& tok, created_paths& created) {
   const comm::device_mesh mesh(o.dp, o.tp, static_cast<int>(o.cfg.pp));
-  {
-    const data::token_file data(tok);
-    train::validate<S>(model_config(o), run_config(o), data, mesh);
-  }
   parallel::data_parallel_options dpo;
   dpo.bucket_bytes = static_cast<std::int64_t>(o.bucket_mb * 1e6);
+  dpo.reduction = parallel::parse_grad_reduction(o.grad_reduce);
+  {
+    const data::token_file data(tok);
+    train::validate<S>(model_config(o), run_config(o), data, mesh, dpo);
+  }
   auto ranks = [&](auto& w, const kernels::peak_flops& peak) {
     using Comm = std::remove_reference_t<decltype(w)>;
     using L = std::conditional_t<TP, nn::tensor_parallel_layers<Comm>, nn::dense_layers>;

@@ -38,6 +38,10 @@ TEST_CASE("mpi zero<0..3> match the 1-rank run (float32)", "[mpi][zero]") {
   auto c = world();
   REQUIRE_NOTHROW(zero_suite::stages_match_single_rank<tessera::precision::fp32>(c, false));
 }
+TEST_CASE("mpi zero<2,3> reducing every micro-batch match the 1-rank run", "[mpi][zero]") {
+  auto c = world();
+  REQUIRE_NOTHROW(zero_suite::per_micro_batch_matches_single_rank<tessera::precision::fp64>(c));
+}
 TEST_CASE("mpi bf16_mixed stages stay within bf16 rounding of 1 rank", "[mpi][zero][bf16]") {
   auto c = world();
   REQUIRE_NOTHROW(zero_suite::bf16_stages_agree(c, false));

@@ -67,9 +67,9 @@ bool same_bits(const T* a, const T* b, std::size_t n) {
 }
 
 // Bytes of one segment of the optimizer's segment table, counted by hand:
-// {int64 begin, int64 end, int32 decay}, 20 bytes padded to the struct's
-// 8-byte alignment.
-constexpr std::size_t segment_bytes = 8 + 8 + 4 + 4;
+// {int64 begin, int64 end, int32 decay, int64 param_shift, int64
+// grad_shift}, the decay padded to the 8-byte alignment.
+constexpr std::size_t segment_bytes = 8 + 8 + 4 + 4 + 8 + 8;
 
 }  // namespace
 

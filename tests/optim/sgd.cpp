@@ -104,8 +104,9 @@ bool same_bits(const T* a, const T* b, std::size_t n) {
 }
 
 // Bytes of one segment of the optimizer's segment table, counted by hand:
-// {int64 begin, int64 end, int32 decay}, 20 bytes padded to 8-byte alignment.
-constexpr std::size_t segment_bytes = 8 + 8 + 4 + 4;
+// {int64 begin, int64 end, int32 decay, int64 param_shift, int64
+// grad_shift}, the decay padded to the 8-byte alignment.
+constexpr std::size_t segment_bytes = 8 + 8 + 4 + 4 + 8 + 8;
 
 // Parameters of magnitude [0.5, 1.5) and random sign, gradients in [-1, 1).
 std::vector<double> random_params(std::size_t n, std::mt19937_64& rng) {

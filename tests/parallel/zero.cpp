@@ -65,6 +65,14 @@ TEST_CASE("zero<0..3> match the 1-rank run and each other bit for bit (float32)"
   });
 }
 
+TEST_CASE("zero<2,3> reducing every micro-batch match the 1-rank run (float64, float32)",
+          "[parallel][zero]") {
+  for_dp([](local_communicator& c) {
+    zero_suite::per_micro_batch_matches_single_rank<tessera::precision::fp64>(c);
+    zero_suite::per_micro_batch_matches_single_rank<tessera::precision::fp32>(c);
+  });
+}
+
 TEST_CASE("bf16_mixed: zero<0,1,3> agree bit for bit and stay within bf16 rounding of 1 rank",
           "[parallel][zero][bf16]") {
   for_dp([](local_communicator& c) { zero_suite::bf16_stages_agree(c, true); });

@@ -56,6 +56,8 @@ struct setup {
   /// reduction issued) and abandon the step (engine.abandon_step(), as the
   /// executor does when a step throws): the run must not change.
   bool abandon_first = false;
+  /// When buckets reduce: once per step, or every micro-batch (zero<2,3>).
+  parallel::grad_reduction reduction = parallel::grad_reduction::per_step;
   double lr(int s) const { return 3e-3 * (1.0 + 0.25 * s); }
 };
 
@@ -158,10 +160,13 @@ dp_result<typename P::param_type> run_dp(Comm& c, const setup& st) {
   if constexpr (!S::shards_parameters) m.init_weights(st.seed);
   parallel::data_parallel_options dpo;
   dpo.bucket_bytes = st.bucket_bytes;
+  dpo.reduction = st.reduction;
+  const bool per_mb = st.reduction == parallel::grad_reduction::per_micro_batch;
+  const std::int64_t passes = per_mb ? st.A : 1;  // reductions of a bucket per step
   parallel::data_parallel<nn::llama<P>, optim::adamw, S, Comm> eng(m, c, st.adamw, st.seed, dpo);
   const auto& plan = eng.plan();
   const bool reduces = !eng.single_rank();
-  const std::size_t want_reductions = reduces ? plan.size() : 0;
+  const std::size_t want_reductions = reduces ? plan.size() * static_cast<std::size_t>(passes) : 0;
   dp_result<Param> out;
   out.buckets = plan.size();
   if (st.abandon_first) {
@@ -198,7 +203,7 @@ dp_result<typename P::param_type> run_dp(Comm& c, const setup& st) {
     for (std::int64_t a = 0; a < st.A; ++a) {
       eng.begin_micro_batch(a);
       m.forward_backward(mb[static_cast<std::size_t>(a)].data(), st.B, st.T, scale);
-      if (a < st.A - 1)
+      if (a < st.A - 1 && !per_mb)
         check(eng.reductions_this_step().empty(), "rank ", r, " step ", s, ": ",
               eng.reductions_this_step().size(), " reductions on no_sync micro-batch ", a);
     }
@@ -206,36 +211,38 @@ dp_result<typename P::param_type> run_dp(Comm& c, const setup& st) {
     double ss = 0;
     eng.grad_norm_squared(&ss);
     using Master = typename P::master_type;
-    const Master coef =
-        static_cast<Master>(optim::clip_coefficient(std::sqrt(ss), st.max_norm));
+    const Master coef = static_cast<Master>(optim::clip_coefficient(std::sqrt(ss), st.max_norm));
     eng.step(st.lr(s), &coef);
     if constexpr (S::shards_parameters)  // each block freed after use, the next one prefetched
       check(eng.segments_held() == 0 && eng.max_segments_held() == 2, "rank ", r,
             ": zero<3> holds ", eng.segments_held(), " gathered segments after the step, at most ",
             eng.max_segments_held(), " at once (expected 0 and 2)");
     if constexpr (S::shards_gradients)  // only the shard between steps; the window held all
-      check(eng.grad_buckets_held() == 0 && eng.max_grad_buckets_held() ==
-                                                (st.A > 1 ? plan.size() : eng.max_grad_buckets_held()),
+      check(eng.grad_buckets_held() == 0 &&
+                (per_mb ? eng.max_grad_buckets_held() <= 2
+                        : eng.max_grad_buckets_held() ==
+                              (st.A > 1 ? plan.size() : eng.max_grad_buckets_held())),
             "rank ", r, ": zero<2,3> hold ", eng.grad_buckets_held(),
             " bucket gradient buffers after the step, at most ", eng.max_grad_buckets_held(),
             " at once (expected 0 and ", plan.size(), ")");
     const auto after = c.stats();
     out.bytes_per_step.push_back(after.bytes_sent() - before.bytes_sent());
-    // One reduction per bucket, on the last micro-batch, right after the
-    // backward of the bucket's lowest segment.
+    // One reduction per bucket (per micro-batch: in each one), on the last
+    // micro-batch, right after the backward of the bucket's lowest segment.
     const auto& ev = eng.reductions_this_step();
     check(ev.size() == want_reductions, "rank ", r, " step ", s, ": ", ev.size(),
           " bucket reductions, expected ", want_reductions);
     std::vector<int> seen(plan.size(), 0);
     for (const auto& e : ev) {
       ++seen[static_cast<std::size_t>(e.bucket)];
-      check(e.micro_batch == st.A - 1, "rank ", r, ": bucket ", e.bucket,
+      check(per_mb || e.micro_batch == st.A - 1, "rank ", r, ": bucket ", e.bucket,
             " reduced in micro-batch ", e.micro_batch, " (no_sync until ", st.A - 1, ")");
       check(e.after_segment == plan.buckets()[static_cast<std::size_t>(e.bucket)].first_segment,
             "rank ", r, ": bucket ", e.bucket, " issued after segment ", e.after_segment);
     }
     for (std::size_t k = 0; k < plan.size() && reduces; ++k)
-      check(seen[k] == 1, "rank ", r, ": bucket ", k, " reduced ", seen[k], " times in step ", s);
+      check(seen[k] == passes, "rank ", r, ": bucket ", k, " reduced ", seen[k], " times in step ",
+            s);
     if (plan.size() > 1 && reduces)
       check(ev.front().after_segment > -1, "rank ", r,
             ": the first bucket waited for the embedding's backward (no overlap)");
@@ -248,13 +255,14 @@ dp_result<typename P::param_type> run_dp(Comm& c, const setup& st) {
       check(rs == 0 && ar == 1, "rank ", r, ": ", rs, " reduce_scatters and ", ar,
             " all_reduces in step ", s, " on one rank, expected 0 and 1");
     else if constexpr (S::shards_optimizer_state)
-      check(rs == plan.size() && ar == 2, "rank ", r, ": ", rs, " reduce_scatters and ", ar,
-            " all_reduces in step ", s, ", expected ", plan.size(), " and 2");
+      check(rs == plan.size() * static_cast<std::size_t>(passes) && ar == 2, "rank ", r, ": ", rs,
+            " reduce_scatters and ", ar, " all_reduces in step ", s, ", expected ",
+            plan.size() * static_cast<std::size_t>(passes), " and 2");
     else
       check(rs == 0 && ar == plan.size() + 2, "rank ", r, ": ", ar, " all_reduces in step ", s,
             ", expected ", plan.size() + 2);
   }
-  const std::int64_t issued = st.steps + (st.abandon_first ? 1 : 0);
+  const std::int64_t issued = (st.steps + (st.abandon_first ? 1 : 0)) * passes;
   for (std::size_t k = 0; k < plan.size() && reduces; ++k)
     check(eng.reductions_per_bucket()[k] == issued, "rank ", r, ": bucket ", k, " reduced ",
           eng.reductions_per_bucket()[k], " times in ", issued, " steps");
@@ -404,6 +412,34 @@ std::vector<std::uint64_t> comm_bytes_per_step(Comm& c) {
           got[2], " bytes, zero<0> ", got[0]);
   }
   return {got[0], got[1], got[2], got[3]};
+}
+
+/// zero<2,3> reducing every micro-batch (grad_reduction::per_micro_batch):
+/// each micro-batch's buckets reduce-scattered as they complete, two bucket
+/// buffers held at most (run_dp checks both), the parameters within the
+/// tolerance of the 1-rank run (the micro-batches' reduced sums are added:
+/// another order than reducing their sum), and with one micro-batch per step
+/// the bits of the once-per-step reduction.
+template <class P, class Comm>
+void per_micro_batch_matches_single_rank(Comm& c) {
+  setup st;
+  calibrate<P>(st);
+  st.bucket_bytes = 4096;  // several buckets
+  st.reduction = parallel::grad_reduction::per_micro_batch;
+  const auto ref = reference<P>(st, c.size());
+  auto near = [&](const auto& z, const char* name) {
+    const double d = rel_max_diff(z.params, ref);
+    check(d <= tolerance<P>(), "rank ", c.rank(), " of ", c.size(), ", ", P::name, " ", name,
+          " per micro-batch: parameters differ from the 1-rank run by ", d);
+  };
+  near(run_dp<P, parallel::zero<2>>(c, st), "zero<2>");
+  near(run_dp<P, parallel::zero<3>>(c, st), "zero<3>");
+  st.A = 1;
+  const auto mb = run_dp<P, parallel::zero<2>>(c, st);
+  st.reduction = parallel::grad_reduction::per_step;
+  const auto step = run_dp<P, parallel::zero<2>>(c, st);
+  check(first_bit_difference(mb.params, step.params) == mb.params.size(), "rank ", c.rank(),
+        ": one micro-batch per step, per-micro-batch and per-step reductions differ in the bits");
 }
 
 /// A step abandoned part-way (its reductions in flight) leaves no trace:

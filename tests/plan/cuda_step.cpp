@@ -5,6 +5,7 @@
 // plan to the device allocator's bytes.)
 #include <catch2/catch.hpp>
 
+#include <tessera/kernels/detail/adamw.hpp>
 #include <tessera/nn/llama_layout.hpp>
 #include <tessera/nn/transformer_block.hpp>
 #include <tessera/plan/cuda_step.hpp>
@@ -27,8 +28,10 @@ TEST_CASE("plan_cuda_step: state is 2 + 4 + 4 + 8 bytes per flat element", "[pla
     CHECK(p.state.master == 4 * n);
     CHECK(p.state.optimizer == 8 * n);
     CHECK(p.state.reduce_buffers == 0);  // one rank: nothing staged for a reduction
-    // One 24-byte optimizer segment per tensor.
-    CHECK(p.state.segment_table == 24 * nn::make_llama_layout(c).entries().size());
+    // One 40-byte optimizer segment per tensor (kernels::optimizer_segment).
+    CHECK(p.state.segment_table ==
+          sizeof(kernels::optimizer_segment) * nn::make_llama_layout(c).entries().size());
+    CHECK(sizeof(kernels::optimizer_segment) == 40);
     // Flat elements exceed the parameters only by alignment padding.
     CHECK(n - static_cast<std::uint64_t>(c.num_params()) <
           16 * nn::make_llama_layout(c).entries().size());

@@ -87,8 +87,9 @@ TEST_CASE("bytes per parameter: 16 for seed004 and fp32, 18 for bf16_mixed", "[p
         optim::adamw_optimizer<float, float, float, kernels::host_context>::state_bytes_per_param);
   CHECK(state(plan::dtype_sizes::of<precision::bf16_mixed>()) ==
         optim::adamw_optimizer<bf16, float, float, kernels::host_context>::state_bytes_per_param);
-  CHECK(state(plan::dtype_sizes::of<precision::fp64>()) ==
-        optim::adamw_optimizer<double, double, double, kernels::host_context>::state_bytes_per_param);
+  CHECK(
+      state(plan::dtype_sizes::of<precision::fp64>()) ==
+      optim::adamw_optimizer<double, double, double, kernels::host_context>::state_bytes_per_param);
 }
 
 TEST_CASE("ideal accounting: ZeRO shards are ceil(flat / dp) of the padded flat buffer", "[plan]") {
@@ -161,12 +162,21 @@ TEST_CASE("engine accounting pads each bucket, as parallel::bucket_plan does", "
       const auto flat = static_cast<std::uint64_t>(s.flat_elems),
                  pad = static_cast<std::uint64_t>(s.padded_elems),
                  sh_e = static_cast<std::uint64_t>(s.shard_elems);
+      const bool single = z == 0 && dp == 1;
       CHECK(s.weights == (z == 3 ? 0 : flat * 2));
-      CHECK(s.param_shard == (z >= 1 ? sh_e * 2 : 0));
-      CHECK(s.grads == (z >= 2 ? 0 : flat * 4));  // ZeRO-2/3: only the window's buckets
-      CHECK(s.reduce_staging == (z >= 2 ? pad * 4 : 0));
-      // One rank under ZeRO-0 has no staging buffer: it reduces nothing.
-      CHECK(s.reduce_buffers == ((z <= 1 && !(z == 0 && dp == 1) ? pad : 0) + (z >= 1 ? sh_e : 0)) * 4);
+      // ZeRO-1/2 update their owned elements of the model's buffer: only
+      // ZeRO-3 keeps a parameter shard.
+      CHECK(s.param_shard == (z == 3 ? sh_e * 2 : 0));
+      // ZeRO-0/1 accumulate into the padded buffer (float32 gradients under
+      // bf16_mixed: reduced in place); one rank keeps the model's own.
+      CHECK(s.grads == (single ? flat * 4 : 0));
+      CHECK(s.reduce_staging == (z >= 2 ? pad * 4 : 0));  // ZeRO-2/3: the window's buckets
+      // The padded buffer on ZeRO-0/1 (none on one rank: it reduces
+      // nothing), the reduced-gradient shard on ZeRO-2/3.
+      CHECK(s.reduce_buffers == ((z <= 1 && !single ? pad : 0) + (z >= 2 ? sh_e : 0)) * 4);
+      std::uint64_t largest = 0;  // the update's all-gather: one padded bucket at a time
+      for (const auto& b : bp.buckets()) largest = std::max<std::uint64_t>(largest, b.padded);
+      CHECK(s.update_gather == (z == 1 || z == 2 ? largest * 2 : 0));
       CHECK(s.master == (z >= 1 ? sh_e : flat) * 4);
       CHECK(s.optimizer == (z >= 1 ? sh_e : flat) * 8);
       CHECK((s.gathered > 0) == (z == 3));
@@ -300,7 +310,8 @@ TEST_CASE("activation checkpointing: the measured peak drops by what the plan pr
   const auto small = nn::llama_config::small(), tiny = nn::llama_config::tiny();
   for (std::int64_t every : {1, 2, 3}) {
     check_measured<precision::fp32>(small, 2, 64, 256, {activation_checkpointing::full, every});
-    check_measured<precision::bf16_mixed>(small, 2, 64, 32, {activation_checkpointing::full, every});
+    check_measured<precision::bf16_mixed>(small, 2, 64, 32,
+                                          {activation_checkpointing::full, every});
     check_measured<precision::fp64>(tiny, 1, 9, 4, {activation_checkpointing::full, every});
   }
   // The plan's drop, none to full: (L - 1) records without their inputs

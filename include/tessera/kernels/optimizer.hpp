@@ -90,21 +90,21 @@ void clip_coefficient(const host_context& ctx, M* coef, const double* sum_square
 
 namespace detail {
 template <class Param, class Master>
-void check_optimizer_step(const char* who, const Master* master, std::int64_t n,
-                          int num_segments) {
+void check_optimizer_step(const char* who, const Master* master, std::int64_t n, int num_segments) {
   constexpr bool has_master = !std::is_same_v<Param, Master>;
-  TESSERA_THROW_IF(n < 0 || num_segments < 0, config_error, who, ": n=", n, " and num_segments=",
-                   num_segments, " must be >= 0");
+  TESSERA_THROW_IF(n < 0 || num_segments < 0, config_error, who, ": n=", n,
+                   " and num_segments=", num_segments, " must be >= 0");
   TESSERA_THROW_IF(has_master && master == nullptr, config_error, who, ": ", dtype_name<Param>(),
                    " parameters need ", dtype_name<Master>(), " master weights (master is null)");
   TESSERA_THROW_IF(!has_master && master != nullptr, config_error, who, ": ", dtype_name<Param>(),
                    " parameters are updated in place; pass master = nullptr");
 }
-/// Calls f(i, decay) for every element i of every segment: the segments in
-/// order, each split over the OpenMP threads in static chunks and
-/// vectorised (`omp simd`: f must be element-wise, as the optimizer
-/// updates are), with `decay` a std::bool_constant, so that the loop body
-/// has no branch. Each thread calls its own copy of f (its captures then
+/// Calls f(i, p, g, decay) for every element i of every segment, p = i +
+/// param_shift and g = i + grad_shift (the element's parameter and
+/// gradient): the segments in order, each split over the OpenMP threads in
+/// static chunks and vectorised (`omp simd`: f must be element-wise, as the
+/// optimizer updates are), with `decay` a std::bool_constant, so that the
+/// loop body has no branch. Each thread calls its own copy of f (its captures then
 /// stay in registers instead of being reloaded through the shared closure
 /// at every element). The vector and the scalar instructions round alike
 /// (IEEE add, multiply, divide and square root are correctly rounded), so
@@ -115,12 +115,13 @@ template <class F>
 void for_each_optimizer_element(const optimizer_segment* segments, int num_segments, const F& f) {
   for (int k = 0; k < num_segments; ++k) {
     const std::int64_t b = segments[k].begin, e = segments[k].end;
+    const std::int64_t ps = segments[k].param_shift, gs = segments[k].grad_shift;
     auto run = [&](auto decay) {
 #pragma omp parallel
       {
         const F body = f;
 #pragma omp for simd schedule(static)
-        for (std::int64_t i = b; i < e; ++i) body(i, decay);
+        for (std::int64_t i = b; i < e; ++i) body(i, i + ps, i + gs, decay);
       }
     };
     if (segments[k].decay != 0)
@@ -136,8 +137,10 @@ void for_each_optimizer_element(const optimizer_segment* segments, int num_segme
 /// of each segment, kernels::detail::adamw_update on the master weight (or
 /// the parameter itself when Param == Master), then the parameter is
 /// written back rounded, in the same pass.
-/// - `params`, `grads`, `master`, `m`, `v`: n elements from the optimizer's
-///   first element. `master` is null when Param == Master, required otherwise.
+/// - `master`, `m`, `v`: n elements from the optimizer's first element;
+///   element i's parameter and gradient are params[i + param_shift] and
+///   grads[i + grad_shift] of its segment. `master` is null when Param ==
+///   Master, required otherwise.
 /// - `segments` (num_segments, sorted, disjoint, within [0, n), in the
 ///   context's memory): only their elements are updated, with their decay flag.
 /// - `step`: the step's hyper-parameters with the bias corrections. If
@@ -159,15 +162,16 @@ void adamw_step(const host_context& ctx, Param* params, M* master, M* m, M* v, c
     if (!std::isfinite(*grad_scale)) return;
     step.grad_scale *= *grad_scale;
   }
-  detail::for_each_optimizer_element(segments, num_segments, [=](std::int64_t i, auto decay) {
-    const M g = to<M>(grads[i]);
-    if constexpr (!std::is_same_v<Param, M>) {
-      detail::adamw_update(master[i], m[i], v[i], g, step, decay());
-      params[i] = to<Param>(master[i]);
-    } else {
-      detail::adamw_update(params[i], m[i], v[i], g, step, decay());
-    }
-  });
+  detail::for_each_optimizer_element(
+      segments, num_segments, [=](std::int64_t i, std::int64_t p, std::int64_t gi, auto decay) {
+        const M g = to<M>(grads[gi]);
+        if constexpr (!std::is_same_v<Param, M>) {
+          detail::adamw_update(master[i], m[i], v[i], g, step, decay());
+          params[p] = to<Param>(master[i]);
+        } else {
+          detail::adamw_update(params[p], m[i], v[i], g, step, decay());
+        }
+      });
 }
 
 /// One SGD-with-momentum step over a flat buffer in one pass, as
@@ -185,15 +189,16 @@ void sgd_step(const host_context& ctx, Param* params, M* master, M* buf, const G
     if (!std::isfinite(*grad_scale)) return;
     step.grad_scale *= *grad_scale;
   }
-  detail::for_each_optimizer_element(segments, num_segments, [=](std::int64_t i, auto decay) {
-    const M g = to<M>(grads[i]);
-    if constexpr (!std::is_same_v<Param, M>) {
-      detail::sgd_update(master[i], buf[i], g, step, decay());
-      params[i] = to<Param>(master[i]);
-    } else {
-      detail::sgd_update(params[i], buf[i], g, step, decay());
-    }
-  });
+  detail::for_each_optimizer_element(
+      segments, num_segments, [=](std::int64_t i, std::int64_t p, std::int64_t gi, auto decay) {
+        const M g = to<M>(grads[gi]);
+        if constexpr (!std::is_same_v<Param, M>) {
+          detail::sgd_update(master[i], buf[i], g, step, decay());
+          params[p] = to<Param>(master[i]);
+        } else {
+          detail::sgd_update(params[p], buf[i], g, step, decay());
+        }
+      });
 }
 
 }  // namespace tessera::kernels

@@ -6,24 +6,28 @@
 /// context (`state<Param, Grad, Master, Ctx>`), so a trainer swaps
 /// optimizers by one template argument: `optim::adamw`, `optim::sgd`.
 ///
-/// Every optimizer updates a flat buffer of n elements through the
-/// context's kernels (kernels/optimizer.hpp): one multi-tensor pass over a
-/// segment table, master weights when Param is narrower than Master, its
-/// state allocated when it is built (so the memory floor is visible before
-/// step 0), and the clip coefficient read from the context's memory (no
-/// host synchronisation on a GPU; a non-finite one skips the step inside
-/// the kernel).
+/// Every optimizer updates n elements through the context's kernels
+/// (kernels/optimizer.hpp): one multi-tensor pass over a segment table whose
+/// ranges say where each element's parameter and gradient are, master
+/// weights when Param is narrower than Master, its state allocated when it
+/// is built (so the memory floor is visible before step 0), and the clip
+/// coefficient read from the context's memory (no host synchronisation on a
+/// GPU; a non-finite one skips the step inside the kernel). What they share
+/// is flat_optimizer, their base.
 
 #include <algorithm>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "tessera/core/error.hpp"
 #include "tessera/core/tensor.hpp"
 #include "tessera/kernels/context.hpp"
 #include "tessera/kernels/detail/adamw.hpp"
+#include "tessera/kernels/elementwise.hpp"
 #include "tessera/nn/param_layout.hpp"
 
 namespace tessera::optim {
@@ -47,14 +51,13 @@ concept optimizer_state = requires(O& o, const O& co, Param* p, const Param* cp,
 /// hyper-parameters, with validate()), and `state<Param, Grad, Master,
 /// Ctx>`, the optimizer over a flat buffer on context Ctx.
 template <class O>
-concept optimizer_policy =
-    requires {
-      { O::name } -> std::convertible_to<const char*>;
-      typename O::config;
-      typename O::template state<float, float, float, kernels::host_context>;
-    } &&
-    optimizer_state<typename O::template state<float, float, float, kernels::host_context>, float,
-                    float, float>;
+concept optimizer_policy = requires {
+  { O::name } -> std::convertible_to<const char*>;
+  typename O::config;
+  typename O::template state<float, float, float, kernels::host_context>;
+}
+&&optimizer_state<typename O::template state<float, float, float, kernels::host_context>, float,
+                  float, float>;
 
 /// Names what a would-be optimizer policy lacks, in words; use as
 /// static_assert(check_optimizer_policy<O>()).
@@ -75,28 +78,26 @@ consteval bool check_optimizer_policy() {
   return true;
 }
 
-namespace detail {
+/// A range of an optimizer's elements, [begin, end) of its state (master
+/// weights, moments), with its weight-decay flag and where its parameters
+/// and gradients are: element i's at params[i + param_shift] and
+/// grads[i + grad_shift] (kernels::optimizer_segment). Shifts are 0 where
+/// the state, the parameters and the gradients share one layout (a whole
+/// model's flat buffer on one rank).
+struct owned_range {
+  std::int64_t begin = 0, end = 0;
+  bool decay = true;
+  std::int64_t param_shift = 0, grad_shift = 0;
+};
 
-/// The segment table of an optimizer over `n` elements, in the context's
-/// memory: one segment per range, decay only where the range decays and
-/// the decay coefficient is non-zero. Throws config_error if the ranges
-/// are not sorted and disjoint (an element would be updated twice).
-template <class Ctx>
-tensor<kernels::optimizer_segment, typename Ctx::backend_type> segment_table(
-    const Ctx& ctx, const std::vector<param_range>& ranges, std::int64_t n, bool decays) {
-  std::vector<kernels::optimizer_segment> segs;
-  for (std::size_t i = 1; i < ranges.size(); ++i)
-    TESSERA_THROW_IF(ranges[i].begin < ranges[i - 1].end, config_error,
-                     "optimizer ranges must be sorted and disjoint: [", ranges[i].begin, ", ",
-                     ranges[i].end, ") starts before the end ", ranges[i - 1].end,
-                     " of the range before it");
-  for (const param_range& r : clip_ranges(ranges, 0, n))
-    segs.push_back({r.begin, r.end, r.decay && decays ? 1 : 0});
-  auto t = kernels::make_tensor<kernels::optimizer_segment>(ctx,
-                                                           static_cast<std::int64_t>(segs.size()));
-  ctx.from_host(t.data(), segs.data(), segs.size() * sizeof(kernels::optimizer_segment));
-  return t;
+/// The owned_range of every param_range, shifts 0.
+inline std::vector<owned_range> owned(const std::vector<param_range>& ranges) {
+  std::vector<owned_range> out;
+  for (const param_range& r : ranges) out.push_back({r.begin, r.end, r.decay, 0, 0});
+  return out;
 }
+
+namespace detail {
 
 /// Writes `bytes` at `src` (the context's memory) through w.write(const
 /// void*, bytes), staged through host blocks of at most 64 MiB unless the
@@ -116,4 +117,131 @@ void write_from(const Ctx& ctx, Writer& w, const void* src, std::size_t bytes) {
 }
 
 }  // namespace detail
+
+/// What every optimizer over n elements shares (adamw_optimizer,
+/// sgd_optimizer derive from it): the `moments` state buffers of Master
+/// (AdamW's two, SGD's one), the master weights when Param is narrower than
+/// Master, the segment table of its owned ranges in the context's memory,
+/// and the step count; all allocated zero when it is built, so the memory
+/// floor is visible before step 0. The context is not owned and must
+/// outlive it.
+template <class Param, class Master, class Ctx>
+class flat_optimizer {
+ public:
+  using Backend = typename Ctx::backend_type;
+  static constexpr bool has_master = !std::is_same_v<Param, Master>;
+
+  /// Elements [0, n) in `ranges` (sorted, disjoint; clipped to n), decay
+  /// only where `decays`. Throws config_error for n < 0 or overlapping ranges.
+  flat_optimizer(std::int64_t n, const std::vector<owned_range>& ranges, bool decays,
+                 const Ctx& ctx, int moments)
+      : n_(n), ctx_(&ctx) {
+    TESSERA_THROW_IF(n < 0, config_error, "optimizer size n=", n, " must be >= 0");
+    for (int k = 0; k < moments; ++k) {
+      moments_.push_back(kernels::make_tensor<Master>(ctx, n));
+      kernels::zero_elements(ctx, moments_.back().data(), n);
+    }
+    if constexpr (has_master) {
+      master_ = kernels::make_tensor<Master>(ctx, n);
+      kernels::zero_elements(ctx, master_.data(), n);
+    }
+    std::vector<kernels::optimizer_segment> segs;
+    for (std::size_t i = 1; i < ranges.size(); ++i)
+      TESSERA_THROW_IF(ranges[i].begin < ranges[i - 1].end, config_error,
+                       "optimizer ranges must be sorted and disjoint: [", ranges[i].begin, ", ",
+                       ranges[i].end, ") starts before the end ", ranges[i - 1].end,
+                       " of the range before it");
+    for (const owned_range& r : ranges) {
+      const std::int64_t b = std::max<std::int64_t>(r.begin, 0), e = std::min(r.end, n);
+      if (b < e) segs.push_back({b, e, r.decay && decays ? 1 : 0, r.param_shift, r.grad_shift});
+    }
+    host_segments_ = segs;
+    segments_ = kernels::make_tensor<kernels::optimizer_segment>(
+        ctx, static_cast<std::int64_t>(segs.size()));
+    ctx.from_host(segments_.data(), segs.data(), segs.size() * sizeof(kernels::optimizer_segment));
+  }
+  flat_optimizer(const flat_optimizer&) = delete;
+  flat_optimizer& operator=(const flat_optimizer&) = delete;
+
+  /// Copies the parameters of every owned element (params[i + param_shift],
+  /// the context's memory) into the master weights: once, after the model
+  /// is initialised. Elements in no range stay 0.
+  void init_master(const Param* params) {
+    if constexpr (has_master)
+      for (const auto& s : host_segments_)
+        cast(*ctx_, master_.data() + s.begin, params + s.begin + s.param_shift, s.end - s.begin);
+    master_ready_ = true;
+  }
+  /// Takes back the step count of a step the kernel skipped (non-finite clip
+  /// coefficient), so the bias corrections stay those of the steps taken.
+  void skipped() {
+    TESSERA_THROW_IF(t_ == 0, error, "optimizer: skipped() without a step");
+    --t_;
+  }
+  std::int64_t steps_taken() const { return t_; }
+  /// n: the elements of the state.
+  std::int64_t size() const { return n_; }
+  /// The master weights (n, the context's memory; null without a copy).
+  const Master* master() const { return has_master ? master_.data() : nullptr; }
+  /// Bytes of state held (moments, master weights, the segment table).
+  std::size_t state_bytes() const {
+    std::size_t b = master_.bytes() + segments_.bytes();
+    for (const auto& m : moments_) b += m.bytes();
+    return b;
+  }
+  /// Writes the step count and every state buffer (raw little-endian bytes:
+  /// t, each moment, then the master weights when kept; serialized_bytes()
+  /// in all) through `w.write(const void*, bytes)`, staged through host memory.
+  template <class Writer>
+  void save(Writer& w) const {
+    w.write(&t_, sizeof(t_));
+    for (const auto& m : moments_) detail::write_from(*ctx_, w, m.data(), m.bytes());
+    if constexpr (has_master) detail::write_from(*ctx_, w, master_.data(), master_.bytes());
+  }
+  /// Restores what save() wrote from host memory `p`, which holds
+  /// serialized_bytes() bytes (the caller checks the size before calling).
+  void load(const char* p) {
+    std::memcpy(&t_, p, sizeof(t_));
+    p += sizeof(t_);
+    for (auto& m : moments_) {
+      ctx_->from_host(m.data(), p, m.bytes());
+      p += m.bytes();
+    }
+    if constexpr (has_master) ctx_->from_host(master_.data(), p, master_.bytes());
+    master_ready_ = true;
+  }
+  /// Bytes save() writes.
+  std::size_t serialized_bytes() const {
+    std::size_t b = sizeof(t_) + master_.bytes();
+    for (const auto& m : moments_) b += m.bytes();
+    return b;
+  }
+
+ protected:
+  /// Counts a step (t + 1) and returns t. Throws tessera::error naming
+  /// `who` when the master weights were never initialised (init_master or
+  /// load), which would write zeros into the parameters.
+  std::int64_t begin_step(const char* who) {
+    TESSERA_THROW_IF(has_master && !master_ready_, error, who,
+                     ": master weights not initialised; call init_master(params) first");
+    return ++t_;
+  }
+  const Ctx& ctx() const { return *ctx_; }
+  Master* moment(int k) { return moments_[static_cast<std::size_t>(k)].data(); }
+  const Master* moment(int k) const { return moments_[static_cast<std::size_t>(k)].data(); }
+  Master* master_data() { return has_master ? master_.data() : nullptr; }
+  const kernels::optimizer_segment* segments() const { return segments_.data(); }
+  int num_segments() const { return static_cast<int>(segments_.numel()); }
+
+ private:
+  std::int64_t n_;
+  const Ctx* ctx_;
+  std::vector<tensor<Master, Backend>> moments_;
+  tensor<Master, Backend> master_;
+  tensor<kernels::optimizer_segment, Backend> segments_;
+  std::vector<kernels::optimizer_segment> host_segments_;
+  std::int64_t t_ = 0;
+  bool master_ready_ = !has_master;
+};
+
 }  // namespace tessera::optim

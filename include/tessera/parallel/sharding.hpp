@@ -14,6 +14,7 @@
 /// Also: the type gradient reductions travel and add in (`reduce_type_t`).
 
 #include <concepts>
+#include <cstdint>
 #include <string_view>
 #include <type_traits>
 
@@ -21,8 +22,27 @@
 
 namespace tessera::parallel {
 
-/// ZeRO stage `Stage` (0..3) as a policy. Stage 0 is plain data parallelism:
-/// every rank holds everything and gradients are all-reduced.
+/// How a strategy reduces a bucket of gradients over dp.
+enum class bucket_collective : std::uint8_t {
+  all_reduce,      ///< every rank keeps the whole reduced bucket
+  reduce_scatter,  ///< every rank keeps its chunk of it
+};
+/// Where a strategy keeps the gradients: a persistent bucket-padded buffer
+/// the model accumulates into and that is reduced in place, or a persistent
+/// reduced-gradient shard beside transient bucket buffers
+/// (parallel/grad_reducer.hpp).
+enum class grad_home : std::uint8_t { bucket_buffer, shard };
+/// Where a strategy keeps the parameters: the model's flat buffer, or a
+/// shard gathered per segment before each use (parallel/param_gatherer.hpp).
+enum class param_home : std::uint8_t { model, shard };
+
+/// ZeRO stage `Stage` (0..3) as a policy: which collective reduces a
+/// bucket, where the gradients and the parameters live and what the
+/// optimizer's state covers. parallel::data_parallel composes its parts
+/// from these (a gradient_reducer, the optimizer over the owned elements,
+/// a param_gatherer for zero<3>), as CUTLASS composes a kernel from its
+/// collectives. Stage 0 is plain data parallelism: every rank holds
+/// everything and gradients are all-reduced.
 template <int Stage>
 struct zero {
   static_assert(Stage >= 0 && Stage <= 3,
@@ -38,6 +58,11 @@ struct zero {
   /// Parameters live only for this rank's shard; a block is all-gathered
   /// before each use.
   static constexpr bool shards_parameters = Stage >= 3;
+  /// The composition of the stage (the flags above, as parts).
+  static constexpr bucket_collective collective =
+      Stage == 0 ? bucket_collective::all_reduce : bucket_collective::reduce_scatter;
+  static constexpr grad_home gradients = Stage >= 2 ? grad_home::shard : grad_home::bucket_buffer;
+  static constexpr param_home parameters = Stage >= 3 ? param_home::shard : param_home::model;
   /// "zero0" .. "zero3", for logs and checkpoints.
   static constexpr const char* name = Stage == 0   ? "zero0"
                                       : Stage == 1 ? "zero1"
@@ -54,6 +79,9 @@ concept sharding_strategy = requires {
   { S::shards_optimizer_state } -> std::convertible_to<bool>;
   { S::shards_gradients } -> std::convertible_to<bool>;
   { S::shards_parameters } -> std::convertible_to<bool>;
+  { S::collective } -> std::convertible_to<bucket_collective>;
+  { S::gradients } -> std::convertible_to<grad_home>;
+  { S::parameters } -> std::convertible_to<param_home>;
 }
 &&(!S::shards_gradients || S::shards_optimizer_state) &&
     (!S::shards_parameters || S::shards_gradients);
@@ -77,6 +105,14 @@ consteval bool check_sharding_strategy() {
       },
       "not a tessera sharding strategy: needs static constexpr bool shards_optimizer_state, "
       "shards_gradients and shards_parameters");
+  static_assert(
+      requires {
+        S::collective;
+        S::gradients;
+        S::parameters;
+      },
+      "not a tessera sharding strategy: needs its parts, static constexpr bucket_collective "
+      "collective, grad_home gradients and param_home parameters");
   static_assert(sharding_strategy<S>,
                 "not a tessera sharding strategy: sharding gradients needs the optimizer state "
                 "sharded, and sharding parameters needs the gradients sharded");

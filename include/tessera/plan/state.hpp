@@ -62,8 +62,8 @@ struct dtype_sizes {
   /// Gradient reduction and its staging buffers (parallel::reduce_type_t):
   /// float32 unless the policy is float64.
   std::size_t reduce = 4;
-  std::size_t act_grad = 4;   ///< activation gradients (act_grad_type)
-  std::size_t rope = 4;       ///< RoPE tables (rope_type)
+  std::size_t act_grad = 4;  ///< activation gradients (act_grad_type)
+  std::size_t rope = 4;      ///< RoPE tables (rope_type)
 
   /// Sizes of policy `P` (exact: sizeof of each type, master_copy as optim::adamw decides it).
   template <precision::policy P>
@@ -101,7 +101,7 @@ struct dtype_sizes {
 /// Optimizer state shape: `moments` tensors of master_type per parameter
 /// (AdamW: first and second moments, Loshchilov & Hutter 2019; SGD: the
 /// momentum buffer), plus the master copy when dtype_sizes::master_copy,
-/// plus the segment table of the optimizer kernels (24 bytes per tensor, or
+/// plus the segment table of the optimizer kernels (40 bytes per tensor, or
 /// piece of a tensor, of the flat buffer the optimizer updates). Matches
 /// optim::adamw_optimizer's and optim::sgd_optimizer's state_bytes().
 struct optimizer_spec {
@@ -120,7 +120,7 @@ struct optimizer_spec {
 };
 
 /// Bytes of the optimizer kernels' segment table (kernels::optimizer_segment).
-inline constexpr std::uint64_t optimizer_segment_bytes = 24;
+inline constexpr std::uint64_t optimizer_segment_bytes = 40;
 
 /// Which model of the data-parallel step a plan describes (file comment).
 enum class accounting {
@@ -147,6 +147,14 @@ struct sharding {
   /// over dp as above.
   int tp = 1;
   int tp_rank = 0;
+  /// Engine accounting, zero<2,3>: buckets reduce-scattered every
+  /// micro-batch (parallel::grad_reduction::per_micro_batch: two bucket
+  /// buffers held at most) instead of once per step (every bucket's buffer
+  /// held through the window).
+  bool per_micro_batch = false;
+  /// Micro-batches per step and rank (A): under per_micro_batch a later
+  /// micro-batch's reduced chunk is received beside the shard.
+  std::int64_t micro_batches = 1;
   /// Throws config_error naming the value if zero is outside 0..3, dp < 1,
   /// prefetch < 0, bucket_bytes < 1 or rank outside [0, dp).
   void validate() const {
@@ -158,6 +166,10 @@ struct sharding {
                      " must be >= 1 and the tp rank ", tp_rank, " in [0, tp)");
     TESSERA_THROW_IF(prefetch < 0, config_error, "prefetch=", prefetch, " must be >= 0");
     TESSERA_THROW_IF(bucket_bytes < 1, config_error, "bucket_bytes=", bucket_bytes,
+                     " must be >= 1");
+    TESSERA_THROW_IF(per_micro_batch && zero < 2, config_error, "zero stage ", zero,
+                     " keeps the whole gradient: per-micro-batch reduction needs zero 2 or 3");
+    TESSERA_THROW_IF(micro_batches < 1, config_error, "micro_batches=", micro_batches,
                      " must be >= 1");
   }
 };
@@ -213,19 +225,22 @@ struct state_plan {
   /// Full parameters in param_type: engine, the model's flat buffer on
   /// stages 0-2 and none on 3; ideal, replicated (padded on 1-2) or a shard on 3.
   std::uint64_t weights = 0;
-  /// Engine ZeRO-1..3: this rank's parameter shard in param_type (shard_elems),
-  /// the copy AdamW updates and the all-gathers send.
+  /// Engine ZeRO-3: this rank's parameter shard in param_type (shard_elems),
+  /// what the optimizer updates and the all-gathers send (ZeRO-1/2 update
+  /// their owned elements of the model's buffer in place).
   std::uint64_t param_shard = 0;
-  /// The model's gradient buffer in grad_type: engine, flat_elems on
-  /// ZeRO-0/1 and none on 2/3 (see reduce_staging); ideal, a shard on ZeRO-2/3.
+  /// The model's own gradient buffer in grad_type: engine, flat_elems on
+  /// one rank and where ZeRO-0/1 cannot reduce in place (bf16 gradients),
+  /// else none (the padded buffer is the gradient: reduce_buffers; ZeRO-2/3:
+  /// reduce_staging); ideal, replicated on ZeRO-0/1, a shard on ZeRO-2/3.
   std::uint64_t grads = 0;
-  /// Engine, in the reduce type: the persistent padded staging buffer on
-  /// ZeRO-0/1 (padded_elems) plus the reduced-gradient shard on ZeRO-1..3
-  /// (shard_elems).
+  /// Engine, in the reduce type: the persistent padded gradient buffer on
+  /// ZeRO-0/1 (padded_elems; none on one rank), reduced in place, or the
+  /// reduced-gradient shard on ZeRO-2/3 (shard_elems).
   std::uint64_t reduce_buffers = 0;
   std::uint64_t master = 0;  ///< master weights (a shard under ZeRO-1/2/3; 0 without a master copy)
-  std::uint64_t optimizer = 0;    ///< optimizer moments (a shard under ZeRO-1/2/3)
-  /// Engine: the optimizer kernels' segment table, 24 bytes per range of the
+  std::uint64_t optimizer = 0;  ///< optimizer moments (a shard under ZeRO-1/2/3)
+  /// Engine: the optimizer kernels' segment table, 40 bytes per range of the
   /// flat buffer (or of the shard) it updates; ideal: 0.
   std::uint64_t segment_table = 0;
   std::uint64_t rope_tables = 0;  ///< RoPE cos and sin tables, (max_seq, hd/2) float32 each
@@ -234,18 +249,21 @@ struct state_plan {
   /// its neighbour (the largest adjacent pair); ideal: (1 + prefetch)
   /// gathered units plus one unit's unsharded gradient in grad_type.
   std::uint64_t gathered = 0;
-  /// Engine ZeRO-2/3 transient: each bucket's gradient buffer of the
-  /// accumulation window, padded, in grad_type (= the reduce type, the
-  /// reduce-scatter's send buffer), allocated when the window's first
-  /// backward reaches the bucket and freed when its reduce-scatter on the
-  /// last micro-batch completes; all of them (padded_elems) once the first
-  /// micro-batch's backward ends (with accumulation; a bound without). If
-  /// grad_type and the reduce type differ: flat_elems grad_type plus
-  /// padded_elems reduce type (a bound: the conversion buffers).
+  /// Engine ZeRO-2/3 transient, the bucket gradient buffers. Reduced once
+  /// per step: each bucket's buffer of the accumulation window, padded, in
+  /// grad_type (= the reduce type, the reduce-scatter's send buffer),
+  /// allocated when the window's first backward reaches the bucket and
+  /// freed when its reduce-scatter on the last micro-batch completes; all
+  /// of them (padded_elems) once the first micro-batch's backward ends (with
+  /// accumulation; a bound without). If grad_type and the reduce type
+  /// differ: flat_elems grad_type plus padded_elems reduce type (a bound: the
+  /// conversion buffers). Reduced per micro-batch (sharding::per_micro_batch):
+  /// the largest of a bucket reducing (its padded send buffer and, with
+  /// accumulation, its received chunk) beside the next one filling.
   std::uint64_t reduce_staging = 0;
-  /// Engine ZeRO-1/2 transient: the all-gather destination of the updated
-  /// shards in step() (padded_elems param_type), after the activations and
-  /// the reduction buffers of the micro-batches are freed.
+  /// Engine ZeRO-1/2 transient: the update's all-gather in step(), one
+  /// padded bucket in param_type at a time (the largest), after the
+  /// activations and the reduction buffers of the micro-batches are freed.
   std::uint64_t update_gather = 0;
 
   /// What seeds/004's training_memory_gib counts (weights + gradients +
@@ -287,11 +305,10 @@ inline void fill_state_bytes(state_plan& s, const dtype_sizes& d, const optimize
 }  // namespace detail
 
 /// Per-rank model state of `c` laid out by nn::make_llama_layout (alignment
-/// padding included; the tp rank's layout under sh.tp > 1), with the RoPE tables the model allocates and the
-/// transients, under `mode` (file comment; default: what the engine
-/// allocates). Throws config_error for an invalid config or sharding, and
-/// under engine accounting for prefetch > 1 (the engine prefetches one
-/// segment or none).
+/// padding included; the tp rank's layout under sh.tp > 1), with the RoPE tables the model
+/// allocates and the transients, under `mode` (file comment; default: what the engine allocates).
+/// Throws config_error for an invalid config or sharding, and under engine accounting for prefetch
+/// > 1 (the engine prefetches one segment or none).
 inline state_plan plan_state(const nn::llama_config& c, const dtype_sizes& d,
                              const optimizer_spec& o, const sharding& sh,
                              accounting mode = accounting::engine) {
@@ -314,8 +331,12 @@ inline state_plan plan_state(const nn::llama_config& c, const dtype_sizes& d,
   TESSERA_THROW_IF(sh.prefetch > 1, config_error, "prefetch=", sh.prefetch,
                    ": parallel::data_parallel prefetches one segment or none (0 or 1)");
   const parallel::bucket_plan bp = engine_buckets(c, sh, d.reduce, sh.rank);
-  // One rank under ZeRO-0 reduces nothing: no staging buffer (parallel/zero.hpp).
+  // One rank under ZeRO-0 reduces nothing: no padded buffer (parallel/zero.hpp).
   const bool single = sh.zero == 0 && sh.dp == 1;
+  // ZeRO-0/1 with the gradient in the reduce type: the model accumulates
+  // into the padded buffer, reduced in place (the trainer builds it with
+  // external gradients: data_parallel::wants_external_grads).
+  const bool in_place = sh.zero <= 1 && !single && d.grad == d.reduce;
   s.padded_elems = bp.staging_size();
   s.shard_elems = bp.shard_size();
   s.buckets = static_cast<std::int64_t>(bp.size());
@@ -323,23 +344,50 @@ inline state_plan plan_state(const nn::llama_config& c, const dtype_sizes& d,
              padded = static_cast<std::uint64_t>(s.padded_elems),
              shard = static_cast<std::uint64_t>(s.shard_elems);
   s.weights = sh.zero >= 3 ? 0 : flat * d.param;
-  s.param_shard = sh.zero >= 1 ? shard * d.param : 0;
-  s.grads = sh.zero >= 2 ? 0 : flat * d.grad;
+  s.param_shard = sh.zero >= 3 ? shard * d.param : 0;
+  s.grads = sh.zero >= 2 || in_place ? 0 : flat * d.grad;
   s.reduce_buffers =
-      ((sh.zero <= 1 && !single ? padded : 0) + (sh.zero >= 1 ? shard : 0)) * d.reduce;
+      ((sh.zero <= 1 && !single ? padded : 0) + (sh.zero >= 2 ? shard : 0)) * d.reduce;
   const std::uint64_t opt_elems = sh.zero >= 1 ? shard : flat;
   s.master = d.master_copy ? opt_elems * d.master : 0;
   s.optimizer = opt_elems * d.master * static_cast<std::uint64_t>(o.moments);
   const auto ranges = layout.ranges();
-  s.segment_table = optimizer_segment_bytes *
-                    (sh.zero >= 1 ? bp.shard_ranges(ranges).size() : ranges.size());
-  if (sh.zero >= 2)
+  s.segment_table =
+      optimizer_segment_bytes * (sh.zero >= 1 ? bp.shard_ranges(ranges).size() : ranges.size());
+  const auto& b = bp.buckets();
+  if (sh.zero >= 2 && !sh.per_micro_batch) {
+    // The window: every bucket's buffer held (padded, in the reduce type;
+    // with bf16 gradients a bound: the buffers and their conversions).
     s.reduce_staging = d.grad == d.reduce ? padded * d.grad : flat * d.grad + padded * d.reduce;
-  if (sh.zero == 1 || sh.zero == 2) s.update_gather = padded * d.param;
+  } else if (sh.zero >= 2) {
+    // Per micro-batch: a bucket reducing (its send buffer and, after the
+    // window's first micro-batch, its received chunk) beside the next one
+    // filling; earlier reductions are complete when a bucket launches
+    // (grad_reducer: at most two bucket buffers at once).
+    const std::uint64_t recv = sh.micro_batches > 1 ? 1 : 0;
+    for (std::size_t k = 0; k < b.size(); ++k) {
+      const auto padded_k = static_cast<std::uint64_t>(b[k].padded);
+      const std::uint64_t next =
+          k + 1 < b.size() ? static_cast<std::uint64_t>(d.grad == d.reduce ? b[k + 1].padded
+                                                                           : b[k + 1].numel()) *
+                                 d.grad
+                           : 0;
+      const std::uint64_t reducing =
+          padded_k * d.reduce + recv * static_cast<std::uint64_t>(b[k].chunk) * d.reduce;
+      std::uint64_t peak = reducing + next;
+      if (d.grad != d.reduce)  // while the bucket converts: its gradients and its send buffer
+        peak =
+            std::max(peak, static_cast<std::uint64_t>(b[k].numel()) * d.grad + padded_k * d.reduce);
+      s.reduce_staging = std::max(s.reduce_staging, peak);
+    }
+  }
+  // ZeRO-1/2: the update's all-gather, one padded bucket at a time.
+  if (sh.zero == 1 || sh.zero == 2)
+    for (const auto& bk : b)
+      s.update_gather = std::max(s.update_gather, static_cast<std::uint64_t>(bk.padded) * d.param);
   if (sh.zero >= 3) {
     // One bucket per segment, bucket k = segment L - k (buckets run from the head down).
     std::int64_t held = 0;
-    const auto& b = bp.buckets();
     for (std::size_t k = 0; k < b.size(); ++k) {
       s.gather_unit_elems = std::max(s.gather_unit_elems, b[k].padded);
       held =

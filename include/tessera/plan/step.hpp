@@ -55,9 +55,9 @@
 
 #include "tessera/comm/communicator.hpp"
 #include "tessera/nn/checkpointing.hpp"
+#include "tessera/nn/flops.hpp"
 #include "tessera/nn/llama_config.hpp"
 #include "tessera/plan/memory.hpp"
-#include "tessera/nn/flops.hpp"
 
 namespace tessera::plan {
 
@@ -182,20 +182,28 @@ inline comm_plan plan_comm(const nn::llama_config& c, const sharding& sh,
           {op_kind::all_reduce, "gradients", padded, o.reduce_bytes, nb, all_reduce});
       break;
     case 1:
-    case 2:
-      p.collectives.push_back({op_kind::reduce_scatter, "gradients", chunks, o.reduce_bytes, nb,
-                               sg(chunks, o.reduce_bytes)});
+    case 2: {
+      // Reduced per micro-batch (zero<2>): every micro-batch's buckets.
+      const std::int64_t passes = sh.per_micro_batch ? k : 1;
+      p.collectives.push_back({op_kind::reduce_scatter, "gradients", chunks, o.reduce_bytes,
+                               passes * nb,
+                               static_cast<std::uint64_t>(passes) * sg(chunks, o.reduce_bytes)});
       p.collectives.push_back({op_kind::all_gather, "parameters", chunks, o.param_bytes, nb,
                                sg(chunks, o.param_bytes)});
       break;
+    }
     default:
       p.collectives.push_back({op_kind::all_gather, "parameters (forward)", chunks, o.param_bytes,
                                k * nb, static_cast<std::uint64_t>(k) * sg(chunks, o.param_bytes)});
       p.collectives.push_back(
           {op_kind::all_gather, "parameters (backward)", chunks - head_chunk, o.param_bytes,
            k * (nb - 1), static_cast<std::uint64_t>(k) * sg(chunks - head_chunk, o.param_bytes)});
-      p.collectives.push_back({op_kind::reduce_scatter, "gradients", chunks, o.reduce_bytes, nb,
-                               sg(chunks, o.reduce_bytes)});
+      {
+        const std::int64_t passes = sh.per_micro_batch ? k : 1;
+        p.collectives.push_back({op_kind::reduce_scatter, "gradients", chunks, o.reduce_bytes,
+                                 passes * nb,
+                                 static_cast<std::uint64_t>(passes) * sg(chunks, o.reduce_bytes)});
+      }
       break;
   }
   return p;
@@ -203,11 +211,11 @@ inline comm_plan plan_comm(const nn::llama_config& c, const sharding& sh,
 
 /// Element sizes and settings the tensor-parallel traffic depends on.
 struct tp_traffic {
-  std::size_t act = 4;       ///< bytes per activation element the forward collectives move
-  std::size_t act_grad = 4;  ///< bytes per activation-gradient element (the backward's)
-  std::size_t accum = 4;     ///< bytes per element of the cross-entropy's row statistics
-  std::size_t grad = 4;      ///< bytes per parameter-gradient element (norm gains, wk, wv)
-  std::int64_t ce_chunk = 256;               ///< token rows per LM-head chunk
+  std::size_t act = 4;          ///< bytes per activation element the forward collectives move
+  std::size_t act_grad = 4;     ///< bytes per activation-gradient element (the backward's)
+  std::size_t accum = 4;        ///< bytes per element of the cross-entropy's row statistics
+  std::size_t grad = 4;         ///< bytes per parameter-gradient element (norm gains, wk, wv)
+  std::int64_t ce_chunk = 256;  ///< token rows per LM-head chunk
   nn::checkpoint_policy checkpointing = {};  ///< recomputed blocks reduce their forward again
   bool sequence_parallel = false;            ///< all-gathers and reduce-scatters (Korthikanti)
 };
@@ -265,9 +273,9 @@ inline std::uint64_t plan_tp_bytes(const nn::llama_config& c, std::int64_t micro
   } else {
     const auto H = static_cast<std::size_t>(c.dim);
     per_mb = (4 * L + 3 * recomputed + 2) * sg(t.act)  // forward, with the recompute
-             + 2 * L * sg(t.act)                         // norm outputs gathered again
-             + (4 * L + 2) * sg(t.act_grad)              // residual gradients, norm inputs
-             + (2 * L + 1) * ring(H, t.grad);            // the gains' gradients
+             + 2 * L * sg(t.act)                       // norm outputs gathered again
+             + (4 * L + 2) * sg(t.act_grad)            // residual gradients, norm inputs
+             + (2 * L + 1) * ring(H, t.grad);          // the gains' gradients
   }
   const std::int64_t C = std::min(t.ce_chunk, N);
   for (std::int64_t r0 = 0; r0 < N; r0 += C) {
@@ -286,8 +294,8 @@ inline std::uint64_t plan_tp_bytes(const nn::llama_config& c, std::int64_t micro
 inline std::uint64_t plan_kv_replica_bytes(const nn::llama_config& c, std::int64_t micro_batches,
                                            int tp, int rank, std::size_t grad_bytes = 4) {
   nn::check_tensor_parallel(c, tp);
-  TESSERA_THROW_IF(micro_batches < 1, config_error, "plan_kv_replica_bytes: micro_batches=",
-                   micro_batches, " must be >= 1");
+  TESSERA_THROW_IF(micro_batches < 1, config_error,
+                   "plan_kv_replica_bytes: micro_batches=", micro_batches, " must be >= 1");
   TESSERA_THROW_IF(rank < 0 || rank >= tp, config_error, "plan_kv_replica_bytes: rank ", rank,
                    " is not in [0, ", tp, ")");
   const int rep = nn::kv_replicas(c, tp);
@@ -325,8 +333,8 @@ struct flops_plan {
 inline flops_plan plan_flops(const nn::llama_config& c, std::int64_t micro_batch, std::int64_t seq,
                              std::int64_t micro_batches = 1, int dp = 1, int tp = 1) {
   TESSERA_THROW_IF(micro_batch < 1 || seq < 1 || micro_batches < 1 || dp < 1 || tp < 1,
-                   config_error, "plan_flops: B=", micro_batch, " T=", seq, " micro_batches=",
-                   micro_batches, " dp=", dp, " tp=", tp, " must all be >= 1");
+                   config_error, "plan_flops: B=", micro_batch, " T=", seq,
+                   " micro_batches=", micro_batches, " dp=", dp, " tp=", tp, " must all be >= 1");
   flops_plan f;
   f.tokens_per_rank = micro_batch * seq * micro_batches;
   f.tokens_global = f.tokens_per_rank * dp;

@@ -63,8 +63,8 @@ class model_chunks {
       nn::llama_options o;
       o.ce_chunk = cfg.ce_chunk;
       o.ignore_index = ignore_index;
-      o.external_params = S::shards_parameters;
-      o.external_grads = S::shards_gradients;
+      o.external_params = engine_type::wants_external_params;
+      o.external_grads = engine_type::wants_external_grads(mesh.dp());
       o.checkpointing = cfg.checkpointing;
       o.stage = stages_[static_cast<std::size_t>(virtual_stage(c))];
       o.weights = weights;

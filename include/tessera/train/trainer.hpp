@@ -82,12 +82,12 @@ namespace tessera::train {
 /// that is not an optimizer policy, a sharding strategy, a communicator or
 /// a schedule fails to compile with a message naming what it lacks.
 // example-begin signature
-template <precision::policy P,                   // fp32, bf16_mixed, bf16_mixed_bf16_grads, fp64
-          class Backend = host,                  // host or cuda
-          class O = optim::adamw,                // optim::sgd, or an optimizer policy of yours
-          class S = parallel::zero<0>,           // zero<0..3>
+template <precision::policy P,          // fp32, bf16_mixed, bf16_mixed_bf16_grads, fp64
+          class Backend = host,         // host or cuda
+          class O = optim::adamw,       // optim::sgd, or an optimizer policy of yours
+          class S = parallel::zero<0>,  // zero<0..3>
           class C = comm::self_communicator<kernels::context_t<Backend>>,  // local, mpi, nccl
-          class L = nn::dense_layers,            // or nn::tensor_parallel_layers<C>
+          class L = nn::dense_layers,               // or nn::tensor_parallel_layers<C>
           class Schedule = parallel::any_schedule>  // or gpipe, one_f_one_b, ...
 class trainer {
   // example-end signature
@@ -144,7 +144,7 @@ class trainer {
         schedule_(make_schedule_policy(cfg_)),
         sched_(cfg_.schedule()) {
     ctx_->apply_threads();
-    validate<S>(model_cfg, cfg_, data, mesh_);
+    validate<S>(model_cfg, cfg_, data, mesh_, dpo);
     // A device pipeline group works on the context's stream, after the
     // kernels that wrote what it sends (as the model does with its tp group).
     if constexpr (requires(C & c) { c.set_stream(ctx_->stream()); })
@@ -363,6 +363,7 @@ class trainer {
       mine["eval_windows"] = cfg_.eval_windows;
       mine["bucket_bytes"] = dpo.bucket_bytes;
       mine["prefetch"] = dpo.prefetch;
+      mine["grad_reduction"] = parallel::to_string(dpo.reduction);
       mine["init_from_hf"] = cfg_.init_from_hf;
       mine.erase("rng");  // its seed is "seed": one name for one setting
     } catch (...) {

@@ -19,6 +19,7 @@
 #include "tessera/parallel/pipeline_partition.hpp"
 #include "tessera/parallel/pipeline_schedule.hpp"
 #include "tessera/parallel/sharding.hpp"
+#include "tessera/parallel/zero.hpp"
 #include "tessera/train/config.hpp"
 
 namespace tessera::train {
@@ -51,19 +52,23 @@ concept mesh_degrees = requires(const M& m) {
 /// with a pipeline; tp that does not split the heads or F
 /// (nn::check_tensor_parallel); sequence parallelism with tp 1 or T not
 /// divisible by tp; a training or validation split shorter than one
-/// window of T + 1 tokens.
+/// window of T + 1 tokens; engine options `dpo` that are invalid, or a
+/// per-micro-batch reduction without a sharded gradient (zero<2,3>) or
+/// with a pipeline.
 template <parallel::sharding_strategy Sharding, mesh_degrees Mesh>
 void validate(const nn::llama_config& c, const train_config& cfg, const data::token_file& d,
-              const Mesh& mesh) {
+              const Mesh& mesh, const parallel::data_parallel_options& dpo = {}) {
   c.validate();
+  dpo.validate();
   TESSERA_THROW_IF(cfg.dp != mesh.dp(), config_error, "dp=", cfg.dp,
                    " does not match the communicator's ", mesh.dp(), " ranks (world size)");
   cfg.validate();
-  TESSERA_THROW_IF(cfg.accum_steps() > max_micro_batches, config_error, "G / (B x dp) = ",
-                   cfg.global_batch, " / (", cfg.micro_batch, " x ", cfg.dp, ") = ", cfg.accum_steps(),
-                   " micro-batches per step and rank exceed the limit of ", max_micro_batches,
-                   " (each holds a loss and its schedule's actions): raise the micro-batch B or dp, "
-                   "or lower the global batch G");
+  TESSERA_THROW_IF(
+      cfg.accum_steps() > max_micro_batches, config_error, "G / (B x dp) = ", cfg.global_batch,
+      " / (", cfg.micro_batch, " x ", cfg.dp, ") = ", cfg.accum_steps(),
+      " micro-batches per step and rank exceed the limit of ", max_micro_batches,
+      " (each holds a loss and its schedule's actions): raise the micro-batch B or dp, "
+      "or lower the global batch G");
   TESSERA_THROW_IF(cfg.seq > c.max_seq, config_error, "sequence length T=", cfg.seq,
                    " exceeds the model's max_seq=", c.max_seq, " (preset '", c.name, "')");
   TESSERA_THROW_IF(d.vocab() > static_cast<std::uint64_t>(c.vocab), config_error,
@@ -99,6 +104,19 @@ void validate(const nn::llama_config& c, const train_config& cfg, const data::to
   (void)parallel::partition_stages(c, cfg.seq, K * static_cast<int>(cfg.virtual_stages),
                                    cfg.stage_blocks);
   if (cfg.sequence_parallel) nn::check_sequence_parallel(cfg.seq, mesh.tp());
+  // Reducing per micro-batch needs a sharded gradient, and a chunk's
+  // backwards that do not interleave across micro-batches.
+  if (dpo.reduction == parallel::grad_reduction::per_micro_batch) {
+    TESSERA_THROW_IF(Sharding::gradients != parallel::grad_home::shard, config_error,
+                     Sharding::name,
+                     " keeps the whole gradient and reduces it once per step: per-micro-batch "
+                     "reduction needs zero 2 or 3");
+    TESSERA_THROW_IF(K > 1, config_error,
+                     "per-micro-batch gradient reduction with a pipeline (pp=", K,
+                     "): a stage runs other micro-batches' forwards and backwards between one "
+                     "micro-batch's, so its buckets are not complete in turn; reduce once per "
+                     "step with pp > 1");
+  }
   // The data: one window of each split.
   (void)data::val_windows(d, d.split().val, cfg.seq, cfg.eval_windows);
   (void)data::batch_sampler(d, d.split().train, cfg.micro_batch, cfg.seq, cfg.seed);

@@ -42,18 +42,19 @@ __global__ void __launch_bounds__(elementwise_threads)
         hi = mid;
     }
     if (lo == 0 || i >= segments[lo - 1].end) continue;
-    const bool decay = segments[lo - 1].decay != 0;
-    const float g = to<float>(grads[i]);
+    const optimizer_segment& seg = segments[lo - 1];
+    const bool decay = seg.decay != 0;
+    const float g = to<float>(grads[i + seg.grad_shift]);
     float mi = m[i], vi = v[i];
     if constexpr (Master) {
       float p = master[i];
       kernels::detail::adamw_update(p, mi, vi, g, s, decay);
       master[i] = p;
-      params[i] = to<Param>(p);
+      params[i + seg.param_shift] = to<Param>(p);
     } else {
-      float p = to<float>(params[i]);
+      float p = to<float>(params[i + seg.param_shift]);
       kernels::detail::adamw_update(p, mi, vi, g, s, decay);
-      params[i] = to<Param>(p);
+      params[i + seg.param_shift] = to<Param>(p);
     }
     m[i] = mi;
     v[i] = vi;
@@ -82,18 +83,19 @@ __global__ void __launch_bounds__(elementwise_threads)
         hi = mid;
     }
     if (lo == 0 || i >= segments[lo - 1].end) continue;
-    const bool decay = segments[lo - 1].decay != 0;
-    const float g = to<float>(grads[i]);
+    const optimizer_segment& seg = segments[lo - 1];
+    const bool decay = seg.decay != 0;
+    const float g = to<float>(grads[i + seg.grad_shift]);
     float bi = buf[i];
     if constexpr (Master) {
       float p = master[i];
       kernels::detail::sgd_update(p, bi, g, s, decay);
       master[i] = p;
-      params[i] = to<Param>(p);
+      params[i + seg.param_shift] = to<Param>(p);
     } else {
-      float p = to<float>(params[i]);
+      float p = to<float>(params[i + seg.param_shift]);
       kernels::detail::sgd_update(p, bi, g, s, decay);
-      params[i] = to<Param>(p);
+      params[i + seg.param_shift] = to<Param>(p);
     }
     buf[i] = bi;
   }
@@ -130,8 +132,9 @@ void sgd_step(Param* d_params, float* d_master, float* d_buf, const Grad* d_grad
   constexpr bool has_master = !std::is_same_v<Param, float>;
   TESSERA_THROW_IF(num_segments < 0, config_error, "sgd_step (cuda): num_segments=", num_segments,
                    " must be >= 0");
-  TESSERA_THROW_IF(has_master && d_master == nullptr, config_error, "sgd_step (cuda): ",
-                   dtype_name<Param>(), " parameters need float32 master weights (d_master is null)");
+  TESSERA_THROW_IF(has_master && d_master == nullptr, config_error,
+                   "sgd_step (cuda): ", dtype_name<Param>(),
+                   " parameters need float32 master weights (d_master is null)");
   TESSERA_THROW_IF(!has_master && d_master != nullptr, config_error,
                    "sgd_step (cuda): float32 parameters are updated in place; pass d_master = "
                    "nullptr");

@@ -8,21 +8,23 @@
 
 namespace tessera::comm {
 
-#define TESSERA_NCCL_INSTANTIATE(T)                                                         \
-  template void nccl_communicator::all_reduce<T>(T*, std::size_t, reduce_op);               \
-  template nccl_request nccl_communicator::iall_reduce<T>(T*, std::size_t, reduce_op);      \
-  template void nccl_communicator::reduce_scatter<T>(const T*, T*, std::size_t, reduce_op); \
-  template nccl_request nccl_communicator::ireduce_scatter<T>(const T*, T*, std::size_t,    \
-                                                              reduce_op);                   \
-  template void nccl_communicator::all_gather<T>(const T*, T*, std::size_t);                \
-  template nccl_request nccl_communicator::iall_gather<T>(const T*, T*, std::size_t);       \
-  template void nccl_communicator::broadcast<T>(T*, std::size_t, int);                      \
-  template nccl_request nccl_communicator::ibroadcast<T>(T*, std::size_t, int);             \
-  template void nccl_communicator::send<T>(const T*, std::size_t, int, int);                \
-  template nccl_request nccl_communicator::isend<T>(const T*, std::size_t, int, int);       \
-  template void nccl_communicator::recv<T>(T*, std::size_t, int, int);                      \
-  template nccl_request nccl_communicator::irecv<T>(T*, std::size_t, int, int);             \
-  template void nccl_communicator::sendrecv<T>(const T*, int, T*, int, std::size_t, int);   \
+#define TESSERA_NCCL_INSTANTIATE(T)                                                                \
+  template void communicator_base<nccl_communicator>::all_reduce<T>(T*, std::size_t, reduce_op);   \
+  template nccl_request nccl_communicator::iall_reduce<T>(T*, std::size_t, reduce_op);             \
+  template void communicator_base<nccl_communicator>::reduce_scatter<T>(const T*, T*, std::size_t, \
+                                                                        reduce_op);                \
+  template nccl_request nccl_communicator::ireduce_scatter<T>(const T*, T*, std::size_t,           \
+                                                              reduce_op);                          \
+  template void communicator_base<nccl_communicator>::all_gather<T>(const T*, T*, std::size_t);    \
+  template nccl_request nccl_communicator::iall_gather<T>(const T*, T*, std::size_t);              \
+  template void communicator_base<nccl_communicator>::broadcast<T>(T*, std::size_t, int);          \
+  template nccl_request nccl_communicator::ibroadcast<T>(T*, std::size_t, int);                    \
+  template void communicator_base<nccl_communicator>::send<T>(const T*, std::size_t, int, int);    \
+  template nccl_request nccl_communicator::isend<T>(const T*, std::size_t, int, int);              \
+  template void communicator_base<nccl_communicator>::recv<T>(T*, std::size_t, int, int);          \
+  template nccl_request nccl_communicator::irecv<T>(T*, std::size_t, int, int);                    \
+  template void communicator_base<nccl_communicator>::sendrecv<T>(const T*, int, T*, int,          \
+                                                                  std::size_t, int);               \
   template nccl_request nccl_communicator::isendrecv<T>(const T*, int, T*, int, std::size_t, int);
 
 TESSERA_NCCL_INSTANTIATE(float)

@@ -46,6 +46,7 @@
 #include <vector>
 
 #include "tessera/comm/communicator.hpp"
+#include "tessera/comm/communicator_base.hpp"
 #include "tessera/comm/detail/collective_log.hpp"
 
 namespace tessera::comm {
@@ -177,7 +178,7 @@ class local_world;
 
 /// One rank of a `local_world` (or of a group split from it): models
 /// `communicator`. Move-only; use from one thread at a time.
-class local_communicator {
+class local_communicator : public communicator_base<local_communicator> {
  public:
   local_communicator(local_communicator&&) noexcept = default;
   local_communicator& operator=(local_communicator&&) noexcept = default;
@@ -187,33 +188,10 @@ class local_communicator {
   [[nodiscard]] int rank() const { return e_->rank; }
   /// Number of ranks in the group.
   [[nodiscard]] int size() const { return e_->g->n; }
-  /// Snapshot of the bytes this rank sent and the calls it issued, per op.
-  [[nodiscard]] comm_stats stats() const { return e_->snapshot(); }
-  /// Total bytes this rank sent on this communicator since the last reset.
-  [[nodiscard]] std::uint64_t bytes_sent() const { return stats().bytes_sent(); }
-  /// Zeroes the counters. Call when no asynchronous operation is pending.
-  void reset_stats() { e_->reset(); }
-  /// Sets the no-progress timeout of operations issued from now on.
-  void set_timeout(std::chrono::milliseconds t) { e_->opt.timeout = t; }
-  /// The current timeout.
-  [[nodiscard]] std::chrono::milliseconds timeout() const { return e_->opt.timeout; }
-  /// Turns the collective-hash debug mode on or off (every rank alike,
-  /// before the collectives to be checked).
-  void set_debug(bool on) {
-    e_->opt.debug = on;
-    e_->log.configure(on, e_->opt.history);
-  }
-
   /// In-place all-reduce of buf[0, n) over the group with `op`. Sends
   /// `ring_all_reduce_bytes(n, sizeof(T), N, rank)` bytes; any n >= 0.
   /// Result identical on all ranks and runs (order in the file comment).
   /// Throws comm_error on timeout, a dead peer or mismatched collectives.
-  template <comm_element T>
-  void all_reduce(T* buf, std::size_t n, reduce_op op) {
-    inline_scope is_{e_.get()};
-    blocking(iall_reduce(buf, n, op));
-  }
-  /// Asynchronous all_reduce; buf must stay untouched until wait().
   template <comm_element T>
   local_request iall_reduce(T* buf, std::size_t n, reduce_op op) {
     auto c = issue(op_kind::all_reduce, n, dtype_of<T>(), to_string(op));
@@ -225,42 +203,26 @@ class local_communicator {
   /// send + rank*chunk (in place); no other overlap. Sends (N-1)*chunk
   /// elements. Callers pad to equal chunks (`padded_count`).
   template <comm_element T>
-  void reduce_scatter(const T* send, T* recv, std::size_t chunk, reduce_op op) {
-    inline_scope is_{e_.get()};
-    blocking(ireduce_scatter(send, recv, chunk, op));
-  }
-  /// Asynchronous reduce_scatter.
-  template <comm_element T>
   local_request ireduce_scatter(const T* send, T* recv, std::size_t chunk, reduce_op op) {
     auto c = issue(op_kind::reduce_scatter, chunk, dtype_of<T>(), to_string(op));
-    return submit(
-        c, [e = e_.get(), send, recv, chunk, op, c] { e->ring_reduce_scatter(send, recv, chunk, op, c); });
+    return submit(c, [e = e_.get(), send, recv, chunk, op, c] {
+      e->ring_reduce_scatter(send, recv, chunk, op, c);
+    });
   }
 
   /// recv[r*chunk, (r+1)*chunk) = send of rank r, for every r; recv holds
   /// size()*chunk elements. send may be recv + rank*chunk (in place). Sends
   /// (N-1)*chunk elements.
   template <comm_element T>
-  void all_gather(const T* send, T* recv, std::size_t chunk) {
-    inline_scope is_{e_.get()};
-    blocking(iall_gather(send, recv, chunk));
-  }
-  /// Asynchronous all_gather.
-  template <comm_element T>
   local_request iall_gather(const T* send, T* recv, std::size_t chunk) {
     auto c = issue(op_kind::all_gather, chunk, dtype_of<T>(), {});
-    return submit(c, [e = e_.get(), send, recv, chunk, c] { e->ring_all_gather(send, recv, chunk, c); });
+    return submit(
+        c, [e = e_.get(), send, recv, chunk, c] { e->ring_all_gather(send, recv, chunk, c); });
   }
 
   /// Copies root's buf[0, n) into every rank's buf (chain root -> root+1 ->
   /// ...). Sends n*sizeof(T) bytes unless this rank is last in the chain.
   /// Precondition: 0 <= root < size().
-  template <comm_element T>
-  void broadcast(T* buf, std::size_t n, int root) {
-    inline_scope is_{e_.get()};
-    blocking(ibroadcast(buf, n, root));
-  }
-  /// Asynchronous broadcast.
   template <comm_element T>
   local_request ibroadcast(T* buf, std::size_t n, int root) {
     check_peer(root, "broadcast root");
@@ -273,11 +235,6 @@ class local_communicator {
   /// Sends n*sizeof(T) bytes. Messages between two ranks with the same tag
   /// arrive in order (MPI's non-overtaking rule).
   template <comm_element T>
-  void send(const T* buf, std::size_t n, int peer, int tag) {
-    isend(buf, n, peer, tag).wait();
-  }
-  /// Asynchronous send: complete when it returns.
-  template <comm_element T>
   local_request isend(const T* buf, std::size_t n, int peer, int tag) {
     check_peer(peer, "send peer");
     auto c = issue_p2p(op_kind::send, n, dtype_of<T>(), peer, tag);
@@ -286,13 +243,9 @@ class local_communicator {
   }
   /// Receives n elements from `peer` with `tag` into buf. Sends nothing.
   /// Throws comm_error if the message has another count or dtype, after
-  /// `timeout` without it, or at once if the peer is gone.
-  template <comm_element T>
-  void recv(T* buf, std::size_t n, int peer, int tag) {
-    irecv(buf, n, peer, tag).wait();
-  }
-  /// Asynchronous recv: posted at once (not queued behind pending
-  /// collectives); wait() applies the timeout from the moment it is called.
+  /// `timeout` without it, or at once if the peer is gone. Posted at once
+  /// (not queued behind pending collectives); wait() applies the timeout
+  /// from the moment it is called.
   template <comm_element T>
   local_request irecv(T* buf, std::size_t n, int peer, int tag) {
     check_peer(peer, "recv peer");
@@ -308,13 +261,8 @@ class local_communicator {
                          });
   }
 
-  /// Returns once every rank entered the barrier (dissemination, ceil(log2 N)
-  /// rounds of empty messages; sends 0 bytes).
-  void barrier() {
-    inline_scope is_{e_.get()};
-    blocking(ibarrier());
-  }
-  /// Asynchronous barrier.
+  /// Completes once every rank entered the barrier (dissemination,
+  /// ceil(log2 N) rounds of empty messages; sends 0 bytes).
   local_request ibarrier() {
     auto c = issue(op_kind::barrier, 0, dtype::none, {});
     return submit(c, [e = e_.get(), c] { e->dissemination_barrier(c); });
@@ -329,7 +277,7 @@ class local_communicator {
     std::shared_ptr<detail::local_group> sub;
     int sub_rank = 0;
     inline_scope is_{e_.get()};
-    blocking(submit(c, [&, c] { std::tie(sub, sub_rank) = e_->split(color, key, c); }));
+    submit(c, [&, c] { std::tie(sub, sub_rank) = e_->split(color, key, c); }).wait();
     local_communicator out(std::move(sub), sub_rank, e_->opt, false);
     return out;
   }
@@ -351,15 +299,11 @@ class local_communicator {
  private:
   friend class local_world;
 
-  struct endpoint {
+  struct endpoint : detail::rank_core {
     std::shared_ptr<detail::local_group> g;
     int rank = 0;
-    comm_options opt;
     bool owns_thread = false;  // the world communicator marks its thread's exit
-    std::uint64_t coll_seq = 0, p2p_seq = 0;
-    std::array<std::atomic<std::uint64_t>, 7> calls{}, bytes{};
-    detail::collective_log log;
-    std::string broken;  // guarded by g->fab->mu
+    std::string broken;        // guarded by g->fab->mu
 
     // the helper thread for asynchronous operations
     std::mutex qm;
@@ -396,36 +340,6 @@ class local_communicator {
       return s;
     }
     [[nodiscard]] static std::string what(const detail::op_ctx& c) { return detail::describe(c); }
-    [[nodiscard]] comm_stats snapshot() const {
-      comm_stats s;
-      op_counter* o[] = {&s.all_reduce, &s.reduce_scatter, &s.all_gather, &s.broadcast,
-                         &s.send,       &s.recv,           &s.barrier};
-      for (std::size_t i = 0; i < 7; ++i) *o[i] = {calls[i].load(), bytes[i].load()};
-      return s;
-    }
-    void reset() {
-      for (std::size_t i = 0; i < 7; ++i) calls[i] = 0, bytes[i] = 0;
-    }
-    static std::size_t slot(op_kind k) {
-      switch (k) {
-        case op_kind::all_reduce:
-          return 0;
-        case op_kind::reduce_scatter:
-          return 1;
-        case op_kind::all_gather:
-        case op_kind::split:
-          return 2;
-        case op_kind::broadcast:
-          return 3;
-        case op_kind::send:
-          return 4;
-        case op_kind::recv:
-          return 5;
-        case op_kind::barrier:
-          return 6;
-      }
-      return 2;
-    }
     [[nodiscard]] int mod(int x) const { return ((x % g->n) + g->n) % g->n; }
 
     /// Records that this rank broke the group (peers then fail fast).
@@ -455,14 +369,14 @@ class local_communicator {
             std::memcpy(p.buf, data, count * sizeof(T));
           p.done = true;
           pq.erase(it);
-          bytes[slot(c.k)] += count * sizeof(T);
+          counters.add(c.k, 0, count * sizeof(T));
           g->fab->cv.notify_all();
           return;
         }
         detail::local_msg m{c.collective, c.tag, c.seq, c.k, c.dt, c.n, {}};
         m.payload.resize(count * sizeof(T));
         if (count) std::memcpy(m.payload.data(), data, count * sizeof(T));
-        bytes[slot(c.k)] += count * sizeof(T);
+        counters.add(c.k, 0, count * sizeof(T));
         g->box[static_cast<std::size_t>(rank * g->n + dst)].push_back(std::move(m));
         g->fab->cv.notify_all();
         return;
@@ -470,7 +384,7 @@ class local_communicator {
       detail::local_msg m{c.collective, c.tag, c.seq, c.k, c.dt, c.n, {}};
       m.payload.resize(count * sizeof(T));
       if (count) std::memcpy(m.payload.data(), data, count * sizeof(T));
-      bytes[slot(c.k)] += count * sizeof(T);
+      counters.add(c.k, 0, count * sizeof(T));
       std::lock_guard lk(g->fab->mu);
       g->box[static_cast<std::size_t>(rank * g->n + dst)].push_back(std::move(m));
       g->fab->cv.notify_all();
@@ -718,15 +632,14 @@ class local_communicator {
       : e_(std::make_unique<endpoint>()) {
     e_->g = std::move(g);
     e_->rank = rank;
-    e_->opt = opt;
     e_->owns_thread = owns_thread;
-    e_->log.configure(opt.debug, opt.history);
+    e_->configure(opt);
   }
 
-  void check_peer(int peer, const char* what) const {
-    TESSERA_THROW_IF(peer < 0 || peer >= size(), config_error, e_->who(), ": ", what, " ", peer,
-                     " is not in [0, ", size(), ")");
-  }
+  friend class communicator_base<local_communicator>;
+  detail::rank_core& core() { return *e_; }
+  const detail::rank_core& core() const { return *e_; }
+  std::string who() const { return e_->who(); }
   void throw_if_broken(const detail::op_ctx& c) const {
     std::string b;
     {
@@ -737,16 +650,13 @@ class local_communicator {
                      ": this communicator is broken by an earlier error: ", b.substr(0, 400));
   }
   detail::op_ctx issue(op_kind k, std::size_t n, dtype d, std::string extra) {
-    detail::op_ctx c{k, e_->coll_seq++, n, d, std::move(extra), e_->opt.timeout, true, 0};
-    ++e_->calls[endpoint::slot(k)];
-    e_->log.record(c.seq, k, size(), n, d, c.extra);
+    // Bytes are counted as the helper thread sends them.
+    detail::op_ctx c = e_->collective(k, n, d, std::move(extra), size(), 0);
     throw_if_broken(c);
     return c;
   }
   detail::op_ctx issue_p2p(op_kind k, std::size_t n, dtype d, int peer, int tag) {
-    detail::op_ctx c{k,  e_->p2p_seq++, n, d, detail::str("peer ", peer), e_->opt.timeout, false,
-                     tag};
-    ++e_->calls[endpoint::slot(k)];
+    detail::op_ctx c = e_->p2p(k, n, d, peer, tag, 0);
     throw_if_broken(c);
     return c;
   }
@@ -804,8 +714,8 @@ class local_communicator {
     explicit inline_scope(endpoint* ep) : e(ep) { e->inline_next = true; }
     ~inline_scope() { e->inline_next = false; }
   };
-  /// A blocking operation: wait for the request issued just now.
-  static void blocking(local_request r) { r.wait(); }
+  /// communicator_base's blocking collectives hold one while they issue.
+  inline_scope blocking_scope() { return inline_scope{e_.get()}; }
 
   static void worker_loop(endpoint* e) {
     for (;;) {

@@ -60,8 +60,10 @@
 #include <vector>
 
 #include "tessera/comm/communicator.hpp"
+#include "tessera/comm/communicator_base.hpp"
 #include "tessera/comm/detail/collective_log.hpp"
 #include "tessera/comm/detail/launcher_note.hpp"
+#include "tessera/comm/detail/polled_request.hpp"
 
 namespace tessera::comm {
 
@@ -100,13 +102,9 @@ inline void mpi_check(int rc, const char* call, const std::string& context) {
 }
 
 /// The state of one mpi_communicator, on the heap so requests can point at it.
-struct mpi_comm_state {
+struct mpi_comm_state : rank_core {
   MPI_Comm comm = MPI_COMM_NULL;
   int rank = 0, size = 1, world_rank = 0, world_size = 1;
-  comm_options opt;
-  std::uint64_t coll_seq = 0, p2p_seq = 0;
-  comm_stats stats;
-  collective_log log;
   std::string broken;
 
   [[nodiscard]] std::string who() const {
@@ -148,7 +146,8 @@ struct mpi_error_channel {
     int flag = 0, n = 0;
     MPI_Message m = MPI_MESSAGE_NULL;
     MPI_Status st{};
-    if (MPI_Improbe(MPI_ANY_SOURCE, tag, comm, &flag, &m, &st) != MPI_SUCCESS || !flag) return false;
+    if (MPI_Improbe(MPI_ANY_SOURCE, tag, comm, &flag, &m, &st) != MPI_SUCCESS || !flag)
+      return false;
     if (MPI_Get_count(&st, MPI_CHAR, &n) != MPI_SUCCESS || n == MPI_UNDEFINED || n < 0) n = 0;
     std::string msg(static_cast<std::size_t>(n), '\0');
     if (MPI_Mrecv(msg.data(), n, MPI_CHAR, &m, MPI_STATUS_IGNORE) != MPI_SUCCESS)
@@ -220,22 +219,10 @@ inline void exchange_pids_for_note(MPI_Comm world, int world_rank, int world_siz
             "MPI_Allgather", "mpi_communicator (processor names)");
   std::vector<char> same(n, 0);
   for (std::size_t r = 0; r < n; ++r)
-    same[r] = std::strncmp(name, names.data() + r * MPI_MAX_PROCESSOR_NAME,
-                           MPI_MAX_PROCESSOR_NAME) == 0;
+    same[r] =
+        std::strncmp(name, names.data() + r * MPI_MAX_PROCESSOR_NAME, MPI_MAX_PROCESSOR_NAME) == 0;
   install_launcher_note(world_rank, std::move(pid), std::move(same));
 }
-
-/// One pending MPI operation.
-struct mpi_pending {
-  mpi_comm_state* st = nullptr;
-  op_ctx c;
-  MPI_Request req = MPI_REQUEST_NULL;
-  bool done = false;
-  std::string err;
-  std::vector<std::byte> tmp;         // staging for in-place reduce_scatter
-  std::function<void()> on_complete;  // copies out of tmp; checks recv counts
-  MPI_Status status{};
-};
 
 }  // namespace detail
 
@@ -369,132 +356,101 @@ inline std::string mpi_failure_notice() {
   return ch.notice;
 }
 
-/// Handle of an asynchronous mpi_communicator operation (`comm_request`).
-/// wait() polls MPI_Test until completion or timeout (comm_error); test()
-/// calls MPI_Test once. The buffers must stay alive until wait() returns; a
-/// handle destroyed before completion waits for it (errors are dropped).
-/// A handle must not outlive its communicator.
-class mpi_request {
- public:
-  mpi_request() = default;
-  explicit mpi_request(std::unique_ptr<detail::mpi_pending> p) : p_(std::move(p)) {}
-  mpi_request(mpi_request&&) noexcept = default;
-  mpi_request& operator=(mpi_request&& o) noexcept {
-    if (this != &o) {
-      drain();
-      p_ = std::move(o.p_);
-    }
-    return *this;
-  }
-  ~mpi_request() { drain(); }
+namespace detail {
 
-  /// Blocks until the operation completed; throws comm_error on timeout or
-  /// an MPI error. Calling it again returns (or rethrows) at once.
-  void wait() {
-    if (!p_) return;
-    auto& p = *p_;
-    if (!p.done) {
-      detail::waiting_note note(p.c, p.st->rank, p.st->size);
-      const auto deadline = std::chrono::steady_clock::now() + p.c.timeout;
-      for (unsigned spins = 0;; ++spins) {
-        if (poll()) break;
-        if ((spins & 15) == 0 && detail::error_channel().poll()) {
-          fail(detail::str(p.st->context(p.c), ": ", mpi_failure_notice()), true);
-          break;
-        }
-        if (std::chrono::steady_clock::now() >= deadline) {
-          fail(detail::str(p.st->context(p.c), " timed out after ", p.c.timeout.count(), " ms",
-                           p.c.collective ? "; missing: " : " waiting for rank ",
-                           p.c.collective ? missing() : std::to_string(peer())));
-          break;
-        }
-        if (spins > 1000)
-          std::this_thread::sleep_for(std::chrono::microseconds(20));
-        else
-          std::this_thread::yield();
-      }
-    }
-    if (!p.err.empty()) throw comm_error(p.err);
-  }
-  /// True once the operation finished (successfully or not); never blocks.
-  [[nodiscard]] bool test() {
-    if (!p_) return true;
-    if (!p_->done) poll();
-    return p_->done;
-  }
+/// One pending MPI operation (a detail::polled_pending).
+struct mpi_pending {
+  static constexpr unsigned peer_check_every = 16;  // polls between looks at the error path
+  mpi_comm_state* st = nullptr;
+  op_ctx c;
+  MPI_Request req = MPI_REQUEST_NULL;
+  bool done = false;
+  std::string err;
+  std::vector<std::byte> tmp;         // staging for in-place reduce_scatter
+  std::function<void()> on_complete;  // copies out of tmp; checks recv counts
+  MPI_Status status{};
 
- private:
-  int peer() const {
-    const auto pos = p_->c.extra.find("peer ");
-    return pos == std::string::npos ? -1 : std::atoi(p_->c.extra.c_str() + pos + 5);
-  }
-  std::string missing() const {
-    return detail::str(
-        "MPI does not report which of the other ", p_->st->size - 1,
-        " ranks has not entered it (use set_debug(true) and verify_collective_hash(), or "
-        "look for the rank whose log stops before this operation)");
-  }
-  // `job_failed`: ended by a notice of the error path, so the operation
-  // will never complete and this process stops calling MPI (a timeout
-  // alone breaks only this communicator).
-  void fail(std::string msg, bool job_failed = false) {
-    p_->done = true;
-    p_->err = msg;
-    if (job_failed) {
-      auto& ch = detail::error_channel();
-      std::lock_guard<std::mutex> lock(ch.mu);
-      ch.unfinished = true;  // MPI may still progress this request
-    }
-    if (p_->st->broken.empty()) p_->st->broken = std::move(msg);
-  }
+  [[nodiscard]] int group_rank() const { return st->rank; }
+  [[nodiscard]] int group_size() const { return st->size; }
   /// One MPI_Test; on completion runs on_complete. Returns done.
   bool poll() {
-    auto& p = *p_;
     bool stopped = false;
     {
-      auto& ch = detail::error_channel();
+      auto& ch = error_channel();
       std::lock_guard<std::mutex> lock(ch.mu);
       stopped = ch.unfinished;
     }
-    if (stopped) {  // no MPI call after an operation of this process failed (see poll above)
-      fail(detail::str(p.st->context(p.c), ": not completed: the job failed: ",
-                       mpi_failure_notice()),
-           true);
+    if (stopped) {  // no MPI call after an operation of this process failed (see fail)
+      fail(str(st->context(c), ": not completed: the job failed: ", mpi_failure_notice()), true);
       return true;
     }
     int flag = 0;
-    const int rc = MPI_Test(&p.req, &flag, &p.status);
+    const int rc = MPI_Test(&req, &flag, &status);
     if (rc != MPI_SUCCESS) {
-      fail(detail::str(p.st->context(p.c), ": MPI_Test failed with code ", rc, " (",
-                       detail::mpi_error_string(rc), ")"));
+      fail(
+          str(st->context(c), ": MPI_Test failed with code ", rc, " (", mpi_error_string(rc), ")"));
       return true;
     }
     if (!flag) return false;
-    p.done = true;
-    if (p.on_complete) {
+    done = true;
+    if (on_complete) {
       try {
-        p.on_complete();
+        on_complete();
       } catch (const comm_error& e) {
         fail(e.what());
       }
     }
     return true;
   }
-  void drain() noexcept {
-    if (p_ && !p_->done) {
-      try {
-        wait();
-      } catch (...) {
-      }
-    }
+  /// Another rank failed (a notice on the error path): ends this one.
+  bool peer_failed() {
+    if (!error_channel().poll()) return false;
+    fail(str(st->context(c), ": ", mpi_failure_notice()), true);
+    return true;
   }
-  std::unique_ptr<detail::mpi_pending> p_;
+  /// Ends this one with the timeout's message, naming the peer or, for a
+  /// collective, what MPI cannot tell.
+  void timed_out() {
+    const auto pos = c.extra.find("peer ");
+    const int peer = pos == std::string::npos ? -1 : std::atoi(c.extra.c_str() + pos + 5);
+    fail(str(st->context(c), " timed out after ", c.timeout.count(), " ms",
+             c.collective ? "; missing: " : " waiting for rank ",
+             c.collective ? str("MPI does not report which of the other ", st->size - 1,
+                                " ranks has not entered it (use set_debug(true) and "
+                                "verify_collective_hash(), or look for the rank whose log stops "
+                                "before this operation)")
+                          : std::to_string(peer)));
+  }
+  /// Ends this one with `msg`, which also breaks the communicator.
+  /// `job_failed`: ended by a notice of the error path, so the operation
+  /// will never complete and this process stops calling MPI (a timeout
+  /// alone breaks only this communicator).
+  void fail(std::string msg, bool job_failed = false) {
+    done = true;
+    err = msg;
+    if (job_failed) {
+      auto& ch = error_channel();
+      std::lock_guard<std::mutex> lock(ch.mu);
+      ch.unfinished = true;  // MPI may still progress this request
+    }
+    if (st->broken.empty()) st->broken = std::move(msg);
+  }
 };
+
+}  // namespace detail
+
+/// Handle of an asynchronous mpi_communicator operation (`comm_request`,
+/// detail::polled_request): wait() polls MPI_Test until completion, another
+/// rank's failure or the timeout (comm_error); test() calls MPI_Test once.
+/// The buffers must stay alive until wait() returns; a handle destroyed
+/// before completion waits for it (errors are dropped). A handle must not
+/// outlive its communicator.
+using mpi_request = detail::polled_request<detail::mpi_pending>;
 
 /// One rank of an MPI communicator: models `communicator`. Owns a duplicate
 /// of the MPI communicator it wraps (so its traffic never matches the
 /// caller's), freed in the destructor. Move-only; one thread at a time.
-class mpi_communicator {
+class mpi_communicator : public communicator_base<mpi_communicator> {
  public:
   /// Wraps a duplicate of `comm` (collective over comm: MPI_Comm_dup).
   /// Precondition: MPI is initialised (mpi_environment). Throws comm_error.
@@ -532,29 +488,8 @@ class mpi_communicator {
   [[nodiscard]] int rank() const { return s_->rank; }         ///< this rank in [0, size())
   [[nodiscard]] int size() const { return s_->size; }         ///< ranks in the group
   [[nodiscard]] MPI_Comm native() const { return s_->comm; }  ///< the owned MPI_Comm
-  /// Bytes sent (ring formulas) and calls issued, per operation.
-  [[nodiscard]] comm_stats stats() const { return s_->stats; }
-  /// Total bytes this rank sent since the last reset.
-  [[nodiscard]] std::uint64_t bytes_sent() const { return s_->stats.bytes_sent(); }
-  /// Zeroes the counters.
-  void reset_stats() { s_->stats = {}; }
-  /// Sets the timeout of operations issued from now on.
-  void set_timeout(std::chrono::milliseconds t) { s_->opt.timeout = t; }
-  /// The current timeout.
-  [[nodiscard]] std::chrono::milliseconds timeout() const { return s_->opt.timeout; }
-  /// Turns the collective-hash debug mode on or off (every rank alike).
-  void set_debug(bool on) {
-    s_->opt.debug = on;
-    s_->log.configure(on, s_->opt.history);
-  }
-
   /// In-place all-reduce of buf[0, n) with `op` (MPI_Iallreduce, MPI_IN_PLACE);
   /// counts ring_all_reduce_bytes(n, sizeof(T), N, rank). Any n <= INT_MAX.
-  template <comm_element T>
-  void all_reduce(T* buf, std::size_t n, reduce_op op) {
-    iall_reduce(buf, n, op).wait();
-  }
-  /// Asynchronous all_reduce.
   template <comm_element T>
   mpi_request iall_reduce(T* buf, std::size_t n, reduce_op op) {
     auto p = issue(op_kind::all_reduce, n, dtype_of<T>(), to_string(op),
@@ -569,11 +504,6 @@ class mpi_communicator {
   /// (MPI_Ireduce_scatter_block); send holds size()*chunk elements. recv may
   /// be send + rank*chunk (staged through a temporary); no other overlap.
   /// Counts (N-1)*chunk*sizeof(T) bytes. Callers pad to equal chunks.
-  template <comm_element T>
-  void reduce_scatter(const T* send, T* recv, std::size_t chunk, reduce_op op) {
-    ireduce_scatter(send, recv, chunk, op).wait();
-  }
-  /// Asynchronous reduce_scatter.
   template <comm_element T>
   mpi_request ireduce_scatter(const T* send, T* recv, std::size_t chunk, reduce_op op) {
     auto p = issue(op_kind::reduce_scatter, chunk, dtype_of<T>(), to_string(op),
@@ -594,11 +524,6 @@ class mpi_communicator {
   /// recv[r*chunk, (r+1)*chunk) = send of rank r (MPI_Iallgather); send may be
   /// recv + rank*chunk (MPI_IN_PLACE). Counts (N-1)*chunk*sizeof(T) bytes.
   template <comm_element T>
-  void all_gather(const T* send, T* recv, std::size_t chunk) {
-    iall_gather(send, recv, chunk).wait();
-  }
-  /// Asynchronous all_gather.
-  template <comm_element T>
   mpi_request iall_gather(const T* send, T* recv, std::size_t chunk) {
     auto p = issue(op_kind::all_gather, chunk, dtype_of<T>(), {},
                    ring_scatter_gather_bytes(chunk, sizeof(T), size()));
@@ -613,11 +538,6 @@ class mpi_communicator {
   /// Copies root's buf[0, n) to every rank (MPI_Ibcast); counts
   /// chain_broadcast_bytes(n, sizeof(T), N, rank, root).
   template <comm_element T>
-  void broadcast(T* buf, std::size_t n, int root) {
-    ibroadcast(buf, n, root).wait();
-  }
-  /// Asynchronous broadcast.
-  template <comm_element T>
   mpi_request ibroadcast(T* buf, std::size_t n, int root) {
     check_peer(root, "broadcast root");
     auto p = issue(op_kind::broadcast, n, dtype_of<T>(), detail::str("root ", root),
@@ -631,11 +551,6 @@ class mpi_communicator {
   /// Sends buf[0, n) to `peer` with `tag` (MPI_Isend + wait: may wait for the
   /// receiver, so it can time out). Counts n*sizeof(T) bytes.
   template <comm_element T>
-  void send(const T* buf, std::size_t n, int peer, int tag) {
-    isend(buf, n, peer, tag).wait();
-  }
-  /// Asynchronous send.
-  template <comm_element T>
   mpi_request isend(const T* buf, std::size_t n, int peer, int tag) {
     check_peer(peer, "send peer");
     auto p = issue_p2p(op_kind::send, n, dtype_of<T>(), peer, tag, n * sizeof(T));
@@ -646,11 +561,6 @@ class mpi_communicator {
   }
   /// Receives exactly n elements from `peer` with `tag`; comm_error if the
   /// message holds another count, on timeout, or on an MPI error.
-  template <comm_element T>
-  void recv(T* buf, std::size_t n, int peer, int tag) {
-    irecv(buf, n, peer, tag).wait();
-  }
-  /// Asynchronous recv.
   template <comm_element T>
   mpi_request irecv(T* buf, std::size_t n, int peer, int tag) {
     check_peer(peer, "recv peer");
@@ -668,9 +578,7 @@ class mpi_communicator {
     return mpi_request(std::move(p));
   }
 
-  /// Returns once every rank entered (MPI_Ibarrier + wait). Counts 0 bytes.
-  void barrier() { ibarrier().wait(); }
-  /// Asynchronous barrier.
+  /// Completes once every rank entered (MPI_Ibarrier). Counts 0 bytes.
   mpi_request ibarrier() {
     auto p = issue(op_kind::barrier, 0, dtype::none, {}, 0);
     detail::mpi_check(MPI_Ibarrier(s_->comm, &p->req), "MPI_Ibarrier", s_->context(p->c));
@@ -711,8 +619,7 @@ class mpi_communicator {
   }
   void adopt(MPI_Comm c, comm_options opt) {
     s_->comm = c;
-    s_->opt = opt;
-    s_->log.configure(opt.debug, opt.history);
+    s_->configure(opt);
     detail::mpi_check(MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler",
                       "mpi_communicator");
     MPI_Comm_rank(c, &s_->rank);
@@ -720,20 +627,19 @@ class mpi_communicator {
     MPI_Comm_rank(MPI_COMM_WORLD, &s_->world_rank);
     MPI_Comm_size(MPI_COMM_WORLD, &s_->world_size);
   }
-  void check_peer(int peer, const char* what) const {
-    TESSERA_THROW_IF(peer < 0 || peer >= size(), config_error, s_->who(), ": ", what, " ", peer,
-                     " is not in [0, ", size(), ")");
-  }
+  friend class communicator_base<mpi_communicator>;
+  detail::rank_core& core() { return *s_; }
+  const detail::rank_core& core() const { return *s_; }
+  std::string who() const { return s_->who(); }
   int count(std::size_t n, const detail::op_ctx& c) const {
     TESSERA_THROW_IF(n > static_cast<std::size_t>(INT_MAX), config_error, s_->context(c),
                      ": MPI counts are int; split the buffer into pieces of <= ", INT_MAX,
                      " elements");
     return static_cast<int>(n);
   }
-  std::unique_ptr<detail::mpi_pending> make(detail::op_ctx c, std::uint64_t bytes) {
-    auto& ctr = s_->stats.of(c.k);
-    ++ctr.calls;
-    ctr.bytes += bytes;
+  /// The pending operation `c` (numbered and counted), refused on a
+  /// broken communicator or once another rank failed.
+  std::unique_ptr<detail::mpi_pending> make(detail::op_ctx c) {
     TESSERA_THROW_IF(
         !s_->broken.empty(), comm_error, s_->context(c),
         ": this communicator is broken by an earlier error: ", s_->broken.substr(0, 400));
@@ -746,15 +652,11 @@ class mpi_communicator {
   }
   std::unique_ptr<detail::mpi_pending> issue(op_kind k, std::size_t n, dtype d, std::string extra,
                                              std::uint64_t bytes) {
-    detail::op_ctx c{k, s_->coll_seq++, n, d, std::move(extra), s_->opt.timeout, true, 0};
-    s_->log.record(c.seq, k, size(), n, d, c.extra);
-    return make(std::move(c), bytes);
+    return make(s_->collective(k, n, d, std::move(extra), size(), bytes));
   }
   std::unique_ptr<detail::mpi_pending> issue_p2p(op_kind k, std::size_t n, dtype d, int peer,
                                                  int tag, std::uint64_t bytes) {
-    detail::op_ctx c{k,  s_->p2p_seq++, n, d, detail::str("peer ", peer), s_->opt.timeout, false,
-                     tag};
-    return make(std::move(c), bytes);
+    return make(s_->p2p(k, n, d, peer, tag, bytes));
   }
 
   std::unique_ptr<detail::mpi_comm_state> s_;

@@ -102,145 +102,118 @@
 #include <vector>
 
 #include "tessera/comm/communicator.hpp"
+#include "tessera/comm/communicator_base.hpp"
 #include "tessera/comm/detail/nccl_state.hpp"
+#include "tessera/comm/detail/polled_request.hpp"
 #include "tessera/comm/mpi.hpp"
 
 namespace tessera::comm {
 
-/// Handle of an asynchronous nccl_communicator operation (`comm_request`).
-/// The buffers must stay allocated and untouched until wait() returns (or
-/// until the stream has passed event()). A handle destroyed before
-/// completion waits for it (errors are dropped). It must not outlive its
-/// communicator.
-class nccl_request {
- public:
-  nccl_request() = default;
-  /// Takes ownership of a pending operation (nccl_communicator makes these).
-  explicit nccl_request(std::unique_ptr<detail::nccl_pending> p) : p_(std::move(p)) {}
-  nccl_request(nccl_request&&) noexcept = default;
-  /// Waits for the operation held (errors dropped), then takes o's.
-  nccl_request& operator=(nccl_request&& o) noexcept {
-    if (this != &o) {
-      drain();
-      p_ = std::move(o.p_);
-    }
-    return *this;
-  }
-  ~nccl_request() { drain(); }
+namespace detail {
 
-  /// Blocks until the GPU finished the operation: polls cudaEventQuery and
-  /// ncclCommGetAsyncError. Throws comm_error if `timeout` passes first or
-  /// NCCL reports an error (both abort the communicator), or if the
-  /// communicator was aborted meanwhile, or another rank of the job failed
-  /// (the MPI error path, mpi_notify_failure: also an abort). Calling it
-  /// again returns (or rethrows) at once.
-  void wait() {
-    if (!p_) return;
-    auto& p = *p_;
-    if (!p.done) {
-      const auto deadline = std::chrono::steady_clock::now() + p.c.timeout;
-      for (unsigned spins = 0;; ++spins) {
-        if (poll()) break;
-        if ((spins & 1023) == 0 && detail::error_channel().poll()) {
-          // Another rank failed (mpi_notify_failure): the GPU may wait for
-          // it forever, so the communicator is aborted now.
-          const std::string msg = detail::str(p.st->context(p.c), ": ", detail::error_channel().notice,
-                                              "; the NCCL communicator was aborted (ncclCommAbort)");
-          p.st->abort(msg);
-          finish(msg);
-          break;
-        }
-        if (std::chrono::steady_clock::now() >= deadline) {
-          const std::string msg = detail::str(
-              p.st->context(p.c), " timed out after ", p.c.timeout.count(), " ms",
-              p.c.collective ? "; NCCL does not report which of the other ranks has not entered "
-                               "it (use set_debug(true) and verify_collective_hash())"
-                             : "; its peer has not posted the matching operation",
-              "; the NCCL communicator was aborted (ncclCommAbort)");
-          p.st->abort(msg);
-          finish(msg);
-          break;
-        }
-        if (spins > 1000)
-          std::this_thread::sleep_for(std::chrono::microseconds(20));
-        else
-          std::this_thread::yield();
-      }
+/// One operation in flight (a detail::polled_pending): its description and
+/// the CUDA event recorded after it on the communicator's stream. Every
+/// way it fails aborts the communicator (ncclCommAbort): the GPU may
+/// otherwise wait for a peer forever.
+struct nccl_pending {
+  static constexpr unsigned peer_check_every = 1024;  // polls between looks at the error path
+  nccl_comm_state* st = nullptr;
+  op_ctx c;
+  cudaEvent_t ev = nullptr;
+  bool done = false;
+  std::string err;
+  nccl_pending() = default;
+  nccl_pending(const nccl_pending&) = delete;
+  nccl_pending& operator=(const nccl_pending&) = delete;
+  ~nccl_pending() {
+    if (ev) (void)cudaEventDestroy(ev);
+  }
+
+  [[nodiscard]] int group_rank() const { return st->rank; }
+  [[nodiscard]] int group_size() const { return st->size; }
+  /// One cudaEventQuery and ncclCommGetAsyncError. Returns done.
+  bool poll() {
+    if (st->aborted) {
+      finish(str(st->context(c), ": the NCCL communicator was aborted before it completed: ",
+                 st->broken.substr(0, 400)));
+      return true;
     }
-    if (!p.err.empty()) throw comm_error(p.err);
+    const cudaError_t e = cudaEventQuery(ev);
+    if (e == cudaSuccess) {
+      done = true;
+      return true;
+    }
+    if (e != cudaErrorNotReady) {
+      (void)cudaGetLastError();
+      abort(str(st->context(c), ": cudaEventQuery failed with ", cudaGetErrorName(e), " (",
+                static_cast<int>(e), "): ", cudaGetErrorString(e)));
+      return true;
+    }
+    (void)cudaGetLastError();
+    ncclResult_t state = ncclSuccess;
+    ncclResult_t r = ncclCommGetAsyncError(st->comm, &state);
+    if (r == ncclSuccess) r = state;
+    if (r != ncclSuccess && r != ncclInProgress) {
+      abort(str(st->context(c), ": ncclCommGetAsyncError reports ", nccl_result_text(r, st->comm),
+                "; the NCCL communicator was aborted (ncclCommAbort)"));
+      return true;
+    }
+    return false;
   }
-  /// True once the operation finished (successfully or not); never blocks.
-  [[nodiscard]] bool test() {
-    if (!p_) return true;
-    if (!p_->done) poll();
-    return p_->done;
+  /// Another rank failed (mpi_notify_failure): aborts the communicator.
+  bool peer_failed() {
+    if (!error_channel().poll()) return false;
+    abort(str(st->context(c), ": ", error_channel().notice,
+              "; the NCCL communicator was aborted (ncclCommAbort)"));
+    return true;
   }
+  /// The deadline passed: aborts the communicator.
+  void timed_out() {
+    abort(str(st->context(c), " timed out after ", c.timeout.count(), " ms",
+              c.collective ? "; NCCL does not report which of the other ranks has not entered "
+                             "it (use set_debug(true) and verify_collective_hash())"
+                           : "; its peer has not posted the matching operation",
+              "; the NCCL communicator was aborted (ncclCommAbort)"));
+  }
+
+ private:
+  void finish(std::string msg) {
+    done = true;
+    err = std::move(msg);
+  }
+  void abort(const std::string& msg) {
+    st->abort(msg);
+    finish(msg);
+  }
+};
+
+}  // namespace detail
+
+/// Handle of an asynchronous nccl_communicator operation (`comm_request`,
+/// detail::polled_request). wait() blocks until the GPU finished the
+/// operation (cudaEventQuery, ncclCommGetAsyncError) and throws comm_error
+/// if the timeout passes first or NCCL reports an error (both abort the
+/// communicator), if the communicator was aborted meanwhile, or if another
+/// rank of the job failed (the MPI error path, mpi_notify_failure: also an
+/// abort). The buffers must stay allocated and untouched until wait()
+/// returns (or until the stream has passed event()). A handle destroyed
+/// before completion waits for it (errors are dropped). It must not
+/// outlive its communicator.
+class nccl_request : public detail::polled_request<detail::nccl_pending> {
+ public:
+  using polled_request::polled_request;
   /// The CUDA event recorded after the operation on the communicator's
   /// stream (cudaStreamWaitEvent(other, event()) orders work after it
   /// without blocking the host); null for an empty handle. Owned by the
   /// handle.
   [[nodiscard]] cudaEvent_t event() const { return p_ ? p_->ev : nullptr; }
-
- private:
-  void finish(std::string msg) {
-    p_->done = true;
-    p_->err = std::move(msg);
-  }
-  /// One cudaEventQuery and ncclCommGetAsyncError. Returns done.
-  bool poll() {
-    auto& p = *p_;
-    auto& st = *p.st;
-    if (st.aborted) {
-      finish(detail::str(st.context(p.c),
-                         ": the NCCL communicator was aborted before it "
-                         "completed: ",
-                         st.broken.substr(0, 400)));
-      return true;
-    }
-    const cudaError_t e = cudaEventQuery(p.ev);
-    if (e == cudaSuccess) {
-      p.done = true;
-      return true;
-    }
-    if (e != cudaErrorNotReady) {
-      (void)cudaGetLastError();
-      const std::string msg =
-          detail::str(st.context(p.c), ": cudaEventQuery failed with ", cudaGetErrorName(e), " (",
-                      static_cast<int>(e), "): ", cudaGetErrorString(e));
-      st.abort(msg);
-      finish(msg);
-      return true;
-    }
-    (void)cudaGetLastError();
-    ncclResult_t state = ncclSuccess;
-    ncclResult_t r = ncclCommGetAsyncError(st.comm, &state);
-    if (r == ncclSuccess) r = state;
-    if (r != ncclSuccess && r != ncclInProgress) {
-      const std::string msg = detail::str(st.context(p.c), ": ncclCommGetAsyncError reports ",
-                                          detail::nccl_result_text(r, st.comm),
-                                          "; the NCCL communicator was aborted (ncclCommAbort)");
-      st.abort(msg);
-      finish(msg);
-      return true;
-    }
-    return false;
-  }
-  void drain() noexcept {
-    if (p_ && !p_->done) {
-      try {
-        wait();
-      } catch (...) {
-      }
-    }
-  }
-  std::unique_ptr<detail::nccl_pending> p_;
 };
 
 /// One rank of an NCCL communicator on one GPU: models `device_communicator`
 /// (and so `communicator`) for float, double, int32, int64, uint64 and bf16
 /// device buffers. Move-only; one thread at a time; the device is made
 /// current around each call and restored after.
-class nccl_communicator {
+class nccl_communicator : public communicator_base<nccl_communicator> {
  public:
   /// Buffers are device memory (communicator.hpp, `buffer_space`).
   static constexpr buffer_space buffers = buffer_space::device;
@@ -261,7 +234,7 @@ class nccl_communicator {
     s.rank = boot.rank();
     s.size = boot.size();
     s.device = device;
-    s.opt = opt;
+    s.configure(opt);
     MPI_Comm_rank(MPI_COMM_WORLD, &s.world_rank);
     const std::string ctx = s.who() + ": nccl_communicator";
     int n_dev = 0;
@@ -294,7 +267,6 @@ class nccl_communicator {
       throw comm_error(init_error_message(ctx, r));
     }
     s.settle(r, "ncclCommInitRankConfig", ctx, s.opt.timeout);
-    s.log.configure(s.opt.debug, s.opt.history);
   }
   nccl_communicator(nccl_communicator&&) noexcept = default;
   nccl_communicator& operator=(nccl_communicator&&) noexcept = default;
@@ -313,30 +285,9 @@ class nccl_communicator {
   void set_stream(cudaStream_t s) { s_->stream = s ? s : s_->owned_stream; }
   /// The NCCL communicator (null once aborted).
   [[nodiscard]] ncclComm_t native() const { return s_->comm; }
-  /// Bytes sent (ring formulas) and calls issued, per operation.
-  [[nodiscard]] comm_stats stats() const { return s_->stats; }
-  /// Total bytes this rank sent since the last reset.
-  [[nodiscard]] std::uint64_t bytes_sent() const { return s_->stats.bytes_sent(); }
-  /// Zeroes the counters.
-  void reset_stats() { s_->stats = {}; }
-  /// Sets the timeout of operations issued from now on.
-  void set_timeout(std::chrono::milliseconds t) { s_->opt.timeout = t; }
-  /// The current timeout.
-  [[nodiscard]] std::chrono::milliseconds timeout() const { return s_->opt.timeout; }
-  /// Turns the collective-hash debug mode on or off (every rank alike).
-  void set_debug(bool on) {
-    s_->opt.debug = on;
-    s_->log.configure(on, s_->opt.history);
-  }
-
   /// In-place all-reduce of d_buf[0, n) with `op` (ncclAllReduce, sendbuff
   /// == recvbuff); counts ring_all_reduce_bytes(n, sizeof(T), N, rank). Any
   /// n (0: nothing is enqueued). Throws comm_error (timeout, NCCL, CUDA).
-  template <nccl_element T>
-  void all_reduce(T* d_buf, std::size_t n, reduce_op op) {
-    iall_reduce(d_buf, n, op).wait();
-  }
-  /// Asynchronous all_reduce.
   template <nccl_element T>
   nccl_request iall_reduce(T* d_buf, std::size_t n, reduce_op op) {
     return issue(op_kind::all_reduce, n, detail::nccl_dtype<T>(), to_string(op),
@@ -351,11 +302,6 @@ class nccl_communicator {
   /// d_recv == d_send + rank*chunk; no other overlap. Counts
   /// (N-1)*chunk*sizeof(T) bytes. Callers pad to equal chunks.
   template <nccl_element T>
-  void reduce_scatter(const T* d_send, T* d_recv, std::size_t chunk, reduce_op op) {
-    ireduce_scatter(d_send, d_recv, chunk, op).wait();
-  }
-  /// Asynchronous reduce_scatter.
-  template <nccl_element T>
   nccl_request ireduce_scatter(const T* d_send, T* d_recv, std::size_t chunk, reduce_op op) {
     return issue(op_kind::reduce_scatter, chunk, detail::nccl_dtype<T>(), to_string(op),
                  ring_scatter_gather_bytes(chunk, sizeof(T), size()), "ncclReduceScatter", [&] {
@@ -366,11 +312,6 @@ class nccl_communicator {
 
   /// d_recv[r*chunk, (r+1)*chunk) = d_send of rank r (ncclAllGather); in
   /// place when d_send == d_recv + rank*chunk. Counts (N-1)*chunk*sizeof(T).
-  template <nccl_element T>
-  void all_gather(const T* d_send, T* d_recv, std::size_t chunk) {
-    iall_gather(d_send, d_recv, chunk).wait();
-  }
-  /// Asynchronous all_gather.
   template <nccl_element T>
   nccl_request iall_gather(const T* d_send, T* d_recv, std::size_t chunk) {
     return issue(op_kind::all_gather, chunk, detail::nccl_dtype<T>(), {},
@@ -383,11 +324,6 @@ class nccl_communicator {
   /// Copies root's d_buf[0, n) to every rank (ncclBroadcast, in place);
   /// counts chain_broadcast_bytes(n, sizeof(T), N, rank, root). Throws
   /// config_error for a root outside [0, size()).
-  template <nccl_element T>
-  void broadcast(T* d_buf, std::size_t n, int root) {
-    ibroadcast(d_buf, n, root).wait();
-  }
-  /// Asynchronous broadcast.
   template <nccl_element T>
   nccl_request ibroadcast(T* d_buf, std::size_t n, int root) {
     check_peer(root, "broadcast root");
@@ -402,11 +338,6 @@ class nccl_communicator {
   /// peer's matching recv runs, so it can time out). `tag` is not sent (see
   /// the file comment). Counts n*sizeof(T) bytes.
   template <nccl_element T>
-  void send(const T* d_buf, std::size_t n, int peer, int tag) {
-    isend(d_buf, n, peer, tag).wait();
-  }
-  /// Asynchronous send.
-  template <nccl_element T>
   nccl_request isend(const T* d_buf, std::size_t n, int peer, int tag) {
     check_peer(peer, "send peer");
     return issue_p2p(
@@ -415,11 +346,6 @@ class nccl_communicator {
   }
   /// Receives n elements from `peer` into d_buf (ncclRecv). Precondition:
   /// the peer sends exactly n elements (NCCL does not check). Counts 0 bytes.
-  template <nccl_element T>
-  void recv(T* d_buf, std::size_t n, int peer, int tag) {
-    irecv(d_buf, n, peer, tag).wait();
-  }
-  /// Asynchronous recv.
   template <nccl_element T>
   nccl_request irecv(T* d_buf, std::size_t n, int peer, int tag) {
     check_peer(peer, "recv peer");
@@ -433,15 +359,10 @@ class nccl_communicator {
   /// ncclGroupEnd), so a ring shift cannot deadlock. d_send and d_recv must
   /// not overlap. Counted as one send (n*sizeof(T) bytes) and one recv.
   template <nccl_element T>
-  void sendrecv(const T* d_send, int dst, T* d_recv, int src, std::size_t n, int tag) {
-    isendrecv(d_send, dst, d_recv, src, n, tag).wait();
-  }
-  /// Asynchronous sendrecv.
-  template <nccl_element T>
   nccl_request isendrecv(const T* d_send, int dst, T* d_recv, int src, std::size_t n, int tag) {
     check_peer(dst, "sendrecv destination");
     check_peer(src, "sendrecv source");
-    ++s_->stats.recv.calls;
+    s_->counters.add(op_kind::recv, 1, 0);
     return issue_p2p(
         op_kind::send, n, detail::nccl_dtype<T>(), dst, tag, n * sizeof(T),
         "ncclGroupEnd (ncclSend + ncclRecv)",
@@ -466,16 +387,13 @@ class nccl_communicator {
   /// its element size bytes) and each receive. Throws config_error for a
   /// peer outside [0, size()), an operation that is neither send nor recv,
   /// or dtype none; comm_error as the others.
-  void group_p2p(std::span<const p2p_op> ops) { igroup_p2p(ops).wait(); }
-  /// Asynchronous group_p2p.
   nccl_request igroup_p2p(std::span<const p2p_op> ops) {
     std::size_t n = 0, sends = 0, recvs = 0;
     std::uint64_t bytes = 0;
     for (const p2p_op& o : ops) {
       check_peer(o.peer, o.kind == op_kind::send ? "group send peer" : "group recv peer");
-      TESSERA_THROW_IF(o.kind != op_kind::send && o.kind != op_kind::recv, config_error,
-                       s_->who(), ": group_p2p takes send and recv operations, not ",
-                       to_string(o.kind));
+      TESSERA_THROW_IF(o.kind != op_kind::send && o.kind != op_kind::recv, config_error, s_->who(),
+                       ": group_p2p takes send and recv operations, not ", to_string(o.kind));
       TESSERA_THROW_IF(o.dt == dtype::none, config_error, s_->who(),
                        ": group_p2p operation of dtype none");
       n += o.n;
@@ -489,8 +407,8 @@ class nccl_communicator {
     if (ops.empty()) return nccl_request{};
     const op_kind k = sends > 0 ? op_kind::send : op_kind::recv;
     // issue_p2p counts one operation of kind k; the others here.
-    s_->stats.send.calls += sends - (k == op_kind::send ? 1 : 0);
-    s_->stats.recv.calls += recvs - (k == op_kind::recv ? 1 : 0);
+    s_->counters.add(op_kind::send, sends - (k == op_kind::send ? 1 : 0), 0);
+    s_->counters.add(op_kind::recv, recvs - (k == op_kind::recv ? 1 : 0), 0);
     std::string extra = detail::str("group of ", sends, " sends and ", recvs, " receives:");
     for (const p2p_op& o : ops)
       extra += detail::str(" ", o.kind == op_kind::send ? "to " : "from ", o.peer, " (tag ", o.tag,
@@ -512,10 +430,8 @@ class nccl_communicator {
         std::move(extra));
   }
 
-  /// Returns once every rank's stream reached it (an ncclAllReduce of one
-  /// int32 on a device word the communicator owns, then wait()). Counts 0.
-  void barrier() { ibarrier().wait(); }
-  /// Asynchronous barrier.
+  /// Completes once every rank's stream reached it (an ncclAllReduce of
+  /// one int32 on a device word the communicator owns). Counts 0.
   nccl_request ibarrier() {
     return issue(op_kind::barrier, 0, dtype::none, {}, 0, "ncclAllReduce (barrier)", [&] {
       return ncclAllReduce(s_->d_barrier, s_->d_barrier, 1, ncclInt32, ncclSum, s_->comm,
@@ -532,8 +448,9 @@ class nccl_communicator {
   /// always: ncclCommSplit is needed), comm_error for NCCL/CUDA failures.
   nccl_communicator split(int color, int key) {
     TESSERA_THROW_IF(color < 0, config_error, s_->who(), ": split color ", color, " must be >= 0");
-    auto c = begin(op_kind::split, 2, dtype::i64, detail::str("color ", color, ", key ", key),
-                   ring_scatter_gather_bytes(2, 8, size()), true, 0);
+    auto c = usable(s_->collective(op_kind::split, 2, dtype::i64,
+                                   detail::str("color ", color, ", key ", key), size(),
+                                   ring_scatter_gather_bytes(2, 8, size())));
     const std::string ctx = s_->context(c);
 #if TESSERA_NCCL_HAS_SPLIT
     detail::nccl_device_scope scope(s_->device, ctx);
@@ -584,8 +501,7 @@ class nccl_communicator {
       : s_(std::make_unique<detail::nccl_comm_state>()) {
     s_->device = parent.device;
     s_->world_rank = parent.world_rank;
-    s_->opt = parent.opt;
-    s_->log.configure(parent.opt.debug, parent.opt.history);
+    s_->configure(parent.opt);
   }
   /// The barrier word and, if `stream` is null, an owned stream. Current
   /// device must be s_->device.
@@ -624,28 +540,19 @@ class nccl_communicator {
     }
     return ncclInt8;  // refused before (dtype none)
   }
-  void check_peer(int peer, const char* what) const {
-    TESSERA_THROW_IF(peer < 0 || peer >= size(), config_error, s_->who(), ": ", what, " ", peer,
-                     " is not in [0, ", size(), ")");
+  friend class communicator_base<nccl_communicator>;
+  detail::rank_core& core() {
+    return *s_;
   }
-  /// Numbers and counts an operation (also when it then fails), records it
-  /// in the debug log, and refuses it on a broken communicator.
-  detail::op_ctx begin(op_kind k, std::size_t n, dtype d, std::string extra, std::uint64_t bytes,
-                       bool collective, int tag) {
-    auto& s = *s_;
-    detail::op_ctx c{k,
-                     collective ? s.coll_seq++ : s.p2p_seq++,
-                     n,
-                     d,
-                     std::move(extra),
-                     s.opt.timeout,
-                     collective,
-                     tag};
-    if (collective) s.log.record(c.seq, k, size(), n, d, c.extra);
-    auto& ctr = s.stats.of(k);
-    ++ctr.calls;
-    ctr.bytes += bytes;
-    s.check_usable(s.context(c));
+  const detail::rank_core& core() const {
+    return *s_;
+  }
+  std::string who() const {
+    return s_->who();
+  }
+  /// `c` (numbered and counted), refused on a broken communicator.
+  detail::op_ctx usable(detail::op_ctx c) {
+    s_->check_usable(s_->context(c));
     return c;
   }
   /// Enqueues `call()` on the stream (skipped when n == 0, which every rank
@@ -668,14 +575,13 @@ class nccl_communicator {
   template <class Call>
   nccl_request issue(op_kind k, std::size_t n, dtype d, std::string extra, std::uint64_t bytes,
                      const char* call_name, Call&& call) {
-    return launch(begin(k, n, d, std::move(extra), bytes, true, 0), call_name,
+    return launch(usable(s_->collective(k, n, d, std::move(extra), size(), bytes)), call_name,
                   std::forward<Call>(call));
   }
   template <class Call>
   nccl_request issue_p2p(op_kind k, std::size_t n, dtype d, int peer, int tag, std::uint64_t bytes,
                          const char* call_name, Call&& call, std::string extra = {}) {
-    if (extra.empty()) extra = detail::str("peer ", peer);
-    return launch(begin(k, n, d, std::move(extra), bytes, false, tag), call_name,
+    return launch(usable(s_->p2p(k, n, d, peer, tag, bytes, std::move(extra))), call_name,
                   std::forward<Call>(call));
   }
   /// all_gather of w host words per rank through a temporary device buffer

@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "tessera/comm/communicator.hpp"
+#include "tessera/comm/communicator_base.hpp"
 #include "tessera/comm/detail/collective_log.hpp"
 #include "tessera/core/numeric.hpp"
 
@@ -76,17 +77,13 @@ inline std::string nccl_result_text(ncclResult_t r, ncclComm_t comm) {
 /// The state of one nccl_communicator, on the heap so requests can point at
 /// it and the communicator can move. Its destructor releases everything
 /// (also after a constructor that threw half-way).
-struct nccl_comm_state {
+struct nccl_comm_state : rank_core {
   ncclComm_t comm = nullptr;  // null once aborted or destroyed
   int rank = 0, size = 1, world_rank = 0, device = 0;
   cudaStream_t stream = nullptr;
   cudaStream_t owned_stream = nullptr;  // created by the communicator, destroyed with it
   int* d_barrier = nullptr;             // one int32 on the device: barrier's all-reduce
-  comm_options opt;
-  std::uint64_t coll_seq = 0, p2p_seq = 0;
-  comm_stats stats;
-  collective_log log;
-  std::string broken;  // the first error; later operations throw it at once
+  std::string broken;                   // the first error; later operations throw it at once
   bool aborted = false;
 
   nccl_comm_state() = default;
@@ -194,22 +191,6 @@ class nccl_device_scope {
 
  private:
   int prev_ = 0;
-};
-
-/// One operation in flight: its description and the CUDA event recorded
-/// after it on the communicator's stream.
-struct nccl_pending {
-  nccl_comm_state* st = nullptr;
-  op_ctx c;
-  cudaEvent_t ev = nullptr;
-  bool done = false;
-  std::string err;
-  nccl_pending() = default;
-  nccl_pending(const nccl_pending&) = delete;
-  nccl_pending& operator=(const nccl_pending&) = delete;
-  ~nccl_pending() {
-    if (ev) (void)cudaEventDestroy(ev);
-  }
 };
 
 }  // namespace detail

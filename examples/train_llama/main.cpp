@@ -59,17 +59,8 @@
 #include "tessera/kernels/blas.hpp"
 
 using namespace tessera;
-using train_llama::options;
 
 namespace {
-
-// An error line of train_llama. Bad settings are refused alike on every
-// rank of an MPI launch, so they are reported once, by rank 0; any other
-// failure may be one rank's own, and each rank reports it.
-void report(const char* what, const std::string& msg, bool same_on_every_rank) {
-  if (!same_on_every_rank || comm::launched_world().rank == 0)
-    std::fprintf(stderr, "train_llama: %s: %s\n", what, msg.c_str());
-}
 
 // The value of option `name` on the command line ("--name V", "--name=V").
 std::string argv_value(int argc, char** argv, const std::string& name, bool* given = nullptr) {
@@ -153,232 +144,26 @@ void refuse_duplicate_keys(const std::string& file) {
   }
 }
 
-// The checks of the command line that need nothing but the options (the
-// model, the run and the layout are train::validate's, later).
-void check_options(const CLI::App& app, options& o) {
-  auto given = [&](const char* f) { return app.count(f) > 0; };
-  for (const CLI::Option* opt : app.get_options())  // run.toml records the values raw
+// A control character in any option: run.toml, which --resume reads back,
+// records the values raw. Throws config_error naming the option.
+void refuse_control_characters(const CLI::App& app) {
+  for (const CLI::Option* opt : app.get_options())
     for (const std::string& v : opt->results())
       for (std::size_t i = 0; i < v.size(); ++i)
         TESSERA_THROW_IF(static_cast<unsigned char>(v[i]) < 0x20 || v[i] == 0x7f, config_error,
                          "--", opt->get_single_name(), " holds a control character (byte ", i,
                          "): run.toml, which --resume reads back, cannot record it");
-  for (const char* f : {"--out", "--resume", "--export-hf", "--trace", "--tokenizer", "--data"})
-    TESSERA_THROW_IF(
-        given(f) && app.get_option(f)->as<std::string>().empty(), config_error, f,
-        " is empty: name a ",
-        std::string(f) == "--out" || std::string(f) == "--resume" || std::string(f) == "--export-hf"
-            ? "folder"
-            : "file");
-  TESSERA_THROW_IF(!(o.cfg.lr > 0 && o.cfg.lr <= 1), config_error, "lr=", o.cfg.lr,
-                   " must be in (0, 1]");
-  TESSERA_THROW_IF(o.sample_bytes > 0 && o.prompt.empty(), config_error,
-                   "--prompt is empty; generation needs at least one byte of prompt");
-  TESSERA_THROW_IF(!(o.cfg.grad_clip >= 0), config_error, "--grad-clip ", o.cfg.grad_clip,
-                   " must be >= 0 (0: off)");
-  TESSERA_THROW_IF(o.baseline && !(*o.baseline > 0), config_error, "--baseline ", *o.baseline,
-                   " must be > 0 (a loss in nats per byte)");
-  TESSERA_THROW_IF(o.dp < 1 || o.dp > 1024, config_error, "dp=", o.dp, " must be in [1, 1024]");
-  TESSERA_THROW_IF(o.zero < 0 || o.zero > 3, config_error, "--zero ", o.zero,
-                   " is not a ZeRO stage (valid: 0, 1, 2, 3)");
-  TESSERA_THROW_IF(o.backend != "host" && o.backend != "cuda", config_error, "unknown backend '",
-                   o.backend, "' (valid: host, cuda)");
-  const bool gpu = o.backend == "cuda";
-  if (o.precision.empty()) o.precision = gpu ? "bf16_mixed_bf16_grads" : "fp32";
-  if (o.checkpointing.empty()) o.checkpointing = gpu ? "full" : "none";
-  TESSERA_THROW_IF(o.precision != "fp32" && o.precision != "bf16" && o.precision != "bf16_mixed" &&
-                       o.precision != "bf16_mixed_bf16_grads" && o.precision != "fp64",
-                   config_error, "unknown precision '", o.precision,
-                   "' (valid: fp32, bf16, bf16_mixed_bf16_grads, fp64)");
-  TESSERA_THROW_IF(o.optimizer != "adamw" && o.optimizer != "sgd", config_error,
-                   "unknown optimizer '", o.optimizer, "' (valid: adamw, sgd)");
-  for (const char* f : {"--nesterov", "--momentum"})
-    TESSERA_THROW_IF(given(f) && o.optimizer != "sgd", config_error, f,
-                     " sets SGD's momentum: it needs --optimizer sgd");
-  if (o.optimizer == "sgd")
-    o.cfg.sgd.weight_decay = given("--weight-decay") ? o.cfg.adamw.weight_decay : 0.0;
-  (void)nn::parse_checkpointing(o.checkpointing);
-  TESSERA_THROW_IF(o.checkpoint_layers < 1 || o.checkpoint_layers > 1000000, config_error,
-                   "--checkpoint-layers ", o.checkpoint_layers, " must be in [1, 1000000]");
-  TESSERA_THROW_IF(!(o.bucket_mb > 0) || o.bucket_mb > 1e6, config_error, "--bucket-mb ",
-                   o.bucket_mb, " must be in (0, 1e6]");
-  (void)parallel::parse_grad_reduction(o.grad_reduce);
-  TESSERA_THROW_IF(o.tp < 1 || o.tp > 64, config_error, "tp=", o.tp,
-                   " must be in [1, 64] (one node's ranks)");
-  TESSERA_THROW_IF(o.cfg.pp < 1 || o.cfg.pp > 256, config_error, "pp=", o.cfg.pp,
-                   " must be in [1, 256]");
-  TESSERA_THROW_IF(o.cfg.virtual_stages < 1 || o.cfg.virtual_stages > 64, config_error,
-                   "--virtual-stages ", o.cfg.virtual_stages, " must be in [1, 64]");
-  (void)parallel::parse_schedule_kind(o.schedule);
-  TESSERA_THROW_IF(given("--schedule") && o.cfg.pp == 1, config_error, "--schedule ", o.schedule,
-                   " orders a pipeline's stages: it needs --pp > 1");
-  TESSERA_THROW_IF(o.dp * o.tp * o.cfg.pp > 1024, config_error, "dp=", o.dp, " x tp=", o.tp,
-                   " x pp=", o.cfg.pp, " = ", o.dp * o.tp * o.cfg.pp,
-                   " ranks exceeds the limit of 1024");
-  if (o.cfg.sequence_parallel) nn::check_sequence_parallel(o.cfg.seq, o.tp);
-  if (!o.init_from_hf.empty())
-    for (const char* f :
-         {"--preset", "--dim", "--layers", "--heads", "--kv-heads", "--ffn", "--vocab"})
-      TESSERA_THROW_IF(
-          given(f), config_error, f,
-          " cannot be given with --init-from-hf: the model's sizes are its config.json's");
-  TESSERA_THROW_IF(!o.hf_dtype.empty() && o.export_hf.empty(), config_error, "--hf-dtype ",
-                   o.hf_dtype, " needs --export-hf DIR");
-  if (!o.hf_dtype.empty()) (void)nn::hf_safetensors_dtype(o.hf_dtype);
-  if (o.comm == "auto") o.comm = comm::launched_by_mpi() ? (gpu ? "nccl" : "mpi") : "local";
-  TESSERA_THROW_IF(o.comm != "local" && o.comm != "mpi" && o.comm != "nccl", config_error,
-                   "--comm '", o.comm, "' is not one of local, mpi, nccl");
-  TESSERA_THROW_IF(o.comm == "nccl" && !gpu, config_error,
-                   "--comm nccl reduces GPU memory: it needs --backend cuda");
-  TESSERA_THROW_IF(
-      gpu && o.comm != "nccl" && (o.dp > 1 || o.tp > 1 || o.cfg.pp > 1 || given("--comm")),
-      config_error, "--backend cuda --comm ", o.comm,
-      ": GPUs reduce over --comm nccl (one MPI process per GPU)");
-  o.parallel = o.dp > 1 || o.tp > 1 || o.cfg.pp > 1 || given("--zero") || given("--comm") ||
-               o.comm != "local";
-  TESSERA_THROW_IF(o.trace_step > 0 && o.trace.empty(), config_error, "--trace-step ", o.trace_step,
-                   " needs --trace FILE");
-  TESSERA_THROW_IF(o.trace_step > o.cfg.steps, config_error, "--trace-step ", o.trace_step,
-                   " must be in [0, steps=", o.cfg.steps, "] (0: the last)");
-  TESSERA_THROW_IF(o.sample_only && o.resume.empty(), config_error,
-                   "--sample-only samples from a checkpoint: it needs --resume DIR");
-  TESSERA_THROW_IF(o.sample_only && o.sample_bytes == 0, config_error,
-                   "--sample-only with --sample-bytes 0 has nothing to do");
-  if (!o.init_from_hf.empty())
-    (void)nn::hf_checkpoint(o.init_from_hf);  // every tensor against config.json
-  const nn::llama_config mc =
-      train_llama::model_config(o);  // the sizes, before any file is touched
-  mc.validate();
-  nn::check_tensor_parallel(mc, o.tp);
-}
-
-// The files and folders a run writes, checked (or created) before it
-// starts: the output folder, --export-hf's and --trace's. Records what it
-// creates in `created`.
-void prepare_folders(options& o, created_paths& created) {
-  namespace fs = std::filesystem;
-  auto writable = [](const fs::path& p) { return ::access(p.c_str(), W_OK) == 0; };
-  if (!o.export_hf.empty()) {
-    TESSERA_THROW_IF(fs::exists(o.export_hf) && !fs::is_directory(o.export_hf), io_error,
-                     "--export-hf '", o.export_hf, "' exists and is not a folder");
-    create_folders(o.export_hf, created, "--export-hf");
-    TESSERA_THROW_IF(!writable(o.export_hf), io_error, "--export-hf '", o.export_hf,
-                     "' cannot be written");
-  }
-  if (!o.trace.empty()) {
-    const fs::path t = fs::absolute(o.trace);
-    TESSERA_THROW_IF(fs::is_directory(t), io_error, "--trace '", o.trace, "' is a directory");
-    TESSERA_THROW_IF(!fs::is_directory(t.parent_path()) || !writable(t.parent_path()), io_error,
-                     "--trace '", o.trace, "': folder '", t.parent_path().string(),
-                     "' does not exist or is not writable");
-  }
-  if (o.sample_only) return;  // nothing is written: the folder may be read-only
-  create_folders(o.out, created, "output folder");
-  TESSERA_THROW_IF(!writable(o.out), io_error, "output folder '", o.out, "' is not writable");
-  remove_stale_temporaries(o.out);
-}
-
-// The vocabulary and the tokenizer of the data: the model's vocabulary
-// follows the token file unless --vocab sets it; a tokenizer.json of the
-// token file (or --tokenizer) decodes the samples, measures the validation
-// split's bytes per token and encodes the prompt (Hugging Face tokenizers).
-void prepare_vocabulary(const CLI::App& app, options& o, const std::filesystem::path& tok) {
-  const data::token_file f(tok);
-  o.data_vocab = f.vocab();
-  if (o.tokenizer.empty() && tok == std::filesystem::path(o.data))
-    o.tokenizer = data::tokenizer_of(tok).string();
-  TESSERA_THROW_IF(!o.tokenizer.empty() && !std::filesystem::is_regular_file(o.tokenizer),
-                   config_error, "--tokenizer '", o.tokenizer,
-                   "' is not a file (a Hugging Face tokenizer.json)");
-  const nn::llama_config mc = train_llama::model_config(o);
-  TESSERA_THROW_IF(f.vocab() > static_cast<std::uint64_t>(mc.vocab), config_error,
-                   "token file vocabulary ", f.vocab(), " of '", o.data,
-                   "' exceeds the model's vocab=", mc.vocab,
-                   o.init_from_hf.empty() ? " (--vocab)" : " (config.json of --init-from-hf)");
-  if (app.count("--seq") == 0 && o.cfg.seq > mc.max_seq) o.cfg.seq = mc.max_seq;
-  if (o.tokenizer.empty()) {
-    for (unsigned char c : o.prompt)  // the byte tokenizer's ids are the bytes
-      TESSERA_THROW_IF(o.sample_bytes > 0 && c >= mc.vocab, config_error, "--prompt byte ",
-                       static_cast<int>(c), " is outside the model's vocabulary of ", mc.vocab);
-    TESSERA_THROW_IF(o.sample_bytes > 0 && f.vocab() > 256, config_error, "--data '", o.data,
-                     "' has a vocabulary of ", f.vocab(),
-                     " ids but no tokenizer.json beside it to decode samples with: give "
-                     "--tokenizer FILE, or --sample-bytes 0");
-    return;
-  }
-  const data::hf_tokenizer t(o.tokenizer);
-  TESSERA_THROW_IF(t.vocab_size() < f.vocab(), config_error, "tokenizer '", o.tokenizer, "' knows ",
-                   t.vocab_size(), " ids but the data uses ids up to ", f.vocab() - 1);
-  std::uint64_t bytes = 0;
-  const auto val = f.split().val;
-  for (std::uint64_t i = val.begin; i < val.end; ++i) bytes += t.token_bytes(f[i]).size();
-  o.val_bytes_per_token = val.size() > 0 && bytes > 0
-                              ? static_cast<double>(bytes) / static_cast<double>(val.size())
-                              : 1.0;
-  if (o.sample_bytes == 0) return;
-  try {
-    o.prompt_ids = data::encode_with_tokenizer(o.tokenizer, o.prompt);
-  } catch (const config_error& e) {
-    throw config_error(std::string("--prompt: ") + e.what() + " (or --sample-bytes 0)");
-  }
-  for (std::int32_t id : o.prompt_ids)
-    TESSERA_THROW_IF(id < 0 || id >= mc.vocab, config_error, "--prompt encodes to id ", id,
-                     ", outside the model's vocabulary of ", mc.vocab);
 }
 
 }  // namespace
 
-namespace train_llama {
-
-// What drove a failed allocation: the sizes of the model and of a micro-batch.
-std::string oom_sizes(const options& o) {
-  try {
-    const nn::llama_config mc = model_config(o);
-    return tessera::detail::str(" (this run: ", mc.num_params(), " parameters of --dim ", mc.dim,
-                                " --layers ", mc.n_layers, " --ffn ", mc.ffn_dim, " --vocab ",
-                                mc.vocab, ", --micro-batch ", o.cfg.micro_batch, " x --seq ",
-                                o.cfg.seq, ", --precision ", o.precision, " --zero ", o.zero,
-                                " --checkpointing ", o.checkpointing,
-                                "; examples/plan with the same flags lists the bytes)");
-  } catch (const std::exception&) {
-    return {};
-  }
-}
-
-// The exception in flight as train_llama's error line; returns the exit
-// status: 2 for bad input (config_error, io_error) and for memory that
-// cannot be had (the sizes named), 1 for anything else.
-int report_failure(const options& o) {
-  try {
-    throw;
-  } catch (const config_error& e) {
-    report("error", e.what(), true);
-    return 2;
-  } catch (const io_error& e) {
-    report("error", e.what(), false);
-    return 2;
-  } catch (const out_of_memory& e) {
-    report("error", e.what() + oom_sizes(o), false);
-    return 2;
-  } catch (const std::bad_alloc&) {
-    report("error", "out of memory: a host allocation failed (std::bad_alloc)" + oom_sizes(o),
-           false);
-    return 2;
-  } catch (const std::exception& e) {
-    report("failed", e.what(), false);
-    return 1;
-  }
-}
-
-}  // namespace train_llama
-
 int main(int argc, char** argv) {
   kernels::check_blas_core(argv);
-  options o;
+  train::job o;
   try {
     kernels::check_openmp_environment();
   } catch (...) {
-    return train_llama::report_failure(o);
+    return train::report_failure(o);
   }
   // The main job's defaults: about 2400 x 2048 tokens (~2 epochs of the
   // corpus) in under 10 minutes on two cores (benchmarks/RESULTS.md).
@@ -601,10 +386,10 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    report("error", e.what(), true);
+    train::report_line(o, "error", e.what(), true);
     return 2;
   } catch (...) {
-    return train_llama::report_failure(o);
+    return train::report_failure(o);
   }
   // The default warmup (50) suits the main job; a short run that did not ask
   // for a warmup gets a tenth of its steps instead of an error.
@@ -625,9 +410,11 @@ int main(int argc, char** argv) {
   if (!o.resume.empty() && !out_given) o.out = o.resume;
   created_paths created;
   try {
-    check_options(app, o);
-    if (!config_default
-             .empty()) {  // the steps the checkpoint's run planned, for the log of an extension
+    refuse_control_characters(app);
+    for (const CLI::Option* opt : app.get_options())
+      if (opt->count() > 0) o.given.insert("--" + opt->get_single_name());
+    train::check_job(o);
+    if (!config_default.empty()) {  // the steps the resumed run planned, for the log
       std::ifstream in(config_default);
       for (const auto& item : CLI::ConfigTOML().from_config(in))
         if (item.name == "steps" && item.inputs.size() == 1)
@@ -638,62 +425,19 @@ int main(int argc, char** argv) {
     set_effective(app, "--out", o.out);
     o.config_toml = app.config_to_str(false, false);
     o.config_json = all_settings(app);
-    // Under an MPI launch rank 0 alone creates the folders and the token
-    // file; the others wait for it (a failure there is rank 0's to report).
-#if defined(TESSERA_HAS_MPI) && TESSERA_HAS_MPI
-    std::optional<comm::mpi_environment> mpi;
-    if (o.comm != "local") mpi.emplace();
-#endif
-    // --sample-only writes nothing into the run folder: text is
-    // byte-tokenized into a temporary folder of its own.
-    std::filesystem::path tokens_into = o.out;
-    if (o.sample_only) {
-      tokens_into = std::filesystem::temp_directory_path() / "train_llama.XXXXXX";
-      std::string t = tokens_into.string();
-      TESSERA_THROW_IF(::mkdtemp(t.data()) == nullptr, io_error,
-                       "cannot create a temporary folder in '",
-                       std::filesystem::temp_directory_path().string(), "'");
-      tokens_into = t;
-    }
-    struct remove_folder {
-      std::filesystem::path p;
-      ~remove_folder() {
-        std::error_code ec;
-        if (!p.empty()) std::filesystem::remove_all(p, ec);
-      }
-    } temporary{o.sample_only ? tokens_into : std::filesystem::path()};
-    std::filesystem::path tok;
-    std::exception_ptr failed;
-    if (world.rank == 0 || o.sample_only) {  // every rank's own temporary folder
-      try {
-        prepare_folders(o, created);
-        tok = data::prepare_token_file(o.data, tokens_into, o.data_format, created);
-      } catch (...) {
-        failed = std::current_exception();
-      }
-    }
-#if defined(TESSERA_HAS_MPI) && TESSERA_HAS_MPI
-    if (mpi) {
-      comm::mpi_communicator w(MPI_COMM_WORLD, train_llama::comm_opts(o));
-      double f = failed ? 1.0 : 0.0;
-      w.broadcast(&f, 1, 0);
-      if (f != 0 && !failed) return 2;
-    }
-#endif
-    if (failed) std::rethrow_exception(failed);
-    if (world.rank != 0 && !o.sample_only)
-      tok = data::token_file_path(o.data, tokens_into, o.data_format);
-    prepare_vocabulary(app, o, tok);
+    train::job_session session;  // under mpirun rank 0 alone writes the folders and tokens
+    if (!train::prepare_job(o, created, session)) return 2;  // rank 0 reports why
+    const auto& tok = session.tokens;
     return o.backend == "cuda"
                ? train_llama::run_cuda(o, tok, created)
-               : train_llama::pick<precision::fp32, precision::bf16_mixed, precision::bf16_mixed,
-                                   precision::bf16_mixed_bf16_grads, precision::fp64>(
+               : pick<precision::fp32, precision::bf16_mixed, precision::bf16_mixed,
+                      precision::bf16_mixed_bf16_grads, precision::fp64>(
                      "precision", o.precision,
                      {"fp32", "bf16", "bf16_mixed", "bf16_mixed_bf16_grads", "fp64"}, [&](auto p) {
-                       return train_llama::run_precision<host, typename decltype(p)::type>(o, tok,
-                                                                                           created);
+                       using P = typename decltype(p)::type;
+                       return train::dispatch_job<host, P>(o, tok, created);
                      });
   } catch (...) {
-    return train_llama::report_failure(o);
+    return train::report_failure(o);
   }
 }

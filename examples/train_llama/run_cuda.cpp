@@ -9,34 +9,37 @@
 #endif
 #include "run.hpp"
 
-namespace train_llama {
-
 #if defined(TESSERA_EXAMPLE_CUDA)
+namespace tessera::train {
+
+/// A job's world on GPUs: this process's GPU (one rank, no --comm), or one
+/// GPU per MPI process over NCCL (--comm nccl, dp x tp x pp processes).
 template <>
-struct world<tessera::cuda> {
+struct job_world<cuda> {
   static constexpr bool one_device = true;  // without --comm nccl: this process's GPU
   template <class P, class O>
-  static int run_one(options& o, const fs::path& tok, created_paths& created) {
+  static int run_one(job& o, const std::filesystem::path& tok, created_paths& created) {
     TESSERA_THROW_IF(tessera::cuda::device_count() < 1, config_error,
                      "--backend cuda: no CUDA device is visible");
     const data::token_file data(tok);
-    train::trainer<P, tessera::cuda, O> tr(model_config(o), run_config(o), data);
-    return fit_rank(o, tr, data, tok, created, kernels::device_peak(o.peak_tflops * 1e12));
+    trainer<P, cuda, O> tr(model_config(o), run_config(o), data);
+    return fit_job(o, tr, data, tok, created, kernels::device_peak(o.peak_tflops * 1e12));
   }
   template <class Ranks>
-  static int run(options& o, Ranks&& ranks) {
+  static int run(job& o, Ranks&& ranks) {
 #if defined(TESSERA_EXAMPLE_NCCL)
     comm::mpi_environment env;
-    comm::mpi_communicator boot(MPI_COMM_WORLD, comm_opts(o));
+    comm::mpi_communicator boot(MPI_COMM_WORLD, comm_options_of(o));
     return comm::mpi_run_notifying(
         [&] {
-          auto reduce = train::world_reduction(boot);
-          train::agree_settings(reduce, boot.rank(), o.config_json, "train_llama's options");
+          auto reduce = world_reduction(boot);
+          agree_settings(reduce, boot.rank(), o.config_json, o.program + "'s options");
           const int n_dev = tessera::cuda::device_count();
           TESSERA_THROW_IF(n_dev < 1, config_error, "--comm nccl: no CUDA device is visible");
           const int local = comm::launched_world().local_rank;  // one GPU per process of a node
           TESSERA_CUDA_CHECK(cudaSetDevice((local >= 0 ? local : boot.rank()) % n_dev));
-          comm::nccl_communicator w(boot, tessera::cuda::current_device(), nullptr, comm_opts(o));
+          comm::nccl_communicator w(boot, tessera::cuda::current_device(), nullptr,
+                                    comm_options_of(o));
           return ranks(w, kernels::device_peak(o.peak_tflops * 1e12));
         },
         [&] { return report_failure(o); });
@@ -49,23 +52,31 @@ struct world<tessera::cuda> {
   }
 };
 
-template int run_precision<tessera::cuda, precision::bf16_mixed>(options&, const fs::path&,
-                                                                 created_paths&);
-template int run_precision<tessera::cuda, precision::bf16_mixed_bf16_grads>(options&,
-                                                                            const fs::path&,
-                                                                            created_paths&);
+template int dispatch_job<cuda, precision::bf16_mixed>(job&, const std::filesystem::path&,
+                                                       created_paths&);
+template int dispatch_job<cuda, precision::bf16_mixed_bf16_grads>(job&,
+                                                                  const std::filesystem::path&,
+                                                                  created_paths&);
 
-int run_cuda(options& o, const fs::path& tok, created_paths& created) {
+}  // namespace tessera::train
+#endif
+
+namespace train_llama {
+
+using namespace tessera;
+
+#if defined(TESSERA_EXAMPLE_CUDA)
+int run_cuda(train::job& o, const std::filesystem::path& tok, created_paths& created) {
   if (o.precision == "bf16_mixed_bf16_grads")
-    return run_precision<tessera::cuda, precision::bf16_mixed_bf16_grads>(o, tok, created);
+    return train::dispatch_job<cuda, precision::bf16_mixed_bf16_grads>(o, tok, created);
   if (o.precision == "bf16" || o.precision == "bf16_mixed")
-    return run_precision<tessera::cuda, precision::bf16_mixed>(o, tok, created);
+    return train::dispatch_job<cuda, precision::bf16_mixed>(o, tok, created);
   throw config_error("--precision " + o.precision +
                      ": the cuda backend trains bf16 weights (bf16_mixed_bf16_grads, the "
                      "default, or bf16); fp32 and fp64 run on the host");
 }
 #else
-int run_cuda(options&, const fs::path&, created_paths&) {
+int run_cuda(train::job&, const std::filesystem::path&, created_paths&) {
   throw config_error(
       "--backend cuda: this build has no CUDA backend (configure with the cuda preset: cmake "
       "--preset cuda)");

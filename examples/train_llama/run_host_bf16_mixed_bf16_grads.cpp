@@ -2,6 +2,5 @@
 // precision: they compile in parallel).
 #include "run.hpp"
 
-namespace train_llama {
-template int run_precision<host, precision::bf16_mixed_bf16_grads>(options&, const fs::path&, created_paths&);
-}  // namespace train_llama
+template int tessera::train::dispatch_job<tessera::host, tessera::precision::bf16_mixed_bf16_grads>(
+    tessera::train::job&, const std::filesystem::path&, tessera::created_paths&);

@@ -46,9 +46,11 @@ if(NOT TESSERA_CBLAS_INCLUDE_DIR)
 endif()
 
 # oneDNN (Debian's libdnnl-dev), optional: bf16 x bf16 GEMMs on its native
-# bf16 matmul where the CPU has AVX-512 BF16 or AMX (kernels/detail/
-# onednn_gemm.hpp); without it they convert to float and run sgemm.
-option(TESSERA_WITH_ONEDNN "Run host bf16 GEMMs on oneDNN when it is found" ON)
+# bf16 matmul where the CPU has AVX-512 BF16 or AMX, and the small float
+# GEMMs with an untransposed A on its sgemm, where it was measured faster
+# than OpenBLAS (kernels/detail/onednn_gemm.hpp); without it every host
+# GEMM runs on CBLAS (bf16 converted to float first).
+option(TESSERA_WITH_ONEDNN "Run host bf16 GEMMs and small float GEMMs on oneDNN when it is found" ON)
 # Debian's build has an OpenCL GPU runtime, so its package config requires
 # OpenCL (ocl-icd-opencl-dev, a recommended package that scripts/deps.sh
 # installs); without it the config would stop the configure, so oneDNN is

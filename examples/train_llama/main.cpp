@@ -5,6 +5,7 @@
 // checkpoints, and prints a sample at the end. With no arguments it trains
 // the `small` preset on the bundled corpus (data/fortunes.txt).
 //
+// clang-format off
 //   build/host/examples/train_llama                       # the main job
 //   build/host/examples/train_llama --preset tiny --steps 50 --out runs/tiny
 //   build/host/examples/train_llama --resume runs/tiny    # continue exactly
@@ -18,9 +19,8 @@
 // global batch --global-batch stays the sequences per optimizer step.
 //
 //   build/host/examples/train_llama --steps 50 --dp 4 --micro-batch 4 --zero 2   # threads
-//   OMP_NUM_THREADS=1 mpirun -np 4 build/host/examples/train_llama --steps 50 --dp 4 --micro-batch
-//   4 --zero 3 mpirun -np 8 build/cuda/examples/train_llama --backend cuda --comm nccl --dp 8
-//   --zero 1
+//   OMP_NUM_THREADS=1 mpirun -np 4 build/host/examples/train_llama --steps 50 --dp 4 --micro-batch 4 --zero 3
+//   mpirun -np 8 build/cuda/examples/train_llama --backend cuda --comm nccl --dp 8 --zero 1
 //
 // Tensor parallel (docs/tensor_parallel.md), --tp T; pipeline parallel
 // (docs/pipeline.md), --pp K with --schedule gpipe, 1f1b, interleaved
@@ -28,21 +28,22 @@
 // --trace FILE writes one step's timeline for Perfetto:
 //
 //   build/host/examples/train_llama --steps 50 --dp 2 --tp 2 --zero 1 --micro-batch 8
-//   build/host/examples/train_llama --steps 50 --pp 2 --schedule zb1 --micro-batch 2 --trace
-//   runs/zb1.json
+//   build/host/examples/train_llama --steps 50 --pp 2 --schedule zb1 --micro-batch 2 --trace runs/zb1.json
 //
 // Hugging Face checkpoints (docs/huggingface.md): --init-from-hf DIR starts
 // from a Llama folder, --export-hf DIR writes the trained model as one:
 //
 //   build/host/examples/train_llama --preset tiny --steps 50 --out runs/t --export-hf runs/t/hf
 //   build/host/examples/train_llama --init-from-hf runs/t/hf --steps 20 --lr 3e-4 --out runs/ft
+// clang-format on
 //
-// This file reads and checks the command line, prepares the data and
-// dispatches once to typed code (run.hpp), which runs train::fit.
-// Exit status: 0 on success, 2 on bad input (one line naming the value and
-// the limit; nothing partial left behind), 1 on any other failure.
-
-#include <unistd.h>
+// This file is the command line: it reads the options into a train::job
+// (CLI11; --config FILE and --resume DIR read run.toml), and hands it to the
+// library: train::check_job, train::prepare_job, and the typed dispatch
+// train::dispatch_job (tessera/train/run_job.hpp), which runs train::fit
+// on every rank. Exit status: 0 on success, 2 on bad input (one line naming
+// the value and the limit; nothing partial left behind), 1 on any other
+// failure.
 
 #include <CLI/CLI.hpp>
 #include <cerrno>

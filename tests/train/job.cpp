@@ -235,14 +235,17 @@ TEST_CASE("a job run in code takes the steps of the trainer its names select, bi
   temp_dir dir;
   const fs::path corpus = make_corpus(dir.path);
   train::job j = tiny_job(corpus, dir.path / "job");
-  j.optimizer = "sgd";
-  j.cfg.sgd.momentum = 0.9;
   j.config_toml = "steps = 4\n";
-  train::check_job(j);
-  created_paths created;
-  train::job_session s;
-  REQUIRE(train::prepare_job(j, created, s));
-  REQUIRE(train::dispatch_job<host, precision::fp32>(j, s.tokens, created) == 0);
+  // example-begin job
+  j.optimizer = "sgd";  // names, as train_llama's options give them
+  j.cfg.sgd.momentum = 0.9;
+  train::check_job(j);    // the settings alone (throws config_error naming the option)
+  created_paths created;  // what a failure before the first step removes
+  train::job_session s;   // the token file (and MPI, under mpirun) until the run ends
+  REQUIRE(train::prepare_job(j, created, s));  // folders, tokens, vocabulary
+  const int status = train::dispatch_job<host, precision::fp32>(j, s.tokens, created);
+  // example-end job
+  REQUIRE(status == 0);
   created.keep();
   // run.toml holds the settings as given; the folder is kept.
   std::ifstream toml(dir.path / "job" / "run.toml");

@@ -1,5 +1,5 @@
 #pragma once
-/// \file communicator_base.hpp
+/// \file comm/communicator_base.hpp
 /// What every multi-rank communicator shares, written once: the per-rank
 /// bookkeeping (`detail::rank_core`: settings, sequence numbers, the
 /// counters, the debug log) and the public surface built on it

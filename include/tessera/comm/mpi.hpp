@@ -359,19 +359,13 @@ inline std::string mpi_failure_notice() {
 namespace detail {
 
 /// One pending MPI operation (a detail::polled_pending).
-struct mpi_pending {
+struct mpi_pending : pending_core<mpi_comm_state> {
   static constexpr unsigned peer_check_every = 16;  // polls between looks at the error path
-  mpi_comm_state* st = nullptr;
-  op_ctx c;
   MPI_Request req = MPI_REQUEST_NULL;
-  bool done = false;
-  std::string err;
   std::vector<std::byte> tmp;         // staging for in-place reduce_scatter
   std::function<void()> on_complete;  // copies out of tmp; checks recv counts
   MPI_Status status{};
 
-  [[nodiscard]] int group_rank() const { return st->rank; }
-  [[nodiscard]] int group_size() const { return st->size; }
   /// One MPI_Test; on completion runs on_complete. Returns done.
   bool poll() {
     bool stopped = false;

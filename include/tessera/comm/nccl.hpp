@@ -115,13 +115,9 @@ namespace detail {
 /// the CUDA event recorded after it on the communicator's stream. Every
 /// way it fails aborts the communicator (ncclCommAbort): the GPU may
 /// otherwise wait for a peer forever.
-struct nccl_pending {
+struct nccl_pending : pending_core<nccl_comm_state> {
   static constexpr unsigned peer_check_every = 1024;  // polls between looks at the error path
-  nccl_comm_state* st = nullptr;
-  op_ctx c;
   cudaEvent_t ev = nullptr;
-  bool done = false;
-  std::string err;
   nccl_pending() = default;
   nccl_pending(const nccl_pending&) = delete;
   nccl_pending& operator=(const nccl_pending&) = delete;
@@ -129,8 +125,6 @@ struct nccl_pending {
     if (ev) (void)cudaEventDestroy(ev);
   }
 
-  [[nodiscard]] int group_rank() const { return st->rank; }
-  [[nodiscard]] int group_size() const { return st->size; }
   /// One cudaEventQuery and ncclCommGetAsyncError. Returns done.
   bool poll() {
     if (st->aborted) {

@@ -18,15 +18,10 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstring>
-#include <type_traits>
 #include <vector>
 
 #include "tessera/core/error.hpp"
-#include "tessera/core/numeric.hpp"
-#include "tessera/core/tensor.hpp"
 #include "tessera/kernels/context.hpp"
-#include "tessera/kernels/elementwise.hpp"
 #include "tessera/kernels/optimizer.hpp"
 #include "tessera/optim/optimizer.hpp"
 
@@ -51,78 +46,41 @@ struct adamw_config {
 };
 
 /// AdamW over n elements of `Param` with gradients `Grad` and `Master`
-/// state, on context `Ctx` (flat_optimizer: two moments, master weights
+/// state, on context `Ctx` (fused_optimizer: two moments, master weights
 /// when Param is narrower than Master). When Param == Master the parameters
 /// are updated in place and no master copy is kept. The context is not
 /// owned and must outlive the optimizer.
 template <class Param, class Grad, class Master, class Ctx>
-class adamw_optimizer : public flat_optimizer<Param, Master, Ctx> {
-  using base = flat_optimizer<Param, Master, Ctx>;
+class adamw_optimizer : public fused_optimizer<adamw_optimizer<Param, Grad, Master, Ctx>,
+                                               adamw_config, 2, Param, Grad, Master, Ctx> {
+  using base = fused_optimizer<adamw_optimizer, adamw_config, 2, Param, Grad, Master, Ctx>;
+  friend base;
 
  public:
   static constexpr const char* name = "adamw";
-  using base::has_master;
-  /// Bytes of optimizer state per parameter (moments, plus master weights if kept).
-  static constexpr std::size_t state_bytes_per_param = (has_master ? 3 : 2) * sizeof(Master);
+  using base::base;
 
-  /// Builds the optimizer for elements [0, n), `ranges` giving each
-  /// element's decay flag and where its parameter and gradient are
-  /// (owned_range; ranges beyond n are clipped). Allocates all state from
-  /// the context now (moments zero). Throws config_error for bad
-  /// hyper-parameters or n < 0.
-  adamw_optimizer(adamw_config cfg, std::int64_t n, const std::vector<owned_range>& ranges,
-                  const Ctx& ctx)
-      : base(n, ranges, (cfg.validate(), cfg.weight_decay != 0.0), ctx, 2), cfg_(cfg) {}
-  /// The same over a flat buffer laid out as the state (shifts 0).
-  adamw_optimizer(adamw_config cfg, std::int64_t n, const std::vector<param_range>& ranges,
-                  const Ctx& ctx)
-      : adamw_optimizer(cfg, n, owned(ranges), ctx) {}
-  /// A temporary context would dangle: the optimizer keeps a pointer to it.
-  adamw_optimizer(adamw_config, std::int64_t, const std::vector<param_range>&,
-                  const Ctx&&) = delete;
-  adamw_optimizer(adamw_config, std::int64_t, const std::vector<owned_range>&,
-                  const Ctx&&) = delete;
-
-  /// One step: the gradients are scaled by `*d_clip` (the clip
-  /// coefficient, one Master in the context's memory; a non-finite value
-  /// writes nothing: call skipped() once the caller knows), the parameters
-  /// updated in place, and with a master copy params = round(master).
-  /// Throws tessera::error if the master weights were never initialised
-  /// (init_master or load), which would write zeros into the parameters.
-  void step(Param* params, const Grad* grads, double lr, const Master* d_clip) {
-    launch(params, grads, lr, 1.0, d_clip);
-  }
-  /// One step with the gradient multiplier `grad_scale` given on the host; a
-  /// non-finite one skips the step (nothing written, not counted).
-  void step(Param* params, const Grad* grads, double lr, double grad_scale = 1.0) {
-    launch(params, grads, lr, grad_scale, nullptr);
-  }
-
-  const adamw_config& config() const { return cfg_; }
   /// The moments, n elements each, in the context's memory.
   const Master* exp_avg() const { return this->moment(0); }
   const Master* exp_avg_sq() const { return this->moment(1); }
 
  private:
-  void launch(Param* params, const Grad* grads, double lr, double grad_scale,
-              const Master* d_clip) {
-    if (d_clip == nullptr && !std::isfinite(grad_scale))
-      return;  // skipped: nothing written, not counted
-    const std::int64_t t = this->begin_step("adamw");
+  /// Step t's fused kernel (kernels::adamw_step): bias corrections of t.
+  void update(Param* params, const Grad* grads, double lr, double grad_scale, const Master* d_clip,
+              std::int64_t t) {
+    const adamw_config& c = this->config();
     const kernels::detail::adamw_step_params<Master> s{
         static_cast<Master>(lr),
-        static_cast<Master>(cfg_.beta1),
-        static_cast<Master>(cfg_.beta2),
-        static_cast<Master>(cfg_.eps),
-        static_cast<Master>(cfg_.weight_decay),
-        static_cast<Master>(1.0 - std::pow(cfg_.beta1, static_cast<double>(t))),
-        static_cast<Master>(1.0 - std::pow(cfg_.beta2, static_cast<double>(t))),
+        static_cast<Master>(c.beta1),
+        static_cast<Master>(c.beta2),
+        static_cast<Master>(c.eps),
+        static_cast<Master>(c.weight_decay),
+        static_cast<Master>(1.0 - std::pow(c.beta1, static_cast<double>(t))),
+        static_cast<Master>(1.0 - std::pow(c.beta2, static_cast<double>(t))),
         static_cast<Master>(grad_scale)};
     adamw_step(this->ctx(), params, this->master_data(), this->moment(0), this->moment(1), grads,
                this->size(), this->segments(), this->num_segments(), s, d_clip);
   }
-
-  adamw_config cfg_;
 };
 
 /// The AdamW policy: `trainer<P, B, optim::adamw, ...>`.

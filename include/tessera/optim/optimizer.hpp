@@ -13,9 +13,11 @@
 /// is built (so the memory floor is visible before step 0), and the clip
 /// coefficient read from the context's memory (no host synchronisation on a
 /// GPU; a non-finite one skips the step inside the kernel). What they share
-/// is flat_optimizer, their base.
+/// is flat_optimizer (the state) and fused_optimizer (the constructors and
+/// the step forms), their bases: a new rule writes only its kernel call.
 
 #include <algorithm>
+#include <cmath>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
@@ -90,6 +92,10 @@ struct owned_range {
   std::int64_t param_shift = 0, grad_shift = 0;
 };
 
+/// The owned ranges themselves (fused_optimizer takes either form).
+inline const std::vector<owned_range>& owned(const std::vector<owned_range>& ranges) {
+  return ranges;
+}
 /// The owned_range of every param_range, shifts 0.
 inline std::vector<owned_range> owned(const std::vector<param_range>& ranges) {
   std::vector<owned_range> out;
@@ -242,6 +248,68 @@ class flat_optimizer {
   std::vector<kernels::optimizer_segment> host_segments_;
   std::int64_t t_ = 0;
   bool master_ready_ = !has_master;
+};
+
+/// An optimizer whose update is one fused pass over flat_optimizer's state
+/// (adamw_optimizer, sgd_optimizer derive from it, CRTP; a new rule writes
+/// only its kernel call). It gives every such optimizer the same surface:
+/// constructors over owned_range or param_range (the config validated
+/// first; decay only where weight_decay != 0), the two step forms, and the
+/// skip of a non-finite host scale. `Derived` provides `name` and
+/// `update(params, grads, lr, grad_scale, d_clip, t)`, the kernel call of
+/// step t (1-based); `Config` has validate() and weight_decay; `Moments`
+/// is the number of Master state buffers.
+template <class Derived, class Config, int Moments, class Param, class Grad, class Master,
+          class Ctx>
+class fused_optimizer : public flat_optimizer<Param, Master, Ctx> {
+  using base = flat_optimizer<Param, Master, Ctx>;
+
+ public:
+  using base::has_master;
+  /// Bytes of optimizer state per parameter (the moments, plus master weights if kept).
+  static constexpr std::size_t state_bytes_per_param =
+      (Moments + (has_master ? 1 : 0)) * sizeof(Master);
+
+  /// Builds the optimizer for elements [0, n), `ranges` (owned_range or
+  /// param_range) giving each element's decay flag and where its parameter
+  /// and gradient are (ranges beyond n are clipped). Allocates all state
+  /// from the context now (zero). Throws config_error for bad
+  /// hyper-parameters or n < 0.
+  template <class Range>
+  fused_optimizer(Config cfg, std::int64_t n, const std::vector<Range>& ranges, const Ctx& ctx)
+      : base(n, owned(ranges), (cfg.validate(), cfg.weight_decay != 0.0), ctx, Moments),
+        cfg_(cfg) {}
+  /// A temporary context would dangle: the optimizer keeps a pointer to it.
+  template <class Range>
+  fused_optimizer(Config, std::int64_t, const std::vector<Range>&, const Ctx&&) = delete;
+
+  /// One step: the gradients are scaled by `*d_clip` (the clip
+  /// coefficient, one Master in the context's memory; a non-finite value
+  /// writes nothing: call skipped() once the caller knows), the parameters
+  /// updated in place, and with a master copy params = round(master).
+  /// Throws tessera::error if the master weights were never initialised
+  /// (init_master or load), which would write zeros into the parameters.
+  void step(Param* params, const Grad* grads, double lr, const Master* d_clip) {
+    launch(params, grads, lr, 1.0, d_clip);
+  }
+  /// One step with the gradient multiplier `grad_scale` given on the host; a
+  /// non-finite one skips the step (nothing written, not counted).
+  void step(Param* params, const Grad* grads, double lr, double grad_scale = 1.0) {
+    launch(params, grads, lr, grad_scale, nullptr);
+  }
+  /// The hyper-parameters.
+  const Config& config() const { return cfg_; }
+
+ private:
+  void launch(Param* params, const Grad* grads, double lr, double grad_scale,
+              const Master* d_clip) {
+    if (d_clip == nullptr && !std::isfinite(grad_scale))
+      return;  // skipped: nothing written, not counted
+    const std::int64_t t = this->begin_step(Derived::name);
+    static_cast<Derived*>(this)->update(params, grads, lr, grad_scale, d_clip, t);
+  }
+
+  Config cfg_;
 };
 
 }  // namespace tessera::optim

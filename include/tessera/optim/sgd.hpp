@@ -16,15 +16,10 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstring>
-#include <type_traits>
 #include <vector>
 
 #include "tessera/core/error.hpp"
-#include "tessera/core/numeric.hpp"
-#include "tessera/core/tensor.hpp"
 #include "tessera/kernels/context.hpp"
-#include "tessera/kernels/elementwise.hpp"
 #include "tessera/kernels/optimizer.hpp"
 #include "tessera/optim/optimizer.hpp"
 
@@ -47,60 +42,32 @@ struct sgd_config {
 };
 
 /// SGD with momentum over n elements of `Param` with gradients `Grad` and
-/// `Master` state, on context `Ctx` (not owned): flat_optimizer with one
+/// `Master` state, on context `Ctx` (not owned): fused_optimizer with one
 /// moment, the momentum buffer.
 template <class Param, class Grad, class Master, class Ctx>
-class sgd_optimizer : public flat_optimizer<Param, Master, Ctx> {
-  using base = flat_optimizer<Param, Master, Ctx>;
+class sgd_optimizer : public fused_optimizer<sgd_optimizer<Param, Grad, Master, Ctx>, sgd_config, 1,
+                                             Param, Grad, Master, Ctx> {
+  using base = fused_optimizer<sgd_optimizer, sgd_config, 1, Param, Grad, Master, Ctx>;
+  friend base;
 
  public:
   static constexpr const char* name = "sgd";
-  using base::has_master;
-  /// Bytes of optimizer state per parameter (the momentum, plus master weights if kept).
-  static constexpr std::size_t state_bytes_per_param = (has_master ? 2 : 1) * sizeof(Master);
+  using base::base;
 
-  /// As adamw_optimizer's constructor: n elements, decay and layout by
-  /// `ranges`, state allocated now (momentum zero). Throws config_error for
-  /// bad hyper-parameters or n < 0.
-  sgd_optimizer(sgd_config cfg, std::int64_t n, const std::vector<owned_range>& ranges,
-                const Ctx& ctx)
-      : base(n, ranges, (cfg.validate(), cfg.weight_decay != 0.0), ctx, 1), cfg_(cfg) {}
-  sgd_optimizer(sgd_config cfg, std::int64_t n, const std::vector<param_range>& ranges,
-                const Ctx& ctx)
-      : sgd_optimizer(cfg, n, owned(ranges), ctx) {}
-  /// A temporary context would dangle: the optimizer keeps a pointer to it.
-  sgd_optimizer(sgd_config, std::int64_t, const std::vector<param_range>&, const Ctx&&) = delete;
-  sgd_optimizer(sgd_config, std::int64_t, const std::vector<owned_range>&, const Ctx&&) = delete;
-
-  /// One step, the gradients scaled by `*d_clip` (context memory; a
-  /// non-finite value writes nothing: call skipped()).
-  void step(Param* params, const Grad* grads, double lr, const Master* d_clip) {
-    launch(params, grads, lr, 1.0, d_clip);
-  }
-  /// One step with the gradient multiplier given on the host; a non-finite
-  /// one skips the step (nothing written, not counted).
-  void step(Param* params, const Grad* grads, double lr, double grad_scale = 1.0) {
-    launch(params, grads, lr, grad_scale, nullptr);
-  }
-
-  const sgd_config& config() const { return cfg_; }
   /// The momentum buffer (n elements, context memory).
   const Master* momentum_buffer() const { return this->moment(0); }
 
  private:
-  void launch(Param* params, const Grad* grads, double lr, double grad_scale,
-              const Master* d_clip) {
-    if (d_clip == nullptr && !std::isfinite(grad_scale))
-      return;  // skipped: nothing written, not counted
-    (void)this->begin_step("sgd");
+  /// The fused kernel (kernels::sgd_step); SGD needs no step count.
+  void update(Param* params, const Grad* grads, double lr, double grad_scale, const Master* d_clip,
+              std::int64_t /*t*/) {
+    const sgd_config& c = this->config();
     const kernels::detail::sgd_step_params<Master> s{
-        static_cast<Master>(lr), static_cast<Master>(cfg_.momentum),
-        static_cast<Master>(cfg_.weight_decay), static_cast<Master>(grad_scale), cfg_.nesterov};
+        static_cast<Master>(lr), static_cast<Master>(c.momentum),
+        static_cast<Master>(c.weight_decay), static_cast<Master>(grad_scale), c.nesterov};
     sgd_step(this->ctx(), params, this->master_data(), this->moment(0), grads, this->size(),
              this->segments(), this->num_segments(), s, d_clip);
   }
-
-  sgd_config cfg_;
 };
 
 /// The SGD policy: `trainer<P, B, optim::sgd, ...>`.

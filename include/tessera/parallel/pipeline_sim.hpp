@@ -64,17 +64,6 @@ struct simulation {
   std::vector<std::vector<timed_action>> timeline;  ///< each rank's actions, in list order
 };
 
-namespace detail {
-
-inline bool pipeline_is_compute(action_kind k) {
-  return k == action_kind::forward || k == action_kind::backward ||
-         k == action_kind::backward_input || k == action_kind::backward_weight;
-}
-
-inline bool pipeline_is_message(action_kind k) { return is_message(k); }
-
-}  // namespace detail
-
 /// Simulates one step: lists[k] is rank k's action list (K = lists.size()),
 /// each model chunk c of rank k being virtual stage c K + k of K
 /// `virtual_stages` (pipeline_schedule.hpp's layout). Each rank runs its
@@ -118,10 +107,10 @@ inline simulation simulate(const std::vector<std::vector<action>>& lists, int vi
   std::int64_t M = 0;
   for (int k = 0; k < K; ++k)
     for (const action& a : lists[static_cast<std::size_t>(k)]) {
-      if (!detail::pipeline_is_compute(a.kind) && !detail::pipeline_is_message(a.kind)) continue;
+      if (!is_compute(a.kind) && !is_message(a.kind)) continue;
       TESSERA_THROW_IF(a.chunk < 0 || a.chunk >= V, config_error, "simulate: rank ", k, "'s ",
-                       to_string(a.kind), " of micro-batch ", a.micro_batch, " has chunk ",
-                       a.chunk, " outside [0, V=", V, ")");
+                       to_string(a.kind), " of micro-batch ", a.micro_batch, " has chunk ", a.chunk,
+                       " outside [0, V=", V, ")");
       TESSERA_THROW_IF(a.micro_batch < 0, config_error, "simulate: rank ", k, "'s ",
                        to_string(a.kind), " has micro-batch ", a.micro_batch, " < 0");
       M = std::max(M, a.micro_batch + 1);
@@ -157,14 +146,12 @@ inline simulation simulate(const std::vector<std::vector<action>>& lists, int vi
       default:
         return nullptr;
     }
-    const bool recv =
-        a.kind == action_kind::recv_forward || a.kind == action_kind::recv_backward;
-    TESSERA_THROW_IF(to < 0 || to >= KV || (recv && (dir == 0 ? v == 0 : v == KV - 1)),
-                     config_error, "simulate: rank ", k, "'s ", to_string(a.kind),
-                     " of micro-batch ", a.micro_batch, " (chunk ", a.chunk,
-                     ") is on virtual stage ", v, " of ", KV, ", which has no ",
-                     dir == 0 ? (recv ? "previous" : "next") : (recv ? "next" : "previous"),
-                     " virtual stage");
+    const bool recv = a.kind == action_kind::recv_forward || a.kind == action_kind::recv_backward;
+    TESSERA_THROW_IF(
+        to < 0 || to >= KV || (recv && (dir == 0 ? v == 0 : v == KV - 1)), config_error,
+        "simulate: rank ", k, "'s ", to_string(a.kind), " of micro-batch ", a.micro_batch,
+        " (chunk ", a.chunk, ") is on virtual stage ", v, " of ", KV, ", which has no ",
+        dir == 0 ? (recv ? "previous" : "next") : (recv ? "next" : "previous"), " virtual stage");
     return &slots[static_cast<std::size_t>((dir * M + a.micro_batch) * KV + to)];
   };
   auto describe = [&](std::size_t i) {
@@ -190,13 +177,13 @@ inline simulation simulate(const std::vector<std::vector<action>>& lists, int vi
     TESSERA_THROW_IF(s.recvs > 0 && s.sends == 0, config_error, "simulate: rank ", s.receiver,
                      "'s ", recv_name[dir], " of ", describe(i), " has no matching ",
                      send_name[dir], " on any rank");
-    TESSERA_THROW_IF(s.sends > 0 && s.recvs == 0, config_error, "simulate: rank ", s.sender,
-                     "'s ", send_name[dir], " of ", describe(i), " is never received (no ",
-                     recv_name[dir], " on any rank)");
-    TESSERA_THROW_IF(s.sends > 1, config_error, "simulate: ", send_name[dir], " of ",
-                     describe(i), " appears ", s.sends, " times");
-    TESSERA_THROW_IF(s.recvs > 1, config_error, "simulate: ", recv_name[dir], " of ",
-                     describe(i), " appears ", s.recvs, " times");
+    TESSERA_THROW_IF(s.sends > 0 && s.recvs == 0, config_error, "simulate: rank ", s.sender, "'s ",
+                     send_name[dir], " of ", describe(i), " is never received (no ", recv_name[dir],
+                     " on any rank)");
+    TESSERA_THROW_IF(s.sends > 1, config_error, "simulate: ", send_name[dir], " of ", describe(i),
+                     " appears ", s.sends, " times");
+    TESSERA_THROW_IF(s.recvs > 1, config_error, "simulate: ", recv_name[dir], " of ", describe(i),
+                     " appears ", s.recvs, " times");
   }
 
   const bool rendezvous = transport == message_transport::rendezvous;
@@ -233,8 +220,8 @@ inline simulation simulate(const std::vector<std::vector<action>>& lists, int vi
         const auto& q = received[static_cast<std::size_t>(a * K + b)];
         for (std::size_t n = 0; n < s.size() && n < q.size(); ++n)
           TESSERA_THROW_IF(s[n] != q[n], config_error, "simulate: rank ", a, "'s send #", n,
-                           " to rank ", b, " is ", describe(s[n]), ", but rank ", b,
-                           "'s receive #", n, " from rank ", a, " expects ", describe(q[n]),
+                           " to rank ", b, " is ", describe(s[n]), ", but rank ", b, "'s receive #",
+                           n, " from rank ", a, " expects ", describe(q[n]),
                            ": a transport without tags (NCCL) matches them in order");
       }
   }
@@ -339,7 +326,8 @@ inline simulation simulate(const std::vector<std::vector<action>>& lists, int vi
     }
   }
 
-  for (int k = 0; k < K; ++k) r.step_time = std::max(r.step_time, clock[static_cast<std::size_t>(k)]);
+  for (int k = 0; k < K; ++k)
+    r.step_time = std::max(r.step_time, clock[static_cast<std::size_t>(k)]);
   double sum = 0;
   for (int k = 0; k < K; ++k) {
     r.idle.push_back(r.step_time - r.busy[static_cast<std::size_t>(k)]);
@@ -351,8 +339,7 @@ inline simulation simulate(const std::vector<std::vector<action>>& lists, int vi
 
 /// Simulates `kind` on `shape`: every rank's list from make_schedule, then
 /// simulate(lists, shape.virtual_stages, costs, transport). Throws as both do.
-inline simulation simulate(schedule_kind kind, pipeline_shape shape,
-                           const stage_costs& costs = {},
+inline simulation simulate(schedule_kind kind, pipeline_shape shape, const stage_costs& costs = {},
                            message_transport transport = message_transport::buffered) {
   check_pipeline(kind, shape);
   std::vector<std::vector<action>> lists;

@@ -92,6 +92,12 @@ struct timed_action {
   std::int64_t allocated = 0;
 };
 
+/// Whether an action computes: a forward, a backward, or its B or W half.
+constexpr bool is_compute(action_kind k) {
+  return k == action_kind::forward || k == action_kind::backward ||
+         k == action_kind::backward_input || k == action_kind::backward_weight;
+}
+
 /// True for the four pipeline message kinds (send_*, recv_*).
 constexpr bool is_message(action_kind k) {
   return k == action_kind::send_forward || k == action_kind::recv_forward ||
@@ -194,9 +200,8 @@ inline std::int64_t peak_in_flight(const std::vector<action>& actions, int chunk
       case action_kind::backward_input:
       case action_kind::backward_weight: {
         const std::ptrdiff_t i = find(a);
-        TESSERA_THROW_IF(i < 0, config_error, "schedule: ", to_string(a.kind),
-                         " of micro-batch ", a.micro_batch, " (chunk ", a.chunk,
-                         ") before its forward");
+        TESSERA_THROW_IF(i < 0, config_error, "schedule: ", to_string(a.kind), " of micro-batch ",
+                         a.micro_batch, " (chunk ", a.chunk, ") before its forward");
         held& h = open[static_cast<std::size_t>(i)];
         TESSERA_THROW_IF(a.kind == action_kind::backward_weight && !h.input_done, config_error,
                          "schedule: backward_weight of micro-batch ", a.micro_batch, " (chunk ",

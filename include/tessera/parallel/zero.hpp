@@ -33,8 +33,9 @@
 ///       produced all of its gradients (the A-th backward per step, or every
 ///       one per micro-batch), while earlier segments still compute;
 ///   finish_gradients()           -- waits for every reduction;
-///   grad_norm_squared(d_out)     -- over every shard and rank, each element
-///       once (one float64 all_reduce), into the context's memory;
+///   local_grad_norm_squared(d)   -- this rank's owned elements, each once;
+///       the caller sums it over the mesh (parallel::layout::reduce: the
+///       executor's clip action) into the context's memory;
 ///   step(lr, d_clip)             -- the optimizer on the owned elements,
 ///       then zero<1,2> all-gather the updated parameters.
 ///
@@ -223,7 +224,6 @@ class data_parallel final : public nn::segment_hooks {
   C& communicator() { return *comm_; }
   /// This rank's parameter shard (zero<3>: shard-local order,
   /// plan().shard_size() elements, the context's memory); null otherwise.
-  const Param* shard_params() const { return params_ ? params_->shard() : nullptr; }
   /// Bucket reductions issued since construction, per bucket.
   const std::vector<std::int64_t>& reductions_per_bucket() const {
     return grads_.reductions_per_bucket();

@@ -1,5 +1,5 @@
 #pragma once
-/// \file agree.hpp
+/// \file train/agree.hpp
 /// Agreement across ranks, written once over a world reduction: `world` is
 /// any callable `world(std::vector<double>& v, comm::reduce_op op)` that
 /// reduces v in place so every rank of the world ends with the same result
@@ -99,7 +99,8 @@ void agree_or_throw(World& world, int rank, std::exception_ptr failed, const std
     std::fprintf(stderr, "tessera: world rank %d: %s failed here too: %s\n", rank, what.c_str(),
                  why.c_str());
   const std::string m = agree_text(world, rank, r, std::string(1, kind) + why);
-  const std::string text = tessera::detail::str(what, " failed on world rank ", r, ": ", m.substr(1));
+  const std::string text =
+      tessera::detail::str(what, " failed on world rank ", r, ": ", m.substr(1));
   switch (m.empty() ? '4' : m[0]) {
     case '1':
       throw config_error(text);
@@ -160,14 +161,15 @@ void agree_settings(World& world, int rank, const nlohmann::json& settings,
   const std::string hint = " (start every rank with the same settings)";
   if (key(theirs) == key(zeros))
     throw config_error(tessera::detail::str(what, " differ between ranks: ", key(theirs), " is ",
-                                   value(zeros), " on world rank 0 but ", value(theirs),
-                                   " on world rank ", r, hint));
+                                            value(zeros), " on world rank 0 but ", value(theirs),
+                                            " on world rank ", r, hint));
   auto held = [&](const std::string& t, int who) {
-    return key(t).empty() ? tessera::detail::str("world rank ", who, " has no further setting")
-                          : tessera::detail::str("world rank ", who, " has ", key(t), "=", value(t));
+    return key(t).empty()
+               ? tessera::detail::str("world rank ", who, " has no further setting")
+               : tessera::detail::str("world rank ", who, " has ", key(t), "=", value(t));
   };
-  throw config_error(tessera::detail::str(what, " differ between ranks: ", held(zeros, 0), " where ",
-                                 held(theirs, r), hint));
+  throw config_error(tessera::detail::str(what, " differ between ranks: ", held(zeros, 0),
+                                          " where ", held(theirs, r), hint));
 }
 
 /// The world reduction of a rank's layout (parallel/layout.hpp): every

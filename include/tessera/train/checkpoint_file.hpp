@@ -6,7 +6,7 @@
 /// previous checkpoint intact.
 ///
 /// Layout (little-endian):
-///   magic "TSRACKP1" (8 bytes) | u32 version = 1 | u32 reserved | u64 json bytes
+///   magic "TSRACKP1" (8 bytes) | u32 version (checkpoint_version) | u32 reserved | u64 json bytes
 ///   | json (UTF-8) | u64 payload bytes | payload | u64 FNV-1a-64 of json + payload
 /// (the metadata is covered too: an edited step or setting is refused).
 
@@ -36,7 +36,8 @@ inline constexpr std::uint32_t checkpoint_version = 2;
 
 /// FNV-1a 64-bit hash of bytes, continuing from `h` (detects truncation and
 /// corruption, not tampering).
-inline std::uint64_t fnv1a64(const char* p, std::size_t n, std::uint64_t h = 1469598103934665603ull) {
+inline std::uint64_t fnv1a64(const char* p, std::size_t n,
+                             std::uint64_t h = 1469598103934665603ull) {
   for (std::size_t i = 0; i < n; ++i) {
     h ^= static_cast<unsigned char>(p[i]);
     h *= 1099511628211ull;
@@ -47,18 +48,19 @@ inline std::uint64_t fnv1a64(const char* p, std::size_t n, std::uint64_t h = 146
 /// Streams the payload of a checkpoint to disk, hashing as it goes, so no
 /// in-memory copy of the state is made.
 class checkpoint_writer {
-public:
+ public:
   /// Writes `bytes` of `p`. Throws io_error on a failed write.
   void write(const void* p, std::size_t bytes) {
     const char* c = static_cast<const char*>(p);
     hash_ = fnv1a64(c, bytes, hash_);
     written_ += bytes;
     out_->write(c, static_cast<std::streamsize>(bytes));
-    TESSERA_THROW_IF(!*out_, io_error, "writing checkpoint '", path_, "' failed: ", std::strerror(errno));
+    TESSERA_THROW_IF(!*out_, io_error, "writing checkpoint '", path_,
+                     "' failed: ", std::strerror(errno));
   }
   std::uint64_t written() const { return written_; }
 
-private:
+ private:
   friend void write_checkpoint(const std::filesystem::path&, const nlohmann::json&, std::uint64_t,
                                const std::function<void(checkpoint_writer&)>&);
   checkpoint_writer(std::ofstream& out, std::string path) : out_(&out), path_(std::move(path)) {}
@@ -102,11 +104,12 @@ inline void write_checkpoint(const std::filesystem::path& path, const nlohmann::
 inline void read_checkpoint(const std::filesystem::path& path, nlohmann::json& meta,
                             std::vector<char>& payload) {
   std::ifstream in(path, std::ios::binary);
-  TESSERA_THROW_IF(!in, io_error, "cannot open checkpoint '", path.string(), "': ", std::strerror(errno));
+  TESSERA_THROW_IF(!in, io_error, "cannot open checkpoint '", path.string(),
+                   "': ", std::strerror(errno));
   char magic[8];
   in.read(magic, 8);
-  TESSERA_THROW_IF(!in || std::memcmp(magic, checkpoint_magic, 8) != 0, io_error, "'", path.string(),
-                   "' is not a tessera checkpoint (bad magic)");
+  TESSERA_THROW_IF(!in || std::memcmp(magic, checkpoint_magic, 8) != 0, io_error, "'",
+                   path.string(), "' is not a tessera checkpoint (bad magic)");
   std::uint32_t version = 0, reserved = 0;
   std::uint64_t jn = 0, pn = 0, hash = 0;
   in.read(reinterpret_cast<char*>(&version), 4);
@@ -125,8 +128,8 @@ inline void read_checkpoint(const std::filesystem::path& path, nlohmann::json& m
   TESSERA_THROW_IF(!in, io_error, "checkpoint '", path.string(), "' is truncated (in the header)");
   // Bounded before the sum below, which a crafted size would wrap to the file's length.
   TESSERA_THROW_IF(pn > fsize, io_error, "checkpoint '", path.string(),
-                   "' is corrupt: payload size ", pn, " (at byte ", 24 + jn, ") exceeds the file's ",
-                   fsize, " bytes");
+                   "' is corrupt: payload size ", pn, " (at byte ", 24 + jn,
+                   ") exceeds the file's ", fsize, " bytes");
   const std::uint64_t expect = 8 + 4 + 4 + 8 + jn + 8 + pn + 8;
   TESSERA_THROW_IF(fsize != expect, io_error, "checkpoint '", path.string(), "' is ",
                    fsize < expect ? "truncated" : "corrupt (trailing bytes)", ": ", fsize,

@@ -162,7 +162,7 @@ inline void check_job(job& j) {
   TESSERA_THROW_IF(j.precision != "fp32" && j.precision != "bf16" && j.precision != "bf16_mixed" &&
                        j.precision != "bf16_mixed_bf16_grads" && j.precision != "fp64",
                    config_error, "unknown precision '", j.precision,
-                   "' (valid: fp32, bf16, bf16_mixed_bf16_grads, fp64)");
+                   "' (valid: fp32, bf16, bf16_mixed, bf16_mixed_bf16_grads, fp64)");
   TESSERA_THROW_IF(j.optimizer != "adamw" && j.optimizer != "sgd", config_error,
                    "unknown optimizer '", j.optimizer, "' (valid: adamw, sgd)");
   for (const char* f : {"--nesterov", "--momentum"})

@@ -185,8 +185,14 @@ inline void check_host_memory(const job& j, const plan::dtype_sizes& d) {
   if (avail == 0) return;
   const nn::llama_config mc = model_config(j);
   const train_config rc = run_config(j);
-  const plan::sharding sh{
-      j.zero, j.dp, 0, std::max<std::int64_t>(1, std::llround(j.bucket_mb * 1e6)), 0, j.tp, 0};
+  plan::sharding sh;  // as the engine will run: prefetch on, the job's buckets and reduction
+  sh.zero = j.zero;
+  sh.dp = j.dp;
+  sh.bucket_bytes = std::max<std::int64_t>(1, std::llround(j.bucket_mb * 1e6));
+  sh.tp = j.tp;
+  sh.per_micro_batch =
+      parallel::parse_grad_reduction(j.grad_reduce) == parallel::grad_reduction::per_micro_batch;
+  sh.micro_batches = rc.accum_steps();
   plan::activation_options a;
   a.micro_batch = rc.micro_batch;
   a.seq = rc.seq;

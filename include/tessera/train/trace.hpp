@@ -98,13 +98,6 @@ inline std::string trace_name(const parallel::action& a) {
   return "?";
 }
 
-/// Whether an action computes (a forward, a backward, B or W).
-inline bool is_compute(parallel::action_kind k) {
-  using parallel::action_kind;
-  return k == action_kind::forward || k == action_kind::backward ||
-         k == action_kind::backward_input || k == action_kind::backward_weight;
-}
-
 /// The Chrome trace JSON of `events` (every rank's), with `meta` under
 /// "otherData" (the run's layout and schedule).
 inline nlohmann::json chrome_trace(const std::vector<trace_event>& events,
@@ -174,7 +167,7 @@ inline trace_bubble measure_bubble(const std::vector<trace_event>& events, int r
   int n[4] = {0, 0, 0, 0};
   for (const auto& e : events) {
     t0 = std::min(t0, e.t.start);
-    if (!is_compute(e.t.a.kind)) continue;
+    if (!parallel::is_compute(e.t.a.kind)) continue;
     t1 = std::max(t1, e.t.end);
     const double d = e.t.end - e.t.start;
     b.busy[static_cast<std::size_t>(e.rank)] += d;

@@ -106,7 +106,6 @@ class trainer {
   using engine_type = typename chunks_type::engine_type;
   using optimizer_type = typename engine_type::optimizer_type;
   using executor_type = typename step_runner<chunks_type>::executor_type;
-  using Param = typename P::param_type;
   static constexpr std::int32_t ignore_index = chunks_type::ignore_index;
   /// The policies' names, for logs and checkpoints.
   static constexpr const char* precision_name = P::name;

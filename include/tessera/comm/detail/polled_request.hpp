@@ -1,5 +1,5 @@
 #pragma once
-/// \file polled_request.hpp
+/// \file comm/detail/polled_request.hpp
 /// The handle of an operation that completes by polling (MPI_Test,
 /// cudaEventQuery), written once for mpi_communicator and
 /// nccl_communicator: the wait loop with its deadline and back-off, the
@@ -34,6 +34,20 @@ concept polled_pending = requires(P& p) {
   { p.peer_failed() } -> std::same_as<bool>;
   p.timed_out();
   { P::peer_check_every } -> std::convertible_to<unsigned>;
+};
+
+/// The part of a pending operation every transport shares: the
+/// communicator's state `st` (its group's rank and size), the operation's
+/// op_ctx, and how it ended. A transport's pending type derives from it
+/// and adds its handle and the three hooks of polled_pending.
+template <class State>
+struct pending_core {
+  State* st = nullptr;
+  op_ctx c;
+  bool done = false;
+  std::string err;  ///< empty on success
+  [[nodiscard]] int group_rank() const { return st->rank; }
+  [[nodiscard]] int group_size() const { return st->size; }
 };
 
 /// Handle of an asynchronous operation of a polling communicator (a

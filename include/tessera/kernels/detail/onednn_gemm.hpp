@@ -1,7 +1,9 @@
 #pragma once
 /// \file kernels/detail/onednn_gemm.hpp
 /// bf16 x bf16 host GEMMs through oneDNN's matmul primitive, where the CPU
-/// has native bf16 dot products (AVX-512 BF16's vdpbf16ps, or AMX).
+/// has native bf16 dot products (AVX-512 BF16's vdpbf16ps, or AMX); and
+/// the small float GEMMs with an untransposed A through oneDNN's sgemm
+/// (onednn_sgemm, below), where it was measured faster than OpenBLAS.
 ///
 /// Why: OpenBLAS (Debian's 0.3.21) has no bf16 GEMM, so without this a
 /// bf16 GEMM converts both operands to float and runs sgemm. oneDNN (the

@@ -181,6 +181,11 @@ int print_pipeline(const options& o) {
   const auto d = plan::dtype_sizes::from_name(o.precision == "bf16" ? "bf16_mixed" : o.precision);
   check_batch(o);
   TESSERA_THROW_IF(o.pp < 1 || o.pp > 1024, config_error, "pp=", o.pp, " must be in [1, 1024]");
+  TESSERA_THROW_IF(
+      parallel::parse_grad_reduction(o.grad_reduce) == parallel::grad_reduction::per_micro_batch,
+      config_error, "--grad-reduce micro-batch with a pipeline (pp=", o.pp,
+      "): its stages interleave micro-batches, so gradients reduce once per step "
+      "(--grad-reduce step)");
   TESSERA_THROW_IF(o.virtual_stages < 1 || o.virtual_stages > 1024, config_error,
                    "virtual-stages=", o.virtual_stages, " must be in [1, 1024]");
   TESSERA_THROW_IF(o.ce_chunk < 1, config_error, "ce-chunk=", o.ce_chunk, " must be >= 1");

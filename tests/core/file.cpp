@@ -58,11 +58,15 @@ TEST_CASE("stale temporaries of dead processes are removed, a live one's kept", 
   const fs::path dead = t.path / "checkpoint.bin.tmp.999999999.1";
   const fs::path live = t.path / ("checkpoint.bin.tmp." + std::to_string(::getpid()) + ".1");
   const fs::path other = t.path / "metrics.jsonl";
-  for (const auto& p : {dead, live, other}) std::ofstream(p) << "x";
+  // A user's files whose names merely contain ".tmp.<digits>" are not ours.
+  const fs::path users = t.path / "results.tmp.2024.csv", bare = t.path / "notes.tmp.999999999";
+  for (const auto& p : {dead, live, other, users, bare}) std::ofstream(p) << "x";
   remove_stale_temporaries(t.path);
   CHECK(!fs::exists(dead));
   CHECK(fs::exists(live));
   CHECK(fs::exists(other));
+  CHECK(fs::exists(users));
+  CHECK(fs::exists(bare));
 }
 
 TEST_CASE("find_resource finds the bundled corpus from the executable's folder", "[core][file]") {

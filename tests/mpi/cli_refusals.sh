@@ -31,5 +31,6 @@ refused "a sequence beyond max_seq" "sequence length T=4096 exceeds the model's 
 refused "G not divisible by B x dp" "G=12 is not divisible by micro-batch B=8 x dp=2" --global-batch 12 --micro-batch 8
 refused "heads that do not divide dim" "n_heads=3 does not divide dim=16" --heads 3
 printf 'far too short' > "$work/short.txt"
+refused "thread ranks under a launch of processes" "--comm local runs the ranks as threads of one process, but the launcher started 2 processes" --comm local --dp 2 --micro-batch 8
 refused "a corpus smaller than one window" "smaller than one window" --data "$work/short.txt" --micro-batch 8
 exit $fail

@@ -61,8 +61,8 @@ void write_file_atomically(const std::filesystem::path& path, Fill&& fill) {
     TESSERA_THROW_IF(!synced, io_error, "cannot flush '", tmp, "' to disk: ", std::strerror(e));
     std::error_code ec;
     std::filesystem::rename(tmp, path, ec);
-    TESSERA_THROW_IF(ec, io_error, "cannot rename '", tmp, "' to '", path.string(), "': ",
-                     ec.message());
+    TESSERA_THROW_IF(ec, io_error, "cannot rename '", tmp, "' to '", path.string(),
+                     "': ", ec.message());
     const auto dir = path.has_parent_path() ? path.parent_path() : std::filesystem::path(".");
     const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (dfd >= 0) {
@@ -87,8 +87,7 @@ inline constexpr int json_max_depth = 16;
 template <class... Source>
 nlohmann::json parse_json_bounded(const std::string& what, Source&&... src) {
   return nlohmann::json::parse(
-      std::forward<Source>(src)...,
-      [&](int depth, nlohmann::json::parse_event_t, nlohmann::json&) {
+      std::forward<Source>(src)..., [&](int depth, nlohmann::json::parse_event_t, nlohmann::json&) {
         TESSERA_THROW_IF(depth > json_max_depth, io_error, what, ": JSON nested deeper than ",
                          json_max_depth, " levels");
         return true;
@@ -105,8 +104,10 @@ inline void write_json_file(const std::filesystem::path& path, const nlohmann::j
 }
 
 /// Removes the temporaries of write_file_atomically in `dir`
-/// (NAME.tmp.<pid>...) whose process no longer runs (a killed run's); a
-/// live process's are another run's and stay. Errors are ignored.
+/// (NAME.tmp.<pid>.<thread hash>, digits only after ".tmp.") whose process
+/// no longer runs (a killed run's); a live process's are another run's and
+/// stay, and any other name (a user's "results.tmp.2024.csv") is not ours.
+/// Errors are ignored.
 inline void remove_stale_temporaries(const std::filesystem::path& dir) {
   std::error_code ec;
   std::vector<std::filesystem::path> stale;
@@ -115,9 +116,15 @@ inline void remove_stale_temporaries(const std::filesystem::path& dir) {
     const std::size_t at = n.find(".tmp.");
     if (at == std::string::npos) continue;
     const std::string rest = n.substr(at + 5);
-    const std::string pid = rest.substr(0, rest.find_first_not_of("0123456789"));
-    if (pid.empty() || pid.size() > 9) continue;
-    if (!std::filesystem::exists(std::filesystem::path("/proc") / pid, ec)) stale.push_back(e.path());
+    const std::size_t dot = rest.find('.');
+    const std::string pid = rest.substr(0, dot);
+    const std::string hash = dot == std::string::npos ? "" : rest.substr(dot + 1);
+    auto digits = [](const std::string& d) {
+      return !d.empty() && d.find_first_not_of("0123456789") == std::string::npos;
+    };
+    if (!digits(pid) || !digits(hash) || pid.size() > 9) continue;
+    if (!std::filesystem::exists(std::filesystem::path("/proc") / pid, ec))
+      stale.push_back(e.path());
   }
   for (const auto& p : stale) std::filesystem::remove(p, ec);
 }
@@ -157,11 +164,11 @@ inline void create_folders(const std::filesystem::path& dir, created_paths& crea
   for (; !std::filesystem::exists(p, ec) && p.has_parent_path() && p != p.parent_path();
        p = p.parent_path())
     missing.push_back(p);
-  TESSERA_THROW_IF(!std::filesystem::is_directory(p, ec), io_error, what, " '", dir.string(), "': '",
-                   p.string(), "' is not a folder");
+  TESSERA_THROW_IF(!std::filesystem::is_directory(p, ec), io_error, what, " '", dir.string(),
+                   "': '", p.string(), "' is not a folder");
   std::filesystem::create_directories(dir, ec);
-  TESSERA_THROW_IF(ec || !std::filesystem::is_directory(dir), io_error, "cannot create ", what, " '",
-                   dir.string(), "'", ec ? ": " + ec.message() : std::string());
+  TESSERA_THROW_IF(ec || !std::filesystem::is_directory(dir), io_error, "cannot create ", what,
+                   " '", dir.string(), "'", ec ? ": " + ec.message() : std::string());
   for (auto it = missing.rbegin(); it != missing.rend(); ++it) created.add(*it);
 }
 

@@ -37,8 +37,8 @@ inline std::string sha256_of_tokens(const token_file& f) {
   };
   std::unique_ptr<EVP_MD_CTX, ctx_free> ctx(EVP_MD_CTX_new());
   auto ok = [&](int rc, const char* call) {
-    TESSERA_THROW_IF(rc != 1, io_error, "fingerprint of '", f.path().string(), "': OpenSSL ",
-                     call, " failed");
+    TESSERA_THROW_IF(rc != 1, io_error, "fingerprint of '", f.path().string(), "': OpenSSL ", call,
+                     " failed");
   };
   ok(ctx ? 1 : 0, "EVP_MD_CTX_new");
   ok(EVP_DigestInit_ex(ctx.get(), EVP_sha256(), nullptr), "EVP_DigestInit_ex");
@@ -67,6 +67,12 @@ inline std::string sha256_of_tokens(const token_file& f) {
 
 }  // namespace detail
 
+/// Where fingerprint() caches the fingerprint of token file `f`:
+/// `<f>.fingerprint.json` beside it.
+inline std::filesystem::path fingerprint_cache_path(const std::filesystem::path& f) {
+  return f.string() + ".fingerprint.json";
+}
+
 /// The identity of a token file's contents, for checkpoints and caches:
 /// "sha256:<64 hex digits>", SHA-256 (OpenSSL) over the token count, the
 /// vocabulary and every token id as a 32-bit little-endian integer, so one
@@ -80,20 +86,20 @@ inline std::string sha256_of_tokens(const token_file& f) {
 /// git treats racily clean files). Where the folder is not writable the
 /// process keeps it. Throws io_error if OpenSSL fails.
 inline std::string fingerprint(const token_file& f) {
-  struct ::stat st{};
+  struct ::stat st {};
   if (::stat(f.path().c_str(), &st) != 0) return detail::sha256_of_tokens(f);
-  const std::int64_t mtime = static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1000000000 +
-                             st.st_mtim.tv_nsec;
+  const std::int64_t mtime =
+      static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
   // ctime too: utimes() can restore an mtime after an in-place rewrite,
   // not the change time.
-  const std::int64_t ctime = static_cast<std::int64_t>(st.st_ctim.tv_sec) * 1000000000 +
-                             st.st_ctim.tv_nsec;
+  const std::int64_t ctime =
+      static_cast<std::int64_t>(st.st_ctim.tv_sec) * 1000000000 + st.st_ctim.tv_nsec;
   const nlohmann::json key = {{"size", static_cast<std::uint64_t>(st.st_size)},
                               {"mtime_ns", mtime},
                               {"ctime_ns", ctime},
                               {"inode", static_cast<std::uint64_t>(st.st_ino)},
                               {"device", static_cast<std::uint64_t>(st.st_dev)}};
-  const std::filesystem::path cache = f.path().string() + ".fingerprint.json";
+  const std::filesystem::path cache = fingerprint_cache_path(f.path());
   {
     std::ifstream in(cache);
     nlohmann::json j;
@@ -122,7 +128,8 @@ inline std::string fingerprint(const token_file& f) {
       memo[f.path().string() + key.dump()] = h;
     }
     try {
-      write_json_file(cache, {{"key", key}, {"sha256", h}, {"what", "tessera token file fingerprint"}});
+      write_json_file(cache,
+                      {{"key", key}, {"sha256", h}, {"what", "tessera token file fingerprint"}});
     } catch (const std::exception&) {  // a read-only folder: the process's memo holds it
     }
   }

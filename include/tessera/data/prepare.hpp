@@ -42,12 +42,14 @@ inline constexpr std::uintmax_t max_text_bytes = std::uintmax_t{1} << 32;
 /// "text", or under "auto" a .txt, .text or .md extension.
 inline bool is_text_data(const std::filesystem::path& data, const std::string& format) {
   const std::string ext = data.extension().string();
-  return format == "text" || (format == "auto" && (ext == ".txt" || ext == ".text" || ext == ".md"));
+  return format == "text" ||
+         (format == "auto" && (ext == ".txt" || ext == ".text" || ext == ".md"));
 }
 
 /// The path prepare_token_file returns for `data` (nothing is checked or written).
 inline std::filesystem::path token_file_path(const std::filesystem::path& data,
-                                             const std::filesystem::path& out, const std::string& format) {
+                                             const std::filesystem::path& out,
+                                             const std::string& format) {
   return is_text_data(data, format) ? out / (data.stem().string() + ".tok") : data;
 }
 
@@ -68,8 +70,10 @@ inline std::filesystem::path prepare_token_file(const std::filesystem::path& dat
   std::error_code ec;
   TESSERA_THROW_IF(format != "auto" && format != "text" && format != "tokens", config_error,
                    "--data-format '", format, "' is not one of auto, text, tokens");
-  TESSERA_THROW_IF(data.empty(), config_error, "--data is empty: name a token file or a UTF-8 text");
-  TESSERA_THROW_IF(!fs::exists(data, ec), io_error, "data file '", data.string(), "' does not exist");
+  TESSERA_THROW_IF(data.empty(), config_error,
+                   "--data is empty: name a token file or a UTF-8 text");
+  TESSERA_THROW_IF(!fs::exists(data, ec), io_error, "data file '", data.string(),
+                   "' does not exist");
   TESSERA_THROW_IF(fs::is_directory(data, ec), io_error, "data path '", data.string(),
                    "' is a directory, not a file");
   TESSERA_THROW_IF(!fs::is_regular_file(data, ec), io_error, "data path '", data.string(),
@@ -96,8 +100,12 @@ inline std::filesystem::path prepare_token_file(const std::filesystem::path& dat
                    "); a token file is read by its header: give it another extension than .txt, "
                    ".text or .md, or --data-format tokens");
   const bool existed = fs::exists(tok);
-  write_token_file(tok, byte_tokenizer::encode(bytes), byte_tokenizer::vocab_size, token_dtype::u16);
-  if (!existed) created.add(tok);
+  write_token_file(tok, byte_tokenizer::encode(bytes), byte_tokenizer::vocab_size,
+                   token_dtype::u16);
+  if (!existed) {  // with the fingerprint cache a later read may write beside it
+    created.add(tok);
+    created.add(fingerprint_cache_path(tok));
+  }
   return tok;
 }
 
@@ -123,12 +131,14 @@ inline std::filesystem::path tokenizer_of(const std::filesystem::path& token_fil
 inline std::vector<std::int32_t> encode_with_tokenizer(const std::filesystem::path& tokenizer,
                                                        const std::string& text) {
   const std::size_t bad = first_invalid_utf8(text);
-  TESSERA_THROW_IF(bad != std::string::npos, config_error, "the text to encode is not UTF-8 "
-                   "(invalid UTF-8 at byte ", bad, " of ", text.size(), ")");
+  TESSERA_THROW_IF(bad != std::string::npos, config_error,
+                   "the text to encode is not UTF-8 "
+                   "(invalid UTF-8 at byte ",
+                   bad, " of ", text.size(), ")");
   std::string tried;
   const std::filesystem::path script = find_resource("scripts/tokenizer.py", &tried);
-  TESSERA_THROW_IF(script.empty(), config_error, "encoding text needs scripts/tokenizer.py (looked in ",
-                   tried, ")");
+  TESSERA_THROW_IF(script.empty(), config_error,
+                   "encoding text needs scripts/tokenizer.py (looked in ", tried, ")");
   // "--" ends the options: a text that starts with '-' is the text.
   const std::string cmd = "python3 " + shell_quote(script.string()) + " ids --tokenizer " +
                           shell_quote(tokenizer.string()) + " -- " + shell_quote(text) + " 2>&1";
@@ -140,7 +150,8 @@ inline std::vector<std::int32_t> encode_with_tokenizer(const std::filesystem::pa
   const int rc = ::pclose(p);
   TESSERA_THROW_IF(rc != 0, config_error, "encoding with '", tokenizer.string(),
                    "' failed (python3 scripts/tokenizer.py ids; Hugging Face tokenizers: pip "
-                   "install tokenizers): ", out);
+                   "install tokenizers): ",
+                   out);
   std::vector<std::int32_t> ids;
   std::istringstream is(out);
   for (long long id; is >> id;) ids.push_back(static_cast<std::int32_t>(id));
@@ -186,7 +197,9 @@ inline std::optional<double> ngram_baseline(const std::filesystem::path& tok,
   const double v = j["val_nats_per_byte"].get<double>();
   for (const auto& c : caches) {  // the first folder that takes it
     try {
-      write_json_file(c, {{"fingerprint", fp}, {"val_nats_per_byte", v}, {"order", 4},
+      write_json_file(c, {{"fingerprint", fp},
+                          {"val_nats_per_byte", v},
+                          {"order", 4},
                           {"token_file", tok.string()}});
       break;
     } catch (const std::exception&) {

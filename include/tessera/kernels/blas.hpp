@@ -37,14 +37,17 @@ inline std::string blas_core_name() {
 }
 
 /// Threads OpenBLAS uses.
-inline int blas_threads() { return openblas_get_num_threads(); }
+inline int blas_threads() {
+  return openblas_get_num_threads();
+}
 
 /// True if /proc/cpuinfo lists the flag (e.g. "avx2", "avx512f").
 inline bool cpu_has_flag(const std::string& flag) {
   std::ifstream in("/proc/cpuinfo");
   std::string line;
   while (std::getline(in, line)) {
-    if (line.rfind("flags", 0) == 0) return (line + " ").find(" " + flag + " ") != std::string::npos;
+    if (line.rfind("flags", 0) == 0)
+      return (line + " ").find(" " + flag + " ") != std::string::npos;
   }
   return false;
 }
@@ -60,9 +63,9 @@ inline std::string preferred_core_type() {
 /// True if OpenBLAS chose a core older than the CPU supports (a ~10x slow sgemm).
 inline bool blas_core_is_stale() {
   const std::string core = blas_core_name();
-  static const char* old_cores[] = {"Prescott", "Core2", "Penryn", "Dunnington", "Nehalem",
-                                    "Atom", "Katmai", "Coppermine", "Northwood", "Banias",
-                                    "Opteron", "Barcelona", "Generic", "unknown"};
+  static const char* old_cores[] = {"Prescott", "Core2",     "Penryn",     "Dunnington", "Nehalem",
+                                    "Atom",     "Katmai",    "Coppermine", "Northwood",  "Banias",
+                                    "Opteron",  "Barcelona", "Generic",    "unknown"};
   bool old = false;
   for (const char* c : old_cores) old = old || core == c;
   return old && !preferred_core_type().empty();
@@ -79,9 +82,10 @@ inline std::string check_blas_core(char** argv) {
     const std::string want = preferred_core_type();
     if (set == nullptr && argv != nullptr) {
       ::setenv("OPENBLAS_CORETYPE", want.c_str(), 1);
-      std::fprintf(stderr, "tessera: OpenBLAS chose core '%s' on a CPU with %s; re-running with "
-                   "OPENBLAS_CORETYPE=%s\n", blas_core_name().c_str(),
-                   want == "SKYLAKEX" ? "AVX-512" : "AVX2", want.c_str());
+      std::fprintf(stderr,
+                   "tessera: OpenBLAS chose core '%s' on a CPU with %s; re-running with "
+                   "OPENBLAS_CORETYPE=%s\n",
+                   blas_core_name().c_str(), want == "SKYLAKEX" ? "AVX-512" : "AVX2", want.c_str());
       std::fflush(stderr);
       ::execv("/proc/self/exe", argv);  // returns only on failure
     }
@@ -94,8 +98,15 @@ inline std::string check_blas_core(char** argv) {
 }
 
 /// The CPUs this process may run on (its affinity mask: a cpuset, taskset
-/// or mpirun binding), at least 1.
+/// or mpirun binding), at least 1. Under OpenMP thread binding
+/// (OMP_PROC_BIND, OMP_PLACES) the runtime has already pinned this thread
+/// to one place, so the CPUs are those of the place list.
 inline int available_cpus() {
+  if (omp_get_proc_bind() != omp_proc_bind_false && omp_get_num_places() > 0) {
+    int n = 0;
+    for (int p = 0; p < omp_get_num_places(); ++p) n += omp_get_place_num_procs(p);
+    return std::max(1, n);
+  }
   cpu_set_t set;
   CPU_ZERO(&set);
   if (::sched_getaffinity(0, sizeof set, &set) != 0) return 1;
@@ -109,19 +120,38 @@ inline int available_cpus() {
 /// above OMP_THREAD_LIMIT (the same), and OMP_NUM_THREADS above the CPUs
 /// this process may use (many times slower: every GEMM's threads wait for
 /// descheduled peers; 99999 crashes libgomp). Throws config_error naming
-/// the variables, their values and the limit.
+/// the variables, their values and the limit; also for an OMP_NUM_THREADS
+/// that is not a list of positive integers (libgomp warns and ignores it).
 inline void check_openmp_environment() {
+  if (const char* v = std::getenv("OMP_NUM_THREADS")) {
+    const std::string s = v;
+    bool ok = true;
+    for (std::size_t i = 0; ok && i <= s.size();) {  // each comma-separated part
+      const std::size_t e = std::min(s.find(',', i), s.size());
+      const std::string part = s.substr(i, e - i);
+      ok = !part.empty() && part.size() <= 9 &&
+           part.find_first_not_of("0123456789") == std::string::npos && std::stol(part) > 0;
+      i = e + 1;
+    }
+    TESSERA_THROW_IF(!ok, config_error, "OMP_NUM_THREADS='", s,
+                     "' is not a positive integer (or a comma-separated list of them); OpenMP "
+                     "would ignore it");
+  }
   TESSERA_THROW_IF(omp_get_dynamic() != 0, config_error,
                    "OMP_DYNAMIC is true: OpenMP may then run a parallel region on fewer threads "
                    "than OpenBLAS waits for, which hangs; unset OMP_DYNAMIC (or set it to false)");
-  const int threads = omp_get_max_threads(), limit = omp_get_thread_limit(), cpus = available_cpus();
+  const int threads = omp_get_max_threads(), limit = omp_get_thread_limit(),
+            cpus = available_cpus();
   TESSERA_THROW_IF(threads > limit, config_error, "OMP_NUM_THREADS=", threads,
                    " exceeds OMP_THREAD_LIMIT=", limit,
                    ": a parallel region would get fewer threads than OpenBLAS waits for (it "
-                   "hangs); set OMP_NUM_THREADS to at most ", limit);
-  TESSERA_THROW_IF(threads > cpus, config_error, "OMP_NUM_THREADS=", threads, " exceeds the ", cpus,
-                   " CPUs this process may use (its affinity): the threads would wait on each other "
-                   "many times slower; set OMP_NUM_THREADS to at most ", cpus);
+                   "hangs); set OMP_NUM_THREADS to at most ",
+                   limit);
+  TESSERA_THROW_IF(
+      threads > cpus, config_error, "OMP_NUM_THREADS=", threads, " exceeds the ", cpus,
+      " CPUs this process may use (its affinity): the threads would wait on each other "
+      "many times slower; set OMP_NUM_THREADS to at most ",
+      cpus);
 }
 
 /// Measures this machine's sgemm rate in FLOP/s: the best of `reps` runs of

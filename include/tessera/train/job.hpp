@@ -198,6 +198,12 @@ inline void check_job(job& j) {
   if (j.comm == "auto") j.comm = comm::launched_by_mpi() ? (gpu ? "nccl" : "mpi") : "local";
   TESSERA_THROW_IF(j.comm != "local" && j.comm != "mpi" && j.comm != "nccl", config_error,
                    "--comm '", j.comm, "' is not one of local, mpi, nccl");
+  TESSERA_THROW_IF(j.comm == "local" && comm::launched_world().size > 1, config_error,
+                   "--comm local runs the ranks as threads of one process, but the launcher "
+                   "started ",
+                   comm::launched_world().size,
+                   " processes (each would run the whole job into the same folder): use --comm "
+                   "mpi (the default under mpirun), or start one process");
   TESSERA_THROW_IF(j.comm == "nccl" && !gpu, config_error,
                    "--comm nccl reduces GPU memory: it needs --backend cuda");
   TESSERA_THROW_IF(gpu && j.comm != "nccl" && (j.dp > 1 || j.tp > 1 || c.pp > 1 || given("--comm")),

@@ -50,15 +50,20 @@ inline void prepare_folders(job& j, created_paths& created) {
   if (!j.trace.empty()) {
     const fs::path t = fs::absolute(j.trace);
     TESSERA_THROW_IF(fs::is_directory(t), io_error, "--trace '", j.trace, "' is a directory");
-    std::error_code ec;
-    const fs::path out = fs::weakly_canonical(j.out, ec);
+    // Not a file this run reads or writes (paths compared resolved; one
+    // that cannot be resolved is not compared).
+    auto resolved = [](const fs::path& p) {
+      std::error_code ec;
+      const fs::path r = fs::weakly_canonical(p, ec);
+      return ec ? fs::path() : r;
+    };
+    const fs::path out = j.out.empty() ? fs::path() : resolved(j.out), tr = resolved(t);
     for (const fs::path& mine :
          {fs::path(j.data), data::token_file_path(j.data, j.out, j.data_format), out / "run.toml",
           out / "metrics.jsonl", out / "checkpoint.bin", fs::path(j.tokenizer)})
-      TESSERA_THROW_IF(
-          !mine.empty() && fs::weakly_canonical(t, ec) == fs::weakly_canonical(mine, ec),
-          config_error, "--trace '", j.trace, "' is '", mine.string(),
-          "', which this run reads or writes: name another file");
+      TESSERA_THROW_IF(!mine.empty() && !tr.empty() && resolved(mine) == tr, config_error,
+                       "--trace '", j.trace, "' is '", mine.string(),
+                       "', which this run reads or writes: name another file");
     TESSERA_THROW_IF(!fs::is_directory(t.parent_path()) || !writable(t.parent_path()), io_error,
                      "--trace '", j.trace, "': folder '", t.parent_path().string(),
                      "' does not exist or is not writable");

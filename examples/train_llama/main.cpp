@@ -409,6 +409,10 @@ int main(int argc, char** argv) {
   bool out_given = false;
   (void)argv_value(argc, argv, "--out", &out_given);
   if (!o.resume.empty() && !out_given) o.out = o.resume;
+  // Under mpirun the session holds MPI: a refusal is reported and the
+  // created paths removed (in that order) before MPI_Finalize, so no rank
+  // exits, and mpirun ends the job, while rank 0 is still reporting.
+  train::job_session session;  // under mpirun rank 0 alone writes the folders and tokens
   created_paths created;
   try {
     refuse_control_characters(app);
@@ -426,7 +430,6 @@ int main(int argc, char** argv) {
     set_effective(app, "--out", o.out);
     o.config_toml = app.config_to_str(false, false);
     o.config_json = all_settings(app);
-    train::job_session session;  // under mpirun rank 0 alone writes the folders and tokens
     if (!train::prepare_job(o, created, session)) return 2;  // rank 0 reports why
     const auto& tok = session.tokens;
     return o.backend == "cuda"

@@ -15,6 +15,7 @@
 #include "tessera/data/tokenizer.hpp"
 #include "tessera/train/fit.hpp"
 #include "tessera/train/trainer.hpp"
+#include "word_corpus.hpp"
 
 namespace test_train_fit {
 
@@ -23,27 +24,12 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct temp_dir {
-  fs::path path = fs::temp_directory_path() / ("tessera_fit_" + std::to_string(::getpid()));
-  temp_dir() { fs::create_directories(path); }
-  ~temp_dir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
+struct temp_dir : train_support::temp_dir {
+  temp_dir() : train_support::temp_dir("tessera_fit_") {}
 };
 
 fs::path make_corpus(const fs::path& dir) {
-  std::string text;
-  const char* words[] = {"the ",  "cat ", "sat ",  "on ", "a ",
-                         "mat, ", "and ", "then ", "it ", "ran.\n"};
-  std::uint64_t s = 1;
-  while (text.size() < 20000) {
-    s = mix64(s);
-    text += words[s % 10];
-  }
-  const fs::path p = dir / "corpus.tok";
-  data::write_token_file(p, data::byte_tokenizer::encode(text), 256, data::token_dtype::u16);
-  return p;
+  return train_support::write_word_corpus(dir, 1);
 }
 
 nn::llama_config model() {

@@ -8,17 +8,16 @@
 //   reading the kernels' swizzled shared tiles, and compared with a plain
 //   matmul; the swizzle is a bijection and bank-conflict free;
 // - the kernels themselves: the block bodies of kernels/cuda/attention.cuh are
-//   plain C++ templates over their warp primitives, so they run here under a
-//   warp emulator (256 fibers a block, lock-step warp collectives, cp.async
-//   copies that land only at cp.async.wait_group, shared memory poisoned with
-//   NaN, bounds checks on every shared and global access) and are compared
-//   with the float64 host attention at the GPU test's tolerances.
+//   plain C++ templates over their warp primitives, so they run here under the
+//   block emulator of tests/support/cuda_emulator.hpp (256 fibers a block,
+//   lock-step warp collectives, cp.async copies that land only at
+//   cp.async.wait_group, shared memory poisoned with NaN, bounds checks on
+//   every shared and global access) and are compared with the float64 host
+//   attention at the GPU test's tolerances.
 // What this cannot show: the PTX instructions' real semantics beyond the PTX
 // ISA's description (encoded in attention_launch.hpp), races the fiber
 // schedule does not expose, and speed.
 #include <catch2/catch.hpp>
-
-#include <ucontext.h>
 
 #include <algorithm>
 #include <array>
@@ -35,6 +34,7 @@
 #include <tessera/kernels/cuda/attention.cuh>
 #include <tessera/kernels/cuda/attention_launch.hpp>
 
+#include "../support/cuda_emulator.hpp"
 #include "kernel_testing.hpp"
 
 namespace test_kernels_cuda_attention_launch {
@@ -390,306 +390,9 @@ TEST_CASE("cuda attention: emulated ldmatrix + mma of the kernels' tiles equals 
   }
 }
 
-// ---- the warp emulator -----------------------------------------------------------------------
-
 namespace {
 
-// Runs one block of 256 "threads" as fibers (ucontext) on the calling thread,
-// switching only at warp collectives and barriers, so lanes of a warp meet at
-// each collective as on a GPU. Checks what the hardware would fault on or
-// silently get wrong: lanes of a warp at different collectives, barriers never
-// reached (deadlock), misaligned or out-of-bounds shared and global accesses,
-// cp.async data read before its cp.async.wait_group (shared memory starts as
-// NaN and copies land only at the wait), and bank conflicts of ldmatrix.
-struct emulator {
-  static constexpr int threads = kc::attention_threads;
-  enum op { op_shfl = 1, op_ldsm, op_ldsm_t, op_mma, op_syncwarp };
-
-  struct copy {
-    std::uint32_t dst;
-    const std::uint16_t* src;  // null: zero-fill
-    int group;
-  };
-  struct fiber {
-    ucontext_t ctx{};
-    std::unique_ptr<char[]> stack;
-    bool done = false;
-    const std::uint64_t* wait_gen = nullptr;  // blocked until *wait_gen != wait_value
-    std::uint64_t wait_value = 0;
-    std::vector<copy> pending;
-    int committed = 0;
-  };
-  struct warp {
-    int arrived = 0;
-    int op = 0;
-    std::uint64_t gen = 0;
-    std::uint32_t u[32][6];
-    float f[32];
-  };
-  struct region {
-    const char* begin;
-    std::size_t bytes;
-    bool writable;
-  };
-
-  std::vector<fiber> fibers{threads};
-  std::array<warp, threads / 32> warps{};
-  int bar_arrived = 0;
-  std::uint64_t bar_gen = 0;
-  ucontext_t sched{};
-  int cur = 0;
-  std::vector<unsigned char> smem_buf;
-  unsigned char* smem = nullptr;
-  std::size_t smem_bytes = 0;
-  std::vector<region> regions;
-  std::function<void(int)> body;
-  std::string error;
-  std::uint64_t ldsm_phases = 0, bank_conflicts = 0, leftover_copies = 0;
-  std::mt19937_64 rng{12345};
-  static constexpr std::size_t stack_bytes = 256 * 1024;
-
-  static emulator*& current() {
-    static emulator* e = nullptr;
-    return e;
-  }
-  void fail(const std::string& what) {
-    if (error.empty()) error = what;
-    throw std::runtime_error(what);
-  }
-  void add_region(const void* p, std::size_t bytes, bool writable) {
-    regions.push_back({static_cast<const char*>(p), bytes, writable});
-  }
-  void check_global(const void* p, std::size_t bytes, bool write, const char* what) {
-    const char* c = static_cast<const char*>(p);
-    for (const auto& r : regions)
-      if (c >= r.begin && c + bytes <= r.begin + r.bytes) {
-        if (write && !r.writable) fail(std::string(what) + ": write to an input buffer");
-        if (reinterpret_cast<std::uintptr_t>(c) % bytes != 0)
-          fail(std::string(what) + ": misaligned global access");
-        return;
-      }
-    fail(std::string(what) + ": global access outside every buffer");
-  }
-  unsigned char* shared(std::uint32_t a, std::size_t bytes, const char* what) {
-    if (a % bytes != 0 || a + bytes > smem_bytes)
-      fail(std::string(what) + ": shared address " + std::to_string(a) + " misaligned or past " +
-           std::to_string(smem_bytes));
-    return smem + a;
-  }
-
-  // Blocks the current fiber until *gen changes.
-  void wait_on(const std::uint64_t* gen) {
-    fiber& f = fibers[static_cast<std::size_t>(cur)];
-    f.wait_gen = gen;
-    f.wait_value = *gen;
-    swapcontext(&f.ctx, &sched);
-  }
-  void warp_barrier(int o) {
-    warp& w = warps[static_cast<std::size_t>(cur / 32)];
-    if (w.arrived == 0)
-      w.op = o;
-    else if (w.op != o)
-      fail("lanes of warp " + std::to_string(cur / 32) + " at different collectives (" +
-           std::to_string(w.op) + " and " + std::to_string(o) + ")");
-    if (++w.arrived == 32) {
-      w.arrived = 0;
-      ++w.gen;
-    } else {
-      wait_on(&w.gen);
-    }
-  }
-  void block_barrier() {
-    if (++bar_arrived == threads) {
-      bar_arrived = 0;
-      ++bar_gen;
-    } else {
-      wait_on(&bar_gen);
-    }
-  }
-
-  static void entry() {
-    emulator& e = *current();
-    const int tid = e.cur;
-    try {
-      e.body(tid);
-    } catch (const std::exception& ex) {
-      if (e.error.empty()) e.error = ex.what();
-    }
-    fiber& f = e.fibers[static_cast<std::size_t>(tid)];
-    e.leftover_copies += f.pending.size();
-    f.done = true;
-  }
-
-  // Runs body(tid) for tid in [0, 256) as one block; returns the first error ("" if none).
-  std::string run_block(std::size_t shared_bytes, const std::function<void(int)>& b) {
-    current() = this;
-    body = b;
-    smem_bytes = shared_bytes;
-    smem_buf.assign(shared_bytes + 128, 0xFF);  // NaN in bf16 and float
-    smem = smem_buf.data() + (128 - reinterpret_cast<std::uintptr_t>(smem_buf.data()) % 128) % 128;
-    bar_arrived = 0;
-    for (auto& w : warps) w.arrived = 0;
-    for (auto& f : fibers) {
-      if (!f.stack) f.stack.reset(new char[stack_bytes]);
-      f.done = false;
-      f.wait_gen = nullptr;
-      f.pending.clear();
-      f.committed = 0;
-      getcontext(&f.ctx);
-      f.ctx.uc_stack.ss_sp = f.stack.get();
-      f.ctx.uc_stack.ss_size = stack_bytes;
-      f.ctx.uc_link = &sched;
-      makecontext(&f.ctx, &emulator::entry, 0);
-    }
-    std::vector<int> order(threads);
-    for (int t = 0; t < threads; ++t) order[static_cast<std::size_t>(t)] = t;
-    while (error.empty()) {
-      std::shuffle(order.begin(), order.end(), rng);  // vary the interleaving
-      bool any = false, ran = false;
-      for (int t : order) {
-        fiber& f = fibers[static_cast<std::size_t>(t)];
-        if (f.done) continue;
-        any = true;
-        if (f.wait_gen && *f.wait_gen == f.wait_value) continue;  // still blocked
-        f.wait_gen = nullptr;
-        cur = t;
-        ran = true;
-        swapcontext(&sched, &f.ctx);
-        if (!error.empty()) break;
-      }
-      if (!any) break;
-      if (!ran && error.empty()) error = "deadlock: every live thread waits at a barrier";
-    }
-    return error;
-  }
-};
-
-// The kernels' warp primitives on the emulator (the interface of attention_device_ops).
-struct emu_ops {
-  static emulator& e() { return *emulator::current(); }
-  static int lane() { return e().cur % 32; }
-  static emulator::warp& w() { return e().warps[static_cast<std::size_t>(e().cur / 32)]; }
-
-  static std::uint32_t smem_addr(const void* p) {
-    const auto* c = static_cast<const unsigned char*>(p);
-    if (c < e().smem || c > e().smem + e().smem_bytes) e().fail("smem_addr: not shared memory");
-    return static_cast<std::uint32_t>(c - e().smem);
-  }
-  static std::uint32_t opaque(std::uint32_t x) { return x; }
-  static void ldsm(std::uint32_t (&r)[4], std::uint32_t a, bool trans) {
-    e().shared(a, 16, "ldmatrix");
-    const int l = lane();
-    w().u[l][0] = a;
-    e().warp_barrier(trans ? emulator::op_ldsm_t : emulator::op_ldsm);
-    for (int j = 0; j < 4; ++j) {
-      r[j] = 0;
-      for (int h = 0; h < 2; ++h) {
-        const auto c = mm::ldmatrix_coord(l, h, trans);
-        std::uint16_t x;
-        std::memcpy(&x, e().smem + w().u[8 * j + c.row][0] + 2 * c.col, 2);
-        r[j] |= std::uint32_t(x) << (16 * h);
-      }
-    }
-    if (l == 0)
-      for (int j = 0; j < 4; ++j) {
-        std::set<std::uint32_t> groups;
-        for (int i = 0; i < 8; ++i) groups.insert((w().u[8 * j + i][0] / 16) % 8);
-        ++e().ldsm_phases;
-        if (groups.size() != 8) ++e().bank_conflicts;
-      }
-    e().warp_barrier(emulator::op_syncwarp);
-  }
-  static void ldsm_x4(std::uint32_t (&r)[4], std::uint32_t a) { ldsm(r, a, false); }
-  static void ldsm_x4_trans(std::uint32_t (&r)[4], std::uint32_t a) { ldsm(r, a, true); }
-  static void mma(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0, std::uint32_t b1) {
-    const int l = lane();
-    for (int i = 0; i < 4; ++i) w().u[l][i] = a[i];
-    w().u[l][4] = b0;
-    w().u[l][5] = b1;
-    e().warp_barrier(emulator::op_mma);
-    float A[16][16], Bm[16][8];
-    for (int x = 0; x < 32; ++x) {
-      for (int i = 0; i < 8; ++i) {
-        const auto c = mm::a_coord(x, i);
-        A[c.row][c.col] = bf16f(static_cast<std::uint16_t>(w().u[x][i / 2] >> (16 * (i % 2))));
-      }
-      for (int i = 0; i < 4; ++i) {
-        const auto c = mm::b_coord(x, i);
-        Bm[c.row][c.col] = bf16f(static_cast<std::uint16_t>(w().u[x][4 + i / 2] >> (16 * (i % 2))));
-      }
-    }
-    for (int i = 0; i < 4; ++i) {
-      const auto c = mm::c_coord(l, i);
-      double s = d[i];
-      for (int k = 0; k < 16; ++k) s += double(A[c.row][k]) * Bm[k][c.col];
-      d[i] = static_cast<float>(s);
-    }
-    e().warp_barrier(emulator::op_syncwarp);
-  }
-  static float shfl_xor(float v, int mask) {
-    const int l = lane();
-    w().f[l] = v;
-    e().warp_barrier(emulator::op_shfl);
-    const float r = w().f[l ^ mask];
-    e().warp_barrier(emulator::op_syncwarp);
-    return r;
-  }
-  static void cp_async16(std::uint32_t dst, const std::uint16_t* src, bool valid) {
-    e().shared(dst, 16, "cp.async dst");
-    if (valid) e().check_global(src, 16, false, "cp.async src");
-    auto& f = e().fibers[static_cast<std::size_t>(e().cur)];
-    f.pending.push_back({dst, valid ? src : nullptr, f.committed});
-  }
-  static void cp_commit() { ++e().fibers[static_cast<std::size_t>(e().cur)].committed; }
-  template <int N>
-  static void cp_wait() {
-    auto& f = e().fibers[static_cast<std::size_t>(e().cur)];
-    std::vector<emulator::copy> keep;
-    for (const auto& c : f.pending) {
-      if (c.group >= f.committed) e().fail("cp.async.wait_group with uncommitted copies");
-      if (c.group < f.committed - N) {
-        if (c.src)
-          std::memcpy(e().smem + c.dst, c.src, 16);
-        else
-          std::memset(e().smem + c.dst, 0, 16);
-      } else {
-        keep.push_back(c);
-      }
-    }
-    f.pending = keep;
-  }
-  static void sync() { e().block_barrier(); }
-  static void sync_warp() { e().warp_barrier(emulator::op_syncwarp); }
-  static std::uint32_t pack_bf16(float lo, float hi) {
-    return std::uint32_t(bf16(lo).bits) | (std::uint32_t(bf16(hi).bits) << 16);
-  }
-  static void st_shared32(std::uint16_t* p, std::uint32_t v) {
-    std::memcpy(e().shared(smem_addr(p), 4, "st.shared"), &v, 4);
-  }
-  static kc::detail::attention_vec16 ld_shared16(const std::uint16_t* p) {
-    kc::detail::attention_vec16 v;
-    std::memcpy(&v, e().shared(smem_addr(p), 16, "ld.shared"), 16);
-    return v;
-  }
-  static kc::detail::attention_vec16 ld_global16(const std::uint16_t* p) {
-    e().check_global(p, 16, false, "ld.global");
-    kc::detail::attention_vec16 v;
-    std::memcpy(&v, p, 16);
-    return v;
-  }
-  static void st_global16(std::uint16_t* p, const kc::detail::attention_vec16& v) {
-    e().check_global(p, 16, true, "st.global");
-    std::memcpy(p, &v, 16);
-  }
-  static float ld_global_f32(const float* p) {
-    e().check_global(p, 4, false, "ld.global.f32");
-    return *p;
-  }
-  static void st_global_f32(float* p, float v) {
-    e().check_global(p, 4, true, "st.global.f32");
-    *p = v;
-  }
-};
+using emu_ops = tessera::testing::emulator_ops;
 
 std::vector<std::uint16_t> bits_of(const std::vector<bf16>& v) {
   std::vector<std::uint16_t> b(v.size());
@@ -729,10 +432,9 @@ emulated run_emulated(const attn_case& c, const std::vector<std::uint16_t>& q,
   r.dk.assign(nkv, 0xFFFF);
   r.dv.assign(nkv, 0xFFFF);
   r.d.assign(nl, std::numeric_limits<float>::quiet_NaN());
-  emulator em;
-  em.rng.seed(schedule_seed);
+  cuda_emulator em(schedule_seed);
   auto inputs = [&] {
-    em.regions.clear();
+    em.clear_regions();
     em.add_region(q.data(), nq * 2, false);
     em.add_region(k.data(), nkv * 2, false);
     em.add_region(v.data(), nkv * 2, false);
@@ -741,7 +443,7 @@ emulated run_emulated(const attn_case& c, const std::vector<std::uint16_t>& q,
   auto run = [&](const kc::launch_config& cfg, std::size_t smem, auto block) {
     for (std::int64_t y = 0; y < cfg.grid_y; ++y)
       for (std::int64_t x = 0; x < cfg.grid_x; ++x) {
-        const std::string err = em.run_block(smem, [&](int tid) { block(x, y, tid); });
+        const std::string err = em.run_block(kc::attention_threads, smem, [&](int tid) { block(x, y, tid); });
         if (!err.empty()) FAIL("block (" << x << ", " << y << "): " << err);
       }
   };
@@ -765,7 +467,7 @@ emulated run_emulated(const attn_case& c, const std::vector<std::uint16_t>& q,
   const auto fc = kc::attention_forward_config(c.B, c.S, c.nh, c.nkv, c.hd);
   REQUIRE(fc.dynamic_smem == sizeof(typename ft::shared_storage));
   run(fc, fc.dynamic_smem, [&](std::int64_t x, std::int64_t y, int tid) {
-    auto& sm = *reinterpret_cast<typename ft::shared_storage*>(em.smem);
+    auto& sm = *reinterpret_cast<typename ft::shared_storage*>(em.shared_base());
     kc::detail::attention_forward_block<emu_ops, HD>(fp, x, static_cast<int>(fc.grid_y - 1 - y), sm,
                                                      tid);
   });
@@ -797,7 +499,7 @@ emulated run_emulated(const attn_case& c, const std::vector<std::uint16_t>& q,
   run(dc, 0, [&](std::int64_t x, std::int64_t, int tid) {
     kc::detail::attention_backward_d_block<emu_ops, HD>(bp, x, tid);
   });
-  em.regions.pop_back();
+  em.pop_region();
   em.add_region(r.d.data(), nl * 4, false);
   em.add_region(r.dk.data(), nkv * 2, true);
   em.add_region(r.dv.data(), nkv * 2, true);
@@ -805,17 +507,17 @@ emulated run_emulated(const attn_case& c, const std::vector<std::uint16_t>& q,
   const auto kvc = kc::attention_backward_kv_config(c.B, c.S, c.nh, c.nkv, c.hd);
   REQUIRE(kvc.dynamic_smem == sizeof(typename kvt::shared_storage));
   run(kvc, kvc.dynamic_smem, [&](std::int64_t x, std::int64_t y, int tid) {
-    auto& sm = *reinterpret_cast<typename kvt::shared_storage*>(em.smem);
+    auto& sm = *reinterpret_cast<typename kvt::shared_storage*>(em.shared_base());
     kc::detail::attention_backward_kv_block<emu_ops, HD>(bp, x, static_cast<int>(y), sm, tid);
   });
-  em.regions.pop_back();
-  em.regions.pop_back();
+  em.pop_region();
+  em.pop_region();
   em.add_region(r.dq.data(), nq * 2, true);
   using qt = kc::attention_backward_q_traits<HD>;
   const auto qc = kc::attention_backward_q_config(c.B, c.S, c.nh, c.nkv, c.hd);
   REQUIRE(qc.dynamic_smem == sizeof(typename qt::shared_storage));
   run(qc, qc.dynamic_smem, [&](std::int64_t x, std::int64_t y, int tid) {
-    auto& sm = *reinterpret_cast<typename qt::shared_storage*>(em.smem);
+    auto& sm = *reinterpret_cast<typename qt::shared_storage*>(em.shared_base());
     kc::detail::attention_backward_q_block<emu_ops, HD>(bp, x, static_cast<int>(qc.grid_y - 1 - y),
                                                         sm, tid);
   });

@@ -12,16 +12,10 @@
 
 #include "tessera/core/cuda.hpp"
 #include "tessera/core/numeric.hpp"
+#include "tessera/kernels/cuda/block.hpp"
 #include "tessera/kernels/cuda/launch.hpp"
 
 namespace tessera::kernels::cuda::detail {
-
-/// `N` elements of `T` loaded or stored as one aligned access
-/// (sizeof(T) * N bytes; 16 for the vector paths).
-template <class T, int N>
-struct alignas(sizeof(T) * N) pack {
-  T v[N];
-};
 
 /// Loads a pack from `p` (aligned to sizeof(pack)).
 template <int N, class T>
@@ -32,16 +26,6 @@ __device__ __forceinline__ pack<T, N> load_pack(const T* p) {
 template <int N, class T>
 __device__ __forceinline__ void store_pack(T* p, const pack<T, N>& x) {
   *reinterpret_cast<pack<T, N>*>(p) = x;
-}
-
-/// Elements per 16-byte access of the widest of `Ts`.
-template <class... Ts>
-inline constexpr int vec_width = static_cast<int>(16 / std::max({sizeof(Ts)...}));
-
-/// True when every pointer is aligned to `bytes`.
-template <class... Ps>
-inline bool all_aligned(std::size_t bytes, const Ps*... ps) {
-  return ((reinterpret_cast<std::uintptr_t>(ps) % bytes == 0) && ...);
 }
 
 /// Grid-stride loop over [0, n): `f.template operator()<V>(i)` handles

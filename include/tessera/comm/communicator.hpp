@@ -244,6 +244,11 @@ struct comm_options {
   bool debug = false;
   /// Number of collective descriptions kept per rank in debug mode.
   std::size_t history = 64;
+  /// Journal: keep every operation issued, collective and point-to-point,
+  /// in issue order (`journal()` of communicator_base; unbounded, for tests
+  /// that hold one transport's sequence against another's,
+  /// tests/comm/nccl_recording.hpp). Inherited by split.
+  bool journal = false;
 };
 
 /// A handle to an asynchronous operation. `wait()` blocks until the

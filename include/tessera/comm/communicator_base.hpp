@@ -19,11 +19,29 @@
 #include <span>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "tessera/comm/communicator.hpp"
 #include "tessera/comm/detail/collective_log.hpp"
 
 namespace tessera::comm {
+
+/// One operation as a communicator issued it (its journal,
+/// comm_options::journal): what the transport was asked to execute, in
+/// its own terms.
+struct op_record {
+  op_kind k = op_kind::barrier;
+  bool collective = true;  ///< false for send and recv
+  std::uint64_t seq = 0;   ///< collective sequence number, or this rank's p2p number
+  std::size_t n = 0;       ///< elements (reduce_scatter, all_gather: the per-rank chunk)
+  dtype dt = dtype::none;
+  /// Collectives: the reduction ("sum", "max"), the root ("root 2"), the
+  /// split ("color 1, key 0") or empty; p2p: the peers ("peer 3").
+  std::string param;
+  int group = 0;  ///< collectives: ranks in the group
+  int peer = -1;  ///< p2p: the peer
+  int tag = 0;    ///< p2p: the tag
+};
 
 namespace detail {
 
@@ -78,6 +96,7 @@ struct rank_core {
   std::uint64_t coll_seq = 0, p2p_seq = 0;
   op_counters counters;
   collective_log log;
+  std::vector<op_record> journal;  // every operation issued while opt.journal
 
   /// Applies `o` (the debug log restarts when debug mode is on).
   void configure(const comm_options& o) {
@@ -90,6 +109,7 @@ struct rank_core {
                                   std::uint64_t bytes) {
     op_ctx c{k, coll_seq++, n, d, std::move(extra), opt.timeout, true, 0};
     log.record(c.seq, k, group, n, d, c.extra);
+    if (opt.journal) journal.push_back({k, true, c.seq, n, d, c.extra, group, -1, 0});
     counters.add(k, 1, bytes);
     return c;
   }
@@ -100,6 +120,7 @@ struct rank_core {
                            std::uint64_t bytes, std::string extra = {}) {
     if (extra.empty()) extra = str("peer ", peer);
     op_ctx c{k, p2p_seq++, n, d, std::move(extra), opt.timeout, false, tag};
+    if (opt.journal) journal.push_back({k, false, c.seq, n, d, c.extra, 0, peer, tag});
     counters.add(k, 1, bytes);
     return c;
   }
@@ -145,6 +166,13 @@ class communicator_base {
     c.opt.debug = on;
     c.log.configure(on, c.opt.history);
   }
+  /// Turns the journal on or off (comm_options::journal; communicators
+  /// split from this one later inherit it). What was recorded is kept.
+  void set_journal(bool on) { self().core().opt.journal = on; }
+  /// Every operation issued while the journal was on, in issue order (a
+  /// group_p2p of nccl_communicator as one entry, sendrecv as its send).
+  /// Read from the issuing thread.
+  [[nodiscard]] const std::vector<op_record>& journal() const { return self().core().journal; }
 
   /// iall_reduce(buf, n, op), waited for: buf[0, n) becomes the reduction
   /// over the group, the same on every rank. Throws as wait() does.

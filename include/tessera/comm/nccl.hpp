@@ -49,6 +49,12 @@
 /// ncclGetLastError's detail). config_error for a bad root, peer, color or
 /// device index.
 ///
+/// Calls: each operation is translated into its list of NCCL calls by
+/// comm/nccl_calls.hpp (`nccl_translate`: the function, NCCL's count, the
+/// datatype, the reduction, the peer or root), and that list is what is
+/// issued, call by call (detail::nccl_issue), so a host test can record the
+/// NCCL sequence of a training step without a GPU.
+///
 /// Bytes are counted with the ring formulas of communicator.hpp, whatever
 /// algorithm NCCL picks (ring, tree, NVLS, CollNet).
 ///
@@ -106,6 +112,7 @@
 #include "tessera/comm/detail/nccl_state.hpp"
 #include "tessera/comm/detail/polled_request.hpp"
 #include "tessera/comm/mpi.hpp"
+#include "tessera/comm/nccl_calls.hpp"
 
 namespace tessera::comm {
 
@@ -180,6 +187,72 @@ struct nccl_pending : pending_core<nccl_comm_state> {
     finish(msg);
   }
 };
+
+/// The NCCL datatype of `d` (none is refused before: ncclInt8 is never
+/// issued).
+inline ncclDataType_t nccl_type(dtype d) {
+  switch (d) {
+    case dtype::f32:
+      return ncclFloat32;
+    case dtype::f64:
+      return ncclFloat64;
+    case dtype::i32:
+      return ncclInt32;
+    case dtype::i64:
+      return ncclInt64;
+    case dtype::u64:
+      return ncclUint64;
+    case dtype::bf16:
+      return ncclBfloat16;
+    case dtype::none:
+      break;
+  }
+  return ncclInt8;
+}
+
+/// Issues `calls` (an nccl_translate list) on `comm` and `stream`, in
+/// order: the one place nccl_communicator calls NCCL's data functions.
+/// After a call fails no further data call is issued, but every group
+/// opened is still closed (ncclGroupEnd); returns the first failure, else
+/// the last call's result (on a nonblocking communicator ncclInProgress
+/// until NCCL finished enqueueing; the caller settles it).
+inline ncclResult_t nccl_issue(std::span<const nccl_call> calls, ncclComm_t comm,
+                               cudaStream_t stream) {
+  const auto ok = [](ncclResult_t r) { return r == ncclSuccess || r == ncclInProgress; };
+  ncclResult_t failed = ncclSuccess, last = ncclSuccess;
+  for (const nccl_call& c : calls) {
+    if (failed != ncclSuccess && c.fn != nccl_fn::group_end) continue;
+    const ncclDataType_t t = nccl_type(c.dt);
+    switch (c.fn) {
+      case nccl_fn::all_reduce:
+        last = ncclAllReduce(c.sendbuff, c.recvbuff, c.count, t, nccl_op(c.op), comm, stream);
+        break;
+      case nccl_fn::reduce_scatter:
+        last = ncclReduceScatter(c.sendbuff, c.recvbuff, c.count, t, nccl_op(c.op), comm, stream);
+        break;
+      case nccl_fn::all_gather:
+        last = ncclAllGather(c.sendbuff, c.recvbuff, c.count, t, comm, stream);
+        break;
+      case nccl_fn::broadcast:
+        last = ncclBroadcast(c.sendbuff, c.recvbuff, c.count, t, c.peer, comm, stream);
+        break;
+      case nccl_fn::send:
+        last = ncclSend(c.sendbuff, c.count, t, c.peer, comm, stream);
+        break;
+      case nccl_fn::recv:
+        last = ncclRecv(c.recvbuff, c.count, t, c.peer, comm, stream);
+        break;
+      case nccl_fn::group_start:
+        last = ncclGroupStart();
+        break;
+      case nccl_fn::group_end:
+        last = ncclGroupEnd();
+        break;
+    }
+    if (failed == ncclSuccess && !ok(last)) failed = last;
+  }
+  return failed != ncclSuccess ? failed : last;
+}
 
 }  // namespace detail
 
@@ -284,11 +357,10 @@ class nccl_communicator : public communicator_base<nccl_communicator> {
   /// n (0: nothing is enqueued). Throws comm_error (timeout, NCCL, CUDA).
   template <nccl_element T>
   nccl_request iall_reduce(T* d_buf, std::size_t n, reduce_op op) {
-    return issue(op_kind::all_reduce, n, detail::nccl_dtype<T>(), to_string(op),
-                 ring_all_reduce_bytes(n, sizeof(T), size(), rank()), "ncclAllReduce", [&] {
-                   return ncclAllReduce(d_buf, d_buf, n, detail::nccl_type<T>(),
-                                        detail::nccl_op(op), s_->comm, s_->stream);
-                 });
+    constexpr dtype dt = detail::nccl_dtype<T>();
+    return issue(op_kind::all_reduce, n, dt, to_string(op),
+                 ring_all_reduce_bytes(n, sizeof(T), size(), rank()),
+                 nccl_translate::all_reduce(d_buf, n, dt, op));
   }
 
   /// d_recv[0, chunk) = op over ranks of d_send[rank*chunk, (rank+1)*chunk)
@@ -297,22 +369,20 @@ class nccl_communicator : public communicator_base<nccl_communicator> {
   /// (N-1)*chunk*sizeof(T) bytes. Callers pad to equal chunks.
   template <nccl_element T>
   nccl_request ireduce_scatter(const T* d_send, T* d_recv, std::size_t chunk, reduce_op op) {
-    return issue(op_kind::reduce_scatter, chunk, detail::nccl_dtype<T>(), to_string(op),
-                 ring_scatter_gather_bytes(chunk, sizeof(T), size()), "ncclReduceScatter", [&] {
-                   return ncclReduceScatter(d_send, d_recv, chunk, detail::nccl_type<T>(),
-                                            detail::nccl_op(op), s_->comm, s_->stream);
-                 });
+    constexpr dtype dt = detail::nccl_dtype<T>();
+    return issue(op_kind::reduce_scatter, chunk, dt, to_string(op),
+                 ring_scatter_gather_bytes(chunk, sizeof(T), size()),
+                 nccl_translate::reduce_scatter(d_send, d_recv, chunk, dt, op));
   }
 
   /// d_recv[r*chunk, (r+1)*chunk) = d_send of rank r (ncclAllGather); in
   /// place when d_send == d_recv + rank*chunk. Counts (N-1)*chunk*sizeof(T).
   template <nccl_element T>
   nccl_request iall_gather(const T* d_send, T* d_recv, std::size_t chunk) {
-    return issue(op_kind::all_gather, chunk, detail::nccl_dtype<T>(), {},
-                 ring_scatter_gather_bytes(chunk, sizeof(T), size()), "ncclAllGather", [&] {
-                   return ncclAllGather(d_send, d_recv, chunk, detail::nccl_type<T>(), s_->comm,
-                                        s_->stream);
-                 });
+    constexpr dtype dt = detail::nccl_dtype<T>();
+    return issue(op_kind::all_gather, chunk, dt, {},
+                 ring_scatter_gather_bytes(chunk, sizeof(T), size()),
+                 nccl_translate::all_gather(d_send, d_recv, chunk, dt));
   }
 
   /// Copies root's d_buf[0, n) to every rank (ncclBroadcast, in place);
@@ -321,11 +391,10 @@ class nccl_communicator : public communicator_base<nccl_communicator> {
   template <nccl_element T>
   nccl_request ibroadcast(T* d_buf, std::size_t n, int root) {
     check_peer(root, "broadcast root");
-    return issue(op_kind::broadcast, n, detail::nccl_dtype<T>(), detail::str("root ", root),
-                 chain_broadcast_bytes(n, sizeof(T), size(), rank(), root), "ncclBroadcast", [&] {
-                   return ncclBroadcast(d_buf, d_buf, n, detail::nccl_type<T>(), root, s_->comm,
-                                        s_->stream);
-                 });
+    constexpr dtype dt = detail::nccl_dtype<T>();
+    return issue(op_kind::broadcast, n, dt, detail::str("root ", root),
+                 chain_broadcast_bytes(n, sizeof(T), size(), rank(), root),
+                 nccl_translate::broadcast(d_buf, n, dt, root));
   }
 
   /// Sends d_buf[0, n) to `peer` (ncclSend; blocks the stream until the
@@ -334,18 +403,17 @@ class nccl_communicator : public communicator_base<nccl_communicator> {
   template <nccl_element T>
   nccl_request isend(const T* d_buf, std::size_t n, int peer, int tag) {
     check_peer(peer, "send peer");
-    return issue_p2p(
-        op_kind::send, n, detail::nccl_dtype<T>(), peer, tag, n * sizeof(T), "ncclSend",
-        [&] { return ncclSend(d_buf, n, detail::nccl_type<T>(), peer, s_->comm, s_->stream); });
+    constexpr dtype dt = detail::nccl_dtype<T>();
+    return issue_p2p(op_kind::send, n, dt, peer, tag, n * sizeof(T),
+                     nccl_translate::send(d_buf, n, dt, peer));
   }
   /// Receives n elements from `peer` into d_buf (ncclRecv). Precondition:
   /// the peer sends exactly n elements (NCCL does not check). Counts 0 bytes.
   template <nccl_element T>
   nccl_request irecv(T* d_buf, std::size_t n, int peer, int tag) {
     check_peer(peer, "recv peer");
-    return issue_p2p(op_kind::recv, n, detail::nccl_dtype<T>(), peer, tag, 0, "ncclRecv", [&] {
-      return ncclRecv(d_buf, n, detail::nccl_type<T>(), peer, s_->comm, s_->stream);
-    });
+    constexpr dtype dt = detail::nccl_dtype<T>();
+    return issue_p2p(op_kind::recv, n, dt, peer, tag, 0, nccl_translate::recv(d_buf, n, dt, peer));
   }
 
   /// Sends d_send[0, n) to `dst` and receives n elements from `src` into
@@ -357,19 +425,10 @@ class nccl_communicator : public communicator_base<nccl_communicator> {
     check_peer(dst, "sendrecv destination");
     check_peer(src, "sendrecv source");
     s_->counters.add(op_kind::recv, 1, 0);
-    return issue_p2p(
-        op_kind::send, n, detail::nccl_dtype<T>(), dst, tag, n * sizeof(T),
-        "ncclGroupEnd (ncclSend + ncclRecv)",
-        [&] {
-          ncclResult_t r = ncclGroupStart();
-          if (r == ncclSuccess)
-            r = ncclSend(d_send, n, detail::nccl_type<T>(), dst, s_->comm, s_->stream);
-          if (r == ncclSuccess || r == ncclInProgress)
-            r = ncclRecv(d_recv, n, detail::nccl_type<T>(), src, s_->comm, s_->stream);
-          const ncclResult_t end = ncclGroupEnd();  // always close the group
-          return r == ncclSuccess || r == ncclInProgress ? end : r;
-        },
-        detail::str("peer ", dst, ", from ", src));
+    constexpr dtype dt = detail::nccl_dtype<T>();
+    return issue_p2p(op_kind::send, n, dt, dst, tag, n * sizeof(T),
+                     nccl_translate::sendrecv(d_send, dst, d_recv, src, n, dt),
+                     detail::str("peer ", dst, ", from ", src));
   }
 
   /// The operations `ops` as one NCCL group (ncclGroupStart, an ncclSend or
@@ -407,30 +466,14 @@ class nccl_communicator : public communicator_base<nccl_communicator> {
     for (const p2p_op& o : ops)
       extra += detail::str(" ", o.kind == op_kind::send ? "to " : "from ", o.peer, " (tag ", o.tag,
                            ", n=", o.n, ")");
-    return issue_p2p(
-        k, n, ops.front().dt, ops.front().peer, ops.front().tag, bytes,
-        "ncclGroupEnd (ncclSend/ncclRecv group)",
-        [&] {
-          ncclResult_t r = ncclGroupStart();
-          for (const p2p_op& o : ops) {
-            if (r != ncclSuccess && r != ncclInProgress) break;
-            const ncclDataType_t t = nccl_type_of(o.dt);
-            r = o.kind == op_kind::send ? ncclSend(o.buf, o.n, t, o.peer, s_->comm, s_->stream)
-                                        : ncclRecv(o.buf, o.n, t, o.peer, s_->comm, s_->stream);
-          }
-          const ncclResult_t end = ncclGroupEnd();  // always close the group
-          return r == ncclSuccess || r == ncclInProgress ? end : r;
-        },
-        std::move(extra));
+    return issue_p2p(k, n, ops.front().dt, ops.front().peer, ops.front().tag, bytes,
+                     nccl_translate::group_p2p(ops), std::move(extra));
   }
 
   /// Completes once every rank's stream reached it (an ncclAllReduce of
   /// one int32 on a device word the communicator owns). Counts 0.
   nccl_request ibarrier() {
-    return issue(op_kind::barrier, 0, dtype::none, {}, 0, "ncclAllReduce (barrier)", [&] {
-      return ncclAllReduce(s_->d_barrier, s_->d_barrier, 1, ncclInt32, ncclSum, s_->comm,
-                           s_->stream);
-    });
+    return issue(op_kind::barrier, 0, dtype::none, {}, 0, nccl_translate::barrier(s_->d_barrier));
   }
 
   /// Collective (every rank calls it): ranks with the same color (>= 0) form
@@ -515,25 +558,6 @@ class nccl_communicator : public communicator_base<nccl_communicator> {
     return detail::str(ctx, ": ncclCommInitRankConfig failed with ",
                        detail::nccl_result_text(r, nullptr));
   }
-  static ncclDataType_t nccl_type_of(dtype d) {
-    switch (d) {
-      case dtype::f32:
-        return ncclFloat32;
-      case dtype::f64:
-        return ncclFloat64;
-      case dtype::i32:
-        return ncclInt32;
-      case dtype::i64:
-        return ncclInt64;
-      case dtype::u64:
-        return ncclUint64;
-      case dtype::bf16:
-        return ncclBfloat16;
-      case dtype::none:
-        break;
-    }
-    return ncclInt8;  // refused before (dtype none)
-  }
   friend class communicator_base<nccl_communicator>;
   detail::rank_core& core() {
     return *s_;
@@ -549,11 +573,10 @@ class nccl_communicator : public communicator_base<nccl_communicator> {
     s_->check_usable(s_->context(c));
     return c;
   }
-  /// Enqueues `call()` on the stream (skipped when n == 0, which every rank
-  /// of a collective shares), waits for NCCL to finish enqueueing, and
-  /// records the completion event.
-  template <class Call>
-  nccl_request launch(detail::op_ctx c, const char* call_name, Call&& call) {
+  /// Issues `calls` (nccl_translate's list; empty when the operation moves
+  /// nothing, which every rank of a collective shares) on the stream, waits
+  /// for NCCL to finish enqueueing, and records the completion event.
+  nccl_request launch(detail::op_ctx c, const nccl_translate::calls& calls) {
     auto& s = *s_;
     auto p = std::make_unique<detail::nccl_pending>();
     p->st = s_.get();
@@ -562,21 +585,19 @@ class nccl_communicator : public communicator_base<nccl_communicator> {
     detail::nccl_device_scope scope(s.device, ctx);
     detail::cuda_comm_check(cudaEventCreateWithFlags(&p->ev, cudaEventDisableTiming),
                             "cudaEventCreateWithFlags", ctx);
-    if (p->c.n > 0 || p->c.k == op_kind::barrier) s.settle(call(), call_name, ctx, p->c.timeout);
+    if (!calls.empty())
+      s.settle(detail::nccl_issue(calls, s.comm, s.stream), calls_name(calls).c_str(), ctx,
+               p->c.timeout);
     detail::cuda_comm_check(cudaEventRecord(p->ev, s.stream), "cudaEventRecord", ctx);
     return nccl_request(std::move(p));
   }
-  template <class Call>
   nccl_request issue(op_kind k, std::size_t n, dtype d, std::string extra, std::uint64_t bytes,
-                     const char* call_name, Call&& call) {
-    return launch(usable(s_->collective(k, n, d, std::move(extra), size(), bytes)), call_name,
-                  std::forward<Call>(call));
+                     const nccl_translate::calls& calls) {
+    return launch(usable(s_->collective(k, n, d, std::move(extra), size(), bytes)), calls);
   }
-  template <class Call>
   nccl_request issue_p2p(op_kind k, std::size_t n, dtype d, int peer, int tag, std::uint64_t bytes,
-                         const char* call_name, Call&& call, std::string extra = {}) {
-    return launch(usable(s_->p2p(k, n, d, peer, tag, bytes, std::move(extra))), call_name,
-                  std::forward<Call>(call));
+                         const nccl_translate::calls& calls, std::string extra = {}) {
+    return launch(usable(s_->p2p(k, n, d, peer, tag, bytes, std::move(extra))), calls);
   }
   /// all_gather of w host words per rank through a temporary device buffer
   /// (verify_collective_hash).

@@ -41,9 +41,12 @@
 #                the nvcc and g++ found, MPI off (DC_MPI=ON: as found;
 #                without MPI or NCCL their blocks are skipped)
 #   build        the GPU tests, cuda_* benchmarks, llama7b_step, the     240 s
-#                kernel library and the nvcc header check, -j <jobs>,
-#                going on past a failure (DC_BUILD_ALL=1: every target);
-#                about 2 min at -j16, 6 min at -j2
+#                kernel library, the nvcc header check and the header-only
+#                consumer (tessera_cuda_consumer: tessera installed, then
+#                tests/consumer_cuda's trainer compiled by nvcc from the
+#                headers, about 2 min of one core), -j <jobs>, going on
+#                past a failure (DC_BUILD_ALL=1: every target); about
+#                2 min at -j16, 6 min at -j2
 #   spills       ptxas -v lines of the kernel library (its objects are    60 s
 #                rebuilt if the build log has none), and cuobjdump
 #                --dump-resource-usage when installed
@@ -238,15 +241,16 @@ cmd_main=("$build/examples/train_llama" --backend cuda --precision bf16_mixed_bf
 
 # The targets the check needs (DC_BUILD_ALL=1: all): the GPU test
 # executables (from ctest's list; test_cuda_nccl_npN is test_cuda_nccl), the
-# cuda_* benchmarks, llama7b_step, the kernel library and the nvcc header
-# check; only those the generated build files define.
+# cuda_* benchmarks, llama7b_step, the kernel library, the nvcc header
+# check and the header-only consumer (test_cuda_consumer runs what
+# tessera_cuda_consumer builds); only those the generated build files define.
 device_targets() {
   local t names=()
   names+=($(ctest --test-dir "$build" -N -L cuda 2>/dev/null \
             | sed -n 's/^ *Test *#[0-9]*: *\([A-Za-z0-9_]*\).*/\1/p' | sed 's/_np[0-9]*$//' | sort -u))
   for t in benchmarks/cuda_*.cpp; do [[ -f $t ]] && names+=("$(basename "$t" .cpp)"); done
   names+=(llama7b_step train_llama tessera_cuda_kernels tessera_cuda_headers_check
-          tessera_trainer_check)
+          tessera_trainer_check tessera_cuda_consumer)
   for t in "${names[@]}"; do
     if [[ -f $build/build.ninja ]]; then grep -q "^build $t: phony" "$build/build.ninja" && echo "$t"
     elif [[ -f $build/Makefile ]]; then grep -q "^$t: " "$build/Makefile" && echo "$t"
@@ -261,7 +265,7 @@ if [[ $dry_run == 1 ]]; then
     "${devdeps:-not present (system packages)}"
   printf '  configure  (%4s s)  %s\n' "$t_configure" "${cmd_configure[*]}"
   printf '  build      (%4s s)  cmake --build %s -j %s --target <%s> %s\n' "$t_build" "$build" "$jobs" \
-    "$([[ ${DC_BUILD_ALL:-0} == 1 ]] && echo all || echo 'GPU tests, cuda_bench, llama7b_step, kernels, header check')" \
+    "$([[ ${DC_BUILD_ALL:-0} == 1 ]] && echo all || echo 'GPU tests, cuda_bench, llama7b_step, kernels, header check, header-only consumer')" \
     "${build_args[*]}"
   printf '  spills     (%4s s)  ptxas -v lines of %s (kernel objects rebuilt if none), cuobjdump --dump-resource-usage\n' \
     "$t_spills" "$build/cuda/libtessera_cuda_kernels.a"
@@ -277,7 +281,7 @@ if [[ $dry_run == 1 ]]; then
                   b=$(basename "$t" .cpp)
                   case $b in main|nccl_main|nccl_trainer) ;; nccl) for n in 1 2 4 8; do echo "test_cuda_nccl_np$n"; done ;;
                                                    *) echo "test_cuda_$b" ;; esac
-                done)
+                done; echo test_cuda_consumer)
   fi
   for t in $gpu_tests; do
     case $t in
@@ -289,10 +293,33 @@ if [[ $dry_run == 1 ]]; then
       test_cuda_loader) what="the pinned double-buffered loader" ;;
       test_cuda_gemm) what="cuBLASLt GEMMs" ;;
       test_cuda_core) what="caching allocator, streams, events" ;;
+      test_cuda_weight_init) what="the initial weights drawn on the device (Thrust) against the host's, llama2_7b whole" ;;
+      test_cuda_consumer) what="the header-only build (tests/consumer_cuda: kernels compiled from the headers in its one .cu): trainer<bf16_mixed, cuda> against trainer<bf16_mixed, host>, 10 steps" ;;
       *) what="" ;;
     esac
     printf '               %-26s %s\n' "$t" "$what"
   done
+  # What the host has confirmed only under emulation so far, and which GPU
+  # test confirms it on the device (benchmarks/RESULTS.md, 2026-12-06).
+  echo "               confirmed so far only under emulation on the host, confirmed on the device by:"
+  while IFS='|' read -r fam host gpu; do
+    printf '                 %-40s %-42s -> %s\n' "$fam" "$host" "$gpu"
+  done <<'MAP'
+rmsnorm forward, backward|tests/kernels/emulated_rmsnorm.cpp|test_cuda_kernels, test_cuda_llama
+swiglu forward, backward|tests/kernels/emulated_swiglu.cpp|test_cuda_kernels, test_cuda_llama
+embedding forward, backward|tests/kernels/emulated_embedding.cpp|test_cuda_kernels, test_cuda_llama
+embedding_local_ids (vocab slice)|tests/kernels/emulated_embedding.cpp|test_cuda_cross_entropy
+casts float <-> bf16|tests/kernels/emulated_elementwise.cpp|test_cuda_kernels
+residual_add, count_nonfinite|tests/kernels/emulated_elementwise.cpp|test_cuda_cross_entropy
+grad_sum_squares, clip_coefficient|tests/kernels/emulated_grad_norm.cpp|test_cuda_kernels; clip: test_cuda_llama
+adamw_step, sgd_step|tests/kernels/emulated_optimizer.cpp|test_cuda_kernels (adamw), test_cuda_llama
+rope forward, backward|tests/kernels/emulated_rope.cpp|test_cuda_kernels
+cross-entropy row kernels (+ vocab-par.)|tests/kernels/emulated_cross_entropy.cpp|test_cuda_cross_entropy
+flash attention forward, backward|tests/kernels/cuda_attention_launch.cpp|test_cuda_attention
+cuBLASLt descriptors (interpreted)|tests/kernels/cuda_gemm_plan.cpp|test_cuda_gemm
+initial weights (Thrust, OMP backend)|tests/kernels/weight_init.cpp|test_cuda_weight_init, test_cuda_llama
+the kernels compiled header-only|(nvcc, CI: tessera_cuda_consumer)|test_cuda_consumer
+MAP
   printf '  cuda_bench (%4s s)  %s\n' "$t_bench" "${cmd_bench[*]}"
   printf '  llama7b    (%4s s)  %s\n' "$t_llama" "${cmd_llama[*]}"
   printf '  main_job   (%4s s)  %s\n' "$t_main" "${cmd_main[*]}"

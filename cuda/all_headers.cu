@@ -1,5 +1,14 @@
 // Compiles every public tessera header with nvcc (sm_90a, sm_80) so that the
 // shared TESSERA_HOST_DEVICE arithmetic and the host headers stay nvcc-clean.
+// In the precompiled mode (kernels/cuda/linkage.hpp): the declarations and
+// `extern template` lists a program linking tessera::cuda_kernels sees, with
+// no kernel instantiated here. The header-only mode, which compiles every
+// kernel a trainer uses, is checked by tessera_cuda_consumer
+// (tests/consumer_cuda/main.cu).
+#if !defined(TESSERA_CUDA_PRECOMPILED_KERNELS)
+#define TESSERA_CUDA_PRECOMPILED_KERNELS 1
+#endif
+
 #include <tessera/tessera.hpp>
 
 // The CUDA-only headers (not in the umbrella header): the backend, the
@@ -22,6 +31,7 @@
 #include <tessera/kernels/cuda/rmsnorm.cuh>
 #include <tessera/kernels/cuda/rope.cuh>
 #include <tessera/kernels/cuda/swiglu.cuh>
+#include <tessera/kernels/cuda/weight_init.cuh>
 
 namespace {
 __global__ void tessera_bf16_roundtrip(const float* in, float* out, int n) {

@@ -173,9 +173,9 @@ TEST_CASE("cuda emulator: the block sum adds in CUB's order and only thread 0 ha
 TEST_CASE("cuda emulator: a barrier not every thread reaches is a deadlock",
           "[kernels][emulator]") {
   cuda_emulator em;
-  CHECK_THROWS_WITH(emulator_launcher{&em}.run<divergent_barrier_body>(one_block(64), 32),
-                    Catch::Contains("divergent_barrier block (0, 0)") &&
-                        Catch::Contains("deadlock"));
+  CHECK_THROWS_WITH(
+      emulator_launcher{&em}.run<divergent_barrier_body>(one_block(64), 32),
+      Catch::Contains("divergent_barrier block (0, 0)") && Catch::Contains("deadlock"));
   CHECK_NOTHROW(emulator_launcher{&em}.run<divergent_barrier_body>(one_block(64), 0));
 }
 
@@ -226,9 +226,9 @@ TEST_CASE("cuda emulator: launches inconsistent with the body or the hardware ar
                     Catch::Contains("outside the limits"));
   // A store past the output, and a read of an unregistered buffer.
   std::vector<float> other(256);
-  CHECK_THROWS_WITH(emulator_launcher{&em}.run<sum_body<false>>(one_block(256, 64),
-                                                               out.data() + 1, cin),
-                    Catch::Contains("outside every buffer"));
+  CHECK_THROWS_WITH(
+      emulator_launcher{&em}.run<sum_body<false>>(one_block(256, 64), out.data() + 1, cin),
+      Catch::Contains("outside every buffer"));
   CHECK_THROWS_WITH(emulator_launcher{&em}.run<sum_body<true>>(
                         one_block(256, 64), out.data(), static_cast<const float*>(other.data())),
                     Catch::Contains("outside every buffer"));

@@ -24,6 +24,8 @@ TEST_CASE("cuda launch: every 7B configuration is within the hardware limits",
       kc::rmsnorm_dweight_reduce_config(H), kc::elementwise_config(N * F, 8),
       kc::elementwise_config(params_7b, 1), kc::grad_norm_partial_config(params_7b),
       kc::embedding_forward_config(N, H),   kc::embedding_backward_config(N, V, H),
+      kc::embedding_local_ids_config(N),    kc::grad_norm_final_config(),
+      kc::clip_coefficient_config(),
   };
   for (const auto& c : all) {
     CHECK(c.valid());
@@ -72,6 +74,16 @@ TEST_CASE("cuda launch: the gradient-norm partition depends on n only", "[kernel
   CHECK(kc::grad_sum_squares_scratch_bytes(params_7b) == 8192);
   CHECK(kc::grad_norm_partial_config(1).grid_x == 1);
   CHECK(kc::grad_norm_partial_config(2048 * 3 + 1).grid_x == 4);
+  // Stage 2 and the clip coefficient: one block, one thread; no scratch.
+  const auto f = kc::grad_norm_final_config();
+  CHECK(f.grid_x * f.grid_y == 1);
+  CHECK(f.block == kc::grad_norm_threads);
+  CHECK(f.smem == kc::grad_norm_smem_bound);
+  CHECK(f.scratch_bytes == 0);
+  const auto c = kc::clip_coefficient_config();
+  CHECK(c.grid_x * c.grid_y * c.block == 1);
+  CHECK(c.smem == 0);
+  CHECK(c.scratch_bytes == 0);
 }
 
 TEST_CASE("cuda launch: embedding backward owns disjoint vocabulary rows",
@@ -84,6 +96,15 @@ TEST_CASE("cuda launch: embedding backward owns disjoint vocabulary rows",
   CHECK(e.smem <= 6 * 1024);
   CHECK(kc::embedding_forward_config(N, H).grid_x == N);
   CHECK_THROWS_AS(kc::embedding_backward_config(N, 0, H), tessera::config_error);
+  // Local ids: one id a thread; ragged N rounds up, huge N loops (grid-stride).
+  CHECK(kc::embedding_local_ids_config(N).grid_x == N / kc::embedding_threads);
+  CHECK(kc::embedding_local_ids_config(N + 1).grid_x == N / kc::embedding_threads + 1);
+  CHECK(kc::embedding_local_ids_config(0).grid_x == 1);
+  CHECK(kc::embedding_local_ids_config(std::int64_t(1) << 40).grid_x ==
+        kc::launch_limits::max_grid_x);
+  CHECK(kc::embedding_local_ids_config(N).block == kc::embedding_threads);
+  CHECK(kc::embedding_local_ids_config(N).smem == 0);
+  CHECK_THROWS_AS(kc::embedding_local_ids_config(-1), tessera::config_error);
 }
 
 TEST_CASE("cuda launch: RoPE over the 7B attention shapes", "[kernels][cuda_launch]") {

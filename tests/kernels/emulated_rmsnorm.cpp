@@ -51,11 +51,6 @@ std::vector<T> poisoned(std::size_t n) {
 }
 
 template <class T>
-bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
-}
-
-template <class T>
 void forward_case(std::int64_t N, std::int64_t H, int offset, std::uint64_t seed) {
   INFO("N=" << N << " H=" << H << " offset=" << offset);
   std::mt19937_64 rng(seed);
@@ -63,8 +58,8 @@ void forward_case(std::int64_t N, std::int64_t H, int offset, std::uint64_t seed
   const auto w = random_vector<T>(static_cast<std::size_t>(H + offset), rng, 0.5, 1.5);
   std::vector<T> y_host(static_cast<std::size_t>(N * H));
   std::vector<float> r_host(static_cast<std::size_t>(N));
-  hk::rmsnorm_forward(ctx, y_host.data(), r_host.data(), x.data() + offset, w.data() + offset, N,
-                      H, 1e-5);
+  hk::rmsnorm_forward(ctx, y_host.data(), r_host.data(), x.data() + offset, w.data() + offset, N, H,
+                      1e-5);
 
   cuda_emulator em(seed);
   auto y = poisoned<T>(static_cast<std::size_t>(N * H + offset));
@@ -77,8 +72,8 @@ void forward_case(std::int64_t N, std::int64_t H, int offset, std::uint64_t seed
   kc::rmsnorm_forward_launch(emulator_launcher{&em, std::int64_t(1) << 24, &launched},
                              y.data() + offset, r.data(), x.data() + offset, w.data() + offset, N,
                              H, 1e-5);
-  CHECK(launched == (N == 0 ? std::vector<std::string>{}
-                            : std::vector<std::string>{"rmsnorm_forward"}));
+  CHECK(launched ==
+        (N == 0 ? std::vector<std::string>{} : std::vector<std::string>{"rmsnorm_forward"}));
   y.erase(y.begin(), y.begin() + offset);
   CHECK(first_nan(y) == -1);
   CHECK(first_nan(r) == -1);
@@ -91,7 +86,8 @@ void forward_case(std::int64_t N, std::int64_t H, int offset, std::uint64_t seed
     for (std::int64_t h = 0; h < H; ++h)
       y_same[static_cast<std::size_t>(n * H + h)] = tessera::to<T>(hk::detail::rmsnorm_out(
           tessera::to<float>(x[static_cast<std::size_t>(offset + n * H + h)]),
-          tessera::to<float>(w[static_cast<std::size_t>(offset + h)]), r[static_cast<std::size_t>(n)]));
+          tessera::to<float>(w[static_cast<std::size_t>(offset + h)]),
+          r[static_cast<std::size_t>(n)]));
   CHECK(same_bits(y, y_same));
 }
 
@@ -144,8 +140,8 @@ void backward_case(std::int64_t N, std::int64_t H, bool accumulate, int offset,
   std::vector<float> dw_twice = dw;
   em.output(dw_twice);
   kc::rmsnorm_backward_launch(emulator_launcher{&em}, dx.data(), dw_twice.data(),
-                              dy.data() + offset, x.data() + offset, w.data() + offset, r.data(),
-                              N, H, scratch.data(), scratch_bytes, accumulate);
+                              dy.data() + offset, x.data() + offset, w.data() + offset, r.data(), N,
+                              H, scratch.data(), scratch_bytes, accumulate);
   for (std::size_t h = 0; h < dw.size(); ++h) CHECK(dw_twice[h] == dw[h] + dw[h]);
 }
 
@@ -196,10 +192,10 @@ TEST_CASE("emulated cuda rmsnorm: an out-of-bounds read and a write to an input 
   em.input(w);
   em.output(y);
   em.output(r);
-  CHECK_THROWS_WITH(kc::rmsnorm_forward_launch(emulator_launcher{&em}, y.data(), r.data(),
-                                               x.data(), w.data(), N, H, 1e-5),
-                    Catch::Contains("rmsnorm_forward block") &&
-                        Catch::Contains("outside every buffer"));
+  CHECK_THROWS_WITH(
+      kc::rmsnorm_forward_launch(emulator_launcher{&em}, y.data(), r.data(), x.data(), w.data(), N,
+                                 H, 1e-5),
+      Catch::Contains("rmsnorm_forward block") && Catch::Contains("outside every buffer"));
   // An output registered as an input: the store is refused.
   cuda_emulator em2;
   const std::vector<float> w_ok(static_cast<std::size_t>(H), 1.f);

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <random>
@@ -139,5 +140,16 @@ inline constexpr double f32_tol = 1e-5;
 /// rounding to 8 significant bits (2^-9 relative) plus the float32 work
 /// before it; 2^-8 allows the rounding to land on either neighbour.
 inline constexpr double bf16_tol = 1.0 / 256;
+
+/// True when a and b hold the same bytes, NaN payloads included (a bit-for-bit
+/// comparison); empty ranges are equal.
+template <class T>
+bool same_bits(const T* a, const T* b, std::size_t n) {
+  return n == 0 || std::memcmp(a, b, n * sizeof(T)) == 0;
+}
+template <class T>
+bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() && same_bits(a.data(), b.data(), a.size());
+}
 
 }  // namespace tessera::testing

@@ -199,7 +199,8 @@ class cuda_emulator {
     bar_arrived = 0;
     bar_or = false;
     if (fibers.size() < static_cast<std::size_t>(threads)) fibers.resize(threads);
-    warps.assign(static_cast<std::size_t>((threads + 31) / 32), warp{});  // a partial warp's collectives deadlock
+    warps.assign(static_cast<std::size_t>((threads + 31) / 32),
+                 warp{});  // a partial warp's collectives deadlock
     for (int t = 0; t < threads; ++t) {
       fiber& f = fibers[static_cast<std::size_t>(t)];
       if (!f.stack) f.stack.reset(new char[stack_bytes]);
@@ -545,9 +546,11 @@ struct emulator_launcher {
     for (std::int64_t y = 0; y < c.grid_y; ++y)
       for (std::int64_t x = 0; x < c.grid_x; ++x) blocks.emplace_back(x, y);
     std::shuffle(blocks.begin(), blocks.end(), em->rng);
-    for (auto [x, y] : blocks) {
-      const std::string err = em->run_block(
-          c.block, sizeof(storage) + c.dynamic_smem, [&](int tid) {
+    for (const auto& xy : blocks) {
+      const std::int64_t x = xy.first,
+                         y = xy.second;  // not a structured binding: clang 14 cannot capture one
+      const std::string err =
+          em->run_block(c.block, sizeof(storage) + c.dynamic_smem, [&](int tid) {
             auto* sm = std::launder(reinterpret_cast<storage*>(em->shared_base()));
             const kernels::cuda::block_index b{x, y, c.grid_x, c.grid_y, tid, Body::threads};
             Body::template run<emulator_ops>(b, *sm, a...);

@@ -43,8 +43,10 @@ struct replicated {
   std::int64_t rows = 0, cols = 0;
   /// Elements of the local block (rows * cols).
   [[nodiscard]] std::int64_t numel() const { return rows * cols; }
-  /// The read-only view.
-  operator replicated<const T>() const requires(!std::is_const_v<T>) {
+  /// The read-only view. (A template, so that replicated<const T> declares
+  /// no conversion to its own type, which nvcc warns about: #554-D.)
+  template <class U>
+  requires(std::is_same_v<U, const T> && !std::is_const_v<T>) operator replicated<U>() const {
     return {data, rows, cols};
   }
 };
@@ -56,7 +58,8 @@ struct partial_sum {
   T* data = nullptr;
   std::int64_t rows = 0, cols = 0;
   [[nodiscard]] std::int64_t numel() const { return rows * cols; }
-  operator partial_sum<const T>() const requires(!std::is_const_v<T>) {
+  template <class U>
+  requires(std::is_same_v<U, const T> && !std::is_const_v<T>) operator partial_sum<U>() const {
     return {data, rows, cols};
   }
   /// Poisoned: a norm, a residual add or a column-parallel layer needs the
@@ -80,7 +83,8 @@ struct sharded {
   T* data = nullptr;
   std::int64_t rows = 0, cols = 0;
   [[nodiscard]] std::int64_t numel() const { return rows * cols; }
-  operator sharded<const T, D>() const requires(!std::is_const_v<T>) {
+  template <class U>
+  requires(std::is_same_v<U, const T> && !std::is_const_v<T>) operator sharded<U, D>() const {
     return {data, rows, cols};
   }
   /// Poisoned: the complete tensor is needed; all_gather it first.

@@ -259,8 +259,9 @@ void linear_forward(const host_context& ctx, T* out, const T* inp, const T* weig
                     std::int64_t N, std::int64_t K) {
   (void)ctx;
   detail::check_linear_types<T, accum_t<T>>();
-  gemm<T>(transpose::no, transpose::yes, M, N, K, accum_t<T>(1), inp, K, weight, K, accum_t<T>(0),
-          out, N);
+  const linear_gemm g = linear_forward_gemm(M, N, K);
+  gemm<T>(g.ta, g.tb, g.M, g.N, g.K, accum_t<T>(g.alpha), inp, g.lda, weight, g.ldb,
+          accum_t<T>(g.beta), out, g.ldc);
 }
 
 /// Linear layer backward to the input: dinp(M,K) = dout(M,N) * weight(N,K),
@@ -276,8 +277,8 @@ void linear_backward_input(const host_context& ctx, GA* dinp, const GA* dout, co
   (void)ctx;
   detail::check_activation_grad_type<T, GA>();
   using A = accum_t<T>;
-  gemm(transpose::no, transpose::no, M, K, N, A(1), dout, N, weight, K, accumulate ? A(1) : A(0),
-       dinp, K);
+  const linear_gemm g = linear_backward_input_gemm(M, N, K, accumulate);
+  gemm(g.ta, g.tb, g.M, g.N, g.K, A(g.alpha), dout, g.lda, weight, g.ldb, A(g.beta), dinp, g.ldc);
 }
 
 /// Linear layer backward to the weight: dweight(N,K) += dout(M,N)^T * inp(M,K)
@@ -292,7 +293,8 @@ void linear_backward_weight(const host_context& ctx, G* dweight, const GA* dout,
   (void)ctx;
   detail::check_linear_types<T, G>();
   detail::check_activation_grad_type<T, GA>();
-  gemm(transpose::yes, transpose::no, N, K, M, G(1), dout, N, inp, K, G(1), dweight, K);
+  const linear_gemm g = linear_backward_weight_gemm(M, N, K);
+  gemm(g.ta, g.tb, g.M, g.N, g.K, G(g.alpha), dout, g.lda, inp, g.ldb, G(g.beta), dweight, g.ldc);
 }
 
 }  // namespace tessera::kernels

@@ -47,6 +47,7 @@
 #include <cmath>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -58,6 +59,7 @@
 #include "tessera/core/tensor.hpp"
 #include "tessera/kernels/context.hpp"
 #include "tessera/kernels/rope.hpp"
+#include "tessera/kernels/weight_init.hpp"
 #include "tessera/nn/checkpointing.hpp"
 #include "tessera/nn/embedding.hpp"
 #include "tessera/nn/linear.hpp"
@@ -346,19 +348,29 @@ class llama {
   /// Deterministic initialisation from `seed`: matrices ~ N(0, 0.02^2), the
   /// residual output projections (wo, w_down) scaled by 1/sqrt(2L) (GPT-2,
   /// Radford et al. 2019), norm gains 1. Each tensor draws from its own
-  /// stream (seed, tensor index), so the values do not depend on the layout,
-  /// the stage or the backend (generated on the host, copied in). With
-  /// llama_options::weights set, the weights are read from it instead
-  /// (each shard its slice of the whole tensors) and `seed` is unused.
+  /// stream (seed, tensor index), so the values do not depend on the layout
+  /// or the stage. Each element is computed from its index where the
+  /// parameters live (kernels::weight_init: an OpenMP loop on the host, a
+  /// Thrust call per tensor on a GPU, with no host copy of the buffer); on
+  /// the host the values are init_llama_weights_range's bit for bit, on a
+  /// GPU up to the rounding of the device's log and cos
+  /// (kernels/weight_init.hpp). With llama_options::weights set, the
+  /// weights are read from it instead (on the host, then copied in; each
+  /// shard its slice of the whole tensors) and `seed` is unused.
   /// Throws config_error with external_params (use init_weights_range).
   void init_weights(std::uint64_t seed) {
     TESSERA_THROW_IF(params_.empty(), config_error,
                      "init_weights: the model has external parameters; use init_weights_range");
+    if (opt_.weights == nullptr) {
+      const auto tensors = llama_weight_init_tensors(cfg_, layout_, seed);
+      weight_init(*ctx_, std::span<const kernels::weight_init_tensor>(tensors), lo_, hi_,
+                  params_.data());
+      return;
+    }
     std::vector<Param> h(static_cast<std::size_t>(flat_size()));
     const auto& es = layout_.entries();
     const auto n = static_cast<std::int64_t>(es.size());
-    // One tensor per thread: each draws from its own stream, so the split
-    // does not change the values.
+    // One tensor per thread: each reads its own elements.
 #pragma omp parallel for schedule(dynamic, 1)
     for (std::int64_t i = 0; i < n; ++i) {
       const auto& e = es[static_cast<std::size_t>(i)];
@@ -369,7 +381,9 @@ class llama {
     ctx_->from_host(params_.data(), h.data(), h.size() * sizeof(Param));
   }
 
-  /// The same values as init_weights(seed), for elements [lo, hi) of this
+  /// The same values as init_weights(seed) on the host (on a GPU, whose
+  /// init_weights draws with the device's log and cos, up to the last bits
+  /// of a float32: kernels/weight_init.hpp), for elements [lo, hi) of this
   /// instance's flat buffer, into host memory: out[i - lo] for i in
   /// [lo, hi); alignment padding is 0. A ZeRO shard initialises itself
   /// without building the full buffer.

@@ -2,7 +2,9 @@
 /// \file nn/llama_layout.hpp
 /// The flat parameter layout of a Llama (DESIGN.md, principle 4), shared by
 /// the model (nn/llama.hpp, every backend) and
-/// the planners, and its initial weights. No kernels, no backend: any translation unit may include it.
+/// the planners, and its initial weights. No kernels, no backend (only the
+/// plain tensor table of kernels/detail/weight_init.hpp): any translation
+/// unit may include it.
 
 #include <algorithm>
 #include <cmath>
@@ -14,6 +16,7 @@
 #include "tessera/core/error.hpp"
 #include "tessera/core/numeric.hpp"
 #include "tessera/core/random.hpp"
+#include "tessera/kernels/detail/weight_init.hpp"
 #include "tessera/nn/llama_config.hpp"
 #include "tessera/nn/param_layout.hpp"
 
@@ -166,6 +169,44 @@ void init_llama_weights_range(const llama_config& c, const param_layout& layout,
       if (i >= b) out[i - lo] = to<Param>(s * z);
     }
   }
+}
+
+/// The tensors of `layout` (make_llama_layout(c, ...)) as
+/// kernels::weight_init reads them, in layout order: the same values as
+/// init_llama_weights_range(c, layout, seed, ...), each element computed
+/// from its index (tensor k's stream starts at rng_start of the seed that
+/// function gives rng for tensor k; element w of the whole tensor is its
+/// w-th normal), so the GPU draws a model in place and a tensor-parallel
+/// shard costs its own elements, not the whole tensor's draws.
+/// tests/kernels/weight_init.cpp holds the two equal.
+inline std::vector<kernels::weight_init_tensor> llama_weight_init_tensors(
+    const llama_config& c, const param_layout& layout, std::uint64_t seed) {
+  const double std0 = 0.02;
+  const double out_scale = 1.0 / std::sqrt(2.0 * static_cast<double>(c.n_layers));
+  std::vector<kernels::weight_init_tensor> ts;
+  ts.reserve(layout.entries().size());
+  std::uint64_t idx = 0;
+  for (const auto& e : layout.entries()) {
+    ++idx;
+    kernels::weight_init_tensor t;
+    t.offset = e.offset;
+    t.numel = e.numel;
+    t.full_numel = e.full.numel();
+    if (e.shp.rank == 1) {
+      t.kind = kernels::weight_init_kind::ones;
+    } else {
+      const bool is_out = e.name.ends_with("attn.wo") || e.name.ends_with("mlp.w_down");
+      t.kind = kernels::weight_init_kind::normal;
+      t.scale = is_out ? std0 * out_scale : std0;
+      t.start = rng_start(mix64(seed) ^ mix64(idx * 0x9e3779b97f4a7c15ull));
+      t.cols = e.shp[1];
+      t.full_cols = e.full[1];
+      t.shard_dim = e.shard_dim;
+      t.shard_begin = e.shard_begin;
+    }
+    ts.push_back(t);
+  }
+  return ts;
 }
 
 /// Values of a model's whole (unsharded) tensors by their tessera name

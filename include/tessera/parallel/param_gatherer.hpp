@@ -13,7 +13,9 @@
 /// ((N-1)/N P_k sizeof(Param) bytes; 2-byte parameters travel as 32-bit
 /// words). The shard is drawn from the model's initialisation, range by
 /// range (nn::llama::init_weights_range: the same values as the whole
-/// model's), so no full parameter buffer ever exists.
+/// model's on the host; on a GPU the shard is drawn on the host and copied,
+/// so it may differ from a device-drawn init_weights in the last bits of a
+/// float32, kernels/weight_init.hpp), so no full parameter buffer ever exists.
 
 #include <cstdint>
 #include <optional>

@@ -106,16 +106,21 @@ void validate(const nn::llama_config& c, const train_config& cfg, const data::to
   if (cfg.sequence_parallel) nn::check_sequence_parallel(cfg.seq, mesh.tp());
   // Reducing per micro-batch needs a sharded gradient, and a chunk's
   // backwards that do not interleave across micro-batches.
+  // (The sharding is known at compile time: if constexpr, so that no code
+  // after an unconditional throw is unreachable, which nvcc warns about.)
   if (dpo.reduction == parallel::grad_reduction::per_micro_batch) {
-    TESSERA_THROW_IF(Sharding::gradients != parallel::grad_home::shard, config_error,
-                     Sharding::name,
-                     " keeps the whole gradient and reduces it once per step: per-micro-batch "
-                     "reduction needs zero 2 or 3");
-    TESSERA_THROW_IF(K > 1, config_error,
-                     "per-micro-batch gradient reduction with a pipeline (pp=", K,
-                     "): a stage runs other micro-batches' forwards and backwards between one "
-                     "micro-batch's, so its buckets are not complete in turn; reduce once per "
-                     "step with pp > 1");
+    if constexpr (Sharding::gradients != parallel::grad_home::shard) {
+      throw config_error(::tessera::detail::str(
+          Sharding::name,
+          " keeps the whole gradient and reduces it once per step: per-micro-batch "
+          "reduction needs zero 2 or 3"));
+    } else {
+      TESSERA_THROW_IF(K > 1, config_error,
+                       "per-micro-batch gradient reduction with a pipeline (pp=", K,
+                       "): a stage runs other micro-batches' forwards and backwards between one "
+                       "micro-batch's, so its buckets are not complete in turn; reduce once per "
+                       "step with pp > 1");
+    }
   }
   // The data: one window of each split.
   (void)data::val_windows(d, d.split().val, cfg.seq, cfg.eval_windows);

@@ -1,9 +1,10 @@
 #pragma once
 /// \file kernels/cuda/attention.hpp
 /// Causal flash attention with grouped-query heads on the GPU, forward and
-/// backward: declarations for host code compiled by a plain C++ compiler.
-/// The kernels are in kernels/cuda/attention.cuh (nvcc); cuda/kernels_attention.cu
-/// defines these launchers (target tessera::cuda_kernels). The host version,
+/// backward. The kernels and these launchers are defined in
+/// kernels/cuda/attention.cuh: under nvcc this header includes it
+/// (header-only), else the launchers are tessera::cuda_kernels'
+/// (cuda/kernels_attention.cu; kernels/cuda/linkage.hpp). The host version,
 /// with the same layouts and the same per-element arithmetic
 /// (kernels/detail/attention.hpp), is kernels/attention.hpp.
 ///
@@ -39,6 +40,7 @@
 
 #include "tessera/core/numeric.hpp"
 #include "tessera/kernels/cuda/attention_launch.hpp"
+#include "tessera/kernels/cuda/linkage.hpp"
 
 namespace tessera::kernels::cuda {
 
@@ -58,9 +60,10 @@ namespace tessera::kernels::cuda {
 /// - Throws config_error (before any launch) for bad or unsupported sizes or a
 ///   null or misaligned pointer; cuda_error if the launch fails.
 /// - Source: FlashAttention-2 (Dao 2023), Algorithm 1.
-void flash_attention_forward(bf16* d_out, float* d_lse, const bf16* d_q, const bf16* d_k,
-                             const bf16* d_v, std::int64_t B, std::int64_t S, std::int64_t nh,
-                             std::int64_t nkv, std::int64_t hd, cudaStream_t stream);
+TESSERA_CUDA_ENTRY void flash_attention_forward(bf16* d_out, float* d_lse, const bf16* d_q,
+                                                const bf16* d_k, const bf16* d_v, std::int64_t B,
+                                                std::int64_t S, std::int64_t nh, std::int64_t nkv,
+                                                std::int64_t hd, cudaStream_t stream);
 
 /// Bytes of device scratch flash_attention_backward needs: D = rowsum(dout * out),
 /// B nh S float32 (512 KiB at B 1, S 4096, nh 32). Throws config_error for
@@ -92,11 +95,13 @@ inline std::size_t flash_attention_backward_scratch_bytes(std::int64_t B, std::i
 ///   null or misaligned pointer, or `scratch_bytes` below the requirement
 ///   (naming both); cuda_error if a launch fails.
 /// - Source: FlashAttention-2 (Dao 2023), Algorithm 2.
-void flash_attention_backward(bf16* d_dq, bf16* d_dk, bf16* d_dv, const bf16* d_dout,
-                              const bf16* d_q, const bf16* d_k, const bf16* d_v, const bf16* d_out,
-                              const float* d_lse, std::int64_t B, std::int64_t S, std::int64_t nh,
-                              std::int64_t nkv, std::int64_t hd, void* d_scratch,
-                              std::size_t scratch_bytes, cudaStream_t stream);
+TESSERA_CUDA_ENTRY void flash_attention_backward(bf16* d_dq, bf16* d_dk, bf16* d_dv,
+                                                 const bf16* d_dout, const bf16* d_q,
+                                                 const bf16* d_k, const bf16* d_v,
+                                                 const bf16* d_out, const float* d_lse,
+                                                 std::int64_t B, std::int64_t S, std::int64_t nh,
+                                                 std::int64_t nkv, std::int64_t hd, void* d_scratch,
+                                                 std::size_t scratch_bytes, cudaStream_t stream);
 
 /// FLOPs of the causal forward, counting a multiply-add as 2 and the causal
 /// square once (half of S^2, the convention of the FlashAttention papers):
@@ -120,3 +125,7 @@ inline double flash_attention_backward_flops(std::int64_t B, std::int64_t S, std
 }
 
 }  // namespace tessera::kernels::cuda
+
+#if TESSERA_CUDA_HEADER_ONLY_KERNELS
+#include "tessera/kernels/cuda/attention.cuh"
+#endif

@@ -7,6 +7,10 @@
 /// A kernel is a *body*: a struct with
 /// - `static constexpr int threads`: the block size (its __launch_bounds__);
 /// - `static constexpr const char* name`: the kernel's name in messages;
+/// - `static constexpr std::size_t smem_bound`: the most bytes its
+///   shared_storage may take on the GPU (the launch_config's `smem` less
+///   the dynamic part; 0 with `no_shared`), checked at compile time by
+///   block_kernel and at run time by the emulator's launcher;
 /// - `template <class Ops> struct shared_storage`: its __shared__ memory
 ///   (`no_shared` when it has none);
 /// - `template <class Ops> static void run(const block_index&, shared_storage<Ops>&, args...)`:
@@ -50,9 +54,11 @@
 #include "tessera/core/cuda.hpp"
 #define TESSERA_BLOCK_FN __device__ __forceinline__
 #define TESSERA_UNROLL _Pragma("unroll")
+#define TESSERA_NO_UNROLL _Pragma("unroll 1")
 #else
 #define TESSERA_BLOCK_FN inline
 #define TESSERA_UNROLL
+#define TESSERA_NO_UNROLL
 #endif
 
 namespace tessera::kernels::cuda {
@@ -99,9 +105,14 @@ TESSERA_BLOCK_FN void elementwise_apply(const block_index& b, std::int64_t n, F&
   const std::int64_t stride = b.grid_x * b.threads;
   const std::int64_t t = b.x * b.threads + b.tid;
   const std::int64_t nv = n / V;
+  // Not unrolled: with the block size a constant, nvcc would unroll the
+  // grid-stride loop and spill (swiglu_forward's float body did).
+  TESSERA_NO_UNROLL
   for (std::int64_t v = t; v < nv; v += stride) f.template operator()<V>(v * V);
-  if constexpr (V > 1)
+  if constexpr (V > 1) {
+    TESSERA_NO_UNROLL
     for (std::int64_t i = nv * V + t; i < n; i += stride) f.template operator()<1>(i);
+  }
 }
 
 }  // namespace detail

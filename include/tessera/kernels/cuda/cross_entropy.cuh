@@ -1,35 +1,56 @@
 #pragma once
 /// \file kernels/cuda/cross_entropy.cuh
-/// The kernels of the fused LM head and cross-entropy (declared and
+/// The row kernels of the fused LM head and cross-entropy (declared and
 /// documented in kernels/cuda/cross_entropy.hpp) and the chunk loop that
-/// calls them between the cuBLASLt GEMMs. nvcc only; cuda/kernels_cross_entropy.cu
-/// compiles it once into tessera::cuda_kernels. Per-element arithmetic:
+/// calls them between the cuBLASLt GEMMs: under nvcc, included by
+/// cross_entropy.hpp in a header-only translation unit, and compiled once
+/// into tessera::cuda_kernels by cuda/kernels_cross_entropy.cu
+/// (kernels/cuda/linkage.hpp). Per-element arithmetic:
 /// kernels/detail/cross_entropy.hpp, the same functions as the host loop.
+/// The bodies are written over the primitive interface of
+/// kernels/cuda/block.hpp and launched by the `*_launch` functions below, so
+/// the host tests run them under the block emulator
+/// (tests/kernels/emulated_cross_entropy.cpp) against the host kernels of
+/// kernels/cross_entropy.hpp; the GEMMs and the chunk loop are nvcc only.
 ///
 /// Gradient contract (llm.c): dwlm accumulates (+=), dx is written (=).
 ///
 /// Per chunk of C rows (the scratch layout is lm_head_ce_scratch_layout):
 ///   logits (C, V) f32 = x_chunk (C, H) wlm (V, H)^T           linear_forward
-///   row_loss[r0 + i], dlogits (C, V) bf16                      ce_softmax_kernel
+///   row_loss[r0 + i], dlogits (C, V) bf16                      ce_softmax
 ///   dx_chunk (C, H) bf16 = dlogits wlm                         linear_backward_input
 ///   dwlm (V, H) f32 += dlogits^T x_chunk                       linear_backward_weight
-/// then once: dx rows of ignored positions = 0 (ce_zero_ignored_rows_kernel)
-/// and *loss_sum = sum of row_loss in a fixed order (ce_loss_sum_kernel).
+/// then once (lm_head_ce_finish_launch): dx rows of ignored positions = 0
+/// (ce_zero_ignored_rows) and *loss_sum = sum of row_loss in a fixed order
+/// (ce_loss_sum).
 ///
 /// The vocabulary-parallel form (its chunk loop is in kernels/cuda/ops.hpp,
 /// between the tp group's all-reduces) over this rank's logits (C, Vl):
-///   row maxima (C) f32 over the real columns    vp_ce_row_max_kernel
+///   row maxima (C) f32 over the real columns    vp_ce_row_max
 ///   all-reduce(max)
-///   sums of exp (C) and owned target logits (C)  vp_ce_row_sums_kernel
+///   sums of exp (C) and owned target logits (C)  vp_ce_row_sums
 ///   all-reduce(sum) of the 2C values
-///   row_loss, dlogits (C, Vl) bf16, padding 0    vp_ce_row_grad_kernel
-///   dx partial sum, dwlm += as above, then lm_head_ce_finish_impl.
+///   row_loss, dlogits (C, Vl) bf16, padding 0    vp_ce_row_grad
+///   dx partial sum, dwlm += as above, then lm_head_ce_finish.
+///
+/// Deterministic: every reduction is a CUB block tree whose shape depends on
+/// the sizes only (V, Vl or N), and the loss sum is one block's; no atomics.
 
-#include <cub/block/block_reduce.cuh>
+#include <math.h>
 
-#include "tessera/kernels/cuda/common.cuh"
-#include "tessera/kernels/cuda/cross_entropy.hpp"
+#include <cstddef>
+#include <cstdint>
+
+#include "tessera/core/error.hpp"
+#include "tessera/core/numeric.hpp"
+#include "tessera/kernels/cuda/block.hpp"
 #include "tessera/kernels/detail/cross_entropy.hpp"
+
+#if defined(__CUDACC__)
+#include <algorithm>
+
+#include "tessera/kernels/cuda/cross_entropy.hpp"
+#endif
 
 namespace tessera::kernels::cuda {
 
@@ -37,203 +58,274 @@ namespace detail {
 
 using ce_state = kernels::detail::ce_online<float>;
 
-/// CUB reduction operator of the online softmax normaliser.
+/// Block-reduction operator of the online softmax normaliser.
 struct ce_combine_op {
-  __device__ __forceinline__ ce_state operator()(const ce_state& a, const ce_state& b) const {
+  TESSERA_BLOCK_FN ce_state operator()(const ce_state& a, const ce_state& b) const {
     return kernels::detail::ce_online_combine(a, b);
   }
 };
 
-/// One block per row of the chunk: row r of `logits` (rows, V) float32 with
-/// target targets[r]. Writes row_loss[r] (float64; 0 when ignored, NaN when
-/// the target is outside [0, V)) and, if `dlogits` is not null, row r of
-/// dlogits (rows, V) bf16 = grad_scale * (softmax - onehot) (0 when ignored,
-/// NaN when the target is outside [0, V)). W logits per access (4: 16-byte
-/// loads, 8-byte bf16 stores; 1: any V and alignment).
+/// Block-reduction operator: the larger of two floats.
+struct ce_max_op {
+  TESSERA_BLOCK_FN float operator()(float a, float b) const { return a > b ? a : b; }
+};
+
+/// One block per row of the chunk (grid-stride over rows): row r of
+/// `logits` (rows, V) float32 with target targets[r]. Writes row_loss[r]
+/// (float64; 0 when ignored, NaN when the target is outside [0, V)) and, if
+/// `dlogits` is not null, row r of dlogits (rows, V) bf16 = grad_scale *
+/// (softmax - onehot) (0 when ignored, NaN when the target is outside
+/// [0, V)). Pass 1 keeps a running (max, sum of exp) per thread
+/// (ce_online_update over its strided logits) and merges them with a block
+/// reduction (ce_online_combine): one read of the row for the normaliser.
+/// W logits per access (4: 16-byte loads, 8-byte bf16 stores; 1: any V and
+/// alignment).
 template <int W>
-__global__ void __launch_bounds__(lm_head_ce_threads)
-    ce_softmax_kernel(double* row_loss, bf16* dlogits, const float* logits,
-                      const std::int32_t* targets, std::int64_t rows, std::int64_t V,
-                      std::int32_t ignore_index, float grad_scale) {
-  using block_reduce = cub::BlockReduce<ce_state, lm_head_ce_threads>;
+struct ce_softmax_body {
+  static constexpr int threads = lm_head_ce_threads;
+  static constexpr std::size_t smem_bound = lm_head_ce_smem_bound;
+  static constexpr const char* name = "ce_softmax";
+  template <class Ops>
   struct shared_storage {
-    typename block_reduce::TempStorage reduce;
+    typename Ops::template block_reduce<ce_state, threads>::storage reduce;
     float max;
     float inv_sum;
   };
-  static_assert(sizeof(shared_storage) <= lm_head_ce_smem_bound);
-  __shared__ shared_storage sm;
-  constexpr std::int64_t step = static_cast<std::int64_t>(lm_head_ce_threads) * W;
-  const std::int64_t first = static_cast<std::int64_t>(threadIdx.x) * W;
-  for (std::int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
-    const float* z = logits + row * V;
-    bf16* dz = dlogits != nullptr ? dlogits + row * V : nullptr;
-    const std::int32_t y = targets[row];  // the same for every thread: uniform branches
-    if (y == ignore_index) {
-      if (threadIdx.x == 0) row_loss[row] = 0.0;
-      if (dz != nullptr)
-        for (std::int64_t i = first; i < V; i += step) {
-          pack<bf16, W> o;
-#pragma unroll
-          for (int k = 0; k < W; ++k) o.v[k] = bf16::from_bits(0);
-          store_pack<W>(dz + i, o);
-        }
-      continue;  // no shared memory touched: no barrier needed
-    }
 
-    // Pass 1: running (max, sum exp) per thread, merged by a CUB block tree.
-    ce_state s{-INFINITY, 0.f};
-    for (std::int64_t i = first; i < V; i += step) {
-      const pack<float, W> p = load_pack<W>(z + i);
-#pragma unroll
-      for (int k = 0; k < W; ++k) s = kernels::detail::ce_online_update(s, p.v[k]);
-    }
-    const ce_state total = block_reduce(sm.reduce).Reduce(s, ce_combine_op{});
-    if (threadIdx.x == 0) {
-      const bool valid = y >= 0 && y < V;
-      const float nan = __int_as_float(0x7fc00000);
-      row_loss[row] =
-          valid ? static_cast<double>(kernels::detail::ce_row_loss(total.max, total.sum, z[y]))
-                : static_cast<double>(nan);
-      sm.max = total.max;
-      sm.inv_sum = valid ? 1.f / total.sum : nan;  // NaN: the whole gradient row shows it
-    }
-    __syncthreads();
-
-    // Pass 2 (training): grad_scale * (softmax - onehot), rounded once to bf16.
-    if (dz != nullptr) {
-      const float mx = sm.max, inv = sm.inv_sum;
-      for (std::int64_t i = first; i < V; i += step) {
-        const pack<float, W> p = load_pack<W>(z + i);
-        pack<bf16, W> o;
-#pragma unroll
-        for (int k = 0; k < W; ++k)
-          o.v[k] = to<bf16>(kernels::detail::ce_dlogit(kernels::detail::ce_exp(p.v[k], mx), inv,
-                                                       i + k == y, grad_scale));
-        store_pack<W>(dz + i, o);
+  template <class Ops>
+  static TESSERA_BLOCK_FN void run(const block_index& b, shared_storage<Ops>& sm, double* row_loss,
+                                   bf16* dlogits, const float* logits, const std::int32_t* targets,
+                                   std::int64_t rows, std::int64_t V, std::int32_t ignore_index,
+                                   float grad_scale) {
+    using reduce = typename Ops::template block_reduce<ce_state, threads>;
+    constexpr std::int64_t step = static_cast<std::int64_t>(threads) * W;
+    const std::int64_t first = static_cast<std::int64_t>(b.tid) * W;
+    for (std::int64_t row = b.x; row < rows; row += b.grid_x) {
+      const float* z = logits + row * V;
+      bf16* dz = dlogits != nullptr ? dlogits + row * V : nullptr;
+      const std::int32_t y = Ops::ld(targets + row);  // the same for every thread: uniform branches
+      if (y == ignore_index) {
+        if (b.tid == 0) Ops::st(row_loss + row, 0.0);
+        if (dz != nullptr)
+          for (std::int64_t i = first; i < V; i += step) {
+            pack<bf16, W> o;
+            TESSERA_UNROLL
+            for (int k = 0; k < W; ++k) o.v[k] = bf16::from_bits(0);
+            Ops::template st_pack<W>(dz + i, o);
+          }
+        continue;  // no shared memory touched: no barrier needed
       }
+
+      // Pass 1: running (max, sum exp) per thread, merged by a block tree.
+      ce_state s{-INFINITY, 0.f};
+      for (std::int64_t i = first; i < V; i += step) {
+        const pack<float, W> p = Ops::template ld_pack<W>(z + i);
+        TESSERA_UNROLL
+        for (int k = 0; k < W; ++k) s = kernels::detail::ce_online_update(s, p.v[k]);
+      }
+      const ce_state total = reduce::reduce(sm.reduce, s, ce_combine_op{});
+      if (b.tid == 0) {
+        const bool valid = y >= 0 && y < V;
+        const float nan = tessera::detail::bits_float(0x7fc00000u);
+        const float loss =
+            valid ? kernels::detail::ce_row_loss(total.max, total.sum, Ops::ld(z + y)) : nan;
+        Ops::st(row_loss + row, static_cast<double>(loss));
+        sm.max = total.max;
+        sm.inv_sum = valid ? 1.f / total.sum : nan;  // NaN: the whole gradient row shows it
+      }
+      Ops::sync();
+
+      // Pass 2 (training): grad_scale * (softmax - onehot), rounded once to bf16.
+      if (dz != nullptr) {
+        const float mx = sm.max, inv = sm.inv_sum;
+        for (std::int64_t i = first; i < V; i += step) {
+          const pack<float, W> p = Ops::template ld_pack<W>(z + i);
+          pack<bf16, W> o;
+          TESSERA_UNROLL
+          for (int k = 0; k < W; ++k)
+            o.v[k] = to<bf16>(kernels::detail::ce_dlogit(kernels::detail::ce_exp(p.v[k], mx), inv,
+                                                         i + k == y, grad_scale));
+          Ops::template st_pack<W>(dz + i, o);
+        }
+      }
+      Ops::sync();  // sm is reused by the block's next row
     }
-    __syncthreads();  // sm is reused by the block's next row
   }
-}
-
-/// dx rows (N, H) bf16 of ignored positions set to 0 (whatever the GEMM made
-/// of 0 * wlm, e.g. with a non-finite weight), as the host does. W bf16 per
-/// 16-byte store, or 1.
-template <int W>
-__global__ void __launch_bounds__(lm_head_ce_threads)
-    ce_zero_ignored_rows_kernel(bf16* dx, const std::int32_t* targets, std::int64_t N,
-                                std::int64_t H, std::int32_t ignore_index) {
-  constexpr std::int64_t step = static_cast<std::int64_t>(lm_head_ce_threads) * W;
-  for (std::int64_t row = blockIdx.x; row < N; row += gridDim.x) {
-    if (targets[row] != ignore_index) continue;
-    bf16* d = dx + row * H;
-    for (std::int64_t i = static_cast<std::int64_t>(threadIdx.x) * W; i < H; i += step) {
-      pack<bf16, W> o;
-#pragma unroll
-      for (int k = 0; k < W; ++k) o.v[k] = bf16::from_bits(0);
-      store_pack<W>(d + i, o);
-    }
-  }
-}
-
-/// *loss_sum = sum of row_loss[0, N): thread t adds rows t, t + 256, ... in
-/// order (float64), then a CUB block tree. One block; the order depends on N only.
-__global__ void __launch_bounds__(lm_head_ce_threads)
-    ce_loss_sum_kernel(double* loss_sum, const double* row_loss, std::int64_t N) {
-  using block_reduce = cub::BlockReduce<double, lm_head_ce_threads>;
-  struct shared_storage {
-    typename block_reduce::TempStorage reduce;
-  };
-  static_assert(sizeof(shared_storage) <= lm_head_ce_smem_bound);
-  __shared__ shared_storage sm;
-  double s = 0.0;
-  for (std::int64_t i = threadIdx.x; i < N; i += lm_head_ce_threads) s += row_loss[i];
-  const double total = block_reduce(sm.reduce).Sum(s);
-  if (threadIdx.x == 0) *loss_sum = total;
-}
-
-/// CUB reduction operator: the larger of two floats.
-struct ce_max_op {
-  __device__ __forceinline__ float operator()(float a, float b) const { return a > b ? a : b; }
 };
 
-/// vocab_parallel_ce_row_max (cross_entropy.hpp): one block per row.
-__global__ void __launch_bounds__(lm_head_ce_threads)
-    vp_ce_row_max_kernel(float* row_max, const float* logits, std::int64_t rows, std::int64_t Vl,
-                         std::int64_t real) {
-  using block_reduce = cub::BlockReduce<float, lm_head_ce_threads>;
-  __shared__ typename block_reduce::TempStorage tmp;
-  for (std::int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
-    const float* z = logits + row * Vl;
-    float m = -INFINITY;
-    for (std::int64_t i = threadIdx.x; i < real; i += lm_head_ce_threads) m = m > z[i] ? m : z[i];
-    const float total = block_reduce(tmp).Reduce(m, ce_max_op{});
-    if (threadIdx.x == 0) row_max[row] = total;
-    __syncthreads();  // tmp is reused by the block's next row
-  }
-}
+/// dx rows (N, H) bf16 of ignored positions set to 0 (whatever the GEMM made
+/// of 0 * wlm, e.g. with a non-finite weight), as the host does; one block
+/// per row (grid-stride), a scored row's block does nothing. W bf16 per
+/// 16-byte store, or 1.
+template <int W>
+struct ce_zero_ignored_rows_body {
+  static constexpr int threads = lm_head_ce_threads;
+  static constexpr std::size_t smem_bound = 0;
+  static constexpr const char* name = "ce_zero_ignored_rows";
+  template <class Ops>
+  using shared_storage = no_shared;
 
-/// vocab_parallel_ce_row_sums (cross_entropy.hpp): one block per row.
-__global__ void __launch_bounds__(lm_head_ce_threads)
-    vp_ce_row_sums_kernel(float* sums, const float* logits, const float* row_max,
-                          const std::int32_t* targets, std::int64_t rows, std::int64_t V,
-                          std::int64_t v_begin, std::int64_t Vl, std::int64_t real,
-                          std::int32_t ignore_index) {
-  using block_reduce = cub::BlockReduce<float, lm_head_ce_threads>;
-  __shared__ typename block_reduce::TempStorage tmp;
-  for (std::int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
-    const std::int32_t y = targets[row];  // uniform over the block
-    if (y == ignore_index) {
-      if (threadIdx.x == 0) sums[row] = sums[rows + row] = 0.f;
-      continue;  // no shared memory touched
+  template <class Ops>
+  static TESSERA_BLOCK_FN void run(const block_index& b, no_shared&, bf16* dx,
+                                   const std::int32_t* targets, std::int64_t N, std::int64_t H,
+                                   std::int32_t ignore_index) {
+    constexpr std::int64_t step = static_cast<std::int64_t>(threads) * W;
+    for (std::int64_t row = b.x; row < N; row += b.grid_x) {
+      if (Ops::ld(targets + row) != ignore_index) continue;
+      bf16* d = dx + row * H;
+      for (std::int64_t i = static_cast<std::int64_t>(b.tid) * W; i < H; i += step) {
+        pack<bf16, W> o;
+        TESSERA_UNROLL
+        for (int k = 0; k < W; ++k) o.v[k] = bf16::from_bits(0);
+        Ops::template st_pack<W>(d + i, o);
+      }
     }
-    const float* z = logits + row * Vl;
-    const float mx = row_max[row];
-    float s = 0.f;
-    for (std::int64_t i = threadIdx.x; i < real; i += lm_head_ce_threads)
-      s += kernels::detail::ce_exp(z[i], mx);
-    const float total = block_reduce(tmp).Sum(s);
-    if (threadIdx.x == 0) {
+  }
+};
+
+/// *loss_sum = sum of row_loss[0, N): thread t adds rows t, t + 256, ... in
+/// order (float64), then a block tree. One block; the order depends on N only.
+struct ce_loss_sum_body {
+  static constexpr int threads = lm_head_ce_threads;
+  static constexpr std::size_t smem_bound = lm_head_ce_smem_bound;
+  static constexpr const char* name = "ce_loss_sum";
+  template <class Ops>
+  struct shared_storage {
+    typename Ops::template block_reduce<double, threads>::storage reduce;
+  };
+
+  template <class Ops>
+  static TESSERA_BLOCK_FN void run(const block_index& b, shared_storage<Ops>& sm, double* loss_sum,
+                                   const double* row_loss, std::int64_t N) {
+    using reduce = typename Ops::template block_reduce<double, threads>;
+    double s = 0.0;
+    for (std::int64_t i = b.tid; i < N; i += threads) s += Ops::ld(row_loss + i);
+    const double total = reduce::sum(sm.reduce, s);
+    if (b.tid == 0) Ops::st(loss_sum, total);
+  }
+};
+
+/// vocab_parallel_ce_row_max (cross_entropy.hpp): one block per row of
+/// `logits` (rows, Vl); the largest of the first `real` columns.
+struct vp_ce_row_max_body {
+  static constexpr int threads = lm_head_ce_threads;
+  static constexpr std::size_t smem_bound = lm_head_ce_smem_bound;
+  static constexpr const char* name = "vp_ce_row_max";
+  template <class Ops>
+  struct shared_storage {
+    typename Ops::template block_reduce<float, threads>::storage reduce;
+  };
+
+  template <class Ops>
+  static TESSERA_BLOCK_FN void run(const block_index& b, shared_storage<Ops>& sm, float* row_max,
+                                   const float* logits, std::int64_t rows, std::int64_t Vl,
+                                   std::int64_t real) {
+    using reduce = typename Ops::template block_reduce<float, threads>;
+    for (std::int64_t row = b.x; row < rows; row += b.grid_x) {
+      const float* z = logits + row * Vl;
+      float m = -INFINITY;
+      for (std::int64_t i = b.tid; i < real; i += threads) {
+        const float v = Ops::ld(z + i);
+        m = m > v ? m : v;
+      }
+      const float total = reduce::reduce(sm.reduce, m, ce_max_op{});
+      if (b.tid == 0) Ops::st(row_max + row, total);
+      Ops::sync();  // sm is reused by the block's next row
+    }
+  }
+};
+
+/// vocab_parallel_ce_row_sums (cross_entropy.hpp): one block per row;
+/// sums (2, rows): the sum of exp over the real columns, then the owned
+/// target logit (0 on other ranks, NaN for a target outside [0, V)).
+struct vp_ce_row_sums_body {
+  static constexpr int threads = lm_head_ce_threads;
+  static constexpr std::size_t smem_bound = lm_head_ce_smem_bound;
+  static constexpr const char* name = "vp_ce_row_sums";
+  template <class Ops>
+  struct shared_storage {
+    typename Ops::template block_reduce<float, threads>::storage reduce;
+  };
+
+  template <class Ops>
+  static TESSERA_BLOCK_FN void run(const block_index& b, shared_storage<Ops>& sm, float* sums,
+                                   const float* logits, const float* row_max,
+                                   const std::int32_t* targets, std::int64_t rows, std::int64_t V,
+                                   std::int64_t v_begin, std::int64_t Vl, std::int64_t real,
+                                   std::int32_t ignore_index) {
+    using reduce = typename Ops::template block_reduce<float, threads>;
+    for (std::int64_t row = b.x; row < rows; row += b.grid_x) {
+      const std::int32_t y = Ops::ld(targets + row);  // uniform over the block
+      if (y == ignore_index) {
+        if (b.tid == 0) {
+          Ops::st(sums + row, 0.f);
+          Ops::st(sums + rows + row, 0.f);
+        }
+        continue;  // no shared memory touched
+      }
+      const float* z = logits + row * Vl;
+      const float mx = Ops::ld(row_max + row);
+      float s = 0.f;
+      for (std::int64_t i = b.tid; i < real; i += threads)
+        s += kernels::detail::ce_exp(Ops::ld(z + i), mx);
+      const float total = reduce::sum(sm.reduce, s);
+      if (b.tid == 0) {
+        const std::int64_t yl = static_cast<std::int64_t>(y) - v_begin;
+        const bool valid = y >= 0 && y < V;
+        const float target = !valid                   ? tessera::detail::bits_float(0x7fc00000u)
+                             : (yl >= 0 && yl < real) ? Ops::ld(z + yl)
+                                                      : 0.f;
+        Ops::st(sums + row, total);
+        Ops::st(sums + rows + row, target);
+      }
+      Ops::sync();
+    }
+  }
+};
+
+/// vocab_parallel_ce_row_grad (cross_entropy.hpp): one block per row;
+/// row_loss from the reduced max and sums, and (dlogits not null) the row's
+/// (Vl) bf16 gradient, 0 over padding and for ignored rows. No shared memory
+/// (its bound is the row configuration's).
+struct vp_ce_row_grad_body {
+  static constexpr int threads = lm_head_ce_threads;
+  static constexpr std::size_t smem_bound = lm_head_ce_smem_bound;
+  static constexpr const char* name = "vp_ce_row_grad";
+  template <class Ops>
+  using shared_storage = no_shared;
+
+  template <class Ops>
+  static TESSERA_BLOCK_FN void run(const block_index& b, no_shared&, double* row_loss,
+                                   bf16* dlogits, const float* logits, const float* row_max,
+                                   const float* sums, const std::int32_t* targets,
+                                   std::int64_t rows, std::int64_t v_begin, std::int64_t Vl,
+                                   std::int64_t real, std::int32_t ignore_index, float grad_scale) {
+    for (std::int64_t row = b.x; row < rows; row += b.grid_x) {
+      const std::int32_t y = Ops::ld(targets + row);
+      bf16* dz = dlogits != nullptr ? dlogits + row * Vl : nullptr;
+      if (y == ignore_index) {
+        if (b.tid == 0) Ops::st(row_loss + row, 0.0);
+        if (dz != nullptr)
+          for (std::int64_t i = b.tid; i < Vl; i += threads) Ops::st(dz + i, bf16::from_bits(0));
+        continue;
+      }
+      const float mx = Ops::ld(row_max + row), se = Ops::ld(sums + row),
+                  target = Ops::ld(sums + rows + row);
+      if (b.tid == 0)
+        Ops::st(row_loss + row, static_cast<double>(kernels::detail::ce_row_loss(mx, se, target)));
+      if (dz == nullptr) continue;
+      // A NaN target logit (a target outside [0, V)) makes the whole row NaN.
+      const float inv = (target == target) ? 1.f / se : target;
+      const float* z = logits + row * Vl;
       const std::int64_t yl = static_cast<std::int64_t>(y) - v_begin;
-      const bool valid = y >= 0 && y < V;
-      sums[row] = total;
-      sums[rows + row] = !valid ? __int_as_float(0x7fc00000) : (yl >= 0 && yl < real) ? z[yl] : 0.f;
+      for (std::int64_t i = b.tid; i < Vl; i += threads)
+        Ops::st(dz + i, i < real ? to<bf16>(kernels::detail::ce_dlogit(
+                                       kernels::detail::ce_exp(Ops::ld(z + i), mx), inv, i == yl,
+                                       grad_scale))
+                                 : bf16::from_bits(0));  // padding: no gradient
     }
-    __syncthreads();
   }
-}
-
-/// vocab_parallel_ce_row_grad (cross_entropy.hpp): one block per row.
-__global__ void __launch_bounds__(lm_head_ce_threads)
-    vp_ce_row_grad_kernel(double* row_loss, bf16* dlogits, const float* logits,
-                          const float* row_max, const float* sums, const std::int32_t* targets,
-                          std::int64_t rows, std::int64_t v_begin, std::int64_t Vl,
-                          std::int64_t real, std::int32_t ignore_index, float grad_scale) {
-  for (std::int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
-    const std::int32_t y = targets[row];
-    bf16* dz = dlogits != nullptr ? dlogits + row * Vl : nullptr;
-    if (y == ignore_index) {
-      if (threadIdx.x == 0) row_loss[row] = 0.0;
-      if (dz != nullptr)
-        for (std::int64_t i = threadIdx.x; i < Vl; i += lm_head_ce_threads)
-          dz[i] = bf16::from_bits(0);
-      continue;
-    }
-    const float mx = row_max[row], se = sums[row], target = sums[rows + row];
-    if (threadIdx.x == 0)
-      row_loss[row] = static_cast<double>(kernels::detail::ce_row_loss(mx, se, target));
-    if (dz == nullptr) continue;
-    // A NaN target logit (a target outside [0, V)) makes the whole row NaN.
-    const float inv = (target == target) ? 1.f / se : target;
-    const float* z = logits + row * Vl;
-    const std::int64_t yl = static_cast<std::int64_t>(y) - v_begin;
-    for (std::int64_t i = threadIdx.x; i < Vl; i += lm_head_ce_threads)
-      dz[i] = i < real ? to<bf16>(kernels::detail::ce_dlogit(kernels::detail::ce_exp(z[i], mx),
-                                                             inv, i == yl, grad_scale))
-                       : bf16::from_bits(0);  // padding: no gradient
-  }
-}
+};
 
 /// Throws config_error unless rows >= 0, Vl >= 1 and 0 <= real <= Vl.
 inline void vp_check(const char* who, std::int64_t rows, std::int64_t Vl, std::int64_t real) {
@@ -241,73 +333,143 @@ inline void vp_check(const char* who, std::int64_t rows, std::int64_t Vl, std::i
                    " Vl=", Vl, " real=", real, " must satisfy rows >= 0, Vl >= 1, 0 <= real <= Vl");
 }
 
-inline void vocab_parallel_ce_row_max_impl(float* d_max, const float* d_logits, std::int64_t rows,
-                                           std::int64_t Vl, std::int64_t real,
-                                           cudaStream_t stream) {
-  vp_check("vocab_parallel_ce_row_max", rows, Vl, real);
+}  // namespace detail
+
+/// The softmax cross-entropy rows of one chunk of lm_head_cross_entropy on
+/// `launch`: d_row_loss (rows) float64 and, if d_dlogits is not null, the
+/// (rows, V) bf16 logit gradient of d_logits (rows, V) float32 (the
+/// ce_softmax body). 16-byte loads when V is a multiple of 4 and the
+/// pointers allow (always, in the chunk loop: its scratch regions are
+/// 256-byte aligned), else one logit per access. Throws config_error for
+/// rows < 0 or V < 1; rows = 0 launches nothing.
+template <class Launcher>
+void lm_head_ce_softmax_launch(const Launcher& launch, double* d_row_loss, bf16* d_dlogits,
+                               const float* d_logits, const std::int32_t* d_targets,
+                               std::int64_t rows, std::int64_t V, std::int32_t ignore_index,
+                               float grad_scale) {
+  const launch_config c = lm_head_ce_row_config(rows, V);
   if (rows == 0) return;
-  const launch_config rc = lm_head_ce_row_config(rows, Vl);
-  vp_ce_row_max_kernel<<<grid_of(rc), rc.block, 0, stream>>>(d_max, d_logits, rows, Vl, real);
-  TESSERA_CUDA_CHECK_LAUNCH("vp_ce_row_max_kernel");
+  constexpr int W = detail::vec_width<float>;
+  if (V % W == 0 && detail::all_aligned(16, d_logits) &&
+      detail::all_aligned(W * sizeof(bf16), d_dlogits))
+    launch.template run<detail::ce_softmax_body<W>>(c, d_row_loss, d_dlogits, d_logits, d_targets,
+                                                    rows, V, ignore_index, grad_scale);
+  else
+    launch.template run<detail::ce_softmax_body<1>>(c, d_row_loss, d_dlogits, d_logits, d_targets,
+                                                    rows, V, ignore_index, grad_scale);
 }
 
-inline void vocab_parallel_ce_row_sums_impl(float* d_sums, const float* d_logits,
-                                            const float* d_max, const std::int32_t* d_targets,
-                                            std::int64_t rows, std::int64_t V,
-                                            std::int64_t v_begin, std::int64_t Vl,
-                                            std::int64_t real, std::int32_t ignore_index,
-                                            cudaStream_t stream) {
-  vp_check("vocab_parallel_ce_row_sums", rows, Vl, real);
-  if (rows == 0) return;
-  const launch_config rc = lm_head_ce_row_config(rows, Vl);
-  vp_ce_row_sums_kernel<<<grid_of(rc), rc.block, 0, stream>>>(
-      d_sums, d_logits, d_max, d_targets, rows, V, v_begin, Vl, real, ignore_index);
-  TESSERA_CUDA_CHECK_LAUNCH("vp_ce_row_sums_kernel");
+/// lm_head_ce_finish (cross_entropy.hpp) on `launch`: the dx rows (N, H)
+/// bf16 of ignored targets zeroed (when d_dx is not null and N > 0; 16-byte
+/// stores when H and d_dx allow), then *d_loss_sum = the sum of d_row_loss
+/// (N) by one block. Throws config_error for N < 0 before any launch.
+template <class Launcher>
+void lm_head_ce_finish_launch(const Launcher& launch, double* d_loss_sum, const double* d_row_loss,
+                              bf16* d_dx, const std::int32_t* d_targets, std::int64_t N,
+                              std::int64_t H, std::int32_t ignore_index) {
+  const launch_config lc = lm_head_ce_loss_config(N);
+  if (d_dx != nullptr && N > 0) {
+    const launch_config zc = lm_head_ce_zero_rows_config(N);
+    constexpr int W = detail::vec_width<bf16>;
+    if (H % W == 0 && detail::all_aligned(16, d_dx))
+      launch.template run<detail::ce_zero_ignored_rows_body<W>>(zc, d_dx, d_targets, N, H,
+                                                                ignore_index);
+    else
+      launch.template run<detail::ce_zero_ignored_rows_body<1>>(zc, d_dx, d_targets, N, H,
+                                                                ignore_index);
+  }
+  launch.template run<detail::ce_loss_sum_body>(lc, d_loss_sum, d_row_loss, N);
 }
 
-inline void vocab_parallel_ce_row_grad_impl(double* d_row_loss, bf16* d_dlogits,
-                                            const float* d_logits, const float* d_max,
-                                            const float* d_sums, const std::int32_t* d_targets,
-                                            std::int64_t rows, std::int64_t v_begin,
-                                            std::int64_t Vl, std::int64_t real,
-                                            std::int32_t ignore_index, float grad_scale,
-                                            cudaStream_t stream) {
-  vp_check("vocab_parallel_ce_row_grad", rows, Vl, real);
+/// vocab_parallel_ce_row_max (cross_entropy.hpp) on `launch`.
+template <class Launcher>
+void vocab_parallel_ce_row_max_launch(const Launcher& launch, float* d_max, const float* d_logits,
+                                      std::int64_t rows, std::int64_t Vl, std::int64_t real) {
+  detail::vp_check("vocab_parallel_ce_row_max", rows, Vl, real);
   if (rows == 0) return;
   const launch_config rc = lm_head_ce_row_config(rows, Vl);
-  vp_ce_row_grad_kernel<<<grid_of(rc), rc.block, 0, stream>>>(
-      d_row_loss, d_dlogits, d_logits, d_max, d_sums, d_targets, rows, v_begin, Vl, real,
-      ignore_index, grad_scale);
-  TESSERA_CUDA_CHECK_LAUNCH("vp_ce_row_grad_kernel");
+  launch.template run<detail::vp_ce_row_max_body>(rc, d_max, d_logits, rows, Vl, real);
+}
+
+/// vocab_parallel_ce_row_sums (cross_entropy.hpp) on `launch`.
+template <class Launcher>
+void vocab_parallel_ce_row_sums_launch(const Launcher& launch, float* d_sums, const float* d_logits,
+                                       const float* d_max, const std::int32_t* d_targets,
+                                       std::int64_t rows, std::int64_t V, std::int64_t v_begin,
+                                       std::int64_t Vl, std::int64_t real,
+                                       std::int32_t ignore_index) {
+  detail::vp_check("vocab_parallel_ce_row_sums", rows, Vl, real);
+  if (rows == 0) return;
+  const launch_config rc = lm_head_ce_row_config(rows, Vl);
+  launch.template run<detail::vp_ce_row_sums_body>(rc, d_sums, d_logits, d_max, d_targets, rows, V,
+                                                   v_begin, Vl, real, ignore_index);
+}
+
+/// vocab_parallel_ce_row_grad (cross_entropy.hpp) on `launch`.
+template <class Launcher>
+void vocab_parallel_ce_row_grad_launch(const Launcher& launch, double* d_row_loss, bf16* d_dlogits,
+                                       const float* d_logits, const float* d_max,
+                                       const float* d_sums, const std::int32_t* d_targets,
+                                       std::int64_t rows, std::int64_t v_begin, std::int64_t Vl,
+                                       std::int64_t real, std::int32_t ignore_index,
+                                       float grad_scale) {
+  detail::vp_check("vocab_parallel_ce_row_grad", rows, Vl, real);
+  if (rows == 0) return;
+  const launch_config rc = lm_head_ce_row_config(rows, Vl);
+  launch.template run<detail::vp_ce_row_grad_body>(rc, d_row_loss, d_dlogits, d_logits, d_max,
+                                                   d_sums, d_targets, rows, v_begin, Vl, real,
+                                                   ignore_index, grad_scale);
+}
+
+#if defined(__CUDACC__) && TESSERA_CUDA_DEFINES_ENTRIES
+
+// The cudaStream_t entry points of cross_entropy.hpp: inline in a header-only
+// translation unit, defined once in cuda/kernels_cross_entropy.cu for
+// tessera::cuda_kernels (kernels/cuda/linkage.hpp).
+
+TESSERA_CUDA_ENTRY void vocab_parallel_ce_row_max(float* d_max, const float* d_logits,
+                                                  std::int64_t rows, std::int64_t Vl,
+                                                  std::int64_t real, cudaStream_t stream) {
+  vocab_parallel_ce_row_max_launch(device_launcher{stream}, d_max, d_logits, rows, Vl, real);
+}
+
+TESSERA_CUDA_ENTRY void vocab_parallel_ce_row_sums(float* d_sums, const float* d_logits,
+                                                   const float* d_max,
+                                                   const std::int32_t* d_targets, std::int64_t rows,
+                                                   std::int64_t V, std::int64_t v_begin,
+                                                   std::int64_t Vl, std::int64_t real,
+                                                   std::int32_t ignore_index, cudaStream_t stream) {
+  vocab_parallel_ce_row_sums_launch(device_launcher{stream}, d_sums, d_logits, d_max, d_targets,
+                                    rows, V, v_begin, Vl, real, ignore_index);
+}
+
+TESSERA_CUDA_ENTRY void vocab_parallel_ce_row_grad(double* d_row_loss, bf16* d_dlogits,
+                                                   const float* d_logits, const float* d_max,
+                                                   const float* d_sums,
+                                                   const std::int32_t* d_targets, std::int64_t rows,
+                                                   std::int64_t v_begin, std::int64_t Vl,
+                                                   std::int64_t real, std::int32_t ignore_index,
+                                                   float grad_scale, cudaStream_t stream) {
+  vocab_parallel_ce_row_grad_launch(device_launcher{stream}, d_row_loss, d_dlogits, d_logits, d_max,
+                                    d_sums, d_targets, rows, v_begin, Vl, real, ignore_index,
+                                    grad_scale);
 }
 
 /// The end of the chunk loop: ignored dx rows zeroed, the loss summed.
-inline void lm_head_ce_finish_impl(double* d_loss_sum, const double* d_row_loss, bf16* d_dx,
-                                   const std::int32_t* d_targets, std::int64_t N, std::int64_t H,
-                                   std::int32_t ignore_index, cudaStream_t stream) {
-  if (d_dx != nullptr && N > 0) {
-    const launch_config zc = lm_head_ce_zero_rows_config(N);
-    constexpr int W = vec_width<bf16>;
-    if (H % W == 0 && all_aligned(16, d_dx))
-      ce_zero_ignored_rows_kernel<W>
-          <<<grid_of(zc), zc.block, 0, stream>>>(d_dx, d_targets, N, H, ignore_index);
-    else
-      ce_zero_ignored_rows_kernel<1>
-          <<<grid_of(zc), zc.block, 0, stream>>>(d_dx, d_targets, N, H, ignore_index);
-    TESSERA_CUDA_CHECK_LAUNCH("ce_zero_ignored_rows_kernel");
-  }
-  const launch_config lc = lm_head_ce_loss_config(N);
-  ce_loss_sum_kernel<<<grid_of(lc), lc.block, 0, stream>>>(d_loss_sum, d_row_loss, N);
-  TESSERA_CUDA_CHECK_LAUNCH("ce_loss_sum_kernel");
+TESSERA_CUDA_ENTRY void lm_head_ce_finish(double* d_loss_sum, const double* d_row_loss, bf16* d_dx,
+                                          const std::int32_t* d_targets, std::int64_t N,
+                                          std::int64_t H, std::int32_t ignore_index,
+                                          cudaStream_t stream) {
+  lm_head_ce_finish_launch(device_launcher{stream}, d_loss_sum, d_row_loss, d_dx, d_targets, N, H,
+                           ignore_index);
 }
 
-/// The chunk loop of lm_head_cross_entropy (arguments and contract there).
-inline void lm_head_cross_entropy_impl(cublaslt_context& ctx, double* d_loss_sum, const bf16* d_x,
-                                       const bf16* d_wlm, const std::int32_t* d_targets,
-                                       std::int64_t N, std::int64_t V, std::int64_t H,
-                                       std::int32_t ignore_index, float grad_scale, bf16* d_dx,
-                                       float* d_dwlm, std::int64_t chunk, void* d_scratch,
-                                       std::size_t scratch_bytes, cudaStream_t stream) {
+/// The chunk loop of lm_head_cross_entropy (arguments and contract in cross_entropy.hpp).
+TESSERA_CUDA_ENTRY void lm_head_cross_entropy(
+    cublaslt_context& ctx, double* d_loss_sum, const bf16* d_x, const bf16* d_wlm,
+    const std::int32_t* d_targets, std::int64_t N, std::int64_t V, std::int64_t H,
+    std::int32_t ignore_index, float grad_scale, bf16* d_dx, float* d_dwlm, std::int64_t chunk,
+    void* d_scratch, std::size_t scratch_bytes, cudaStream_t stream) {
   // Every check before any work (the layout throws for bad sizes).
   const lm_head_ce_scratch lay = lm_head_ce_scratch_layout(N, V, H, chunk);
   TESSERA_THROW_IF(d_loss_sum == nullptr, config_error,
@@ -324,39 +486,34 @@ inline void lm_head_cross_entropy_impl(cublaslt_context& ctx, double* d_loss_sum
                    d_scratch == nullptr ? " (null)" : "", " is below the ", lay.bytes,
                    " that N=", N, " V=", V, " H=", H, " chunk=", chunk,
                    " need (lm_head_cross_entropy_scratch_bytes)");
-  TESSERA_THROW_IF(!all_aligned(lm_head_ce_scratch_align, d_scratch), config_error,
+  TESSERA_THROW_IF(!detail::all_aligned(lm_head_ce_scratch_align, d_scratch), config_error,
                    "lm_head_cross_entropy (cuda): scratch pointer is not aligned to ",
                    lm_head_ce_scratch_align, " bytes");
   const bool grad = d_dx != nullptr;
+  const device_launcher launch{stream};
 
   auto* base = static_cast<unsigned char*>(d_scratch);
   float* logits = reinterpret_cast<float*>(base + lay.logits);
   bf16* dlogits = grad ? reinterpret_cast<bf16*>(base + lay.dlogits) : nullptr;
   double* row_loss = reinterpret_cast<double*>(base + lay.row_loss);
 
-  // Rows start at multiples of V elements from 256-byte aligned regions.
-  const bool vec = V % 4 == 0;
+  // Rows start at multiples of V elements from 256-byte aligned regions, so
+  // the row kernel takes 16-byte loads whenever V % 4 == 0.
   for (std::int64_t r0 = 0; r0 < N; r0 += lay.rows) {
     const std::int64_t c = std::min(lay.rows, N - r0);
     const bf16* xc = d_x + r0 * H;
     linear_forward<float>(ctx, logits, xc, d_wlm, c, V, H, stream);
-    const launch_config rc = lm_head_ce_row_config(c, V);
-    if (vec)
-      ce_softmax_kernel<4><<<grid_of(rc), rc.block, 0, stream>>>(
-          row_loss + r0, dlogits, logits, d_targets + r0, c, V, ignore_index, grad_scale);
-    else
-      ce_softmax_kernel<1><<<grid_of(rc), rc.block, 0, stream>>>(
-          row_loss + r0, dlogits, logits, d_targets + r0, c, V, ignore_index, grad_scale);
-    TESSERA_CUDA_CHECK_LAUNCH("ce_softmax_kernel");
+    lm_head_ce_softmax_launch(launch, row_loss + r0, dlogits, logits, d_targets + r0, c, V,
+                              ignore_index, grad_scale);
     if (!grad) continue;
     linear_backward_input<bf16>(ctx, d_dx + r0 * H, dlogits, d_wlm, c, V, H, stream);
     linear_backward_weight(ctx, d_dwlm, dlogits, xc, c, V, H, stream);
   }
 
-  lm_head_ce_finish_impl(d_loss_sum, row_loss, grad ? d_dx : nullptr, d_targets, N, H,
-                         ignore_index, stream);
+  lm_head_ce_finish_launch(launch, d_loss_sum, row_loss, grad ? d_dx : nullptr, d_targets, N, H,
+                           ignore_index);
 }
 
-}  // namespace detail
+#endif  // __CUDACC__ && TESSERA_CUDA_DEFINES_ENTRIES
 
 }  // namespace tessera::kernels::cuda

@@ -6,8 +6,12 @@
 /// gradient (one kernel), and the two GEMMs of the backward run on a
 /// (chunk, V) scratch block, which the next chunk reuses. Declarations for
 /// any C++ compiler (with the CUDA headers); the kernels are in
-/// kernels/cuda/cross_entropy.cuh and the definition in
-/// cuda/kernels_cross_entropy.cu (link tessera::cuda_kernels). The scratch
+/// kernels/cuda/cross_entropy.cuh (bodies over kernels/cuda/block.hpp and
+/// their `*_launch` functions, which the host tests run under the block
+/// emulator: tests/kernels/emulated_cross_entropy.cpp), and the entry points
+/// below are defined there too: under nvcc this header includes it (header-
+/// only), else they are tessera::cuda_kernels' (cuda/kernels_cross_entropy.cu;
+/// kernels/cuda/linkage.hpp). The scratch
 /// layout and launch configurations are host functions in
 /// kernels/cuda/launch.hpp (tested in tests/kernels/cuda_cross_entropy_launch.cpp).
 ///
@@ -26,6 +30,7 @@
 #include "tessera/core/numeric.hpp"
 #include "tessera/kernels/cuda/gemm.cuh"
 #include "tessera/kernels/cuda/launch.hpp"
+#include "tessera/kernels/cuda/linkage.hpp"
 
 namespace tessera::kernels::cuda {
 
@@ -83,11 +88,11 @@ namespace tessera::kernels::cuda {
 ///   a null d_loss_sum (or, with N > 0, a null input), only one of d_dx and
 ///   d_dwlm given, a scratch buffer too small or not 256-byte aligned;
 ///   cuda_error if a launch or cuBLASLt call fails.
-void lm_head_cross_entropy(cublaslt_context& ctx, double* d_loss_sum, const bf16* d_x,
-                           const bf16* d_wlm, const std::int32_t* d_targets, std::int64_t N,
-                           std::int64_t V, std::int64_t H, std::int32_t ignore_index,
-                           float grad_scale, bf16* d_dx, float* d_dwlm, std::int64_t chunk,
-                           void* d_scratch, std::size_t scratch_bytes, cudaStream_t stream);
+TESSERA_CUDA_ENTRY void lm_head_cross_entropy(
+    cublaslt_context& ctx, double* d_loss_sum, const bf16* d_x, const bf16* d_wlm,
+    const std::int32_t* d_targets, std::int64_t N, std::int64_t V, std::int64_t H,
+    std::int32_t ignore_index, float grad_scale, bf16* d_dx, float* d_dwlm, std::int64_t chunk,
+    void* d_scratch, std::size_t scratch_bytes, cudaStream_t stream);
 
 // ---- vocabulary-parallel pieces (Megatron's vocab-parallel cross-entropy) ----------------
 //
@@ -105,35 +110,44 @@ void lm_head_cross_entropy(cublaslt_context& ctx, double* d_loss_sum, const bf16
 // the host.
 
 /// d_max[r] = the largest of the row's `real` logits (-inf if real = 0).
-void vocab_parallel_ce_row_max(float* d_max, const float* d_logits, std::int64_t rows,
-                               std::int64_t Vl, std::int64_t real, cudaStream_t stream);
+TESSERA_CUDA_ENTRY void vocab_parallel_ce_row_max(float* d_max, const float* d_logits,
+                                                  std::int64_t rows, std::int64_t Vl,
+                                                  std::int64_t real, cudaStream_t stream);
 
 /// d_sums[r] = sum of exp(z - max[r]) over the row's real logits, and
 /// d_sums[rows + r] = the target's logit on the rank that holds it (0 on
 /// the others); both 0 for an ignored row. A target outside [0, V) that is
 /// not ignored gives NaN in d_sums[rows + r] on every rank, so the row's
 /// loss and gradient are NaN (the step is rejected, never silently wrong).
-void vocab_parallel_ce_row_sums(float* d_sums, const float* d_logits, const float* d_max,
-                                const std::int32_t* d_targets, std::int64_t rows, std::int64_t V,
-                                std::int64_t v_begin, std::int64_t Vl, std::int64_t real,
-                                std::int32_t ignore_index, cudaStream_t stream);
+TESSERA_CUDA_ENTRY void vocab_parallel_ce_row_sums(float* d_sums, const float* d_logits,
+                                                   const float* d_max,
+                                                   const std::int32_t* d_targets, std::int64_t rows,
+                                                   std::int64_t V, std::int64_t v_begin,
+                                                   std::int64_t Vl, std::int64_t real,
+                                                   std::int32_t ignore_index, cudaStream_t stream);
 
 /// From the reduced max and sums: d_row_loss[r] (float64; 0 when ignored)
 /// and, if d_dlogits is not null, the row's (Vl) bf16 logit gradient
 /// grad_scale (softmax - onehot) over the real columns, 0 over padding and
 /// for ignored rows.
-void vocab_parallel_ce_row_grad(double* d_row_loss, bf16* d_dlogits, const float* d_logits,
-                                const float* d_max, const float* d_sums,
-                                const std::int32_t* d_targets, std::int64_t rows,
-                                std::int64_t v_begin, std::int64_t Vl, std::int64_t real,
-                                std::int32_t ignore_index, float grad_scale,
-                                cudaStream_t stream);
+TESSERA_CUDA_ENTRY void vocab_parallel_ce_row_grad(double* d_row_loss, bf16* d_dlogits,
+                                                   const float* d_logits, const float* d_max,
+                                                   const float* d_sums,
+                                                   const std::int32_t* d_targets, std::int64_t rows,
+                                                   std::int64_t v_begin, std::int64_t Vl,
+                                                   std::int64_t real, std::int32_t ignore_index,
+                                                   float grad_scale, cudaStream_t stream);
 
 /// After the last chunk: dx rows (N, H) bf16 of ignored targets set to 0
 /// (d_dx may be null: evaluation) and *d_loss_sum = the sum of d_row_loss
 /// (N) in a fixed order, as lm_head_cross_entropy ends.
-void lm_head_ce_finish(double* d_loss_sum, const double* d_row_loss, bf16* d_dx,
-                       const std::int32_t* d_targets, std::int64_t N, std::int64_t H,
-                       std::int32_t ignore_index, cudaStream_t stream);
+TESSERA_CUDA_ENTRY void lm_head_ce_finish(double* d_loss_sum, const double* d_row_loss, bf16* d_dx,
+                                          const std::int32_t* d_targets, std::int64_t N,
+                                          std::int64_t H, std::int32_t ignore_index,
+                                          cudaStream_t stream);
 
 }  // namespace tessera::kernels::cuda
+
+#if TESSERA_CUDA_HEADER_ONLY_KERNELS
+#include "tessera/kernels/cuda/cross_entropy.cuh"
+#endif

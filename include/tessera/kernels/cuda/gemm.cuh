@@ -4,10 +4,11 @@
 /// products. Host code only (no kernels of ours): any C++ compiler may
 /// include it with the CUDA headers; link tessera::cuda (cudart, cublasLt).
 ///
-/// Row-major to column-major: a row-major C(M,N) occupies the same bytes as
-/// the column-major C^T(N,M), and C^T = op(B)^T op(A)^T, so each call asks
-/// cuBLASLt for m = N, n = M with the operands swapped (B first, then A) and
-/// the transpose flags kept; leading dimensions are unchanged.
+/// What each matmul computes (the row-major to column-major mapping, the
+/// layouts, transposes and types) is decided by kernels/cuda/gemm_plan.hpp,
+/// as plain values a host test interprets with a reference GEMM; this file
+/// turns those values into cuBLASLt descriptors one for one and calls
+/// cuBLASLt.
 ///
 /// Precision: bf16 (or float) operands, float32 accumulation
 /// (CUBLAS_COMPUTE_32F, float alpha and beta), output bf16 (rounded once) or
@@ -28,6 +29,7 @@
 
 #include "tessera/core/cuda.hpp"
 #include "tessera/core/numeric.hpp"
+#include "tessera/kernels/cuda/gemm_plan.hpp"
 #include "tessera/kernels/detail/gemm_args.hpp"
 
 namespace tessera::kernels::cuda {
@@ -44,6 +46,19 @@ constexpr cudaDataType_t cuda_data_type() {
     static_assert(std::is_same_v<T, float>, "cuBLASLt GEMM types: bf16, fp16 or float");
     return CUDA_R_32F;
   }
+}
+
+/// The cudaDataType_t of an lt_dtype.
+inline cudaDataType_t cuda_data_type_of(lt_dtype t) {
+  switch (t) {
+    case lt_dtype::bf16:
+      return CUDA_R_16BF;
+    case lt_dtype::f16:
+      return CUDA_R_16F;
+    case lt_dtype::f32:
+      break;
+  }
+  return CUDA_R_32F;
 }
 
 /// Largest power of two <= 16 dividing the address (cuBLASLt's alignment preference).
@@ -134,8 +149,8 @@ class cublaslt_context {
     auto it = plans_.find(key);
     if (it == plans_.end()) it = plans_.emplace(key, make_plan<TAB, TC>(key)).first;
     const plan& p = *it->second;
-    // Column-major: D^T(N,M) = op(B)^T op(A)^T + beta C^T: B is cuBLASLt's "A".
-    TESSERA_CUBLAS_CHECK(cublasLtMatmul(handle_, p.desc, &alpha, d_B, p.b_layout, d_A, p.a_layout,
+    // Column-major: D^T(N,M) = op(B)^T op(A)^T + beta C^T: our B is cuBLASLt's A.
+    TESSERA_CUBLAS_CHECK(cublasLtMatmul(handle_, p.desc, &alpha, d_B, p.a_layout, d_A, p.b_layout,
                                         &beta, d_C, p.c_layout, d_C, p.c_layout, &p.algo,
                                         workspace_, workspace_bytes_, stream));
   }
@@ -146,6 +161,7 @@ class cublaslt_context {
                  std::int64_t, int, int, std::uint32_t, std::uint32_t, std::uint32_t>;
   struct plan {
     cublasLtMatmulDesc_t desc = nullptr;
+    // cuBLASLt's A (our B), B (our A) and C = D, from lt_matmul.
     cublasLtMatrixLayout_t a_layout = nullptr, b_layout = nullptr, c_layout = nullptr;
     cublasLtMatmulAlgo_t algo{};
     plan() = default;
@@ -161,24 +177,27 @@ class cublaslt_context {
 
   template <class TAB, class TC>
   std::unique_ptr<plan> make_plan(const plan_key& k) {
-    const auto [ta_i, tb_i, M, N, K, lda, ldb, ldc, ab_type, c_type, al_a, al_b, al_c] = k;
-    const bool ta = ta_i != 0, tb = tb_i != 0;
+    [[maybe_unused]] const auto [ta_i, tb_i, M, N, K, lda, ldb, ldc, ab_type, c_type, al_a, al_b,
+                                 al_c] = k;
+    const lt_matmul lt = row_major_matmul(
+        ta_i != 0 ? transpose::yes : transpose::no, tb_i != 0 ? transpose::yes : transpose::no, M,
+        N, K, lda, ldb, ldc, lt_dtype_of<TAB>(), lt_dtype_of<TC>());
     auto p = std::make_unique<plan>();
     TESSERA_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    // cuBLASLt's first operand is our B, its second our A (file comment).
-    const cublasOperation_t op_first = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
-    const cublasOperation_t op_second = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const cublasOperation_t op_a = lt.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const cublasOperation_t op_b = lt.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
     TESSERA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA,
-                                                        &op_first, sizeof(op_first)));
+                                                        &op_a, sizeof(op_a)));
     TESSERA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB,
-                                                        &op_second, sizeof(op_second)));
-    const auto ab = static_cast<cudaDataType_t>(ab_type);
-    // Stored column-major shapes: B is N x K (or K x N when transposed), A is
-    // K x M (or M x K), C is N x M.
-    TESSERA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b_layout, ab, tb ? K : N, tb ? N : K, ldb));
-    TESSERA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a_layout, ab, ta ? M : K, ta ? K : M, lda));
-    TESSERA_CUBLAS_CHECK(
-        cublasLtMatrixLayoutCreate(&p->c_layout, static_cast<cudaDataType_t>(c_type), N, M, ldc));
+                                                        &op_b, sizeof(op_b)));
+    auto layout = [](cublasLtMatrixLayout_t* out, const lt_layout& l) {
+      TESSERA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(out, detail::cuda_data_type_of(l.type),
+                                                      static_cast<std::uint64_t>(l.rows),
+                                                      static_cast<std::uint64_t>(l.cols), l.ld));
+    };
+    layout(&p->a_layout, lt.a);  // our B
+    layout(&p->b_layout, lt.b);  // our A
+    layout(&p->c_layout, lt.c);
 
     cublasLtMatmulPreference_t pref = nullptr;
     TESSERA_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
@@ -198,7 +217,7 @@ class cublaslt_context {
         pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof(al_c)));
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
-    TESSERA_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(handle_, p->desc, p->b_layout, p->a_layout,
+    TESSERA_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(handle_, p->desc, p->a_layout, p->b_layout,
                                                         p->c_layout, p->c_layout, pref, 1, &result,
                                                         &found));
     if (found == 0)
@@ -226,7 +245,8 @@ class cublaslt_context {
 template <class TC>
 void linear_forward(cublaslt_context& ctx, TC* d_out, const bf16* d_inp, const bf16* d_weight,
                     std::int64_t M, std::int64_t N, std::int64_t K, cudaStream_t stream) {
-  ctx.gemm(transpose::no, transpose::yes, M, N, K, 1.0f, d_inp, K, d_weight, K, 0.0f, d_out, N,
+  const linear_gemm g = linear_forward_gemm(M, N, K);
+  ctx.gemm(g.ta, g.tb, g.M, g.N, g.K, g.alpha, d_inp, g.lda, d_weight, g.ldb, g.beta, d_out, g.ldc,
            stream);
 }
 
@@ -237,8 +257,9 @@ template <class TC>
 void linear_backward_input(cublaslt_context& ctx, TC* d_dinp, const bf16* d_dout,
                            const bf16* d_weight, std::int64_t M, std::int64_t N, std::int64_t K,
                            cudaStream_t stream, bool accumulate = false) {
-  ctx.gemm(transpose::no, transpose::no, M, K, N, 1.0f, d_dout, N, d_weight, K,
-           accumulate ? 1.0f : 0.0f, d_dinp, K, stream);
+  const linear_gemm g = linear_backward_input_gemm(M, N, K, accumulate);
+  ctx.gemm(g.ta, g.tb, g.M, g.N, g.K, g.alpha, d_dout, g.lda, d_weight, g.ldb, g.beta, d_dinp,
+           g.ldc, stream);
 }
 
 /// Linear backward to the weight: dweight(N,K) += dout(M,N)^T * inp(M,K)
@@ -248,8 +269,9 @@ void linear_backward_input(cublaslt_context& ctx, TC* d_dinp, const bf16* d_dout
 inline void linear_backward_weight(cublaslt_context& ctx, float* d_dweight, const bf16* d_dout,
                                    const bf16* d_inp, std::int64_t M, std::int64_t N,
                                    std::int64_t K, cudaStream_t stream) {
-  ctx.gemm(transpose::yes, transpose::no, N, K, M, 1.0f, d_dout, N, d_inp, K, 1.0f, d_dweight, K,
-           stream);
+  const linear_gemm g = linear_backward_weight_gemm(M, N, K);
+  ctx.gemm(g.ta, g.tb, g.M, g.N, g.K, g.alpha, d_dout, g.lda, d_inp, g.ldb, g.beta, d_dweight,
+           g.ldc, stream);
 }
 
 }  // namespace tessera::kernels::cuda

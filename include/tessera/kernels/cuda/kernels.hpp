@@ -1,10 +1,14 @@
 #pragma once
 /// \file kernels/cuda/kernels.hpp
-/// Declarations of the CUDA kernel launchers, for host code compiled by a
-/// plain C++ compiler. The definitions are in kernels/cuda/*.cuh (nvcc);
-/// cuda/kernels.cu instantiates them for the types listed at the bottom
-/// (target tessera::cuda_kernels), and `extern template` here stops any other
-/// translation unit from instantiating them again.
+/// Declarations of the CUDA kernel launchers. The definitions are in
+/// kernels/cuda/*.cuh (nvcc). How they reach a program (kernels/cuda/linkage.hpp):
+/// - nvcc, by default (header-only, as CUTLASS, CUB and Thrust): this header
+///   includes the .cuh files at its end, and a translation unit compiles the
+///   kernels it instantiates; link tessera::cuda (CUDA runtime, cuBLASLt).
+/// - a host compiler (g++), or nvcc with TESSERA_CUDA_PRECOMPILED_KERNELS
+///   (which linking tessera::cuda_kernels defines): `extern template` of the
+///   types listed at the bottom, which cuda/kernels*.cu instantiate once
+///   into tessera::cuda_kernels; link it.
 ///
 /// Common rules (every launcher):
 /// - All pointers are device pointers (`d_`), row-major, contiguous.
@@ -26,8 +30,10 @@
 #include <cstdint>
 
 #include "tessera/core/numeric.hpp"
+#include "tessera/kernels/cuda/linkage.hpp"
 #include "tessera/kernels/detail/adamw.hpp"
 #include "tessera/kernels/detail/sgd.hpp"
+#include "tessera/kernels/detail/weight_init.hpp"
 
 namespace tessera::kernels::cuda {
 
@@ -106,9 +112,9 @@ void embedding_backward(float* d_dwte, const G* d_dout, const std::int32_t* d_to
 /// `d_ids`. Ids are not validated on the device (the loader checks them):
 /// an id outside [0, V) is not held by any rank and embeds to zeros.
 /// Throws config_error for N < 0, Vl < 1 or v_begin < 0.
-void embedding_local_ids(std::int32_t* d_out, const std::int32_t* d_ids, std::int64_t N,
-                         std::int64_t v_begin, std::int64_t Vl, std::int32_t ignore_index,
-                         cudaStream_t stream);
+TESSERA_CUDA_ENTRY void embedding_local_ids(std::int32_t* d_out, const std::int32_t* d_ids,
+                                            std::int64_t N, std::int64_t v_begin, std::int64_t Vl,
+                                            std::int32_t ignore_index, cudaStream_t stream);
 
 // ---- casts (kernels/cuda/elementwise.cuh) ----------------------------------------------------
 
@@ -139,6 +145,22 @@ void count_nonfinite(std::int32_t* d_flag, const G* d_g, std::int64_t n, cudaStr
 
 // The fused LM head and cross-entropy is declared in kernels/cuda/cross_entropy.hpp
 // (it takes a cublaslt_context from kernels/cuda/gemm.cuh).
+
+// ---- initial weights (kernels/cuda/weight_init.cuh) -----------------------------------------
+
+/// kernels::weight_init (kernels/weight_init.hpp) on the device: flat
+/// elements [lo, hi) of a parameter buffer into d_out[0, hi - lo), each
+/// from its index alone, by one thrust::tabulate per tensor on `stream`
+/// (thrust::cuda::par_nosync: nothing synchronises the host).
+/// - `h_tensors`: `num_tensors` tensors in host memory, sorted by offset,
+///   disjoint; read during the call only (each launch copies its tensor).
+/// - Param in {float, bf16}. Values: the host's, except where the device's
+///   log and cos round differently (kernels/weight_init.hpp states how often).
+/// - Throws config_error for a bad range or table (or null pointers), and
+///   cuda_error when Thrust reports a launch failure.
+template <class Param>
+void weight_init(Param* d_out, const weight_init_tensor* h_tensors, std::int64_t num_tensors,
+                 std::int64_t lo, std::int64_t hi, cudaStream_t stream);
 
 // ---- global gradient norm (kernels/cuda/grad_norm.cuh) ---------------------------------------
 
@@ -314,9 +336,34 @@ void rope_backward(G* d_dx, const float* d_cos, const float* d_sin, std::int64_t
   X void count_nonfinite<bf16>(std::int32_t*, const bf16*, std::int64_t, cudaStream_t);
 // clang-format on
 
-#if !defined(TESSERA_CUDA_KERNELS_INSTANTIATING)
+// The instantiations cuda/kernels_weight_init.cu provides (a TU of its own:
+// cuda/kernels.cu does not include Thrust).
+// clang-format off
+#define TESSERA_CUDA_WEIGHT_INIT_INSTANTIATIONS(X)                                                  \
+  X void weight_init<float>(float*, const weight_init_tensor*, std::int64_t, std::int64_t,        \
+                             std::int64_t, cudaStream_t);                                           \
+  X void weight_init<bf16>(bf16*, const weight_init_tensor*, std::int64_t, std::int64_t,          \
+                            std::int64_t, cudaStream_t);
+// clang-format on
+
+// Precompiled (a host compiler, or TESSERA_CUDA_PRECOMPILED_KERNELS): the
+// instantiations above are tessera::cuda_kernels', never this translation
+// unit's. Header-only (nvcc): none; the definitions follow.
+#if !TESSERA_CUDA_HEADER_ONLY_KERNELS && !defined(TESSERA_CUDA_KERNELS_INSTANTIATING)
 TESSERA_CUDA_KERNEL_INSTANTIATIONS(extern template)
 TESSERA_CUDA_ELEMENTWISE_MODEL_INSTANTIATIONS(extern template)
+TESSERA_CUDA_WEIGHT_INIT_INSTANTIATIONS(extern template)
 #endif
 
 }  // namespace tessera::kernels::cuda
+
+#if TESSERA_CUDA_HEADER_ONLY_KERNELS
+#include "tessera/kernels/cuda/adamw.cuh"
+#include "tessera/kernels/cuda/elementwise.cuh"
+#include "tessera/kernels/cuda/embedding.cuh"
+#include "tessera/kernels/cuda/grad_norm.cuh"
+#include "tessera/kernels/cuda/rmsnorm.cuh"
+#include "tessera/kernels/cuda/rope.cuh"
+#include "tessera/kernels/cuda/swiglu.cuh"
+#include "tessera/kernels/cuda/weight_init.cuh"
+#endif

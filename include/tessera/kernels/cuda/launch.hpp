@@ -155,6 +155,24 @@ constexpr std::size_t grad_sum_squares_scratch_bytes(std::int64_t n) {
   return grad_norm_partial_config(n).scratch_bytes;
 }
 
+/// Stage 2: one block of grad_norm_threads adds the stage-1 partials (thread
+/// t the partials t, t + 256, ... in order, then a CUB block tree) into the
+/// one double of the result.
+constexpr launch_config grad_norm_final_config() {
+  launch_config c;
+  c.block = grad_norm_threads;
+  c.smem = grad_norm_smem_bound;
+  return c;
+}
+
+/// The clip coefficient: one thread reads the sum of squares and writes the
+/// coefficient (on the device, so the step needs no host sync).
+constexpr launch_config clip_coefficient_config() {
+  launch_config c;
+  c.block = 1;
+  return c;
+}
+
 // ---- embedding --------------------------------------------------------------------------------
 
 /// Threads per block of the embedding kernels.
@@ -191,6 +209,17 @@ constexpr launch_config embedding_backward_config(std::int64_t N, std::int64_t V
   c.grid_x = detail::ceil_div(V, embedding_backward_rows);
   c.grid_y = std::max<std::int64_t>(1, detail::ceil_div(H, embedding_backward_cols));
   c.smem = embedding_backward_smem_bound;
+  return c;
+}
+
+/// embedding_local_ids: one position per thread, blocks of embedding_threads
+/// (grid-stride beyond the grid limit). Throws config_error for N < 0.
+constexpr launch_config embedding_local_ids_config(std::int64_t N) {
+  if (N < 0) throw config_error("embedding_local_ids (cuda): need N >= 0");
+  launch_config c;
+  c.block = embedding_threads;
+  c.grid_x = std::clamp<std::int64_t>(detail::ceil_div(N, embedding_threads), 1,
+                                      launch_limits::max_grid_x);
   return c;
 }
 

@@ -7,8 +7,9 @@
 /// Each overload checks its types at compile time, takes its scratch from
 /// the context's caching allocator on the context's stream, and launches
 /// the kernels of kernels/cuda/ (declared in kernels/cuda/kernels.hpp,
-/// attention.hpp, cross_entropy.hpp; link tessera::cuda_kernels). Nothing
-/// synchronises the host.
+/// attention.hpp, cross_entropy.hpp: compiled here from the headers under
+/// nvcc, else linked from tessera::cuda_kernels; kernels/cuda/linkage.hpp).
+/// Nothing synchronises the host.
 ///
 /// Types: storage (weights, activations) is bf16: the flash-attention and
 /// fused cross-entropy kernels are bf16 kernels (so the fp32 and fp64
@@ -28,6 +29,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <type_traits>
 
 #include "tessera/core/error.hpp"
@@ -214,6 +216,18 @@ void residual_add(const cuda_context& ctx, T* out, const T* a, const T* b, std::
 template <class To, class From>
 void cast(const cuda_context& ctx, To* out, const From* in, std::int64_t n) {
   cuda::cast<To, From>(out, in, n, ctx.stream());
+}
+
+/// Flat elements [lo, hi) of a parameter buffer drawn in place (out: hi - lo
+/// elements, device memory), as the host overload (kernels/weight_init.hpp);
+/// `tensors` in host memory. Param float32 or bf16.
+template <class Param>
+void weight_init(const cuda_context& ctx, std::span<const weight_init_tensor> tensors,
+                 std::int64_t lo, std::int64_t hi, Param* out) {
+  static_assert(std::is_same_v<Param, float> || std::is_same_v<Param, bf16>,
+                "weight_init (cuda): parameters are float32 or bf16 on the GPU");
+  cuda::weight_init<Param>(out, tensors.data(), static_cast<std::int64_t>(tensors.size()), lo, hi,
+                           ctx.stream());
 }
 
 // ---- attention (flash attention, bf16) --------------------------------------------------------

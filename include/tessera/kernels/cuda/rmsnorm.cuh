@@ -46,7 +46,8 @@ struct rmsnorm_forward_body {
                                    std::int64_t H, float eps) {
     using reduce = typename Ops::template block_reduce<float, threads>;
     const float Hf = static_cast<float>(H);
-    const std::int64_t first = static_cast<std::int64_t>(b.tid) * V, step = std::int64_t(threads) * V;
+    const std::int64_t first = static_cast<std::int64_t>(b.tid) * V,
+                       step = std::int64_t(threads) * V;
     for (std::int64_t row = b.x; row < N; row += b.grid_x) {
       const T* x = inp + row * H;
       T* y = out + row * H;
@@ -95,12 +96,12 @@ struct rmsnorm_dinp_body {
 
   template <class Ops>
   static TESSERA_BLOCK_FN void run(const block_index& b, shared_storage<Ops>& sm, G* dinp,
-                                   const G* dout, const T* inp, const T* weight,
-                                   const float* rstd, std::int64_t N, std::int64_t H,
-                                   bool accumulate) {
+                                   const G* dout, const T* inp, const T* weight, const float* rstd,
+                                   std::int64_t N, std::int64_t H, bool accumulate) {
     using reduce = typename Ops::template block_reduce<float, threads>;
     const float Hf = static_cast<float>(H);
-    const std::int64_t first = static_cast<std::int64_t>(b.tid) * V, step = std::int64_t(threads) * V;
+    const std::int64_t first = static_cast<std::int64_t>(b.tid) * V,
+                       step = std::int64_t(threads) * V;
     for (std::int64_t row = b.x; row < N; row += b.grid_x) {
       const T* x = inp + row * H;
       const G* dy = dout + row * H;
@@ -149,8 +150,8 @@ struct rmsnorm_dweight_partial_body {
   using shared_storage = no_shared;
 
   template <class Ops>
-  static TESSERA_BLOCK_FN void run(const block_index& b, no_shared&, float* partial,
-                                   const G* dout, const T* inp, const float* rstd, std::int64_t N,
+  static TESSERA_BLOCK_FN void run(const block_index& b, no_shared&, float* partial, const G* dout,
+                                   const T* inp, const float* rstd, std::int64_t N,
                                    std::int64_t H) {
     const std::int64_t h = b.y * threads + b.tid;
     if (h >= H) return;
@@ -196,11 +197,11 @@ void rmsnorm_forward_launch(const Launcher& launch, T* d_out, float* d_rstd, con
   constexpr int V = detail::vec_width<T>;
   const float e = static_cast<float>(eps);
   if (H % V == 0 && detail::all_aligned(16, d_out, d_inp, d_weight))
-    launch.template run<detail::rmsnorm_forward_body<T, V>>(c, d_out, d_rstd, d_inp, d_weight, N,
-                                                            H, e);
+    launch.template run<detail::rmsnorm_forward_body<T, V>>(c, d_out, d_rstd, d_inp, d_weight, N, H,
+                                                            e);
   else
-    launch.template run<detail::rmsnorm_forward_body<T, 1>>(c, d_out, d_rstd, d_inp, d_weight, N,
-                                                            H, e);
+    launch.template run<detail::rmsnorm_forward_body<T, 1>>(c, d_out, d_rstd, d_inp, d_weight, N, H,
+                                                            e);
 }
 
 /// rmsnorm_backward (kernels.hpp) on `launch`: dinp, then dweight's partial
@@ -223,11 +224,11 @@ void rmsnorm_backward_launch(const Launcher& launch, G* d_dinp, float* d_dweight
   constexpr int V = detail::vec_width<T, G>;
   if (H % V == 0 && detail::all_aligned(16, d_dinp, d_dout) &&
       detail::all_aligned(V * sizeof(T), d_inp, d_weight))
-    launch.template run<detail::rmsnorm_dinp_body<T, G, V>>(
-        rows, d_dinp, d_dout, d_inp, d_weight, d_rstd, N, H, accumulate_dinp);
+    launch.template run<detail::rmsnorm_dinp_body<T, G, V>>(rows, d_dinp, d_dout, d_inp, d_weight,
+                                                            d_rstd, N, H, accumulate_dinp);
   else
-    launch.template run<detail::rmsnorm_dinp_body<T, G, 1>>(
-        rows, d_dinp, d_dout, d_inp, d_weight, d_rstd, N, H, accumulate_dinp);
+    launch.template run<detail::rmsnorm_dinp_body<T, G, 1>>(rows, d_dinp, d_dout, d_inp, d_weight,
+                                                            d_rstd, N, H, accumulate_dinp);
   float* partial = static_cast<float*>(d_scratch);
   launch.template run<detail::rmsnorm_dweight_partial_body<T, G>>(part, partial, d_dout, d_inp,
                                                                   d_rstd, N, H);

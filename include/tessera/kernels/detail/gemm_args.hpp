@@ -21,6 +21,42 @@ inline double gemm_flops(std::int64_t M, std::int64_t N, std::int64_t K) {
   return 2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K);
 }
 
+/// Which buffer a linear-layer GEMM reads as its A or B operand.
+enum class linear_operand { input, weight, output_grad };
+
+/// A linear layer's GEMM as a row-major call (kernels::gemm's arguments):
+/// C = alpha op(A) op(B) + beta C, with the buffers A and B name. The host
+/// kernels (kernels/gemm.hpp) and cuBLASLt (kernels/cuda/gemm.cuh) make the
+/// same calls from these values.
+struct linear_gemm {
+  transpose ta = transpose::no, tb = transpose::no;
+  std::int64_t M = 0, N = 0, K = 0;
+  std::int64_t lda = 0, ldb = 0, ldc = 0;
+  float alpha = 1.0f, beta = 0.0f;
+  linear_operand a = linear_operand::input, b = linear_operand::weight;
+};
+
+/// Linear forward, y = x W^T: out(M,N) = inp(M,K) weight(N,K)^T, written.
+constexpr linear_gemm linear_forward_gemm(std::int64_t M, std::int64_t N, std::int64_t K) {
+  return {transpose::no, transpose::yes, M, N, K, K, K, N, 1.0f, 0.0f, linear_operand::input,
+          linear_operand::weight};
+}
+
+/// Linear backward to the input: dinp(M,K) = dout(M,N) weight(N,K), written
+/// (beta = 0) or added (beta = 1) when `accumulate`.
+constexpr linear_gemm linear_backward_input_gemm(std::int64_t M, std::int64_t N, std::int64_t K,
+                                                 bool accumulate) {
+  return {transpose::no, transpose::no, M,    K,    N, N, K, K, 1.0f, accumulate ? 1.0f : 0.0f,
+          linear_operand::output_grad,   linear_operand::weight};
+}
+
+/// Linear backward to the weight: dweight(N,K) += dout(M,N)^T inp(M,K)
+/// (a parameter gradient: beta = 1).
+constexpr linear_gemm linear_backward_weight_gemm(std::int64_t M, std::int64_t N, std::int64_t K) {
+  return {transpose::yes, transpose::no, N, K, M, N, K, K, 1.0f, 1.0f, linear_operand::output_grad,
+          linear_operand::input};
+}
+
 namespace detail {
 
 /// Checks sizes and leading dimensions against the BLAS rules (row-major) and

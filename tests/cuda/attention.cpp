@@ -53,11 +53,6 @@ double max_error(const std::vector<double>& got, const std::vector<double>& want
   return worst;
 }
 
-template <class T>
-bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
-}
-
 struct attn_case {
   std::int64_t B, S, nh, nkv, hd;
 };

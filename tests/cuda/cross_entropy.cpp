@@ -34,11 +34,6 @@ namespace {
 
 constexpr std::int32_t ignore = -100;
 
-template <class T>
-bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
-}
-
 /// The float64 reference of the same bf16 inputs, with the scale of each
 /// output's rounding error (sums of absolute terms) for the bounds below.
 struct ce_reference {

@@ -27,11 +27,6 @@ using namespace tessera::testing;
 
 namespace {
 
-template <class T>
-bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
-}
-
 // float64 RMSNorm forward of rounded inputs.
 template <class T>
 void rmsnorm_ref(std::vector<double>& y, std::vector<double>& rstd, const std::vector<T>& x,

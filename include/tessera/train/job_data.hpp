@@ -147,9 +147,10 @@ struct job_session {
 /// Prepares the job's folders (prepare_folders) and token file
 /// (data::prepare_token_file) into `s`, then binds the data (bind_data).
 /// Under an MPI launch (--comm other than local) world rank 0 alone
-/// writes, and the others learn whether it failed; returns false on a rank
-/// whose rank 0 failed (rank 0 reports it). Throws as the functions it
-/// calls.
+/// writes, and the others learn whether it failed; then every rank binds
+/// the data and the ranks agree whether any failed. Returns false on a rank
+/// that did not fail itself when another did (that one reports it). Throws
+/// as the functions it calls.
 inline bool prepare_job(job& j, created_paths& created, job_session& s) {
   namespace fs = std::filesystem;
   const int rank = comm::launched_world().rank;
@@ -183,7 +184,25 @@ inline bool prepare_job(job& j, created_paths& created, job_session& s) {
 #endif
   if (failed) std::rethrow_exception(failed);
   if (rank != 0 && !j.sample_only) s.tokens = data::token_file_path(j.data, into, j.data_format);
-  bind_data(j, s.tokens);
+  // Every rank binds the data; a failure (a corpus too small for a window,
+  // the same on every rank) is agreed before any rank unwinds, because
+  // rank 0's unwinding removes the token file it created: a rank still
+  // opening it would fail otherwise with a second, misleading error.
+  std::exception_ptr bind_failed;
+  try {
+    bind_data(j, s.tokens);
+  } catch (...) {
+    bind_failed = std::current_exception();
+  }
+#if defined(TESSERA_HAS_MPI) && TESSERA_HAS_MPI
+  if (s.mpi) {
+    comm::mpi_communicator w(MPI_COMM_WORLD, comm_options_of(j));
+    double f = bind_failed ? 1.0 : 0.0;
+    w.all_reduce(&f, 1, comm::reduce_op::max);
+    if (f != 0 && !bind_failed) return false;  // another rank reports it
+  }
+#endif
+  if (bind_failed) std::rethrow_exception(bind_failed);
   return true;
 }
 

@@ -36,8 +36,8 @@ TESSERA_NCCL_INSTANTIATE(tessera::bf16)
 #undef TESSERA_NCCL_INSTANTIATE
 
 static_assert(nccl_element<tessera::bf16> && !comm_element<tessera::bf16>);
-static_assert(detail::nccl_type<tessera::bf16>() == ncclBfloat16);
-static_assert(detail::nccl_type<std::int32_t>() == ncclInt32);
+static_assert(detail::nccl_type(dtype::bf16) == ncclBfloat16);
+static_assert(detail::nccl_type(dtype_of<std::int32_t>()) == ncclInt32);
 static_assert(comm_request<nccl_request>);
 
 }  // namespace tessera::comm

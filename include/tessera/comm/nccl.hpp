@@ -188,28 +188,6 @@ struct nccl_pending : pending_core<nccl_comm_state> {
   }
 };
 
-/// The NCCL datatype of `d` (none is refused before: ncclInt8 is never
-/// issued).
-inline ncclDataType_t nccl_type(dtype d) {
-  switch (d) {
-    case dtype::f32:
-      return ncclFloat32;
-    case dtype::f64:
-      return ncclFloat64;
-    case dtype::i32:
-      return ncclInt32;
-    case dtype::i64:
-      return ncclInt64;
-    case dtype::u64:
-      return ncclUint64;
-    case dtype::bf16:
-      return ncclBfloat16;
-    case dtype::none:
-      break;
-  }
-  return ncclInt8;
-}
-
 /// Issues `calls` (an nccl_translate list) on `comm` and `stream`, in
 /// order: the one place nccl_communicator calls NCCL's data functions.
 /// After a call fails no further data call is issued, but every group

@@ -28,22 +28,28 @@ concept nccl_element = comm_element<T> || std::same_as<T, tessera::bf16>;
 
 namespace detail {
 
-/// The NCCL datatype of T.
-template <nccl_element T>
-constexpr ncclDataType_t nccl_type() {
-  if constexpr (std::same_as<T, float>)
-    return ncclFloat32;
-  else if constexpr (std::same_as<T, double>)
-    return ncclFloat64;
-  else if constexpr (std::same_as<T, std::int32_t>)
-    return ncclInt32;
-  else if constexpr (std::same_as<T, std::int64_t>)
-    return ncclInt64;
-  else if constexpr (std::same_as<T, std::uint64_t>)
-    return ncclUint64;
-  else
-    return ncclBfloat16;
+/// The NCCL datatype of `d` (none is refused before: ncclInt8 is never
+/// issued).
+constexpr ncclDataType_t nccl_type(dtype d) {
+  switch (d) {
+    case dtype::f32:
+      return ncclFloat32;
+    case dtype::f64:
+      return ncclFloat64;
+    case dtype::i32:
+      return ncclInt32;
+    case dtype::i64:
+      return ncclInt64;
+    case dtype::u64:
+      return ncclUint64;
+    case dtype::bf16:
+      return ncclBfloat16;
+    case dtype::none:
+      break;
+  }
+  return ncclInt8;
 }
+
 /// The dtype tag of T (error messages, the debug hash).
 template <nccl_element T>
 constexpr dtype nccl_dtype() {

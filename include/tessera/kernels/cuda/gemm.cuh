@@ -36,18 +36,6 @@ namespace tessera::kernels::cuda {
 
 namespace detail {
 
-template <class T>
-constexpr cudaDataType_t cuda_data_type() {
-  if constexpr (std::is_same_v<T, bf16>)
-    return CUDA_R_16BF;
-  else if constexpr (std::is_same_v<T, fp16>)
-    return CUDA_R_16F;
-  else {
-    static_assert(std::is_same_v<T, float>, "cuBLASLt GEMM types: bf16, fp16 or float");
-    return CUDA_R_32F;
-  }
-}
-
 /// The cudaDataType_t of an lt_dtype.
 inline cudaDataType_t cuda_data_type_of(lt_dtype t) {
   switch (t) {
@@ -141,8 +129,8 @@ class cublaslt_context {
                        lda,
                        ldb,
                        ldc,
-                       static_cast<int>(detail::cuda_data_type<TAB>()),
-                       static_cast<int>(detail::cuda_data_type<TC>()),
+                       static_cast<int>(lt_dtype_of<TAB>()),
+                       static_cast<int>(lt_dtype_of<TC>()),
                        detail::pointer_alignment(d_A),
                        detail::pointer_alignment(d_B),
                        detail::pointer_alignment(d_C)};

@@ -79,13 +79,6 @@ constexpr double dlogit_tol = bf16_tol + host_sum_tol;
 using strings = std::vector<std::string>;
 using state = hd::ce_online<float>;
 
-template <class T>
-std::vector<T> poisoned(std::size_t n) {
-  std::vector<T> v(n);
-  poison(v);
-  return v;
-}
-
 std::size_t sz(std::int64_t n) {
   return static_cast<std::size_t>(n);
 }

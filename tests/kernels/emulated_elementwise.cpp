@@ -49,19 +49,6 @@ constexpr std::int64_t H7 = 4096, F7 = 11008, F8 = 14336, V2 = 32000, V3 = 12825
 
 using strings = std::vector<std::string>;
 
-template <class T>
-std::vector<T> poisoned(std::size_t n) {
-  std::vector<T> v(n);
-  poison(v);
-  return v;
-}
-
-/// Registers [p, p + n) of T: what a call over n elements from p may touch.
-template <class T>
-void region(cuda_emulator& em, const T* p, std::int64_t n, bool writable) {
-  em.add_region(p, static_cast<std::size_t>(n) * sizeof(T), writable);
-}
-
 /// in_offset, out_offset: elements before the input(s) and the output (odd:
 /// misaligned, the scalar variant).
 template <class To, class From>
@@ -80,8 +67,8 @@ void cast_case(std::int64_t n, int in_offset, int out_offset, std::uint64_t seed
 
   cuda_emulator em(seed);
   auto out = poisoned<To>(static_cast<std::size_t>(n + oo));
-  region(em, in.data() + io, n, false);
-  region(em, out.data() + oo, n, true);
+  em.buffer(in.data() + io, n, false);
+  em.buffer(out.data() + oo, n, true);
   strings launched;
   kc::cast_launch(emulator_launcher{&em, std::int64_t(1) << 24, &launched}, out.data() + oo,
                   in.data() + io, n);
@@ -102,9 +89,9 @@ void residual_add_case(std::int64_t n, int in_offset, int out_offset, std::uint6
   // Out of place.
   cuda_emulator em(seed);
   auto out = poisoned<T>(static_cast<std::size_t>(n + oo));
-  region(em, a.data() + io, n, false);
-  region(em, b.data() + io, n, false);
-  region(em, out.data() + oo, n, true);
+  em.buffer(a.data() + io, n, false);
+  em.buffer(b.data() + io, n, false);
+  em.buffer(out.data() + oo, n, true);
   strings launched;
   const emulator_launcher launch{&em, std::int64_t(1) << 24, &launched};
   kc::residual_add_launch(launch, out.data() + oo, a.data() + io, b.data() + io, n);
@@ -115,13 +102,13 @@ void residual_add_case(std::int64_t n, int in_offset, int out_offset, std::uint6
   // In place: out = a, then out = b (the kernels.hpp aliasing rule).
   std::vector<T> a2 = a, b2 = b;
   em.clear_regions();
-  region(em, a2.data() + io, n, true);
-  region(em, b.data() + io, n, false);
+  em.buffer(a2.data() + io, n, true);
+  em.buffer(b.data() + io, n, false);
   kc::residual_add_launch(launch, a2.data() + io, a2.data() + io, b.data() + io, n);
   CHECK(same_bits(a2.data() + io, want.data(), n));
   em.clear_regions();
-  region(em, a.data() + io, n, false);
-  region(em, b2.data() + io, n, true);
+  em.buffer(a.data() + io, n, false);
+  em.buffer(b2.data() + io, n, true);
   kc::residual_add_launch(launch, b2.data() + io, a.data() + io, b2.data() + io, n);
   CHECK(same_bits(b2.data() + io, want.data(), n));
   CHECK(launched == (n == 0 ? strings{} : strings(3, "residual_add")));
@@ -134,7 +121,7 @@ std::int32_t run_count_nonfinite(const std::vector<G>& g, std::int64_t n, int of
                                  std::int32_t flag0, std::uint64_t seed) {
   cuda_emulator em(seed);
   std::vector<std::int32_t> flag{flag0};
-  region(em, g.data() + offset, n, false);
+  em.buffer(g.data() + offset, n, false);
   em.output(flag);
   strings launched;
   kc::count_nonfinite_launch(emulator_launcher{&em, std::int64_t(1) << 24, &launched}, flag.data(),

@@ -46,13 +46,6 @@ constexpr std::int32_t ignore_index = -100;
 /// the 32000 x 4096 case does not draw 131M numbers.
 constexpr std::int64_t dense_limit = std::int64_t(1) << 22;
 
-template <class T>
-std::vector<T> poisoned(std::size_t n) {
-  std::vector<T> v(n);
-  poison(v);
-  return v;
-}
-
 /// N token ids in [0, V): a quarter on two hot rows (the last row, in the
 /// last, partial block of 64 rows, and row min(7, V - 1)), the rest uniform;
 /// hot rows at the first tile boundary (positions 1023 and 1024). With

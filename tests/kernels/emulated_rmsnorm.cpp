@@ -44,13 +44,6 @@ constexpr std::int64_t H7 = 4096, H13 = 5120;
 constexpr double bf16_pair_tol = 2 * bf16_tol;
 
 template <class T>
-std::vector<T> poisoned(std::size_t n) {
-  std::vector<T> v(n);
-  poison(v);
-  return v;
-}
-
-template <class T>
 void forward_case(std::int64_t N, std::int64_t H, int offset, std::uint64_t seed) {
   INFO("N=" << N << " H=" << H << " offset=" << offset);
   std::mt19937_64 rng(seed);

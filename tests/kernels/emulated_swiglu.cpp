@@ -43,19 +43,6 @@ constexpr std::int64_t F7 = 11008, F8 = 14336;
 
 using strings = std::vector<std::string>;
 
-template <class T>
-std::vector<T> poisoned(std::size_t n) {
-  std::vector<T> v(n);
-  poison(v);
-  return v;
-}
-
-/// Registers [p, p + n) of T: what a call over n elements from p may touch.
-template <class T>
-void region(cuda_emulator& em, const T* p, std::int64_t n, bool writable) {
-  em.add_region(p, static_cast<std::size_t>(n) * sizeof(T), writable);
-}
-
 /// Gates in [-6, 6] (silu's curved part) with a few far out, where exp(-g)
 /// overflows to inf or underflows to 0: +-100, +-89, -104.
 template <class T>
@@ -80,9 +67,9 @@ void forward_case(std::int64_t n, int in_offset, int out_offset, std::uint64_t s
 
   cuda_emulator em(seed);
   auto out = poisoned<T>(static_cast<std::size_t>(n + oo));
-  region(em, g.data() + io, n, false);
-  region(em, u.data() + io, n, false);
-  region(em, out.data() + oo, n, true);
+  em.buffer(g.data() + io, n, false);
+  em.buffer(u.data() + io, n, false);
+  em.buffer(out.data() + oo, n, true);
   strings launched;
   const emulator_launcher launch{&em, std::int64_t(1) << 24, &launched};
   kc::swiglu_forward_launch(launch, out.data() + oo, g.data() + io, u.data() + io, n);
@@ -93,13 +80,13 @@ void forward_case(std::int64_t n, int in_offset, int out_offset, std::uint64_t s
   // In place: out = gate, then out = up.
   auto g2 = g, u2 = u;
   em.clear_regions();
-  region(em, g2.data() + io, n, true);
-  region(em, u.data() + io, n, false);
+  em.buffer(g2.data() + io, n, true);
+  em.buffer(u.data() + io, n, false);
   kc::swiglu_forward_launch(launch, g2.data() + io, g2.data() + io, u.data() + io, n);
   CHECK(same_bits(g2.data() + io, want.data(), n));
   em.clear_regions();
-  region(em, g.data() + io, n, false);
-  region(em, u2.data() + io, n, true);
+  em.buffer(g.data() + io, n, false);
+  em.buffer(u2.data() + io, n, true);
   kc::swiglu_forward_launch(launch, u2.data() + io, g.data() + io, u2.data() + io, n);
   CHECK(same_bits(u2.data() + io, want.data(), n));
 }
@@ -118,11 +105,11 @@ void backward_case(std::int64_t n, int in_offset, int out_offset, std::uint64_t 
 
   cuda_emulator em(seed);
   auto dg = poisoned<G>(static_cast<std::size_t>(n + oo)), du = poisoned<G>(dg.size());
-  region(em, g.data() + io, n, false);
-  region(em, u.data() + io, n, false);
-  region(em, dy.data() + io, n, false);
-  region(em, dg.data() + oo, n, true);
-  region(em, du.data() + oo, n, true);
+  em.buffer(g.data() + io, n, false);
+  em.buffer(u.data() + io, n, false);
+  em.buffer(dy.data() + io, n, false);
+  em.buffer(dg.data() + oo, n, true);
+  em.buffer(du.data() + oo, n, true);
   strings launched;
   const emulator_launcher launch{&em, std::int64_t(1) << 24, &launched};
   kc::swiglu_backward_launch(launch, dg.data() + oo, du.data() + oo, dy.data() + io, g.data() + io,
@@ -135,19 +122,19 @@ void backward_case(std::int64_t n, int in_offset, int out_offset, std::uint64_t 
   // In place: dgate = dout, then dup = dout.
   auto dy2 = dy;
   em.clear_regions();
-  region(em, g.data() + io, n, false);
-  region(em, u.data() + io, n, false);
-  region(em, dy2.data() + io, n, true);
-  region(em, du.data() + io, n, true);
+  em.buffer(g.data() + io, n, false);
+  em.buffer(u.data() + io, n, false);
+  em.buffer(dy2.data() + io, n, true);
+  em.buffer(du.data() + io, n, true);
   kc::swiglu_backward_launch(launch, dy2.data() + io, du.data() + io, dy2.data() + io,
                              g.data() + io, u.data() + io, n);
   CHECK(same_bits(dy2.data() + io, dg_want.data(), n));
   auto dy3 = dy;
   em.clear_regions();
-  region(em, g.data() + io, n, false);
-  region(em, u.data() + io, n, false);
-  region(em, dy3.data() + io, n, true);
-  region(em, dg.data() + io, n, true);
+  em.buffer(g.data() + io, n, false);
+  em.buffer(u.data() + io, n, false);
+  em.buffer(dy3.data() + io, n, true);
+  em.buffer(dg.data() + io, n, true);
   kc::swiglu_backward_launch(launch, dg.data() + io, dy3.data() + io, dy3.data() + io,
                              g.data() + io, u.data() + io, n);
   CHECK(same_bits(dy3.data() + io, du_want.data(), n));

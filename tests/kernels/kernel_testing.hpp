@@ -62,6 +62,14 @@ void poison(std::vector<T>& v) {
   std::fill(v.begin(), v.end(), nan_value<T>());
 }
 
+/// A vector of n NaNs (poison): an output a kernel must write in full.
+template <class T>
+std::vector<T> poisoned(std::size_t n) {
+  std::vector<T> v(n);
+  poison(v);
+  return v;
+}
+
 /// Index of the first NaN in v, or -1 if every element was written.
 template <class T>
 std::int64_t first_nan(const std::vector<T>& v) {

@@ -109,6 +109,12 @@ class cuda_emulator {
   void output(std::vector<T>& v) {
     add_region(v.data(), v.size() * sizeof(T), true);
   }
+  /// Registers the n elements at p (a view into a larger buffer: a kernel
+  /// touching one element past it fails).
+  template <class T>
+  void buffer(const T* p, std::int64_t n, bool writable) {
+    add_region(p, static_cast<std::size_t>(n) * sizeof(T), writable);
+  }
   void clear_regions() { regions.clear(); }
   /// Forgets the buffer registered last.
   void pop_region() { regions.pop_back(); }

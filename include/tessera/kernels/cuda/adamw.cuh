@@ -66,11 +66,51 @@ TESSERA_BLOCK_FN bool find_segment(const optimizer_segment* segments, int num_se
   return true;
 }
 
-/// One AdamW step of the elements [0, n) in a segment, one thread per
-/// element (grid-stride). Param in {float, bf16}, Grad in {float, bf16};
-/// `Master`: the float32 master weight is updated and the parameter written
-/// rounded from it (else the float parameter is updated in place and
-/// `master` is unused). A non-finite *grad_scale returns before any write.
+/// What the optimizer bodies share: applies the device clip coefficient to
+/// `scale` (a non-finite one returns before any write: the step is skipped,
+/// as the host trainer skips it), then, one thread per element
+/// (grid-stride), calls update(i, seg, g) for each element i of [0, n) that
+/// lies in a segment, g its gradient as float.
+template <class Ops, class Grad, class F>
+TESSERA_BLOCK_FN void for_each_segment_element(const block_index& b, const Grad* grads,
+                                               std::int64_t n, const optimizer_segment* segments,
+                                               int num_segments, const float* grad_scale,
+                                               float& scale, F&& update) {
+  if (grad_scale) {
+    const float c = Ops::ld(grad_scale);
+    if (!isfinite(c)) return;
+    scale *= c;
+  }
+  const std::int64_t stride = b.grid_x * b.threads;
+  for (std::int64_t i = b.x * b.threads + b.tid; i < n; i += stride) {
+    segment_of_element seg;
+    if (!find_segment<Ops>(segments, num_segments, i, seg)) continue;
+    update(i, seg, to<float>(Ops::ld(grads + i + seg.grad_shift)));
+  }
+}
+
+/// Runs step(p) on one parameter as float: with `Master`, on the float32
+/// master weight, written back and rounded into the parameter; else on the
+/// float parameter in place.
+template <class Ops, bool Master, class Param, class F>
+TESSERA_BLOCK_FN void update_parameter(Param* param, float* master, F&& step) {
+  if constexpr (Master) {
+    float p = Ops::ld(static_cast<const float*>(master));
+    step(p);
+    Ops::st(master, p);
+    Ops::st(param, to<Param>(p));
+  } else {
+    float p = to<float>(Ops::ld(static_cast<const Param*>(param)));
+    step(p);
+    Ops::st(param, to<Param>(p));
+  }
+}
+
+/// One AdamW step of the elements [0, n) in a segment. Param in {float,
+/// bf16}, Grad in {float, bf16}; `Master`: the float32 master weight is
+/// updated and the parameter written rounded from it (else the float
+/// parameter is updated in place and `master` is unused). A non-finite
+/// *grad_scale returns before any write.
 template <class Param, class Grad, bool Master>
 struct adamw_body {
   static constexpr int threads = elementwise_threads;
@@ -85,34 +125,17 @@ struct adamw_body {
                                    const optimizer_segment* segments, int num_segments,
                                    kernels::detail::adamw_step_params<float> s,
                                    const float* grad_scale) {
-    if (grad_scale) {
-      // A non-finite clip coefficient (the gradient norm overflowed): the
-      // step is skipped, as the host trainer skips it, and nothing is written.
-      const float c = Ops::ld(grad_scale);
-      if (!isfinite(c)) return;
-      s.grad_scale *= c;
-    }
-    const std::int64_t stride = b.grid_x * b.threads;
-    for (std::int64_t i = b.x * b.threads + b.tid; i < n; i += stride) {
-      segment_of_element seg;
-      if (!find_segment<Ops>(segments, num_segments, i, seg)) continue;
-      const float g = to<float>(Ops::ld(grads + i + seg.grad_shift));
-      float mi = Ops::ld(static_cast<const float*>(m + i));
-      float vi = Ops::ld(static_cast<const float*>(v + i));
-      Param* p_out = params + i + seg.param_shift;
-      if constexpr (Master) {
-        float p = Ops::ld(static_cast<const float*>(master + i));
-        kernels::detail::adamw_update(p, mi, vi, g, s, seg.decay);
-        Ops::st(master + i, p);
-        Ops::st(p_out, to<Param>(p));
-      } else {
-        float p = to<float>(Ops::ld(static_cast<const Param*>(p_out)));
-        kernels::detail::adamw_update(p, mi, vi, g, s, seg.decay);
-        Ops::st(p_out, to<Param>(p));
-      }
-      Ops::st(m + i, mi);
-      Ops::st(v + i, vi);
-    }
+    for_each_segment_element<Ops>(
+        b, grads, n, segments, num_segments, grad_scale, s.grad_scale,
+        [&](std::int64_t i, const segment_of_element& seg, float g) {
+          float mi = Ops::ld(static_cast<const float*>(m + i));
+          float vi = Ops::ld(static_cast<const float*>(v + i));
+          update_parameter<Ops, Master>(params + i + seg.param_shift, master + i, [&](float& p) {
+            kernels::detail::adamw_update(p, mi, vi, g, s, seg.decay);
+          });
+          Ops::st(m + i, mi);
+          Ops::st(v + i, vi);
+        });
   }
 };
 
@@ -132,32 +155,32 @@ struct sgd_body {
                                    const optimizer_segment* segments, int num_segments,
                                    kernels::detail::sgd_step_params<float> s,
                                    const float* grad_scale) {
-    if (grad_scale) {
-      const float c = Ops::ld(grad_scale);
-      if (!isfinite(c)) return;  // skipped step: nothing written
-      s.grad_scale *= c;
-    }
-    const std::int64_t stride = b.grid_x * b.threads;
-    for (std::int64_t i = b.x * b.threads + b.tid; i < n; i += stride) {
-      segment_of_element seg;
-      if (!find_segment<Ops>(segments, num_segments, i, seg)) continue;
-      const float g = to<float>(Ops::ld(grads + i + seg.grad_shift));
-      float bi = Ops::ld(static_cast<const float*>(buf + i));
-      Param* p_out = params + i + seg.param_shift;
-      if constexpr (Master) {
-        float p = Ops::ld(static_cast<const float*>(master + i));
-        kernels::detail::sgd_update(p, bi, g, s, seg.decay);
-        Ops::st(master + i, p);
-        Ops::st(p_out, to<Param>(p));
-      } else {
-        float p = to<float>(Ops::ld(static_cast<const Param*>(p_out)));
-        kernels::detail::sgd_update(p, bi, g, s, seg.decay);
-        Ops::st(p_out, to<Param>(p));
-      }
-      Ops::st(buf + i, bi);
-    }
+    for_each_segment_element<Ops>(
+        b, grads, n, segments, num_segments, grad_scale, s.grad_scale,
+        [&](std::int64_t i, const segment_of_element& seg, float g) {
+          float bi = Ops::ld(static_cast<const float*>(buf + i));
+          update_parameter<Ops, Master>(params + i + seg.param_shift, master + i, [&](float& p) {
+            kernels::detail::sgd_update(p, bi, g, s, seg.decay);
+          });
+          Ops::st(buf + i, bi);
+        });
   }
 };
+
+/// The argument checks both optimizer launches make (`who` names the
+/// entry point): num_segments >= 0, and master weights exactly when the
+/// parameters are not float32. Throws config_error.
+template <class Param>
+inline void check_optimizer_launch(const char* who, int num_segments, const float* d_master) {
+  constexpr bool has_master = !std::is_same_v<Param, float>;
+  TESSERA_THROW_IF(num_segments < 0, config_error, who, " (cuda): num_segments=", num_segments,
+                   " must be >= 0");
+  TESSERA_THROW_IF(has_master && d_master == nullptr, config_error, who, " (cuda): ",
+                   dtype_name<Param>(),
+                   " parameters need float32 master weights (d_master is null)");
+  TESSERA_THROW_IF(!has_master && d_master != nullptr, config_error, who,
+                   " (cuda): float32 parameters are updated in place; pass d_master = nullptr");
+}
 
 }  // namespace detail
 
@@ -171,14 +194,7 @@ void adamw_step_launch(const Launcher& launch, Param* d_params, float* d_master,
                        const kernels::detail::adamw_step_params<float>& step,
                        const float* d_grad_scale) {
   constexpr bool has_master = !std::is_same_v<Param, float>;
-  TESSERA_THROW_IF(num_segments < 0, config_error, "adamw_step (cuda): num_segments=", num_segments,
-                   " must be >= 0");
-  TESSERA_THROW_IF(has_master && d_master == nullptr, config_error,
-                   "adamw_step (cuda): ", dtype_name<Param>(),
-                   " parameters need float32 master weights (d_master is null)");
-  TESSERA_THROW_IF(!has_master && d_master != nullptr, config_error,
-                   "adamw_step (cuda): float32 parameters are updated in place; pass "
-                   "d_master = nullptr");
+  detail::check_optimizer_launch<Param>("adamw_step", num_segments, d_master);
   const launch_config c = elementwise_config(n, 1);
   if (n == 0 || num_segments == 0) return;
   launch.template run<detail::adamw_body<Param, Grad, has_master>>(
@@ -192,14 +208,7 @@ void sgd_step_launch(const Launcher& launch, Param* d_params, float* d_master, f
                      int num_segments, const kernels::detail::sgd_step_params<float>& step,
                      const float* d_grad_scale) {
   constexpr bool has_master = !std::is_same_v<Param, float>;
-  TESSERA_THROW_IF(num_segments < 0, config_error, "sgd_step (cuda): num_segments=", num_segments,
-                   " must be >= 0");
-  TESSERA_THROW_IF(has_master && d_master == nullptr, config_error,
-                   "sgd_step (cuda): ", dtype_name<Param>(),
-                   " parameters need float32 master weights (d_master is null)");
-  TESSERA_THROW_IF(!has_master && d_master != nullptr, config_error,
-                   "sgd_step (cuda): float32 parameters are updated in place; pass d_master = "
-                   "nullptr");
+  detail::check_optimizer_launch<Param>("sgd_step", num_segments, d_master);
   const launch_config c = elementwise_config(n, 1);
   if (n == 0 || num_segments == 0) return;
   launch.template run<detail::sgd_body<Param, Grad, has_master>>(

@@ -6,9 +6,10 @@
 # from DIR/run.toml. The steps before the kill also check that two runs
 # replay exactly. Then the finished run is extended with a larger --steps,
 # and a resume with conflicting settings is refused listing all of them.
-#   tests/train/resume_kill.sh build/host/examples/train_llama
+#   tests/train/resume_kill.sh build/host/examples/train_llama build/host/tests/libtessera_kill_after_step.so
 set -euo pipefail
-bin=${1:?usage: resume_kill.sh path/to/train_llama}
+bin=${1:?usage: resume_kill.sh path/to/train_llama path/to/libtessera_kill_after_step.so}
+preload=${2:?usage: resume_kill.sh path/to/train_llama path/to/libtessera_kill_after_step.so}
 root=$(cd "$(dirname "$0")/../.." && pwd)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -18,18 +19,17 @@ args=(--preset small --dim 32 --layers 2 --heads 4 --kv-heads 2 --ffn 64 --data 
       --sample-bytes 0 --no-baseline)
 "$bin" "${args[@]}" --out "$work/full" > "$work/full.log"
 
-"$bin" "${args[@]}" --out "$work/killed" > "$work/killed.log" &
-pid=$!
-# wait until step 14 is logged (checkpoints at 4, 8, 12), then kill without warning
-for _ in $(seq 1 600); do
-  n=$({ grep -c '"step"' "$work/killed/metrics.jsonl"; } 2>/dev/null || echo 0)
-  [ "$n" -ge 14 ] && break
-  sleep 0.05
-done
-kill -9 "$pid" 2>/dev/null || true
-wait "$pid" 2>/dev/null || true
-lines=$(grep -c '"step"' "$work/killed/metrics.jsonl")
-if [ "$lines" -ge 24 ]; then echo "resume_kill: run finished before the kill; test inconclusive" >&2; exit 1; fi
+# SIGKILL right after step 14 is logged (checkpoints at 4, 8, 12), sent by
+# the process to itself from a preloaded write() (tests/support/kill_after_step.cpp):
+# the same point on every machine, however fast.
+set +e
+LD_PRELOAD="$preload" TESSERA_KILL_AFTER_STEP=14 "$bin" "${args[@]}" --out "$work/killed" > "$work/killed.log"
+rc=$?
+set -e
+lines=$(grep -c '"step":[0-9]' "$work/killed/metrics.jsonl")
+if [ $rc -ne 137 ] || [ "$lines" -ne 14 ]; then
+  echo "resume_kill: expected a SIGKILL (exit 137) after 14 logged steps, got exit $rc after $lines" >&2; exit 1
+fi
 echo "resume_kill: killed after $lines logged steps"
 "$bin" --resume "$work/killed" > "$work/resumed.log"
 

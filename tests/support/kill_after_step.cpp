@@ -1,0 +1,84 @@
+// A preload library for tests/train/resume_kill.sh: with
+// TESSERA_KILL_AFTER_STEP=N in the environment, the process sends itself
+// SIGKILL right after the write that puts the N-th "step" line into a file
+// named metrics.jsonl. The kill lands at the same point of every run
+// whatever the machine's speed or load (a watcher polling the file from
+// outside can be outrun by a fast machine: 24 small steps finish inside one
+// poll), and SIGKILL is still a kill without warning: no handler, no flush,
+// no unwinding.
+//   LD_PRELOAD=libtessera_kill_after_step.so TESSERA_KILL_AFTER_STEP=14 train_llama ...
+#include <dlfcn.h>
+#include <signal.h>
+#include <sys/types.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string_view>
+
+namespace {
+
+std::atomic<long> step_lines{0};
+
+long kill_after() {
+  static const long n = [] {
+    const char* s = std::getenv("TESSERA_KILL_AFTER_STEP");
+    return s ? std::strtol(s, nullptr, 10) : 0L;
+  }();
+  return n;
+}
+
+bool is_metrics_file(int fd) {
+  char link[64], target[4096];
+  std::snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+  const ssize_t n = readlink(link, target, sizeof target - 1);
+  if (n <= 0) return false;
+  return std::string_view(target, static_cast<std::size_t>(n)).ends_with("/metrics.jsonl");
+}
+
+// The step records' key with its number: "step":<digit>.
+long count_steps(std::string_view bytes) {
+  constexpr std::string_view key = "\"step\":";
+  long n = 0;
+  for (std::size_t at = bytes.find(key); at != std::string_view::npos; at = bytes.find(key, at + 1))
+    if (at + key.size() < bytes.size() && bytes[at + key.size()] >= '0' &&
+        bytes[at + key.size()] <= '9')
+      ++n;
+  return n;
+}
+
+// After the real write: counts the step lines it carried, and kills the
+// process once the N-th has reached the file.
+void after_write(int fd, std::string_view bytes) {
+  if (kill_after() <= 0 || !is_metrics_file(fd)) return;
+  const long lines = count_steps(bytes);
+  if (lines > 0 && step_lines.fetch_add(lines) + lines >= kill_after()) raise(SIGKILL);
+}
+
+}  // namespace
+
+extern "C" ssize_t write(int fd, const void* buf, size_t count) {
+  using fn = ssize_t (*)(int, const void*, size_t);
+  static const fn real = reinterpret_cast<fn>(dlsym(RTLD_NEXT, "write"));
+  const ssize_t n = real(fd, buf, count);
+  if (n > 0) after_write(fd, {static_cast<const char*>(buf), static_cast<std::size_t>(n)});
+  return n;
+}
+
+extern "C" ssize_t writev(int fd, const struct iovec* iov, int iovcnt) {
+  using fn = ssize_t (*)(int, const struct iovec*, int);
+  static const fn real = reinterpret_cast<fn>(dlsym(RTLD_NEXT, "writev"));
+  const ssize_t n = real(fd, iov, iovcnt);
+  ssize_t left = n;
+  for (int i = 0; i < iovcnt && left > 0; ++i) {
+    const auto len = static_cast<std::size_t>(left) < iov[i].iov_len
+                         ? static_cast<std::size_t>(left)
+                         : iov[i].iov_len;
+    after_write(fd, {static_cast<const char*>(iov[i].iov_base), len});
+    left -= static_cast<ssize_t>(len);
+  }
+  return n;
+}

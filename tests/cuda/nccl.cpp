@@ -22,6 +22,8 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <chrono>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -421,6 +423,49 @@ TEST_CASE("nccl runs on the caller's stream; request events order other streams"
   }
   cudaStreamDestroy(other);
   cudaStreamDestroy(s);
+}
+
+TEST_CASE("nccl follow() orders a collective after the followed stream; order_before() orders "
+          "the stream after it",
+          "[cuda][nccl]") {
+  // The followed stream ("compute") is held for 200 ms behind a host
+  // function on a third stream, then writes the input: an all-reduce that
+  // did not wait for it would reduce the zeros before.
+  cudaStream_t compute = nullptr, gate = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking) == cudaSuccess);
+  REQUIRE(cudaStreamCreateWithFlags(&gate, cudaStreamNonBlocking) == cudaSuccess);
+  cudaEvent_t opened = nullptr;
+  REQUIRE(cudaEventCreateWithFlags(&opened, cudaEventDisableTiming) == cudaSuccess);
+  {
+    auto c = device_world();  // on a stream of its own
+    REQUIRE(c.stream() != compute);
+    c.follow(compute);
+    CHECK(c.followed_stream() == compute);
+    const int N = c.size();
+    const std::size_t n = 1 << 20;
+    std::vector<float> zeros(n, 0.0f), ones(n, 1.0f), back(n, -1.0f);
+    auto d = to_device(zeros);
+    REQUIRE(cudaLaunchHostFunc(
+                gate, [](void*) { std::this_thread::sleep_for(std::chrono::milliseconds(200)); },
+                nullptr) == cudaSuccess);
+    REQUIRE(cudaEventRecord(opened, gate) == cudaSuccess);
+    REQUIRE(cudaStreamWaitEvent(compute, opened, 0) == cudaSuccess);
+    REQUIRE(cudaMemcpyAsync(d.as<float>(), ones.data(), n * sizeof(float), cudaMemcpyHostToDevice,
+                            compute) == cudaSuccess);
+    auto req = c.iall_reduce(d.as<float>(), n, reduce_op::sum);
+    // The copy back on `compute` waits for the all-reduce, the host does not.
+    req.order_before(compute);
+    REQUIRE(cudaMemcpyAsync(back.data(), d.as<float>(), n * sizeof(float), cudaMemcpyDeviceToHost,
+                            compute) == cudaSuccess);
+    REQUIRE(cudaStreamSynchronize(compute) == cudaSuccess);
+    CHECK(req.test());
+    REQUIRE_NOTHROW(req.wait());
+    CHECK(back.front() == static_cast<float>(N));
+    CHECK(back.back() == static_cast<float>(N));
+  }
+  cudaEventDestroy(opened);
+  cudaStreamDestroy(gate);
+  cudaStreamDestroy(compute);
 }
 
 TEST_CASE("nccl argument errors name the value and the limit", "[cuda][nccl]") {

@@ -20,7 +20,17 @@
 ///   queued there. The i-form returns an `nccl_request` whose wait() polls a
 ///   CUDA event recorded after the operation; the blocking form is the
 ///   i-form plus wait(), so it returns when the GPU has finished it.
-///   `nccl_request::event()` lets another stream wait without the host.
+/// - Its own stream beside the kernels' (what lets a bucket's reduction
+///   overlap the rest of the backward): after follow(compute), every
+///   operation is enqueued after the work queued on `compute` at its issue
+///   (an event recorded there that the communicator's stream waits for:
+///   its inputs are written), and `nccl_request::order_before(compute)`
+///   makes the work queued on `compute` later wait for the operation
+///   (before reading its output or reusing its buffers), without blocking
+///   the host; PyTorch's ProcessGroupNCCL orders its stream the same way.
+///   The caching allocator reuses a freed block on the stream it was
+///   allocated on, so a buffer an operation used may be freed once the
+///   compute stream has been ordered after it.
 /// - send/recv have no tags (NCCL matches the sends and receives between two
 ///   ranks in issue order; `tag` only appears in error messages) and do not
 ///   check counts (a receive of another count than was sent is undefined).
@@ -252,6 +262,16 @@ class nccl_request : public detail::polled_request<detail::nccl_pending> {
   /// without blocking the host); null for an empty handle. Owned by the
   /// handle.
   [[nodiscard]] cudaEvent_t event() const { return p_ ? p_->ev : nullptr; }
+  /// Makes the work queued on `s` after this call wait for the operation
+  /// (cudaStreamWaitEvent on event(); the host does not block: wait() or
+  /// the handle's destruction still reports a failure or the timeout).
+  /// Nothing for an empty handle. Throws comm_error naming the operation if
+  /// CUDA refuses the wait.
+  void order_before(cudaStream_t s) const {
+    if (!p_ || !p_->ev) return;
+    detail::cuda_comm_check(cudaStreamWaitEvent(s, p_->ev, 0), "cudaStreamWaitEvent",
+                            p_->st->context(p_->c));
+  }
 };
 
 /// One rank of an NCCL communicator on one GPU: models `device_communicator`
@@ -328,6 +348,23 @@ class nccl_communicator : public communicator_base<nccl_communicator> {
   /// stream the communicator owns, or the legacy default stream if it owns
   /// none). Pending operations stay where they were issued.
   void set_stream(cudaStream_t s) { s_->stream = s ? s : s_->owned_stream; }
+  /// Orders every later operation after the work queued on `s` (a stream
+  /// of device(), typically the kernels') at the moment it is issued: an
+  /// event recorded on `s` that stream() waits for, no host block. Nothing
+  /// when `s` is stream() or null (the default: no ordering beyond
+  /// stream()'s own). Not inherited by split(). Throws comm_error if CUDA
+  /// cannot create the event.
+  void follow(cudaStream_t s) {
+    s_->follows = s;
+    if (s && !s_->follow_event) {
+      const std::string ctx = s_->who() + ": follow";
+      detail::nccl_device_scope scope(s_->device, ctx);
+      detail::cuda_comm_check(cudaEventCreateWithFlags(&s_->follow_event, cudaEventDisableTiming),
+                              "cudaEventCreateWithFlags", ctx);
+    }
+  }
+  /// The stream follow() set (null: none).
+  [[nodiscard]] cudaStream_t followed_stream() const { return s_->follows; }
   /// The NCCL communicator (null once aborted).
   [[nodiscard]] ncclComm_t native() const { return s_->comm; }
   /// In-place all-reduce of d_buf[0, n) with `op` (ncclAllReduce, sendbuff
@@ -552,8 +589,9 @@ class nccl_communicator : public communicator_base<nccl_communicator> {
     return c;
   }
   /// Issues `calls` (nccl_translate's list; empty when the operation moves
-  /// nothing, which every rank of a collective shares) on the stream, waits
-  /// for NCCL to finish enqueueing, and records the completion event.
+  /// nothing, which every rank of a collective shares) on the stream, after
+  /// the followed stream's work (follow), waits for NCCL to finish
+  /// enqueueing, and records the completion event.
   nccl_request launch(detail::op_ctx c, const nccl_translate::calls& calls) {
     auto& s = *s_;
     auto p = std::make_unique<detail::nccl_pending>();
@@ -563,6 +601,11 @@ class nccl_communicator : public communicator_base<nccl_communicator> {
     detail::nccl_device_scope scope(s.device, ctx);
     detail::cuda_comm_check(cudaEventCreateWithFlags(&p->ev, cudaEventDisableTiming),
                             "cudaEventCreateWithFlags", ctx);
+    if (s.follows && s.follows != s.stream) {  // after the kernels that wrote its inputs
+      detail::cuda_comm_check(cudaEventRecord(s.follow_event, s.follows), "cudaEventRecord", ctx);
+      detail::cuda_comm_check(cudaStreamWaitEvent(s.stream, s.follow_event, 0),
+                              "cudaStreamWaitEvent", ctx);
+    }
     if (!calls.empty())
       s.settle(detail::nccl_issue(calls, s.comm, s.stream), calls_name(calls).c_str(), ctx,
                p->c.timeout);

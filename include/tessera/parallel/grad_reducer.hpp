@@ -39,6 +39,14 @@
 /// micro-batches' reduced sums instead of reducing their sum: another
 /// order).
 ///
+/// Streams (parallel/stream_order.hpp): a device communicator runs on a
+/// stream of its own that follows the context's, so a bucket's reduction
+/// waits for the kernels that wrote it and overlaps the backward after it.
+/// A completed reduction orders the context's stream after it before its
+/// output is read (the per-micro-batch add into the shard) or its buffers
+/// freed, without blocking the host; finish() then waits on the host for
+/// every reduction of the step, where a failure or timeout is reported.
+///
 /// Memory (bytes of the reduce type R, grad type G, padded P, shard S):
 /// persistent P R on zero<0,1> (none for one rank) and S R on zero<2,3>;
 /// transient on zero<2,3>: per_step all P G of the window, per_micro_batch
@@ -63,6 +71,7 @@
 #include "tessera/kernels/elementwise.hpp"
 #include "tessera/parallel/buckets.hpp"
 #include "tessera/parallel/sharding.hpp"
+#include "tessera/parallel/stream_order.hpp"
 
 namespace tessera::parallel {
 
@@ -166,6 +175,7 @@ class gradient_reducer {
   ~gradient_reducer() {
     try {
       drain();
+      settle();
     } catch (...) {
     }
     if constexpr (S::gradients == grad_home::shard) release_window();
@@ -176,7 +186,8 @@ class gradient_reducer {
   /// Starts a step of `micro_batches` backwards. Throws tessera::error if
   /// reductions of the previous step were never waited for.
   void begin_step(std::int64_t micro_batches) {
-    TESSERA_THROW_IF(!pending_.empty(), error, "begin_step: ", pending_.size(),
+    TESSERA_THROW_IF(!pending_.empty() || !settling_.empty(), error, "begin_step: ",
+                     pending_.size() + settling_.size(),
                      " reductions of the previous step were never waited for");
     micro_batches_ = micro_batches;
     std::fill(backwards_.begin(), backwards_.end(), 0);
@@ -199,8 +210,10 @@ class gradient_reducer {
   void abandon() noexcept {
     try {
       drain();
+      settle();
     } catch (...) {
       pending_.clear();
+      settling_.clear();
     }
     if constexpr (S::gradients == grad_home::shard) release_window();
   }
@@ -242,7 +255,8 @@ class gradient_reducer {
       for (auto& p : pending_) (void)p.req.test();
     }
   }
-  /// Waits for every reduction of the step (in issue order); zero<0> with a
+  /// Waits for every reduction of the step (ordered before the context's
+  /// later work, then on the host, in issue order); zero<0> with a
   /// separate model gradient buffer copies the reduced buckets back into
   /// it. Throws tessera::error if not every bucket was reduced (exactly once
   /// per step, or once per micro-batch), comm_error from a collective.
@@ -250,6 +264,7 @@ class gradient_reducer {
     if (local_) return;
     TESSERA_NVTX_RANGE("zero: finish_gradients");
     drain();
+    settle();
     if constexpr (S::gradients == grad_home::shard) release_window();
     const std::size_t want =
         plan_->size() *
@@ -371,7 +386,8 @@ class gradient_reducer {
   // (allocated zeroed when the window's, or under per_micro_batch the
   // micro-batch's, first backward reaches it) and points the model's
   // segments of the bucket at it. Under per_micro_batch at most two bucket
-  // buffers are held: the oldest reduction is waited for first.
+  // buffers are held: the oldest reduction completes first (complete: the
+  // context's work ordered after it, its buffer freed).
   void open_bucket(int s) {
     const int k = plan_->bucket_of_segment(s);
     bucket_buffer& w = window_[static_cast<std::size_t>(k)];
@@ -380,7 +396,6 @@ class gradient_reducer {
       while (buckets_held() >= 2 && !pending_.empty()) {
         pending_reduction p = std::move(pending_.front());
         pending_.pop_front();
-        p.req.wait();
         complete(p);
       }
     const bucket& b = plan_->buckets()[static_cast<std::size_t>(k)];
@@ -459,10 +474,14 @@ class gradient_reducer {
     events_.push_back({k, micro_, after_segment});
   }
 
-  // A reduction that completed: a later micro-batch's reduced chunk added
-  // into the shard; its buffers freed.
+  // A reduction whose output is needed now: the context's later work is
+  // ordered after it (a device request: on the stream, the host goes on),
+  // a later micro-batch's reduced chunk is added into the shard, its
+  // buffers are freed (the caller drops them) and its request waits for
+  // the host in settling_.
   void complete(pending_reduction& p) {
-    p.req.wait();
+    order_before(p.req, *ctx_);
+    settling_.push_back(std::move(p.req));
     if constexpr (S::gradients == grad_home::shard) {
       if (!p.buf.recv.empty()) {
         const bucket& b = plan_->buckets()[static_cast<std::size_t>(p.bucket)];
@@ -475,8 +494,17 @@ class gradient_reducer {
     while (!pending_.empty()) {
       pending_reduction p = std::move(pending_.front());
       pending_.pop_front();
-      TESSERA_NVTX_RANGE("wait reduction of bucket ", p.bucket);
+      TESSERA_NVTX_RANGE("order after reduction of bucket ", p.bucket);
       complete(p);
+    }
+  }
+  // The host waits for every completed reduction, in issue order (comm_error
+  // for a failure or the timeout).
+  void settle() {
+    TESSERA_NVTX_RANGE("wait reductions");
+    while (!settling_.empty()) {
+      settling_.front().wait();
+      settling_.pop_front();
     }
   }
 
@@ -491,7 +519,8 @@ class gradient_reducer {
   tensor<Reduce, Backend> shard_;      // zero<2,3>: (shard_size) the reduced-gradient shard
   std::vector<bucket_buffer> window_;  // zero<2,3>: bucket k's buffer while it fills
   std::vector<bool> reduced_once_;     // zero<2,3>: bucket k reduced this step already
-  std::deque<pending_reduction> pending_;
+  std::deque<pending_reduction> pending_;  // issued, not yet ordered before the context
+  std::deque<request> settling_;           // ordered before the context, not yet waited for
   std::vector<std::int64_t> reductions_;  // per bucket, since construction
   std::vector<std::int64_t> backwards_;   // per segment: backwards of this step so far
   std::vector<reduction_event> events_;

@@ -11,7 +11,10 @@
 ///
 /// Collectives: one all-gather of a bucket's chunks per use
 /// ((N-1)/N P_k sizeof(Param) bytes; 2-byte parameters travel as 32-bit
-/// words). The shard is drawn from the model's initialisation, range by
+/// words), on the communicator's stream when it has one (parallel/
+/// stream_order.hpp): a prefetch waits for the kernels queued before it,
+/// and a segment's kernels for its gather, without blocking the host; the
+/// host waits for the gather when the segment is released. The shard is drawn from the model's initialisation, range by
 /// range (nn::llama::init_weights_range: the same values as the whole
 /// model's on the host; on a GPU the shard is drawn on the host and copied,
 /// so it may differ from a device-drawn init_weights in the last bits of a
@@ -27,6 +30,7 @@
 #include "tessera/kernels/context.hpp"
 #include "tessera/kernels/elementwise.hpp"
 #include "tessera/parallel/buckets.hpp"
+#include "tessera/parallel/stream_order.hpp"
 
 namespace tessera::parallel {
 
@@ -109,10 +113,13 @@ class param_gatherer {
     acquire(s);
     if (prefetch_ && s - 1 >= model_->first_segment()) issue(s - 1);
   }
-  /// After segment s's forward or backward: its gathered copy freed.
+  /// After segment s's forward or backward: its gathered copy freed once
+  /// the context's later work is ordered after its gather (a prefetch never
+  /// used included), which the host then waits for (comm_error).
   void release(int s) {
     slot& g = slot_of(s);
-    if (g.req) {  // a prefetch still in flight: its buffer must outlive it
+    if (g.req) {
+      if (!g.ready) order_before(*g.req, *ctx_);
       g.req->wait();
       g.req.reset();
     }
@@ -146,8 +153,8 @@ class param_gatherer {
       std::declval<C&>(), static_cast<const Param*>(nullptr), static_cast<Param*>(nullptr), 0));
   struct slot {
     tensor<Param, Backend> buf;  // (padded) the segment in flat order, then padding
-    std::optional<request> req;
-    bool ready = false;
+    std::optional<request> req;  // issued and not yet waited for by the host
+    bool ready = false;          // the context's work is ordered after the gather
   };
   slot& slot_of(int s) { return gathered_[static_cast<std::size_t>(plan_->bucket_of_segment(s))]; }
   void issue(int s) {
@@ -162,13 +169,14 @@ class param_gatherer {
     g.req.emplace(
         detail::gather_chunks(*comm_, shard_.data() + b.shard_offset, g.buf.data(), b.chunk));
   }
+  // Segment s gathered (issued now if not prefetched) and the context's
+  // later work ordered after the gather; its request stays for release().
   void acquire(int s) {
     issue(s);
     slot& g = slot_of(s);
     if (!g.ready) {
-      TESSERA_NVTX_RANGE("wait all_gather segment ", s);
-      g.req->wait();
-      g.req.reset();
+      TESSERA_NVTX_RANGE("order after all_gather segment ", s);
+      order_before(*g.req, *ctx_);
       g.ready = true;
     }
     model_->set_segment_params(s, g.buf.data());

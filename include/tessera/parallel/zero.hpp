@@ -77,10 +77,14 @@
 /// (zero<3> uses one bucket per segment: give the others a bucket size
 /// below the smallest segment to compare).
 ///
-/// Streams (device communicators): the collectives run on the
-/// communicator's stream, which must be the context's compute stream (the
-/// constructor throws otherwise), so kernels, collectives and the caching
-/// allocator's reuse of freed blocks are ordered on one stream.
+/// Streams (device communicators, parallel/stream_order.hpp): the
+/// collectives run on the communicator's stream, which the constructor
+/// makes follow the context's (follow_context): each waits for the kernels
+/// queued before it, and the kernels that read a collective's output (or
+/// reuse its buffers) wait for its event, so the bucket reductions overlap
+/// the rest of the backward and the ZeRO-3 prefetch the previous segment
+/// while the host keeps queueing work. The communicator may also run on
+/// the context's stream (everything in one order, no overlap).
 ///
 /// Thread-safety: one engine per rank, used from that rank's thread.
 /// Profiling: each bucket reduction's issue and wait, each all-gather, the
@@ -107,6 +111,7 @@
 #include "tessera/parallel/grad_reducer.hpp"
 #include "tessera/parallel/param_gatherer.hpp"
 #include "tessera/parallel/sharding.hpp"
+#include "tessera/parallel/stream_order.hpp"
 #include "tessera/precision/policy.hpp"
 
 namespace tessera::parallel {
@@ -181,8 +186,8 @@ class data_parallel final : public nn::segment_hooks {
   /// under zero<3> the model was built with llama_options::external_params;
   /// its gradients as wants_external_grads says (or its own buffer).
   /// Throws config_error naming the values if the model's parameter storage
-  /// does not match the stage, a policy the stage cannot run, or a device
-  /// communicator's stream is not the model context's stream.
+  /// does not match the stage or a policy the stage cannot run. A device
+  /// communicator is made to follow the context's stream (follow_context).
   data_parallel(Model& model, C& comm, typename O::config opt_cfg, std::uint64_t seed,
                 data_parallel_options opt = {})
       : model_(&model),
@@ -196,16 +201,7 @@ class data_parallel final : public nn::segment_hooks {
         params_(make_gatherer(seed)),
         optimizer_(opt_cfg, S::shards_optimizer_state ? plan_.shard_size() : model.flat_size(),
                    owned_ranges(), *ctx_) {
-    if constexpr (requires {
-                    comm.stream();
-                    ctx_->stream();
-                  }) {
-      TESSERA_THROW_IF(
-          static_cast<const void*>(comm.stream()) != static_cast<const void*>(ctx_->stream()),
-          config_error, "data_parallel: the communicator's stream ", comm.stream(),
-          " is not the model context's stream ", ctx_->stream(),
-          ": build the context on the communicator's stream");
-    }
+    follow_context(comm, *ctx_);  // a device communicator's own stream follows the kernels'
     optimizer_.init_master(param_base());
     model.set_hooks(this);
   }

@@ -122,7 +122,8 @@ class trainer {
   /// engines (buckets, prefetch). `ctx`: the caller's context (its memory
   /// resource, threads, tiles or stream; not owned, must outlive the
   /// trainer), or nullptr for one of its own (kernels::owned_context; on a
-  /// device communicator, on the communicator's stream). `data` and the
+  /// GPU on a stream of its own, which the dp group's collectives follow
+  /// on theirs, and the tp and pp groups' run on). `data` and the
   /// groups are not owned and must outlive the trainer. Every rank of the
   /// mesh constructs it with the same settings (agreed: a setting that
   /// differs between ranks is refused on every rank naming it). Throws
@@ -133,7 +134,7 @@ class trainer {
   trainer(nn::llama_config model_cfg, train_config cfg, const data::token_file& data,
           layout_type mesh = {}, parallel::data_parallel_options dpo = {}, const Ctx* ctx = nullptr)
       // example-end constructor
-      : own_ctx_(ctx ? nullptr : make_context(mesh)),
+      : own_ctx_(ctx ? nullptr : make_context()),
         ctx_(ctx ? ctx : &own_ctx_->ctx),
         self_(mesh.dp_group() ? std::nullopt : make_self(*ctx_)),
         dp_(mesh.dp_group() ? mesh.dp_group() : &*self_),
@@ -310,14 +311,11 @@ class trainer {
   }
 
  private:
-  // A device communicator's stream becomes the context's stream (the engine
-  // requires one stream for kernels and collectives).
-  static std::unique_ptr<kernels::owned_context<Ctx>> make_context(const layout_type& mesh) {
-    using owned = kernels::owned_context<Ctx>;
-    if constexpr (requires(C & c) { owned(c.stream()); }) {
-      if (mesh.dp_group()) return std::make_unique<owned>(mesh.dp_group()->stream());
-    }
-    return std::make_unique<owned>();
+  // A context of the trainer's own (on a GPU, on a stream of its own: the
+  // dp group's collectives run on theirs, ordered by events,
+  // parallel/stream_order.hpp).
+  static std::unique_ptr<kernels::owned_context<Ctx>> make_context() {
+    return std::make_unique<kernels::owned_context<Ctx>>();
   }
   static std::optional<C> make_self(const Ctx& ctx) {
     if constexpr (std::is_constructible_v<C, const Ctx&>)

@@ -88,6 +88,8 @@ struct nccl_comm_state : rank_core {
   int rank = 0, size = 1, world_rank = 0, device = 0;
   cudaStream_t stream = nullptr;
   cudaStream_t owned_stream = nullptr;  // created by the communicator, destroyed with it
+  cudaStream_t follows = nullptr;       // follow(): every operation waits for this stream's work
+  cudaEvent_t follow_event = nullptr;   // recorded on `follows` at each issue, waited on `stream`
   int* d_barrier = nullptr;             // one int32 on the device: barrier's all-reduce
   std::string broken;                   // the first error; later operations throw it at once
   bool aborted = false;
@@ -98,7 +100,7 @@ struct nccl_comm_state : rank_core {
 
   /// Finalizes (flushing pending work) and destroys the NCCL communicator,
   /// waiting at most opt.timeout, then aborts it instead; frees the barrier
-  /// word and an owned stream. Never throws.
+  /// word, the follow event and an owned stream. Never throws.
   ~nccl_comm_state() {
     int prev = -1;
     const bool have_prev = cudaGetDevice(&prev) == cudaSuccess;
@@ -115,6 +117,7 @@ struct nccl_comm_state : rank_core {
       comm = nullptr;
     }
     if (d_barrier) (void)cudaFree(d_barrier);
+    if (follow_event) (void)cudaEventDestroy(follow_event);
     if (owned_stream) (void)cudaStreamDestroy(owned_stream);
     (void)cudaGetLastError();
     if (have_prev && prev != device) (void)cudaSetDevice(prev);

@@ -151,6 +151,28 @@ TEST_CASE("cuda attention launch: tails, tiny sizes and argument errors",
                     Catch::Contains("d_q") && Catch::Contains("16 bytes"));
   CHECK_THROWS_AS(kc::attention_check_aligned("f", "d_q", nullptr, 16), config_error);
   CHECK_THROWS_AS(kc::attention_forward_config(1, 16, 8, 2, 48), config_error);
+  // The entry points' checks (the arguments they pack: attention_*_args).
+  alignas(16) static std::uint16_t t[4][16 * 2 * 64];
+  alignas(16) static float lse[64], d[64];
+  CHECK_NOTHROW(kc::detail::attention_forward_args(t[0], lse, t[1], t[2], t[3], 1, 16, 2, 1, 64));
+  CHECK_THROWS_WITH(
+      kc::detail::attention_forward_args(t[0] + 1, lse, t[1], t[2], t[3], 1, 16, 2, 1, 64),
+      Catch::Contains("flash_attention_forward") && Catch::Contains("d_out"));
+  CHECK_THROWS_WITH(
+      kc::detail::attention_forward_args(t[0], lse, t[1], t[2] + 4, t[3], 1, 16, 2, 1, 64),
+      Catch::Contains("d_k") && Catch::Contains("16 bytes"));
+  CHECK_THROWS_AS(kc::detail::attention_forward_args(t[0], lse, t[1], t[2], t[3], 1, 16, 2, 1, 80),
+                  config_error);
+  const std::size_t need = kc::attention_backward_scratch_bytes(1, 16, 2, 1, 64);
+  CHECK_NOTHROW(kc::detail::attention_backward_args(t[0], t[1], t[2], t[3], t[1], t[2], t[3], t[0],
+                                                    lse, 1, 16, 2, 1, 64, d, need));
+  CHECK_THROWS_WITH(kc::detail::attention_backward_args(t[0], t[1], t[2], t[3], t[1], t[2], t[3],
+                                                        t[0], lse, 1, 16, 2, 1, 64, d, need - 4),
+                    Catch::Contains("scratch_bytes=" + std::to_string(need - 4)) &&
+                        Catch::Contains(std::to_string(need)));
+  CHECK_THROWS_WITH(kc::detail::attention_backward_args(t[0], t[1], t[2], t[3] + 1, t[1], t[2],
+                                                        t[3], t[0], lse, 1, 16, 2, 1, 64, d, need),
+                    Catch::Contains("d_dout"));
 }
 
 // ---- fragment layouts ------------------------------------------------------------------------
@@ -443,23 +465,14 @@ emulated run_emulated(const attn_case& c, const std::vector<std::uint16_t>& q,
   auto run = [&](const kc::launch_config& cfg, std::size_t smem, auto block) {
     for (std::int64_t y = 0; y < cfg.grid_y; ++y)
       for (std::int64_t x = 0; x < cfg.grid_x; ++x) {
-        const std::string err = em.run_block(kc::attention_threads, smem, [&](int tid) { block(x, y, tid); });
+        const std::string err =
+            em.run_block(kc::attention_threads, smem, [&](int tid) { block(x, y, tid); });
         if (!err.empty()) FAIL("block (" << x << ", " << y << "): " << err);
       }
   };
-  const float scale = 1.0f / std::sqrt(static_cast<float>(HD));
-
-  // Forward.
-  kc::detail::attention_forward_params fp{};
-  fp.out = r.out.data();
-  fp.lse = r.lse.data();
-  fp.q = q.data();
-  fp.k = k.data();
-  fp.v = v.data();
-  fp.S = c.S;
-  fp.nh = static_cast<int>(c.nh);
-  fp.nkv = static_cast<int>(c.nkv);
-  fp.scale = scale;
+  // Forward: the entry point's checks and arguments (attention_forward_args).
+  const kc::detail::attention_forward_params fp = kc::detail::attention_forward_args(
+      r.out.data(), r.lse.data(), q.data(), k.data(), v.data(), c.B, c.S, c.nh, c.nkv, c.hd);
   inputs();
   em.add_region(r.out.data(), nq * 2, true);
   em.add_region(r.lse.data(), nl * 4, true);
@@ -475,22 +488,9 @@ emulated run_emulated(const attn_case& c, const std::vector<std::uint16_t>& q,
   // Backward, from the given out and lse (or the emulated forward's).
   const auto& o = out_in ? *out_in : r.out;
   const auto& lse = lse_in ? *lse_in : r.lse;
-  kc::detail::attention_backward_params bp{};
-  bp.dq = r.dq.data();
-  bp.dk = r.dk.data();
-  bp.dv = r.dv.data();
-  bp.dout = dout.data();
-  bp.q = q.data();
-  bp.k = k.data();
-  bp.v = v.data();
-  bp.out = o.data();
-  bp.lse = lse.data();
-  bp.d = r.d.data();
-  bp.rows = c.B * c.S * c.nh;
-  bp.S = c.S;
-  bp.nh = static_cast<int>(c.nh);
-  bp.nkv = static_cast<int>(c.nkv);
-  bp.scale = scale;
+  const kc::detail::attention_backward_params bp = kc::detail::attention_backward_args(
+      r.dq.data(), r.dk.data(), r.dv.data(), dout.data(), q.data(), k.data(), v.data(), o.data(),
+      lse.data(), c.B, c.S, c.nh, c.nkv, c.hd, r.d.data(), r.d.size() * sizeof(float));
   inputs();
   em.add_region(o.data(), nq * 2, false);
   em.add_region(lse.data(), nl * 4, false);
@@ -559,8 +559,8 @@ reference reference_of(const attn_case& c, const std::vector<double>& q,
   reference r;
   r.out.resize(q.size());
   r.lse.resize(static_cast<std::size_t>(c.B * c.nh * c.S));
-  tessera::kernels::attention_forward<double>(ctx, r.out.data(), r.lse.data(), q.data(),
-                                              k.data(), v.data(), c.B, c.S, c.nh, c.nkv, c.hd);
+  tessera::kernels::attention_forward<double>(ctx, r.out.data(), r.lse.data(), q.data(), k.data(),
+                                              v.data(), c.B, c.S, c.nh, c.nkv, c.hd);
   r.dq.resize(q.size());
   r.dk.resize(k.size());
   r.dv.resize(v.size());

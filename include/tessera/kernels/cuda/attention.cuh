@@ -36,17 +36,18 @@
 /// Gradient contract (llm.c): no parameters; dq, dk, dv are written (`=`).
 
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
+#include <initializer_list>
+#include <utility>
 
+#include "tessera/core/error.hpp"
 #include "tessera/core/numeric.hpp"
 #include "tessera/kernels/cuda/attention_launch.hpp"
 #include "tessera/kernels/detail/attention.hpp"
 
 #if defined(__CUDACC__)
 #include <cuda_runtime.h>
-
-#include <initializer_list>
-#include <utility>
 
 #include "tessera/core/cuda.hpp"
 #include "tessera/kernels/cuda/attention.hpp"
@@ -92,6 +93,81 @@ struct attention_backward_params {
   int nkv;
   float scale;
 };
+
+/// flash_attention_forward's checks (attention_check_args; 16-byte aligned
+/// bf16 tensors, 4-byte aligned lse) and its kernel arguments, over the
+/// tensors' raw bf16 bits. The entry point packs its arguments here, and
+/// the emulated test of the block bodies through the same function. Throws
+/// config_error naming the argument and the limit.
+inline attention_forward_params attention_forward_args(std::uint16_t* out, float* lse,
+                                                       const std::uint16_t* q,
+                                                       const std::uint16_t* k,
+                                                       const std::uint16_t* v, std::int64_t B,
+                                                       std::int64_t S, std::int64_t nh,
+                                                       std::int64_t nkv, std::int64_t hd) {
+  constexpr const char* fn = "flash_attention_forward";
+  attention_check_args(fn, B, S, nh, nkv, hd);
+  for (const auto& [name, ptr] :
+       {std::pair<const char*, const void*>{"d_out", out}, {"d_q", q}, {"d_k", k}, {"d_v", v}})
+    attention_check_aligned(fn, name, ptr, 16);
+  attention_check_aligned(fn, "d_lse", lse, sizeof(float));
+  attention_forward_params p{};
+  p.out = out;
+  p.lse = lse;
+  p.q = q;
+  p.k = k;
+  p.v = v;
+  p.S = S;
+  p.nh = static_cast<int>(nh);
+  p.nkv = static_cast<int>(nkv);
+  p.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  return p;
+}
+
+/// flash_attention_backward's checks (as the forward's, the 4-byte aligned
+/// scratch of attention_backward_d_config(...).scratch_bytes at least) and
+/// its kernel arguments, over raw bf16 bits; shared with the emulated test
+/// as the forward's. Throws config_error naming the argument and the limit.
+inline attention_backward_params attention_backward_args(
+    std::uint16_t* dq, std::uint16_t* dk, std::uint16_t* dv, const std::uint16_t* dout,
+    const std::uint16_t* q, const std::uint16_t* k, const std::uint16_t* v,
+    const std::uint16_t* out, const float* lse, std::int64_t B, std::int64_t S, std::int64_t nh,
+    std::int64_t nkv, std::int64_t hd, void* scratch, std::size_t scratch_bytes) {
+  constexpr const char* fn = "flash_attention_backward";
+  attention_check_args(fn, B, S, nh, nkv, hd);
+  for (const auto& [name, ptr] : {std::pair<const char*, const void*>{"d_dq", dq},
+                                  {"d_dk", dk},
+                                  {"d_dv", dv},
+                                  {"d_dout", dout},
+                                  {"d_q", q},
+                                  {"d_k", k},
+                                  {"d_v", v},
+                                  {"d_out", out}})
+    attention_check_aligned(fn, name, ptr, 16);
+  attention_check_aligned(fn, "d_lse", lse, sizeof(float));
+  attention_check_aligned(fn, "d_scratch", scratch, sizeof(float));
+  const launch_config cd = attention_backward_d_config(B, S, nh, nkv, hd);
+  TESSERA_THROW_IF(scratch_bytes < cd.scratch_bytes, config_error, fn,
+                   ": scratch_bytes=", scratch_bytes, " is below the ", cd.scratch_bytes,
+                   " bytes needed (flash_attention_backward_scratch_bytes: B*nh*S floats for D)");
+  attention_backward_params p{};
+  p.dq = dq;
+  p.dk = dk;
+  p.dv = dv;
+  p.dout = dout;
+  p.q = q;
+  p.k = k;
+  p.v = v;
+  p.out = out;
+  p.lse = lse;
+  p.d = static_cast<float*>(scratch);
+  p.rows = B * S * nh;
+  p.S = S;
+  p.nh = static_cast<int>(nh);
+  p.nkv = static_cast<int>(nkv);
+  p.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  return p;
+}
 
 /// 16 bytes of global memory as one access.
 struct alignas(16) attention_vec16 {
@@ -810,33 +886,16 @@ inline std::uint16_t* attention_bits(bf16* p) {
   return reinterpret_cast<std::uint16_t*>(p);
 }
 
-inline void attention_check_bf16_pointers(
-    const char* fn, std::initializer_list<std::pair<const char*, const void*>> ps) {
-  for (const auto& [name, p] : ps) attention_check_aligned(fn, name, p, 16);
-}
-
 }  // namespace detail
 
 TESSERA_CUDA_ENTRY void flash_attention_forward(bf16* d_out, float* d_lse, const bf16* d_q,
                                                 const bf16* d_k, const bf16* d_v, std::int64_t B,
                                                 std::int64_t S, std::int64_t nh, std::int64_t nkv,
                                                 std::int64_t hd, cudaStream_t stream) {
-  constexpr const char* fn = "flash_attention_forward";
-  attention_check_args(fn, B, S, nh, nkv, hd);
-  detail::attention_check_bf16_pointers(
-      fn, {{"d_out", d_out}, {"d_q", d_q}, {"d_k", d_k}, {"d_v", d_v}});
-  attention_check_aligned(fn, "d_lse", d_lse, sizeof(float));
+  const detail::attention_forward_params p = detail::attention_forward_args(
+      detail::attention_bits(d_out), d_lse, detail::attention_bits(d_q),
+      detail::attention_bits(d_k), detail::attention_bits(d_v), B, S, nh, nkv, hd);
   const launch_config c = attention_forward_config(B, S, nh, nkv, hd);
-  detail::attention_forward_params p{};
-  p.out = detail::attention_bits(d_out);
-  p.lse = d_lse;
-  p.q = detail::attention_bits(d_q);
-  p.k = detail::attention_bits(d_k);
-  p.v = detail::attention_bits(d_v);
-  p.S = S;
-  p.nh = static_cast<int>(nh);
-  p.nkv = static_cast<int>(nkv);
-  p.scale = 1.0f / std::sqrt(static_cast<float>(hd));
   switch (hd) {
     case 32:
       detail::attention_forward_launch<32>(p, c, stream);
@@ -857,40 +916,14 @@ TESSERA_CUDA_ENTRY void flash_attention_backward(bf16* d_dq, bf16* d_dk, bf16* d
                                                  std::int64_t B, std::int64_t S, std::int64_t nh,
                                                  std::int64_t nkv, std::int64_t hd, void* d_scratch,
                                                  std::size_t scratch_bytes, cudaStream_t stream) {
-  constexpr const char* fn = "flash_attention_backward";
-  attention_check_args(fn, B, S, nh, nkv, hd);
-  detail::attention_check_bf16_pointers(fn, {{"d_dq", d_dq},
-                                             {"d_dk", d_dk},
-                                             {"d_dv", d_dv},
-                                             {"d_dout", d_dout},
-                                             {"d_q", d_q},
-                                             {"d_k", d_k},
-                                             {"d_v", d_v},
-                                             {"d_out", d_out}});
-  attention_check_aligned(fn, "d_lse", d_lse, sizeof(float));
-  attention_check_aligned(fn, "d_scratch", d_scratch, sizeof(float));
+  const detail::attention_backward_params p = detail::attention_backward_args(
+      detail::attention_bits(d_dq), detail::attention_bits(d_dk), detail::attention_bits(d_dv),
+      detail::attention_bits(d_dout), detail::attention_bits(d_q), detail::attention_bits(d_k),
+      detail::attention_bits(d_v), detail::attention_bits(d_out), d_lse, B, S, nh, nkv, hd,
+      d_scratch, scratch_bytes);
   const launch_config cd = attention_backward_d_config(B, S, nh, nkv, hd);
-  TESSERA_THROW_IF(scratch_bytes < cd.scratch_bytes, config_error, fn,
-                   ": scratch_bytes=", scratch_bytes, " is below the ", cd.scratch_bytes,
-                   " bytes needed (flash_attention_backward_scratch_bytes: B*nh*S floats for D)");
   const launch_config ckv = attention_backward_kv_config(B, S, nh, nkv, hd);
   const launch_config cq = attention_backward_q_config(B, S, nh, nkv, hd);
-  detail::attention_backward_params p{};
-  p.dq = detail::attention_bits(d_dq);
-  p.dk = detail::attention_bits(d_dk);
-  p.dv = detail::attention_bits(d_dv);
-  p.dout = detail::attention_bits(d_dout);
-  p.q = detail::attention_bits(d_q);
-  p.k = detail::attention_bits(d_k);
-  p.v = detail::attention_bits(d_v);
-  p.out = detail::attention_bits(d_out);
-  p.lse = d_lse;
-  p.d = static_cast<float*>(d_scratch);
-  p.rows = B * S * nh;
-  p.S = S;
-  p.nh = static_cast<int>(nh);
-  p.nkv = static_cast<int>(nkv);
-  p.scale = 1.0f / std::sqrt(static_cast<float>(hd));
   switch (hd) {
     case 32:
       detail::attention_backward_launch<32>(p, cd, ckv, cq, stream);

@@ -38,6 +38,7 @@
 
 #include <math.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -47,8 +48,6 @@
 #include "tessera/kernels/detail/cross_entropy.hpp"
 
 #if defined(__CUDACC__)
-#include <algorithm>
-
 #include "tessera/kernels/cuda/cross_entropy.hpp"
 #endif
 
@@ -421,7 +420,88 @@ void vocab_parallel_ce_row_grad_launch(const Launcher& launch, double* d_row_los
                                                    ignore_index, grad_scale);
 }
 
+/// The chunk loop of lm_head_cross_entropy (arguments and contract in
+/// cross_entropy.hpp), written once over `launch` (the row kernels: a
+/// device_launcher on the GPU, the block emulator in the host tests) and
+/// `gemm`, the three GEMMs of a chunk of `rows` tokens:
+///   gemm.forward(logits, x, wlm, rows, V, H)          logits (rows, V) f32 = x wlm^T
+///   gemm.backward_input(dx, dlogits, wlm, rows, V, H)  dx (rows, H) bf16 = dlogits wlm
+///   gemm.backward_weight(dwlm, dlogits, x, rows, V, H) dwlm (V, H) f32 += dlogits^T x
+/// (cuBLASLt through linear_forward and its backward on the GPU). Every
+/// check comes before any work: config_error for bad sizes (the scratch
+/// layout), a null loss pointer, inputs null with N > 0, d_dx without d_dwlm
+/// or the reverse, scratch below lm_head_cross_entropy_scratch_bytes or not
+/// aligned to lm_head_ce_scratch_align bytes.
+template <class Launcher, class Gemm>
+void lm_head_cross_entropy_chunks(const Launcher& launch, const Gemm& gemm, double* d_loss_sum,
+                                  const bf16* d_x, const bf16* d_wlm, const std::int32_t* d_targets,
+                                  std::int64_t N, std::int64_t V, std::int64_t H,
+                                  std::int32_t ignore_index, float grad_scale, bf16* d_dx,
+                                  float* d_dwlm, std::int64_t chunk, void* d_scratch,
+                                  std::size_t scratch_bytes) {
+  const lm_head_ce_scratch lay = lm_head_ce_scratch_layout(N, V, H, chunk);
+  TESSERA_THROW_IF(d_loss_sum == nullptr, config_error,
+                   "lm_head_cross_entropy (cuda): d_loss_sum is null");
+  TESSERA_THROW_IF(N > 0 && (d_x == nullptr || d_wlm == nullptr || d_targets == nullptr),
+                   config_error, "lm_head_cross_entropy (cuda): N=", N,
+                   " rows but d_x, d_wlm or d_targets is null");
+  TESSERA_THROW_IF((d_dx == nullptr) != (d_dwlm == nullptr), config_error,
+                   "lm_head_cross_entropy (cuda): pass both d_dx and d_dwlm (training) or neither "
+                   "(evaluation); got d_dx ",
+                   d_dx ? "set" : "null", ", d_dwlm ", d_dwlm ? "set" : "null");
+  TESSERA_THROW_IF(scratch_bytes < lay.bytes || d_scratch == nullptr, config_error,
+                   "lm_head_cross_entropy (cuda): scratch of ", scratch_bytes, " bytes",
+                   d_scratch == nullptr ? " (null)" : "", " is below the ", lay.bytes,
+                   " that N=", N, " V=", V, " H=", H, " chunk=", chunk,
+                   " need (lm_head_cross_entropy_scratch_bytes)");
+  TESSERA_THROW_IF(!detail::all_aligned(lm_head_ce_scratch_align, d_scratch), config_error,
+                   "lm_head_cross_entropy (cuda): scratch pointer is not aligned to ",
+                   lm_head_ce_scratch_align, " bytes");
+  const bool grad = d_dx != nullptr;
+
+  auto* base = static_cast<unsigned char*>(d_scratch);
+  float* logits = reinterpret_cast<float*>(base + lay.logits);
+  bf16* dlogits = grad ? reinterpret_cast<bf16*>(base + lay.dlogits) : nullptr;
+  double* row_loss = reinterpret_cast<double*>(base + lay.row_loss);
+
+  // Rows start at multiples of V elements from 256-byte aligned regions, so
+  // the row kernel takes 16-byte loads whenever V % 4 == 0.
+  for (std::int64_t r0 = 0; r0 < N; r0 += lay.rows) {
+    const std::int64_t c = std::min(lay.rows, N - r0);
+    const bf16* xc = d_x + r0 * H;
+    gemm.forward(logits, xc, d_wlm, c, V, H);
+    lm_head_ce_softmax_launch(launch, row_loss + r0, dlogits, logits, d_targets + r0, c, V,
+                              ignore_index, grad_scale);
+    if (!grad) continue;
+    gemm.backward_input(d_dx + r0 * H, dlogits, d_wlm, c, V, H);
+    gemm.backward_weight(d_dwlm, dlogits, xc, c, V, H);
+  }
+
+  lm_head_ce_finish_launch(launch, d_loss_sum, row_loss, grad ? d_dx : nullptr, d_targets, N, H,
+                           ignore_index);
+}
+
 #if defined(__CUDACC__) && TESSERA_CUDA_DEFINES_ENTRIES
+
+namespace detail {
+// The chunk loop's GEMMs on cuBLASLt (gemm.cuh's linear_*), on `stream`.
+struct cublaslt_head_gemms {
+  cublaslt_context* ctx;
+  cudaStream_t stream;
+  void forward(float* logits, const bf16* x, const bf16* wlm, std::int64_t rows, std::int64_t V,
+               std::int64_t H) const {
+    linear_forward<float>(*ctx, logits, x, wlm, rows, V, H, stream);
+  }
+  void backward_input(bf16* dx, const bf16* dlogits, const bf16* wlm, std::int64_t rows,
+                      std::int64_t V, std::int64_t H) const {
+    linear_backward_input<bf16>(*ctx, dx, dlogits, wlm, rows, V, H, stream);
+  }
+  void backward_weight(float* dwlm, const bf16* dlogits, const bf16* x, std::int64_t rows,
+                       std::int64_t V, std::int64_t H) const {
+    linear_backward_weight(*ctx, dwlm, dlogits, x, rows, V, H, stream);
+  }
+};
+}  // namespace detail
 
 // The cudaStream_t entry points of cross_entropy.hpp: inline in a header-only
 // translation unit, defined once in cuda/kernels_cross_entropy.cu for
@@ -464,54 +544,16 @@ TESSERA_CUDA_ENTRY void lm_head_ce_finish(double* d_loss_sum, const double* d_ro
                            ignore_index);
 }
 
-/// The chunk loop of lm_head_cross_entropy (arguments and contract in cross_entropy.hpp).
+/// The chunk loop of lm_head_cross_entropy (arguments and contract in
+/// cross_entropy.hpp) on cuBLASLt and the context's stream.
 TESSERA_CUDA_ENTRY void lm_head_cross_entropy(
     cublaslt_context& ctx, double* d_loss_sum, const bf16* d_x, const bf16* d_wlm,
     const std::int32_t* d_targets, std::int64_t N, std::int64_t V, std::int64_t H,
     std::int32_t ignore_index, float grad_scale, bf16* d_dx, float* d_dwlm, std::int64_t chunk,
     void* d_scratch, std::size_t scratch_bytes, cudaStream_t stream) {
-  // Every check before any work (the layout throws for bad sizes).
-  const lm_head_ce_scratch lay = lm_head_ce_scratch_layout(N, V, H, chunk);
-  TESSERA_THROW_IF(d_loss_sum == nullptr, config_error,
-                   "lm_head_cross_entropy (cuda): d_loss_sum is null");
-  TESSERA_THROW_IF(N > 0 && (d_x == nullptr || d_wlm == nullptr || d_targets == nullptr),
-                   config_error, "lm_head_cross_entropy (cuda): N=", N,
-                   " rows but d_x, d_wlm or d_targets is null");
-  TESSERA_THROW_IF((d_dx == nullptr) != (d_dwlm == nullptr), config_error,
-                   "lm_head_cross_entropy (cuda): pass both d_dx and d_dwlm (training) or neither "
-                   "(evaluation); got d_dx ",
-                   d_dx ? "set" : "null", ", d_dwlm ", d_dwlm ? "set" : "null");
-  TESSERA_THROW_IF(scratch_bytes < lay.bytes || d_scratch == nullptr, config_error,
-                   "lm_head_cross_entropy (cuda): scratch of ", scratch_bytes, " bytes",
-                   d_scratch == nullptr ? " (null)" : "", " is below the ", lay.bytes,
-                   " that N=", N, " V=", V, " H=", H, " chunk=", chunk,
-                   " need (lm_head_cross_entropy_scratch_bytes)");
-  TESSERA_THROW_IF(!detail::all_aligned(lm_head_ce_scratch_align, d_scratch), config_error,
-                   "lm_head_cross_entropy (cuda): scratch pointer is not aligned to ",
-                   lm_head_ce_scratch_align, " bytes");
-  const bool grad = d_dx != nullptr;
-  const device_launcher launch{stream};
-
-  auto* base = static_cast<unsigned char*>(d_scratch);
-  float* logits = reinterpret_cast<float*>(base + lay.logits);
-  bf16* dlogits = grad ? reinterpret_cast<bf16*>(base + lay.dlogits) : nullptr;
-  double* row_loss = reinterpret_cast<double*>(base + lay.row_loss);
-
-  // Rows start at multiples of V elements from 256-byte aligned regions, so
-  // the row kernel takes 16-byte loads whenever V % 4 == 0.
-  for (std::int64_t r0 = 0; r0 < N; r0 += lay.rows) {
-    const std::int64_t c = std::min(lay.rows, N - r0);
-    const bf16* xc = d_x + r0 * H;
-    linear_forward<float>(ctx, logits, xc, d_wlm, c, V, H, stream);
-    lm_head_ce_softmax_launch(launch, row_loss + r0, dlogits, logits, d_targets + r0, c, V,
-                              ignore_index, grad_scale);
-    if (!grad) continue;
-    linear_backward_input<bf16>(ctx, d_dx + r0 * H, dlogits, d_wlm, c, V, H, stream);
-    linear_backward_weight(ctx, d_dwlm, dlogits, xc, c, V, H, stream);
-  }
-
-  lm_head_ce_finish_launch(launch, d_loss_sum, row_loss, grad ? d_dx : nullptr, d_targets, N, H,
-                           ignore_index);
+  lm_head_cross_entropy_chunks(device_launcher{stream}, detail::cublaslt_head_gemms{&ctx, stream},
+                               d_loss_sum, d_x, d_wlm, d_targets, N, V, H, ignore_index, grad_scale,
+                               d_dx, d_dwlm, chunk, d_scratch, scratch_bytes);
 }
 
 #endif  // __CUDACC__ && TESSERA_CUDA_DEFINES_ENTRIES

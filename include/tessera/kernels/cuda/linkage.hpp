@@ -36,6 +36,14 @@
 /// Under a host compiler nothing here changes what it sees: it cannot
 /// compile kernels, so it always links tessera::cuda_kernels.
 
+// The mode is chosen by whether the macro is defined at all (as CMake and
+// `-DTESSERA_CUDA_PRECOMPILED_KERNELS` define it, to 1); a value of 0 would
+// still select the precompiled mode, so it is refused.
+#if defined(TESSERA_CUDA_PRECOMPILED_KERNELS) && (TESSERA_CUDA_PRECOMPILED_KERNELS + 0) == 0
+#error \
+    "TESSERA_CUDA_PRECOMPILED_KERNELS is defined as 0 (or empty): define it (to 1) to link tessera::cuda_kernels, or leave it undefined to compile the kernels from the headers (kernels/cuda/linkage.hpp)"
+#endif
+
 #if defined(TESSERA_CUDA_KERNELS_INSTANTIATING)
 // cuda/kernels*.cu: each defines its families' entry points once (strong
 // symbols) and instantiates the templates kernels.hpp lists; so each

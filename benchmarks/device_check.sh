@@ -286,7 +286,7 @@ if [[ $dry_run == 1 ]]; then
   for t in $gpu_tests; do
     case $t in
       test_cuda_llama) what="llama<P, cuda> and trainer<P, cuda> against the host, checkpointing, the plan, resume" ;;
-      test_cuda_nccl_np*) what="nccl_communicator; trainer<P, cuda, adamw, zero<0..3>, nccl_communicator>, tp 2/4 and pp 2 (gpipe, 1f1b, zb1, interleaved) over NCCL against one GPU (tp and pp need >= 2 GPUs)" ;;
+      test_cuda_nccl_np*) what="nccl_communicator (its own stream ordered by events: follow, order_before); trainer<P, cuda, adamw, zero<0..3>, nccl_communicator>, tp 2/4 and pp 2 (gpipe, 1f1b, zb1, interleaved) over NCCL against one GPU (tp and pp need >= 2 GPUs)" ;;
       test_cuda_kernels) what="every CUDA kernel against the host kernels" ;;
       test_cuda_attention) what="flash attention against float64" ;;
       test_cuda_cross_entropy) what="the fused LM head and cross-entropy against float64, its vocabulary-parallel form over two thread ranks" ;;

@@ -22,9 +22,11 @@
 //     (so NCCL pairs the messages the host paired by tag); and a replay
 //     with one stream per rank (each rank's launches in issue order, a
 //     collective completing when every member has reached it, a send when
-//     its receive is posted in the peer's current launch and vice versa:
-//     the strictest ordering a GPU run can have, as every host wait is
-//     also a stream order there) completes.
+//     its receive is posted in the peer's current launch and vice versa)
+//     completes. On a GPU the data-parallel group runs on a second stream
+//     ordered by events (parallel/stream_order.hpp), which only allows
+//     more orders: issue order on one stream per rank remains one of
+//     them, so its completing shows that a schedule exists.
 
 #include <algorithm>
 #include <cstdint>

@@ -425,9 +425,10 @@ TEST_CASE("nccl runs on the caller's stream; request events order other streams"
   cudaStreamDestroy(s);
 }
 
-TEST_CASE("nccl follow() orders a collective after the followed stream; order_before() orders "
-          "the stream after it",
-          "[cuda][nccl]") {
+TEST_CASE(
+    "nccl follow() orders a collective after the followed stream; order_before() orders "
+    "the stream after it",
+    "[cuda][nccl]") {
   // The followed stream ("compute") is held for 200 ms behind a host
   // function on a third stream, then writes the input: an all-reduce that
   // did not wait for it would reduce the zeros before.
@@ -443,25 +444,39 @@ TEST_CASE("nccl follow() orders a collective after the followed stream; order_be
     CHECK(c.followed_stream() == compute);
     const int N = c.size();
     const std::size_t n = 1 << 20;
-    std::vector<float> zeros(n, 0.0f), ones(n, 1.0f), back(n, -1.0f);
+    std::vector<float> zeros(n, 0.0f);
     auto d = to_device(zeros);
+    // Pinned host buffers: a copy from pageable memory may block the host
+    // until the stream reaches it, and the collective would then be issued
+    // after its input is written whatever follow() does.
+    float *ones = nullptr, *back = nullptr;
+    REQUIRE(cudaMallocHost(reinterpret_cast<void**>(&ones), n * sizeof(float)) == cudaSuccess);
+    REQUIRE(cudaMallocHost(reinterpret_cast<void**>(&back), n * sizeof(float)) == cudaSuccess);
+    std::fill(ones, ones + n, 1.0f);
+    std::fill(back, back + n, -1.0f);
     REQUIRE(cudaLaunchHostFunc(
                 gate, [](void*) { std::this_thread::sleep_for(std::chrono::milliseconds(200)); },
                 nullptr) == cudaSuccess);
     REQUIRE(cudaEventRecord(opened, gate) == cudaSuccess);
     REQUIRE(cudaStreamWaitEvent(compute, opened, 0) == cudaSuccess);
-    REQUIRE(cudaMemcpyAsync(d.as<float>(), ones.data(), n * sizeof(float), cudaMemcpyHostToDevice,
+    REQUIRE(cudaMemcpyAsync(d.as<float>(), ones, n * sizeof(float), cudaMemcpyHostToDevice,
                             compute) == cudaSuccess);
     auto req = c.iall_reduce(d.as<float>(), n, reduce_op::sum);
+    // Issued while the gate is still closed: the ordering is the GPU's.
+    CHECK(cudaEventQuery(opened) == cudaErrorNotReady);
     // The copy back on `compute` waits for the all-reduce, the host does not.
     req.order_before(compute);
-    REQUIRE(cudaMemcpyAsync(back.data(), d.as<float>(), n * sizeof(float), cudaMemcpyDeviceToHost,
+    REQUIRE(cudaMemcpyAsync(back, d.as<float>(), n * sizeof(float), cudaMemcpyDeviceToHost,
                             compute) == cudaSuccess);
     REQUIRE(cudaStreamSynchronize(compute) == cudaSuccess);
     CHECK(req.test());
     REQUIRE_NOTHROW(req.wait());
-    CHECK(back.front() == static_cast<float>(N));
-    CHECK(back.back() == static_cast<float>(N));
+    CHECK(back[0] == static_cast<float>(N));
+    CHECK(back[n - 1] == static_cast<float>(N));
+    c.follow(nullptr);
+    CHECK(c.followed_stream() == nullptr);
+    cudaFreeHost(back);
+    cudaFreeHost(ones);
   }
   cudaEventDestroy(opened);
   cudaStreamDestroy(gate);

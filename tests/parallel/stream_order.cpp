@@ -153,7 +153,7 @@ class sim_model {
   void hook(void (nn::segment_hooks::*fn)(int), int s) {
     if (hooks_) (hooks_->*fn)(s);
   }
-  bool comm_queued() const { return !ctx_->dev->streams[comm_stream].empty(); }
+  bool comm_queued() const { return !ctx_->dev->queue_of(comm_stream).empty(); }
   // Logs a checksum of the segment's parameters when it runs.
   void forward(int s, std::int64_t m) {
     const Param* p = segment_params(s);
@@ -202,11 +202,13 @@ struct setup {
   int stage = 0;  // zero<stage>
   parallel::grad_reduction reduction = parallel::grad_reduction::per_step;
   bool prefetch = true;
-  bool model_grads = false;  // the model keeps its own gradient buffer (a copy per bucket)
+  bool model_grads = false;    // the model keeps its own gradient buffer (a copy per bucket)
+  bool abandon_first = false;  // a step abandoned after its first micro-batch comes first
   std::string describe() const {
     return "zero<" + std::to_string(stage) + "> reduction per " + parallel::to_string(reduction) +
            (prefetch ? "" : ", no prefetch") +
-           (model_grads ? ", the model's own gradient buffer" : "");
+           (model_grads ? ", the model's own gradient buffer" : "") +
+           (abandon_first ? ", after an abandoned step" : "");
   }
 };
 
@@ -252,6 +254,12 @@ outcome run_as(const setup& su, run_order order, const faults& f, std::uint64_t 
     engine_type engine(model, comm, oc, 5, dpo);
     tensor<double, device_backend> norm = kernels::make_tensor<double>(ctx, 1);
     tensor<float, device_backend> clip = kernels::make_tensor<float>(ctx, 1);
+    if (su.abandon_first) {  // a step that threw after its first micro-batch's backward
+      engine.begin_step(micro_batches);
+      engine.begin_micro_batch(0);
+      model.forward_backward(0);
+      engine.abandon_step();
+    }
     for (int t = 0; t < steps; ++t) {
       engine.begin_step(micro_batches);
       for (int m = 0; m < micro_batches; ++m) {
@@ -308,6 +316,8 @@ const std::vector<setup>& layouts() {
       {3, grad_reduction::per_step, true, false},
       {3, grad_reduction::per_micro_batch, true, false},
       {3, grad_reduction::per_step, false, false},
+      {2, grad_reduction::per_micro_batch, true, false, true},
+      {3, grad_reduction::per_micro_batch, true, false, true},
   };
   return all;
 }
@@ -332,7 +342,8 @@ TEMPLATE_TEST_CASE(
     const outcome ref = run<TestType>(su, run_order::program);
     REQUIRE(ref.collectives > 0);
     REQUIRE(ref.checksums.size() ==
-            static_cast<std::size_t>(steps * (micro_batches + 1) * segment_sizes.size()));
+            static_cast<std::size_t>((steps * (micro_batches + 1) + (su.abandon_first ? 1 : 0)) *
+                                     segment_sizes.size()));
     for (const run_order o : {run_order::comm_first, run_order::compute_first}) {
       INFO(name(o));
       const outcome got = run<TestType>(su, o);
@@ -364,6 +375,38 @@ TEST_CASE(
   CHECK(z3.backwards_beside_comm > 0);
   // Freed collective buffers were handed out again (the reuse the order protects).
   CHECK(z3.reused_blocks > 0);
+}
+
+TEST_CASE("one communicator follows one context's stream at a time, while its engine lives",
+          "[parallel][streams]") {
+  using model_type = sim_model<precision::fp32>;
+  using engine_type =
+      parallel::data_parallel<model_type, optim::adamw, parallel::zero<1>, sim_communicator>;
+  device dev;
+  device_memory mem(dev);
+  host_memory_resource host_mem;
+  const faults f;
+  sim_communicator comm(dev, this_rank, dp, f);
+  std::vector<double> log;
+  const sim_context ctx{&dev, &mem, kernels::host_context{&host_mem, 1}, compute_stream};
+  const sim_context other{&dev, &mem, kernels::host_context{&host_mem, 1}, comm_stream + 1};
+  model_type m1(ctx, segment_sizes, false, true, log), m2(ctx, segment_sizes, false, true, log),
+      m3(other, segment_sizes, false, true, log);
+  m1.init_weights(5);
+  m2.init_weights(5);
+  m3.init_weights(5);
+  {
+    engine_type e1(m1, comm, {}, 5, {});
+    CHECK(comm.followed_stream() == compute_stream);
+    // A second engine on the same context (a pipeline rank's chunks) shares it.
+    { engine_type e2(m2, comm, {}, 5, {}); }
+    CHECK(comm.followed_stream() == compute_stream);
+    // Another context's engine would take the ordering from the first.
+    CHECK_THROWS_WITH(engine_type(m3, comm, {}, 5, {}),
+                      Catch::Contains("already orders itself after another context's stream"));
+    CHECK(comm.followed_stream() == compute_stream);
+  }
+  CHECK(comm.followed_stream() == 0);  // restored when the engine goes
 }
 
 TEST_CASE("a collective that does not wait for the kernels before it gives other bits",

@@ -34,6 +34,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tessera/comm/communicator.hpp"
@@ -46,7 +47,8 @@ namespace simulated_streams {
 
 using namespace tessera;
 
-constexpr int compute_stream = 0, comm_stream = 1;
+/// The two streams (0 is no stream, as a null cudaStream_t is "none" to follow()).
+constexpr int compute_stream = 1, comm_stream = 2;
 
 /// When a simulated device runs what is queued.
 enum class run_order {
@@ -87,20 +89,22 @@ struct device {
   struct event {
     std::uint64_t recorded = 0, completed = 0;
   };
-  std::array<std::deque<op>, 2> streams;
+  std::array<std::deque<op>, 2> streams;  // compute_stream's, comm_stream's
+  std::deque<op>& queue_of(int s) { return streams[static_cast<std::size_t>(s - 1)]; }
+  const std::deque<op>& queue_of(int s) const { return streams[static_cast<std::size_t>(s - 1)]; }
   std::vector<event> events;
   std::multiset<const std::byte*> unwritten;  // outputs of queued collectives, not yet run
   run_order order = run_order::program;
   std::mt19937_64 rng{1};
 
   bool runnable(int s) const {
-    const auto& q = streams[static_cast<std::size_t>(s)];
+    const auto& q = queue_of(s);
     if (q.empty()) return false;
     const op& o = q.front();
     return o.k != op::kind::wait || events[static_cast<std::size_t>(o.event)].completed >= o.target;
   }
   void run_one(int s) {
-    auto& q = streams[static_cast<std::size_t>(s)];
+    auto& q = queue_of(s);
     op o = std::move(q.front());
     q.pop_front();
     if (o.k == op::kind::work) o.fn();
@@ -117,13 +121,13 @@ struct device {
     int s = k ? compute_stream : comm_stream;
     if (k && c) {
       if (order == run_order::comm_first) s = comm_stream;
-      if (order == run_order::random) s = static_cast<int>(rng() % 2);
+      if (order == run_order::random) s = rng() % 2 == 0 ? compute_stream : comm_stream;
     }
     run_one(s);
     return true;
   }
   void queue(int s, op o) {
-    streams[static_cast<std::size_t>(s)].push_back(std::move(o));
+    queue_of(s).push_back(std::move(o));
     if (order == run_order::program)
       while (step()) {
       }
@@ -150,7 +154,7 @@ struct device {
   }
   /// The host blocks until stream `s` ran everything queued on it.
   void host_wait_stream(int s) {
-    while (!streams[static_cast<std::size_t>(s)].empty()) REQUIRE(step());
+    while (!queue_of(s).empty()) REQUIRE(step());
   }
 };
 
@@ -214,9 +218,12 @@ struct sim_context {
   device* dev;
   device_memory* mem;
   kernels::host_context host;  // what a queued kernel runs with
+  /// The stream this context names (its work always goes to the device's
+  /// compute_stream: another id only stands for another context's stream).
+  int id = compute_stream;
 
   memory_resource& resource() const { return *mem; }
-  int stream() const { return compute_stream; }
+  int stream() const { return id; }
   void zero(void* p, std::size_t n) const {
     dev->work(compute_stream, [p, n] { std::memset(p, 0, n); });
   }
@@ -263,17 +270,41 @@ void adamw_step(const sim_context& c, A... a) {
 
 /// A request of the simulated communicator: an event recorded after its
 /// collective on the communicator's stream.
-struct sim_request {
-  device* dev = nullptr;
-  int event = -1;
-  const faults* f = nullptr;
+class sim_request {
+ public:
+  sim_request() = default;
+  sim_request(device* d, int event, const faults* f) : dev_(d), event_(event), f_(f) {}
+  sim_request(sim_request&& o) noexcept
+      : dev_(std::exchange(o.dev_, nullptr)), event_(o.event_), f_(o.f_) {}
+  /// Waits for the held operation first, as nccl_request does.
+  sim_request& operator=(sim_request&& o) noexcept {
+    if (this != &o) {
+      drain();
+      dev_ = std::exchange(o.dev_, nullptr);
+      event_ = o.event_;
+      f_ = o.f_;
+    }
+    return *this;
+  }
+  /// A handle destroyed before completion waits for it (nccl_request's rule).
+  ~sim_request() { drain(); }
   void wait() {
-    if (dev) dev->host_wait(event);
+    if (dev_) dev_->host_wait(event_);
   }
-  bool test() { return !dev || dev->done(event); }
+  bool test() { return !dev_ || dev_->done(event_); }
   void order_before(int stream) const {
-    if (dev && !f->drop_order_before) dev->wait(stream, event);
+    if (dev_ && !f_->drop_order_before) dev_->wait(stream, event_);
   }
+
+ private:
+  void drain() noexcept {
+    if (!dev_) return;
+    while (!dev_->done(event_) && dev_->step()) {
+    }
+  }
+  device* dev_ = nullptr;
+  int event_ = -1;
+  const faults* f_ = nullptr;
 };
 
 /// Rank `rank` of a group of `size` on the simulated device, its peers
@@ -297,7 +328,10 @@ class sim_communicator {
   void set_debug(bool) {}
   void verify_collective_hash() {}
   int stream() const { return comm_stream; }
+  /// Orders every later collective after the work queued on `s` at its
+  /// issue (0: no ordering), as nccl_communicator::follow.
   void follow(int s) { follows_ = s; }
+  int followed_stream() const { return follows_; }
   /// Collectives issued (all-reduce, reduce-scatter, all-gather).
   int issued() const { return issued_; }
 
@@ -379,7 +413,7 @@ class sim_communicator {
   // Queues `collective`, which writes at `out`.
   sim_request issue(const void* out, std::function<void()> collective) {
     ++issued_;
-    if (follows_ >= 0 && follows_ != comm_stream && !f_->drop_follow) {
+    if (follows_ != 0 && follows_ != comm_stream && !f_->drop_follow) {
       const int e = dev_->create_event();
       dev_->record(follows_, e);
       dev_->wait(comm_stream, e);
@@ -398,7 +432,7 @@ class sim_communicator {
   device* dev_;
   int rank_, size_;
   const faults* f_;
-  int follows_ = -1;
+  int follows_ = 0;
   int issued_ = 0;
 };
 static_assert(comm::check_communicator<sim_communicator>());

@@ -352,7 +352,10 @@ class nccl_communicator : public communicator_base<nccl_communicator> {
   /// of device(), typically the kernels') at the moment it is issued: an
   /// event recorded on `s` that stream() waits for, no host block. Nothing
   /// when `s` is stream() or null (the default: no ordering beyond
-  /// stream()'s own). Not inherited by split(). Throws comm_error if CUDA
+  /// stream()'s own; follow(nullptr) ends it). Preconditions: `s` is a
+  /// stream of device() and outlives the operations issued while it is
+  /// followed (parallel::context_follow restores the previous setting when
+  /// its engine goes). Not inherited by split(). Throws comm_error if CUDA
   /// cannot create the event.
   void follow(cudaStream_t s) {
     s_->follows = s;

@@ -245,6 +245,8 @@ class executor {
           run_one(actions[i], feed, in);
         }
         if (tracing_) {
+          // The host first waits (with the timeout) for what the kernels wait for.
+          for (auto& ch : chunks_) ch.engine->settle_ordered();
           context().synchronize();
           const double t1 = now();
           const auto bytes = static_cast<std::int64_t>(context().resource().stats().allocated);

@@ -186,8 +186,8 @@ class gradient_reducer {
   /// Starts a step of `micro_batches` backwards. Throws tessera::error if
   /// reductions of the previous step were never waited for.
   void begin_step(std::int64_t micro_batches) {
-    TESSERA_THROW_IF(!pending_.empty() || !settling_.empty(), error, "begin_step: ",
-                     pending_.size() + settling_.size(),
+    TESSERA_THROW_IF(!pending_.empty() || !settling_.empty(), error,
+                     "begin_step: ", pending_.size() + settling_.size(),
                      " reductions of the previous step were never waited for");
     micro_batches_ = micro_batches;
     std::fill(backwards_.begin(), backwards_.end(), 0);
@@ -255,6 +255,11 @@ class gradient_reducer {
       for (auto& p : pending_) (void)p.req.test();
     }
   }
+  /// The host waits for every reduction the context's stream was ordered
+  /// after (their failures and timeouts surface here): before a blocking
+  /// synchronisation of the context, which would otherwise wait for a
+  /// collective without the communicator's timeout. comm_error.
+  void settle_ordered() { settle(); }
   /// Waits for every reduction of the step (ordered before the context's
   /// later work, then on the host, in issue order); zero<0> with a
   /// separate model gradient buffer copies the reduced buckets back into
@@ -350,10 +355,12 @@ class gradient_reducer {
     std::size_t held() const { return !grads.empty() || !send.empty(); }
     std::size_t bytes() const { return grads.bytes() + send.bytes() + recv.bytes(); }
   };
+  // Members in this order: a reduction dropped unsettled (an exception)
+  // waits (the request's destructor) before its buffers are freed.
   struct pending_reduction {
     int bucket;
-    request req;
     bucket_buffer buf;  // zero<2,3>: the buffers the reduction reads and writes
+    request req;
   };
 
   // dst[0, n) = src[0, n), converted element by element when the types differ.
@@ -421,7 +428,7 @@ class gradient_reducer {
                                                                           : "all_reduce bucket ",
                        k);
     const bucket& b = plan_->buckets()[static_cast<std::size_t>(k)];
-    pending_reduction p{k, request{}, {}};
+    pending_reduction p{k, {}, request{}};
     if constexpr (S::gradients == grad_home::shard) {
       // Per micro-batch, the reductions before this one complete first (they
       // had this bucket's backward to do it in): one bucket reducing, the
@@ -513,16 +520,16 @@ class gradient_reducer {
   C* comm_;
   const bucket_plan* plan_;
   grad_reduction policy_;
-  bool local_;                         // one rank under zero<0>: nothing to reduce
-  bool in_place_;                      // the model accumulates into staging_
-  tensor<Reduce, Backend> staging_;    // zero<0,1>: (staging_size) the padded buckets
-  tensor<Reduce, Backend> shard_;      // zero<2,3>: (shard_size) the reduced-gradient shard
-  std::vector<bucket_buffer> window_;  // zero<2,3>: bucket k's buffer while it fills
-  std::vector<bool> reduced_once_;     // zero<2,3>: bucket k reduced this step already
+  bool local_;                             // one rank under zero<0>: nothing to reduce
+  bool in_place_;                          // the model accumulates into staging_
+  tensor<Reduce, Backend> staging_;        // zero<0,1>: (staging_size) the padded buckets
+  tensor<Reduce, Backend> shard_;          // zero<2,3>: (shard_size) the reduced-gradient shard
+  std::vector<bucket_buffer> window_;      // zero<2,3>: bucket k's buffer while it fills
+  std::vector<bool> reduced_once_;         // zero<2,3>: bucket k reduced this step already
   std::deque<pending_reduction> pending_;  // issued, not yet ordered before the context
   std::deque<request> settling_;           // ordered before the context, not yet waited for
-  std::vector<std::int64_t> reductions_;  // per bucket, since construction
-  std::vector<std::int64_t> backwards_;   // per segment: backwards of this step so far
+  std::vector<std::int64_t> reductions_;   // per bucket, since construction
+  std::vector<std::int64_t> backwards_;    // per segment: backwards of this step so far
   std::vector<reduction_event> events_;
   std::size_t max_window_ = 0, max_transient_ = 0;
   std::int64_t micro_ = 0, micro_batches_ = 1;

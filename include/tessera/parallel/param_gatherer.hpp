@@ -14,8 +14,8 @@
 /// words), on the communicator's stream when it has one (parallel/
 /// stream_order.hpp): a prefetch waits for the kernels queued before it,
 /// and a segment's kernels for its gather, without blocking the host; the
-/// host waits for the gather when the segment is released. The shard is drawn from the model's initialisation, range by
-/// range (nn::llama::init_weights_range: the same values as the whole
+/// host waits for the gather when the segment is released. The shard is drawn from the model's
+/// initialisation, range by range (nn::llama::init_weights_range: the same values as the whole
 /// model's on the host; on a GPU the shard is drawn on the host and copied,
 /// so it may differ from a device-drawn init_weights in the last bits of a
 /// float32, kernels/weight_init.hpp), so no full parameter buffer ever exists.
@@ -118,8 +118,7 @@ class param_gatherer {
   /// used included), which the host then waits for (comm_error).
   void release(int s) {
     slot& g = slot_of(s);
-    if (g.req) {
-      if (!g.ready) order_before(*g.req, *ctx_);
+    if (g.req) {  // (the host's wait orders every later kernel too)
       g.req->wait();
       g.req.reset();
     }
@@ -137,6 +136,13 @@ class param_gatherer {
                              model_->segment_end(s) - model_->segment_begin(s));
       release(s);
     }
+  }
+  /// The host waits for the gathers the context's stream was ordered after
+  /// (segments acquired, not yet released): before a blocking
+  /// synchronisation of the context. comm_error.
+  void settle_ordered() {
+    for (auto& g : gathered_)
+      if (g.ready && g.req) g.req->wait();
   }
   /// Starts a step: the high-water mark of gathered segments restarts.
   void begin_step() { max_held_ = held_; }

@@ -10,7 +10,7 @@
 /// bucket's reduction overlaps the rest of the backward and a ZeRO-3
 /// prefetch the previous block) is ordered by CUDA events on both sides:
 ///
-///   issue    follow_context(comm, ctx) once: every operation the
+///   issue    context_follow(comm, ctx), held by the engine: every operation the
 ///            communicator issues waits for the kernels queued on the
 ///            context's stream before it (its inputs are written, and a
 ///            block the caching allocator handed out again is no longer
@@ -29,15 +29,66 @@
 /// PyTorch's ProcessGroupNCCL (a collective's stream waits for the current
 /// stream; Work::wait makes the current stream wait for it).
 
+#include <concepts>
+#include <cstddef>
+#include <utility>
+
+#include "tessera/core/error.hpp"
+
 namespace tessera::parallel {
 
-/// Makes `comm` issue every later operation after the work queued on
-/// `ctx`'s stream (comm.follow(ctx.stream()); nothing for a communicator
-/// without streams). Throws what follow() throws.
-template <class C, class Ctx>
-void follow_context(C& comm, const Ctx& ctx) {
-  if constexpr (requires { comm.follow(ctx.stream()); }) comm.follow(ctx.stream());
+namespace detail {
+// The type of a context's stream (std::nullptr_t for a host context).
+template <class Ctx>
+struct stream_of {
+  using type = std::nullptr_t;
+};
+template <class Ctx>
+requires requires(const Ctx& x) {
+  x.stream();
 }
+struct stream_of<Ctx> {
+  using type = decltype(std::declval<const Ctx&>().stream());
+};
+}  // namespace detail
+
+/// For its lifetime, makes `comm` issue every operation after the work
+/// queued on `ctx`'s stream at that moment (comm.follow(ctx.stream()); a
+/// communicator without streams is left alone), and restores the
+/// communicator's previous setting when destroyed: the engine that owns it
+/// borrows the communicator, whose later users may compute elsewhere.
+/// Several owners may follow the same stream (a pipeline rank's model
+/// chunks). Throws config_error when `comm` already follows another stream:
+/// one communicator cannot order itself after two contexts (the later
+/// would silently take the ordering from the earlier). Precondition: the
+/// stream outlives the object.
+template <class C, class Ctx>
+class context_follow {
+ public:
+  context_follow(C& comm, const Ctx& ctx) : comm_(&comm) {
+    if constexpr (follows_streams) {
+      prev_ = comm.followed_stream();
+      TESSERA_THROW_IF(prev_ != stream_type{} && prev_ != ctx.stream(), config_error,
+                       "data_parallel: the communicator already orders itself after another "
+                       "context's stream; give each context its own communicator (split)");
+      comm.follow(ctx.stream());
+    }
+  }
+  ~context_follow() {
+    if constexpr (follows_streams) comm_->follow(prev_);
+  }
+  context_follow(const context_follow&) = delete;
+  context_follow& operator=(const context_follow&) = delete;
+
+ private:
+  static constexpr bool follows_streams = requires(C & c, const Ctx& x) {
+    c.follow(x.stream());
+    { c.followed_stream() } -> std::same_as<decltype(x.stream())>;
+  };
+  using stream_type = typename detail::stream_of<Ctx>::type;
+  C* comm_;
+  stream_type prev_{};
+};
 
 /// Orders the work queued on `ctx`'s stream from now on after the
 /// operation of `req`: a device request makes the stream wait for its

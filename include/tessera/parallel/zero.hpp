@@ -79,7 +79,7 @@
 ///
 /// Streams (device communicators, parallel/stream_order.hpp): the
 /// collectives run on the communicator's stream, which the constructor
-/// makes follow the context's (follow_context): each waits for the kernels
+/// makes follow the context's while it lives (context_follow): each waits for the kernels
 /// queued before it, and the kernels that read a collective's output (or
 /// reuse its buffers) wait for its event, so the bucket reductions overlap
 /// the rest of the backward and the ZeRO-3 prefetch the previous segment
@@ -187,7 +187,8 @@ class data_parallel final : public nn::segment_hooks {
   /// its gradients as wants_external_grads says (or its own buffer).
   /// Throws config_error naming the values if the model's parameter storage
   /// does not match the stage or a policy the stage cannot run. A device
-  /// communicator is made to follow the context's stream (follow_context).
+  /// communicator is made to follow the context's stream while the engine
+  /// lives (context_follow; config_error if it already follows another).
   data_parallel(Model& model, C& comm, typename O::config opt_cfg, std::uint64_t seed,
                 data_parallel_options opt = {})
       : model_(&model),
@@ -197,11 +198,11 @@ class data_parallel final : public nn::segment_hooks {
         plan_(segments(model), comm.size(), comm.rank(),
               std::max<std::int64_t>(1, opt.bucket_bytes / std::int64_t{sizeof(Reduce)}),
               S::shards_parameters),
+        follow_(comm, model.context()),
         grads_(model, comm, plan_, opt.reduction, S::stage == 0 && comm.size() == 1),
         params_(make_gatherer(seed)),
         optimizer_(opt_cfg, S::shards_optimizer_state ? plan_.shard_size() : model.flat_size(),
                    owned_ranges(), *ctx_) {
-    follow_context(comm, *ctx_);  // a device communicator's own stream follows the kernels'
     optimizer_.init_master(param_base());
     model.set_hooks(this);
   }
@@ -287,6 +288,16 @@ class data_parallel final : public nn::segment_hooks {
   /// zero<3> gathers forward only.
   void begin_forward_only() { backward_follows_ = false; }
 
+  /// The host waits for every collective the context's stream was ordered
+  /// after and the host has not yet waited for (bucket reductions of
+  /// earlier micro-batches, gathered ZeRO-3 segments in use): call it
+  /// before a blocking synchronisation of the context (the executor's
+  /// tracing does), which would otherwise wait for a collective of a
+  /// missing peer without the communicator's timeout. Throws comm_error.
+  void settle_ordered() {
+    grads_.settle_ordered();
+    if (params_) params_->settle_ordered();
+  }
   /// Waits for every bucket reduction of the step (gradient_reducer::finish).
   void finish_gradients() { grads_.finish(); }
 
@@ -502,6 +513,7 @@ class data_parallel final : public nn::segment_hooks {
   C* comm_;
   data_parallel_options opt_;
   bucket_plan plan_;
+  context_follow<C, Ctx> follow_;  // before the parts: they issue, and wait in their destructors
   gradient_reducer<Model, S, C> grads_;
   std::optional<gatherer_type> params_;  // zero<3>
   optimizer_type optimizer_;

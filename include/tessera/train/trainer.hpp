@@ -122,8 +122,9 @@ class trainer {
   /// engines (buckets, prefetch). `ctx`: the caller's context (its memory
   /// resource, threads, tiles or stream; not owned, must outlive the
   /// trainer), or nullptr for one of its own (kernels::owned_context; on a
-  /// GPU on a stream of its own, which the dp group's collectives follow
-  /// on theirs, and the tp and pp groups' run on). `data` and the
+  /// GPU on a stream of its own, which the tp and pp groups run on and the
+  /// data-parallel engines make the dp group follow from its own stream,
+  /// parallel/stream_order.hpp). `data` and the
   /// groups are not owned and must outlive the trainer. Every rank of the
   /// mesh constructs it with the same settings (agreed: a setting that
   /// differs between ranks is refused on every rank naming it). Throws

@@ -96,7 +96,8 @@ struct attention_backward_params {
 
 /// flash_attention_forward's checks (attention_check_args; 16-byte aligned
 /// bf16 tensors, 4-byte aligned lse) and its kernel arguments, over the
-/// tensors' raw bf16 bits. The entry point packs its arguments here, and
+/// tensors' raw bf16 bits: out, q (B, S, nh, hd), k, v (B, S, nkv, hd),
+/// lse (B, nh, S) float32. The entry point packs its arguments here, and
 /// the emulated test of the block bodies through the same function. Throws
 /// config_error naming the argument and the limit.
 inline attention_forward_params attention_forward_args(std::uint16_t* out, float* lse,
@@ -126,7 +127,9 @@ inline attention_forward_params attention_forward_args(std::uint16_t* out, float
 
 /// flash_attention_backward's checks (as the forward's, the 4-byte aligned
 /// scratch of attention_backward_d_config(...).scratch_bytes at least) and
-/// its kernel arguments, over raw bf16 bits; shared with the emulated test
+/// its kernel arguments, over raw bf16 bits: dq, dout, out, q (B, S, nh,
+/// hd), dk, dv, k, v (B, S, nkv, hd), lse (B, nh, S) float32, scratch
+/// B nh S floats; shared with the emulated test
 /// as the forward's. Throws config_error naming the argument and the limit.
 inline attention_backward_params attention_backward_args(
     std::uint16_t* dq, std::uint16_t* dk, std::uint16_t* dv, const std::uint16_t* dout,

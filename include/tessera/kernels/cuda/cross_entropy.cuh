@@ -420,6 +420,15 @@ void vocab_parallel_ce_row_grad_launch(const Launcher& launch, double* d_row_los
                                                    ignore_index, grad_scale);
 }
 
+/// The three GEMMs of a chunk of lm_head_cross_entropy_chunks (below):
+/// forward, backward to the input, backward to the weight.
+template <class G>
+concept head_gemms = requires(const G& g, float* f32, bf16* b, const bf16* cb, std::int64_t n) {
+  g.forward(f32, cb, cb, n, n, n);
+  g.backward_input(b, cb, cb, n, n, n);
+  g.backward_weight(f32, cb, cb, n, n, n);
+};
+
 /// The chunk loop of lm_head_cross_entropy (arguments and contract in
 /// cross_entropy.hpp), written once over `launch` (the row kernels: a
 /// device_launcher on the GPU, the block emulator in the host tests) and
@@ -432,7 +441,7 @@ void vocab_parallel_ce_row_grad_launch(const Launcher& launch, double* d_row_los
 /// layout), a null loss pointer, inputs null with N > 0, d_dx without d_dwlm
 /// or the reverse, scratch below lm_head_cross_entropy_scratch_bytes or not
 /// aligned to lm_head_ce_scratch_align bytes.
-template <class Launcher, class Gemm>
+template <class Launcher, head_gemms Gemm>
 void lm_head_cross_entropy_chunks(const Launcher& launch, const Gemm& gemm, double* d_loss_sum,
                                   const bf16* d_x, const bf16* d_wlm, const std::int32_t* d_targets,
                                   std::int64_t N, std::int64_t V, std::int64_t H,

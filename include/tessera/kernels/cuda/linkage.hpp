@@ -37,11 +37,12 @@
 /// compile kernels, so it always links tessera::cuda_kernels.
 
 // The mode is chosen by whether the macro is defined at all (as CMake and
-// `-DTESSERA_CUDA_PRECOMPILED_KERNELS` define it, to 1); a value of 0 would
-// still select the precompiled mode, so it is refused.
+// `-DTESSERA_CUDA_PRECOMPILED_KERNELS` define it, to 1); any value that is
+// not a nonzero number (0, empty, ON, TRUE) is refused rather than read as
+// either mode.
 #if defined(TESSERA_CUDA_PRECOMPILED_KERNELS) && (TESSERA_CUDA_PRECOMPILED_KERNELS + 0) == 0
 #error \
-    "TESSERA_CUDA_PRECOMPILED_KERNELS is defined as 0 (or empty): define it (to 1) to link tessera::cuda_kernels, or leave it undefined to compile the kernels from the headers (kernels/cuda/linkage.hpp)"
+    "TESSERA_CUDA_PRECOMPILED_KERNELS is defined to something other than a nonzero number: define it (to 1) to link tessera::cuda_kernels, or leave it undefined to compile the kernels from the headers (kernels/cuda/linkage.hpp)"
 #endif
 
 #if defined(TESSERA_CUDA_KERNELS_INSTANTIATING)

@@ -5,7 +5,6 @@
 /// the file. Checkpoints record it, so a resume on another corpus is
 /// refused; the 4-gram baseline's cache is keyed by it.
 
-#include <openssl/evp.h>
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -23,6 +22,7 @@
 
 #include "tessera/core/error.hpp"
 #include "tessera/core/file.hpp"
+#include "tessera/core/sha256.hpp"
 #include "tessera/data/token_file.hpp"
 
 namespace tessera::data {
@@ -32,18 +32,9 @@ namespace detail {
 /// SHA-256 of f's count, vocabulary and token ids (32-bit little-endian),
 /// through OpenSSL's EVP interface, as "sha256:<64 hex digits>".
 inline std::string sha256_of_tokens(const token_file& f) {
-  struct ctx_free {
-    void operator()(EVP_MD_CTX* c) const { EVP_MD_CTX_free(c); }
-  };
-  std::unique_ptr<EVP_MD_CTX, ctx_free> ctx(EVP_MD_CTX_new());
-  auto ok = [&](int rc, const char* call) {
-    TESSERA_THROW_IF(rc != 1, io_error, "fingerprint of '", f.path().string(), "': OpenSSL ", call,
-                     " failed");
-  };
-  ok(ctx ? 1 : 0, "EVP_MD_CTX_new");
-  ok(EVP_DigestInit_ex(ctx.get(), EVP_sha256(), nullptr), "EVP_DigestInit_ex");
+  sha256_stream h(f.path().string());
   const std::uint64_t head[2] = {f.size(), f.vocab()};
-  ok(EVP_DigestUpdate(ctx.get(), head, sizeof head), "EVP_DigestUpdate");
+  h.update(head, sizeof head);
   std::vector<std::int32_t> block(1 << 16);  // the ids' bits, hashed as uint32
   for (std::uint64_t i = 0; i < f.size(); i += block.size()) {
     const std::uint64_t n = std::min<std::uint64_t>(block.size(), f.size() - i);
@@ -51,18 +42,9 @@ inline std::string sha256_of_tokens(const token_file& f) {
       f.read(i, static_cast<std::int64_t>(n), block.data());
     else  // ids past int32 (read() refuses them): the same bits one by one
       for (std::uint64_t j = 0; j < n; ++j) block[j] = static_cast<std::int32_t>(f[i + j]);
-    ok(EVP_DigestUpdate(ctx.get(), block.data(), n * sizeof(std::int32_t)), "EVP_DigestUpdate");
+    h.update(block.data(), n * sizeof(std::int32_t));
   }
-  unsigned char md[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  ok(EVP_DigestFinal_ex(ctx.get(), md, &len), "EVP_DigestFinal_ex");
-  static constexpr char hex[] = "0123456789abcdef";
-  std::string out = "sha256:";
-  for (unsigned int i = 0; i < len; ++i) {
-    out += hex[md[i] >> 4];
-    out += hex[md[i] & 15];
-  }
-  return out;
+  return "sha256:" + h.hex();
 }
 
 }  // namespace detail

@@ -1,0 +1,218 @@
+#pragma once
+/// \file train/checkpoint_io.hpp
+/// The files of a layout-free checkpoint (train/checkpoint_index.hpp): one
+/// rank's data file, written whole under a temporary name with its SHA-256
+/// computed on the way (rank_file), and a reader of a checkpoint folder that
+/// reads only the pieces a region needs, with positioned reads (pread), and
+/// never the whole checkpoint into one buffer (checkpoint_reader).
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tessera/core/error.hpp"
+#include "tessera/core/file.hpp"
+#include "tessera/core/sha256.hpp"
+#include "tessera/train/checkpoint_index.hpp"
+
+namespace tessera::train {
+
+/// The name of the metadata file in a checkpoint folder.
+inline constexpr const char* checkpoint_metadata_name = "metadata.json";
+
+/// One rank's data file: its pieces in the order added, each either host
+/// bytes (alive until write()) or produced block by block by a function
+/// (device memory staged through a host block). write() writes the file
+/// atomically (write_file_atomically: a reader never sees half of it) and
+/// returns its entry and the pieces with their file index and offsets.
+class rank_file {
+ public:
+  /// Fills `n` bytes at `dst` with the piece's bytes [at, at + n).
+  using producer = std::function<void(std::size_t at, void* dst, std::size_t n)>;
+
+  /// Adds piece `p` (its file and offset are set by write()) whose `bytes`
+  /// bytes are at host address `src`.
+  void add(stored_piece p, const void* src, std::size_t bytes) {
+    add(std::move(p), bytes, [src](std::size_t at, void* dst, std::size_t n) {
+      std::memcpy(dst, static_cast<const char*>(src) + at, n);
+    });
+  }
+  /// Adds piece `p` whose `bytes` bytes `fill` produces, a block at a time.
+  void add(stored_piece p, std::size_t bytes, producer fill) {
+    items_.push_back({std::move(p), bytes, std::move(fill)});
+  }
+  /// Bytes the file will hold.
+  std::uint64_t bytes() const {
+    std::uint64_t n = 0;
+    for (const item& i : items_) n += i.bytes;
+    return n;
+  }
+
+  /// Writes `dir`/`name` (atomically, fsync'ed) through host blocks of
+  /// `block` bytes, hashing as it goes; the pieces get file index `file`
+  /// and their byte offsets. Throws io_error naming the file (a full disk,
+  /// a read-only folder) and leaves no partial file.
+  std::pair<stored_file, std::vector<stored_piece>> write(const std::filesystem::path& dir,
+                                                          const std::string& name, int file,
+                                                          std::size_t block = 64u << 20) const {
+    const std::filesystem::path path = dir / name;
+    sha256_stream hash(path.string());
+    std::vector<stored_piece> pieces;
+    std::uint64_t at = 0;
+    std::vector<char> buf(std::min<std::size_t>(block, std::max<std::uint64_t>(bytes(), 1)));
+    write_file_atomically(path, [&](std::ofstream& out) {
+      for (const item& i : items_) {
+        stored_piece p = i.piece;
+        p.file = file;
+        p.offset = at;
+        for (std::size_t done = 0; done < i.bytes;) {
+          const std::size_t n = std::min(buf.size(), i.bytes - done);
+          i.fill(done, buf.data(), n);
+          hash.update(buf.data(), n);
+          out.write(buf.data(), static_cast<std::streamsize>(n));
+          TESSERA_THROW_IF(!out, io_error, "writing checkpoint file '", path.string(),
+                           "' failed: ", std::strerror(errno));
+          done += n;
+        }
+        at += i.bytes;
+        pieces.push_back(std::move(p));
+      }
+    });
+    return {stored_file{name, at, hash.hex()}, std::move(pieces)};
+  }
+
+ private:
+  struct item {
+    stored_piece piece;
+    std::size_t bytes;
+    producer fill;
+  };
+  std::vector<item> items_;
+};
+
+/// A checkpoint folder opened for reading: its metadata parsed and checked
+/// (checkpoint_index::from_json), every data file present with the size
+/// the metadata records. Reads go to the files at the pieces' offsets
+/// (pread), so a reader reads only what it asks for. Not copyable.
+class checkpoint_reader {
+ public:
+  /// Opens folder `dir`. Throws io_error for a folder without
+  /// metadata.json (a save that did not complete: never loaded), metadata
+  /// that does not parse or add up, and a data file missing or of another
+  /// size than recorded, naming the file.
+  explicit checkpoint_reader(std::filesystem::path dir) : dir_(std::move(dir)) {
+    const std::filesystem::path meta = dir_ / checkpoint_metadata_name;
+    std::ifstream in(meta);
+    TESSERA_THROW_IF(!in, io_error, "checkpoint '", dir_.string(), "' has no ",
+                     checkpoint_metadata_name,
+                     ": its save did not complete (the metadata is written last); resume from "
+                     "an earlier checkpoint");
+    nlohmann::json j;
+    try {
+      j = parse_json_bounded(meta.string(), in);
+    } catch (const nlohmann::json::exception& e) {
+      throw io_error("checkpoint metadata '" + meta.string() + "' is not JSON: " + e.what());
+    }
+    index_ = checkpoint_index::from_json(j, meta.string());
+    fds_.assign(index_.files.size(), -1);
+    for (const stored_file& f : index_.files) {
+      std::error_code ec;
+      const std::uintmax_t size = std::filesystem::file_size(dir_ / f.name, ec);
+      TESSERA_THROW_IF(ec, io_error, "checkpoint file '", (dir_ / f.name).string(),
+                       "' is missing: ", ec.message());
+      TESSERA_THROW_IF(size != f.bytes, io_error, "checkpoint file '", (dir_ / f.name).string(),
+                       "' holds ", size, " bytes; the metadata records ", f.bytes,
+                       " (truncated or replaced)");
+    }
+  }
+  ~checkpoint_reader() {
+    for (const int fd : fds_)
+      if (fd >= 0) ::close(fd);
+  }
+  checkpoint_reader(const checkpoint_reader&) = delete;
+  checkpoint_reader& operator=(const checkpoint_reader&) = delete;
+
+  const checkpoint_index& index() const { return index_; }
+  const std::filesystem::path& folder() const { return dir_; }
+
+  /// Reads elements [lo, hi) of `box` of `role` of `tensor` (row-major in
+  /// the box) into host memory `out`, in the role's stored element type
+  /// (checkpoint_index::element_bytes each). Throws as plan_region, and
+  /// io_error naming the file for a failed or short read.
+  void read(const std::string& tensor, const std::string& role, const index_box& box,
+            std::int64_t lo, std::int64_t hi, void* out) {
+    const std::size_t esize = index_.element_bytes(tensor, role);
+    for (const region_copy& c : index_.plan_region(tensor, role, box, lo, hi))
+      pread_all(c.file, c.src, static_cast<char*>(out) + static_cast<std::size_t>(c.dst) * esize,
+                static_cast<std::size_t>(c.n) * esize);
+  }
+
+  /// Hashes every data file and compares with the metadata's SHA-256.
+  /// Throws io_error naming the first file that differs (damaged on disk).
+  void verify() {
+    std::vector<char> buf(8u << 20);
+    for (std::size_t f = 0; f < index_.files.size(); ++f) {
+      const stored_file& sf = index_.files[f];
+      sha256_stream h((dir_ / sf.name).string());
+      for (std::uint64_t at = 0; at < sf.bytes;) {
+        const std::size_t n =
+            static_cast<std::size_t>(std::min<std::uint64_t>(buf.size(), sf.bytes - at));
+        pread_all(static_cast<int>(f), at, buf.data(), n);
+        h.update(buf.data(), n);
+        at += n;
+      }
+      TESSERA_THROW_IF(h.hex() != sf.sha256, io_error, "checkpoint file '",
+                       (dir_ / sf.name).string(),
+                       "' does not match its SHA-256 in the metadata (damaged)");
+    }
+  }
+
+ private:
+  int fd_of(int file) {
+    int& fd = fds_[static_cast<std::size_t>(file)];
+    if (fd < 0) {
+      const std::filesystem::path p = dir_ / index_.files[static_cast<std::size_t>(file)].name;
+      fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
+      TESSERA_THROW_IF(fd < 0, io_error, "cannot open checkpoint file '", p.string(),
+                       "': ", std::strerror(errno));
+    }
+    return fd;
+  }
+  void pread_all(int file, std::uint64_t at, char* dst, std::size_t n) {
+    const int fd = fd_of(file);
+    while (n > 0) {
+      const ssize_t got = ::pread(fd, dst, n, static_cast<off_t>(at));
+      if (got < 0 && errno == EINTR) continue;
+      TESSERA_THROW_IF(got <= 0, io_error, "reading checkpoint file '",
+                       (dir_ / index_.files[static_cast<std::size_t>(file)].name).string(),
+                       "' at byte ", at,
+                       " failed: ", got == 0 ? "unexpected end of file" : std::strerror(errno));
+      dst += got;
+      at += static_cast<std::uint64_t>(got);
+      n -= static_cast<std::size_t>(got);
+    }
+  }
+
+  std::filesystem::path dir_;
+  checkpoint_index index_;
+  std::vector<int> fds_;
+};
+
+/// Writes `index` as `dir`/metadata.json, atomically: the last file of a
+/// save, once every rank's data file is written. Throws io_error.
+inline void write_checkpoint_metadata(const std::filesystem::path& dir,
+                                      const checkpoint_index& index) {
+  write_json_file(dir / checkpoint_metadata_name, index.to_json());
+}
+
+}  // namespace tessera::train

@@ -34,8 +34,8 @@ struct memory_checkpoint {
   std::vector<std::vector<unsigned char>> data;
 
   memory_checkpoint() {
-    index.tensors["a"] = {a_shape, {{"param", "f64"}}};
-    index.tensors["b"] = {b_shape, {{"param", "f64"}}};
+    index.tensors["a"] = {a_shape, {{"param", "float64"}}};
+    index.tensors["b"] = {b_shape, {{"param", "float64"}}};
   }
   // Stores elements [lo, hi) of `box` of tensor t ("a" 0, "b" 1) in file f.
   void store(int t, const index_box& box, std::int64_t lo, std::int64_t hi, int f) {

@@ -50,7 +50,7 @@ float w_at(std::int64_t i) {
 // small blocks so a piece spans several.
 checkpoint_index write_layout(const fs::path& dir) {
   checkpoint_index index;
-  index.tensors["w"] = {{R, C}, {{"master", "f32"}}};
+  index.tensors["w"] = {{R, C}, {{"master", "float32"}}};
   index.run = {{"step", 8}};
   std::vector<float> global(R * C);
   for (std::int64_t i = 0; i < R * C; ++i) global[static_cast<std::size_t>(i)] = w_at(i);

@@ -16,6 +16,7 @@
 /// m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; p -= lr * (m/(1-b1^t)) /
 /// (sqrt(v/(1-b2^t)) + eps).
 
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -58,6 +59,8 @@ class adamw_optimizer : public fused_optimizer<adamw_optimizer<Param, Grad, Mast
 
  public:
   static constexpr const char* name = "adamw";
+  /// The moments' roles in a checkpoint (PyTorch's AdamW state names).
+  static constexpr std::array<const char*, 2> moment_roles = {"exp_avg", "exp_avg_sq"};
   using base::base;
 
   /// The moments, n elements each, in the context's memory.

@@ -216,6 +216,13 @@ class flat_optimizer {
     if constexpr (has_master) ctx_->from_host(master_.data(), p, master_.bytes());
     master_ready_ = true;
   }
+  /// After a checkpoint filled the state buffers in place (a layout-free
+  /// checkpoint reads each rank's share of them): the step count `t`, and
+  /// the master weights count as initialised.
+  void restore_steps(std::int64_t t) {
+    t_ = t;
+    master_ready_ = true;
+  }
   /// Bytes save() writes.
   std::size_t serialized_bytes() const {
     std::size_t b = sizeof(t_) + master_.bytes();
@@ -299,6 +306,31 @@ class fused_optimizer : public flat_optimizer<Param, Master, Ctx> {
   }
   /// The hyper-parameters.
   const Config& config() const { return cfg_; }
+
+  /// One state buffer: size() elements of Master in the context's memory,
+  /// and its role in a checkpoint ("exp_avg", "master", ...).
+  struct state_buffer {
+    const char* role;
+    Master* data;
+  };
+  /// The state buffers: the policy's moments, named by
+  /// Derived::moment_roles (std::array of Moments names; "moment0", ...
+  /// when the policy names none), then "master" when master weights are
+  /// kept.
+  std::vector<state_buffer> state_buffers() {
+    static constexpr const char* unnamed[] = {"moment0", "moment1", "moment2", "moment3"};
+    std::vector<state_buffer> v;
+    for (int k = 0; k < Moments; ++k) {
+      const char* role = nullptr;
+      if constexpr (requires { Derived::moment_roles; })
+        role = Derived::moment_roles[static_cast<std::size_t>(k)];
+      else
+        role = k < 4 ? unnamed[k] : "moment";
+      v.push_back({role, this->moment(k)});
+    }
+    if (Master* m = this->master_data()) v.push_back({"master", m});
+    return v;
+  }
 
  private:
   void launch(Param* params, const Grad* grads, double lr, double grad_scale,

@@ -14,6 +14,7 @@
 /// of initialization and momentum in deep learning", eq. 3-4, in PyTorch's
 /// reformulation).
 
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -52,6 +53,8 @@ class sgd_optimizer : public fused_optimizer<sgd_optimizer<Param, Grad, Master, 
 
  public:
   static constexpr const char* name = "sgd";
+  /// The momentum buffer's role in a checkpoint (PyTorch's SGD state name).
+  static constexpr std::array<const char*, 1> moment_roles = {"momentum_buffer"};
   using base::base;
 
   /// The momentum buffer (n elements, context memory).

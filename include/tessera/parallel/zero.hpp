@@ -221,6 +221,10 @@ class data_parallel final : public nn::segment_hooks {
   C& communicator() { return *comm_; }
   /// This rank's parameter shard (zero<3>: shard-local order,
   /// plan().shard_size() elements, the context's memory); null otherwise.
+  Param* param_shard() { return params_ ? params_->shard() : nullptr; }
+  /// The model (not owned).
+  Model& model() { return *model_; }
+  const Model& model() const { return *model_; }
   /// Bucket reductions issued since construction, per bucket.
   const std::vector<std::int64_t>& reductions_per_bucket() const {
     return grads_.reductions_per_bucket();

@@ -67,7 +67,7 @@ struct stored_piece {
 };
 
 /// A tensor of the model: its global shape and, per role stored, the
-/// element type's name ("f32", "bf16", ... : the names of dtype_name).
+/// element type's name ("float32", "bf16", ...: tessera::dtype_name's).
 struct stored_tensor {
   std::vector<std::int64_t> shape;
   std::map<std::string, std::string> roles;
@@ -88,14 +88,20 @@ struct region_copy {
   std::int64_t dst = 0, n = 0;
 };
 
-/// Bytes of one element of the type named `dtype` ("f64", "f32", "bf16",
-/// "f16", "i64", "i32"). Throws io_error naming an unknown name.
+/// Whether `dtype` names an element type a checkpoint stores (the names of
+/// tessera::dtype_name: float64, float32, bf16, fp16, int32).
+inline bool known_dtype(const std::string& dtype) {
+  return dtype == "float64" || dtype == "float32" || dtype == "bf16" || dtype == "fp16" ||
+         dtype == "int32";
+}
+/// Bytes of one element of the type named `dtype`. Throws io_error naming
+/// an unknown name.
 inline std::size_t dtype_bytes_of(const std::string& dtype) {
-  if (dtype == "f64" || dtype == "i64") return 8;
-  if (dtype == "f32" || dtype == "i32") return 4;
-  if (dtype == "bf16" || dtype == "f16") return 2;
+  if (dtype == "float64") return 8;
+  if (dtype == "float32" || dtype == "int32") return 4;
+  if (dtype == "bf16" || dtype == "fp16") return 2;
   throw io_error("checkpoint metadata: unknown element type '" + dtype +
-                 "' (known: f64, f32, bf16, f16, i64, i32)");
+                 "' (known: float64, float32, bf16, fp16, int32)");
 }
 
 /// The metadata of a checkpoint (file comment).
@@ -156,10 +162,9 @@ struct checkpoint_index {
         for (const std::int64_t s : st.shape)
           if (s < 0) throw fail("tensor '" + name + "' has a negative dimension");
         for (const auto& [role, dt] : st.roles)
-          if (dt != "f64" && dt != "f32" && dt != "bf16" && dt != "f16" && dt != "i64" &&
-              dt != "i32")
+          if (!known_dtype(dt))
             throw fail("tensor '" + name + "' stores " + role + " as unknown element type '" + dt +
-                       "' (known: f64, f32, bf16, f16, i64, i32)");
+                       "' (known: float64, float32, bf16, fp16, int32)");
         x.tensors.emplace(name, std::move(st));
       }
       for (const auto& f : j.at("files")) {

@@ -12,10 +12,12 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -213,6 +215,85 @@ class checkpoint_reader {
 inline void write_checkpoint_metadata(const std::filesystem::path& dir,
                                       const checkpoint_index& index) {
   write_json_file(dir / checkpoint_metadata_name, index.to_json());
+}
+
+/// The names of rank r's data file and of its part of the metadata.
+inline std::string rank_data_name(int r) {
+  char b[32];
+  std::snprintf(b, sizeof b, "rank-%05d.bin", r);
+  return b;
+}
+inline std::string rank_part_name(int r) {
+  char b[32];
+  std::snprintf(b, sizeof b, "rank-%05d.json", r);
+  return b;
+}
+
+/// Writes rank `rank`'s data file (rank_data_name) from `file` and its part
+/// of the metadata (rank_part_name: an index of that one file, with the
+/// tensors its pieces belong to), both atomically. Throws io_error.
+inline void write_rank_part(const std::filesystem::path& dir, int rank, const rank_file& file,
+                            const std::map<std::string, stored_tensor>& tensors) {
+  checkpoint_index part;
+  part.tensors = tensors;
+  auto [f, pieces] = file.write(dir, rank_data_name(rank), 0);
+  part.files.push_back(std::move(f));
+  part.pieces = std::move(pieces);
+  write_json_file(dir / rank_part_name(rank), part.to_json());
+}
+
+/// The metadata of the checkpoint in `dir` from the parts of ranks
+/// [0, ranks) (write_rank_part), with the run state `run`: their files in
+/// rank order, their pieces, their tensors (a tensor two ranks name with
+/// other shapes or element types is an error). The parts are removed once
+/// the metadata is written. Throws io_error naming a missing or damaged
+/// part, or the tensor the parts disagree on.
+inline checkpoint_index merge_rank_parts(const std::filesystem::path& dir, int ranks,
+                                         const nlohmann::json& run) {
+  checkpoint_index all;
+  all.run = run;
+  for (int r = 0; r < ranks; ++r) {
+    const std::filesystem::path p = dir / rank_part_name(r);
+    std::ifstream in(p);
+    TESSERA_THROW_IF(!in, io_error, "checkpoint part '", p.string(), "' of rank ", r,
+                     " is missing");
+    nlohmann::json j;
+    try {
+      j = parse_json_bounded(p.string(), in);
+    } catch (const nlohmann::json::exception& e) {
+      throw io_error("checkpoint part '" + p.string() + "' is not JSON: " + e.what());
+    }
+    checkpoint_index part = checkpoint_index::from_json(j, p.string());
+    TESSERA_THROW_IF(part.files.size() != 1, io_error, "checkpoint part '", p.string(), "' lists ",
+                     part.files.size(), " files, not its rank's one");
+    for (auto& [name, t] : part.tensors) {
+      auto [it, fresh] = all.tensors.emplace(name, t);
+      if (fresh) continue;
+      TESSERA_THROW_IF(it->second.shape != t.shape, io_error,
+                       "checkpoint parts disagree on the "
+                       "shape of tensor '",
+                       name, "' (rank ", r, ")");
+      for (const auto& [role, dt] : t.roles) {
+        auto [rit, rfresh] = it->second.roles.emplace(role, dt);
+        TESSERA_THROW_IF(!rfresh && rit->second != dt, io_error,
+                         "checkpoint parts disagree on "
+                         "the element type of ",
+                         role, " of '", name, "' (rank ", r, ")");
+      }
+    }
+    const int file = static_cast<int>(all.files.size());
+    all.files.push_back(part.files[0]);
+    for (stored_piece& piece : part.pieces) {
+      piece.file = file;
+      all.pieces.push_back(std::move(piece));
+    }
+  }
+  write_checkpoint_metadata(dir, all);
+  for (int r = 0; r < ranks; ++r) {
+    std::error_code ec;
+    std::filesystem::remove(dir / rank_part_name(r), ec);
+  }
+  return all;
 }
 
 }  // namespace tessera::train

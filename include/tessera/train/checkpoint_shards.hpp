@@ -1,0 +1,177 @@
+#pragma once
+/// \file train/checkpoint_shards.hpp
+/// What one rank of a data-parallel engine (parallel::data_parallel) holds
+/// of the model's state, in the layout-free terms of
+/// train/checkpoint_index.hpp: per tensor of the model's layout and per
+/// role (param, the optimizer's state buffers by role, master), the box of
+/// the global tensor its tensor-parallel shard covers (vocabulary padding
+/// left out) and the elements of that box in its memory.
+///
+/// Which elements (F: the model's flat elements on this tp rank and stage;
+/// owned: this rank's chunk of every bucket, parallel/buckets.hpp):
+///
+///   role        holds (what a load fills)         writes (each element once)
+///   param       zero<0..2>: all F; zero<3>: owned  as the optimizer state
+///   state       zero<0>: all F; zero<1..3>: owned  zero<0>: the dp rank's 1/dp of F
+///                                                  (the replicas share the writing);
+///                                                  zero<1..3>: owned
+/// and a tensor replicated over the tp group (norm gains) or whose shard
+/// several tp ranks hold (key/value heads when tp > nkv) is written by one
+/// of them only (tp rank 0, replica 0). Every pipeline stage writes its own
+/// tensors.
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "tessera/core/numeric.hpp"
+#include "tessera/nn/param_layout.hpp"
+#include "tessera/train/checkpoint_index.hpp"
+#include "tessera/train/checkpoint_io.hpp"
+
+namespace tessera::train {
+
+/// One region of a rank's state: elements [flat_begin, flat_end) of `box`
+/// of role `role` of tensor `tensor`, stored as `dtype`, the first of them
+/// at `data` in the engine context's memory (consecutive after it).
+struct state_region {
+  std::string tensor, role, dtype;
+  index_box box;
+  std::int64_t flat_begin = 0, flat_end = 0;
+  void* data = nullptr;
+  /// Bytes of the region.
+  std::size_t bytes() const {
+    return static_cast<std::size_t>(flat_end - flat_begin) * dtype_bytes_of(dtype);
+  }
+};
+
+/// The box of the global tensor that layout entry `e` covers on this tp
+/// rank, its padding rows (the vocabulary padded to a multiple of tp) left
+/// out; an empty box (shape 0) when the shard is all padding.
+inline index_box global_box(const nn::param_entry& e) {
+  index_box b;
+  for (int d = 0; d < e.full.rank; ++d) {
+    b.start.push_back(0);
+    b.shape.push_back(e.full[d]);
+  }
+  if (e.shard_dim >= 0) {
+    const int d = e.shard_dim;
+    b.start[static_cast<std::size_t>(d)] = e.shard_begin;
+    b.shape[static_cast<std::size_t>(d)] =
+        std::clamp<std::int64_t>(e.full[d] - e.shard_begin, 0, e.shp[d]);
+  }
+  return b;
+}
+
+/// The regions of `engine`'s chunk (a parallel::data_parallel over an
+/// nn::llama or a stage of one) that this rank holds (`writing` false: what
+/// a load fills) or writes (`writing` true: each element of the model once
+/// over the mesh; table in the file comment). `dp_rank` and `dp` are the
+/// engine's group, `tp_rank` this rank's index in the tensor-parallel group.
+template <class Engine>
+std::vector<state_region> state_regions(Engine& engine, bool writing, int tp_rank) {
+  using S = typename Engine::sharding_type;
+  using Param = typename Engine::Param;
+  using Master = typename Engine::Master;
+  auto& model = engine.model();
+  const auto& plan = engine.plan();
+  const std::int64_t dp = plan.dp(), dp_rank = plan.rank();
+  // The model's flat buffer is [lo, lo + F) of the whole layout (a stage's part).
+  const std::int64_t lo = model.flat_begin(), F = model.flat_size();
+  // This rank's ranges [lo, hi) of the flat buffer, each with the state
+  // element of its first (the optimizer's own order).
+  struct owned_range {
+    std::int64_t lo, hi, state;
+  };
+  std::vector<owned_range> state_owned;
+  if constexpr (!S::shards_optimizer_state) {
+    if (writing)
+      state_owned.push_back({F * dp_rank / dp, F * (dp_rank + 1) / dp, F * dp_rank / dp});
+    else
+      state_owned.push_back({0, F, 0});
+  } else {
+    for (std::size_t k = 0; k < plan.size(); ++k) {
+      const auto [a, b] = plan.owned(k);
+      if (a < b) state_owned.push_back({a, b, plan.buckets()[k].shard_offset});
+    }
+  }
+  // The parameters: in the state's order in ZeRO-3's shard, else the flat buffer.
+  const std::vector<owned_range> param_owned =
+      S::shards_parameters || writing ? state_owned : std::vector<owned_range>{{0, F, 0}};
+  Param* params = S::shards_parameters ? engine.param_shard() : model.params();
+  const auto buffers = engine.optimizer().state_buffers();
+
+  std::vector<state_region> out;
+  for (const nn::param_entry& e : model.layout().entries()) {
+    if (e.offset < lo || e.offset >= lo + F) continue;  // another stage's
+    if (writing && (e.shard_dim < 0 ? tp_rank != 0 : e.replica != 0)) continue;
+    const index_box box = global_box(e);
+    const std::int64_t n = box.numel(), first = e.offset - lo;
+    if (n == 0) continue;
+    // Elements [first, first + n) of the flat buffer, where `ranges` meet them.
+    auto add = [&](const std::vector<owned_range>& ranges, const char* role, const char* dtype,
+                   auto* base, bool state_order) {
+      for (const owned_range& r : ranges) {
+        const std::int64_t a = std::max(r.lo, first), b = std::min(r.hi, first + n);
+        if (a >= b) continue;
+        const std::int64_t at = state_order ? r.state + (a - r.lo) : a;
+        out.push_back({e.name, role, dtype, box, a - first, b - first, base + at});
+      }
+    };
+    add(param_owned, "param", dtype_name<Param>(), params, S::shards_parameters);
+    for (const auto& sb : buffers) add(state_owned, sb.role, dtype_name<Master>(), sb.data, true);
+  }
+  return out;
+}
+
+/// Adds the regions this rank writes of `engine`'s chunk to `file` (each
+/// staged from the context's memory through the writer's host blocks) and
+/// their tensors, with global shapes and element types, to `tensors`.
+template <class Engine>
+void add_state_pieces(rank_file& file, std::map<std::string, stored_tensor>& tensors,
+                      Engine& engine, int tp_rank) {
+  const auto& ctx = engine.model().context();
+  const nn::param_layout& layout = engine.model().layout();
+  for (const state_region& r : state_regions(engine, true, tp_rank)) {
+    stored_tensor& t = tensors[r.tensor];
+    const nn::param_entry& e = layout.at(r.tensor);
+    t.shape.assign(e.full.dims.begin(), e.full.dims.begin() + e.full.rank);
+    t.roles[r.role] = r.dtype;
+    const char* src = static_cast<const char*>(r.data);
+    file.add(
+        {r.tensor, r.role, r.box, r.flat_begin, r.flat_end, 0, 0}, r.bytes(),
+        [&ctx, src](std::size_t at, void* dst, std::size_t n) { ctx.to_host(dst, src + at, n); });
+  }
+}
+
+/// Fills every region of `engine`'s chunk this rank holds from the
+/// checkpoint `rd`, through a host buffer, and sets the optimizer's step
+/// count to `steps`. Throws io_error for a tensor or role the checkpoint
+/// lacks or stores in another element type (naming both), or elements no
+/// piece holds (checkpoint_index::plan_region); nothing of the optimizer's
+/// step count changes then, but state read before the error has been
+/// written: the caller agrees the failure and discards the run.
+template <class Engine>
+void load_state(checkpoint_reader& rd, Engine& engine, int tp_rank, std::int64_t steps) {
+  const auto& ctx = engine.model().context();
+  std::vector<char> host;
+  for (const state_region& r : state_regions(engine, false, tp_rank)) {
+    const auto t = rd.index().tensors.find(r.tensor);
+    TESSERA_THROW_IF(t == rd.index().tensors.end(), io_error, "checkpoint '", rd.folder().string(),
+                     "' has no tensor '", r.tensor, "'");
+    const auto role = t->second.roles.find(r.role);
+    TESSERA_THROW_IF(role == t->second.roles.end(), io_error, "checkpoint '", rd.folder().string(),
+                     "' stores no ", r.role, " of '", r.tensor, "' (this run keeps it)");
+    TESSERA_THROW_IF(role->second != r.dtype, io_error, "checkpoint '", rd.folder().string(),
+                     "' stores ", r.role, " of '", r.tensor, "' as ", role->second,
+                     "; this run keeps it as ", r.dtype);
+    host.resize(r.bytes());
+    rd.read(r.tensor, r.role, r.box, r.flat_begin, r.flat_end, host.data());
+    ctx.from_host(r.data, host.data(), host.size());
+  }
+  engine.optimizer().restore_steps(steps);
+}
+
+}  // namespace tessera::train

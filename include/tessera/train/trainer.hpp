@@ -61,6 +61,7 @@
 #include "tessera/precision/policy.hpp"
 #include "tessera/train/agree.hpp"
 #include "tessera/train/checkpoint.hpp"
+#include "tessera/train/checkpoint_folder.hpp"
 #include "tessera/train/config.hpp"
 #include "tessera/train/hf_export.hpp"
 #include "tessera/train/inference.hpp"
@@ -251,16 +252,28 @@ class trainer {
                            std::min(model().config().max_seq, cfg_.seq));
   }
 
-  /// Writes the parameters and optimizer state to `path` with metadata()
-  /// (train::save_checkpoint: every layout of zero<0>). Collective.
+  /// Writes the parameters, master weights and optimizer state with
+  /// metadata() to `path`: a checkpoint folder
+  /// (train::save_checkpoint_folder: every layout; each rank writes its own
+  /// file at once, the metadata last), or, for a path ending in ".bin",
+  /// the single file of earlier versions (train::save_checkpoint: zero<0>
+  /// only, resumed at its own layout). Collective.
   void save_checkpoint(const std::filesystem::path& path) {
-    train::save_checkpoint<S>(*chunks_, mesh_, path, metadata(), step_);
+    if (path.extension() == ".bin")
+      train::save_checkpoint<S>(*chunks_, mesh_, path, metadata(), step_);
+    else
+      train::save_checkpoint_folder(*chunks_, mesh_, path, metadata());
   }
-  /// Restores what save_checkpoint wrote (train::load_checkpoint, its
-  /// settings held against this run's) and restarts the loader at the
-  /// checkpoint's step. Collective.
+  /// Restores what save_checkpoint wrote, its settings held against this
+  /// run's: a checkpoint folder written at any layout the model allows
+  /// (train::load_checkpoint_folder: the layout may change, the model,
+  /// precision, optimizer, global batch and corpus may not), or a ".bin"
+  /// file (train::load_checkpoint: the same layout); then restarts the
+  /// loader at the checkpoint's step. Collective.
   void load_checkpoint(const std::filesystem::path& path) {
-    step_ = train::load_checkpoint<S>(*chunks_, mesh_, path, metadata(), cfg_.steps);
+    step_ = path.extension() == ".bin"
+                ? train::load_checkpoint<S>(*chunks_, mesh_, path, metadata(), cfg_.steps)
+                : train::load_checkpoint_folder(*chunks_, mesh_, path, metadata(), cfg_.steps);
     steps_->restart(step_);
   }
   /// Writes the model as a Hugging Face Llama folder (train::export_hf). Collective.

@@ -1,0 +1,166 @@
+#pragma once
+/// \file train/checkpoint_folder.hpp
+/// Saving and loading a trainer's model chunks as a layout-free checkpoint
+/// folder (train/checkpoint_index.hpp), collectively over the mesh, and
+/// the run folder's checkpoints (step-000200/, the newest complete one,
+/// keeping the last N).
+///
+/// Save: every rank writes its own data file and its part of the metadata
+/// at once (no gather to one rank); the ranks agree that every write
+/// succeeded (a failure anywhere fails the save everywhere, naming the
+/// rank: train/agree.hpp); world rank 0 then merges the parts into
+/// metadata.json, the last file written, and the ranks agree again. A
+/// folder without metadata.json is an incomplete save and is never loaded.
+///
+/// Load: every rank opens the folder and reads only the pieces of its own
+/// shares (train/checkpoint_shards.hpp), whatever layout wrote them; the
+/// run's settings are checked first, leaving out what a layout may change
+/// (dp, tp, pp and their positions, the ZeRO stage, the virtual stages and
+/// the pipeline schedule, the micro-batch, the flat buffer's size). A
+/// change of model, precision, optimizer, global batch, corpus or schedule
+/// settings is refused naming both values (check_resume_metadata).
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <exception>
+#include <filesystem>
+#include <iterator>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "tessera/core/error.hpp"
+#include "tessera/train/agree.hpp"
+#include "tessera/train/checkpoint_io.hpp"
+#include "tessera/train/checkpoint_shards.hpp"
+#include "tessera/train/metadata.hpp"
+
+namespace tessera::train {
+
+/// The keys of a run's metadata that a layout may change (a load onto
+/// another layout ignores them).
+inline bool layout_key(const std::string& k) {
+  static const char* const keys[] = {"dp",           "tp",
+                                     "tp_rank",      "pp",
+                                     "pp_stage",     "virtual_stages",
+                                     "stage_blocks", "sharding",
+                                     "micro_batch",  "flat_elements",
+                                     "pipeline",     "layout"};
+  return std::find_if(std::begin(keys), std::end(keys), [&](const char* x) { return k == x; }) !=
+         std::end(keys);
+}
+
+/// The name of the checkpoint folder of `step` in a run folder: step-000200.
+inline std::string checkpoint_folder_name(std::int64_t step) {
+  char b[40];
+  std::snprintf(b, sizeof b, "step-%06lld", static_cast<long long>(step));
+  return b;
+}
+
+/// The complete checkpoint folders (with metadata.json) of run folder
+/// `out`, by step, oldest first. Folders of other names and incomplete
+/// saves are left out.
+inline std::vector<std::pair<std::int64_t, std::filesystem::path>> checkpoint_folders(
+    const std::filesystem::path& out) {
+  std::vector<std::pair<std::int64_t, std::filesystem::path>> v;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(out, ec)) {
+    const std::string n = e.path().filename().string();
+    if (n.size() < 6 || n.compare(0, 5, "step-") != 0) continue;
+    if (n.find_first_not_of("0123456789", 5) != std::string::npos || n.size() > 5 + 12) continue;
+    if (!std::filesystem::exists(e.path() / checkpoint_metadata_name)) continue;
+    v.emplace_back(std::stoll(n.substr(5)), e.path());
+  }
+  std::sort(v.begin(), v.end());
+  return v;
+}
+
+/// Removes the complete checkpoint folders of `out` but the newest `keep`
+/// (keep >= 1). Errors are ignored (a folder left over is harmless).
+inline void keep_newest_checkpoints(const std::filesystem::path& out, int keep) {
+  auto all = checkpoint_folders(out);
+  for (std::size_t i = 0; i + static_cast<std::size_t>(std::max(keep, 1)) < all.size(); ++i) {
+    std::error_code ec;
+    std::filesystem::remove_all(all[i].second, ec);
+  }
+}
+
+/// Writes `chunks` (every model chunk of this rank: parameters, master
+/// weights, optimizer state) to checkpoint folder `dir` with run state
+/// `run` (the trainer's metadata: step, data position, settings), as the
+/// file comment says. Collective over the mesh. Throws, on every rank, the
+/// io_error (a full disk, a read-only folder) of the lowest failing world
+/// rank, naming it and the folder.
+template <class Chunks, class Layout>
+void save_checkpoint_folder(Chunks& chunks, const Layout& mesh, const std::filesystem::path& dir,
+                            nlohmann::json run) {
+  const auto& ctx = chunks.model().context();
+  auto world = mesh_reduction(mesh, ctx);
+  const int rank = mesh.world_rank();
+  run["optimizer_steps"] = chunks.engine().optimizer().steps_taken();
+  run["layout"] = {
+      {"dp", mesh.dp()}, {"tp", mesh.tp()}, {"pp", mesh.pp()}, {"world", mesh.world_size()}};
+  const std::string what = "checkpoint save to '" + dir.string() + "'";
+  std::exception_ptr failed;
+  try {
+    std::filesystem::create_directories(dir);
+    std::filesystem::remove(dir / checkpoint_metadata_name);  // an older save's, now stale
+    rank_file file;
+    std::map<std::string, stored_tensor> tensors;
+    for (int c = 0; c < chunks.size(); ++c)
+      add_state_pieces(file, tensors, chunks.engine(c), mesh.tp_rank());
+    write_rank_part(dir, rank, file, tensors);
+  } catch (...) {
+    failed = std::current_exception();
+  }
+  agree_or_throw(world, rank, failed, what);
+  if (rank == 0) {
+    try {
+      (void)merge_rank_parts(dir, mesh.world_size(), run);
+    } catch (...) {
+      failed = std::current_exception();
+    }
+  }
+  agree_or_throw(world, rank, failed, what);
+}
+
+/// Restores `chunks` from checkpoint folder `dir`, written at any layout
+/// the model allows, after checking its run settings against `mine` (the
+/// trainer's metadata; layout keys left out) for a run of `steps` steps;
+/// returns the checkpoint's step. Collective. Throws on every rank what the
+/// lowest failing rank threw: io_error for a folder without metadata, a
+/// missing, truncated or inconsistent file, or elements no piece holds;
+/// config_error for other settings (every differing one named).
+template <class Chunks, class Layout>
+std::int64_t load_checkpoint_folder(Chunks& chunks, const Layout& mesh,
+                                    const std::filesystem::path& dir, const nlohmann::json& mine,
+                                    std::int64_t steps) {
+  const auto& ctx = chunks.model().context();
+  auto world = mesh_reduction(mesh, ctx);
+  const int rank = mesh.world_rank();
+  std::int64_t step = 0;
+  std::exception_ptr failed;
+  try {
+    checkpoint_reader rd(dir);
+    nlohmann::json theirs = rd.index().run, ours = nlohmann::json::object();
+    for (const auto& [k, v] : mine.items())
+      if (!layout_key(k)) ours[k] = v;
+    for (auto it = theirs.begin(); it != theirs.end();)
+      it = layout_key(it.key()) ? theirs.erase(it) : std::next(it);
+    step = check_resume_metadata(dir / checkpoint_metadata_name, theirs, ours, steps);
+    const std::int64_t t = rd.index().run.at("optimizer_steps").get<std::int64_t>();
+    for (int c = 0; c < chunks.size(); ++c) load_state(rd, chunks.engine(c), mesh.tp_rank(), t);
+  } catch (const nlohmann::json::exception& e) {
+    failed = std::make_exception_ptr(
+        io_error("checkpoint '" + dir.string() + "': its run state is malformed: " + e.what()));
+  } catch (...) {
+    failed = std::current_exception();
+  }
+  agree_or_throw(world, rank, failed, "checkpoint load from '" + dir.string() + "'");
+  return step;
+}
+
+}  // namespace tessera::train

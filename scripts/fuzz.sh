@@ -3,7 +3,7 @@
 # clang++, ASan + UBSan; tests/fuzz) and runs each for SECONDS (default 30)
 # on a copy of its seed corpus, tests/fuzz/corpus/<name>/, one per core at a
 # time (FUZZ_JOBS=N to change).
-#   scripts/fuzz.sh [SECONDS] [TARGET...]    # targets: token_file checkpoint safetensors hf_config
+#   scripts/fuzz.sh [SECONDS] [TARGET...]    # targets: token_file checkpoint checkpoint_index safetensors hf_config
 # Exit status 1 on any finding (a crash, an exception other than
 # tessera::error, a leak, undefined behaviour, a timeout or running out of
 # memory); the input that caused it is kept under build/fuzz/findings/<name>/.
@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 secs=${1:-30}
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(token_file checkpoint safetensors hf_config)
+[ ${#targets[@]} -gt 0 ] || targets=(token_file checkpoint checkpoint_index safetensors hf_config)
 [[ "$secs" =~ ^[0-9]+$ ]] || { echo "usage: scripts/fuzz.sh [SECONDS] [TARGET...]" >&2; exit 2; }
 
 scripts/deps.sh  # cmake, BLAS, OpenMP, nlohmann-json: what configuring tessera needs

@@ -2,7 +2,7 @@
 /// Writes the fuzz targets' seed corpora with tessera's own writers, small
 /// valid inputs and near-valid ones (truncated, a byte changed, a gap):
 ///   fuzz_make_corpus tests/fuzz/corpus [tests/python/fixtures]
-/// into <out>/{token_file,checkpoint,safetensors,hf_config}/. The committed
+/// into <out>/{token_file,checkpoint,checkpoint_index,safetensors,hf_config}/. The committed
 /// corpora were written by it; rerun it after a format change.
 
 #include <cstdint>
@@ -111,6 +111,66 @@ void checkpoints(const fs::path& d) {
   put(d / "bad_magic.ckpt", flip(ok, 0));
 }
 
+// Layout-free checkpoint metadata: two ranks' pieces of a row-split
+// tensor and a vector, and near-valid variants.
+void checkpoint_indexes(const fs::path& d) {
+  const nlohmann::json ok = {
+      {"format", "tessera-checkpoint"},
+      {"version", 1},
+      {"tensors",
+       {{"w", {{"shape", {4, 3}}, {"roles", {{"param", "bf16"}, {"master", "float32"}}}}},
+        {"g", {{"shape", {3}}, {"roles", {{"param", "float32"}}}}}}},
+      {"files",
+       {{{"name", "rank-00000.bin"}, {"bytes", 48}, {"sha256", std::string(64, 'a')}},
+        {{"name", "rank-00001.bin"}, {"bytes", 36}, {"sha256", std::string(64, 'b')}}}},
+      {"pieces",
+       {{{"tensor", "w"},
+         {"role", "param"},
+         {"start", {0, 0}},
+         {"shape", {2, 3}},
+         {"flat", {0, 6}},
+         {"file", 0},
+         {"offset", 0}},
+        {{"tensor", "w"},
+         {"role", "master"},
+         {"start", {0, 0}},
+         {"shape", {2, 3}},
+         {"flat", {0, 6}},
+         {"file", 0},
+         {"offset", 12}},
+        {{"tensor", "g"},
+         {"role", "param"},
+         {"start", {0}},
+         {"shape", {3}},
+         {"flat", {0, 3}},
+         {"file", 0},
+         {"offset", 36}},
+        {{"tensor", "w"},
+         {"role", "param"},
+         {"start", {2, 0}},
+         {"shape", {2, 3}},
+         {"flat", {0, 6}},
+         {"file", 1},
+         {"offset", 0}},
+        {{"tensor", "w"},
+         {"role", "master"},
+         {"start", {2, 0}},
+         {"shape", {2, 3}},
+         {"flat", {1, 6}},
+         {"file", 1},
+         {"offset", 12}}}},
+      {"run", {{"step", 4}, {"optimizer_steps", 4}}}};
+  put(d / "metadata.json", ok.dump(1));
+  nlohmann::json past_end = ok;
+  past_end["pieces"][4]["offset"] = 30;
+  put(d / "past_end.json", past_end.dump());
+  nlohmann::json outside = ok;
+  outside["pieces"][3]["start"] = {3, 0};
+  put(d / "outside.json", outside.dump());
+  const std::string text = ok.dump();
+  put(d / "truncated.json", text.substr(0, text.size() / 2));
+}
+
 void safetensors(const fs::path& d) {
   using tessera::data::safetensors_entry;
   const std::vector<float> f = {1.0f, 2.0f, -3.0f, 0.5f, 0.25f, 8.0f};
@@ -197,10 +257,11 @@ int main(int argc, char** argv) {
   }
   const fs::path out = argv[1];
   const fs::path fixtures = argc > 2 ? fs::path(argv[2]) : fs::path("tests/python/fixtures");
-  for (const char* t : {"token_file", "checkpoint", "safetensors", "hf_config"})
+  for (const char* t : {"token_file", "checkpoint", "checkpoint_index", "safetensors", "hf_config"})
     fs::create_directories(out / t);
   token_files(out / "token_file");
   checkpoints(out / "checkpoint");
+  checkpoint_indexes(out / "checkpoint_index");
   safetensors(out / "safetensors");
   hf_configs(out / "hf_config", fixtures);
   return 0;

@@ -109,7 +109,7 @@ expect "hf export onto a file" "--export-hf '$work/hffile' exists and is not a f
 expect "G not divisible by dp x B" "G=16 is not divisible by micro-batch B=2 x dp=3" "$train" --dp 3 --global-batch 16 --micro-batch 2 "${common[@]}"
 expect "not a ZeRO stage" "zero 5 is not a ZeRO stage" "$train" --zero 5 "${common[@]}"
 expect "dp of zero" "dp=0" "$train" --dp 0 "${common[@]}"
-expect "sharded checkpoint resume" "sharded checkpoints are not supported" "$train" --dp 2 --zero 1 --micro-batch 8 --resume "$work/ck" "${common[@]}"
+expect "sharded resume of a single-file checkpoint" "which the single-file checkpoint (.bin) of earlier versions cannot hold" "$train" --dp 2 --zero 1 --micro-batch 8 --resume "$work/ck" "${common[@]}"
 expect "dim override of zero" "--dim: Value 0 not in range 1 to 1048576" "$train" --dim 0 "${common[@]}"
 expect "lr not finite" "--lr: .inf. is not a finite number" "$train" --lr inf "${common[@]}"
 expect "empty prompt" "prompt is empty" "$train" --prompt "" --sample-bytes 10 --out "$work/out" --no-baseline --steps 2

@@ -4,6 +4,8 @@
 /// their parameters and optimizer state, in the single-file format of
 /// train/checkpoint_file.hpp with the run's metadata (train/metadata.hpp).
 ///
+/// The single-file format of earlier versions; a checkpoint folder
+/// (train/checkpoint_folder.hpp) is what every layout writes and loads.
 /// zero<0>: dp rank 0 writes the file; every dp rank restores it. Under
 /// tensor and pipeline parallelism dp rank 0 of every (tp, pp) position
 /// writes its shards: tp rank r of stage k to `path`.pp<k>.tp<r> (".pp<k>"
@@ -78,8 +80,9 @@ void refuse_sharded(const char* what, int dp) {
   TESSERA_THROW_IF(Sharding::shards_optimizer_state, config_error, what,
                    "_checkpoint: ", Sharding::name,
                    " keeps the optimizer state sharded over dp=", dp,
-                   " ranks; sharded checkpoints are not supported yet (use --zero 0 to "
-                   "checkpoint a data-parallel run)");
+                   " ranks, which the single-file checkpoint (.bin) of earlier versions cannot "
+                   "hold: use a checkpoint folder (any path not ending in .bin), which every "
+                   "layout writes and loads, or --zero 0 for this file");
 }
 
 }  // namespace detail

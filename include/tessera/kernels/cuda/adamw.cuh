@@ -90,14 +90,14 @@ TESSERA_BLOCK_FN void for_each_segment_element(const block_index& b, const Grad*
 }
 
 /// Runs step(p) on one parameter as float: with `Master`, on the float32
-/// master weight, written back and rounded into the parameter; else on the
-/// float parameter in place.
+/// master weight master[i], written back and rounded into the parameter;
+/// else on the float parameter in place (`master` unused, may be null).
 template <class Ops, bool Master, class Param, class F>
-TESSERA_BLOCK_FN void update_parameter(Param* param, float* master, F&& step) {
-  if constexpr (Master) {
-    float p = Ops::ld(static_cast<const float*>(master));
+TESSERA_BLOCK_FN void update_parameter(Param* param, float* master, std::int64_t i, F&& step) {
+  if constexpr (Master) {  // (master is null otherwise: no offset is taken from it)
+    float p = Ops::ld(static_cast<const float*>(master + i));
     step(p);
-    Ops::st(master, p);
+    Ops::st(master + i, p);
     Ops::st(param, to<Param>(p));
   } else {
     float p = to<float>(Ops::ld(static_cast<const Param*>(param)));
@@ -125,17 +125,17 @@ struct adamw_body {
                                    const optimizer_segment* segments, int num_segments,
                                    kernels::detail::adamw_step_params<float> s,
                                    const float* grad_scale) {
-    for_each_segment_element<Ops>(
-        b, grads, n, segments, num_segments, grad_scale, s.grad_scale,
-        [&](std::int64_t i, const segment_of_element& seg, float g) {
-          float mi = Ops::ld(static_cast<const float*>(m + i));
-          float vi = Ops::ld(static_cast<const float*>(v + i));
-          update_parameter<Ops, Master>(params + i + seg.param_shift, master + i, [&](float& p) {
-            kernels::detail::adamw_update(p, mi, vi, g, s, seg.decay);
-          });
-          Ops::st(m + i, mi);
-          Ops::st(v + i, vi);
-        });
+    for_each_segment_element<Ops>(b, grads, n, segments, num_segments, grad_scale, s.grad_scale,
+                                  [&](std::int64_t i, const segment_of_element& seg, float g) {
+                                    float mi = Ops::ld(static_cast<const float*>(m + i));
+                                    float vi = Ops::ld(static_cast<const float*>(v + i));
+                                    update_parameter<Ops, Master>(
+                                        params + i + seg.param_shift, master, i, [&](float& p) {
+                                          kernels::detail::adamw_update(p, mi, vi, g, s, seg.decay);
+                                        });
+                                    Ops::st(m + i, mi);
+                                    Ops::st(v + i, vi);
+                                  });
   }
 };
 
@@ -155,15 +155,15 @@ struct sgd_body {
                                    const optimizer_segment* segments, int num_segments,
                                    kernels::detail::sgd_step_params<float> s,
                                    const float* grad_scale) {
-    for_each_segment_element<Ops>(
-        b, grads, n, segments, num_segments, grad_scale, s.grad_scale,
-        [&](std::int64_t i, const segment_of_element& seg, float g) {
-          float bi = Ops::ld(static_cast<const float*>(buf + i));
-          update_parameter<Ops, Master>(params + i + seg.param_shift, master + i, [&](float& p) {
-            kernels::detail::sgd_update(p, bi, g, s, seg.decay);
-          });
-          Ops::st(buf + i, bi);
-        });
+    for_each_segment_element<Ops>(b, grads, n, segments, num_segments, grad_scale, s.grad_scale,
+                                  [&](std::int64_t i, const segment_of_element& seg, float g) {
+                                    float bi = Ops::ld(static_cast<const float*>(buf + i));
+                                    update_parameter<Ops, Master>(
+                                        params + i + seg.param_shift, master, i, [&](float& p) {
+                                          kernels::detail::sgd_update(p, bi, g, s, seg.decay);
+                                        });
+                                    Ops::st(buf + i, bi);
+                                  });
   }
 };
 
@@ -175,8 +175,8 @@ inline void check_optimizer_launch(const char* who, int num_segments, const floa
   constexpr bool has_master = !std::is_same_v<Param, float>;
   TESSERA_THROW_IF(num_segments < 0, config_error, who, " (cuda): num_segments=", num_segments,
                    " must be >= 0");
-  TESSERA_THROW_IF(has_master && d_master == nullptr, config_error, who, " (cuda): ",
-                   dtype_name<Param>(),
+  TESSERA_THROW_IF(has_master && d_master == nullptr, config_error, who,
+                   " (cuda): ", dtype_name<Param>(),
                    " parameters need float32 master weights (d_master is null)");
   TESSERA_THROW_IF(!has_master && d_master != nullptr, config_error, who,
                    " (cuda): float32 parameters are updated in place; pass d_master = nullptr");

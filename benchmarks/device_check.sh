@@ -315,10 +315,12 @@ grad_sum_squares, clip_coefficient|tests/kernels/emulated_grad_norm.cpp|test_cud
 adamw_step, sgd_step|tests/kernels/emulated_optimizer.cpp|test_cuda_kernels (adamw), test_cuda_llama
 rope forward, backward|tests/kernels/emulated_rope.cpp|test_cuda_kernels
 cross-entropy row kernels (+ vocab-par.)|tests/kernels/emulated_cross_entropy.cpp|test_cuda_cross_entropy
+fused LM head's chunk loop|tests/kernels/emulated_lm_head.cpp|test_cuda_cross_entropy, test_cuda_llama
 flash attention forward, backward|tests/kernels/cuda_attention_launch.cpp|test_cuda_attention
 cuBLASLt descriptors (interpreted)|tests/kernels/cuda_gemm_plan.cpp|test_cuda_gemm
 initial weights (Thrust, OMP backend)|tests/kernels/weight_init.cpp|test_cuda_weight_init, test_cuda_llama
 the kernels compiled header-only|(nvcc, CI: tessera_cuda_consumer)|test_cuda_consumer
+dp collectives on their own stream|tests/parallel/stream_order.cpp|test_cuda_nccl_np2 (follow, order_before; zero<0..3>)
 MAP
   printf '  cuda_bench (%4s s)  %s\n' "$t_bench" "${cmd_bench[*]}"
   printf '  llama7b    (%4s s)  %s\n' "$t_llama" "${cmd_llama[*]}"

@@ -165,11 +165,11 @@ TEST_CASE("tp trainer: a tp that does not match or split fails before any collec
   }
 }
 
-TEST_CASE("tp trainer: a checkpoint resumes at its layout", "[train][tp]") {
+TEST_CASE("tp trainer: a single-file checkpoint resumes at its layout only", "[train][tp]") {
   trainer_suite::temp_file corpus{trainer_suite::make_corpus("tp_ck", 0)};
   data::token_file f(corpus.path);
   const auto ck = std::filesystem::temp_directory_path() /
-                  ("tessera_tp_ck_" + std::to_string(::getpid()) + ".ckpt");
+                  ("tessera_tp_ck_" + std::to_string(::getpid()) + ".bin");
   // Catch2's assertions are not thread-safe (TSan): ranks record, main checks.
   std::vector<double> rest[2], again[2];
   REQUIRE_NOTHROW(local_world::run(
@@ -209,8 +209,8 @@ TEST_CASE("tp trainer: shards that are not one checkpoint are refused on every r
   data::token_file f(corpus.path);
   const auto base =
       std::filesystem::temp_directory_path() / ("tessera_tp_mix_" + std::to_string(::getpid()));
-  const std::filesystem::path a = base.string() + ".a.ckpt", b = base.string() + ".b.ckpt",
-                              one_ck = base.string() + ".one.ckpt";
+  const std::filesystem::path a = base.string() + ".a.bin", b = base.string() + ".b.bin",
+                              one_ck = base.string() + ".one.bin";
   // A stale shard of an earlier tp 4 run, which the tp 2 save removes.
   std::ofstream(a.string() + ".tp3") << "stale";
   // A tp 1 checkpoint, which a tp 2 run must refuse by its degree.

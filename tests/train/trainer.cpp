@@ -84,7 +84,7 @@ TEST_CASE("a run resumed from a checkpoint continues exactly", "[train][checkpoi
   const fs::path& path = corpus.path;
   data::token_file f(path);
   auto ck =
-      fs::temp_directory_path() / ("tessera_test_resume_" + std::to_string(::getpid()) + ".ckpt");
+      fs::temp_directory_path() / ("tessera_test_resume_" + std::to_string(::getpid()) + ".bin");
   std::vector<double> full;
   {
     train::trainer<precision::bf16_mixed> t(model(), tcfg(), f);

@@ -23,6 +23,7 @@
 #include "tessera/core/file.hpp"
 #include "tessera/data/hf_tokenizer.hpp"
 #include "tessera/data/prepare.hpp"
+#include "tessera/data/sampler.hpp"
 #include "tessera/data/token_file.hpp"
 #include "tessera/plan/host_memory.hpp"
 #include "tessera/plan/memory.hpp"
@@ -94,6 +95,13 @@ inline void bind_data(job& j, const std::filesystem::path& tok) {
                    "' exceeds the model's vocab=", mc.vocab,
                    j.init_from_hf.empty() ? " (--vocab)" : " (config.json of --init-from-hf)");
   if (!j.was_given("--seq") && j.cfg.seq > mc.max_seq) j.cfg.seq = mc.max_seq;
+  // A window of T+1 tokens in each split: refused here, where the ranks of
+  // an MPI launch agree (prepare_job), not when the trainer is built, where
+  // rank 0 would unwind first and remove the token file a slower rank is
+  // still opening (a second, misleading error).
+  (void)data::val_windows(f, f.split().val, j.cfg.seq, 1);
+  (void)data::window_start(j.cfg.seed, 0, 0, f.split().train.begin, f.split().train.end,
+                           j.cfg.seq);
   if (j.tokenizer.empty()) {
     for (unsigned char c : j.prompt)  // the byte tokenizer's ids are the bytes
       TESSERA_THROW_IF(j.sample_bytes > 0 && c >= mc.vocab, config_error, "--prompt byte ",

@@ -99,9 +99,11 @@ inline void bind_data(job& j, const std::filesystem::path& tok) {
   // an MPI launch agree (prepare_job), not when the trainer is built, where
   // rank 0 would unwind first and remove the token file a slower rank is
   // still opening (a second, misleading error).
-  (void)data::val_windows(f, f.split().val, j.cfg.seq, 1);
-  (void)data::window_start(j.cfg.seed, 0, 0, f.split().train.begin, f.split().train.end,
-                           j.cfg.seq);
+  if (!j.sample_only) {  // (sampling reads no window)
+    (void)data::val_windows(f, f.split().val, j.cfg.seq, 1);
+    (void)data::window_start(j.cfg.seed, 0, 0, f.split().train.begin, f.split().train.end,
+                             j.cfg.seq);
+  }
   if (j.tokenizer.empty()) {
     for (unsigned char c : j.prompt)  // the byte tokenizer's ids are the bytes
       TESSERA_THROW_IF(j.sample_bytes > 0 && c >= mc.vocab, config_error, "--prompt byte ",

@@ -94,6 +94,19 @@ nlohmann::json parse_json_bounded(const std::string& what, Source&&... src) {
       });
 }
 
+/// Reads the JSON file `path` (parse_json_bounded). Throws io_error naming
+/// `what` and the path when the file cannot be opened ("is missing") or is
+/// not JSON (with the parser's message).
+inline nlohmann::json read_json_file(const std::filesystem::path& path, const std::string& what) {
+  std::ifstream in(path);
+  TESSERA_THROW_IF(!in, io_error, what, " '", path.string(), "' is missing");
+  try {
+    return parse_json_bounded(path.string(), in);
+  } catch (const nlohmann::json::exception& e) {
+    throw io_error(what + " '" + path.string() + "' is not JSON: " + e.what());
+  }
+}
+
 /// Writes `j` to `path` as indented JSON, atomically (write_file_atomically).
 /// Throws io_error as write_file_atomically.
 inline void write_json_file(const std::filesystem::path& path, const nlohmann::json& j) {

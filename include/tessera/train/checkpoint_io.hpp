@@ -114,18 +114,12 @@ class checkpoint_reader {
   /// size than recorded, naming the file.
   explicit checkpoint_reader(std::filesystem::path dir) : dir_(std::move(dir)) {
     const std::filesystem::path meta = dir_ / checkpoint_metadata_name;
-    std::ifstream in(meta);
-    TESSERA_THROW_IF(!in, io_error, "checkpoint '", dir_.string(), "' has no ",
-                     checkpoint_metadata_name,
+    TESSERA_THROW_IF(!std::filesystem::exists(meta), io_error, "checkpoint '", dir_.string(),
+                     "' has no ", checkpoint_metadata_name,
                      ": its save did not complete (the metadata is written last); resume from "
                      "an earlier checkpoint");
-    nlohmann::json j;
-    try {
-      j = parse_json_bounded(meta.string(), in);
-    } catch (const nlohmann::json::exception& e) {
-      throw io_error("checkpoint metadata '" + meta.string() + "' is not JSON: " + e.what());
-    }
-    index_ = checkpoint_index::from_json(j, meta.string());
+    index_ = checkpoint_index::from_json(read_json_file(meta, "checkpoint metadata"),
+                                         meta.string());
     fds_.assign(index_.files.size(), -1);
     for (const stored_file& f : index_.files) {
       std::error_code ec;
@@ -254,16 +248,8 @@ inline checkpoint_index merge_rank_parts(const std::filesystem::path& dir, int r
   all.run = run;
   for (int r = 0; r < ranks; ++r) {
     const std::filesystem::path p = dir / rank_part_name(r);
-    std::ifstream in(p);
-    TESSERA_THROW_IF(!in, io_error, "checkpoint part '", p.string(), "' of rank ", r,
-                     " is missing");
-    nlohmann::json j;
-    try {
-      j = parse_json_bounded(p.string(), in);
-    } catch (const nlohmann::json::exception& e) {
-      throw io_error("checkpoint part '" + p.string() + "' is not JSON: " + e.what());
-    }
-    checkpoint_index part = checkpoint_index::from_json(j, p.string());
+    checkpoint_index part = checkpoint_index::from_json(
+        read_json_file(p, "checkpoint part of rank " + std::to_string(r)), p.string());
     TESSERA_THROW_IF(part.files.size() != 1, io_error, "checkpoint part '", p.string(), "' lists ",
                      part.files.size(), " files, not its rank's one");
     for (auto& [name, t] : part.tensors) {

@@ -280,12 +280,18 @@ int main(int argc, char** argv) {
                  "save a checkpoint every N steps (and at the end)")
       ->capture_default_str()
       ->check(R(std::int64_t{0}, big));
-  app.add_option("--out", o.out, "output folder: checkpoint.bin, metrics.jsonl")
+  app.add_option("--keep", o.keep, "keep the newest N checkpoint folders (0: all)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1 << 20));
+  app.add_option("--out", o.out,
+                 "output folder: checkpoint folders step-NNNNNN (any layout loads them), "
+                 "metrics.jsonl, run.toml")
       ->capture_default_str();
   app.add_option(
       "--resume", o.resume,
-      "continue the run in DIR from its checkpoint.bin, with the settings of DIR/run.toml (options "
-      "given here override them; a larger --steps extends the schedule)");
+      "continue the run in DIR from its newest checkpoint folder (written at any dp, tp, pp, "
+      "zero; or its checkpoint.bin), with the settings of DIR/run.toml (options given here "
+      "override them; a larger --steps extends the schedule)");
   app.add_flag("--sample-only", o.sample_only,
                "with --resume: sample --sample-bytes from the checkpoint without training");
   app.add_option("--dp", o.dp,

@@ -101,7 +101,7 @@ mkdir -p "$mnt"
 # The size of one checkpoint, from a short run elsewhere: the disk holds
 # the first checkpoint, the run's small files and not a second checkpoint.
 "$bin" "${args[@]}" --steps 1 --out "$work/probe" > /dev/null 2>&1
-ck=$(stat -c %s "$work/probe/checkpoint.bin")
+ck=$(du -sb "$work/probe/step-000001" | cut -f1)
 size=$(( ck * 3 / 2 + 32 * 1024 ))
 if ! mount -t tmpfs -o size=$size tmpfs "$mnt" 2>/dev/null; then
   echo "train_faults: cannot mount a tmpfs here (not root or no capability): the full-disk case is skipped"
@@ -114,7 +114,7 @@ rc=$?
 set -e
 secs=$(python3 -c "import time; print(round(time.time() - $start, 1))")
 echo "train_faults: disk of $size bytes (checkpoint $ck): the job ended in $secs s with status $rc"
-n=$(grep -c "checkpoint save at step 4 to '$mnt/run/checkpoint.bin' failed on world rank 0: .*No space left on device" "$work/full_disk.log" || true)
+n=$(grep -Ec "checkpoint save to '$mnt/run/step-000004' failed on world rank [01]: .*No space left on device" "$work/full_disk.log" || true)
 if [ "$rc" -ne 2 ] || [ "$n" -ne 2 ]; then
   echo "train_faults: want status 2 and the message on both ranks, got $rc and $n:" >&2; cat "$work/full_disk.log" >&2; exit 1
 fi

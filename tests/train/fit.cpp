@@ -110,7 +110,10 @@ TEST_CASE("fit drives the same steps as a loop of train_step, bit for bit, on it
                                             "step 4", "step 5", "step 6", "checkpoint 6", "end"});
   CHECK(end.val_loss == r.steps.back().val_loss);
   CHECK(!end.diverged);
-  CHECK(end.checkpoint == opt.out / "checkpoint.bin");
+  CHECK(end.checkpoint == opt.out / "step-000006");
+  // Every checkpoint folder kept, each complete (its metadata written last).
+  CHECK(fs::exists(opt.out / "step-000003" / "metadata.json"));
+  CHECK(fs::exists(opt.out / "step-000006" / "metadata.json"));
   // metrics.jsonl: the settings, then one line per step.
   std::ifstream in(opt.out / "metrics.jsonl");
   std::vector<nlohmann::json> lines;
@@ -168,6 +171,42 @@ TEST_CASE("fit resumes a run folder where it stopped, bit for bit", "[train][fit
   }
   CHECK(steps == std::vector<std::int64_t>{1, 2, 3, 4, 5, 6});
   CHECK(resumed_at);
+}
+
+TEST_CASE(
+    "fit keeps the newest checkpoint folders, resumes past an interrupted save, and a "
+    "fresh run replaces an earlier run's",
+    "[train][fit]") {
+  temp_dir dir;
+  const data::token_file f(make_corpus(dir.path));
+  train::run_options opt;
+  opt.out = dir.path / "run";
+  fs::create_directories(opt.out);
+  opt.checkpoint_every = 1;
+  opt.keep_checkpoints = 2;
+  {
+    train::trainer<precision::fp32> t(model(), config(), f);
+    train::fit(t, opt);
+  }
+  std::vector<std::int64_t> kept;
+  for (const auto& [step, path] : train::checkpoint_folders(opt.out)) kept.push_back(step);
+  CHECK(kept == std::vector<std::int64_t>{5, 6});
+  // A save killed before its metadata: never resumed from.
+  fs::create_directories(opt.out / "step-000009");
+  CHECK(train::resume_checkpoint(opt.out) == opt.out / "step-000006");
+  CHECK_THROWS_WITH(train::resume_checkpoint(dir.path / "nothing"),
+                    Catch::Contains("holds no checkpoint"));
+  // A fresh run into the folder: the earlier run's checkpoints go.
+  train::train_config c = config();
+  c.steps = 2;
+  c.warmup = 1;
+  train::trainer<precision::fp32> t(model(), c, f);
+  opt.checkpoint_every = 0;
+  train::fit(t, opt);
+  kept.clear();
+  for (const auto& [step, path] : train::checkpoint_folders(opt.out)) kept.push_back(step);
+  CHECK(kept == std::vector<std::int64_t>{2});
+  CHECK(!fs::exists(opt.out / "step-000009"));
 }
 
 TEST_CASE("fit samples what generate samples, and only samples with sample_only", "[train][fit]") {

@@ -78,6 +78,39 @@ inline std::vector<std::pair<std::int64_t, std::filesystem::path>> checkpoint_fo
   return v;
 }
 
+/// The checkpoint a run folder resumes from: its newest complete
+/// checkpoint folder, else the single file of earlier versions
+/// (`run`/checkpoint.bin). Throws io_error naming the folder when it holds
+/// neither (a folder whose every save was interrupted included).
+inline std::filesystem::path resume_checkpoint(const std::filesystem::path& run) {
+  const auto all = checkpoint_folders(run);
+  if (!all.empty()) return all.back().second;
+  const std::filesystem::path legacy = run / "checkpoint.bin";
+  TESSERA_THROW_IF(!std::filesystem::exists(legacy), io_error, "run folder '", run.string(),
+                   "' holds no checkpoint: no step-NNNNNN folder with its ",
+                   checkpoint_metadata_name, " (an interrupted save has none), no checkpoint.bin");
+  return legacy;
+}
+
+/// Removes every checkpoint folder of run folder `out`, complete or not
+/// (a fresh run replaces an earlier run's). Throws io_error naming a folder
+/// that cannot be removed.
+inline void remove_checkpoint_folders(const std::filesystem::path& out) {
+  std::error_code ec;
+  std::vector<std::filesystem::path> gone;
+  for (const auto& e : std::filesystem::directory_iterator(out, ec)) {
+    const std::string n = e.path().filename().string();
+    if (n.size() > 5 && n.compare(0, 5, "step-") == 0 &&
+        n.find_first_not_of("0123456789", 5) == std::string::npos && e.is_directory())
+      gone.push_back(e.path());
+  }
+  for (const auto& p : gone) {
+    std::filesystem::remove_all(p, ec);
+    TESSERA_THROW_IF(ec, io_error, "cannot remove the earlier run's checkpoint '", p.string(),
+                     "': ", ec.message());
+  }
+}
+
 /// Removes the complete checkpoint folders of `out` but the newest `keep`
 /// (keep >= 1). Errors are ignored (a folder left over is harmless).
 inline void keep_newest_checkpoints(const std::filesystem::path& out, int keep) {
@@ -160,6 +193,14 @@ std::int64_t load_checkpoint_folder(Chunks& chunks, const Layout& mesh,
     failed = std::current_exception();
   }
   agree_or_throw(world, rank, failed, "checkpoint load from '" + dir.string() + "'");
+  // Every rank must have loaded the same step (a run folder that is not
+  // the same on every machine could give each its own newest checkpoint).
+  std::vector<double> v{static_cast<double>(step), -static_cast<double>(step)};
+  world(v, comm::reduce_op::max);
+  TESSERA_THROW_IF(v[0] != -v[1], config_error, "checkpoint load from '", dir.string(),
+                   "': the ranks loaded different steps (", static_cast<std::int64_t>(-v[1]),
+                   " to ", static_cast<std::int64_t>(v[0]),
+                   "); every rank must see the same run folder");
   return step;
 }
 

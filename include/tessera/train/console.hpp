@@ -110,11 +110,6 @@ class console_log : public observer {
         ll(cfg.global_batch), s.dp, ll(s.accum_steps), ll(cfg.micro_batch), ll(cfg.seq),
         ll(cfg.steps), cfg.lr, ll(cfg.warmup), nn::to_string(cfg.checkpointing.mode));
     line("MFU against %s", kernels::describe_peak(s.options->peak).c_str());
-    if (!s.checkpoints && !s.options->out.empty())
-      line(
-          "%s: no checkpoints are written (sharded checkpoints are not supported yet; use --zero "
-          "0 to checkpoint)",
-          s.sharding);
     if (s.options->baseline)
       line("4-gram Kneser-Ney baseline on val: %.4f nats/byte", *s.options->baseline);
     if (!cfg.init_from_hf.empty() && s.step == 0)

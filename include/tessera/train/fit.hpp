@@ -6,13 +6,15 @@
 /// from its step (or a checkpoint's) to cfg.steps with everything a run
 /// does around the steps:
 ///
-///   resume from `resume`/checkpoint.bin -> metrics.jsonl in `out` (a fresh
+///   resume from `resume`'s newest checkpoint folder (written at any
+///   layout; or its checkpoint.bin) -> metrics.jsonl in `out` (a fresh
 ///   file, or the resumed one cut after the checkpoint's step; the run's
 ///   settings as its first line) -> each step: train_step, the trace of
 ///   `trace_step` (Chrome trace JSON, with its measured bubble), an
 ///   evaluation every cfg.eval_every steps (of cfg.eval_windows windows)
 ///   and at the end (of the whole held-out split), a line of metrics, a
-///   checkpoint every `checkpoint_every` steps and at the end -> the
+///   checkpoint folder `out`/step-NNNNNN every `checkpoint_every` steps and
+///   at the end (the newest `keep_checkpoints` kept) -> the
 ///   Hugging Face export -> a sample of `sample_tokens` tokens.
 ///
 /// Observers see the run as it goes (a console log, a progress bar, a
@@ -39,6 +41,7 @@
 #include "tessera/core/error.hpp"
 #include "tessera/kernels/peak.hpp"
 #include "tessera/nn/llama_config.hpp"
+#include "tessera/train/checkpoint_folder.hpp"
 #include "tessera/train/config.hpp"
 #include "tessera/train/metadata.hpp"
 #include "tessera/train/metrics.hpp"
@@ -49,13 +52,18 @@ namespace tessera::train {
 /// What train::fit does around the steps (file comment). Paths that are
 /// empty turn their part off.
 struct run_options {
-  /// The run folder: checkpoint.bin and metrics.jsonl (empty: neither).
+  /// The run folder: checkpoint folders step-NNNNNN/ (layout-free:
+  /// train/checkpoint_folder.hpp) and metrics.jsonl (empty: neither). A
+  /// fresh run removes an earlier run's checkpoint folders there.
   std::filesystem::path out;
-  /// A run folder to resume from (its checkpoint.bin); empty: a fresh run.
+  /// A run folder to resume from (train::resume_checkpoint: its newest
+  /// complete checkpoint folder, written at any layout, or the
+  /// checkpoint.bin of earlier versions); empty: a fresh run.
   std::filesystem::path resume;
-  /// A checkpoint every N steps (0: only at the end), into `out`. A
-  /// strategy that shards the optimizer state writes none.
+  /// A checkpoint every N steps (0: only at the end), into `out`.
   std::int64_t checkpoint_every = 0;
+  /// Keep the newest N checkpoint folders in `out` (0: all of them).
+  int keep_checkpoints = 0;
   /// The run's settings as given: metrics.jsonl's first line (and a
   /// record of each resume after the steps it continues).
   nlohmann::json settings = nlohmann::json::object();
@@ -174,12 +182,14 @@ run_end fit(Trainer& tr, const run_options& opt, const std::vector<observer*>& o
       for (observer* o : observers) f(*o);
   };
   using S = typename Trainer::engine_type::sharding_type;
-  constexpr bool checkpoints = !S::shards_optimizer_state;
+  const bool checkpoints = !opt.out.empty() && !opt.sample_only;
   run_end end;
   end.steps = cfg.steps;
   if (!opt.out.empty()) end.metrics = opt.out / "metrics.jsonl";
-  const fs::path ckpt = opt.out.empty() ? fs::path() : opt.out / "checkpoint.bin";
-  if (!opt.resume.empty()) tr.load_checkpoint(opt.resume / "checkpoint.bin");
+  if (!opt.resume.empty()) tr.load_checkpoint(resume_checkpoint(opt.resume));
+  // A fresh run's checkpoints replace an earlier run's (a resume would
+  // otherwise find a newer step of another run).
+  if (checkpoints && opt.resume.empty() && lead) remove_checkpoint_folders(opt.out);
   tr.communicator().barrier();
   std::optional<jsonl_writer> metrics;
   if (lead && !opt.sample_only && !end.metrics.empty()) {
@@ -200,7 +210,7 @@ run_end fit(Trainer& tr, const run_options& opt, const std::vector<observer*>& o
                   S::name, Trainer::backend_name, S::stage, tr.layout().dp(), tr.tp_size(),
                   tr.pp_size(), tr.model().num_params(), tr.model().sequence_parallel(),
                   tr.stages(), tr.engine().plan().size(), cfg.accum_steps(), tr.step(),
-                  checkpoints && !ckpt.empty(), &opt};
+                  checkpoints, &opt};
   notify([&](observer& o) { o.on_start(start); });
   tr.set_peak_flops(opt.peak.flops);
   tr.set_blas_flops(opt.peak.blas_flops);
@@ -253,9 +263,11 @@ run_end fit(Trainer& tr, const run_options& opt, const std::vector<observer*>& o
         metrics->write(j);
       }
       notify([&](observer& o) { o.on_step(m); });
-      if (checkpoints && !ckpt.empty() &&
+      if (checkpoints &&
           ((opt.checkpoint_every > 0 && m.step % opt.checkpoint_every == 0) || last)) {
-        tr.save_checkpoint(ckpt);
+        const fs::path ckpt = opt.out / checkpoint_folder_name(m.step);
+        tr.save_checkpoint(ckpt);  // agreed: every rank's file, then the metadata
+        if (lead && opt.keep_checkpoints > 0) keep_newest_checkpoints(opt.out, opt.keep_checkpoints);
         end.checkpoint = ckpt;
         notify([&](observer& o) { o.on_checkpoint(m.step, ckpt); });
       }

@@ -56,6 +56,7 @@ struct job {
   std::optional<double> baseline;  ///< nats per byte printed beside val loss
   bool no_baseline = false, sample_only = false;
   int dp = 1, tp = 1, zero = 0;
+  int keep = 0;               ///< keep the newest N checkpoint folders (0: all)
   double peak_tflops = 0;     ///< one rank's peak for MFU (0: measured or the datasheet's)
   double bucket_mb = 25;      ///< gradient bucket size, MB
   double comm_timeout = 300;  ///< seconds a collective may wait

@@ -74,6 +74,7 @@ inline run_options run_options_of(const job& j, int rank, const std::filesystem:
   r.out = j.out;
   r.resume = j.resume.empty() ? std::filesystem::path() : std::filesystem::path(j.resume);
   r.checkpoint_every = j.checkpoint_every;
+  r.keep_checkpoints = j.keep;
   r.settings = j.config_json;
   r.baseline = j.baseline;
   if (rank == 0 && !j.sample_only && !j.no_baseline && !r.baseline)

@@ -188,7 +188,16 @@ int main(int argc, char** argv) {
   // line override either.
   bool config_given = false;
   (void)argv_value(argc, argv, "--config", &config_given);
-  const std::string resume_dir = argv_value(argc, argv, "--resume");
+  std::string resume_dir = argv_value(argc, argv, "--resume");
+  // --auto-resume: --out (the command line's, else the default) resumes
+  // when it holds a checkpoint, as if --resume named it; else a fresh run.
+  bool auto_resume = false;
+  (void)argv_value(argc, argv, "--auto-resume", &auto_resume);
+  if (auto_resume && resume_dir.empty()) {
+    bool out_set = false;
+    const std::string out = argv_value(argc, argv, "--out", &out_set);
+    if (train::holds_checkpoint(out_set ? out : o.out)) resume_dir = out_set ? out : o.out;
+  }
   std::string config_default;
   if (!resume_dir.empty() && !config_given) {
     if (std::filesystem::exists(std::filesystem::path(resume_dir) / "run.toml"))
@@ -292,6 +301,12 @@ int main(int argc, char** argv) {
       "continue the run in DIR from its newest checkpoint folder (written at any dp, tp, pp, "
       "zero; or its checkpoint.bin), with the settings of DIR/run.toml (options given here "
       "override them; a larger --steps extends the schedule)");
+  app.add_flag("--overwrite", o.overwrite,
+               "a fresh run into an --out that holds a checkpoint replaces it (without it, or "
+               "--resume or --auto-resume, such a run is refused)");
+  app.add_flag("--auto-resume", o.auto_resume,
+               "resume --out when it holds a checkpoint (with its run.toml, as --resume does), "
+               "else start a fresh run there: one command line for every start of a job");
   app.add_flag("--sample-only", o.sample_only,
                "with --resume: sample --sample-bytes from the checkpoint without training");
   app.add_option("--dp", o.dp,
@@ -377,7 +392,8 @@ int main(int argc, char** argv) {
   // Actions of one invocation, not settings of the run: neither written to
   // run.toml nor read from a --config file.
   for (const char* a :
-       {"--resume", "--sample-only", "--export-hf", "--hf-dtype", "--trace", "--trace-step"})
+       {"--resume", "--overwrite", "--auto-resume", "--sample-only", "--export-hf", "--hf-dtype",
+        "--trace", "--trace-step"})
     app.get_option(a)->configurable(false);
   // An option given twice takes its last value (a command line that
   // appends an override to a script's flags, as getopt tools do).
@@ -410,6 +426,12 @@ int main(int argc, char** argv) {
   if (comm::launched_by_mpi() && app.count("--dp") == 0 && o.tp > 0 && o.cfg.pp > 0 &&
       world.size % (o.tp * o.cfg.pp) == 0)
     o.dp = static_cast<int>(world.size / (o.tp * o.cfg.pp));
+  if (o.auto_resume && o.resume.empty() && !resume_dir.empty()) {
+    o.resume = resume_dir;
+    if (world.rank == 0)
+      std::printf("train_llama: --auto-resume: '%s' holds a checkpoint: resuming it\n",
+                  resume_dir.c_str());
+  }
   // A resumed run writes where it resumes from, wherever that folder is
   // now, unless --out is on the command line (run.toml's is where it was).
   bool out_given = false;

@@ -5,6 +5,7 @@
 // the step a failure happened in, and samples what generate samples.
 #include <catch2/catch.hpp>
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -12,8 +13,11 @@
 #include <string>
 #include <vector>
 
+#include "tessera/comm/device_mesh.hpp"
+#include "tessera/comm/local.hpp"
 #include "tessera/data/tokenizer.hpp"
 #include "tessera/train/fit.hpp"
+#include "tessera/train/stop_signals.hpp"
 #include "tessera/train/trainer.hpp"
 #include "word_corpus.hpp"
 
@@ -59,6 +63,8 @@ struct recorder : train::observer {
   train::run_end end;
   std::int64_t start_step = -1;
   std::int64_t throw_at_checkpoint = 0;
+  std::int64_t signal_at_step = 0;  // sends signal_sent to this process after that step
+  int signal_sent = SIGTERM;
   void on_start(const train::run_start& s) override {
     calls.push_back("start");
     start_step = s.step;
@@ -66,6 +72,7 @@ struct recorder : train::observer {
   void on_step(const train::step_metrics& m) override {
     calls.push_back("step " + std::to_string(m.step));
     steps.push_back(m);
+    if (m.step == signal_at_step) ::raise(signal_sent);  // handled on this thread before it returns
   }
   void on_checkpoint(std::int64_t step, const fs::path&) override {
     calls.push_back("checkpoint " + std::to_string(step));
@@ -196,12 +203,23 @@ TEST_CASE(
   CHECK(train::resume_checkpoint(opt.out) == opt.out / "step-000006");
   CHECK_THROWS_WITH(train::resume_checkpoint(dir.path / "nothing"),
                     Catch::Contains("holds no checkpoint"));
-  // A fresh run into the folder: the earlier run's checkpoints go.
+  // A fresh run into the folder: refused, then with overwrite the earlier
+  // run's checkpoints go, with the interrupted save's leftovers.
   train::train_config c = config();
   c.steps = 2;
   c.warmup = 1;
   train::trainer<precision::fp32> t(model(), c, f);
   opt.checkpoint_every = 0;
+  CHECK_THROWS_MATCHES(
+      train::fit(t, opt), config_error,
+      Catch::Matchers::Message("opening the run folder failed on world rank 0: run folder '" +
+                               opt.out.string() +
+                               "' holds the checkpoint of an earlier run (newest: step-000006); "
+                               "resume it (run_options::resume) or replace it "
+                               "(run_options::overwrite)"));
+  CHECK(t.step() == 0);
+  CHECK(fs::exists(opt.out / "step-000006" / "metadata.json"));
+  opt.overwrite = true;
   train::fit(t, opt);
   kept.clear();
   for (const auto& [step, path] : train::checkpoint_folders(opt.out)) kept.push_back(step);
@@ -233,6 +251,106 @@ TEST_CASE("fit samples what generate samples, and only samples with sample_only"
   train::fit(s, opt, {&only});
   CHECK(only.calls == std::vector<std::string>{"start", "sample"});
   CHECK(s.step() == 0);
+}
+
+}  // namespace test_train_fit
+
+namespace test_train_fit {
+
+TEST_CASE("a stop signal ends fit after its step with a checkpoint that resumes bit for bit",
+          "[train][fit][signal]") {
+  temp_dir dir;
+  const data::token_file f(make_corpus(dir.path));
+  recorder whole;
+  {
+    train::trainer<precision::fp32> t(model(), config(), f);
+    train::run_options w;
+    train::fit(t, w, {&whole});
+  }
+  train::run_options opt;
+  opt.out = dir.path / "run";
+  struct sigaction before {}, now {};
+  sigaction(SIGINT, nullptr, &before);
+  {
+    const train::stop_signals guard;
+    train::trainer<precision::fp32> t(model(), config(), f);
+    recorder r;
+    r.signal_at_step = 4;
+    r.signal_sent = SIGINT;
+    const train::run_end e = train::fit(t, opt, {&r});
+    CHECK(e.stopped_by == SIGINT);
+    CHECK(e.step == 4);
+    CHECK(e.checkpoint == opt.out / "step-000004");
+    CHECK(r.calls.back() == "end");
+    CHECK(r.calls[r.calls.size() - 2] == "checkpoint 4");
+  }
+  // The handler is gone with the guard; the request was consumed.
+  sigaction(SIGINT, nullptr, &now);
+  CHECK(now.sa_handler == before.sa_handler);
+  std::vector<std::int64_t> kept;
+  for (const auto& [step, path] : train::checkpoint_folders(opt.out)) kept.push_back(step);
+  CHECK(kept == std::vector<std::int64_t>{4});
+  const train::stop_signals guard;  // installed, no signal: nothing stops
+  CHECK(train::stop_signals::requested() == 0);
+  train::trainer<precision::fp32> t(model(), config(), f);
+  recorder r;
+  train::run_options resumed = opt;
+  resumed.resume = opt.out;
+  const train::run_end e = train::fit(t, resumed, {&r});
+  CHECK(e.stopped_by == 0);
+  REQUIRE(r.steps.size() == 2);
+  for (std::size_t i = 0; i < 2; ++i) {
+    CHECK(r.steps[i].step == whole.steps[i + 4].step);
+    CHECK(r.steps[i].loss == whole.steps[i + 4].loss);
+    CHECK(r.steps[i].grad_norm == whole.steps[i + 4].grad_norm);
+    CHECK(r.steps[i].lr == whole.steps[i + 4].lr);
+  }
+}
+
+TEST_CASE("a stop signal seen by one rank stops every rank after the same step",
+          "[train][fit][signal]") {
+  temp_dir dir;
+  const data::token_file f(make_corpus(dir.path));
+  using trainer_t = train::trainer<precision::fp32, host, optim::adamw, parallel::zero<1>,
+                                   comm::local_communicator, nn::dense_layers>;
+  // Two ranks of dp under ZeRO-1: to the end, or stopped by a signal the
+  // lead's observer sends after `signal_at` (resumed from `from` if set).
+  auto run = [&](const fs::path& out, std::int64_t signal_at, const fs::path& from) {
+    std::vector<train::run_end> ends(2);
+    recorder r;
+    r.signal_at_step = signal_at;
+    comm::comm_options o;
+    o.timeout = std::chrono::seconds(60);
+    comm::local_world::run(
+        2,
+        [&](comm::local_communicator& world) {
+          auto g = comm::make_groups(world, comm::device_mesh(2, 1, 1));
+          train::train_config c = config();
+          c.dp = 2;
+          trainer_t t(model(), c, f, parallel::layout{g.dp, nn::dense_layers{}, g.pp});
+          train::run_options opt;
+          opt.out = out;
+          opt.resume = from;
+          ends[static_cast<std::size_t>(world.rank())] = train::fit(t, opt, {&r});
+        },
+        o);
+    return std::make_pair(ends, r);
+  };
+  const auto [whole_ends, whole] = run(dir.path / "whole", 0, {});
+  const train::stop_signals guard;
+  const auto [ends, stopped] = run(dir.path / "run", 3, {});
+  for (const auto& e : ends) {
+    CHECK(e.stopped_by == SIGTERM);
+    CHECK(e.step == 3);
+  }
+  CHECK(fs::exists(dir.path / "run" / "step-000003" / "metadata.json"));
+  const auto [resumed_ends, resumed] = run(dir.path / "run", 0, dir.path / "run");
+  for (const auto& e : resumed_ends) CHECK(e.step == 6);
+  REQUIRE(resumed.steps.size() == 3);
+  for (std::size_t i = 0; i < 3; ++i) {
+    CHECK(resumed.steps[i].loss == whole.steps[i + 3].loss);
+    CHECK(resumed.steps[i].grad_norm == whole.steps[i + 3].grad_norm);
+  }
 }
 
 }  // namespace test_train_fit

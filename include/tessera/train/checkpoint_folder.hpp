@@ -1,9 +1,8 @@
 #pragma once
 /// \file train/checkpoint_folder.hpp
 /// Saving and loading a trainer's model chunks as a layout-free checkpoint
-/// folder (train/checkpoint_index.hpp), collectively over the mesh, and
-/// the run folder's checkpoints (step-000200/, the newest complete one,
-/// keeping the last N).
+/// folder (train/checkpoint_index.hpp), collectively over the mesh (a run
+/// folder's step-NNNNNN/ checkpoints: train/run_folder.hpp).
 ///
 /// Save: every rank writes its own data file and its part of the metadata
 /// at once (no gather to one rank); the ranks agree that every write
@@ -22,7 +21,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdio>
 #include <exception>
 #include <filesystem>
 #include <iterator>
@@ -51,74 +49,6 @@ inline bool layout_key(const std::string& k) {
                                      "pipeline",     "layout"};
   return std::find_if(std::begin(keys), std::end(keys), [&](const char* x) { return k == x; }) !=
          std::end(keys);
-}
-
-/// The name of the checkpoint folder of `step` in a run folder: step-000200.
-inline std::string checkpoint_folder_name(std::int64_t step) {
-  char b[40];
-  std::snprintf(b, sizeof b, "step-%06lld", static_cast<long long>(step));
-  return b;
-}
-
-/// The complete checkpoint folders (with metadata.json) of run folder
-/// `out`, by step, oldest first. Folders of other names and incomplete
-/// saves are left out.
-inline std::vector<std::pair<std::int64_t, std::filesystem::path>> checkpoint_folders(
-    const std::filesystem::path& out) {
-  std::vector<std::pair<std::int64_t, std::filesystem::path>> v;
-  std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator(out, ec)) {
-    const std::string n = e.path().filename().string();
-    if (n.size() < 6 || n.compare(0, 5, "step-") != 0) continue;
-    if (n.find_first_not_of("0123456789", 5) != std::string::npos || n.size() > 5 + 12) continue;
-    if (!std::filesystem::exists(e.path() / checkpoint_metadata_name)) continue;
-    v.emplace_back(std::stoll(n.substr(5)), e.path());
-  }
-  std::sort(v.begin(), v.end());
-  return v;
-}
-
-/// The checkpoint a run folder resumes from: its newest complete
-/// checkpoint folder, else the single file of earlier versions
-/// (`run`/checkpoint.bin). Throws io_error naming the folder when it holds
-/// neither (a folder whose every save was interrupted included).
-inline std::filesystem::path resume_checkpoint(const std::filesystem::path& run) {
-  const auto all = checkpoint_folders(run);
-  if (!all.empty()) return all.back().second;
-  const std::filesystem::path legacy = run / "checkpoint.bin";
-  TESSERA_THROW_IF(!std::filesystem::exists(legacy), io_error, "run folder '", run.string(),
-                   "' holds no checkpoint: no step-NNNNNN folder with its ",
-                   checkpoint_metadata_name, " (an interrupted save has none), no checkpoint.bin");
-  return legacy;
-}
-
-/// Removes every checkpoint folder of run folder `out`, complete or not
-/// (a fresh run replaces an earlier run's). Throws io_error naming a folder
-/// that cannot be removed.
-inline void remove_checkpoint_folders(const std::filesystem::path& out) {
-  std::error_code ec;
-  std::vector<std::filesystem::path> gone;
-  for (const auto& e : std::filesystem::directory_iterator(out, ec)) {
-    const std::string n = e.path().filename().string();
-    if (n.size() > 5 && n.compare(0, 5, "step-") == 0 &&
-        n.find_first_not_of("0123456789", 5) == std::string::npos && e.is_directory())
-      gone.push_back(e.path());
-  }
-  for (const auto& p : gone) {
-    std::filesystem::remove_all(p, ec);
-    TESSERA_THROW_IF(ec, io_error, "cannot remove the earlier run's checkpoint '", p.string(),
-                     "': ", ec.message());
-  }
-}
-
-/// Removes the complete checkpoint folders of `out` but the newest `keep`
-/// (keep >= 1). Errors are ignored (a folder left over is harmless).
-inline void keep_newest_checkpoints(const std::filesystem::path& out, int keep) {
-  auto all = checkpoint_folders(out);
-  for (std::size_t i = 0; i + static_cast<std::size_t>(std::max(keep, 1)) < all.size(); ++i) {
-    std::error_code ec;
-    std::filesystem::remove_all(all[i].second, ec);
-  }
 }
 
 /// Writes `chunks` (every model chunk of this rank: parameters, master

@@ -143,6 +143,17 @@ class console_log : public observer {
 
   void on_end(const run_end& e) override {
     if (o_.progress) std::printf("\n");
+    if (e.stopped_by != 0) {  // one line: the step, the checkpoint, the folder to resume
+      std::printf("%s: stopped by %s after step %lld of %lld (%.1f s): %s\n", o_.prefix.c_str(),
+                  signal_name(e.stopped_by).c_str(), ll(e.step), ll(e.steps), e.seconds,
+                  e.checkpoint.empty()
+                      ? "no checkpoint (no run folder)"
+                      : ("checkpoint " + e.checkpoint.string() + " saved; resume from " +
+                         e.checkpoint.parent_path().string())
+                            .c_str());
+      std::fflush(stdout);
+      return;
+    }
     const double bpt = s_.options->val_bytes_per_token;
     std::string l = tessera::detail::str(o_.prefix, ": done, ", e.steps, " steps in ",
                                          fixed(e.seconds, 1), " s");

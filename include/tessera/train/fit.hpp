@@ -6,8 +6,10 @@
 /// from its step (or a checkpoint's) to cfg.steps with everything a run
 /// does around the steps:
 ///
-///   resume from `resume`'s newest checkpoint folder (written at any
-///   layout; or its checkpoint.bin) -> metrics.jsonl in `out` (a fresh
+///   the run folder `out` locked, a fresh run refused where it holds a
+///   checkpoint unless `overwrite` (train/run_folder.hpp) -> resume from
+///   `resume`'s newest checkpoint folder (written at any layout; or its
+///   checkpoint.bin) -> metrics.jsonl in `out` (a fresh
 ///   file, or the resumed one cut after the checkpoint's step; the run's
 ///   settings as its first line) -> each step: train_step, the trace of
 ///   `trace_step` (Chrome trace JSON, with its measured bubble), an
@@ -25,7 +27,9 @@
 ///
 /// A failure inside a step is rethrown as its class with the step named
 /// ("step 12 of 100: ..."). A run whose final validation loss is not
-/// finite reports `diverged`.
+/// finite reports `diverged`. While a train::stop_signals lives, SIGINT or
+/// SIGTERM on any rank stops every rank after the same step, with a
+/// checkpoint of it (train/stop_signals.hpp): run_end::stopped_by.
 
 #include <chrono>
 #include <cmath>
@@ -41,10 +45,12 @@
 #include "tessera/core/error.hpp"
 #include "tessera/kernels/peak.hpp"
 #include "tessera/nn/llama_config.hpp"
-#include "tessera/train/checkpoint_folder.hpp"
+#include "tessera/train/agree.hpp"
 #include "tessera/train/config.hpp"
 #include "tessera/train/metadata.hpp"
 #include "tessera/train/metrics.hpp"
+#include "tessera/train/run_folder.hpp"
+#include "tessera/train/stop_signals.hpp"
 #include "tessera/train/trace.hpp"
 
 namespace tessera::train {
@@ -53,9 +59,15 @@ namespace tessera::train {
 /// empty turn their part off.
 struct run_options {
   /// The run folder: checkpoint folders step-NNNNNN/ (layout-free:
-  /// train/checkpoint_folder.hpp) and metrics.jsonl (empty: neither). A
-  /// fresh run removes an earlier run's checkpoint folders there.
+  /// train/checkpoint_folder.hpp) and metrics.jsonl (empty: neither); its
+  /// rules are train/run_folder.hpp's.
   std::filesystem::path out;
+  /// A fresh run into an `out` that holds a checkpoint replaces that run's
+  /// checkpoints (false: it is refused).
+  bool overwrite = false;
+  /// Hold `out`'s lock for the run (false: the caller holds it already,
+  /// as train_llama does from before it writes there).
+  bool lock = true;
   /// A run folder to resume from (train::resume_checkpoint: its newest
   /// complete checkpoint folder, written at any layout, or the
   /// checkpoint.bin of earlier versions); empty: a fresh run.
@@ -113,11 +125,13 @@ struct run_start {
 /// How a run ended, for on_end.
 struct run_end {
   std::int64_t steps = 0;           ///< cfg.steps
+  std::int64_t step = 0;            ///< the step the run ended at (steps, or a stop's)
   double seconds = 0;               ///< wall time of the steps
   std::optional<double> val_loss;   ///< the last evaluation (nats per token)
   bool diverged = false;            ///< the last validation loss was not finite
   std::filesystem::path checkpoint; ///< the last checkpoint written (empty: none)
   std::filesystem::path metrics;    ///< metrics.jsonl (empty: none)
+  int stopped_by = 0;               ///< SIGINT or SIGTERM when one stopped the run early (0: none)
 };
 
 /// The hooks of train::fit (file comment), each a no-op unless overridden;
@@ -137,7 +151,7 @@ class observer {
                         const trace_bubble&) {}
   /// After a checkpoint of `step` was written to `path`.
   virtual void on_checkpoint(std::int64_t /*step*/, const std::filesystem::path& /*path*/) {}
-  /// After the last step.
+  /// After the last step (or the step a stop signal ended the run at).
   virtual void on_end(const run_end&) {}
   /// After the Hugging Face export was written to `dir`.
   virtual void on_export(const std::filesystem::path& /*dir*/) {}
@@ -171,7 +185,8 @@ namespace detail {
 /// Runs `tr` to its cfg.steps (file comment); returns how the run ended.
 /// Collective over the mesh. Throws what the trainer throws (a failure in
 /// a step with the step named), io_error for a metrics file or a
-/// checkpoint that cannot be written (agreed across ranks).
+/// checkpoint that cannot be written, config_error for a run folder in use
+/// or one that holds another run's checkpoint (agreed across ranks).
 template <class Trainer>
 run_end fit(Trainer& tr, const run_options& opt, const std::vector<observer*>& observers = {}) {
   namespace fs = std::filesystem;
@@ -182,14 +197,30 @@ run_end fit(Trainer& tr, const run_options& opt, const std::vector<observer*>& o
       for (observer* o : observers) f(*o);
   };
   using S = typename Trainer::engine_type::sharding_type;
+  auto world = mesh_reduction(tr.layout(), tr.context());
   const bool checkpoints = !opt.out.empty() && !opt.sample_only;
   run_end end;
   end.steps = cfg.steps;
   if (!opt.out.empty()) end.metrics = opt.out / "metrics.jsonl";
+  // The run folder: locked, and a fresh run (or a resume that writes into
+  // another folder) refused where it would replace a run's checkpoints;
+  // under `overwrite` those go, with an interrupted save's leftovers.
+  std::optional<run_folder_lock> lock;
+  std::exception_ptr failed;
+  if (checkpoints && lead) try {
+      std::filesystem::create_directories(opt.out);
+      if (opt.lock) lock.emplace(opt.out);
+      std::error_code ec;
+      if (opt.resume.empty() || !fs::equivalent(opt.resume, opt.out, ec)) {
+        check_fresh_run(opt.out, opt.overwrite,
+                        "resume it (run_options::resume) or replace it (run_options::overwrite)");
+        remove_checkpoints(opt.out);
+      }
+    } catch (...) {
+      failed = std::current_exception();
+    }
+  agree_or_throw(world, tr.world_rank(), failed, "opening the run folder");
   if (!opt.resume.empty()) tr.load_checkpoint(resume_checkpoint(opt.resume));
-  // A fresh run's checkpoints replace an earlier run's (a resume would
-  // otherwise find a newer step of another run).
-  if (checkpoints && opt.resume.empty() && lead) remove_checkpoint_folders(opt.out);
   tr.communicator().barrier();
   std::optional<jsonl_writer> metrics;
   if (lead && !opt.sample_only && !end.metrics.empty()) {
@@ -216,7 +247,36 @@ run_end fit(Trainer& tr, const run_options& opt, const std::vector<observer*>& o
   tr.set_blas_flops(opt.peak.blas_flops);
   const auto t_start = std::chrono::steady_clock::now();
   const std::int64_t trace_at = opt.trace_step > 0 ? opt.trace_step : cfg.steps;
+  std::int64_t saved = tr.step();  // the step of the newest checkpoint (a resume's)
+  auto save = [&](std::int64_t step) {
+    const fs::path ckpt = opt.out / checkpoint_folder_name(step);
+    tr.save_checkpoint(ckpt);  // agreed: every rank's file, then the metadata
+    if (lead && opt.keep_checkpoints > 0) keep_newest_checkpoints(opt.out, opt.keep_checkpoints);
+    end.checkpoint = ckpt;
+    saved = step;
+    notify([&](observer& o) { o.on_checkpoint(step, ckpt); });
+  };
+  // A stop signal on any rank, agreed before each step (a collective only
+  // while a stop_signals lives, on every process alike).
+  auto stop_requested = [&] {
+    if (!stop_signals::installed()) return 0;
+    std::vector<double> v{static_cast<double>(stop_signals::requested())};
+    world(v, comm::reduce_op::max);
+    if (v[0] != 0) stop_signals::consume();  // every rank has read it (the reduction)
+    return static_cast<int>(v[0]);
+  };
   while (!opt.sample_only && tr.step() < cfg.steps) {
+    if ((end.stopped_by = stop_requested()) != 0) {
+      if (checkpoints && saved != tr.step()) try {
+          save(tr.step());
+        } catch (...) {
+          detail::rethrow_with(tessera::detail::str("stopping after step ", tr.step(), " (",
+                                                    signal_name(end.stopped_by), "): "));
+        }
+      else if (checkpoints && end.checkpoint.empty() && !opt.resume.empty())
+        end.checkpoint = resume_checkpoint(opt.resume);  // stopped before its first step
+      break;
+    }
     const std::int64_t at = tr.step() + 1;
     try {
       const bool traced = !opt.trace.empty() && at == trace_at;
@@ -264,21 +324,18 @@ run_end fit(Trainer& tr, const run_options& opt, const std::vector<observer*>& o
       }
       notify([&](observer& o) { o.on_step(m); });
       if (checkpoints &&
-          ((opt.checkpoint_every > 0 && m.step % opt.checkpoint_every == 0) || last)) {
-        const fs::path ckpt = opt.out / checkpoint_folder_name(m.step);
-        tr.save_checkpoint(ckpt);  // agreed: every rank's file, then the metadata
-        if (lead && opt.keep_checkpoints > 0) keep_newest_checkpoints(opt.out, opt.keep_checkpoints);
-        end.checkpoint = ckpt;
-        notify([&](observer& o) { o.on_checkpoint(m.step, ckpt); });
-      }
+          ((opt.checkpoint_every > 0 && m.step % opt.checkpoint_every == 0) || last))
+        save(m.step);
     } catch (...) {
       detail::rethrow_with(tessera::detail::str("step ", at, " of ", cfg.steps, ": "));
     }
   }
+  end.step = tr.step();
   end.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
   end.diverged = end.val_loss && !std::isfinite(*end.val_loss);
   if (!opt.sample_only) notify([&](observer& o) { o.on_end(end); });
-  if (end.diverged) return end;  // checked before anything is exported or sampled
+  // Checked before anything is exported or sampled.
+  if (end.diverged || end.stopped_by != 0) return end;
   if (!opt.export_hf.empty()) {  // every rank takes part (tp gathers, each stage its files)
     tr.export_hf(opt.export_hf, opt.hf_dtype);
     notify([&](observer& o) { o.on_export(opt.export_hf); });

@@ -57,6 +57,10 @@ struct job {
   bool no_baseline = false, sample_only = false;
   int dp = 1, tp = 1, zero = 0;
   int keep = 0;               ///< keep the newest N checkpoint folders (0: all)
+  /// A fresh run into an --out that holds a checkpoint: replace it
+  /// (overwrite) or resume it (auto_resume, set by the command line's
+  /// --auto-resume before the settings are read); neither: refused.
+  bool overwrite = false, auto_resume = false;
   double peak_tflops = 0;     ///< one rank's peak for MFU (0: measured or the datasheet's)
   double bucket_mb = 25;      ///< gradient bucket size, MB
   double comm_timeout = 300;  ///< seconds a collective may wait
@@ -216,6 +220,11 @@ inline void check_job(job& j) {
                    " needs --trace FILE");
   TESSERA_THROW_IF(j.trace_step > c.steps, config_error, "--trace-step ", j.trace_step,
                    " must be in [0, steps=", c.steps, "] (0: the last)");
+  TESSERA_THROW_IF(j.auto_resume && given("--resume"), config_error,
+                   "--auto-resume resumes --out when it holds a checkpoint: give it or --resume "
+                   "DIR, not both");
+  TESSERA_THROW_IF(j.overwrite && j.auto_resume, config_error,
+                   "--overwrite replaces the checkpoints --auto-resume would resume: give one");
   TESSERA_THROW_IF(j.sample_only && j.resume.empty(), config_error,
                    "--sample-only samples from a checkpoint: it needs --resume DIR");
   TESSERA_THROW_IF(j.sample_only && j.sample_bytes == 0, config_error,

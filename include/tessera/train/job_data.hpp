@@ -28,6 +28,7 @@
 #include "tessera/plan/host_memory.hpp"
 #include "tessera/plan/memory.hpp"
 #include "tessera/train/job.hpp"
+#include "tessera/train/run_folder.hpp"
 #if defined(TESSERA_HAS_MPI) && TESSERA_HAS_MPI
 #include "tessera/comm/mpi.hpp"
 #endif
@@ -36,9 +37,12 @@ namespace tessera::train {
 
 /// Creates (recording in `created`) or checks the folders the job writes:
 /// --out (unless --sample-only, which writes nothing there), --export-hf's,
-/// and --trace's parent. Removes a killed run's temporaries from --out.
-/// Throws io_error naming the option and the path.
-inline void prepare_folders(job& j, created_paths& created) {
+/// and --trace's parent. Takes --out's lock into `lock` before anything is
+/// written there, refuses a fresh run into an --out that holds a
+/// checkpoint without --overwrite (train/run_folder.hpp), and removes a
+/// killed run's temporaries from it. Throws io_error naming the option and
+/// the path, config_error for a folder in use or checkpointed.
+inline void prepare_folders(job& j, created_paths& created, std::optional<run_folder_lock>& lock) {
   namespace fs = std::filesystem;
   auto writable = [](const fs::path& p) { return ::access(p.c_str(), W_OK) == 0; };
   if (!j.export_hf.empty()) {
@@ -72,6 +76,13 @@ inline void prepare_folders(job& j, created_paths& created) {
   if (j.sample_only) return;  // nothing is written: the folder may be read-only
   create_folders(j.out, created, "output folder");
   TESSERA_THROW_IF(!writable(j.out), io_error, "output folder '", j.out, "' is not writable");
+  lock.emplace(j.out);
+  std::error_code ec;
+  if (j.resume.empty() || !fs::equivalent(j.resume, j.out, ec))
+    check_fresh_run(j.out, j.overwrite,
+                    "give --resume " + j.out +
+                        " to continue it (or --auto-resume, which resumes whenever it holds "
+                        "one), or --overwrite to replace it");
   remove_stale_temporaries(j.out);
 }
 
@@ -142,6 +153,7 @@ inline void bind_data(job& j, const std::filesystem::path& tok) {
 struct job_session {
   std::filesystem::path tokens;  ///< the token file the trainers read
   std::filesystem::path temporary;
+  std::optional<run_folder_lock> lock;  ///< --out's, on world rank 0 (not under --sample-only)
 #if defined(TESSERA_HAS_MPI) && TESSERA_HAS_MPI
   std::optional<comm::mpi_environment> mpi;
 #endif
@@ -178,7 +190,7 @@ inline bool prepare_job(job& j, created_paths& created, job_session& s) {
   std::exception_ptr failed;
   if (rank == 0 || j.sample_only) {
     try {
-      prepare_folders(j, created);
+      prepare_folders(j, created, s.lock);
       s.tokens = data::prepare_token_file(j.data, into, j.data_format, created);
     } catch (...) {
       failed = std::current_exception();

@@ -38,6 +38,7 @@
 #include "tessera/train/console.hpp"
 #include "tessera/train/fit.hpp"
 #include "tessera/train/job_data.hpp"
+#include "tessera/train/stop_signals.hpp"
 #include "tessera/train/trainer.hpp"
 #include "tessera/train/validate.hpp"
 #if defined(TESSERA_HAS_MPI) && TESSERA_HAS_MPI
@@ -75,6 +76,8 @@ inline run_options run_options_of(const job& j, int rank, const std::filesystem:
   r.resume = j.resume.empty() ? std::filesystem::path() : std::filesystem::path(j.resume);
   r.checkpoint_every = j.checkpoint_every;
   r.keep_checkpoints = j.keep;
+  r.overwrite = j.overwrite;
+  r.lock = false;  // the job holds it from before it writes there (job_session)
   r.settings = j.config_json;
   r.baseline = j.baseline;
   if (rank == 0 && !j.sample_only && !j.no_baseline && !r.baseline)
@@ -95,7 +98,9 @@ inline run_options run_options_of(const job& j, int rank, const std::filesystem:
 }
 
 /// One rank's run of the job: train::fit over `tr` with the console log
-/// and the job_observer. Returns the exit status (1 when the run diverged).
+/// and the job_observer. Returns the exit status: 1 when the run diverged,
+/// 128 + the signal when SIGINT or SIGTERM stopped it (as a shell reports
+/// a process a signal ended, so a script can tell it from a finished run).
 template <class Trainer>
 int fit_job(job& j, Trainer& tr, const data::token_file& data, const std::filesystem::path& tok,
             created_paths& created, const kernels::peak_flops& peak) {
@@ -113,7 +118,8 @@ int fit_job(job& j, Trainer& tr, const data::token_file& data, const std::filesy
     };
   console_log log(std::move(c));
   job_observer obs(j, created);
-  return fit(tr, r, {&obs, &log}).diverged ? 1 : 0;
+  const run_end e = fit(tr, r, {&obs, &log});
+  return e.stopped_by != 0 ? 128 + e.stopped_by : e.diverged ? 1 : 0;
 }
 
 /// The ranks of a job's world on `Backend`. run(j, ranks) calls
@@ -200,6 +206,9 @@ int run_job(job& j, const std::filesystem::path& tok, created_paths& created) {
     return fit_job(j, tr, data, tok, created, peak);
   };
   if constexpr (std::is_same_v<Backend, host>) check_host_memory(j, plan::dtype_sizes::of<P>());
+  // SIGINT and SIGTERM stop the run after a step with a checkpoint; set
+  // on every process before its ranks exist (train/stop_signals.hpp).
+  const stop_signals stop;
   if constexpr (job_world<Backend>::one_device && S::stage == 0 && !TP)
     if (!j.parallel) return job_world<Backend>::template run_one<P, O>(j, tok, created);
   return job_world<Backend>::run(j, ranks);

@@ -1,4 +1,4 @@
-// A preload library for tests/train/resume_kill.sh: with
+// A preload library for tests/train/resume_kill.sh and run_folder.sh: with
 // TESSERA_KILL_AFTER_STEP=N in the environment, the process sends itself
 // SIGKILL right after the write that puts the N-th "step" line into a file
 // named metrics.jsonl. The kill lands at the same point of every run
@@ -6,6 +6,13 @@
 // outside can be outrun by a fast machine: 24 small steps finish inside one
 // poll), and SIGKILL is still a kill without warning: no handler, no flush,
 // no unwinding.
+// With TESSERA_KILL_SIGNAL=INT or TERM it sends that signal instead (to
+// the writing thread, so it is handled before the write returns: the stop
+// a run makes on it lands after the same step on every machine too).
+// With TESSERA_HOLD_AFTER_STEP=N and TESSERA_HOLD_FILE=F instead, the
+// writing thread waits after the N-th step line until file F exists: a
+// test can act on a run that is certainly still going (start a second run
+// into its folder, signal it) and then let it go on.
 //   LD_PRELOAD=libtessera_kill_after_step.so TESSERA_KILL_AFTER_STEP=14 train_llama ...
 #include <dlfcn.h>
 #include <signal.h>
@@ -31,6 +38,16 @@ long kill_after() {
   return n;
 }
 
+int kill_signal() {
+  static const int sig = [] {
+    const char* s = std::getenv("TESSERA_KILL_SIGNAL");
+    if (s && std::strcmp(s, "INT") == 0) return SIGINT;
+    if (s && std::strcmp(s, "TERM") == 0) return SIGTERM;
+    return SIGKILL;
+  }();
+  return sig;
+}
+
 bool is_metrics_file(int fd) {
   char link[64], target[4096];
   std::snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
@@ -50,12 +67,23 @@ long count_steps(std::string_view bytes) {
   return n;
 }
 
+long env_long(const char* name) {
+  const char* s = std::getenv(name);
+  return s ? std::strtol(s, nullptr, 10) : 0L;
+}
+
 // After the real write: counts the step lines it carried, and kills the
-// process once the N-th has reached the file.
+// process (or holds it) once the N-th has reached the file.
 void after_write(int fd, std::string_view bytes) {
-  if (kill_after() <= 0 || !is_metrics_file(fd)) return;
+  static const long hold_after = env_long("TESSERA_HOLD_AFTER_STEP");
+  if ((kill_after() <= 0 && hold_after <= 0) || !is_metrics_file(fd)) return;
   const long lines = count_steps(bytes);
-  if (lines > 0 && step_lines.fetch_add(lines) + lines >= kill_after()) raise(SIGKILL);
+  const long before = lines > 0 ? step_lines.fetch_add(lines) : 0;
+  auto reached = [&](long n) { return n > 0 && lines > 0 && before < n && before + lines >= n; };
+  if (reached(kill_after())) raise(kill_signal());
+  if (reached(hold_after))
+    if (const char* f = std::getenv("TESSERA_HOLD_FILE"))
+      while (access(f, F_OK) != 0) usleep(10000);
 }
 
 }  // namespace

@@ -45,11 +45,26 @@ inline std::atomic<int>& stop_signal_guards() {
   return n;
 }
 
+/// True when mpirun's SIGTERM note is installed (comm/mpi.hpp) and a rank
+/// of this node is no longer running: a SIGTERM then is the launcher
+/// ending a failed job, not a request to stop. Async-signal-safe (kill
+/// with signal 0).
+inline bool launcher_peer_lost() noexcept {
+  const auto& t = comm::detail::launcher_peer_table();
+  const int saved = errno;
+  bool lost = false;
+  for (std::size_t i = 0; i < t.pid.size() && !lost; ++i)
+    lost = static_cast<int>(i) != t.world_rank && t.same_node[i] &&
+           kill(static_cast<pid_t>(t.pid[i]), 0) != 0 && errno == ESRCH;
+  errno = saved;
+  return lost;
+}
+
 /// The handler: only async-signal-safe calls (atomics, kill, sigaction,
 /// write, raise).
 inline void on_stop_signal(int sig) {
   const int saved = errno;
-  if (sig == SIGTERM && comm::detail::launcher_peer_lost()) comm::detail::on_launcher_sigterm(sig);
+  if (sig == SIGTERM && launcher_peer_lost()) comm::detail::on_launcher_sigterm(sig);
   int none = 0;
   if (!stop_signal_received().compare_exchange_strong(none, sig)) {
     struct sigaction dfl {};  // the second signal: its default action, now

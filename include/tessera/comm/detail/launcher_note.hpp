@@ -126,21 +126,6 @@ inline void on_launcher_sigterm(int sig) {
   raise(sig);
 }
 
-/// True when the note is installed and a rank of this node is no longer
-/// running: a SIGTERM then is the launcher ending a failed job, not a
-/// request to stop (train/stop_signals.hpp hands such a signal on to
-/// on_launcher_sigterm). Async-signal-safe (kill with signal 0).
-inline bool launcher_peer_lost() noexcept {
-  const auto& t = launcher_peer_table();
-  const int saved = errno;
-  bool lost = false;
-  for (std::size_t i = 0; i < t.pid.size() && !lost; ++i)
-    lost = static_cast<int>(i) != t.world_rank && t.same_node[i] &&
-           kill(static_cast<pid_t>(t.pid[i]), 0) != 0 && errno == ESRCH;
-  errno = saved;
-  return lost;
-}
-
 /// Installs on_launcher_sigterm for a world of `pid.size()` ranks (pids and
 /// same-node flags by world rank), unless the world has one rank or the
 /// program already handles SIGTERM (its disposition is not SIG_DFL). Call

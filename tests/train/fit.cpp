@@ -269,42 +269,46 @@ TEST_CASE("a stop signal ends fit after its step with a checkpoint that resumes 
   }
   train::run_options opt;
   opt.out = dir.path / "run";
+  opt.stop_on_signals = true;
   struct sigaction before {}, now {};
   sigaction(SIGINT, nullptr, &before);
   {
-    const train::stop_signals guard;
+    const train::stop_signals outer;  // held across both runs: fit consumes the request
+    {
+      const train::stop_signals guard;  // a nested guard changes nothing
+      train::trainer<precision::fp32> t(model(), config(), f);
+      recorder r;
+      r.signal_at_step = 4;
+      r.signal_sent = SIGINT;
+      const train::run_end e = train::fit(t, opt, {&r});
+      CHECK(e.stopped_by == SIGINT);
+      CHECK(e.step == 4);
+      CHECK(e.checkpoint == opt.out / "step-000004");
+      CHECK(r.calls.back() == "end");
+      CHECK(r.calls[r.calls.size() - 2] == "checkpoint 4");
+    }
+    CHECK(train::stop_signals::installed());
+    // Still under `outer`: the request was consumed, so this run goes to its end.
     train::trainer<precision::fp32> t(model(), config(), f);
     recorder r;
-    r.signal_at_step = 4;
-    r.signal_sent = SIGINT;
-    const train::run_end e = train::fit(t, opt, {&r});
-    CHECK(e.stopped_by == SIGINT);
-    CHECK(e.step == 4);
-    CHECK(e.checkpoint == opt.out / "step-000004");
-    CHECK(r.calls.back() == "end");
-    CHECK(r.calls[r.calls.size() - 2] == "checkpoint 4");
+    train::run_options resumed = opt;
+    resumed.resume = opt.out;
+    const train::run_end e = train::fit(t, resumed, {&r});
+    CHECK(e.stopped_by == 0);
+    REQUIRE(r.steps.size() == 2);
+    for (std::size_t i = 0; i < 2; ++i) {
+      CHECK(r.steps[i].step == whole.steps[i + 4].step);
+      CHECK(r.steps[i].loss == whole.steps[i + 4].loss);
+      CHECK(r.steps[i].grad_norm == whole.steps[i + 4].grad_norm);
+      CHECK(r.steps[i].lr == whole.steps[i + 4].lr);
+    }
   }
-  // The handler is gone with the guard; the request was consumed.
+  // The handler is gone with the last guard.
   sigaction(SIGINT, nullptr, &now);
   CHECK(now.sa_handler == before.sa_handler);
   std::vector<std::int64_t> kept;
   for (const auto& [step, path] : train::checkpoint_folders(opt.out)) kept.push_back(step);
-  CHECK(kept == std::vector<std::int64_t>{4});
-  const train::stop_signals guard;  // installed, no signal: nothing stops
-  CHECK(train::stop_signals::requested() == 0);
-  train::trainer<precision::fp32> t(model(), config(), f);
-  recorder r;
-  train::run_options resumed = opt;
-  resumed.resume = opt.out;
-  const train::run_end e = train::fit(t, resumed, {&r});
-  CHECK(e.stopped_by == 0);
-  REQUIRE(r.steps.size() == 2);
-  for (std::size_t i = 0; i < 2; ++i) {
-    CHECK(r.steps[i].step == whole.steps[i + 4].step);
-    CHECK(r.steps[i].loss == whole.steps[i + 4].loss);
-    CHECK(r.steps[i].grad_norm == whole.steps[i + 4].grad_norm);
-    CHECK(r.steps[i].lr == whole.steps[i + 4].lr);
-  }
+  CHECK(kept == std::vector<std::int64_t>{4, 6});
 }
 
 TEST_CASE("a stop signal seen by one rank stops every rank after the same step",
@@ -331,6 +335,7 @@ TEST_CASE("a stop signal seen by one rank stops every rank after the same step",
           train::run_options opt;
           opt.out = out;
           opt.resume = from;
+          opt.stop_on_signals = true;
           ends[static_cast<std::size_t>(world.rank())] = train::fit(t, opt, {&r});
         },
         o);

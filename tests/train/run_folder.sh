@@ -63,10 +63,13 @@ want="train_llama: error: run folder '$work/full' holds the checkpoint of an ear
 [ "$(cd "$work/full" && find . -type f ! -name .lock | sort | xargs sha256sum)" = "$before" ] || fail "the refused run changed the folder"
 echo "run_folder ($tag): a fresh run into a checkpointed folder refused: $(grep -m1 error "$work/fresh.err")"
 
-# --overwrite: the same run again in its place, the same steps.
+# --overwrite: the same run again in its place, the same steps, the
+# earlier run's checkpoints gone (a planted later one included).
 cp -r "$work/full" "$work/over"
+cp -r "$work/over/step-000012" "$work/over/step-000099"
 "${run[@]}" "${args[@]}" --out "$work/over" --overwrite > "$work/over.log" 2>&1 || { cat "$work/over.log" >&2; fail "--overwrite failed"; }
 same_steps "$work/full" "$work/over" || fail "--overwrite: the steps differ"
+[ ! -e "$work/over/step-000099" ] || fail "--overwrite left the earlier run's step-000099"
 echo "run_folder ($tag): --overwrite replaced it"
 
 # SIGINT on the lead rank after step 5: stops after step 5 with its checkpoint.
@@ -86,13 +89,16 @@ echo "run_folder ($tag): SIGINT, then --auto-resume: all 12 steps identical"
 
 # SIGTERM from outside, to a run held after step 4 (the writing thread
 # waits for a file): meanwhile a second run into its folder is refused,
-# naming the first; the signal goes to a process of the job (under mpirun,
-# rank 1, which writes nothing: the ranks agree).
+# naming the first; the signal goes to a process of the job. With threads
+# the ranks share the signal and stop after step 4; under mpirun it goes to
+# rank 1, which writes nothing and is already waiting to agree on step 5,
+# so the ranks stop after step 5.
 LD_PRELOAD="$preload" TESSERA_HOLD_AFTER_STEP=4 TESSERA_HOLD_FILE="$work/go" \
   "${run[@]}" "${args[@]}" --out "$work/term" > "$work/term.log" 2>&1 &
 held=$!
 for _ in $(seq 600); do
-  [ "$(grep -c '"step":[0-9]' "$work/term/metrics.jsonl" 2> /dev/null || true)" -ge 4 ] && break
+  n=$(grep -c '"step":[0-9]' "$work/term/metrics.jsonl" 2> /dev/null || true)
+  [ "${n:-0}" -ge 4 ] && break
   sleep 0.1
 done
 [ "$(grep -c '"step":[0-9]' "$work/term/metrics.jsonl")" -eq 4 ] || fail "the held run did not reach step 4"
@@ -110,16 +116,21 @@ if [ -n "$mpirun" ]; then
   [ -n "$target" ] || fail "no second rank process under mpirun $held"
 fi
 kill -TERM "$target"
-sleep 0.2
+for _ in $(seq 300); do  # the handler's line: the request is recorded
+  grep -q "tessera: SIGTERM: stopping after this step" "$work/term.log" && break
+  sleep 0.1
+done
 touch "$work/go"
 set +e
 wait "$held"
 rc=$?
 set -e
 held=
-line="train_llama: stopped by SIGTERM after step 4 of 12 \([0-9.]+ s\): checkpoint $work/term/step-000004 saved; resume from $work/term"
+at=4
+[ -n "$mpirun" ] && at=5
+line="train_llama: stopped by SIGTERM after step $at of 12 \([0-9.]+ s\): checkpoint $work/term/step-00000$at saved; resume from $work/term"
 [ $rc -eq 143 ] && grep -Eq "^$line\$" "$work/term.log" ||
-  { cat "$work/term.log" >&2; fail "SIGTERM after step 4: want exit 143 and the stop line, got $rc"; }
+  { cat "$work/term.log" >&2; fail "SIGTERM after step $at: want exit 143 and the stop line, got $rc"; }
 echo "run_folder ($tag): $(grep -m1 'stopped by' "$work/term.log")"
 "${run[@]}" "${args[@]}" --out "$work/term" --auto-resume > "$work/term2.log" 2>&1 || { cat "$work/term2.log" >&2; fail "--auto-resume after SIGTERM failed"; }
 same_steps "$work/full" "$work/term" || fail "SIGTERM then --auto-resume: the steps differ from the run never stopped"

@@ -147,7 +147,7 @@ class console_log : public observer {
       std::printf("%s: stopped by %s after step %lld of %lld (%.1f s): %s\n", o_.prefix.c_str(),
                   signal_name(e.stopped_by).c_str(), ll(e.step), ll(e.steps), e.seconds,
                   e.checkpoint.empty()
-                      ? "no checkpoint (no run folder)"
+                      ? "no checkpoint written (none since the run started, or no run folder)"
                       : ("checkpoint " + e.checkpoint.string() + " saved; resume from " +
                          e.checkpoint.parent_path().string())
                             .c_str());

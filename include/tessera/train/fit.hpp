@@ -27,9 +27,10 @@
 ///
 /// A failure inside a step is rethrown as its class with the step named
 /// ("step 12 of 100: ..."). A run whose final validation loss is not
-/// finite reports `diverged`. While a train::stop_signals lives, SIGINT or
-/// SIGTERM on any rank stops every rank after the same step, with a
-/// checkpoint of it (train/stop_signals.hpp): run_end::stopped_by.
+/// finite reports `diverged`. Under `stop_on_signals`, SIGINT or SIGTERM
+/// on any rank (while a train::stop_signals lives) stops every rank after
+/// the same step, with a checkpoint of it (train/stop_signals.hpp):
+/// run_end::stopped_by.
 
 #include <chrono>
 #include <cmath>
@@ -68,6 +69,10 @@ struct run_options {
   /// Hold `out`'s lock for the run (false: the caller holds it already,
   /// as train_llama does from before it writes there).
   bool lock = true;
+  /// Agree before each step on a stop that SIGINT or SIGTERM requested
+  /// (train::stop_signals; one all-reduce of a flag per step), then save
+  /// and return. The same on every rank.
+  bool stop_on_signals = false;
   /// A run folder to resume from (train::resume_checkpoint: its newest
   /// complete checkpoint folder, written at any layout, or the
   /// checkpoint.bin of earlier versions); empty: a fresh run.
@@ -256,25 +261,23 @@ run_end fit(Trainer& tr, const run_options& opt, const std::vector<observer*>& o
     saved = step;
     notify([&](observer& o) { o.on_checkpoint(step, ckpt); });
   };
-  // A stop signal on any rank, agreed before each step (a collective only
-  // while a stop_signals lives, on every process alike).
+  // A stop signal on any rank, agreed before each step.
   auto stop_requested = [&] {
-    if (!stop_signals::installed()) return 0;
+    if (!opt.stop_on_signals) return 0;
     std::vector<double> v{static_cast<double>(stop_signals::requested())};
     world(v, comm::reduce_op::max);
-    if (v[0] != 0) stop_signals::consume();  // every rank has read it (the reduction)
     return static_cast<int>(v[0]);
   };
   while (!opt.sample_only && tr.step() < cfg.steps) {
     if ((end.stopped_by = stop_requested()) != 0) {
-      if (checkpoints && saved != tr.step()) try {
+      // A second signal during this save ends the process (not consumed yet).
+      if (checkpoints && saved != tr.step() && tr.step() > 0) try {
           save(tr.step());
         } catch (...) {
           detail::rethrow_with(tessera::detail::str("stopping after step ", tr.step(), " (",
                                                     signal_name(end.stopped_by), "): "));
         }
-      else if (checkpoints && end.checkpoint.empty() && !opt.resume.empty())
-        end.checkpoint = resume_checkpoint(opt.resume);  // stopped before its first step
+      stop_signals::consume();  // every rank has read it (the reduction)
       break;
     }
     const std::int64_t at = tr.step() + 1;

@@ -76,7 +76,9 @@ inline void prepare_folders(job& j, created_paths& created, std::optional<run_fo
   if (j.sample_only) return;  // nothing is written: the folder may be read-only
   create_folders(j.out, created, "output folder");
   TESSERA_THROW_IF(!writable(j.out), io_error, "output folder '", j.out, "' is not writable");
+  const bool had_lock = std::filesystem::exists(fs::path(j.out) / run_lock_name);
   lock.emplace(j.out);
+  if (!had_lock) created.add(fs::path(j.out) / run_lock_name);  // removed with a refused run's folder
   std::error_code ec;
   if (j.resume.empty() || !fs::equivalent(j.resume, j.out, ec))
     check_fresh_run(j.out, j.overwrite,

@@ -60,7 +60,7 @@ inline std::vector<std::pair<std::int64_t, std::filesystem::path>> checkpoint_fo
     const std::string n = e.path().filename().string();
     if (n.size() < 6 || n.compare(0, 5, "step-") != 0) continue;
     if (n.find_first_not_of("0123456789", 5) != std::string::npos || n.size() > 5 + 12) continue;
-    if (!std::filesystem::exists(e.path() / checkpoint_metadata_name)) continue;
+    if (!std::filesystem::exists(e.path() / checkpoint_metadata_name, ec)) continue;
     v.emplace_back(std::stoll(n.substr(5)), e.path());
   }
   std::sort(v.begin(), v.end());
@@ -192,7 +192,8 @@ class run_folder_lock {
     if (::gmtime_r(&now, &tm)) std::strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S UTC", &tm);
     const std::string t =
         tessera::detail::str("pid ", static_cast<long>(::getpid()), " on host ", host, " since ", when);
-    if (::ftruncate(fd_, 0) == 0 && ::pwrite(fd_, t.data(), t.size(), 0) > 0) return;
+    // Best effort: the lock holds without the note.
+    if (::ftruncate(fd_, 0) == 0) (void)!::pwrite(fd_, t.data(), t.size(), 0);
   }
   std::string holder() const {
     char b[512];

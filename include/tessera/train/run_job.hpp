@@ -78,6 +78,7 @@ inline run_options run_options_of(const job& j, int rank, const std::filesystem:
   r.keep_checkpoints = j.keep;
   r.overwrite = j.overwrite;
   r.lock = false;  // the job holds it from before it writes there (job_session)
+  r.stop_on_signals = true;  // run_job holds the stop_signals
   r.settings = j.config_json;
   r.baseline = j.baseline;
   if (rank == 0 && !j.sample_only && !j.no_baseline && !r.baseline)

@@ -3,10 +3,12 @@
 /// A clean stop on SIGINT and SIGTERM, what a preempted or interrupted job
 /// needs (Megatron-LM's exit-signal handler does the same): while a
 /// stop_signals object lives, either signal only records itself, and
-/// train::fit, which polls stop_signals::requested() before each step,
-/// agrees on it across ranks (a signal that reached one rank stops them
-/// all after the same step), saves a checkpoint of the step it ended and
-/// returns with run_end::stopped_by set. The handler writes one line to
+/// train::fit under run_options::stop_on_signals, which reads
+/// stop_signals::requested() as every rank agrees before each step (a
+/// signal that reached one rank stops them all after the same step: the
+/// current one, or the next where that rank was already waiting to agree),
+/// saves a checkpoint of the step it ended and returns with
+/// run_end::stopped_by set. The handler writes one line to
 /// stderr when the signal arrives:
 ///
 ///   tessera: SIGTERM: stopping after this step with a checkpoint (send it again to stop at once)
@@ -18,7 +20,8 @@
 /// launcher's note (comm/detail/launcher_note.hpp), which names the lost
 /// rank and ends the process.
 ///
-///   train::stop_signals guard;        // on every process, before train::fit
+///   train::stop_signals guard;        // on every process, before its ranks start
+///   opt.stop_on_signals = true;       // on every rank
 ///   const train::run_end e = train::fit(tr, opt);
 ///   if (e.stopped_by) return 128 + e.stopped_by;
 
@@ -61,10 +64,14 @@ inline bool launcher_peer_lost() noexcept {
 }
 
 /// The handler: only async-signal-safe calls (atomics, kill, sigaction,
-/// write, raise).
+/// write, raise; the launcher's tables were built before it was installed).
 inline void on_stop_signal(int sig) {
   const int saved = errno;
-  if (sig == SIGTERM && launcher_peer_lost()) comm::detail::on_launcher_sigterm(sig);
+  if (sig == SIGTERM && launcher_peer_lost()) {
+    comm::detail::on_launcher_sigterm(sig);  // the default action, pending until this returns
+    errno = saved;
+    return;
+  }
   int none = 0;
   if (!stop_signal_received().compare_exchange_strong(none, sig)) {
     struct sigaction dfl {};  // the second signal: its default action, now
@@ -97,28 +104,28 @@ inline std::string signal_name(int sig) {
 }
 
 /// While alive, SIGINT and SIGTERM request a stop (file comment) instead of
-/// ending the process; the dispositions found are restored when the last
-/// one is destroyed. Construct it on every process of a job before
-/// train::fit (fit's agreement on the stop is a collective it issues only
-/// while one lives). Not copyable.
+/// ending the process; the dispositions found by the first are restored
+/// when the last is destroyed. Precondition: built and destroyed on one
+/// thread, outside train::fit (a program holds one around its ranks: on
+/// every process, before its rank threads start). Not copyable.
 class stop_signals {
  public:
   stop_signals() {
     if (detail::stop_signal_guards().fetch_add(1) != 0) return;
     detail::stop_signal_received().store(0);
+    (void)comm::detail::launcher_peer_table();  // built here, not in the handler
+    (void)comm::detail::activity();
     struct sigaction sa {};
     sa.sa_handler = detail::on_stop_signal;
     sigemptyset(&sa.sa_mask);
     sa.sa_flags = SA_RESTART;
-    sigaction(SIGINT, &sa, &old_int_);
-    sigaction(SIGTERM, &sa, &old_term_);
-    owner_ = true;
+    sigaction(SIGINT, &sa, &old()[0]);
+    sigaction(SIGTERM, &sa, &old()[1]);
   }
   ~stop_signals() {
-    detail::stop_signal_guards().fetch_sub(1);
-    if (!owner_) return;
-    sigaction(SIGINT, &old_int_, nullptr);
-    sigaction(SIGTERM, &old_term_, nullptr);
+    if (detail::stop_signal_guards().fetch_sub(1) != 1) return;
+    sigaction(SIGINT, &old()[0], nullptr);
+    sigaction(SIGTERM, &old()[1], nullptr);
   }
   stop_signals(const stop_signals&) = delete;
   stop_signals& operator=(const stop_signals&) = delete;
@@ -126,15 +133,19 @@ class stop_signals {
   /// The signal that requested a stop since the first guard was built (0:
   /// none). Async-signal-safe.
   static int requested() noexcept { return detail::stop_signal_received().load(); }
-  /// Marks the request handled (train::fit, once every rank has read it):
-  /// the next signal asks again instead of ending the process.
+  /// Marks the request handled (train::fit, once every rank has read it
+  /// and the stop's checkpoint is saved): the next signal asks again
+  /// instead of ending the process.
   static void consume() noexcept { detail::stop_signal_received().store(0); }
   /// True while a stop_signals lives in this process.
   static bool installed() noexcept { return detail::stop_signal_guards().load() > 0; }
 
  private:
-  struct sigaction old_int_ {}, old_term_ {};
-  bool owner_ = false;
+  // SIGINT's and SIGTERM's dispositions before the first guard.
+  static struct sigaction* old() {
+    static struct sigaction o[2]{};
+    return o;
+  }
 };
 
 }  // namespace tessera::train

@@ -301,6 +301,10 @@ int main(int argc, char** argv) {
       "continue the run in DIR from its newest checkpoint folder (written at any dp, tp, pp, "
       "zero; or its checkpoint.bin), with the settings of DIR/run.toml (options given here "
       "override them; a larger --steps extends the schedule)");
+  app.add_flag("--async-save", o.async_save,
+               "write checkpoints in the background: the step copies its shares to host memory "
+               "and training goes on (one save in flight; a failed write ends the run at the "
+               "next step)");
   app.add_flag("--overwrite", o.overwrite,
                "a fresh run into an --out that holds a checkpoint replaces it (without it, or "
                "--resume or --auto-resume, such a run is refused)");

@@ -359,3 +359,88 @@ TEST_CASE("a stop signal seen by one rank stops every rank after the same step",
 }
 
 }  // namespace test_train_fit
+
+namespace test_train_fit {
+
+namespace {
+std::string file_bytes(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+}  // namespace
+
+TEST_CASE("asynchronous saves write the same checkpoint folders as synchronous ones",
+          "[train][fit][async]") {
+  temp_dir dir;
+  const data::token_file f(make_corpus(dir.path));
+  using trainer_t = train::trainer<precision::fp32, host, optim::adamw, parallel::zero<3>,
+                                   comm::local_communicator, nn::dense_layers>;
+  // Two ranks of dp under ZeRO-3, a checkpoint every 2 steps.
+  auto run = [&](const fs::path& out, bool async) {
+    recorder r;
+    comm::comm_options o;
+    o.timeout = std::chrono::seconds(60);
+    comm::local_world::run(
+        2,
+        [&](comm::local_communicator& world) {
+          auto g = comm::make_groups(world, comm::device_mesh(2, 1, 1));
+          train::train_config c = config();
+          c.dp = 2;
+          trainer_t t(model(), c, f, parallel::layout{g.dp, nn::dense_layers{}, g.pp});
+          train::run_options opt;
+          opt.out = out;
+          opt.checkpoint_every = 2;
+          opt.async_checkpoints = async;
+          train::fit(t, opt, {&r});
+        },
+        o);
+    return r;
+  };
+  const recorder sync = run(dir.path / "sync", false);
+  const recorder async = run(dir.path / "async", true);
+  for (std::size_t i = 0; i < sync.steps.size(); ++i) CHECK(async.steps[i].loss == sync.steps[i].loss);
+  // Each save completes at a later step's start (or the end), in order.
+  std::vector<std::string> saves;
+  for (const auto& c : async.calls)
+    if (c.starts_with("checkpoint")) saves.push_back(c);
+  CHECK(saves == std::vector<std::string>{"checkpoint 2", "checkpoint 4", "checkpoint 6"});
+  CHECK(async.calls.back() == "end");
+  for (const char* step : {"step-000002", "step-000004", "step-000006"})
+    for (const char* file : {"metadata.json", "rank-00000.bin", "rank-00001.bin"}) {
+      INFO(step << "/" << file);
+      const std::string a = file_bytes(dir.path / "async" / step / file);
+      CHECK(!a.empty());
+      CHECK(a == file_bytes(dir.path / "sync" / step / file));
+    }
+}
+
+TEST_CASE("a failed background write ends the run at the next step, naming the folder",
+          "[train][fit][async]") {
+  temp_dir dir;
+  const data::token_file f(make_corpus(dir.path));
+  train::run_options opt;
+  opt.out = dir.path / "run";
+  opt.checkpoint_every = 2;
+  opt.async_checkpoints = true;
+  fs::create_directories(opt.out);
+  std::ofstream(opt.out / "step-000002") << "a file where the folder would go";
+  train::trainer<precision::fp32> t(model(), config(), f);
+  recorder r;
+  CHECK_THROWS_MATCHES(
+      train::fit(t, opt, {&r}), io_error,
+      Catch::Matchers::Predicate<std::exception>(
+          [&](const std::exception& e) {
+            // At step 3's start if the writer has failed by then, else at
+            // the next save, which waits for it.
+            const std::string m = e.what(),
+                              tail = " of 6: checkpoint save to '" +
+                                     (opt.out / "step-000002").string() +
+                                     "' failed on world rank 0: cannot create checkpoint folder";
+            return m.starts_with("step 3" + tail) || m.starts_with("step 4" + tail);
+          },
+          "names the step, the folder and the rank"));
+  CHECK(r.steps.size() <= 4);  // never past the save that waits for it
+  CHECK(!train::holds_checkpoint(opt.out));
+}
+
+}  // namespace test_train_fit

@@ -51,6 +51,72 @@ inline bool layout_key(const std::string& k) {
          std::end(keys);
 }
 
+/// The run state a checkpoint of `chunks` records: `run` (the trainer's
+/// metadata: step, data position, settings) with the optimizer's step
+/// count and the layout that writes it.
+template <class Chunks, class Layout>
+nlohmann::json checkpoint_run_state(Chunks& chunks, const Layout& mesh, nlohmann::json run) {
+  run["optimizer_steps"] = chunks.engine().optimizer().steps_taken();
+  run["layout"] = {
+      {"dp", mesh.dp()}, {"tp", mesh.tp()}, {"pp", mesh.pp()}, {"world", mesh.world_size()}};
+  return run;
+}
+
+/// One rank's share of a checkpoint: the pieces of its data file and the
+/// tensors they belong to.
+struct rank_share {
+  rank_file file;
+  std::map<std::string, stored_tensor> tensors;
+};
+
+/// The share of `chunks` (every model chunk of this rank: parameters,
+/// master weights, optimizer state) that tp rank `tp_rank` writes; its
+/// pieces read the chunks when written (rank_file::snapshot copies them).
+template <class Chunks>
+rank_share checkpoint_share(Chunks& chunks, int tp_rank) {
+  rank_share s;
+  for (int c = 0; c < chunks.size(); ++c)
+    add_state_pieces(s.file, s.tensors, chunks.engine(c), tp_rank);
+  return s;
+}
+
+/// Writes world rank `rank`'s share into checkpoint folder `dir` (created;
+/// an older save's metadata there removed, it is stale): its data file and
+/// its part of the metadata. Throws io_error.
+inline void write_checkpoint_share(const std::filesystem::path& dir, int rank,
+                                   const rank_share& share) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  TESSERA_THROW_IF(ec || !std::filesystem::is_directory(dir), io_error,
+                   "cannot create checkpoint folder '", dir.string(),
+                   "': ", ec ? ec.message() : "a file of that name is in the way");
+  std::filesystem::remove(dir / checkpoint_metadata_name, ec);
+  TESSERA_THROW_IF(ec, io_error, "cannot remove the stale '",
+                   (dir / checkpoint_metadata_name).string(), "': ", ec.message());
+  write_rank_part(dir, rank, share.file, share.tensors);
+}
+
+/// Completes a save of `ranks` ranks into `dir` once each has written its
+/// share (`failed`: this rank's failure, or null): the ranks agree; world
+/// rank 0 merges the parts into the metadata with run state `run`, the
+/// last file; the ranks agree again. Collective over `world`
+/// (train/agree.hpp). Throws on every rank the lowest failing rank's
+/// error, naming it and the folder.
+template <class World>
+void commit_checkpoint_folder(World& world, int rank, int ranks, const std::filesystem::path& dir,
+                              const nlohmann::json& run, std::exception_ptr failed) {
+  const std::string what = "checkpoint save to '" + dir.string() + "'";
+  agree_or_throw(world, rank, failed, what);
+  if (rank == 0) {
+    try {
+      (void)merge_rank_parts(dir, ranks, run);
+    } catch (...) {
+      failed = std::current_exception();
+    }
+  }
+  agree_or_throw(world, rank, failed, what);
+}
+
 /// Writes `chunks` (every model chunk of this rank: parameters, master
 /// weights, optimizer state) to checkpoint folder `dir` with run state
 /// `run` (the trainer's metadata: step, data position, settings), as the
@@ -60,34 +126,15 @@ inline bool layout_key(const std::string& k) {
 template <class Chunks, class Layout>
 void save_checkpoint_folder(Chunks& chunks, const Layout& mesh, const std::filesystem::path& dir,
                             nlohmann::json run) {
-  const auto& ctx = chunks.model().context();
-  auto world = mesh_reduction(mesh, ctx);
-  const int rank = mesh.world_rank();
-  run["optimizer_steps"] = chunks.engine().optimizer().steps_taken();
-  run["layout"] = {
-      {"dp", mesh.dp()}, {"tp", mesh.tp()}, {"pp", mesh.pp()}, {"world", mesh.world_size()}};
-  const std::string what = "checkpoint save to '" + dir.string() + "'";
+  auto world = mesh_reduction(mesh, chunks.model().context());
+  run = checkpoint_run_state(chunks, mesh, std::move(run));
   std::exception_ptr failed;
   try {
-    std::filesystem::create_directories(dir);
-    std::filesystem::remove(dir / checkpoint_metadata_name);  // an older save's, now stale
-    rank_file file;
-    std::map<std::string, stored_tensor> tensors;
-    for (int c = 0; c < chunks.size(); ++c)
-      add_state_pieces(file, tensors, chunks.engine(c), mesh.tp_rank());
-    write_rank_part(dir, rank, file, tensors);
+    write_checkpoint_share(dir, mesh.world_rank(), checkpoint_share(chunks, mesh.tp_rank()));
   } catch (...) {
     failed = std::current_exception();
   }
-  agree_or_throw(world, rank, failed, what);
-  if (rank == 0) {
-    try {
-      (void)merge_rank_parts(dir, mesh.world_size(), run);
-    } catch (...) {
-      failed = std::current_exception();
-    }
-  }
-  agree_or_throw(world, rank, failed, what);
+  commit_checkpoint_folder(world, mesh.world_rank(), mesh.world_size(), dir, run, failed);
 }
 
 /// Restores `chunks` from checkpoint folder `dir`, written at any layout

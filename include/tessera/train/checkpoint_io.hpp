@@ -18,6 +18,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -52,6 +53,21 @@ class rank_file {
   /// Adds piece `p` whose `bytes` bytes `fill` produces, a block at a time.
   void add(stored_piece p, std::size_t bytes, producer fill) {
     items_.push_back({std::move(p), bytes, std::move(fill)});
+  }
+  /// A copy of every piece's bytes in host memory, owned by the result:
+  /// the state as it is now, which a background thread can write while
+  /// the sources change (an asynchronous save). Throws std::bad_alloc
+  /// when the host cannot hold bytes() more.
+  rank_file snapshot() const {
+    rank_file s;
+    for (const item& i : items_) {
+      auto copy = std::make_shared<std::vector<char>>(i.bytes);
+      if (i.bytes > 0) i.fill(0, copy->data(), i.bytes);
+      s.add(i.piece, i.bytes, [copy](std::size_t at, void* dst, std::size_t n) {
+        std::memcpy(dst, copy->data() + at, n);
+      });
+    }
+    return s;
   }
   /// Bytes the file will hold.
   std::uint64_t bytes() const {

@@ -47,6 +47,7 @@
 #include "tessera/kernels/peak.hpp"
 #include "tessera/nn/llama_config.hpp"
 #include "tessera/train/agree.hpp"
+#include "tessera/train/checkpoint_async.hpp"
 #include "tessera/train/config.hpp"
 #include "tessera/train/metadata.hpp"
 #include "tessera/train/metrics.hpp"
@@ -79,6 +80,11 @@ struct run_options {
   std::filesystem::path resume;
   /// A checkpoint every N steps (0: only at the end), into `out`.
   std::int64_t checkpoint_every = 0;
+  /// Save checkpoints in the background (train/checkpoint_async.hpp): the
+  /// step copies its shares to host memory and training goes on while a
+  /// thread writes them; the save completes (its on_checkpoint) at a later
+  /// step, the next save or the end, and a failed write ends the run there.
+  bool async_checkpoints = false;
   /// Keep the newest N checkpoint folders in `out` (0: all of them).
   int keep_checkpoints = 0;
   /// The run's settings as given: metrics.jsonl's first line (and a
@@ -253,13 +259,31 @@ run_end fit(Trainer& tr, const run_options& opt, const std::vector<observer*>& o
   const auto t_start = std::chrono::steady_clock::now();
   const std::int64_t trace_at = opt.trace_step > 0 ? opt.trace_step : cfg.steps;
   std::int64_t saved = tr.step();  // the step of the newest checkpoint (a resume's)
-  auto save = [&](std::int64_t step) {
-    const fs::path ckpt = opt.out / checkpoint_folder_name(step);
-    tr.save_checkpoint(ckpt);  // agreed: every rank's file, then the metadata
+  auto saved_at = [&](std::int64_t step, const fs::path& ckpt) {
     if (lead && opt.keep_checkpoints > 0) keep_newest_checkpoints(opt.out, opt.keep_checkpoints);
     end.checkpoint = ckpt;
-    saved = step;
     notify([&](observer& o) { o.on_checkpoint(step, ckpt); });
+  };
+  // An asynchronous save in flight, and its step: completed at a later
+  // step's start once every rank has written (or waited for at the next
+  // save and at the end).
+  async_checkpoint async;
+  std::int64_t async_step = 0;
+  auto finish_async = [&](bool wait) {
+    const fs::path done = async.finish(world, wait);
+    if (!done.empty()) saved_at(async_step, done);
+  };
+  auto save = [&](std::int64_t step) {
+    const fs::path ckpt = opt.out / checkpoint_folder_name(step);
+    saved = step;
+    if (opt.async_checkpoints) {
+      finish_async(true);  // one save in flight at a time
+      tr.begin_checkpoint(ckpt, async);
+      async_step = step;
+      return;
+    }
+    tr.save_checkpoint(ckpt);  // agreed: every rank's file, then the metadata
+    saved_at(step, ckpt);
   };
   // A stop signal on any rank, agreed before each step.
   auto stop_requested = [&] {
@@ -271,8 +295,9 @@ run_end fit(Trainer& tr, const run_options& opt, const std::vector<observer*>& o
   while (!opt.sample_only && tr.step() < cfg.steps) {
     if ((end.stopped_by = stop_requested()) != 0) {
       // A second signal during this save ends the process (not consumed yet).
-      if (checkpoints && saved != tr.step() && tr.step() > 0) try {
-          save(tr.step());
+      if (checkpoints) try {
+          if (saved != tr.step() && tr.step() > 0) save(tr.step());
+          finish_async(true);
         } catch (...) {
           detail::rethrow_with(tessera::detail::str("stopping after step ", tr.step(), " (",
                                                     signal_name(end.stopped_by), "): "));
@@ -282,6 +307,7 @@ run_end fit(Trainer& tr, const run_options& opt, const std::vector<observer*>& o
     }
     const std::int64_t at = tr.step() + 1;
     try {
+      finish_async(false);  // a background save every rank has written: completed
       const bool traced = !opt.trace.empty() && at == trace_at;
       if (traced) tr.set_tracing(true);
       step_metrics m = tr.train_step();
@@ -333,6 +359,11 @@ run_end fit(Trainer& tr, const run_options& opt, const std::vector<observer*>& o
       detail::rethrow_with(tessera::detail::str("step ", at, " of ", cfg.steps, ": "));
     }
   }
+  if (!opt.sample_only) try {
+      finish_async(true);  // the last save, written in the background
+    } catch (...) {
+      detail::rethrow_with(tessera::detail::str("the checkpoint of step ", async_step, ": "));
+    }
   end.step = tr.step();
   end.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
   end.diverged = end.val_loss && !std::isfinite(*end.val_loss);

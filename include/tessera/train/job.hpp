@@ -61,6 +61,7 @@ struct job {
   /// (overwrite) or resume it (auto_resume, set by the command line's
   /// --auto-resume before the settings are read); neither: refused.
   bool overwrite = false, auto_resume = false;
+  bool async_save = false;  ///< checkpoints written in the background (run_options::async_checkpoints)
   double peak_tflops = 0;     ///< one rank's peak for MFU (0: measured or the datasheet's)
   double bucket_mb = 25;      ///< gradient bucket size, MB
   double comm_timeout = 300;  ///< seconds a collective may wait

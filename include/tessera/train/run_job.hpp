@@ -76,6 +76,7 @@ inline run_options run_options_of(const job& j, int rank, const std::filesystem:
   r.resume = j.resume.empty() ? std::filesystem::path() : std::filesystem::path(j.resume);
   r.checkpoint_every = j.checkpoint_every;
   r.keep_checkpoints = j.keep;
+  r.async_checkpoints = j.async_save;
   r.overwrite = j.overwrite;
   r.lock = false;  // the job holds it from before it writes there (job_session)
   r.stop_on_signals = true;  // run_job holds the stop_signals

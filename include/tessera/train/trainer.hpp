@@ -61,6 +61,7 @@
 #include "tessera/precision/policy.hpp"
 #include "tessera/train/agree.hpp"
 #include "tessera/train/checkpoint.hpp"
+#include "tessera/train/checkpoint_async.hpp"
 #include "tessera/train/checkpoint_folder.hpp"
 #include "tessera/train/config.hpp"
 #include "tessera/train/hf_export.hpp"
@@ -263,6 +264,13 @@ class trainer {
       train::save_checkpoint<S>(*chunks_, mesh_, path, metadata(), step_);
     else
       train::save_checkpoint_folder(*chunks_, mesh_, path, metadata());
+  }
+  /// Starts an asynchronous save of checkpoint folder `dir` into `a`: this
+  /// rank's share copied to host memory now, written in the background;
+  /// `a.finish` completes it (train/checkpoint_async.hpp). Every rank calls
+  /// it at the same step.
+  void begin_checkpoint(const std::filesystem::path& dir, async_checkpoint& a) {
+    a.begin(*chunks_, mesh_, dir, metadata());
   }
   /// Restores what save_checkpoint wrote, its settings held against this
   /// run's: a checkpoint folder written at any layout the model allows

@@ -3,6 +3,7 @@
 # under ZeRO-1 (and under mpirun when it is given):
 #   - a fresh run into a folder that holds a checkpoint is refused, one line,
 #     exit 2, nothing touched; --overwrite replaces it;
+#   - --async-save writes the same checkpoint files as a synchronous save;
 #   - a second run into a folder in use is refused naming the first (the
 #     lock), and takes the folder once the first has ended;
 #   - SIGINT (raised on the lead rank after step 5) and SIGTERM (sent from
@@ -71,6 +72,14 @@ cp -r "$work/over/step-000012" "$work/over/step-000099"
 same_steps "$work/full" "$work/over" || fail "--overwrite: the steps differ"
 [ ! -e "$work/over/step-000099" ] || fail "--overwrite left the earlier run's step-000099"
 echo "run_folder ($tag): --overwrite replaced it"
+
+# --async-save: the same steps, and the same checkpoint files byte for byte.
+"${run[@]}" "${args[@]}" --out "$work/async" --async-save > "$work/async.log" 2>&1 || { cat "$work/async.log" >&2; fail "--async-save failed"; }
+same_steps "$work/full" "$work/async" || fail "--async-save: the steps differ"
+for f in step-000008/metadata.json step-000008/rank-00000.bin step-000012/rank-00001.bin step-000012/metadata.json; do
+  cmp -s "$work/full/$f" "$work/async/$f" || fail "--async-save: $f differs from the synchronous save's"
+done
+echo "run_folder ($tag): --async-save wrote the same checkpoint files"
 
 # SIGINT on the lead rank after step 5: stops after step 5 with its checkpoint.
 set +e

@@ -430,6 +430,10 @@ int main(int argc, char** argv) {
   if (comm::launched_by_mpi() && app.count("--dp") == 0 && o.tp > 0 && o.cfg.pp > 0 &&
       world.size % (o.tp * o.cfg.pp) == 0)
     o.dp = static_cast<int>(world.size / (o.tp * o.cfg.pp));
+  // (--out from a --config file is known only now: its settings are that
+  // file's, as with --resume DIR --config FILE.)
+  if (o.auto_resume && o.resume.empty() && resume_dir.empty() && train::holds_checkpoint(o.out))
+    resume_dir = o.out;
   if (o.auto_resume && o.resume.empty() && !resume_dir.empty()) {
     o.resume = resume_dir;
     if (world.rank == 0)

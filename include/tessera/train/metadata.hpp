@@ -30,6 +30,31 @@ inline nlohmann::json model_metadata(const nn::llama_config& c) {
           {"norm_eps", c.norm_eps}};
 }
 
+/// The model config that model_metadata wrote (`m`, read from `where`,
+/// named in errors). Throws io_error naming `where` and the key for a
+/// missing key or one of another type, config_error as
+/// llama_config::validate.
+inline nn::llama_config model_config_from_metadata(const nlohmann::json& m,
+                                                   const std::string& where) {
+  nn::llama_config c;
+  try {
+    c.name = m.at("name").get<std::string>();
+    c.dim = m.at("dim").get<std::int64_t>();
+    c.n_layers = m.at("n_layers").get<std::int64_t>();
+    c.n_heads = m.at("n_heads").get<std::int64_t>();
+    c.n_kv_heads = m.at("n_kv_heads").get<std::int64_t>();
+    c.ffn_dim = m.at("ffn_dim").get<std::int64_t>();
+    c.vocab = m.at("vocab").get<std::int64_t>();
+    c.max_seq = m.at("max_seq").get<std::int64_t>();
+    c.rope_theta = m.at("rope_theta").get<double>();
+    c.norm_eps = m.at("norm_eps").get<double>();
+  } catch (const nlohmann::json::exception& e) {
+    throw io_error("'" + where + "': its model settings are malformed: " + e.what());
+  }
+  c.validate();
+  return c;
+}
+
 /// The hyper-parameters of an optimizer config.
 inline nlohmann::json optimizer_metadata(const optim::adamw_config& a) {
   return {{"beta1", a.beta1}, {"beta2", a.beta2}, {"eps", a.eps},

@@ -66,6 +66,12 @@ std::string plain(const json& v) {
   return v.is_string() ? v.get<std::string>() : v.dump();
 }
 
+// "zero3" as "ZeRO-3"; another name as it is.
+std::string zero_text(const json& v) {
+  const std::string z = plain(v);
+  return z.size() == 5 && z.starts_with("zero") ? "ZeRO-" + z.substr(4) : "ZeRO " + z;
+}
+
 // A checkpoint folder as JSON: its step, the layout that wrote it, the
 // model, the run's settings, every tensor and file.
 json describe_checkpoint(const fs::path& dir) {
@@ -117,7 +123,7 @@ void print_checkpoint(const json& d) {
             << plain(get(d["settings"], "steps", "?")) << " (optimizer steps "
             << plain(d["optimizer_steps"]) << ")\n";
   std::cout << "  layout: dp " << plain(l["dp"]) << ", tp " << plain(l["tp"]) << ", pp "
-            << plain(l["pp"]) << " (world " << plain(l["world"]) << "), ZeRO " << plain(l["zero"])
+            << plain(l["pp"]) << " (world " << plain(l["world"]) << "), " << zero_text(l["zero"])
             << ", schedule " << (l["schedule"].is_null() ? "not recorded" : plain(l["schedule"]))
             << ", virtual stages " << plain(l["virtual_stages"]) << "\n";
   if (l.contains("consolidated_from")) {

@@ -29,7 +29,7 @@ grep -q "step-000002 .*complete" "$work/list_run" || fail "list of the run folde
 grep -q "step-000004 .*newest complete" "$work/list_run" || fail "no newest mark: $(cat "$work/list_run")"
 "$tool" list "$ck" > "$work/list_ck"
 grep -q "step 4 of 4" "$work/list_ck" || fail "list: no step: $(head -3 "$work/list_ck")"
-grep -q "layout: dp 2, tp 1, pp 1 (world 2), ZeRO zero3" "$work/list_ck" || fail "list: no layout: $(head -3 "$work/list_ck")"
+grep -q "layout: dp 2, tp 1, pp 1 (world 2), ZeRO-3" "$work/list_ck" || fail "list: no layout: $(head -3 "$work/list_ck")"
 grep -q "embedding  *\[256, 32\]  *exp_avg float32 x2, exp_avg_sq float32 x2, param float32 x2" "$work/list_ck" ||
   fail "list: no embedding row: $(grep embedding "$work/list_ck")"
 grep -q "rank-00001.bin" "$work/list_ck" || fail "list: no rank file"

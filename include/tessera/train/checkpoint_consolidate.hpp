@@ -25,6 +25,24 @@
 
 namespace tessera::train {
 
+namespace detail {
+
+// A new output folder `dst` (a trailing separator dropped) and the
+// temporary folder beside it (".NAME.tmp-PID") that is written and then
+// renamed to it. Throws config_error when `dst` exists.
+inline std::pair<std::filesystem::path, std::filesystem::path> fresh_output(
+    std::filesystem::path dst) {
+  namespace fs = std::filesystem;
+  if (!dst.has_filename() && dst.has_parent_path()) dst = dst.parent_path();
+  std::error_code ec;
+  TESSERA_THROW_IF(dst.empty() || fs::exists(dst, ec) || fs::is_symlink(dst, ec), config_error,
+                   "output '", dst.string(), "' exists: give a new folder");
+  const fs::path parent = dst.has_parent_path() ? dst.parent_path() : fs::path(".");
+  return {dst, parent / ("." + dst.filename().string() + ".tmp-" + std::to_string(::getpid()))};
+}
+
+}  // namespace detail
+
 /// Checks that the pieces of every role of every tensor of `index` cover
 /// the tensor's global elements exactly once: no element stored twice
 /// (overlap), none stored nowhere (gap). Works on the global row-major
@@ -44,11 +62,11 @@ inline void check_piece_coverage(const checkpoint_index& index) {
     const std::size_t D = shape.size();
     const std::int64_t C = D == 0 ? 1 : p.box.shape[D - 1];
     if (C == 0) continue;
+    std::vector<std::int64_t> coord(D == 0 ? 0 : D - 1);  // a row's global coordinates
     for (std::int64_t e = p.flat_begin; e < p.flat_end;) {
       const std::int64_t r = e / C, c0 = e % C, len = std::min(p.flat_end - e, C - c0);
       // The global index of the box's element e: its coordinates, row-major in `shape`.
       std::int64_t g = 0, rem = r;
-      std::vector<std::int64_t> coord(D == 0 ? 0 : D - 1);
       for (std::size_t d = D == 0 ? 0 : D - 1; d-- > 0;) {
         coord[d] = p.box.start[d] + rem % p.box.shape[d];
         rem /= p.box.shape[d];
@@ -107,9 +125,10 @@ inline void consolidate_checkpoint(const std::filesystem::path& src,
   namespace fs = std::filesystem;
   TESSERA_THROW_IF(block == 0 || block % 8 != 0, config_error, "consolidate_checkpoint: block of ",
                    block, " bytes is not a positive multiple of 8");
+  const auto fresh = detail::fresh_output(dst);  // refused when it exists
+  const fs::path& folder = fresh.first;
+  const fs::path& tmp = fresh.second;
   std::error_code ec;
-  TESSERA_THROW_IF(fs::exists(dst, ec) || fs::is_symlink(dst, ec), config_error, "output '",
-                   dst.string(), "' exists: give a new folder");
   checkpoint_reader rd(src);
   if (verify) {
     rd.verify();
@@ -129,9 +148,6 @@ inline void consolidate_checkpoint(const std::filesystem::path& src,
                });
     }
   }
-  const fs::path parent = dst.has_parent_path() ? dst.parent_path() : fs::path(".");
-  const fs::path tmp =
-      parent / ("." + dst.filename().string() + ".tmp-" + std::to_string(::getpid()));
   fs::remove_all(tmp, ec);
   try {
     fs::create_directories(tmp);
@@ -145,9 +161,9 @@ inline void consolidate_checkpoint(const std::filesystem::path& src,
     out.run["layout"] = {
         {"dp", 1}, {"tp", 1}, {"pp", 1}, {"world", 1}, {"consolidated_from", from}};
     write_checkpoint_metadata(tmp, out);
-    TESSERA_THROW_IF(fs::exists(dst, ec), config_error, "output '", dst.string(),
+    TESSERA_THROW_IF(fs::exists(folder, ec), config_error, "output '", folder.string(),
                      "' appeared while consolidating: give a new folder");
-    fs::rename(tmp, dst);
+    fs::rename(tmp, folder);
   } catch (const fs::filesystem_error& e) {
     fs::remove_all(tmp, ec);
     throw io_error("consolidating '" + src.string() + "' into '" + dst.string() +

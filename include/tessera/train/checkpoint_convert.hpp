@@ -54,9 +54,10 @@ namespace tessera::train {
 inline void convert_checkpoint_file(const std::filesystem::path& src,
                                     const std::filesystem::path& dst) {
   namespace fs = std::filesystem;
+  const auto fresh = detail::fresh_output(dst);  // refused when it exists
+  const fs::path& folder = fresh.first;
+  const fs::path& tmp = fresh.second;
   std::error_code ec;
-  TESSERA_THROW_IF(fs::exists(dst, ec) || fs::is_symlink(dst, ec), config_error, "output '",
-                   dst.string(), "' exists: give a new folder");
   TESSERA_THROW_IF(!fs::is_regular_file(src, ec), io_error, "checkpoint file '", src.string(),
                    "' does not exist or is not a file");
   nlohmann::json meta;
@@ -144,9 +145,6 @@ inline void convert_checkpoint_file(const std::filesystem::path& src,
   run["layout"] = {
       {"dp", 1}, {"tp", 1}, {"pp", 1}, {"world", 1}, {"converted_from", src.filename().string()}};
 
-  const fs::path parent = dst.has_parent_path() ? dst.parent_path() : fs::path(".");
-  const fs::path tmp =
-      parent / ("." + dst.filename().string() + ".tmp-" + std::to_string(::getpid()));
   fs::remove_all(tmp, ec);
   try {
     fs::create_directories(tmp);
@@ -157,9 +155,9 @@ inline void convert_checkpoint_file(const std::filesystem::path& src,
     out.pieces = std::move(pieces);
     out.run = std::move(run);
     write_checkpoint_metadata(tmp, out);
-    TESSERA_THROW_IF(fs::exists(dst, ec), config_error, "output '", dst.string(),
+    TESSERA_THROW_IF(fs::exists(folder, ec), config_error, "output '", folder.string(),
                      "' appeared while converting: give a new folder");
-    fs::rename(tmp, dst);
+    fs::rename(tmp, folder);
   } catch (const fs::filesystem_error& e) {
     fs::remove_all(tmp, ec);
     throw io_error("converting '" + src.string() + "' into '" + dst.string() +

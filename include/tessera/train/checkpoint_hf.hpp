@@ -24,6 +24,7 @@
 #include "tessera/core/numeric.hpp"
 #include "tessera/data/safetensors.hpp"
 #include "tessera/nn/hf_llama.hpp"
+#include "tessera/train/checkpoint_consolidate.hpp"
 #include "tessera/train/checkpoint_io.hpp"
 #include "tessera/train/metadata.hpp"
 
@@ -79,9 +80,10 @@ inline void export_checkpoint_hf(const std::filesystem::path& src, const std::fi
                                  std::string torch_dtype = "", const std::string& role = "param",
                                  std::uint64_t max_shard_bytes = nn::hf_default_shard_bytes) {
   namespace fs = std::filesystem;
+  const auto fresh = detail::fresh_output(dst);  // refused when it exists
+  const fs::path& folder = fresh.first;
+  const fs::path& tmp = fresh.second;
   std::error_code ec;
-  TESSERA_THROW_IF(fs::exists(dst, ec) || fs::is_symlink(dst, ec), config_error, "output '",
-                   dst.string(), "' exists: give a new folder");
   checkpoint_reader rd(src);
   const checkpoint_index& in = rd.index();
   const std::string meta = (src / checkpoint_metadata_name).string();
@@ -111,9 +113,6 @@ inline void export_checkpoint_hf(const std::filesystem::path& src, const std::fi
   const std::size_t eb = data::safetensors_dtype_bytes(dtype);
   const auto files = nn::plan_hf_files(c, {nn::stage_range{}}, eb, max_shard_bytes);
 
-  const fs::path parent = dst.has_parent_path() ? dst.parent_path() : fs::path(".");
-  const fs::path tmp =
-      parent / ("." + dst.filename().string() + ".tmp-" + std::to_string(::getpid()));
   fs::remove_all(tmp, ec);
   try {
     fs::create_directories(tmp);
@@ -154,9 +153,9 @@ inline void export_checkpoint_hf(const std::filesystem::path& src, const std::fi
     write_json_file(tmp / "config.json", nn::hf_config_json(c, torch_dtype));
     if (files.size() > 1)
       write_json_file(tmp / "model.safetensors.index.json", nn::hf_index_json(files));
-    TESSERA_THROW_IF(fs::exists(dst, ec), config_error, "output '", dst.string(),
+    TESSERA_THROW_IF(fs::exists(folder, ec), config_error, "output '", folder.string(),
                      "' appeared while exporting: give a new folder");
-    fs::rename(tmp, dst);
+    fs::rename(tmp, folder);
   } catch (const fs::filesystem_error& e) {
     fs::remove_all(tmp, ec);
     throw io_error("exporting '" + src.string() + "' to '" + dst.string() +

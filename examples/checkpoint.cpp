@@ -259,11 +259,15 @@ int consolidate(const fs::path& src, const fs::path& dst, bool check) {
 }
 
 int export_hf(const fs::path& src, const fs::path& dst, std::string dtype, bool master,
-              double shard_gb) {
+              double shard_gb, bool check) {
   static const std::map<std::string, std::string> alias = {
       {"bf16", "bfloat16"}, {"fp32", "float32"}, {"fp16", "float16"}, {"fp64", "float64"}};
   if (auto it = alias.find(dtype); it != alias.end()) dtype = it->second;
   TESSERA_THROW_IF(!(shard_gb > 0), config_error, "--shard-gb ", shard_gb, " must be > 0");
+  if (check) {
+    train::checkpoint_reader rd(src);
+    rd.verify();  // a damaged file is named, not exported
+  }
   train::export_checkpoint_hf(src, dst, dtype, master ? "master" : "param",
                               static_cast<std::uint64_t>(shard_gb * 1e9));
   std::cout << "checkpoint " << src.string() << " -> Hugging Face folder " << dst.string() << " ("
@@ -323,6 +327,7 @@ int main(int argc, char** argv) {
                    "the parameters");
   hf_cmd->add_option("--shard-gb", shard_gb, "largest safetensors file, in GB (1e9 bytes)")
       ->capture_default_str();
+  hf_cmd->add_flag("--no-verify", no_verify, "skip hashing the source's files first");
 
   auto* conv_cmd =
       app.add_subcommand("convert",
@@ -343,7 +348,7 @@ int main(int argc, char** argv) {
     if (*list_cmd) return list(dir, as_json);
     if (*verify_cmd) return verify(dir);
     if (*cons_cmd) return consolidate(dir, out, !no_verify);
-    if (*hf_cmd) return export_hf(dir, out, dtype, master, shard_gb);
+    if (*hf_cmd) return export_hf(dir, out, dtype, master, shard_gb, !no_verify);
     return convert(dir, out);
   } catch (const std::exception& e) {
     std::cerr << "checkpoint: error: " << e.what() << "\n";

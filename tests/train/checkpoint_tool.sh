@@ -120,6 +120,8 @@ expect "neither checkpoint nor run" "not a run folder" "$tool" list "$work/empty
 expect "damaged source" "does not match its SHA-256" "$tool" consolidate "$work/damaged" "$work/out"
 expect "output exists" "exists: give a new folder" "$tool" consolidate "$ck" "$work/empty"
 expect "unknown dtype" "is not one of" "$tool" export-hf "$ck" "$work/out" --dtype int8
+expect "export of a damaged file" "rank-00001.bin' does not match its SHA-256" "$tool" export-hf "$work/damaged" "$work/out"
+expect "trailing slash on an existing output" "exists: give a new folder" "$tool" consolidate "$ck" "$work/empty/"
 expect "not a checkpoint.bin" "bad magic" "$tool" convert "$ck/rank-00000.bin" "$work/out"
 truncate -s 1000 "$work/damaged/rank-00000.bin"
 expect "truncated file" "holds 1000 bytes; the metadata records" "$tool" list "$work/damaged"

@@ -155,4 +155,31 @@ TEST_CASE("checkpoint files: a write that fails leaves no file behind", "[train]
   CHECK(fs::is_empty(t.path));
 }
 
+TEST_CASE("checkpoint files: a snapshot writes the bytes of its moment, not later ones",
+          "[train][checkpoint]") {
+  temp_dir t;
+  std::vector<float> x = {1, 2, 3, 4, 5, 6};
+  rank_file rf;
+  rf.add({"w", "master", {{0, 0}, {1, 6}}, 0, 6, 0, 0}, x.data(), x.size() * sizeof(float));
+  int produced = 0;  // a producer (a device copy) runs once, at the snapshot
+  rf.add({"w", "exp_avg", {{0, 0}, {1, 6}}, 0, 6, 0, 0}, x.size() * sizeof(float),
+         [&](std::size_t at, void* dst, std::size_t n) {
+           ++produced;
+           std::memcpy(dst, reinterpret_cast<const char*>(x.data()) + at, n);
+         });
+  const rank_file snap = rf.snapshot();
+  CHECK(produced == 1);
+  CHECK(snap.bytes() == rf.bytes());
+  const std::vector<float> then = x;
+  for (float& v : x) v = -v;  // the training step goes on
+  (void)snap.write(t.path, "rank-00000.bin", 0);
+  CHECK(produced == 1);
+  std::ifstream in(t.path / "rank-00000.bin", std::ios::binary);
+  std::vector<float> back(12);
+  in.read(reinterpret_cast<char*>(back.data()), 12 * sizeof(float));
+  REQUIRE(in.gcount() == 12 * static_cast<std::streamsize>(sizeof(float)));
+  CHECK(std::vector<float>(back.begin(), back.begin() + 6) == then);
+  CHECK(std::vector<float>(back.begin() + 6, back.end()) == then);
+}
+
 }  // namespace test_train_checkpoint_io

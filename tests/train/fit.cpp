@@ -398,7 +398,9 @@ TEST_CASE("asynchronous saves write the same checkpoint folders as synchronous o
   };
   const recorder sync = run(dir.path / "sync", false);
   const recorder async = run(dir.path / "async", true);
-  for (std::size_t i = 0; i < sync.steps.size(); ++i) CHECK(async.steps[i].loss == sync.steps[i].loss);
+  REQUIRE(sync.steps.size() == 6);
+  REQUIRE(async.steps.size() == 6);
+  for (std::size_t i = 0; i < 6; ++i) CHECK(async.steps[i].loss == sync.steps[i].loss);
   // Each save completes at a later step's start (or the end), in order.
   std::vector<std::string> saves;
   for (const auto& c : async.calls)
@@ -431,12 +433,12 @@ TEST_CASE("a failed background write ends the run at the next step, naming the f
       Catch::Matchers::Predicate<std::exception>(
           [&](const std::exception& e) {
             // At step 3's start if the writer has failed by then, else at
-            // the next save, which waits for it.
+            // the next save (in step 4), which waits for it.
             const std::string m = e.what(),
-                              tail = " of 6: checkpoint save to '" +
+                              tail = "the checkpoint of step 2: checkpoint save to '" +
                                      (opt.out / "step-000002").string() +
                                      "' failed on world rank 0: cannot create checkpoint folder";
-            return m.starts_with("step 3" + tail) || m.starts_with("step 4" + tail);
+            return m.starts_with(tail) || m.starts_with("step 4 of 6: " + tail);
           },
           "names the step, the folder and the rank"));
   CHECK(r.steps.size() <= 4);  // never past the save that waits for it

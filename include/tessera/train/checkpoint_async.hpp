@@ -56,8 +56,9 @@ class async_checkpoint {
   /// Copies this rank's share of `chunks` to host memory and starts
   /// writing it into `dir` in the background; `run`: the trainer's
   /// metadata (checkpoint_run_state adds the rest). Not collective.
-  /// Precondition: !pending() (finish the previous save first). A failure
-  /// here (a host allocation) is reported at finish, as a write's is.
+  /// Throws error when a save is pending (finish it first); any other
+  /// failure here (a host allocation, a device copy, the thread) is
+  /// reported at finish, on every rank, as a write's is.
   template <class Chunks, class Layout>
   void begin(Chunks& chunks, const Layout& mesh, std::filesystem::path dir, nlohmann::json run) {
     TESSERA_THROW_IF(pending(), error, "async_checkpoint::begin: the save to '", dir_.string(),
@@ -68,24 +69,21 @@ class async_checkpoint {
     ranks_ = mesh.world_size();
     failed_ = nullptr;
     written_.store(false);
-    rank_share copy;
     try {
       rank_share share = checkpoint_share(chunks, mesh.tp_rank());
-      copy.file = share.file.snapshot();
-      copy.tensors = std::move(share.tensors);
-    } catch (...) {
+      rank_share copy{share.file.snapshot(), std::move(share.tensors)};
+      writer_ = std::thread([this, copy = std::move(copy)] {
+        try {
+          write_checkpoint_share(dir_, rank_, copy);
+        } catch (...) {
+          failed_ = std::current_exception();  // read by finish after the join
+        }
+        written_.store(true, std::memory_order_release);
+      });
+    } catch (...) {  // nothing started: finish reports it
       failed_ = std::current_exception();
       written_.store(true);
-      return;
     }
-    writer_ = std::thread([this, share = std::move(copy)] {
-      try {
-        write_checkpoint_share(dir_, rank_, share);
-      } catch (...) {
-        failed_ = std::current_exception();  // read by finish after the join
-      }
-      written_.store(true, std::memory_order_release);
-    });
   }
 
   /// Completes the pending save once every rank's write has ended (`wait`:

@@ -19,6 +19,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tessera/core/checked.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/train/checkpoint_index.hpp"
 #include "tessera/train/checkpoint_io.hpp"
@@ -141,7 +142,8 @@ inline void consolidate_checkpoint(const std::filesystem::path& src,
     const std::int64_t n = box.numel();
     for (const auto& [role, dtype] : t.roles) {
       const std::size_t esize = dtype_bytes_of(dtype);
-      file.add({name, role, box, 0, n, 0, 0}, static_cast<std::size_t>(n) * esize,
+      file.add({name, role, box, 0, n, 0, 0},
+               checked_mul_u64(static_cast<std::uint64_t>(n), esize, "a tensor's bytes"),
                [&rd, name, role, box, esize](std::size_t at, void* out, std::size_t bytes) {
                  const auto lo = static_cast<std::int64_t>(at / esize);
                  rd.read(name, role, box, lo, lo + static_cast<std::int64_t>(bytes / esize), out);

@@ -333,8 +333,10 @@ struct checkpoint_index {
     if (p.file < 0 || static_cast<std::size_t>(p.file) >= files.size())
       throw fail("a piece of '" + p.tensor + "' in file " + std::to_string(p.file) + " of " +
                  std::to_string(files.size()));
-    const std::uint64_t bytes =
-        static_cast<std::uint64_t>(p.flat_end - p.flat_begin) * dtype_bytes_of(r->second);
+    std::uint64_t bytes = 0;
+    if (__builtin_mul_overflow(static_cast<std::uint64_t>(p.flat_end - p.flat_begin),
+                               dtype_bytes_of(r->second), &bytes))
+      throw fail("a piece of '" + p.tensor + "' whose bytes overflow 64 bits");
     const std::uint64_t size = files[static_cast<std::size_t>(p.file)].bytes;
     if (p.offset > size || bytes > size - p.offset)
       throw fail("a piece of '" + p.tensor + "' reaches past the end of file '" +

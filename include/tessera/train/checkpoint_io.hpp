@@ -54,17 +54,18 @@ class rank_file {
   void add(stored_piece p, std::size_t bytes, producer fill) {
     items_.push_back({std::move(p), bytes, std::move(fill)});
   }
-  /// A copy of every piece's bytes in host memory, owned by the result:
-  /// the state as it is now, which a background thread can write while
-  /// the sources change (an asynchronous save). Throws std::bad_alloc
-  /// when the host cannot hold bytes() more.
+  /// A copy of every piece's bytes in host memory (not zero-filled first),
+  /// owned by the result: the state as it is now, which a background
+  /// thread can write while the sources change (an asynchronous save).
+  /// Throws std::bad_alloc when the host cannot hold bytes() more, and
+  /// what a piece's producer throws (a device copy's error).
   rank_file snapshot() const {
     rank_file s;
     for (const item& i : items_) {
-      auto copy = std::make_shared<std::vector<char>>(i.bytes);
-      if (i.bytes > 0) i.fill(0, copy->data(), i.bytes);
+      std::shared_ptr<char[]> copy(new char[std::max<std::size_t>(i.bytes, 1)]);
+      if (i.bytes > 0) i.fill(0, copy.get(), i.bytes);
       s.add(i.piece, i.bytes, [copy](std::size_t at, void* dst, std::size_t n) {
-        std::memcpy(dst, copy->data() + at, n);
+        std::memcpy(dst, copy.get() + at, n);
       });
     }
     return s;

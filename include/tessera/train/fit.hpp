@@ -270,7 +270,12 @@ run_end fit(Trainer& tr, const run_options& opt, const std::vector<observer*>& o
   async_checkpoint async;
   std::int64_t async_step = 0;
   auto finish_async = [&](bool wait) {
-    const fs::path done = async.finish(world, wait);
+    fs::path done;
+    try {
+      done = async.finish(world, wait);
+    } catch (...) {
+      detail::rethrow_with(tessera::detail::str("the checkpoint of step ", async_step, ": "));
+    }
     if (!done.empty()) saved_at(async_step, done);
   };
   auto save = [&](std::int64_t step) {
@@ -306,8 +311,8 @@ run_end fit(Trainer& tr, const run_options& opt, const std::vector<observer*>& o
       break;
     }
     const std::int64_t at = tr.step() + 1;
+    finish_async(false);  // a background save every rank has written: completed
     try {
-      finish_async(false);  // a background save every rank has written: completed
       const bool traced = !opt.trace.empty() && at == trace_at;
       if (traced) tr.set_tracing(true);
       step_metrics m = tr.train_step();
@@ -359,11 +364,7 @@ run_end fit(Trainer& tr, const run_options& opt, const std::vector<observer*>& o
       detail::rethrow_with(tessera::detail::str("step ", at, " of ", cfg.steps, ": "));
     }
   }
-  if (!opt.sample_only) try {
-      finish_async(true);  // the last save, written in the background
-    } catch (...) {
-      detail::rethrow_with(tessera::detail::str("the checkpoint of step ", async_step, ": "));
-    }
+  if (!opt.sample_only) finish_async(true);  // the last save, written in the background
   end.step = tr.step();
   end.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
   end.diverged = end.val_loss && !std::isfinite(*end.val_loss);

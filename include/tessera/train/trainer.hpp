@@ -268,8 +268,12 @@ class trainer {
   /// Starts an asynchronous save of checkpoint folder `dir` into `a`: this
   /// rank's share copied to host memory now, written in the background;
   /// `a.finish` completes it (train/checkpoint_async.hpp). Every rank calls
-  /// it at the same step.
+  /// it at the same step. Throws config_error for a ".bin" path (the single
+  /// file of earlier versions is written synchronously), error while `a`
+  /// holds a save not yet finished.
   void begin_checkpoint(const std::filesystem::path& dir, async_checkpoint& a) {
+    TESSERA_THROW_IF(dir.extension() == ".bin", config_error, "'", dir.string(),
+                     "': an asynchronous save writes a checkpoint folder, not a .bin file");
     a.begin(*chunks_, mesh_, dir, metadata());
   }
   /// Restores what save_checkpoint wrote, its settings held against this

@@ -15,8 +15,9 @@
 /// A failed background write (a full disk) fails the save on every rank at
 /// its finish, naming the rank, as a synchronous save does. A folder is
 /// complete only once its metadata is written, so a run killed with a
-/// write in flight resumes from the save before. The copy costs host
-/// memory of one rank's share until the write ends.
+/// write in flight resumes from the save before. The copy holds host
+/// memory of one rank's share for the run's life: the next save copies
+/// into the same buffers.
 
 #include <atomic>
 #include <cstdint>
@@ -71,7 +72,7 @@ class async_checkpoint {
     written_.store(false);
     try {
       rank_share share = checkpoint_share(chunks, mesh.tp_rank());
-      rank_share copy{share.file.snapshot(), std::move(share.tensors)};
+      rank_share copy{share.file.snapshot(&staging_), std::move(share.tensors)};
       writer_ = std::thread([this, copy = std::move(copy)] {
         try {
           write_checkpoint_share(dir_, rank_, copy);
@@ -114,6 +115,7 @@ class async_checkpoint {
   int rank_ = 0, ranks_ = 1;
   std::exception_ptr failed_;
   std::atomic<bool> written_{false};
+  rank_file::staging staging_;  // the host copy, reused by the next save
   std::thread writer_;
 };
 

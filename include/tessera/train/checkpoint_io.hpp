@@ -54,18 +54,37 @@ class rank_file {
   void add(stored_piece p, std::size_t bytes, producer fill) {
     items_.push_back({std::move(p), bytes, std::move(fill)});
   }
-  /// A copy of every piece's bytes in host memory (not zero-filled first),
-  /// owned by the result: the state as it is now, which a background
-  /// thread can write while the sources change (an asynchronous save).
-  /// Throws std::bad_alloc when the host cannot hold bytes() more, and
-  /// what a piece's producer throws (a device copy's error).
-  rank_file snapshot() const {
+  /// Host buffers a snapshot copies into, kept between saves: the same
+  /// pieces at the next save reuse them (no allocation, no page faults).
+  struct staging {
+    std::vector<std::pair<std::size_t, std::shared_ptr<char[]>>> buffers;  ///< (bytes, buffer)
+  };
+
+  /// A copy of every piece's bytes in host memory, owned by the result:
+  /// the state as it is now, which a background thread can write while
+  /// the sources change (an asynchronous save). With `reuse`, piece k is
+  /// copied into its k-th buffer when that has its size (else a new one
+  /// replaces it); the caller must not snapshot into it again while the
+  /// result is being written. Throws std::bad_alloc when the host cannot
+  /// hold bytes() more, and what a piece's producer throws (a device
+  /// copy's error).
+  rank_file snapshot(staging* reuse = nullptr) const {
     rank_file s;
-    for (const item& i : items_) {
-      std::shared_ptr<char[]> copy(new char[std::max<std::size_t>(i.bytes, 1)]);
-      if (i.bytes > 0) i.fill(0, copy.get(), i.bytes);
-      s.add(i.piece, i.bytes, [copy](std::size_t at, void* dst, std::size_t n) {
-        std::memcpy(dst, copy.get() + at, n);
+    staging none;
+    staging& st = reuse ? *reuse : none;
+    st.buffers.resize(items_.size());
+    for (std::size_t k = 0; k < items_.size(); ++k) {
+      const item& i = items_[k];
+      auto& [bytes, copy] = st.buffers[k];
+      if (!copy || bytes != i.bytes) {
+        copy.reset();  // the old buffer goes before the new one comes
+        copy.reset(new char[std::max<std::size_t>(i.bytes, 1)]);  // not zero-filled
+        bytes = i.bytes;
+      }
+      std::shared_ptr<char[]> buf = copy;
+      if (i.bytes > 0) i.fill(0, buf.get(), i.bytes);
+      s.add(i.piece, i.bytes, [buf](std::size_t at, void* dst, std::size_t n) {
+        std::memcpy(dst, buf.get() + at, n);
       });
     }
     return s;

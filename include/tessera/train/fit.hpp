@@ -365,6 +365,10 @@ run_end fit(Trainer& tr, const run_options& opt, const std::vector<observer*>& o
     }
   }
   if (!opt.sample_only) finish_async(true);  // the last save, written in the background
+  // A stop asked for during the last step: the run is saved; the export
+  // and the sample are skipped.
+  if (!opt.sample_only && end.stopped_by == 0 && (end.stopped_by = stop_requested()) != 0)
+    stop_signals::consume();
   end.step = tr.step();
   end.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
   end.diverged = end.val_loss && !std::isfinite(*end.val_loss);

@@ -311,6 +311,27 @@ TEST_CASE("a stop signal ends fit after its step with a checkpoint that resumes 
   CHECK(kept == std::vector<std::int64_t>{4, 6});
 }
 
+TEST_CASE("a stop signal during the last step skips the sample and reports the stop",
+          "[train][fit][signal]") {
+  temp_dir dir;
+  const data::token_file f(make_corpus(dir.path));
+  const train::stop_signals guard;
+  train::trainer<precision::fp32> t(model(), config(), f);
+  recorder r;
+  r.signal_at_step = 6;
+  train::run_options opt;
+  opt.out = dir.path / "run";
+  opt.stop_on_signals = true;
+  opt.sample_tokens = 8;
+  opt.prompt = {1, 2};
+  const train::run_end e = train::fit(t, opt, {&r});
+  CHECK(e.stopped_by == SIGTERM);
+  CHECK(e.step == 6);
+  CHECK(e.checkpoint == opt.out / "step-000006");
+  CHECK(r.calls.back() == "end");  // no "sample"
+  CHECK(train::stop_signals::requested() == 0);  // consumed
+}
+
 TEST_CASE("a stop signal seen by one rank stops every rank after the same step",
           "[train][fit][signal]") {
   temp_dir dir;

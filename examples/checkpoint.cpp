@@ -185,10 +185,15 @@ json describe_run(const fs::path& dir) {
   std::sort(all.begin(), all.end());
   json list = json::array();
   for (const auto& [step, p] : all) {
+    // A live run renames files as it saves: what vanishes is not counted.
     std::uint64_t bytes = 0;
-    for (const auto& f : fs::directory_iterator(p))
-      if (f.is_regular_file()) bytes += f.file_size();
-    const bool done = fs::exists(p / train::checkpoint_metadata_name);
+    std::error_code ec;
+    for (const auto& f : fs::directory_iterator(p, ec)) {
+      std::error_code fe;
+      const auto n = f.is_regular_file(fe) ? f.file_size(fe) : 0;
+      if (!fe) bytes += n;
+    }
+    const bool done = fs::exists(p / train::checkpoint_metadata_name, ec);
     list.push_back({{"name", p.filename().string()},
                     {"step", step},
                     {"complete", done},

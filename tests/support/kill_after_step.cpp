@@ -13,6 +13,10 @@
 // writing thread waits after the N-th step line until file F exists: a
 // test can act on a run that is certainly still going (start a second run
 // into its folder, signal it) and then let it go on.
+// With TESSERA_KILL_IN_SAVE=N it sends itself SIGKILL at its first write
+// into checkpoint folder step-00000N (a rank killed in the middle of that
+// save); with TESSERA_KILL_RANK=r as well, only world rank r of an MPI
+// launch does.
 //   LD_PRELOAD=libtessera_kill_after_step.so TESSERA_KILL_AFTER_STEP=14 train_llama ...
 #include <dlfcn.h>
 #include <signal.h>
@@ -24,6 +28,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <string_view>
 
 namespace {
@@ -48,12 +53,32 @@ int kill_signal() {
   return sig;
 }
 
-bool is_metrics_file(int fd) {
+// The path fd `fd` names ("" when unknown).
+std::string fd_path(int fd) {
   char link[64], target[4096];
   std::snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
   const ssize_t n = readlink(link, target, sizeof target - 1);
-  if (n <= 0) return false;
-  return std::string_view(target, static_cast<std::size_t>(n)).ends_with("/metrics.jsonl");
+  return n > 0 ? std::string(target, static_cast<std::size_t>(n)) : std::string();
+}
+
+bool is_metrics_file(int fd) { return std::string_view(fd_path(fd)).ends_with("/metrics.jsonl"); }
+
+// TESSERA_KILL_IN_SAVE: a write into step-00000N/ by the chosen rank.
+void kill_in_save(int fd) {
+  static const long step = [] {
+    const char* s = std::getenv("TESSERA_KILL_IN_SAVE");
+    return s ? std::strtol(s, nullptr, 10) : 0L;
+  }();
+  if (step <= 0) return;
+  static const bool chosen = [] {
+    const char* want = std::getenv("TESSERA_KILL_RANK");
+    const char* mine = std::getenv("OMPI_COMM_WORLD_RANK");
+    return want == nullptr || *want == 0 || (mine != nullptr && std::strcmp(want, mine) == 0);
+  }();
+  if (!chosen) return;
+  char folder[40];
+  std::snprintf(folder, sizeof folder, "/step-%06ld/", step);
+  if (fd_path(fd).find(folder) != std::string::npos) raise(SIGKILL);
 }
 
 // The step records' key with its number: "step":<digit>.
@@ -75,6 +100,7 @@ long env_long(const char* name) {
 // After the real write: counts the step lines it carried, and kills the
 // process (or holds it) once the N-th has reached the file.
 void after_write(int fd, std::string_view bytes) {
+  kill_in_save(fd);
   static const long hold_after = env_long("TESSERA_HOLD_AFTER_STEP");
   if ((kill_after() <= 0 && hold_after <= 0) || !is_metrics_file(fd)) return;
   const long lines = count_steps(bytes);

@@ -4,6 +4,8 @@
 #   - a fresh run into a folder that holds a checkpoint is refused, one line,
 #     exit 2, nothing touched; --overwrite replaces it;
 #   - --async-save writes the same checkpoint files as a synchronous save;
+#   - kill -9 in the middle of a save (under mpirun, of one rank): the
+#     previous checkpoint resumes, bit for bit;
 #   - a second run into a folder in use is refused naming the first (the
 #     lock), and takes the folder once the first has ended;
 #   - SIGINT (raised on the lead rank after step 5) and SIGTERM (sent from
@@ -80,6 +82,24 @@ for f in step-000008/metadata.json step-000008/rank-00000.bin step-000012/rank-0
   cmp -s "$work/full/$f" "$work/async/$f" || fail "--async-save: $f differs from the synchronous save's"
 done
 echo "run_folder ($tag): --async-save wrote the same checkpoint files"
+
+# kill -9 in the middle of a save (of step 8; under mpirun, of rank 1
+# alone): the folder has no metadata, so the same command line with
+# --auto-resume resumes from step 4 and every step equals the run never
+# stopped.
+set +e
+LD_PRELOAD="$preload" TESSERA_KILL_IN_SAVE=8 TESSERA_KILL_RANK=${mpirun:+1} \
+  "${run[@]}" "${args[@]}" --checkpoint-every 4 --out "$work/kill9" > "$work/kill9.log" 2>&1
+rc=$?
+set -e
+[ $rc -ne 0 ] && [ -d "$work/kill9/step-000008" ] && [ ! -e "$work/kill9/step-000008/metadata.json" ] &&
+  [ -f "$work/kill9/step-000004/metadata.json" ] ||
+  { cat "$work/kill9.log" >&2; fail "kill -9 in the save of step 8: want a failed run, step-000004 complete, step-000008 without metadata; got $rc"; }
+"${run[@]}" "${args[@]}" --checkpoint-every 4 --out "$work/kill9" --auto-resume > "$work/kill9b.log" 2>&1 ||
+  { cat "$work/kill9b.log" >&2; fail "--auto-resume after kill -9 in a save failed"; }
+grep -q "resumed from step 4" "$work/kill9b.log" || { cat "$work/kill9b.log" >&2; fail "--auto-resume did not resume from step 4"; }
+same_steps "$work/full" "$work/kill9" || fail "kill -9 in a save, then --auto-resume: the steps differ from the run never stopped"
+echo "run_folder ($tag): kill -9 in the save of step 8 (exit $rc), then --auto-resume from step 4: all 12 steps identical"
 
 # SIGINT on the lead rank after step 5: stops after step 5 with its checkpoint.
 set +e

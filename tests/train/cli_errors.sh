@@ -68,6 +68,8 @@ expect "seed of 2^64" "'18446744073709551616' is not an integer" "$train" --seed
 expect "seed in floating notation" "'1e23' is not an integer" "$train" --seed 1e23 "${common[@]}"
 expect "weight decay nan" "'nan' is not a finite number" "$train" --weight-decay nan "${common[@]}"
 expect "lr inf" "'inf' is not a finite number" "$train" --lr inf "${common[@]}"
+expect "overwrite the folder resumed" "--overwrite replaces the checkpoints of --out '$work/gone', which --resume continues: give one" "$train" --resume "$work/gone" --overwrite --no-baseline --sample-bytes 0 --steps 2
+expect "auto-resume with resume" "--auto-resume resumes --out when it holds a checkpoint: give it or --resume DIR, not both" "$train" --resume "$work/gone" --auto-resume "${common[@]}"
 expect "sample-only without resume" "--sample-only samples from a checkpoint: it needs --resume DIR" "$train" --sample-only "${common[@]}"
 expect "high-vocabulary data without a tokenizer" "has a vocabulary of 300 ids but no tokenizer.json beside it" bash -c "python3 -c \"import struct,sys; ids=list(range(300))*20; open(sys.argv[1],'wb').write(b'TSRATOK1'+struct.pack('<IIQQQ',1,1,len(ids),300,64)+bytes(24)+struct.pack('<%dH'%len(ids),*ids))\" '$work/v300.tok' && '$train' --data '$work/v300.tok' --out '$work/out' --no-baseline --steps 2 --seq 16 --micro-batch 2 --global-batch 2"
 expect "missing --config file" "$work/none.toml" "$train" --config "$work/none.toml" "${common[@]}"

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <exception>
+#include <filesystem>
 #include <new>
 #include <optional>
 #include <set>
@@ -226,6 +227,14 @@ inline void check_job(job& j) {
                    "DIR, not both");
   TESSERA_THROW_IF(j.overwrite && j.auto_resume, config_error,
                    "--overwrite replaces the checkpoints --auto-resume would resume: give one");
+  {
+    std::error_code ec;
+    TESSERA_THROW_IF(j.overwrite && !j.resume.empty() &&
+                         std::filesystem::weakly_canonical(j.resume, ec) ==
+                             std::filesystem::weakly_canonical(j.out, ec),
+                     config_error, "--overwrite replaces the checkpoints of --out '", j.out,
+                     "', which --resume continues: give one");
+  }
   TESSERA_THROW_IF(j.sample_only && j.resume.empty(), config_error,
                    "--sample-only samples from a checkpoint: it needs --resume DIR");
   TESSERA_THROW_IF(j.sample_only && j.sample_bytes == 0, config_error,

@@ -445,6 +445,31 @@ inline std::shared_ptr<const hf_checkpoint> open_hf_for(const llama_config& c,
   return hf;
 }
 
+/// Encodes the `n` values at `w` (float64) as safetensors element type
+/// `dtype` ("F32", "BF16", "F16", else "F64": hf_safetensors_dtype's names)
+/// into `out`, which holds n times the type's bytes (to<D>'s rounding: to
+/// nearest even). The one encoder of the exports (the trainer's and a
+/// checkpoint's).
+inline void encode_hf_tensor(const std::string& dtype, const double* w, std::int64_t n,
+                             void* out) {
+  auto put = [&](auto tag) {
+    using D = decltype(tag);
+    for (std::int64_t i = 0; i < n; ++i) {
+      const D x = to<D>(w[i]);
+      std::memcpy(static_cast<char*>(out) + static_cast<std::size_t>(i) * sizeof(D), &x,
+                  sizeof(D));
+    }
+  };
+  if (dtype == "F32")
+    put(float{});
+  else if (dtype == "BF16")
+    put(bf16{});
+  else if (dtype == "F16")
+    put(fp16{});
+  else
+    put(double{});
+}
+
 /// The largest shard of an export unless the caller sets one: 5 GB (10^9
 /// bytes each), transformers' save_pretrained default.
 inline constexpr std::uint64_t hf_default_shard_bytes = 5'000'000'000ull;
@@ -557,21 +582,7 @@ void write_hf_stage_files(const std::filesystem::path& dir, const std::vector<hf
         }
       }
       auto& b = bytes.emplace_back(static_cast<std::size_t>(whole) * eb);
-      auto put = [&](auto tag) {
-        using D = decltype(tag);
-        for (std::int64_t i = 0; i < whole; ++i) {
-          const D x = to<D>(w[static_cast<std::size_t>(i)]);
-          std::memcpy(b.data() + static_cast<std::size_t>(i) * sizeof(D), &x, sizeof(D));
-        }
-      };
-      if (dtype == "F32")
-        put(float{});
-      else if (dtype == "BF16")
-        put(bf16{});
-      else if (dtype == "F16")
-        put(fp16{});
-      else
-        put(double{});
+      encode_hf_tensor(dtype, w.data(), whole, b.data());
       std::vector<std::int64_t> shape;
       for (int d = 0; d < e0.full.rank; ++d) shape.push_back(e0.full[d]);
       entries.push_back({hf_tensor_name(name), dtype, shape, b.data(), b.size()});

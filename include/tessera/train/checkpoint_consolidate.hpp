@@ -42,6 +42,35 @@ inline std::pair<std::filesystem::path, std::filesystem::path> fresh_output(
   return {dst, parent / ("." + dst.filename().string() + ".tmp-" + std::to_string(::getpid()))};
 }
 
+// Writes the new folder `out` (fresh_output's pair): fill(tmp) writes its
+// files into the temporary folder, which is renamed to the output at the
+// end. A file-system failure becomes io_error "<doing> '<src>' into
+// '<dst>' failed: ..."; an output that appeared meanwhile is config_error;
+// nothing is left behind on any failure.
+template <class Fill>
+void write_new_folder(const std::pair<std::filesystem::path, std::filesystem::path>& out,
+                      const std::string& doing, const std::filesystem::path& src,
+                      const std::filesystem::path& dst, Fill&& fill) {
+  namespace fs = std::filesystem;
+  const auto& [folder, tmp] = out;
+  std::error_code ec;
+  fs::remove_all(tmp, ec);
+  try {
+    fs::create_directories(tmp);
+    fill(tmp);
+    TESSERA_THROW_IF(fs::exists(folder, ec), config_error, "output '", folder.string(),
+                     "' appeared while ", doing, ": give a new folder");
+    fs::rename(tmp, folder);
+  } catch (const fs::filesystem_error& e) {
+    fs::remove_all(tmp, ec);
+    throw io_error(doing + " '" + src.string() + "' into '" + dst.string() + "' failed: " +
+                   e.what());
+  } catch (...) {
+    fs::remove_all(tmp, ec);
+    throw;
+  }
+}
+
 }  // namespace detail
 
 /// Checks that the pieces of every role of every tensor of `index` cover
@@ -127,9 +156,6 @@ inline void consolidate_checkpoint(const std::filesystem::path& src,
   TESSERA_THROW_IF(block == 0 || block % 8 != 0, config_error, "consolidate_checkpoint: block of ",
                    block, " bytes is not a positive multiple of 8");
   const auto fresh = detail::fresh_output(dst);  // refused when it exists
-  const fs::path& folder = fresh.first;
-  const fs::path& tmp = fresh.second;
-  std::error_code ec;
   checkpoint_reader rd(src);
   if (verify) {
     rd.verify();
@@ -150,9 +176,7 @@ inline void consolidate_checkpoint(const std::filesystem::path& src,
                });
     }
   }
-  fs::remove_all(tmp, ec);
-  try {
-    fs::create_directories(tmp);
+  detail::write_new_folder(fresh, "consolidating", src, dst, [&](const fs::path& tmp) {
     checkpoint_index out;
     out.tensors = in.tensors;
     auto [f, pieces] = file.write(tmp, rank_data_name(0), 0, block);
@@ -163,17 +187,7 @@ inline void consolidate_checkpoint(const std::filesystem::path& src,
     out.run["layout"] = {
         {"dp", 1}, {"tp", 1}, {"pp", 1}, {"world", 1}, {"consolidated_from", from}};
     write_checkpoint_metadata(tmp, out);
-    TESSERA_THROW_IF(fs::exists(folder, ec), config_error, "output '", folder.string(),
-                     "' appeared while consolidating: give a new folder");
-    fs::rename(tmp, folder);
-  } catch (const fs::filesystem_error& e) {
-    fs::remove_all(tmp, ec);
-    throw io_error("consolidating '" + src.string() + "' into '" + dst.string() +
-                   "' failed: " + e.what());
-  } catch (...) {
-    fs::remove_all(tmp, ec);
-    throw;
-  }
+  });
 }
 
 }  // namespace tessera::train

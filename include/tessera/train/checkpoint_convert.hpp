@@ -55,8 +55,6 @@ inline void convert_checkpoint_file(const std::filesystem::path& src,
                                     const std::filesystem::path& dst) {
   namespace fs = std::filesystem;
   const auto fresh = detail::fresh_output(dst);  // refused when it exists
-  const fs::path& folder = fresh.first;
-  const fs::path& tmp = fresh.second;
   std::error_code ec;
   TESSERA_THROW_IF(!fs::is_regular_file(src, ec), io_error, "checkpoint file '", src.string(),
                    "' does not exist or is not a file");
@@ -145,9 +143,7 @@ inline void convert_checkpoint_file(const std::filesystem::path& src,
   run["layout"] = {
       {"dp", 1}, {"tp", 1}, {"pp", 1}, {"world", 1}, {"converted_from", src.filename().string()}};
 
-  fs::remove_all(tmp, ec);
-  try {
-    fs::create_directories(tmp);
+  detail::write_new_folder(fresh, "converting", src, dst, [&](const fs::path& tmp) {
     checkpoint_index out;
     out.tensors = std::move(tensors);
     auto [f, pieces] = file.write(tmp, rank_data_name(0), 0);
@@ -155,17 +151,7 @@ inline void convert_checkpoint_file(const std::filesystem::path& src,
     out.pieces = std::move(pieces);
     out.run = std::move(run);
     write_checkpoint_metadata(tmp, out);
-    TESSERA_THROW_IF(fs::exists(folder, ec), config_error, "output '", folder.string(),
-                     "' appeared while converting: give a new folder");
-    fs::rename(tmp, folder);
-  } catch (const fs::filesystem_error& e) {
-    fs::remove_all(tmp, ec);
-    throw io_error("converting '" + src.string() + "' into '" + dst.string() +
-                   "' failed: " + e.what());
-  } catch (...) {
-    fs::remove_all(tmp, ec);
-    throw;
-  }
+  });
 }
 
 }  // namespace tessera::train

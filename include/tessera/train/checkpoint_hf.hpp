@@ -81,9 +81,6 @@ inline void export_checkpoint_hf(const std::filesystem::path& src, const std::fi
                                  std::uint64_t max_shard_bytes = nn::hf_default_shard_bytes) {
   namespace fs = std::filesystem;
   const auto fresh = detail::fresh_output(dst);  // refused when it exists
-  const fs::path& folder = fresh.first;
-  const fs::path& tmp = fresh.second;
-  std::error_code ec;
   checkpoint_reader rd(src);
   const checkpoint_index& in = rd.index();
   const std::string meta = (src / checkpoint_metadata_name).string();
@@ -113,9 +110,7 @@ inline void export_checkpoint_hf(const std::filesystem::path& src, const std::fi
   const std::size_t eb = data::safetensors_dtype_bytes(dtype);
   const auto files = nn::plan_hf_files(c, {nn::stage_range{}}, eb, max_shard_bytes);
 
-  fs::remove_all(tmp, ec);
-  try {
-    fs::create_directories(tmp);
+  detail::write_new_folder(fresh, "exporting", src, dst, [&](const fs::path& tmp) {
     std::vector<char> raw;
     std::vector<double> w;
     for (const auto& f : files) {
@@ -131,21 +126,7 @@ inline void export_checkpoint_hf(const std::filesystem::path& src, const std::fi
         w.resize(static_cast<std::size_t>(n));
         detail::widen(from, raw.data(), n, w.data());
         auto& b = bytes.emplace_back(static_cast<std::size_t>(n) * eb);
-        auto put = [&](auto tag) {
-          using D = decltype(tag);
-          for (std::int64_t i = 0; i < n; ++i) {
-            const D x = to<D>(w[static_cast<std::size_t>(i)]);
-            std::memcpy(b.data() + static_cast<std::size_t>(i) * sizeof(D), &x, sizeof(D));
-          }
-        };
-        if (dtype == "F32")
-          put(float{});
-        else if (dtype == "BF16")
-          put(bf16{});
-        else if (dtype == "F16")
-          put(fp16{});
-        else
-          put(double{});
+        nn::encode_hf_tensor(dtype, w.data(), n, b.data());
         entries.push_back({nn::hf_tensor_name(name), dtype, t.shape, b.data(), b.size()});
       }
       data::write_safetensors(tmp / f.name, entries, {{"format", "pt"}});
@@ -153,17 +134,7 @@ inline void export_checkpoint_hf(const std::filesystem::path& src, const std::fi
     write_json_file(tmp / "config.json", nn::hf_config_json(c, torch_dtype));
     if (files.size() > 1)
       write_json_file(tmp / "model.safetensors.index.json", nn::hf_index_json(files));
-    TESSERA_THROW_IF(fs::exists(folder, ec), config_error, "output '", folder.string(),
-                     "' appeared while exporting: give a new folder");
-    fs::rename(tmp, folder);
-  } catch (const fs::filesystem_error& e) {
-    fs::remove_all(tmp, ec);
-    throw io_error("exporting '" + src.string() + "' to '" + dst.string() +
-                   "' failed: " + e.what());
-  } catch (...) {
-    fs::remove_all(tmp, ec);
-    throw;
-  }
+  });
 }
 
 }  // namespace tessera::train

@@ -170,7 +170,8 @@ inline void consolidate_checkpoint(const std::filesystem::path& src,
       const std::size_t esize = dtype_bytes_of(dtype);
       file.add({name, role, box, 0, n, 0, 0},
                checked_mul_u64(static_cast<std::uint64_t>(n), esize, "a tensor's bytes"),
-               [&rd, name, role, box, esize](std::size_t at, void* out, std::size_t bytes) {
+               // Init-captures: clang before 16 cannot capture a structured binding.
+               [&rd, name = name, role = role, box, esize](std::size_t at, void* out, std::size_t bytes) {
                  const auto lo = static_cast<std::int64_t>(at / esize);
                  rd.read(name, role, box, lo, lo + static_cast<std::int64_t>(bytes / esize), out);
                });

@@ -139,6 +139,16 @@ TEST_CASE("pp trainer: dp x tp x pp meshes on up to 8 ranks equal one rank's (fl
   check_mesh<P, parallel::zero<1>>(sp, 1e-10);
 }
 
+TEST_CASE("pp trainer: zero<3> under every schedule equals one rank's (float64)",
+          "[train][pp][z3]") {
+  using P = precision::fp64;
+  using Z3 = parallel::zero<3>;
+  for (schedule_kind s :
+       {schedule_kind::gpipe, schedule_kind::one_f_one_b, schedule_kind::zero_bubble_h1})
+    check_mesh<P, Z3>(pipe(2, s, 1, 4, 2, 1), 1e-10);
+  check_mesh<P, Z3>(pipe(2, schedule_kind::interleaved, 2, 4, 2, 1), 1e-10);
+}
+
 TEST_CASE("pp trainer: float32 under every schedule", "[train][pp]") {
   using P = precision::fp32;
   check_mesh<P, parallel::zero<0>>(pipe(2, schedule_kind::gpipe), 1e-5);
@@ -427,3 +437,4 @@ TEST_CASE("pp trainer: wrong configurations fail before the first send", "[train
 }
 
 }  // namespace test_train_pipeline
+

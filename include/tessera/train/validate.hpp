@@ -95,10 +95,6 @@ void validate(const nn::llama_config& c, const train_config& cfg, const data::to
   TESSERA_THROW_IF(3 * static_cast<std::int64_t>(K) * cfg.virtual_stages > 32767, config_error,
                    "pp=", K, " x virtual stages V=", cfg.virtual_stages,
                    ": the pipeline's message tags (3 K V) exceed MPI's bound of 32767");
-  TESSERA_THROW_IF(K > 1 && Sharding::shards_parameters, config_error, "--zero 3 (", Sharding::name,
-                   ") gathers each block's parameters per pass, which a pipeline does not "
-                   "schedule; use --zero 0, 1 or 2 with --pp ",
-                   K);
   parallel::check_pipeline(
       cfg.pipeline, {K, cfg.accum_steps(), static_cast<int>(cfg.virtual_stages)}, c.n_layers);
   (void)parallel::partition_stages(c, cfg.seq, K * static_cast<int>(cfg.virtual_stages),

@@ -48,8 +48,7 @@ concept mesh_degrees = requires(const M& m) {
 /// one micro-batch's activation bytes beyond 64 bits; a pipeline the
 /// schedule cannot run (parallel::check_pipeline: micro-batch count,
 /// virtual stages, stages per layer) or whose message tags (3 K V) exceed
-/// MPI's bound 32767; a stage list that does not sum to the layers; zero<3>
-/// with a pipeline; tp that does not split the heads or F
+/// MPI's bound 32767; a stage list that does not sum to the layers; tp that does not split the heads or F
 /// (nn::check_tensor_parallel); sequence parallelism with tp 1 or T not
 /// divisible by tp; a training or validation split shorter than one
 /// window of T + 1 tokens; engine options `dpo` that are invalid, or a

@@ -1,7 +1,7 @@
 // Tests include/tessera/nn/segment_hooks.hpp with nn::llama: the documented
-// hook order (a split backward's included), that segments tile the flat buffer, that a model reading its
-// parameters from external per-segment pointers computes the same bits, and
-// that init_weights_range reproduces any slice of init_weights.
+// hook order (a split backward's included), that segments tile the flat buffer, that a model
+// reading its parameters from external per-segment pointers computes the same bits, and that
+// init_weights_range reproduces any slice of init_weights.
 #include <catch2/catch.hpp>
 
 #include <string>
@@ -68,7 +68,7 @@ TEST_CASE("segments tile the flat buffer and hooks run in the documented order",
   m.forward(nn::micro_batch<float>{in.data(), tg.data(), nullptr, 2, 8}, r, 1.0f / 16, &loss);
   m.backward_input(r);
   m.backward_weight(r);
-  const std::vector<std::string> split = {"bf-1", "af-1", "bf0",  "af0", "bf1", "af1",
+  const std::vector<std::string> split = {"bf-1", "af-1", "bf0",  "af0",  "bf1", "af1",
                                           "bf2",  "ab2",  "bb1",  "abi1", "bb0", "abi0",
                                           "ab1",  "ab0",  "bb-1", "ab-1"};
   CHECK(rec.events == split);

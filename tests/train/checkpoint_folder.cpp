@@ -130,6 +130,8 @@ TEST_CASE("a checkpoint folder saved at one layout continues at another as one r
       {mesh(1, 1, 2, 0), mesh(2, 2, 1, 1)},
       {mesh(2, 2, 2, 1), mesh(1, 1, 4, 0, schedule_kind::interleaved, 2)},
       {mesh(1, 1, 4, 0, schedule_kind::interleaved, 2), mesh(1, 1, 1, 0)},
+      {mesh(2, 1, 2, 3, schedule_kind::zero_bubble_h1),
+       mesh(2, 2, 2, 3, schedule_kind::interleaved, 2)},
   };
   for (const auto& [a, b] : pairs) {
     INFO("saved at " << a.name() << ", continued at " << b.name());

@@ -141,8 +141,8 @@ void check_mesh(Comm& world, const reference& ref, const data::token_file& f, co
       for (int c = 0; c < tr.chunks(); ++c) {
         check(tr.engine(c).segments_held() == 0, where(), " step ", s + 1, " chunk ", c, ": ",
               tr.engine(c).segments_held(), " gathered segments held after the step");
-        check(tr.engine(c).max_segments_held() <= 2, where(), " step ", s + 1, " chunk ", c,
-              ": ", tr.engine(c).max_segments_held(), " gathered segments held at once");
+        check(tr.engine(c).max_segments_held() <= 2, where(), " step ", s + 1, " chunk ", c, ": ",
+              tr.engine(c).max_segments_held(), " gathered segments held at once");
       }
       if (s >= grad_steps) continue;
       for (int c = 0; c < tr.chunks(); ++c) {

@@ -527,7 +527,7 @@ int main(int argc, char** argv) {
     TESSERA_THROW_IF(o.gpu_step && (o.pp != 1 || o.schedule_given), config_error,
                      "--gpu-step plans one GPU without a pipeline: --pp ", o.pp, " must be 1");
     if (o.gpu_step) return print_gpu_step(o);
-    // A pipeline: ZeRO-3 does not combine with it, so without --zero the
+    // A pipeline: its plan does not count ZeRO-3 yet, so without --zero the
     // pipeline plan shards over dp as ZeRO-1 does.
     if (o.pp > 1 && app.count("--zero") == 0) o.zero = 1;
     if (o.pp != 1) return print_pipeline(o);

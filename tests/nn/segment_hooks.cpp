@@ -1,7 +1,7 @@
 // Tests include/tessera/nn/segment_hooks.hpp with nn::llama: the documented
-// hook order, that segments tile the flat buffer, that a model reading its
-// parameters from external per-segment pointers computes the same bits, and
-// that init_weights_range reproduces any slice of init_weights.
+// hook order (a split backward's included), that segments tile the flat buffer, that a model
+// reading its parameters from external per-segment pointers computes the same bits, and that
+// init_weights_range reproduces any slice of init_weights.
 #include <catch2/catch.hpp>
 
 #include <string>
@@ -22,6 +22,7 @@ struct recorder : nn::segment_hooks {
   void after_forward(int s) override { events.push_back("af" + std::to_string(s)); }
   void before_backward(int s) override { events.push_back("bb" + std::to_string(s)); }
   void after_backward(int s) override { events.push_back("ab" + std::to_string(s)); }
+  void after_backward_input(int s) override { events.push_back("abi" + std::to_string(s)); }
 };
 
 std::vector<std::int32_t> tokens(std::int64_t B, std::int64_t T, std::int64_t V, std::uint64_t s) {
@@ -53,6 +54,24 @@ TEST_CASE("segments tile the flat buffer and hooks run in the documented order",
   m.forward_loss(tok.data(), 2, 8);
   const std::vector<std::string> fl = {"bf-1", "af-1", "bf0", "af0", "bf1", "af1", "bf2", "af2"};
   CHECK(rec.events == fl);
+  // A split backward (zero-bubble schedules): B frees each block's
+  // parameters (after_backward_input), W completes its gradients.
+  std::vector<std::int32_t> in, tg;
+  for (std::int64_t b = 0; b < 2; ++b)
+    for (std::int64_t t = 0; t < 8; ++t) {
+      in.push_back(tok[static_cast<std::size_t>(b * 9 + t)]);
+      tg.push_back(tok[static_cast<std::size_t>(b * 9 + t + 1)]);
+    }
+  decltype(m)::record r;
+  double loss = 0;
+  rec.events.clear();
+  m.forward(nn::micro_batch<float>{in.data(), tg.data(), nullptr, 2, 8}, r, 1.0f / 16, &loss);
+  m.backward_input(r);
+  m.backward_weight(r);
+  const std::vector<std::string> split = {"bf-1", "af-1", "bf0",  "af0",  "bf1", "af1",
+                                          "bf2",  "ab2",  "bb1",  "abi1", "bb0", "abi0",
+                                          "ab1",  "ab0",  "bb-1", "ab-1"};
+  CHECK(rec.events == split);
   m.set_hooks(nullptr);
 }
 

@@ -55,7 +55,6 @@ expect "more stages than layers" "more virtual stages (K V = 8 x 1 = 8) than lay
 expect "virtual stages without interleaving" "virtual stages V=2 need the interleaved schedule" "$train" --pp 2 --virtual-stages 2 --micro-batch 2 "${common[@]}"
 expect "interleaved micro-batch count" "interleaved needs the micro-batch count M=3 to be a multiple of pp=2" "$train" --pp 2 --schedule interleaved --virtual-stages 2 --global-batch 12 --micro-batch 4 "${common[@]}"
 expect "stage list of the wrong sum" "the listed stage sizes sum to 3 blocks, the model has 4" "$train" --pp 2 --stage-blocks 1,2 --micro-batch 2 "${common[@]}"
-expect "zero 3 with a pipeline" "use --zero 0, 1 or 2 with --pp" "$train" --pp 2 --zero 3 --micro-batch 2 "${common[@]}"
 expect "dp x tp x pp over the rank limit" "= 2048 ranks exceeds the limit of 1024" "$train" --dp 32 --tp 2 --pp 32 "${common[@]}"
 expect "trace into a missing folder" "does not exist or is not writable" "$train" --trace "$work/nodir/t.json" "${common[@]}"
 expect "trace step without a trace" "--trace-step 1 needs --trace FILE" "$train" --trace-step 1 "${common[@]}"

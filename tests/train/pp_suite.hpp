@@ -134,6 +134,16 @@ void check_mesh(Comm& world, const reference& ref, const data::token_file& f, co
             ": loss ", m.loss, " vs one rank's ", ref.loss[u]);
       check(std::fabs(m.grad_norm - ref.norm[u]) <= tol * ref.norm[u], where(), " step ", s + 1,
             ": gradient norm ", m.grad_norm, " vs one rank's ", ref.norm[u]);
+      // Every gathered segment (zero<3>) is freed within the step, so none
+      // carries parameters of before the update into the next one; and a
+      // chunk holds at most two at once (the one in use, the one prefetched)
+      // under every schedule, B of a split backward included.
+      for (int c = 0; c < tr.chunks(); ++c) {
+        check(tr.engine(c).segments_held() == 0, where(), " step ", s + 1, " chunk ", c, ": ",
+              tr.engine(c).segments_held(), " gathered segments held after the step");
+        check(tr.engine(c).max_segments_held() <= 2, where(), " step ", s + 1, " chunk ", c, ": ",
+              tr.engine(c).max_segments_held(), " gathered segments held at once");
+      }
       if (s >= grad_steps) continue;
       for (int c = 0; c < tr.chunks(); ++c) {
         std::vector<typename P::grad_type> full(static_cast<std::size_t>(tr.model(c).flat_size()));

@@ -19,7 +19,8 @@
 //
 // The matrix: every ordered pair of (1,1,1), (2,1,1) zero<3>, (4,1,1)
 // zero<2> and (1,2,1) with sequence parallelism; (1,1,2) 1f1b, (1,1,4)
-// interleaved V 2 and (2,2,2) zero<1> each to and from several others; and
+// interleaved V 2 and (2,2,2) zero<1> each to and from several others;
+// zero<3> through pipelines (ZB-H1, interleaved, GPipe) to and from others;
 // (2,2,2) with each degree changed down to 1 and up to 4 (16 ranks: thread
 // ranks only). The model has 8 blocks and 4 key/value heads so that pp 4
 // with V 2, and tp 4, split it.
@@ -65,8 +66,8 @@ struct mesh_run {
   std::string name() const { return l.name() + " zero<" + std::to_string(zero) + ">"; }
 };
 
-inline mesh_run mesh(int dp, int tp, int pp, int zero,
-                     schedule_kind s = schedule_kind::one_f_one_b, int V = 1, bool sp = false) {
+inline mesh_run mesh(int dp, int tp, int pp, int zero, schedule_kind s = schedule_kind::one_f_one_b,
+                     int V = 1, bool sp = false) {
   mesh_run m;
   m.l.dp = dp;
   m.l.tp = tp;
@@ -92,10 +93,23 @@ inline std::vector<std::pair<mesh_run, mesh_run>> matrix() {
     for (const auto& b : first)
       if (&a != &b) p.emplace_back(a, b);
   const std::pair<mesh_run, mesh_run> others[] = {
-      {pp2, one}, {one, pp2}, {pp2, tp2},  {dp2, pp2},  {pp4, pp2}, {pp2, pp4},
-      {pp4, dp4}, {cube, pp4}, {pp4, cube}, {cube, one}, {dp4, cube}};
-  for (const auto& [a, b] : others)
-    p.emplace_back(a, b);
+      {pp2, one},
+      {one, pp2},
+      {pp2, tp2},
+      {dp2, pp2},
+      {pp4, pp2},
+      {pp2, pp4},
+      {pp4, dp4},
+      {cube, pp4},
+      {pp4, cube},
+      {cube, one},
+      {dp4, cube},
+      // ZeRO-3 through a pipeline, to and from others
+      {mesh(2, 1, 2, 3, schedule_kind::zero_bubble_h1),
+       mesh(2, 2, 2, 3, schedule_kind::interleaved, 2)},
+      {mesh(2, 2, 2, 3, schedule_kind::interleaved, 2), dp2},
+      {dp4, mesh(2, 1, 2, 3, schedule_kind::gpipe)}};
+  for (const auto& [a, b] : others) p.emplace_back(a, b);
   p.emplace_back(cube, mesh(1, 2, 2, 1));
   p.emplace_back(cube, mesh(4, 2, 2, 2, schedule_kind::zero_bubble_h1));
   p.emplace_back(cube, mesh(2, 1, 2, 0, schedule_kind::gpipe));

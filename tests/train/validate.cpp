@@ -97,10 +97,10 @@ TEST_CASE("validate refuses, naming the values, before anything is allocated",
   auto wide = model();
   wide.vocab = 100;
   refused(run(), one, "token file vocabulary 256 exceeds the model's vocab=100", wide);
-  // zero<3> with a pipeline, and a corpus shorter than one window.
-  REQUIRE_THROWS_WITH(
-      train::validate<parallel::zero<3>>(model(), run(1, 1, 2), f, comm::device_mesh(1, 1, 2)),
-      Contains("gathers each block's parameters per pass"));
+  // zero<3> with a pipeline passes (it gathers per pass under every
+  // schedule); a corpus shorter than one window does not.
+  REQUIRE_NOTHROW(
+      train::validate<parallel::zero<3>>(model(), run(1, 1, 2), f, comm::device_mesh(1, 1, 2)));
   corpus tiny(100);
   const data::token_file t(tiny.path);
   REQUIRE_THROWS_WITH(train::validate<Z0>(model(), run(), t, one),

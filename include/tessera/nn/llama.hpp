@@ -555,6 +555,7 @@ class llama {
           b.backward_input(ctx, rec, dres, block_params(static_cast<int>(l)),
                            block_grads(static_cast<int>(l)), s, w, proj, rope_cos_.data(),
                            rope_sin_.data());
+          hook(&segment_hooks::after_backward_input, static_cast<int>(l));
           continue;
         }
         b.backward(ctx, rec, dres, block_params(static_cast<int>(l)),

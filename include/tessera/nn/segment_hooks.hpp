@@ -17,6 +17,11 @@
 ///   after_backward(L)
 ///   before_backward(L-1) after_backward(L-1) ... before_backward(-1) after_backward(-1)
 ///
+/// A split backward (backward_input, then backward_weight: zero-bubble
+/// schedules) calls before_backward(l) after_backward_input(l) for each
+/// block in B, and after_backward(l) for each block, then before_backward(-1)
+/// after_backward(-1), in W; other micro-batches' passes may run between.
+///
 /// The head's forward and backward are fused (the chunked LM head computes
 /// its gradient as it goes), so within forward_backward the head gets
 /// before_forward and after_backward only. forward_loss and next_token_logits
@@ -32,6 +37,8 @@
 ///                allocate the bucket's gradient buffer here.
 ///   after_forward(s): the parameters of s are not needed until its backward
 ///                (ZeRO-3 frees its gathered copy).
+///   after_backward_input(s): the parameters of s are not needed again for
+///                this micro-batch (ZeRO-3 frees its gathered copy).
 ///   after_backward(s): every gradient of segment s for this micro-batch is
 ///                in the gradient buffer; a bucket whose segments are all
 ///                done may start its reduction while earlier segments still
@@ -52,6 +59,10 @@ struct segment_hooks {
   virtual void after_forward(int s) { (void)s; }
   /// Before segment s's parameters are read by its backward pass.
   virtual void before_backward(int s) { (void)s; }
+  /// After block s's input-gradient pass (B of a split backward): its
+  /// parameters are not read again for this micro-batch; its gradients are
+  /// complete only at its after_backward, in backward_weight.
+  virtual void after_backward_input(int s) { (void)s; }
   /// After segment s's backward pass: its parameter gradients are complete.
   virtual void after_backward(int s) { (void)s; }
 };

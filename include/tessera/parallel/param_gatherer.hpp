@@ -99,13 +99,14 @@ class param_gatherer {
   const Param* shard() const { return shard_.data(); }
 
   /// Before segment s's forward: gathered and pointed at; the next prefetched
-  /// (the forward's next segment, or at the last one, the backward's first).
-  void before_forward(int s, bool backward_follows) {
+  /// (the forward's next segment, or at the last one, when `backward_next`
+  /// says the backward runs right after it, the backward's first).
+  void before_forward(int s, bool backward_next) {
     acquire(s);
     if (!prefetch_) return;
     if (s < model_->last_segment())
       issue(s + 1);
-    else if (backward_follows && s - 1 >= model_->first_segment())
+    else if (backward_next && s - 1 >= model_->first_segment())
       issue(s - 1);
   }
   /// Before segment s's backward: gathered again, the previous prefetched.
@@ -113,7 +114,7 @@ class param_gatherer {
     acquire(s);
     if (prefetch_ && s - 1 >= model_->first_segment()) issue(s - 1);
   }
-  /// After segment s's forward or backward: its gathered copy freed once
+  /// After segment s's forward or backward (or its B): its gathered copy freed once
   /// the context's later work is ordered after its gather (a prefetch never
   /// used included), which the host then waits for (comm_error).
   void release(int s) {

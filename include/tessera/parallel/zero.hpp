@@ -371,9 +371,12 @@ class data_parallel final : public nn::segment_hooks {
   // ---- segment hooks (nn/segment_hooks.hpp) ----
   void before_forward(int s) override {
     // The head's forward and backward are fused: its gradients are written
-    // before its after_backward with no before_backward.
+    // before its after_backward with no before_backward, and the blocks'
+    // backward comes next, so the gatherer prefetches its first segment. A
+    // pipeline stage without the head hands its output on and runs its
+    // backward later, other micro-batches' passes between: no prefetch.
     if (backward_follows_ && s == model_->last_segment() && has_head()) grads_.open(s);
-    if (params_) params_->before_forward(s, backward_follows_);
+    if (params_) params_->before_forward(s, backward_follows_ && has_head());
     grads_.poll();
   }
   void after_forward(int s) override {
@@ -383,6 +386,10 @@ class data_parallel final : public nn::segment_hooks {
   void before_backward(int s) override {
     grads_.open(s);
     if (params_) params_->before_backward(s);
+    grads_.poll();
+  }
+  void after_backward_input(int s) override {
+    if (params_) params_->release(s);  // W reads only the record and the gradients
     grads_.poll();
   }
   void after_backward(int s) override {

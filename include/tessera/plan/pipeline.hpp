@@ -318,8 +318,8 @@ inline pipeline_plan plan_pipeline(const nn::llama_config& c, const dtype_sizes&
   TESSERA_THROW_IF(T > c.max_seq, config_error, "sequence length T=", T,
                    " exceeds the model's max_seq=", c.max_seq);
   TESSERA_THROW_IF(sh.zero > 2, config_error, "zero-", sh.zero,
-                   " gathers each block's parameters per pass, which a pipeline does not "
-                   "schedule; use zero 0, 1 or 2 with pp=", p.pp);
+                   ": the pipeline plan does not count its gathered segments yet (the trainer "
+                   "runs it); plan zero 0, 1 or 2 with pp=", p.pp);
   TESSERA_THROW_IF(a.tp != sh.tp, config_error, "pipeline plan: activation tp=", a.tp,
                    " differs from the sharding's tp=", sh.tp);
   nn::check_tensor_parallel(c, a.tp);

@@ -48,13 +48,11 @@ concept mesh_degrees = requires(const M& m) {
 /// one micro-batch's activation bytes beyond 64 bits; a pipeline the
 /// schedule cannot run (parallel::check_pipeline: micro-batch count,
 /// virtual stages, stages per layer) or whose message tags (3 K V) exceed
-/// MPI's bound 32767; a stage list that does not sum to the layers; zero<3>
-/// with a pipeline; tp that does not split the heads or F
-/// (nn::check_tensor_parallel); sequence parallelism with tp 1 or T not
-/// divisible by tp; a training or validation split shorter than one
-/// window of T + 1 tokens; engine options `dpo` that are invalid, or a
-/// per-micro-batch reduction without a sharded gradient (zero<2,3>) or
-/// with a pipeline.
+/// MPI's bound 32767; a stage list that does not sum to the layers; tp that does not split the
+/// heads or F (nn::check_tensor_parallel); sequence parallelism with tp 1 or T not divisible by tp;
+/// a training or validation split shorter than one window of T + 1 tokens; engine options `dpo`
+/// that are invalid, or a per-micro-batch reduction without a sharded gradient (zero<2,3>) or with
+/// a pipeline.
 template <parallel::sharding_strategy Sharding, mesh_degrees Mesh>
 void validate(const nn::llama_config& c, const train_config& cfg, const data::token_file& d,
               const Mesh& mesh, const parallel::data_parallel_options& dpo = {}) {
@@ -95,10 +93,6 @@ void validate(const nn::llama_config& c, const train_config& cfg, const data::to
   TESSERA_THROW_IF(3 * static_cast<std::int64_t>(K) * cfg.virtual_stages > 32767, config_error,
                    "pp=", K, " x virtual stages V=", cfg.virtual_stages,
                    ": the pipeline's message tags (3 K V) exceed MPI's bound of 32767");
-  TESSERA_THROW_IF(K > 1 && Sharding::shards_parameters, config_error, "--zero 3 (", Sharding::name,
-                   ") gathers each block's parameters per pass, which a pipeline does not "
-                   "schedule; use --zero 0, 1 or 2 with --pp ",
-                   K);
   parallel::check_pipeline(
       cfg.pipeline, {K, cfg.accum_steps(), static_cast<int>(cfg.virtual_stages)}, c.n_layers);
   (void)parallel::partition_stages(c, cfg.seq, K * static_cast<int>(cfg.virtual_stages),

@@ -213,4 +213,32 @@ TEST_CASE("consolidating a damaged checkpoint or into an existing folder leaves 
           std::string::npos);
 }
 
+TEST_CASE("a tool's output folder that appears during the write is not replaced, even empty",
+          "[train][checkpoint]") {
+  temp_dir out("appeared");
+  const auto fresh = train::detail::fresh_output(out.path);
+  bool filled = false;
+  CHECK_THROWS_WITH(
+      train::detail::write_new_folder(fresh, "consolidating", "src", out.path,
+                                      [&](const fs::path& tmp) {
+                                        std::ofstream(tmp / "metadata.json") << "{}";
+                                        fs::create_directory(out.path);  // another job
+                                        filled = true;
+                                      }),
+      Catch::Contains("appeared while consolidating: give a new folder"));
+  CHECK(filled);
+  CHECK(fs::is_empty(out.path));  // the other job's folder, as it left it
+  CHECK_FALSE(fs::exists(fresh.second));
+  // The rename itself refuses an empty folder (rename(2) would replace it).
+  temp_dir from("rename_from");
+  fs::create_directories(from.path);
+  std::ofstream(from.path / "metadata.json") << "{}";
+  CHECK_FALSE(train::detail::rename_no_replace(from.path, out.path));
+  CHECK(fs::is_empty(out.path));
+  CHECK(fs::exists(from.path / "metadata.json"));
+  fs::remove(out.path);
+  CHECK(train::detail::rename_no_replace(from.path, out.path));
+  CHECK(fs::exists(out.path / "metadata.json"));
+}
+
 }  // namespace test_train_checkpoint_consolidate

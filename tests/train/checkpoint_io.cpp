@@ -7,6 +7,7 @@
 // without metadata refused by name; a failed write leaving no file.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -180,6 +181,41 @@ TEST_CASE("checkpoint files: a snapshot writes the bytes of its moment, not late
   REQUIRE(in.gcount() == 12 * static_cast<std::streamsize>(sizeof(float)));
   CHECK(std::vector<float>(back.begin(), back.begin() + 6) == then);
   CHECK(std::vector<float>(back.begin() + 6, back.end()) == then);
+}
+
+TEST_CASE("checkpoint files: pieces are staged through the host memory given (pinned on a GPU)",
+          "[train][checkpoint]") {
+  temp_dir t;
+  host_memory_resource staging_mr;  // stands in for cuda::pinned_resource
+  const std::vector<float> x = {1, 2, 3, 4, 5, 6};
+  rank_file rf;
+  rf.stage_through(&staging_mr);
+  std::size_t peak = 0;  // what the resource holds while the device copy runs
+  rf.add({"w", "exp_avg", {{0, 0}, {1, 6}}, 0, 6, 0, 0}, x.size() * sizeof(float),
+         [&](std::size_t at, void* dst, std::size_t n) {
+           peak = std::max(peak, staging_mr.stats().allocated);
+           std::memcpy(dst, reinterpret_cast<const char*>(x.data()) + at, n);
+         });
+  // A synchronous write: its block comes from the resource and goes back.
+  (void)rf.write(t.path, "rank-00000.bin", 0, 16);
+  CHECK(peak == 16);
+  CHECK(staging_mr.stats().allocated == 0);
+  {
+    // A snapshot's copies too, held by the staging buffers until they go.
+    rank_file::staging st;
+    const rank_file snap = rf.snapshot(&st);
+    CHECK(st.mr == &staging_mr);
+    CHECK(staging_mr.stats().allocated == x.size() * sizeof(float));
+    (void)snap.write(t.path, "rank-00001.bin", 1);
+  }
+  CHECK(staging_mr.stats().allocated == 0);
+  std::ifstream a(t.path / "rank-00000.bin", std::ios::binary),
+      b(t.path / "rank-00001.bin", std::ios::binary);
+  std::vector<float> ra(6), rb(6);
+  a.read(reinterpret_cast<char*>(ra.data()), 6 * sizeof(float));
+  b.read(reinterpret_cast<char*>(rb.data()), 6 * sizeof(float));
+  CHECK(ra == x);
+  CHECK(rb == x);
 }
 
 }  // namespace test_train_checkpoint_io

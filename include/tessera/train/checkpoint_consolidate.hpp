@@ -7,13 +7,17 @@
 /// any layout loads as it loads the original (the loader ignores the layout
 /// that wrote a checkpoint: layout_key in train/checkpoint_folder.hpp).
 
+#include <fcntl.h>  // AT_FDCWD
+#include <stdio.h>  // renameat2, RENAME_NOREPLACE (glibc, _GNU_SOURCE)
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdint>
 #include <filesystem>
 #include <map>
 #include <string>
+#include <system_error>
 #include <utility>
 #include <vector>
 
@@ -42,6 +46,23 @@ inline std::pair<std::filesystem::path, std::filesystem::path> fresh_output(
   return {dst, parent / ("." + dst.filename().string() + ".tmp-" + std::to_string(::getpid()))};
 }
 
+// Renames `from` to `to` unless something is at `to`: false then, nothing
+// moved. Atomic where the file system supports RENAME_NOREPLACE (Linux's
+// local file systems); elsewhere a check, then a rename. Throws
+// std::filesystem::filesystem_error for any other failure.
+inline bool rename_no_replace(const std::filesystem::path& from, const std::filesystem::path& to) {
+  if (::renameat2(AT_FDCWD, from.c_str(), AT_FDCWD, to.c_str(), RENAME_NOREPLACE) == 0) return true;
+  const int err = errno;
+  if (err == EEXIST) return false;
+  if (err != EINVAL && err != ENOSYS)
+    throw std::filesystem::filesystem_error("rename", from, to,
+                                            std::error_code(err, std::generic_category()));
+  std::error_code ec;
+  if (std::filesystem::exists(to, ec)) return false;
+  std::filesystem::rename(from, to);
+  return true;
+}
+
 // Writes the new folder `out` (fresh_output's pair): fill(tmp) writes its
 // files into the temporary folder, which is renamed to the output at the
 // end. A file-system failure becomes io_error "<doing> '<src>' into
@@ -58,9 +79,10 @@ void write_new_folder(const std::pair<std::filesystem::path, std::filesystem::pa
   try {
     fs::create_directories(tmp);
     fill(tmp);
-    TESSERA_THROW_IF(fs::exists(folder, ec), config_error, "output '", folder.string(),
+    // Renamed only if nothing is at `folder` (renameat2 RENAME_NOREPLACE:
+    // a plain rename would replace an empty folder made meanwhile).
+    TESSERA_THROW_IF(!rename_no_replace(tmp, folder), config_error, "output '", folder.string(),
                      "' appeared while ", doing, ": give a new folder");
-    fs::rename(tmp, folder);
   } catch (const fs::filesystem_error& e) {
     fs::remove_all(tmp, ec);
     throw io_error(doing + " '" + src.string() + "' into '" + dst.string() + "' failed: " +

@@ -71,10 +71,15 @@ struct rank_share {
 
 /// The share of `chunks` (every model chunk of this rank: parameters,
 /// master weights, optimizer state) that tp rank `tp_rank` writes; its
-/// pieces read the chunks when written (rank_file::snapshot copies them).
+/// pieces read the chunks when written (rank_file::snapshot copies them),
+/// staged through page-locked host memory under a GPU backend.
 template <class Chunks>
 rank_share checkpoint_share(Chunks& chunks, int tp_rank) {
   rank_share s;
+  // A GPU backend's shards go to the disk through page-locked host memory.
+  using Backend = typename Chunks::model_type::backend_type;
+  if constexpr (requires { Backend::pinned_resource(); })
+    s.file.stage_through(&Backend::pinned_resource());
   for (int c = 0; c < chunks.size(); ++c)
     add_state_pieces(s.file, s.tensors, chunks.engine(c), tp_rank);
   return s;

@@ -102,6 +102,11 @@ inline void export_checkpoint_hf(const std::filesystem::path& src, const std::fi
                      role == "master" ? " (a run whose parameters are its master weights: "
                                         "export the param role)"
                                       : "");
+    // One element type per role (the run's precision policy), which names
+    // the export's dtype by default.
+    TESSERA_THROW_IF(!stored.empty() && r->second != stored, io_error, "checkpoint '",
+                     src.string(), "' stores ", role, " of '", e.name, "' as ", r->second,
+                     ", another tensor's as ", stored, ": one run writes one element type");
     stored = r->second;
   }
   if (torch_dtype.empty())

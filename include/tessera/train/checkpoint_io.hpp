@@ -25,6 +25,7 @@
 
 #include "tessera/core/error.hpp"
 #include "tessera/core/file.hpp"
+#include "tessera/core/memory.hpp"
 #include "tessera/core/sha256.hpp"
 #include "tessera/train/checkpoint_index.hpp"
 
@@ -54,10 +55,28 @@ class rank_file {
   void add(stored_piece p, std::size_t bytes, producer fill) {
     items_.push_back({std::move(p), bytes, std::move(fill)});
   }
+  /// Host memory the pieces are copied into on their way to the disk
+  /// (write()'s block, snapshot()'s copies): a GPU backend's page-locked
+  /// memory (cuda::pinned_resource: device-to-host copies at full DMA
+  /// speed), or nullptr, the default: new[] (pageable host memory). Not
+  /// owned; must outlive the buffers.
+  void stage_through(memory_resource* mr) { host_mr_ = mr; }
+
   /// Host buffers a snapshot copies into, kept between saves: the same
   /// pieces at the next save reuse them (no allocation, no page faults).
+  /// They come from `mr` (snapshot sets the file's when unset), else from
+  /// new[].
   struct staging {
+    memory_resource* mr = nullptr;
     std::vector<std::pair<std::size_t, std::shared_ptr<char[]>>> buffers;  ///< (bytes, buffer)
+
+    /// A buffer of `bytes` (at least 1) from `mr` or new[], not zero-filled.
+    std::shared_ptr<char[]> allocate(std::size_t bytes) const {
+      const std::size_t n = std::max<std::size_t>(bytes, 1);
+      if (!mr) return std::shared_ptr<char[]>(new char[n]);
+      return std::shared_ptr<char[]>(static_cast<char*>(mr->allocate(n, 64)),
+                                     [r = mr, n](char* p) { r->deallocate(p, n); });
+    }
   };
 
   /// A copy of every piece's bytes in host memory, owned by the result:
@@ -72,13 +91,14 @@ class rank_file {
     rank_file s;
     staging none;
     staging& st = reuse ? *reuse : none;
+    if (!st.mr) st.mr = host_mr_;
     st.buffers.resize(items_.size());
     for (std::size_t k = 0; k < items_.size(); ++k) {
       const item& i = items_[k];
       auto& [bytes, copy] = st.buffers[k];
       if (!copy || bytes != i.bytes) {
         copy.reset();  // the old buffer goes before the new one comes
-        copy.reset(new char[std::max<std::size_t>(i.bytes, 1)]);  // not zero-filled
+        copy = st.allocate(i.bytes);
         bytes = i.bytes;
       }
       std::shared_ptr<char[]> buf = copy;
@@ -107,17 +127,19 @@ class rank_file {
     sha256_stream hash(path.string());
     std::vector<stored_piece> pieces;
     std::uint64_t at = 0;
-    std::vector<char> buf(std::min<std::size_t>(block, std::max<std::uint64_t>(bytes(), 1)));
+    const std::size_t block_bytes =
+        std::min<std::size_t>(block, std::max<std::uint64_t>(bytes(), 1));
+    const std::shared_ptr<char[]> buf = staging{host_mr_, {}}.allocate(block_bytes);
     write_file_atomically(path, [&](std::ofstream& out) {
       for (const item& i : items_) {
         stored_piece p = i.piece;
         p.file = file;
         p.offset = at;
         for (std::size_t done = 0; done < i.bytes;) {
-          const std::size_t n = std::min(buf.size(), i.bytes - done);
-          i.fill(done, buf.data(), n);
-          hash.update(buf.data(), n);
-          out.write(buf.data(), static_cast<std::streamsize>(n));
+          const std::size_t n = std::min(block_bytes, i.bytes - done);
+          i.fill(done, buf.get(), n);
+          hash.update(buf.get(), n);
+          out.write(buf.get(), static_cast<std::streamsize>(n));
           TESSERA_THROW_IF(!out, io_error, "writing checkpoint file '", path.string(),
                            "' failed: ", std::strerror(errno));
           done += n;
@@ -136,6 +158,7 @@ class rank_file {
     producer fill;
   };
   std::vector<item> items_;
+  memory_resource* host_mr_ = nullptr;  // stage_through
 };
 
 /// A checkpoint folder opened for reading: its metadata parsed and checked

@@ -16,9 +16,9 @@
 // --checkpointing and --optimizer apply to both. --pp P (with --schedule,
 // --virtual-stages, --micro-batches, --stage-blocks) prints the pipeline
 // plan instead (plan/pipeline.hpp): per pipeline rank its blocks,
-// parameters, model state, micro-batches held, peak activations and p2p
-// bytes, and the bubble (simulated with FLOP-proportional stage costs, and
-// the closed form).
+// parameters, model state (and, --zero 3, the gathered segments),
+// micro-batches held, peak activations and p2p bytes, and the bubble
+// (simulated with FLOP-proportional stage costs, and the closed form).
 //
 // clang-format off
 //   build/host/examples/plan --preset llama2_7b --precision bf16_mixed --dp 8 --zero 3 --micro-batch 1 --seq 4096
@@ -240,6 +240,7 @@ int print_pipeline(const options& o) {
                           {"embedding", ch.range.embedding},
                           {"head", ch.range.head},
                           {"params", ch.params},
+                          {"gathered_bytes", ch.gathered},
                           {"saved_bytes", ch.saved},
                           {"weight_pending_bytes", ch.weight_pending},
                           {"peak_in_flight", ch.peak_in_flight},
@@ -252,12 +253,14 @@ int print_pipeline(const options& o) {
                         {"master", st.master},
                         {"optimizer", st.optimizer},
                         {"model_state", st.model_state()},
+                        {"gathered", st.gathered},
                         {"peak_in_flight", st.peak_in_flight},
                         {"peak_record_bytes", st.peak_record_bytes},
                         {"peak_activation_bytes", st.peak_activation_bytes},
                         {"p2p_bytes_per_step", st.p2p_bytes},
                         {"sends_per_step", st.sends},
-                        {"busy", st.busy}});
+                        {"busy", st.busy},
+                        {"peak", st.peak()}});
     }
     j["stages"] = stages;
     std::cout << nlohmann::json{{"pipeline", j}}.dump(2) << "\n";
@@ -270,19 +273,29 @@ int print_pipeline(const options& o) {
       parallel::to_string(pl.schedule), o.virtual_stages, static_cast<long long>(o.micro_batches),
       static_cast<long long>(pl.B), static_cast<long long>(pl.T), o.dp, o.zero, o.tp,
       o.checkpointing.c_str());
-  std::printf("  %-5s %-16s %14s %10s %6s %10s %12s\n", "stage", "blocks", "params", "state GiB",
-              "held", "act GiB", "p2p MB/step");
-  for (const auto& st : pl.stages)
-    std::printf("  %-5d %-16s %14lld %10.3f %6lld %10.3f %12.1f\n", st.stage, blocks(st).c_str(),
-                static_cast<long long>(st.params),
-                static_cast<double>(st.model_state()) / plan::gib,
+  // ZeRO-3 adds a column: the segments a rank's engine holds gathered at once.
+  const bool z3 = o.zero >= 3;
+  std::printf("  %-5s %-16s %14s %10s%s %6s %10s %12s\n", "stage", "blocks", "params", "state GiB",
+              z3 ? "  gath. GiB" : "", "held", "act GiB", "p2p MB/step");
+  for (const auto& st : pl.stages) {
+    char gathered[16] = "";
+    if (z3)
+      std::snprintf(gathered, sizeof gathered, " %10.3f",
+                    static_cast<double>(st.gathered) / plan::gib);
+    std::printf("  %-5d %-16s %14lld %10.3f%s %6lld %10.3f %12.1f\n", st.stage,
+                blocks(st).c_str(), static_cast<long long>(st.params),
+                static_cast<double>(st.model_state()) / plan::gib, gathered,
                 static_cast<long long>(st.peak_in_flight),
                 static_cast<double>(st.peak_activation_bytes) / plan::gib,
                 static_cast<double>(st.p2p_bytes) / 1e6);
+  }
   std::printf(
-      "  (state: weights + gradients + master + optimizer, ideal accounting; held: "
+      "  (state: weights + gradients + master + optimizer, ideal accounting%s; held: "
       "micro-batches in flight at most; act: saved records and message buffers at "
-      "their most, without the workspaces inside an action; E embedding, H head)\n");
+      "their most, without the workspaces inside an action; E embedding, H head)\n",
+      z3 ? ", each a dp shard; gath.: the ZeRO-3 segments gathered at once at most, "
+           "inside a forward or backward"
+         : "");
   std::printf(
       "Pipeline bubble: %.2f%% simulated (stage costs proportional to their FLOPs, "
       "no communication cost), %.2f%% closed form %s\n",
@@ -527,8 +540,8 @@ int main(int argc, char** argv) {
     TESSERA_THROW_IF(o.gpu_step && (o.pp != 1 || o.schedule_given), config_error,
                      "--gpu-step plans one GPU without a pipeline: --pp ", o.pp, " must be 1");
     if (o.gpu_step) return print_gpu_step(o);
-    // A pipeline: its plan does not count ZeRO-3 yet, so without --zero the
-    // pipeline plan shards over dp as ZeRO-1 does.
+    // A pipeline: without --zero its plan shards over dp as ZeRO-1 does
+    // (--zero 3 counts the weight shards and the gathered segments too).
     if (o.pp > 1 && app.count("--zero") == 0) o.zero = 1;
     if (o.pp != 1) return print_pipeline(o);
     TESSERA_THROW_IF(

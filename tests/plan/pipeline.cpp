@@ -6,7 +6,11 @@
 // sizeof(param) times the stage models' parameters; the peak activation
 // bytes each rank of the pipeline trainer holds between actions (its
 // allocator, per action of the traced step) equal the plan's under gpipe,
-// 1f1b and zb1 at pp 2 (and interleaved V 2); the bubble simulation
+// 1f1b and zb1 at pp 2 (and interleaved V 2); under ZeRO-3 each rank's
+// model state equals the bytes its engines keep (their shards) and its
+// gathered bytes the most its engines held gathered over a step, on a dp 2
+// x pp 2 float64 mesh under 1f1b, zb1 and interleaved V 2, and a 8B plan
+// matches the segment sizes worked out by hand; the bubble simulation
 // reproduces parallel::simulate and the closed forms at equal stage costs.
 #include <catch2/catch.hpp>
 
@@ -185,6 +189,90 @@ void check_trainer_peak(schedule_kind s, int V = 1) {
   }
 }
 
+// ZeRO-3 on a dp 2 x pp 2 mesh (world 4, float64): on every rank, after a
+// step, each chunk's engine keeps its shards (parameters, reduced
+// gradients, optimizer state) in the plan's model-state bytes and held at
+// most the plan's gathered bytes at once. The tiny model's segments need
+// no padding at dp 2 (every bucket's padded size is its real size, which
+// the test checks), so the engine's bytes are the ideal plan's exactly.
+void check_trainer_zero3(schedule_kind s, int V = 1) {
+  using P = precision::fp64;
+  const int dp = 2, K = 2;
+  trainer_suite::temp_file corpus{trainer_suite::make_corpus("pp_plan_zero3", 0)};
+  data::token_file f(corpus.path);
+  pp_suite::layout l;
+  l.dp = dp;
+  l.pp = K;
+  l.schedule = s;
+  l.virtual_stages = V;
+  l.micro_batches = 4;
+  const train::train_config cfg = pp_suite::config(l, 1);
+  plan::sharding sh;
+  sh.zero = 3;
+  sh.dp = dp;
+  const plan::pipeline_plan pl = plan::plan_pipeline(
+      pp_suite::model(), plan::dtype_sizes::of<P>(), plan::optimizer_spec::adamw(), sh,
+      pipe(K, s, l.micro_batches, cfg.micro_batch, cfg.seq, false, V));
+  std::mutex mu;
+  std::vector<std::string> bad;
+  comm::comm_options co;
+  co.timeout = std::chrono::seconds(60);
+  comm::local_world::run(
+      dp * K,
+      [&](comm::local_communicator& world) {
+        omp_set_num_threads(1);
+        auto g = comm::make_groups(world, comm::device_mesh(dp, 1, K));
+        train::trainer<P, host, optim::adamw, parallel::zero<3>, comm::local_communicator> tr(
+            pp_suite::model(), cfg, f, parallel::layout{g.dp, nn::dense_layers{}, g.pp});
+        (void)tr.train_step();
+        const plan::pipeline_stage_plan& st = pl.stages[static_cast<std::size_t>(tr.pp_rank())];
+        std::uint64_t weights = 0, grads = 0, opt = 0, gathered = 0;
+        std::vector<std::string> mine;
+        const auto where = [&](int c) {
+          return tessera::detail::str(parallel::to_string(s), " V ", V, " world rank ",
+                                      world.rank(), " stage ", st.stage, " chunk ", c, ": ");
+        };
+        for (int c = 0; c < tr.chunks(); ++c) {
+          const auto& e = tr.engine(c);
+          const auto& ch = st.chunks[static_cast<std::size_t>(c)];
+          if (e.plan().staging_size() != ch.params)
+            mine.push_back(tessera::detail::str(where(c), "padded buckets ",
+                                                e.plan().staging_size(), ", plan's parameters ",
+                                                ch.params, " (the test wants no padding)"));
+          const auto shard = static_cast<std::uint64_t>(e.plan().shard_size());
+          weights += shard * sizeof(P::param_type);
+          grads += shard * sizeof(P::grad_type);
+          // AdamW's two moments over the shard (float64 keeps no master
+          // copy); its segment table, 40 bytes a range, the ideal plan leaves out.
+          if (e.optimizer().size() != e.plan().shard_size())
+            mine.push_back(tessera::detail::str(where(c), "optimizer over ", e.optimizer().size(),
+                                                " elements, shard ", shard));
+          opt += static_cast<std::uint64_t>(e.optimizer().size()) * sizeof(P::master_type) * 2;
+          const std::uint64_t held = e.max_transient_bytes().gathered;
+          if (held != ch.gathered)
+            mine.push_back(tessera::detail::str(where(c), "held ", held, " B gathered at most (",
+                                                e.max_segments_held(), " segments), planned ",
+                                                ch.gathered, " B"));
+          gathered = std::max(gathered, held);
+          if (e.persistent_bytes() !=
+              shard * (sizeof(P::param_type) + sizeof(P::grad_type)) + e.optimizer().state_bytes())
+            mine.push_back(tessera::detail::str(where(c), "keeps ", e.persistent_bytes(),
+                                                " B besides its shards"));
+        }
+        if (weights != st.weights || grads != st.grads || opt != st.master + st.optimizer ||
+            gathered != st.gathered)
+          mine.push_back(tessera::detail::str(where(-1), "engines' weights ", weights, " grads ",
+                                              grads, " optimizer ", opt, " gathered ", gathered,
+                                              "; planned ", st.weights, " ", st.grads, " ",
+                                              st.master + st.optimizer, " ", st.gathered));
+        std::lock_guard lk(mu);
+        bad.insert(bad.end(), mine.begin(), mine.end());
+      },
+      co);
+  for (const auto& b : bad) FAIL_CHECK(b);
+  CHECK(bad.empty());
+}
+
 }  // namespace
 
 TEST_CASE("pipeline plan: each stage's saved bytes are its model's record_bytes", "[plan][pp]") {
@@ -238,12 +326,67 @@ TEST_CASE("pipeline plan: in-flight counts, p2p bytes, ZeRO shards", "[plan][pp]
   const auto zb = plan::plan_pipeline(c, d, plan::optimizer_spec::adamw(), {},
                                       pipe(4, schedule_kind::zero_bubble_h1, M, 1, T));
   for (const auto& st : zb.stages) CHECK(st.peak_in_flight == std::min<std::int64_t>(4, M));
-  CHECK_THROWS_WITH(plan::plan_pipeline(c, d, plan::optimizer_spec::adamw(), {3, 4},
+  CHECK_THROWS_WITH(plan::plan_pipeline(c, d, plan::optimizer_spec::adamw(), {3, 4, 2},
                                         pipe(4, schedule_kind::one_f_one_b, M, 1, T)),
-                    Catch::Contains("zero-3"));
+                    Catch::Contains("prefetch=2"));
   CHECK_THROWS_WITH(plan::plan_pipeline(c, d, plan::optimizer_spec::adamw(), {},
                                         pipe(3, schedule_kind::interleaved, M, 1, T, false, 2)),
                     Catch::Contains("multiple of pp=3"));
+}
+
+TEST_CASE("pipeline plan: ZeRO-3 shards and gathered segments are the trainer's engines'",
+          "[plan][pp][train][zero3]") {
+  check_trainer_zero3(schedule_kind::one_f_one_b);
+  check_trainer_zero3(schedule_kind::zero_bubble_h1);
+  check_trainer_zero3(schedule_kind::interleaved, 2);
+}
+
+TEST_CASE("pipeline plan: ZeRO-3 of 8B on 4 stages, by hand", "[plan][pp][zero3]") {
+  // Llama 3 8B: its embedding and head (V H each) outweigh a block, so the
+  // end stages gather a block beside them, not two of their largest segment.
+  const nn::llama_config c = nn::llama_config::llama3_8b();
+  const auto d = plan::dtype_sizes::from_name("bf16_mixed");
+  const std::int64_t H = c.dim, F = c.ffn_dim, V = c.vocab, KV = c.n_kv_heads * c.head_dim();
+  const std::int64_t block = 2 * H + 2 * H * H + 2 * H * KV + 3 * H * F;  // norms, q o, k v, SwiGLU
+  const std::int64_t embedding = V * H, head = H + V * H;                 // + the final norm
+  REQUIRE(embedding > block);
+  const auto p = pipe(4, schedule_kind::one_f_one_b, 8, 1, 4096);
+  const auto u = [](std::int64_t x) { return static_cast<std::uint64_t>(x); };
+  for (int prefetch : {1, 0}) {
+    const auto pl = plan::plan_pipeline(c, d, plan::optimizer_spec::adamw(), {3, 4, prefetch}, p);
+    const auto z1 = plan::plan_pipeline(c, d, plan::optimizer_spec::adamw(), {1, 4, prefetch}, p);
+    std::int64_t total = 0;
+    for (const auto& st : pl.stages) {
+      INFO("prefetch " << prefetch << " stage " << st.stage);
+      const auto& r = st.chunks[0].range;
+      const std::int64_t n = (r.last_block - r.first_block) * block +
+                             (r.embedding ? embedding : 0) + (r.head ? head : 0);
+      CHECK(st.params == n);
+      total += n;
+      const std::uint64_t shard = u((n + 3) / 4);
+      CHECK(st.weights == shard * 2);  // bf16 weights, a quarter each
+      CHECK(st.grads == shard * d.grad);
+      CHECK(st.master == shard * 4);
+      CHECK(st.optimizer == shard * 4 * 2);
+      // The largest pair a stage's engine holds: the embedding or the head
+      // beside its block on the end stages, two blocks between them.
+      const std::int64_t pair = r.embedding ? embedding + block : r.head ? head + block : 2 * block;
+      const std::int64_t one = r.embedding ? embedding : r.head ? head : block;
+      CHECK(st.gathered == u(prefetch ? pair : one) * 2);
+      CHECK(st.chunks[0].gathered == st.gathered);
+      CHECK(st.gathered <=
+            2 * u(std::max({block, r.embedding ? embedding : 0, r.head ? head : 0})) * 2);
+      // Beside ZeRO-1: the weights and gradients shrink by dp, and the
+      // gathered segments stay out of the model state.
+      const auto& s1 = z1.stages[static_cast<std::size_t>(st.stage)];
+      CHECK(s1.gathered == 0);
+      CHECK(st.model_state() ==
+            s1.model_state() - (s1.weights - st.weights) - (s1.grads - st.grads));
+      CHECK(st.peak() == st.model_state() + st.gathered + st.peak_activation_bytes);
+      CHECK(st.peak_activation_bytes == s1.peak_activation_bytes);
+    }
+    CHECK(total == c.num_params());
+  }
 }
 
 TEST_CASE(

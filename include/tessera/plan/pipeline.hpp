@@ -36,9 +36,27 @@
 /// Model state (`weights`, `grads`, `master`, `optimizer`) is the ideal
 /// accounting of plan/state.hpp per chunk: its real parameters times the
 /// per-element sizes of dtype_sizes, the optimizer state (and the master
-/// copy) a ceil(n / dp) shard under ZeRO-1/2, the gradients too under
-/// ZeRO-2; no bucket or alignment padding and no reduction buffers. ZeRO-3
-/// is refused, as the trainer refuses it under a pipeline.
+/// copy) a ceil(n / dp) shard under ZeRO-1..3, the gradients too under
+/// ZeRO-2/3 and the weights too under ZeRO-3 (Rajbhandari et al. 2020,
+/// section 5: P_os, P_os+g, P_os+g+p); no bucket or alignment padding and
+/// no reduction buffers.
+///
+/// ZeRO-3's gathered segments (`gathered`), a transient beside the model
+/// state: each chunk's data-parallel engine all-gathers a segment (a block,
+/// the embedding, or the final norm and LM head) before each forward and
+/// backward that reads it and frees it after (parallel/param_gatherer.hpp);
+/// with prefetch it holds the segment computing and its neighbour arriving
+/// (forward: s and s + 1; backward: s and s - 1; the head's fused forward
+/// and backward with the last block), so at most the largest adjacent pair
+/// of the chunk's segments, or its one segment (seeds/004, "Sharding: ZeRO
+/// and FSDP": one or two layers materialised). Every gathered segment is
+/// freed when its forward or backward returns, so a rank's chunks never
+/// hold theirs at once: the rank's figure is its largest chunk's. This is
+/// at most two of the rank's largest segment, and less when the largest (the
+/// embedding or the head) sits beside blocks. Counted as the trainer holds
+/// them, at the segments' real parameters in param_type (the engine pads
+/// each to dp equal chunks of a multiple of parallel::chunk_align elements);
+/// tests/plan/pipeline.cpp holds it to the trainer's engines.
 ///
 /// The bubble is an idealised figure: parallel::simulate's event model
 /// (sends take no time, no message latency, no contention, no launch or
@@ -61,6 +79,7 @@
 #include <map>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "tessera/core/error.hpp"
@@ -99,6 +118,9 @@ struct pipeline_chunk_plan {
   int virtual_stage = 0;   ///< v = c K + k
   nn::stage_range range;   ///< its blocks, embedding and head (parallel::partition_stages)
   std::int64_t params = 0; ///< real parameters of its segments (the tp rank's), no padding
+  /// ZeRO-3: parameter bytes (param_type) of the segments its engine holds
+  /// gathered at once at its most (file comment); 0 under ZeRO-0..2.
+  std::uint64_t gathered = 0;
   /// Saved activations of ONE micro-batch from forward to backward: exactly
   /// nn::llama::record_bytes(B, T) of the chunk's model: each block's record
   /// (or, checkpointed, its (rows, H) input), the (B, T) int32 ids on the
@@ -122,10 +144,15 @@ struct pipeline_stage_plan {
   int stage = 0;                          ///< k in [0, K)
   std::vector<pipeline_chunk_plan> chunks;  ///< V chunks, c = 0..V-1
   std::int64_t params = 0;                ///< real parameters of its chunks
-  std::uint64_t weights = 0;              ///< params x param size
-  std::uint64_t grads = 0;                ///< params x grad size (a dp shard under ZeRO-2)
-  std::uint64_t master = 0;               ///< master copy (a dp shard under ZeRO-1/2), 0 without
-  std::uint64_t optimizer = 0;            ///< optimizer moments (a dp shard under ZeRO-1/2)
+  /// params x param size: each chunk's ceil(params / dp) shard under ZeRO-3.
+  std::uint64_t weights = 0;
+  std::uint64_t grads = 0;                ///< params x grad size (a dp shard under ZeRO-2/3)
+  std::uint64_t master = 0;               ///< master copy (a dp shard under ZeRO-1..3), 0 without
+  std::uint64_t optimizer = 0;            ///< optimizer moments (a dp shard under ZeRO-1..3)
+  /// ZeRO-3 transient (not in model_state()): the largest of its chunks'
+  /// `gathered`, param_type bytes held only inside a forward or backward
+  /// action (file comment); 0 under ZeRO-0..2.
+  std::uint64_t gathered = 0;
   /// Micro-batches in flight at once over all chunks (parallel::peak_in_flight).
   std::int64_t peak_in_flight = 0;
   std::uint64_t peak_record_bytes = 0;      ///< the records' running sum at its most (file comment)
@@ -134,8 +161,15 @@ struct pipeline_stage_plan {
   std::int64_t sends = 0;                 ///< messages it sends per step
   double busy = 0;                        ///< simulated compute time (FLOPs per token units)
 
-  /// weights + grads + master + optimizer.
+  /// weights + grads + master + optimizer: what stays allocated between
+  /// steps (ZeRO's model-state formula; the gathered segments are not in it).
   std::uint64_t model_state() const { return weights + grads + master + optimizer; }
+  /// model_state() + gathered + peak_activation_bytes: the rank's peak as
+  /// this plan counts it, each part at its most (the gathered segments live
+  /// inside an action, the activation peak is taken between actions, so the
+  /// two need not coincide); no workspaces inside an action, no reduction
+  /// buffers.
+  std::uint64_t peak() const { return model_state() + gathered + peak_activation_bytes; }
 };
 
 /// The plan of a pipelined step.
@@ -279,13 +313,17 @@ inline nn::block_bytes pipeline_block_bytes(const nn::llama_config& c, const dty
   return bb;
 }
 
-// Real parameters of the segments of `r` in `layout` (boundaries `segs`,
+// The first and last segment of `r` (-1: the embedding, L: the final norm and head).
+inline std::pair<std::int64_t, std::int64_t> stage_segments(const nn::stage_range& r,
+                                                            std::int64_t L) {
+  return {r.embedding ? -1 : r.first_block, r.head ? L : r.last_block - 1};
+}
+
+// Real parameters of segments first..last in `layout` (boundaries `segs`,
 // llama_segments: entry i is segment i - 1).
-inline std::int64_t stage_params(const nn::param_layout& layout,
-                                 const std::vector<parallel::segment_range>& segs,
-                                 const nn::stage_range& r, std::int64_t L) {
-  const std::int64_t first = r.embedding ? -1 : r.first_block;
-  const std::int64_t last = r.head ? L : r.last_block - 1;
+inline std::int64_t segment_params(const nn::param_layout& layout,
+                                   const std::vector<parallel::segment_range>& segs,
+                                   std::int64_t first, std::int64_t last) {
   const std::int64_t lo = segs[static_cast<std::size_t>(first + 1)].begin,
                      hi = segs[static_cast<std::size_t>(last + 1)].end;
   std::int64_t n = 0;
@@ -294,16 +332,38 @@ inline std::int64_t stage_params(const nn::param_layout& layout,
   return n;
 }
 
+// Real parameters of the segments of `r`.
+inline std::int64_t stage_params(const nn::param_layout& layout,
+                                 const std::vector<parallel::segment_range>& segs,
+                                 const nn::stage_range& r, std::int64_t L) {
+  const auto [first, last] = stage_segments(r, L);
+  return segment_params(layout, segs, first, last);
+}
+
+// ZeRO-3: the most real parameters of `r`'s segments gathered at once (the
+// file comment): with prefetch the largest adjacent pair, without it the
+// largest segment.
+inline std::int64_t gathered_params(const nn::param_layout& layout,
+                                    const std::vector<parallel::segment_range>& segs,
+                                    const nn::stage_range& r, std::int64_t L, bool prefetch) {
+  const auto [first, last] = stage_segments(r, L);
+  std::int64_t most = 0;
+  for (std::int64_t s = first; s <= last; ++s)
+    most = std::max(most, segment_params(layout, segs, s, prefetch && s < last ? s + 1 : s));
+  return most;
+}
+
 }  // namespace detail
 
 /// Plans one step of train::trainer's pipeline (file comment) for model
-/// `c` with sizes `d`, optimizer `o` and data parallelism `sh` (dp, zero 0-2,
-/// tp and tp_rank; the other fields unused), pipeline `p`. Returns one
-/// pipeline_stage_plan per rank k = 0..K-1. Preconditions and throws
+/// `c` with sizes `d`, optimizer `o` and data parallelism `sh` (dp, zero
+/// 0-3, prefetch under zero 3, tp and tp_rank; the other fields unused),
+/// pipeline `p`. Returns one pipeline_stage_plan per rank k = 0..K-1. Preconditions and throws
 /// (config_error naming the value): a valid config and checkpointing policy;
 /// B >= 1, 1 <= T <= max_seq; parallel::check_pipeline(p.schedule, {K, M,
 /// V}, L); a stage_blocks list as parallel::partition_stages takes it; a
-/// valid sharding with zero <= 2; act.tp == sh.tp, nn::check_tensor_parallel
+/// valid sharding, prefetch <= 1 under zero 3 (the engine prefetches one
+/// segment or none); act.tp == sh.tp, nn::check_tensor_parallel
 /// and, with sequence parallelism, nn::check_sequence_parallel.
 inline pipeline_plan plan_pipeline(const nn::llama_config& c, const dtype_sizes& d,
                                    const optimizer_spec& o, const sharding& sh,
@@ -317,9 +377,8 @@ inline pipeline_plan plan_pipeline(const nn::llama_config& c, const dtype_sizes&
   TESSERA_THROW_IF(B < 1, config_error, "micro-batch B=", B, " must be >= 1");
   TESSERA_THROW_IF(T > c.max_seq, config_error, "sequence length T=", T,
                    " exceeds the model's max_seq=", c.max_seq);
-  TESSERA_THROW_IF(sh.zero > 2, config_error, "zero-", sh.zero,
-                   ": the pipeline plan does not count its gathered segments yet (the trainer "
-                   "runs it); plan zero 0, 1 or 2 with pp=", p.pp);
+  TESSERA_THROW_IF(sh.zero >= 3 && sh.prefetch > 1, config_error, "prefetch=", sh.prefetch,
+                   ": parallel::data_parallel prefetches one segment or none (0 or 1)");
   TESSERA_THROW_IF(a.tp != sh.tp, config_error, "pipeline plan: activation tp=", a.tp,
                    " differs from the sharding's tp=", sh.tp);
   nn::check_tensor_parallel(c, a.tp);
@@ -359,6 +418,9 @@ inline pipeline_plan plan_pipeline(const nn::llama_config& c, const dtype_sizes&
       cp.virtual_stage = ch * K + k;
       cp.range = ranges[static_cast<std::size_t>(cp.virtual_stage)];
       cp.params = detail::stage_params(layout, segs, cp.range, L);
+      if (sh.zero >= 3)
+        cp.gathered =
+            u(detail::gathered_params(layout, segs, cp.range, L, sh.prefetch > 0)) * d.param;
       std::uint64_t saved = 0, pending = 0;
       for (std::int64_t l = cp.range.first_block; l < cp.range.last_block; ++l) {
         saved += u(a.model.checkpointing.recomputes(l) ? bb.input(N) : bb.record(N));
@@ -381,7 +443,8 @@ inline pipeline_plan plan_pipeline(const nn::llama_config& c, const dtype_sizes&
       costs.forward[v] = costs.backward_input[v] = costs.backward_weight[v] =
           cp.flops_per_token / 3;
       st.params += cp.params;
-      st.weights += u(cp.params) * d.param;
+      st.weights += (sh.zero >= 3 ? ceil_dp(cp.params) : u(cp.params)) * d.param;
+      st.gathered = std::max(st.gathered, cp.gathered);
       st.grads += (sh.zero >= 2 ? ceil_dp(cp.params) : u(cp.params)) * d.grad;
       const std::uint64_t opt_elems = sh.zero >= 1 ? ceil_dp(cp.params) : u(cp.params);
       st.master += d.master_copy ? opt_elems * d.master : 0;

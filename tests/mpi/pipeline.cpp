@@ -5,7 +5,7 @@
 //   N = 2: pp 2 under every schedule
 //   N = 4: pp 4; (2, 1, 2) and (1, 2, 2)
 //   N = 8: (2, 2, 2), 1f1b and interleaved
-// under zero<0> and zero<1> (and zero<2> where dp > 1). (A failing stage:
+// under zero<0> and zero<1> (and zero<2> and zero<3> where dp > 1). (A failing stage:
 // tests/mpi/pipeline_fault.cpp.)
 #include <catch2/catch.hpp>
 
@@ -67,6 +67,7 @@ void meshes(double tol) {
     REQUIRE_NOTHROW(pp_suite::check_mesh<P, parallel::zero<0>>(w, ref, f, l, tol));
     REQUIRE_NOTHROW(pp_suite::check_mesh<P, parallel::zero<1>>(w, ref, f, l, tol));
     if (l.dp > 1) REQUIRE_NOTHROW(pp_suite::check_mesh<P, parallel::zero<2>>(w, ref, f, l, tol));
+    if (l.dp > 1) REQUIRE_NOTHROW(pp_suite::check_mesh<P, parallel::zero<3>>(w, ref, f, l, tol));
   }
 }
 

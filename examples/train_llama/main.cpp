@@ -418,6 +418,32 @@ int main(int argc, char** argv) {
   } catch (...) {
     return train::report_failure(o);
   }
+  // A resume onto another layout: what run.toml restored that only a degree
+  // above 1 allows (a pipeline's schedule, virtual stages and stage list;
+  // sequence parallelism) goes back to its default when the command line
+  // sets that degree to 1 without naming it again.
+  if (!config_default.empty()) {
+    const auto on_command_line = [&](const char* name) {
+      bool given = false;
+      (void)argv_value(argc, argv, name, &given);
+      return given;
+    };
+    const auto drop = [&](const char* name, auto reset) {
+      if (app.count(name) == 0 || on_command_line(name)) return;
+      app.get_option(name)->clear();
+      reset();
+      if (comm::launched_world().rank == 0)
+        std::printf("train_llama: %s from run.toml dropped: this run's layout has no use for it\n",
+                    name);
+    };
+    if (on_command_line("--pp") && o.cfg.pp == 1) {
+      drop("--schedule", [&] { o.schedule = app.get_option("--schedule")->get_default_str(); });
+      drop("--virtual-stages", [&] { o.cfg.virtual_stages = 1; });
+      drop("--stage-blocks", [&] { o.cfg.stage_blocks.clear(); });
+    }
+    if (on_command_line("--tp") && o.tp == 1)
+      drop("--sequence-parallel", [&] { o.cfg.sequence_parallel = false; });
+  }
   // The default warmup (50) suits the main job; a short run that did not ask
   // for a warmup gets a tenth of its steps instead of an error.
   if (app.count("--warmup") == 0 && o.cfg.warmup >= o.cfg.steps) {

@@ -18,9 +18,10 @@ namespace test_mpi_checkpoint {
 
 using namespace tessera;
 
-TEST_CASE("mpi checkpoints saved at one layout load bit for bit at another and continue as "
-          "one rank would",
-          "[mpi][checkpoint]") {
+TEST_CASE(
+    "mpi checkpoints saved at one layout load bit for bit at another and continue as "
+    "one rank would",
+    "[mpi][checkpoint]") {
   comm::comm_options o;
   // 8 processes on 2 cores beside other jobs: a collective can wait long.
   o.timeout = std::chrono::seconds(150);
@@ -36,6 +37,12 @@ TEST_CASE("mpi checkpoints saved at one layout load bit for bit at another and c
     ++pairs;
   }
   CHECK(pairs > 0);
+  // bf16_mixed: the master weights and moments, bit for bit.
+  for (const auto& [a, b] : reshard_suite::master_pairs()) {
+    if (std::max(a.ranks(), b.ranks()) != world.size()) continue;
+    INFO("bf16_mixed saved at " << a.name() << ", loaded at " << b.name());
+    REQUIRE_NOTHROW(reshard_suite::check_resave<precision::bf16_mixed>(world, a, b, f));
+  }
 }
 
 }  // namespace test_mpi_checkpoint

@@ -336,6 +336,7 @@ TEST_CASE("pipeline plan: in-flight counts, p2p bytes, ZeRO shards", "[plan][pp]
 
 TEST_CASE("pipeline plan: ZeRO-3 shards and gathered segments are the trainer's engines'",
           "[plan][pp][train][zero3]") {
+  check_trainer_zero3(schedule_kind::gpipe);
   check_trainer_zero3(schedule_kind::one_f_one_b);
   check_trainer_zero3(schedule_kind::zero_bubble_h1);
   check_trainer_zero3(schedule_kind::interleaved, 2);
@@ -382,7 +383,6 @@ TEST_CASE("pipeline plan: ZeRO-3 of 8B on 4 stages, by hand", "[plan][pp][zero3]
       CHECK(s1.gathered == 0);
       CHECK(st.model_state() ==
             s1.model_state() - (s1.weights - st.weights) - (s1.grads - st.grads));
-      CHECK(st.peak() == st.model_state() + st.gathered + st.peak_activation_bytes);
       CHECK(st.peak_activation_bytes == s1.peak_activation_bytes);
     }
     CHECK(total == c.num_params());

@@ -239,6 +239,16 @@ TEST_CASE("a tool's output folder that appears during the write is not replaced,
   fs::remove(out.path);
   CHECK(train::detail::rename_no_replace(from.path, out.path));
   CHECK(fs::exists(out.path / "metadata.json"));
+  // The way without RENAME_NOREPLACE: a taken name (even an empty folder)
+  // is refused and left as it was; a free one is claimed, then renamed onto.
+  fs::rename(out.path, from.path);
+  fs::create_directory(out.path);
+  CHECK_FALSE(train::detail::rename_claiming_name(from.path, out.path));
+  CHECK(fs::is_empty(out.path));
+  fs::remove(out.path);
+  CHECK(train::detail::rename_claiming_name(from.path, out.path));
+  CHECK(fs::exists(out.path / "metadata.json"));
+  CHECK_FALSE(fs::exists(from.path));
 }
 
 }  // namespace test_train_checkpoint_consolidate

@@ -65,6 +65,7 @@ struct recorder : train::observer {
   std::int64_t throw_at_checkpoint = 0;
   std::int64_t signal_at_step = 0;  // sends signal_sent to this process after that step
   int signal_sent = SIGTERM;
+  int signal_times = 1;  // raised this many times at once (timeout's pair: 2)
   void on_start(const train::run_start& s) override {
     calls.push_back("start");
     start_step = s.step;
@@ -72,7 +73,8 @@ struct recorder : train::observer {
   void on_step(const train::step_metrics& m) override {
     calls.push_back("step " + std::to_string(m.step));
     steps.push_back(m);
-    if (m.step == signal_at_step) ::raise(signal_sent);  // handled on this thread before it returns
+    if (m.step == signal_at_step)
+      for (int i = 0; i < signal_times; ++i) ::raise(signal_sent);  // handled on this thread before it returns
   }
   void on_checkpoint(std::int64_t step, const fs::path&) override {
     calls.push_back("checkpoint " + std::to_string(step));
@@ -280,6 +282,7 @@ TEST_CASE("a stop signal ends fit after its step with a checkpoint that resumes 
       recorder r;
       r.signal_at_step = 4;
       r.signal_sent = SIGINT;
+      r.signal_times = 2;  // as `timeout -s INT` delivers it: one request, not two
       const train::run_end e = train::fit(t, opt, {&r});
       CHECK(e.stopped_by == SIGINT);
       CHECK(e.step == 4);

@@ -149,6 +149,15 @@ TEST_CASE("pp trainer: zero<3> under every schedule equals one rank's (float64)"
   check_mesh<P, Z3>(pipe(2, schedule_kind::interleaved, 2, 4, 2, 1), 1e-10);
   // With tensor parallelism: each dp group gathers its tp rank's shards.
   check_mesh<P, Z3>(pipe(2, schedule_kind::one_f_one_b, 1, 4, 2, 2), 1e-10);
+  // Four blocks per stage: under GPipe the forwards run back to back, so a
+  // prefetch at the head for a backward that does not come next would still
+  // be held when the next forward gathers two more.
+  for (schedule_kind s :
+       {schedule_kind::gpipe, schedule_kind::one_f_one_b, schedule_kind::zero_bubble_h1}) {
+    auto deep = pipe(2, s, 1, 4, 2, 1);
+    deep.layers = 8;
+    check_mesh<P, Z3>(deep, 1e-10);
+  }
 }
 
 TEST_CASE("pp trainer: float32 under every schedule", "[train][pp]") {

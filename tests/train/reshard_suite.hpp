@@ -15,7 +15,10 @@
 //   - the uninterrupted single-rank run: B's losses and gradient norms of
 //     steps 3 to 5, and the parameters B saves after step 5, within 1e-10
 //     (the layouts' own tolerance against one rank, tests/train/pipeline.cpp).
-// Ranks outside A (or B) wait at a barrier while the others run.
+// Ranks outside A (or B) wait at a barrier while the others run; the
+// ranks share one node's temporary folder. check_resave repeats the
+// bit-for-bit check under bf16_mixed, whose float32 master weights float64
+// does not keep (master_pairs).
 //
 // The matrix: every ordered pair of (1,1,1), (2,1,1) zero<3>, (4,1,1)
 // zero<2> and (1,2,1) with sequence parallelism; (1,1,2) 1f1b, (1,1,4)
@@ -119,6 +122,15 @@ inline std::vector<std::pair<mesh_run, mesh_run>> matrix() {
   return p;
 }
 
+/// Pairs for check_resave under bf16_mixed: its master weights resharded
+/// by ZeRO-3 to tp, by a 3-D mesh to an interleaved pipeline, by a
+/// pipeline to ZeRO-2.
+inline std::vector<std::pair<mesh_run, mesh_run>> master_pairs() {
+  return {{mesh(2, 1, 1, 3), mesh(1, 2, 1, 0, schedule_kind::one_f_one_b, 1, true)},
+          {mesh(2, 2, 2, 1), mesh(1, 1, 4, 0, schedule_kind::interleaved, 2)},
+          {mesh(1, 1, 2, 0), mesh(4, 1, 1, 2)}};
+}
+
 /// The uninterrupted single-rank run of `model()` (tp_suite's record).
 inline pp_suite::reference single_rank(const data::token_file& f) {
   pp_suite::layout one;
@@ -136,13 +148,13 @@ struct continued {
 /// On every rank of `world` (m.ranks() ranks): a trainer of mesh `m`;
 /// loads `from` and saves it at once to `resaved` (each if not empty);
 /// trains until step `until`; saves to `to`.
-template <class S, class Comm>
+template <class Prec, class S, class Comm>
 continued run_mesh(Comm& world, const mesh_run& m, const data::token_file& f, const fs::path& from,
                    const fs::path& resaved, std::int64_t until, const fs::path& to) {
   using layers_t = nn::tensor_parallel_layers<Comm>;
   continued out;
   auto g = comm::make_groups(world, comm::device_mesh(m.l.dp, m.l.tp, m.l.pp));
-  train::trainer<P, host, optim::adamw, S, Comm, layers_t> tr(
+  train::trainer<Prec, host, optim::adamw, S, Comm, layers_t> tr(
       model(), pp_suite::config(m.l, steps), f, parallel::layout{g.dp, layers_t{&g.tp}, g.pp});
   if (!from.empty()) tr.load_checkpoint(from);
   if (!resaved.empty()) tr.save_checkpoint(resaved);
@@ -157,18 +169,18 @@ continued run_mesh(Comm& world, const mesh_run& m, const data::token_file& f, co
   return out;
 }
 
-template <class Comm>
+template <class Prec, class Comm>
 continued run_any(Comm& world, const mesh_run& m, const data::token_file& f, const fs::path& from,
                   const fs::path& resaved, std::int64_t until, const fs::path& to) {
   switch (m.zero) {
     case 0:
-      return run_mesh<parallel::zero<0>>(world, m, f, from, resaved, until, to);
+      return run_mesh<Prec, parallel::zero<0>>(world, m, f, from, resaved, until, to);
     case 1:
-      return run_mesh<parallel::zero<1>>(world, m, f, from, resaved, until, to);
+      return run_mesh<Prec, parallel::zero<1>>(world, m, f, from, resaved, until, to);
     case 2:
-      return run_mesh<parallel::zero<2>>(world, m, f, from, resaved, until, to);
+      return run_mesh<Prec, parallel::zero<2>>(world, m, f, from, resaved, until, to);
     default:
-      return run_mesh<parallel::zero<3>>(world, m, f, from, resaved, until, to);
+      return run_mesh<Prec, parallel::zero<3>>(world, m, f, from, resaved, until, to);
   }
 }
 
@@ -209,6 +221,61 @@ inline bool close(double a, double b, double tol) {
   return std::fabs(a - b) <= tol * std::max(1.0, std::fabs(b));
 }
 
+/// A saves in `root`/a at step saved_at; B loads it, at once saves it again
+/// in `root`/a_again, trains until `until` and saves in `root`/b (the ranks
+/// beyond each mesh wait). Collective over `world`; returns B's losses and
+/// norms on world rank 0, and there also where the two saves of the same
+/// state differ (state_difference; empty when bit for bit equal).
+template <class Prec, class Comm>
+std::pair<continued, std::string> save_load_save(Comm& world, const mesh_run& a, const mesh_run& b,
+                                                 const data::token_file& f, const fs::path& root,
+                                                 std::int64_t until) {
+  const int r = world.rank();
+  continued c;
+  {
+    auto sub = world.split(r < a.ranks() ? 0 : 1, r);
+    if (r < a.ranks()) (void)run_any<Prec>(sub, a, f, {}, {}, saved_at, root / "a");
+  }
+  world.barrier();
+  {
+    auto sub = world.split(r < b.ranks() ? 0 : 1, r);
+    if (r < b.ranks())
+      c = run_any<Prec>(sub, b, f, root / "a", root / "a_again", until, root / "b");
+  }
+  world.barrier();
+  std::string diff;
+  if (r == 0) {
+    diff = state_difference(root / "a", root / "a_again");
+    if (!diff.empty()) diff = "loaded and saved again: " + diff;
+  }
+  return {std::move(c), std::move(diff)};
+}
+
+/// A fresh folder for a pair, named by world rank 0's process id (the ranks
+/// share one node's temporary folder). Collective.
+template <class Comm>
+fs::path pair_folder(Comm& world) {
+  std::int64_t id = world.rank() == 0 ? static_cast<std::int64_t>(::getpid()) : 0;
+  world.all_reduce(&id, 1, comm::reduce_op::sum);
+  const fs::path root = fs::temp_directory_path() / ("tessera_reshard_" + std::to_string(id));
+  if (world.rank() == 0) fs::remove_all(root);
+  world.barrier();
+  return root;
+}
+
+/// Throws zero_suite::suite_failure on every rank of `world` when world
+/// rank 0's `failure` is not empty, with its text (broadcast as int32).
+template <class Comm>
+void agree_failure(Comm& world, const mesh_run& a, const mesh_run& b, const std::string& failure) {
+  std::int64_t n = static_cast<std::int64_t>(failure.size());
+  world.broadcast(&n, 1, 0);
+  std::vector<std::int32_t> text(failure.begin(), failure.end());
+  text.resize(static_cast<std::size_t>(n));
+  if (n > 0) world.broadcast(text.data(), text.size(), 0);
+  zero_suite::check(n == 0, "saved at ", a.name(), ", loaded at ", b.name(), ": ",
+                    std::string(text.begin(), text.end()));
+}
+
 /// The pair (a, b) on `world` (max(a.ranks(), b.ranks()) ranks; each rank
 /// reads the same corpus from `f`), checked against `ref` (single_rank) as
 /// the file comment says. Collective. Throws zero_suite::suite_failure on
@@ -216,33 +283,11 @@ inline bool close(double a, double b, double tol) {
 template <class Comm>
 void check_pair(Comm& world, const mesh_run& a, const mesh_run& b, const data::token_file& f,
                 const pp_suite::reference& ref) {
-  const int r = world.rank();
   zero_suite::check(world.size() == std::max(a.ranks(), b.ranks()), "the pair needs ",
                     std::max(a.ranks(), b.ranks()), " ranks, the world has ", world.size());
-  // One folder for the pair, named by world rank 0's process id.
-  std::int64_t id = r == 0 ? static_cast<std::int64_t>(::getpid()) : 0;
-  world.all_reduce(&id, 1, comm::reduce_op::sum);
-  const fs::path root = fs::temp_directory_path() / ("tessera_reshard_" + std::to_string(id));
-  const fs::path saved = root / "a", resaved = root / "a_again", ended = root / "b";
-  if (r == 0) fs::remove_all(root);
-  world.barrier();
-
-  continued c;
-  {
-    auto sub = world.split(r < a.ranks() ? 0 : 1, r);
-    if (r < a.ranks()) (void)run_any(sub, a, f, {}, {}, saved_at, saved);
-  }
-  world.barrier();
-  {
-    auto sub = world.split(r < b.ranks() ? 0 : 1, r);
-    if (r < b.ranks()) c = run_any(sub, b, f, saved, resaved, steps, ended);
-  }
-  world.barrier();
-
-  std::string failure;
-  if (r == 0) {
-    failure = state_difference(saved, resaved);
-    if (!failure.empty()) failure = "loaded and saved again: " + failure;
+  const fs::path root = pair_folder(world);
+  auto [c, failure] = save_load_save<P>(world, a, b, f, root, steps);
+  if (world.rank() == 0) {
     if (failure.empty() && c.loss.size() != static_cast<std::size_t>(steps - saved_at))
       failure = std::to_string(c.loss.size()) + " steps continued";
     for (std::size_t s = 0; failure.empty() && s < c.loss.size(); ++s) {
@@ -252,7 +297,7 @@ void check_pair(Comm& world, const mesh_run& a, const mesh_run& b, const data::t
                                        ", one rank's ", ref.loss[at], " ", ref.norm[at]);
     }
     // The parameters B saved after the last step, tensor by tensor.
-    train::checkpoint_reader rd(ended);
+    train::checkpoint_reader rd(root / "b");
     for (const auto& e : ref.layout.entries()) {
       if (!failure.empty()) break;
       const train::index_box box{
@@ -272,14 +317,29 @@ void check_pair(Comm& world, const mesh_run& a, const mesh_run& b, const data::t
     }
     fs::remove_all(root);
   }
-  // Every rank throws world rank 0's message (its characters broadcast as int32).
-  std::int64_t n = static_cast<std::int64_t>(failure.size());
-  world.broadcast(&n, 1, 0);
-  std::vector<std::int32_t> text(failure.begin(), failure.end());
-  text.resize(static_cast<std::size_t>(n));
-  if (n > 0) world.broadcast(text.data(), text.size(), 0);
-  zero_suite::check(n == 0, "saved at ", a.name(), ", loaded at ", b.name(), ": ",
-                    std::string(text.begin(), text.end()));
+  agree_failure(world, a, b, failure);
+}
+
+/// Under precision `Prec` with master weights (bf16_mixed: bf16 parameters,
+/// float32 master weights and moments), the pair (a, b) on `world`: the
+/// state B loads, saved again at once, equals A's save bit for bit, every
+/// role (param, master, exp_avg, exp_avg_sq) included, and B trains a step
+/// on. (Its continuation is not held to one rank's: bf16 rounds by layout.)
+template <class Prec, class Comm>
+void check_resave(Comm& world, const mesh_run& a, const mesh_run& b, const data::token_file& f) {
+  const fs::path root = pair_folder(world);
+  auto [c, failure] = save_load_save<Prec>(world, a, b, f, root, saved_at + 1);
+  if (world.rank() == 0) {
+    if (failure.empty()) {
+      train::checkpoint_reader rd(root / "a");
+      const auto& roles = rd.index().tensors.begin()->second.roles;
+      if (roles.count("master") == 0) failure = "no master role saved: not a test of it";
+    }
+    if (failure.empty() && (c.loss.size() != 1 || !std::isfinite(c.loss[0])))
+      failure = "the step after loading did not run or is not finite";
+    fs::remove_all(root);
+  }
+  agree_failure(world, a, b, failure);
 }
 
 }  // namespace reshard_suite

@@ -164,3 +164,18 @@ echo "run_folder ($tag): $(grep -m1 'stopped by' "$work/term.log")"
 "${run[@]}" "${args[@]}" --out "$work/term" --auto-resume > "$work/term2.log" 2>&1 || { cat "$work/term2.log" >&2; fail "--auto-resume after SIGTERM failed"; }
 same_steps "$work/full" "$work/term" || fail "SIGTERM then --auto-resume: the steps differ from the run never stopped"
 echo "run_folder ($tag): SIGTERM, then --auto-resume (the lock taken again): all 12 steps identical"
+
+# A pipeline run resumed on one stage (threads: the world size changes):
+# the schedule run.toml restored is dropped, with a note, and the run
+# continues to its last step.
+if [ -z "$mpirun" ]; then
+  "$bin" "${args[@]}" --pp 2 --schedule zb1 --steps 8 --out "$work/pp" > "$work/pp.log" 2>&1 ||
+    { cat "$work/pp.log" >&2; fail "the zb1 pipeline run failed"; }
+  "$bin" --resume "$work/pp" --pp 1 --steps 12 > "$work/pp2.log" 2>&1 ||
+    { cat "$work/pp2.log" >&2; fail "--resume of a zb1 run with --pp 1 failed"; }
+  grep -q "^train_llama: --schedule from run.toml dropped" "$work/pp2.log" ||
+    { cat "$work/pp2.log" >&2; fail "no note that --schedule was dropped"; }
+  [ "$(grep -c '"step":[0-9]' "$work/pp/metrics.jsonl")" -ge 12 ] ||
+    fail "the resumed run did not reach step 12"
+  echo "run_folder ($tag): a zb1 pipeline run resumed with --pp 1"
+fi

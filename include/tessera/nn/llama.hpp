@@ -549,7 +549,8 @@ class llama {
         auto& rec = r.blocks[static_cast<std::size_t>(l - opt_.stage.first_block)];
         if (rec.h.empty() && proj.empty()) proj = kernels::make_tensor<Param>(ctx, N * H);
         nvtx_range range(split ? "backward_input block " : "backward block ", l);
-        hook(&segment_hooks::before_backward, static_cast<int>(l));
+        hook(split ? &segment_hooks::before_backward_input : &segment_hooks::before_backward,
+             static_cast<int>(l));
         const block_type& b = blocks_[static_cast<std::size_t>(l)];
         if (split) {
           b.backward_input(ctx, rec, dres, block_params(static_cast<int>(l)),

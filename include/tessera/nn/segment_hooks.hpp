@@ -18,8 +18,8 @@
 ///   before_backward(L-1) after_backward(L-1) ... before_backward(-1) after_backward(-1)
 ///
 /// A split backward (backward_input, then backward_weight: zero-bubble
-/// schedules) calls before_backward(l) after_backward_input(l) for each
-/// block in B, and after_backward(l) for each block, then before_backward(-1)
+/// schedules) calls before_backward_input(l) after_backward_input(l) for
+/// each block in B, and after_backward(l) for each block, then before_backward(-1)
 /// after_backward(-1), in W; other micro-batches' passes may run between.
 ///
 /// The head's forward and backward are fused (the chunked LM head computes
@@ -59,6 +59,10 @@ struct segment_hooks {
   virtual void after_forward(int s) { (void)s; }
   /// Before segment s's parameters are read by its backward pass.
   virtual void before_backward(int s) { (void)s; }
+  /// Before block s's input-gradient pass (B of a split backward, which
+  /// covers the blocks; the embedding's backward comes in W). By default
+  /// before_backward(s).
+  virtual void before_backward_input(int s) { before_backward(s); }
   /// After block s's input-gradient pass (B of a split backward): its
   /// parameters are not read again for this micro-batch; its gradients are
   /// complete only at its after_backward, in backward_weight.

@@ -9,7 +9,8 @@
 /// no pipeline group (the no_pipeline schedule).
 ///
 /// Per action (chunk c of this rank, micro-batch m):
-///   forward m          engine.begin_micro_batch(m); record = pool.acquire(m);
+///   forward m          engine.begin_micro_batch(m, the rank's next pass is its backward);
+///                      record = pool.acquire(m);
 ///                      model.forward(input, record, grad_scale, d_losses + m):
 ///                      input = feed(m) on the first virtual stage, the received
 ///                      hidden states elsewhere (with feed(m)'s targets on the last)
@@ -231,6 +232,7 @@ class executor {
         chunks_[c].model->zero_grad();
         chunks_[c].engine->begin_step(backwards[c] > 0 ? backwards[c] : 1);
       }
+      const std::vector<bool> backward_next = backward_next_of(actions);
       for (std::size_t i = 0; i < actions.size();) {
         const double t0 = tracing_ ? now() : 0;
         std::size_t end = i + 1;
@@ -239,10 +241,10 @@ class executor {
             while (end < actions.size() && is_message(actions[end].kind)) ++end;
             run_group(actions.data() + i, actions.data() + end);
           } else {
-            run_one(actions[i], feed, in);
+            run_one(actions[i], backward_next[i], feed, in);
           }
         } else {
-          run_one(actions[i], feed, in);
+          run_one(actions[i], backward_next[i], feed, in);
         }
         if (tracing_) {
           // The host first waits (with the timeout) for what the kernels wait for.
@@ -314,15 +316,38 @@ class executor {
   // The rank of virtual stage v (v in [0, K V)).
   int rank_of(int v) const { return v % place_.stages; }
 
+  // For each forward of `actions`: whether the rank's next pass (forward,
+  // backward, B or W of any chunk) is the backward (or B) of the same chunk
+  // and micro-batch, so that a ZeRO-3 engine may prefetch for it
+  // (data_parallel::begin_micro_batch).
+  static std::vector<bool> backward_next_of(const std::vector<action>& actions) {
+    std::vector<bool> next(actions.size(), false);
+    const auto is_pass = [](action_kind k) {
+      return k == action_kind::forward || k == action_kind::backward ||
+             k == action_kind::backward_input || k == action_kind::backward_weight;
+    };
+    for (std::size_t i = 0; i < actions.size(); ++i) {
+      if (actions[i].kind != action_kind::forward) continue;
+      std::size_t j = i + 1;
+      while (j < actions.size() && !is_pass(actions[j].kind)) ++j;
+      next[i] = j < actions.size() &&
+                (actions[j].kind == action_kind::backward ||
+                 actions[j].kind == action_kind::backward_input) &&
+                actions[j].chunk == actions[i].chunk &&
+                actions[j].micro_batch == actions[i].micro_batch;
+    }
+    return next;
+  }
+
   template <class Feed>
-  void run_one(const action& a, Feed& feed, const inputs& in) {
+  void run_one(const action& a, bool backward_next, Feed& feed, const inputs& in) {
     const std::size_t c = static_cast<std::size_t>(a.chunk);
     Model& model = *chunks_[c].model;
     const int v = virtual_stage(a.chunk);
     const key k{a.chunk, a.micro_batch};
     switch (a.kind) {
       case action_kind::forward: {
-        chunks_[c].engine->begin_micro_batch(a.micro_batch);
+        chunks_[c].engine->begin_micro_batch(a.micro_batch, backward_next);
         nn::micro_batch<Param> mb{};
         if (v == 0 || v == last_virtual_stage()) mb = feed(a.micro_batch);
         if (v > 0) {

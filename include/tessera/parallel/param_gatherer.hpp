@@ -6,8 +6,11 @@
 /// embedding or the head), and every segment is all-gathered over dp into
 /// a transient buffer before its forward and again before its backward,
 /// freed after use; with prefetch the next segment's gather is issued
-/// before the current one computes (the forward's next, the backward's
-/// previous), so at most two gathered segments are held at once.
+/// before the current one computes (the forward's next; at the head, when
+/// the caller says the backward runs next, the backward's first; the
+/// backward's previous, when the caller says it is in the same pass), so
+/// at most two gathered segments are held at once, and none between
+/// passes.
 ///
 /// Collectives: one all-gather of a bucket's chunks per use
 /// ((N-1)/N P_k sizeof(Param) bytes; 2-byte parameters travel as 32-bit
@@ -109,10 +112,11 @@ class param_gatherer {
     else if (backward_next && s - 1 >= model_->first_segment())
       issue(s - 1);
   }
-  /// Before segment s's backward: gathered again, the previous prefetched.
-  void before_backward(int s) {
+  /// Before segment s's backward: gathered again; the previous prefetched
+  /// when `previous_next` (its backward comes next in the same pass).
+  void before_backward(int s, bool previous_next) {
     acquire(s);
-    if (prefetch_ && s - 1 >= model_->first_segment()) issue(s - 1);
+    if (prefetch_ && previous_next && s - 1 >= model_->first_segment()) issue(s - 1);
   }
   /// After segment s's forward or backward (or its B): its gathered copy freed once
   /// the context's later work is ordered after its gather (a prefetch never

@@ -283,14 +283,19 @@ class data_parallel final : public nn::segment_hooks {
   /// and frees what it held, so that the next begin_step() can start.
   void abandon_step() noexcept { grads_.abandon(); }
   /// Before micro-batch `m` (0-based) of the step runs a training forward
-  /// (whose backward follows).
-  void begin_micro_batch(std::int64_t m) {
+  /// (whose backward follows). `backward_next`: this rank's next pass is
+  /// this micro-batch's backward on this model (forward_backward; a
+  /// pipeline's last stage under 1F1B), so zero<3> prefetches its first
+  /// segment at the head; false when other passes run first (GPipe's
+  /// forwards, another chunk's pass), which would find it held.
+  void begin_micro_batch(std::int64_t m, bool backward_next = true) {
     grads_.begin_micro_batch(m);
     backward_follows_ = true;
+    backward_next_ = backward_next;
   }
   /// Before a forward-only pass (evaluation, generation): no reductions;
   /// zero<3> gathers forward only.
-  void begin_forward_only() { backward_follows_ = false; }
+  void begin_forward_only() { backward_follows_ = backward_next_ = false; }
 
   /// The host waits for every collective the context's stream was ordered
   /// after and the host has not yet waited for (bucket reductions of
@@ -371,12 +376,12 @@ class data_parallel final : public nn::segment_hooks {
   // ---- segment hooks (nn/segment_hooks.hpp) ----
   void before_forward(int s) override {
     // The head's forward and backward are fused: its gradients are written
-    // before its after_backward with no before_backward, and the blocks'
-    // backward comes next, so the gatherer prefetches its first segment. A
+    // before its after_backward with no before_backward. When the blocks'
+    // backward runs next, the gatherer prefetches its first segment; a
     // pipeline stage without the head hands its output on and runs its
-    // backward later, other micro-batches' passes between: no prefetch.
+    // backward later, other passes between: no prefetch.
     if (backward_follows_ && s == model_->last_segment() && has_head()) grads_.open(s);
-    if (params_) params_->before_forward(s, backward_follows_ && has_head());
+    if (params_) params_->before_forward(s, backward_next_ && has_head());
     grads_.poll();
   }
   void after_forward(int s) override {
@@ -385,7 +390,14 @@ class data_parallel final : public nn::segment_hooks {
   }
   void before_backward(int s) override {
     grads_.open(s);
-    if (params_) params_->before_backward(s);
+    if (params_) params_->before_backward(s, true);
+    grads_.poll();
+  }
+  void before_backward_input(int s) override {
+    // B of a split backward covers the blocks only: the embedding's
+    // backward waits for W, so it is not prefetched here.
+    grads_.open(s);
+    if (params_) params_->before_backward(s, s - 1 >= 0);
     grads_.poll();
   }
   void after_backward_input(int s) override {
@@ -530,6 +542,7 @@ class data_parallel final : public nn::segment_hooks {
   optimizer_type optimizer_;
   std::size_t max_update_gather_ = 0;  // zero<1,2>: the update gather's largest buffer
   bool backward_follows_ = false;
+  bool backward_next_ = false;  // begin_micro_batch
 };
 
 }  // namespace tessera::parallel

@@ -8,7 +8,8 @@
 /// that wrote a checkpoint: layout_key in train/checkpoint_folder.hpp).
 
 #include <fcntl.h>  // AT_FDCWD
-#include <stdio.h>  // renameat2, RENAME_NOREPLACE (glibc, _GNU_SOURCE)
+#include <stdio.h>  // renameat2, RENAME_NOREPLACE (glibc 2.28, _GNU_SOURCE)
+#include <sys/stat.h>  // mkdir
 #include <unistd.h>
 
 #include <algorithm>
@@ -46,21 +47,44 @@ inline std::pair<std::filesystem::path, std::filesystem::path> fresh_output(
   return {dst, parent / ("." + dst.filename().string() + ".tmp-" + std::to_string(::getpid()))};
 }
 
-// Renames `from` to `to` unless something is at `to`: false then, nothing
-// moved. Atomic where the file system supports RENAME_NOREPLACE (Linux's
-// local file systems); elsewhere a check, then a rename. Throws
+// rename_no_replace where the system has no RENAME_NOREPLACE: claims the
+// name with mkdir (which fails if anything is there), then renames `from`
+// onto that empty folder, which fails if another job wrote into it
+// meanwhile. False when the name was taken; throws
+// std::filesystem::filesystem_error for any other failure.
+inline bool rename_claiming_name(const std::filesystem::path& from,
+                                 const std::filesystem::path& to) {
+  if (::mkdir(to.c_str(), 0755) != 0) {
+    const int err = errno;
+    if (err == EEXIST) return false;
+    throw std::filesystem::filesystem_error("mkdir", to,
+                                            std::error_code(err, std::generic_category()));
+  }
+  if (::rename(from.c_str(), to.c_str()) == 0) return true;
+  const int err = errno;
+  if (err == ENOTEMPTY || err == EEXIST) return false;  // written into: not ours to remove
+  ::rmdir(to.c_str());
+  throw std::filesystem::filesystem_error("rename", from, to,
+                                          std::error_code(err, std::generic_category()));
+}
+
+// Renames `from` to `to` unless something is at `to` (a plain rename
+// replaces an empty folder): false then, nothing moved. renameat2 with
+// RENAME_NOREPLACE where the C library and the file system have it (glibc
+// 2.28 and Linux's local file systems), else rename_claiming_name. Throws
 // std::filesystem::filesystem_error for any other failure.
 inline bool rename_no_replace(const std::filesystem::path& from, const std::filesystem::path& to) {
+#if defined(RENAME_NOREPLACE)
   if (::renameat2(AT_FDCWD, from.c_str(), AT_FDCWD, to.c_str(), RENAME_NOREPLACE) == 0) return true;
   const int err = errno;
   if (err == EEXIST) return false;
-  if (err != EINVAL && err != ENOSYS)
+  // Not supported here (an old kernel, a network file system, a seccomp
+  // profile that denies the call): the portable way.
+  if (err != EINVAL && err != ENOSYS && err != EPERM && err != EOPNOTSUPP)
     throw std::filesystem::filesystem_error("rename", from, to,
                                             std::error_code(err, std::generic_category()));
-  std::error_code ec;
-  if (std::filesystem::exists(to, ec)) return false;
-  std::filesystem::rename(from, to);
-  return true;
+#endif
+  return rename_claiming_name(from, to);
 }
 
 // Writes the new folder `out` (fresh_output's pair): fill(tmp) writes its

@@ -59,7 +59,8 @@ class rank_file {
   /// (write()'s block, snapshot()'s copies): a GPU backend's page-locked
   /// memory (cuda::pinned_resource: device-to-host copies at full DMA
   /// speed), or nullptr, the default: new[] (pageable host memory). Not
-  /// owned; must outlive the buffers.
+  /// owned; must outlive the buffers and be thread-safe (an asynchronous
+  /// save frees a snapshot's buffers on its writer thread).
   void stage_through(memory_resource* mr) { host_mr_ = mr; }
 
   /// Host buffers a snapshot copies into, kept between saves: the same
@@ -84,9 +85,10 @@ class rank_file {
   /// the sources change (an asynchronous save). With `reuse`, piece k is
   /// copied into its k-th buffer when that has its size (else a new one
   /// replaces it); the caller must not snapshot into it again while the
-  /// result is being written. Throws std::bad_alloc when the host cannot
-  /// hold bytes() more, and what a piece's producer throws (a device
-  /// copy's error).
+  /// result is being written. Throws std::bad_alloc (or the staging
+  /// resource's error: out_of_memory, cuda_error) when the host cannot hold
+  /// bytes() more, and what a piece's producer throws (a device copy's
+  /// error).
   rank_file snapshot(staging* reuse = nullptr) const {
     rank_file s;
     staging none;
@@ -119,7 +121,8 @@ class rank_file {
   /// Writes `dir`/`name` (atomically, fsync'ed) through host blocks of
   /// `block` bytes, hashing as it goes; the pieces get file index `file`
   /// and their byte offsets. Throws io_error naming the file (a full disk,
-  /// a read-only folder) and leaves no partial file.
+  /// a read-only folder), the staging resource's error for its block, and
+  /// what a piece's producer throws; leaves no partial file.
   std::pair<stored_file, std::vector<stored_piece>> write(const std::filesystem::path& dir,
                                                           const std::string& name, int file,
                                                           std::size_t block = 64u << 20) const {

@@ -14,7 +14,10 @@
 ///   tessera: SIGTERM: stopping after this step with a checkpoint (send it again to stop at once)
 ///
 /// A second SIGINT or SIGTERM while the stop is pending ends the process at
-/// once with the signal's default action, as a second Ctrl-C does. A
+/// once with the signal's default action, as a second Ctrl-C does, unless
+/// it comes within a second of the first: that one is the same request
+/// delivered twice (`timeout -s INT` signals the process and then its
+/// process group; a launcher may forward what the terminal sent too). A
 /// SIGTERM that arrives while a rank of this node has died is an MPI
 /// launcher ending a failed job, not a request: it goes on to the
 /// launcher's note (comm/detail/launcher_note.hpp), which names the lost
@@ -26,6 +29,7 @@
 ///   if (e.stopped_by) return 128 + e.stopped_by;
 
 #include <signal.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -43,6 +47,19 @@ inline std::atomic<int>& stop_signal_received() {
   static std::atomic<int> s{0};
   return s;
 }
+/// CLOCK_MONOTONIC nanoseconds of the signal that asked to stop.
+inline std::atomic<long long>& stop_signal_time() {
+  static std::atomic<long long> t{0};
+  return t;
+}
+/// CLOCK_MONOTONIC now, in nanoseconds (async-signal-safe).
+inline long long monotonic_ns() noexcept {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<long long>(ts.tv_sec) * 1000000000LL + ts.tv_nsec;
+}
+/// A repeat of the stop signal within this many nanoseconds is the same request.
+inline constexpr long long stop_signal_repeat_ns = 1000000000LL;
 inline std::atomic<int>& stop_signal_guards() {
   static std::atomic<int> n{0};
   return n;
@@ -64,7 +81,8 @@ inline bool launcher_peer_lost() noexcept {
 }
 
 /// The handler: only async-signal-safe calls (atomics, kill, sigaction,
-/// write, raise; the launcher's tables were built before it was installed).
+/// write, raise, clock_gettime; the launcher's tables were built before it
+/// was installed).
 inline void on_stop_signal(int sig) {
   const int saved = errno;
   if (sig == SIGTERM && launcher_peer_lost()) {
@@ -73,7 +91,12 @@ inline void on_stop_signal(int sig) {
     return;
   }
   int none = 0;
+  const long long now = monotonic_ns();
   if (!stop_signal_received().compare_exchange_strong(none, sig)) {
+    if (now - stop_signal_time().load() < stop_signal_repeat_ns) {  // the same request again
+      errno = saved;
+      return;
+    }
     struct sigaction dfl {};  // the second signal: its default action, now
     dfl.sa_handler = SIG_DFL;
     sigemptyset(&dfl.sa_mask);
@@ -82,6 +105,7 @@ inline void on_stop_signal(int sig) {
     errno = saved;
     return;
   }
+  stop_signal_time().store(now);
   comm::detail::signal_text m;
   m << "tessera: " << (sig == SIGINT ? "SIGINT" : "SIGTERM")
     << ": stopping after this step with a checkpoint (send it again to stop at once)";

@@ -198,6 +198,12 @@ int main(int argc, char** argv) {
     const std::string out = argv_value(argc, argv, "--out", &out_set);
     if (train::holds_checkpoint(out_set ? out : o.out)) resume_dir = out_set ? out : o.out;
   }
+  // A --resume folder that is not there: said first (its settings would be
+  // the command line's, and their errors would hide this one).
+  if (!resume_dir.empty() && !auto_resume && !std::filesystem::is_directory(resume_dir)) {
+    train::report_line(o, "error", "--resume '" + resume_dir + "': no such run folder", true);
+    return 2;
+  }
   std::string config_default;
   if (!resume_dir.empty() && !config_given) {
     if (std::filesystem::exists(std::filesystem::path(resume_dir) / "run.toml"))

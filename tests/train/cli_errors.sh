@@ -67,6 +67,8 @@ expect "seed of 2^64" "'18446744073709551616' is not an integer" "$train" --seed
 expect "seed in floating notation" "'1e23' is not an integer" "$train" --seed 1e23 "${common[@]}"
 expect "weight decay nan" "'nan' is not a finite number" "$train" --weight-decay nan "${common[@]}"
 expect "lr inf" "'inf' is not a finite number" "$train" --lr inf "${common[@]}"
+mkdir -p "$work/gone"
+expect "resume of a missing folder" "--resume '$work/nowhere': no such run folder" "$train" --resume "$work/nowhere" --dp 2 "${common[@]}"
 expect "overwrite the folder resumed" "--overwrite replaces the checkpoints of --out '$work/gone', which --resume continues: give one" "$train" --resume "$work/gone" --overwrite --no-baseline --sample-bytes 0 --steps 2
 expect "auto-resume with resume" "--auto-resume resumes --out when it holds a checkpoint: give it or --resume DIR, not both" "$train" --resume "$work/gone" --auto-resume "${common[@]}"
 expect "sample-only without resume" "--sample-only samples from a checkpoint: it needs --resume DIR" "$train" --sample-only "${common[@]}"

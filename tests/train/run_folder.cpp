@@ -121,6 +121,13 @@ TEST_CASE("a fresh run into a checkpointed folder is refused unless it overwrite
                                                 "it"));
   CHECK_NOTHROW(train::check_fresh_run(out, true, "x"));
   CHECK(train::resume_checkpoint(out) == out / "step-000012");
+  // A checkpoint folder given as the run folder, or no folder: named.
+  CHECK_THROWS_WITH(train::resume_checkpoint(out / "step-000012"),
+                    Catch::Contains("is a checkpoint folder, not a run folder: resume its run "
+                                    "folder '" + out.string() + "'"));
+  CHECK_THROWS_WITH(train::resume_checkpoint(dir.path / "nowhere"),
+                    Catch::Contains("run folder '" + (dir.path / "nowhere").string() +
+                                    "' does not exist"));
   std::ofstream(out / "metrics.jsonl") << "{}\n";
   train::remove_checkpoints(out);  // what overwrite does: every step folder, complete or not
   CHECK(!train::holds_checkpoint(out));

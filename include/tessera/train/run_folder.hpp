@@ -69,9 +69,16 @@ inline std::vector<std::pair<std::int64_t, std::filesystem::path>> checkpoint_fo
 
 /// The checkpoint a run folder resumes from: its newest complete
 /// checkpoint folder, else the single file of earlier versions
-/// (`run`/checkpoint.bin). Throws io_error naming the folder when it holds
-/// neither (a folder whose every save was interrupted included).
+/// (`run`/checkpoint.bin). Throws io_error naming the folder when it does
+/// not exist, is itself a checkpoint folder (naming its run folder), or
+/// holds neither (a folder whose every save was interrupted included).
 inline std::filesystem::path resume_checkpoint(const std::filesystem::path& run) {
+  std::error_code ec;
+  TESSERA_THROW_IF(!std::filesystem::is_directory(run, ec), io_error, "run folder '", run.string(),
+                   "' does not exist");
+  TESSERA_THROW_IF(std::filesystem::exists(run / checkpoint_metadata_name, ec), io_error, "'",
+                   run.string(), "' is a checkpoint folder, not a run folder: resume its run "
+                   "folder '", run.parent_path().string(), "' (its newest checkpoint)");
   const auto all = checkpoint_folders(run);
   if (!all.empty()) return all.back().second;
   const std::filesystem::path legacy = run / "checkpoint.bin";

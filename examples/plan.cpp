@@ -254,6 +254,7 @@ int print_pipeline(const options& o) {
                         {"optimizer", st.optimizer},
                         {"model_state", st.model_state()},
                         {"gathered", st.gathered},
+                        {"reduce_staging", st.reduce_staging},
                         {"peak_in_flight", st.peak_in_flight},
                         {"peak_record_bytes", st.peak_record_bytes},
                         {"peak_activation_bytes", st.peak_activation_bytes},
@@ -273,18 +274,23 @@ int print_pipeline(const options& o) {
       parallel::to_string(pl.schedule), o.virtual_stages, static_cast<long long>(o.micro_batches),
       static_cast<long long>(pl.B), static_cast<long long>(pl.T), o.dp, o.zero, o.tp,
       o.checkpointing.c_str());
-  // ZeRO-3 adds a column: the segments a rank's engine holds gathered at once.
-  const bool z3 = o.zero >= 3;
-  std::printf("  %-5s %-16s %14s %10s%s %6s %10s %12s\n", "stage", "blocks", "params", "state GiB",
-              z3 ? "  gath. GiB" : "", "held", "act GiB", "p2p MB/step");
+  // ZeRO-2/3 add a column: the gradient buckets of the accumulation window;
+  // ZeRO-3 another: the segments a rank's engine holds gathered at once.
+  const bool z2 = o.zero >= 2, z3 = o.zero >= 3;
+  std::printf("  %-5s %-16s %14s %10s%s%s %6s %10s %12s\n", "stage", "blocks", "params",
+              "state GiB", z2 ? "  bucket GiB" : "", z3 ? "  gath. GiB" : "", "held", "act GiB",
+              "p2p MB/step");
   for (const auto& st : pl.stages) {
-    char gathered[16] = "";
+    char buckets[16] = "", gathered[16] = "";
+    if (z2)
+      std::snprintf(buckets, sizeof buckets, " %11.3f",
+                    static_cast<double>(st.reduce_staging) / plan::gib);
     if (z3)
       std::snprintf(gathered, sizeof gathered, " %10.3f",
                     static_cast<double>(st.gathered) / plan::gib);
-    std::printf("  %-5d %-16s %14lld %10.3f%s %6lld %10.3f %12.1f\n", st.stage,
+    std::printf("  %-5d %-16s %14lld %10.3f%s%s %6lld %10.3f %12.1f\n", st.stage,
                 blocks(st).c_str(), static_cast<long long>(st.params),
-                static_cast<double>(st.model_state()) / plan::gib, gathered,
+                static_cast<double>(st.model_state()) / plan::gib, buckets, gathered,
                 static_cast<long long>(st.peak_in_flight),
                 static_cast<double>(st.peak_activation_bytes) / plan::gib,
                 static_cast<double>(st.p2p_bytes) / 1e6);
@@ -293,9 +299,10 @@ int print_pipeline(const options& o) {
       "  (state: weights + gradients + master + optimizer, ideal accounting%s; held: "
       "micro-batches in flight at most; act: saved records and message buffers at "
       "their most, without the workspaces inside an action; E embedding, H head)\n",
-      z3 ? ", each a dp shard; gath.: the ZeRO-3 segments gathered at once at most, "
-           "inside a forward or backward"
-         : "");
+      z3   ? ", each a dp shard; bucket: the gradient buffers of the accumulation window; "
+             "gath.: the ZeRO-3 segments gathered at once at most, inside a forward or backward"
+      : z2 ? "; bucket: the gradient buffers of the accumulation window"
+           : "");
   std::printf(
       "Pipeline bubble: %.2f%% simulated (stage costs proportional to their FLOPs, "
       "no communication cost), %.2f%% closed form %s\n",

@@ -226,7 +226,7 @@ void check_trainer_zero3(schedule_kind s, int V = 1) {
             pp_suite::model(), cfg, f, parallel::layout{g.dp, nn::dense_layers{}, g.pp});
         (void)tr.train_step();
         const plan::pipeline_stage_plan& st = pl.stages[static_cast<std::size_t>(tr.pp_rank())];
-        std::uint64_t weights = 0, grads = 0, opt = 0, gathered = 0;
+        std::uint64_t weights = 0, grads = 0, opt = 0, gathered = 0, buckets = 0;
         std::vector<std::string> mine;
         const auto where = [&](int c) {
           return tessera::detail::str(parallel::to_string(s), " V ", V, " world rank ",
@@ -254,17 +254,19 @@ void check_trainer_zero3(schedule_kind s, int V = 1) {
                                                 e.max_segments_held(), " segments), planned ",
                                                 ch.gathered, " B"));
           gathered = std::max(gathered, held);
+          // The gradient buckets of the window: the chunk's whole gradient.
+          buckets += e.max_transient_bytes().grad_buckets;
           if (e.persistent_bytes() !=
               shard * (sizeof(P::param_type) + sizeof(P::grad_type)) + e.optimizer().state_bytes())
             mine.push_back(tessera::detail::str(where(c), "keeps ", e.persistent_bytes(),
                                                 " B besides its shards"));
         }
         if (weights != st.weights || grads != st.grads || opt != st.master + st.optimizer ||
-            gathered != st.gathered)
-          mine.push_back(tessera::detail::str(where(-1), "engines' weights ", weights, " grads ",
-                                              grads, " optimizer ", opt, " gathered ", gathered,
-                                              "; planned ", st.weights, " ", st.grads, " ",
-                                              st.master + st.optimizer, " ", st.gathered));
+            gathered != st.gathered || buckets != st.reduce_staging)
+          mine.push_back(tessera::detail::str(
+              where(-1), "engines' weights ", weights, " grads ", grads, " optimizer ", opt,
+              " gathered ", gathered, " buckets ", buckets, "; planned ", st.weights, " ",
+              st.grads, " ", st.master + st.optimizer, " ", st.gathered, " ", st.reduce_staging));
         std::lock_guard lk(mu);
         bad.insert(bad.end(), mine.begin(), mine.end());
       },

@@ -153,6 +153,13 @@ struct pipeline_stage_plan {
   /// `gathered`, param_type bytes held only inside a forward or backward
   /// action (file comment); 0 under ZeRO-0..2.
   std::uint64_t gathered = 0;
+  /// ZeRO-2/3 transient (not in model_state()): the chunks' bucket gradient
+  /// buffers, held through the step's accumulation window (a pipeline
+  /// reduces once per step): params in grad_type, plus params in the
+  /// reduce type when the two differ (bf16 gradients reduced in float32;
+  /// plan/state.hpp's reduce_staging, without its bucket padding); 0 under
+  /// ZeRO-0/1, whose gradient is `grads`.
+  std::uint64_t reduce_staging = 0;
   /// Micro-batches in flight at once over all chunks (parallel::peak_in_flight).
   std::int64_t peak_in_flight = 0;
   std::uint64_t peak_record_bytes = 0;      ///< the records' running sum at its most (file comment)
@@ -164,12 +171,14 @@ struct pipeline_stage_plan {
   /// weights + grads + master + optimizer: what stays allocated between
   /// steps (ZeRO's model-state formula; the gathered segments are not in it).
   std::uint64_t model_state() const { return weights + grads + master + optimizer; }
-  /// model_state() + gathered + peak_activation_bytes: the rank's peak as
-  /// this plan counts it, each part at its most (the gathered segments live
-  /// inside an action, the activation peak is taken between actions, so the
-  /// two need not coincide); no workspaces inside an action, no reduction
-  /// buffers.
-  std::uint64_t peak() const { return model_state() + gathered + peak_activation_bytes; }
+  /// model_state() + gathered + reduce_staging + peak_activation_bytes: the
+  /// rank's peak as this plan counts it, each part at its most (the
+  /// gathered segments live inside an action, the activation peak is taken
+  /// between actions, so the two need not coincide); no workspaces inside
+  /// an action.
+  std::uint64_t peak() const {
+    return model_state() + gathered + reduce_staging + peak_activation_bytes;
+  }
 };
 
 /// The plan of a pipelined step.
@@ -446,6 +455,8 @@ inline pipeline_plan plan_pipeline(const nn::llama_config& c, const dtype_sizes&
       st.weights += (sh.zero >= 3 ? ceil_dp(cp.params) : u(cp.params)) * d.param;
       st.gathered = std::max(st.gathered, cp.gathered);
       st.grads += (sh.zero >= 2 ? ceil_dp(cp.params) : u(cp.params)) * d.grad;
+      if (sh.zero >= 2)
+        st.reduce_staging += u(cp.params) * (d.grad + (d.grad == d.reduce ? 0 : d.reduce));
       const std::uint64_t opt_elems = sh.zero >= 1 ? ceil_dp(cp.params) : u(cp.params);
       st.master += d.master_copy ? opt_elems * d.master : 0;
       st.optimizer += opt_elems * d.master * static_cast<std::uint64_t>(o.moments);

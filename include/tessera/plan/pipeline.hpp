@@ -38,8 +38,10 @@
 /// per-element sizes of dtype_sizes, the optimizer state (and the master
 /// copy) a ceil(n / dp) shard under ZeRO-1..3, the gradients too under
 /// ZeRO-2/3 and the weights too under ZeRO-3 (Rajbhandari et al. 2020,
-/// section 5: P_os, P_os+g, P_os+g+p); no bucket or alignment padding and
-/// no reduction buffers.
+/// section 5: P_os, P_os+g, P_os+g+p); no bucket or alignment padding.
+/// Under ZeRO-2/3 the gradient buckets of the accumulation window
+/// (`reduce_staging`: a pipeline reduces once per step, so every chunk
+/// holds its whole gradient until then) are a transient beside it.
 ///
 /// ZeRO-3's gathered segments (`gathered`), a transient beside the model
 /// state: each chunk's data-parallel engine all-gathers a segment (a block,

@@ -16,9 +16,11 @@
 // --checkpointing and --optimizer apply to both. --pp P (with --schedule,
 // --virtual-stages, --micro-batches, --stage-blocks) prints the pipeline
 // plan instead (plan/pipeline.hpp): per pipeline rank its blocks,
-// parameters, model state (and, --zero 3, the gathered segments),
-// micro-batches held, peak activations and p2p bytes, and the bubble
-// (simulated with FLOP-proportional stage costs, and the closed form).
+// parameters, model state (and, --zero 2 and 3, the gradient buckets of
+// the accumulation window; --zero 3, the gathered segments), micro-batches
+// held, peak activations and p2p bytes, the bubble (simulated with
+// FLOP-proportional stage costs, and the closed form), and whether the
+// largest stage's peak fits the device memory.
 //
 // clang-format off
 //   build/host/examples/plan --preset llama2_7b --precision bf16_mixed --dp 8 --zero 3 --micro-batch 1 --seq 4096
@@ -205,6 +207,11 @@ int print_pipeline(const options& o) {
   p.act.model.checkpointing = {nn::parse_checkpointing(o.checkpointing), o.checkpoint_layers};
   const plan::pipeline_plan pl =
       plan::plan_pipeline(cfg, d, plan::optimizer_spec::from_name(o.optimizer), sh, p);
+  // Whether it fits --memory-gib: the stage of the largest peak.
+  std::uint64_t peak = 0;
+  for (const auto& st : pl.stages) peak = std::max(peak, st.peak());
+  const double margin = o.memory_gib * plan::gib - static_cast<double>(peak);
+  const bool fits = margin >= 0;
   auto blocks = [](const plan::pipeline_stage_plan& st) {
     std::string b;
     for (const auto& ch : st.chunks)
@@ -229,6 +236,10 @@ int print_pipeline(const options& o) {
     j["bubble_fraction"] = pl.bubble_fraction;
     j["bubble_closed_form"] = pl.bubble_closed_form;
     j["step_time_flops_per_token"] = pl.step_time;
+    j["memory_gib"] = o.memory_gib;
+    j["peak_bytes"] = peak;
+    j["fits"] = fits;
+    j["margin_bytes"] = margin;
     nlohmann::json stages = nlohmann::json::array();
     for (const auto& st : pl.stages) {
       nlohmann::json chunks = nlohmann::json::array();
@@ -265,7 +276,7 @@ int print_pipeline(const options& o) {
     }
     j["stages"] = stages;
     std::cout << nlohmann::json{{"pipeline", j}}.dump(2) << "\n";
-    return 0;
+    return fits ? 0 : 1;
   }
   std::printf(
       "Pipeline plan: %s (%lld parameters), %s, pp=%d %s V=%d, M=%lld micro-batches "
@@ -312,7 +323,12 @@ int print_pipeline(const options& o) {
           : (pl.schedule == parallel::schedule_kind::zero_bubble_h1 && o.micro_batches >= o.pp
                  ? "(K-1)/(3M+K-1)"
                  : "(K-1)/(M+K-1)"));
-  return 0;
+  std::printf("Memory: the largest stage's peak %.2f GiB (%.2f GB) of %.2f GiB: %s, margin %.2f "
+              "GiB (model state, gathered segments, gradient buckets and activations each at "
+              "their most; no workspaces inside an action)\n",
+              static_cast<double>(peak) / plan::gib, static_cast<double>(peak) / 1e9,
+              o.memory_gib, fits ? "fits" : "DOES NOT FIT", margin / plan::gib);
+  return fits ? 0 : 1;
 }
 
 int run(const options& o) {

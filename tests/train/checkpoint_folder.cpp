@@ -51,7 +51,9 @@ TEST_CASE(
   comm::comm_options o;
   // Up to 16 ranks on two cores, those outside a mesh at a barrier.
   o.timeout = std::chrono::seconds(150);
-  for (const auto& [a, b] : reshard_suite::matrix()) {
+  // (Named pairs, not structured bindings: clang before 16 cannot capture those.)
+  for (const auto& pair : reshard_suite::matrix()) {
+    const reshard_suite::mesh_run &a = pair.first, &b = pair.second;
     INFO("saved at " << a.name() << ", loaded at " << b.name());
     REQUIRE_NOTHROW(comm::local_world::run(
         std::max(a.ranks(), b.ranks()),
@@ -65,7 +67,8 @@ TEST_CASE("bf16_mixed master weights and moments load bit for bit at another lay
   data::token_file f(corpus.path);
   comm::comm_options o;
   o.timeout = std::chrono::seconds(150);
-  for (const auto& [a, b] : reshard_suite::master_pairs()) {
+  for (const auto& pair : reshard_suite::master_pairs()) {
+    const reshard_suite::mesh_run &a = pair.first, &b = pair.second;
     INFO("saved at " << a.name() << ", loaded at " << b.name());
     REQUIRE_NOTHROW(comm::local_world::run(
         std::max(a.ranks(), b.ranks()),

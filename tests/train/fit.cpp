@@ -203,6 +203,7 @@ TEST_CASE(
   // A save killed before its metadata: never resumed from.
   fs::create_directories(opt.out / "step-000009");
   CHECK(train::resume_checkpoint(opt.out) == opt.out / "step-000006");
+  fs::create_directories(dir.path / "nothing");
   CHECK_THROWS_WITH(train::resume_checkpoint(dir.path / "nothing"),
                     Catch::Contains("holds no checkpoint"));
   // A fresh run into the folder: refused, then with overwrite the earlier

@@ -11,9 +11,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 
 #include "tessera/train/run_folder.hpp"
 #include "tessera/train/stop_signals.hpp"
@@ -152,7 +154,7 @@ TEST_CASE("keep_newest_checkpoints keeps the newest complete folders", "[train][
   CHECK(fs::exists(dir.path / "step-000010"));  // not counted, not removed
 }
 
-TEST_CASE("the first stop signal asks, the second ends the process", "[train][signal]") {
+TEST_CASE("the first stop signal asks, a second a second later ends the process", "[train][signal]") {
   // One signal: recorded, the process goes on (exit 7 by its own hand).
   for (int sig : {SIGINT, SIGTERM}) {
     const int once = in_child([sig] {
@@ -162,10 +164,22 @@ TEST_CASE("the first stop signal asks, the second ends the process", "[train][si
     });
     CHECK(WIFEXITED(once));
     CHECK(WEXITSTATUS(once) == 7);
-    // Two: the second takes the default action, ending the process by it.
+    // Two at once (`timeout -s INT` delivers its signal to the process and
+    // to its group): one request, the process goes on.
+    const int pair = in_child([sig] {
+      const train::stop_signals guard;
+      ::kill(::getpid(), sig);
+      ::kill(::getpid(), sig);
+      return train::stop_signals::requested() == sig ? 7 : 1;
+    });
+    CHECK(WIFEXITED(pair));
+    CHECK(WEXITSTATUS(pair) == 7);
+    // A second one more than a second later takes the default action,
+    // ending the process by it.
     const int twice = in_child([sig] {
       const train::stop_signals guard;
       ::kill(::getpid(), sig);
+      std::this_thread::sleep_for(std::chrono::milliseconds(1100));
       ::kill(::getpid(), sig);
       return 1;
     });

@@ -261,8 +261,14 @@ void check_trainer_zero3(schedule_kind s, int V = 1) {
             mine.push_back(tessera::detail::str(where(c), "keeps ", e.persistent_bytes(),
                                                 " B besides its shards"));
         }
+        // The buckets: all of them at once from the first backward on, but
+        // for GPipe's last stage, whose head (fused with its forward) may
+        // finish its reduction before the blocks' backward opens theirs:
+        // the plan is a bound there, met or not as the timing goes.
+        const bool buckets_ok =
+            s == schedule_kind::gpipe ? buckets <= st.reduce_staging : buckets == st.reduce_staging;
         if (weights != st.weights || grads != st.grads || opt != st.master + st.optimizer ||
-            gathered != st.gathered || buckets != st.reduce_staging)
+            gathered != st.gathered || !buckets_ok)
           mine.push_back(tessera::detail::str(
               where(-1), "engines' weights ", weights, " grads ", grads, " optimizer ", opt,
               " gathered ", gathered, " buckets ", buckets, "; planned ", st.weights, " ",

@@ -159,8 +159,10 @@ struct pipeline_stage_plan {
   /// buffers, held through the step's accumulation window (a pipeline
   /// reduces once per step): params in grad_type, plus params in the
   /// reduce type when the two differ (bf16 gradients reduced in float32;
-  /// plan/state.hpp's reduce_staging, without its bucket padding); 0 under
-  /// ZeRO-0/1, whose gradient is `grads`.
+  /// plan/state.hpp's reduce_staging, without its bucket padding; a bound
+  /// for GPipe's last stage, whose head, fused with its forward, may finish
+  /// its reduction before the blocks' buckets open); 0 under ZeRO-0/1,
+  /// whose gradient is `grads`.
   std::uint64_t reduce_staging = 0;
   /// Micro-batches in flight at once over all chunks (parallel::peak_in_flight).
   std::int64_t peak_in_flight = 0;

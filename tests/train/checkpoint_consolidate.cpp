@@ -22,18 +22,15 @@
 #include <tessera/nn/tensor_parallel.hpp>
 #include <tessera/train/checkpoint_consolidate.hpp>
 
-#include "pp_suite.hpp"
+#include "reshard_suite.hpp"
 
 namespace test_train_checkpoint_consolidate {
 
 using namespace tessera;
 namespace fs = std::filesystem;
-using comm::local_communicator;
 using P = precision::bf16_mixed;
 
 namespace {
-
-constexpr std::int64_t G = 8, steps = 4, saved_at = 2, layers = 4;
 
 struct temp_dir {
   fs::path path;
@@ -48,87 +45,20 @@ struct temp_dir {
   }
 };
 
-struct mesh_run {
-  pp_suite::layout l;
-  int zero = 0;
-};
-mesh_run mesh(int dp, int tp, int zero) {
-  mesh_run m;
-  m.l.dp = dp;
-  m.l.tp = tp;
-  m.l.micro_batches = G / dp;
-  m.l.layers = layers;
-  m.zero = zero;
-  return m;
-}
-
-// World rank 0's loss and gradient norm of each step trained.
-struct trajectory {
-  std::vector<double> loss, norm;
-};
-
-// On every rank of `m`: a trainer; loads `from` (if set) and saves to
-// `resaved` at once (if set); trains until `until`; saves to `to` (if set).
-template <class S>
-trajectory run_mesh(const mesh_run& m, const data::token_file& f, const fs::path& from,
-                    const fs::path& resaved, std::int64_t until, const fs::path& to) {
-  trajectory out;
-  comm::comm_options o;
-  o.timeout = std::chrono::seconds(60);
-  comm::local_world::run(
-      m.l.dp * m.l.tp,
-      [&](local_communicator& world) {
-        using layers_t = nn::tensor_parallel_layers<local_communicator>;
-        auto g = comm::make_groups(world, comm::device_mesh(m.l.dp, m.l.tp, 1));
-        train::trainer<P, host, optim::adamw, S, local_communicator, layers_t> tr(
-            pp_suite::model(layers), pp_suite::config(m.l, steps), f,
-            parallel::layout{g.dp, layers_t{&g.tp}, g.pp});
-        if (!from.empty()) tr.load_checkpoint(from);
-        if (!resaved.empty()) tr.save_checkpoint(resaved);
-        while (tr.step() < until) {
-          const auto s = tr.train_step();
-          if (world.rank() == 0) {
-            out.loss.push_back(s.loss);
-            out.norm.push_back(s.grad_norm);
-          }
-        }
-        if (!to.empty()) tr.save_checkpoint(to);
-      },
-      o);
-  return out;
-}
-trajectory run_any(const mesh_run& m, const data::token_file& f, const fs::path& from,
-                   const fs::path& resaved, std::int64_t until, const fs::path& to) {
-  return m.zero == 3 ? run_mesh<parallel::zero<3>>(m, f, from, resaved, until, to)
-                     : run_mesh<parallel::zero<0>>(m, f, from, resaved, until, to);
-}
+using reshard_suite::mesh;
+using reshard_suite::mesh_run;
+using reshard_suite::saved_at;
+using reshard_suite::steps;
 
 // Every role of every tensor of checkpoints `a` and `b`, read whole, is
-// the same bytes; the step and optimizer step count are the same.
+// the same bytes, and so is their run state (reshard_suite::state_difference);
+// each tensor holds param, master, exp_avg and exp_avg_sq.
 void require_same_state(const fs::path& a, const fs::path& b) {
-  train::checkpoint_reader ra(a), rb(b);
-  REQUIRE(ra.index().tensors.size() == rb.index().tensors.size());
-  CHECK(ra.index().run.at("step") == rb.index().run.at("step"));
-  CHECK(ra.index().run.at("optimizer_steps") == rb.index().run.at("optimizer_steps"));
-  int compared = 0;
-  for (const auto& [name, t] : ra.index().tensors) {
-    REQUIRE(rb.index().tensors.count(name) == 1);
-    CHECK(rb.index().tensors.at(name).shape == t.shape);
-    CHECK(rb.index().tensors.at(name).roles == t.roles);
-    const train::index_box box{std::vector<std::int64_t>(t.shape.size(), 0), t.shape};
-    for (const auto& [role, dtype] : t.roles) {
-      INFO(role << " of " << name);
-      const std::size_t bytes =
-          static_cast<std::size_t>(box.numel()) * train::dtype_bytes_of(dtype);
-      std::vector<char> x(bytes), y(bytes);
-      ra.read(name, role, box, 0, box.numel(), x.data());
-      rb.read(name, role, box, 0, box.numel(), y.data());
-      CHECK(std::memcmp(x.data(), y.data(), bytes) == 0);
-      ++compared;
-    }
-  }
-  // param, master, exp_avg, exp_avg_sq of every tensor.
-  CHECK(compared == 4 * static_cast<int>(ra.index().tensors.size()));
+  const std::string diff = reshard_suite::state_difference(a, b);
+  INFO(diff);
+  CHECK(diff.empty());
+  train::checkpoint_reader ra(a);
+  for (const auto& [name, t] : ra.index().tensors) CHECK(t.roles.size() == 4);
 }
 
 }  // namespace
@@ -136,10 +66,10 @@ void require_same_state(const fs::path& a, const fs::path& b) {
 TEST_CASE("a consolidated checkpoint loads as the original at any layout", "[train][checkpoint]") {
   trainer_suite::temp_file corpus{trainer_suite::make_corpus("ckpt_consolidate", 0)};
   data::token_file f(corpus.path);
-  for (const mesh_run& src : {mesh(2, 1, 3), mesh(1, 2, 0)}) {
-    INFO("saved at " << src.l.name() << " zero<" << src.zero << ">");
+  for (const mesh_run& src : {mesh(2, 1, 1, 3), mesh(1, 2, 1, 0)}) {
+    INFO("saved at " << src.name());
     temp_dir orig("orig"), cons("cons");
-    (void)run_any(src, f, {}, {}, saved_at, orig.path);
+    (void)reshard_suite::run_on_threads<P>(src, f, {}, {}, saved_at, orig.path);
     train::consolidate_checkpoint(orig.path, cons.path);
     {
       train::checkpoint_reader rd(cons.path);
@@ -147,11 +77,11 @@ TEST_CASE("a consolidated checkpoint loads as the original at any layout", "[tra
       CHECK(rd.index().pieces.size() == 4 * rd.index().tensors.size());  // each whole
     }
     require_same_state(orig.path, cons.path);
-    for (const mesh_run& dst : {mesh(1, 1, 0), src}) {
-      INFO("loaded at " << dst.l.name() << " zero<" << dst.zero << ">");
+    for (const mesh_run& dst : {mesh(1, 1, 1, 0), src}) {
+      INFO("loaded at " << dst.name());
       temp_dir ra("resaved_orig"), rb("resaved_cons");
-      const trajectory a = run_any(dst, f, orig.path, ra.path, steps, {});
-      const trajectory b = run_any(dst, f, cons.path, rb.path, steps, {});
+      const auto a = reshard_suite::run_on_threads<P>(dst, f, orig.path, ra.path, steps, {});
+      const auto b = reshard_suite::run_on_threads<P>(dst, f, cons.path, rb.path, steps, {});
       require_same_state(ra.path, rb.path);
       REQUIRE(a.loss.size() == static_cast<std::size_t>(steps - saved_at));
       CHECK(a.loss == b.loss);  // bit for bit: the same state, layout and order
@@ -192,7 +122,7 @@ TEST_CASE("consolidating a damaged checkpoint or into an existing folder leaves 
   trainer_suite::temp_file corpus{trainer_suite::make_corpus("ckpt_consolidate_bad", 0)};
   data::token_file f(corpus.path);
   temp_dir orig("bad_orig"), out("bad_out");
-  (void)run_any(mesh(1, 1, 0), f, {}, {}, 1, orig.path);
+  (void)reshard_suite::run_on_threads<P>(mesh(1, 1, 1, 0), f, {}, {}, 1, orig.path);
   fs::create_directories(out.path);
   CHECK_THROWS_WITH(train::consolidate_checkpoint(orig.path, out.path),
                     Catch::Contains("exists: give a new folder"));

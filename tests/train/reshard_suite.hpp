@@ -39,6 +39,7 @@
 #include <vector>
 
 #include <tessera/comm/device_mesh.hpp>
+#include <tessera/comm/local.hpp>
 #include <tessera/nn/tensor_parallel.hpp>
 #include <tessera/train/checkpoint_folder.hpp>
 
@@ -147,7 +148,7 @@ struct continued {
 
 /// On every rank of `world` (m.ranks() ranks): a trainer of mesh `m`;
 /// loads `from` and saves it at once to `resaved` (each if not empty);
-/// trains until step `until`; saves to `to`.
+/// trains until step `until`; saves to `to` (if not empty).
 template <class Prec, class S, class Comm>
 continued run_mesh(Comm& world, const mesh_run& m, const data::token_file& f, const fs::path& from,
                    const fs::path& resaved, std::int64_t until, const fs::path& to) {
@@ -165,7 +166,7 @@ continued run_mesh(Comm& world, const mesh_run& m, const data::token_file& f, co
       out.norm.push_back(s.grad_norm);
     }
   }
-  tr.save_checkpoint(to);
+  if (!to.empty()) tr.save_checkpoint(to);
   return out;
 }
 
@@ -182,6 +183,24 @@ continued run_any(Comm& world, const mesh_run& m, const data::token_file& f, con
     default:
       return run_mesh<Prec, parallel::zero<3>>(world, m, f, from, resaved, until, to);
   }
+}
+
+/// run_any on m.ranks() thread ranks of their own (local_world); world
+/// rank 0's losses and norms.
+template <class Prec>
+continued run_on_threads(const mesh_run& m, const data::token_file& f, const fs::path& from,
+                         const fs::path& resaved, std::int64_t until, const fs::path& to) {
+  continued out;
+  comm::comm_options o;
+  o.timeout = std::chrono::seconds(150);
+  comm::local_world::run(
+      m.ranks(),
+      [&](comm::local_communicator& world) {
+        continued c = run_any<Prec>(world, m, f, from, resaved, until, to);
+        if (world.rank() == 0) out = std::move(c);
+      },
+      o);
+  return out;
 }
 
 /// Where folders `a` and `b` differ: a tensor, role, shape or element

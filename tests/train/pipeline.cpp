@@ -80,6 +80,20 @@ pp_suite::layout pipe(int pp, schedule_kind s, int V = 1, std::int64_t M = 8, in
   return l;
 }
 
+// Two training steps, then evaluate() and generate() of `tr` against one
+// rank's `eval_one` (within 1e-12) and `gen_one` (the same tokens).
+template <class Trainer>
+void two_steps_then_eval_and_generate(Trainer& tr, double eval_one,
+                                      const std::vector<std::int32_t>& gen_one) {
+  (void)tr.train_step();
+  (void)tr.train_step();
+  const double e = tr.evaluate();
+  zero_suite::check(std::fabs(e - eval_one) <= 1e-12 * eval_one, "evaluation ", e,
+                    " vs one rank's ", eval_one);
+  const auto gen = tr.generate({104, 101}, 6, 0.8, 5);
+  zero_suite::check(gen == gen_one, "generation differs from one rank's");
+}
+
 }  // namespace
 
 TEST_CASE("pp trainer: every schedule at pp 2 and 4 equals one rank's (float64)", "[train][pp]") {
@@ -239,13 +253,7 @@ TEST_CASE("pp trainer: evaluation, generation and checkpoints through the pipeli
                                    tp_layers>;
           T tr(pp_suite::model(), pp_suite::config(l, 4), f,
                parallel::layout{g.dp, tp_layers{&g.tp}, g.pp});
-          (void)tr.train_step();
-          (void)tr.train_step();
-          const double e = tr.evaluate();
-          zero_suite::check(std::fabs(e - eval_one) <= 1e-12 * eval_one, "evaluation ", e,
-                            " vs one rank's ", eval_one);
-          const auto gen = tr.generate({104, 101}, 6, 0.8, 5);
-          zero_suite::check(gen == gen_one, "generation differs from one rank's");
+          two_steps_then_eval_and_generate(tr, eval_one, gen_one);
           tr.save_checkpoint(ckpt);
           const auto m3 = tr.train_step();
           T back(pp_suite::model(), pp_suite::config(l, 4), f,
@@ -321,13 +329,7 @@ TEST_CASE("pp trainer: zero<3> evaluates and generates through the pipeline as o
           train::trainer<P, host, optim::adamw, parallel::zero<3>, local_communicator> tr(
               pp_suite::model(), pp_suite::config(l, 4), f,
               parallel::layout{g.dp, nn::dense_layers{}, g.pp});
-          (void)tr.train_step();
-          (void)tr.train_step();
-          const double e = tr.evaluate();
-          zero_suite::check(std::fabs(e - eval_one) <= 1e-12 * eval_one, "evaluation ", e,
-                            " vs one rank's ", eval_one);
-          const auto gen = tr.generate({104, 101}, 6, 0.8, 5);
-          zero_suite::check(gen == gen_one, "generation differs from one rank's");
+          two_steps_then_eval_and_generate(tr, eval_one, gen_one);
           for (int c = 0; c < tr.chunks(); ++c)
             zero_suite::check(tr.engine(c).segments_held() == 0, "chunk ", c, " holds ",
                               tr.engine(c).segments_held(), " gathered segments");

@@ -287,9 +287,9 @@ void attention_backward(const host_context& ctx, G* dq, G* dk, G* dv, const G* d
   using A = accum_t<T>;
   const attention_tiles tiles = ctx.tiles;
   memory_resource& mr = ctx.resource();
-  static_assert(std::is_same_v<G, A> || (std::is_same_v<G, bf16> && is_half_v<T>),
+  static_assert(std::is_same_v<G, A> || (is_half_v<G> && is_half_v<T>),
                 "attention_backward: the activation-gradient type G must be accum_t<T> (double "
-                "for double storage, float for float and bf16), or bf16 with 16-bit storage");
+                "for double storage, float for float and bf16), or 16-bit with 16-bit storage");
   detail::attention_check_sizes("attention_backward", B, S, nh, nkv, hd, tiles);
   const std::int64_t Bq = std::min(tiles.q, S), Bk = std::min(tiles.k, S);
   const std::int64_t nqt = (S + Bq - 1) / Bq, nkt = (S + Bk - 1) / Bk;

@@ -61,7 +61,7 @@ inline constexpr std::int64_t ce_parallel_min_elems = std::int64_t{1} << 15;
 ///   positions are exactly 0. `dwlm` (V, H), G: accumulated (+=),
 ///   grad_scale * d(loss_sum)/dwlm. Both null: forward only (evaluation).
 /// - G must be accum_t<T> (double for double, float for float and bf16); GA
-///   accum_t<T>, or bf16 with 16-bit storage (rounded once from accum_t<T>).
+///   accum_t<T>, or 16-bit with 16-bit storage (rounded once from accum_t<T>).
 /// - `chunk` >= 1 token rows per step. Scratch from `ctx.mr`: chunk*V
 ///   elements of accum_t<T> (the logits block, overwritten by its gradient)
 ///   + chunk doubles; for bf16 also chunk*H floats (x converted) and
@@ -84,7 +84,7 @@ void lm_head_cross_entropy(const host_context& ctx, double* loss_sum, const T* x
   static_assert(std::is_same_v<G, A>,
                 "lm_head_cross_entropy: the parameter-gradient type G must be accum_t<T> (double "
                 "for double storage, float for float and bf16)");
-  static_assert(std::is_same_v<GA, A> || (std::is_same_v<GA, bf16> && is_half_v<T>),
+  static_assert(std::is_same_v<GA, A> || (is_half_v<GA> && is_half_v<T>),
                 "lm_head_cross_entropy: the activation-gradient type must be accum_t<T>, or bf16 "
                 "with 16-bit storage");
   constexpr bool convert = !std::is_same_v<T, A>;  // bf16: convert blocks to float for the BLAS
@@ -254,9 +254,9 @@ void lm_head_cross_entropy_vocab_parallel(const host_context& ctx, double* loss_
                                           GA* dx, G* dwlm, std::int64_t chunk, Reduce&& reduce) {
   using A = accum_t<T>;
   static_assert(std::is_same_v<G, A>, "lm_head_cross_entropy_vocab_parallel: G must be accum_t<T>");
-  static_assert(std::is_same_v<GA, A> || (std::is_same_v<GA, bf16> && is_half_v<T>),
+  static_assert(std::is_same_v<GA, A> || (is_half_v<GA> && is_half_v<T>),
                 "lm_head_cross_entropy_vocab_parallel: the activation-gradient type must be "
-                "accum_t<T>, or bf16 with 16-bit storage");
+                "accum_t<T>, or 16-bit with 16-bit storage");
   constexpr bool convert = !std::is_same_v<T, A>;
   constexpr bool narrow_dx = !std::is_same_v<GA, A>;
   memory_resource& mr = ctx.resource();

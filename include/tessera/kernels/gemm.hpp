@@ -53,7 +53,7 @@ namespace detail {
 
 template <class T>
 inline constexpr bool is_gemm_type_v =
-    std::is_same_v<T, float> || std::is_same_v<T, double> || std::is_same_v<T, bf16>;
+    std::is_same_v<T, float> || std::is_same_v<T, double> || is_half_v<T>;
 
 /// A per-thread, grow-only scratch buffer; `Slot` tells the A, B and C
 /// buffers apart so one call can hold all three.
@@ -146,7 +146,7 @@ void gemm_mixed(transpose ta, transpose tb, std::int64_t M, std::int64_t N, std:
                 std::int64_t ldb, gemm_compute_t<TA, TB, TC> beta, TC* C, std::int64_t ldc) {
   static_assert(
       detail::is_gemm_type_v<TA> && detail::is_gemm_type_v<TB> && detail::is_gemm_type_v<TC>,
-      "tessera::kernels::gemm: element types must be float, double or bf16; convert "
+      "tessera::kernels::gemm: element types must be float, double, bf16 or fp16; convert "
       "other types first");
   using Acc = gemm_compute_t<TA, TB, TC>;
   detail::check_gemm_args(ta, tb, M, N, K, lda, ldb, ldc);
@@ -236,16 +236,16 @@ inline void gemm_release_workspace() {
 namespace detail {
 template <class T, class G>
 constexpr void check_linear_types() {
-  static_assert(is_gemm_type_v<T>, "tessera::kernels::linear_*: T must be float, double or bf16");
+  static_assert(is_gemm_type_v<T>, "tessera::kernels::linear_*: T must be float, double, bf16 or fp16");
   static_assert(std::is_same_v<G, accum_t<T>>,
                 "tessera::kernels::linear_*: the parameter-gradient type G must be accum_t<T> "
                 "(double for double storage, float for float and bf16)");
 }
 template <class T, class GA>
 constexpr void check_activation_grad_type() {
-  static_assert(std::is_same_v<GA, accum_t<T>> || (std::is_same_v<GA, bf16> && is_half_v<T>),
+  static_assert(std::is_same_v<GA, accum_t<T>> || (is_half_v<GA> && is_half_v<T>),
                 "tessera::kernels::linear_*: the activation-gradient type must be accum_t<T>, or "
-                "bf16 with 16-bit storage");
+                "16-bit with 16-bit storage");
 }
 }  // namespace detail
 
@@ -266,7 +266,7 @@ void linear_forward(const host_context& ctx, T* out, const T* inp, const T* weig
 
 /// Linear layer backward to the input: dinp(M,K) = dout(M,N) * weight(N,K),
 /// or += when `accumulate` (e.g. a residual branch). T the weight's storage
-/// type, GA the activation-gradient type (accum_t<T>, or bf16 with 16-bit
+/// type, GA the activation-gradient type (accum_t<T>, or a 16-bit type with 16-bit
 /// storage, computed in float and rounded once). `dinp` must not alias the
 /// inputs. Throws as `gemm`. FLOPs: gemm_flops(M, K, N). Source: llm.c
 /// matmul_backward.

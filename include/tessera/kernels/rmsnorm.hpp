@@ -77,9 +77,9 @@ void rmsnorm_backward(const host_context& ctx, GA* dinp, G* dweight, const GA* d
   static_assert(std::is_same_v<G, A>,
                 "tessera::kernels::rmsnorm_backward: the parameter-gradient type G must be "
                 "accum_t<T> (double for double storage, float for float and bf16)");
-  static_assert(std::is_same_v<GA, A> || (std::is_same_v<GA, bf16> && !std::is_same_v<T, A>),
+  static_assert(std::is_same_v<GA, A> || (is_half_v<GA> && !std::is_same_v<T, A>),
                 "tessera::kernels::rmsnorm_backward: the activation-gradient type must be "
-                "accum_t<T>, or bf16 with 16-bit storage");
+                "accum_t<T>, or 16-bit with 16-bit storage");
   TESSERA_THROW_IF(N < 0 || H <= 0, config_error, "rmsnorm_backward: bad sizes N=", N, " H=", H,
                    " (need N >= 0, H >= 1)");
   const A a_H = static_cast<A>(H);

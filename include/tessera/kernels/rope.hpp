@@ -104,8 +104,8 @@ void rope_backward(const host_context& ctx, G* dx, const R* cos, const R* sin, s
                    std::int64_t T, std::int64_t nh, std::int64_t hd) {
   using A = accum_t<G>;
   (void)ctx;
-  static_assert(std::is_same_v<G, float> || std::is_same_v<G, double> || std::is_same_v<G, bf16>,
-                "tessera::kernels::rope_backward: G must be float, double or bf16");
+  static_assert(std::is_same_v<G, float> || std::is_same_v<G, double> || is_half_v<G>,
+                "tessera::kernels::rope_backward: G must be float, double, bf16 or fp16");
   detail::check_rope_sizes("rope_backward", B, T, nh, hd);
   const std::int64_t half = hd / 2;
 #pragma omp parallel for schedule(static)

@@ -46,7 +46,7 @@ void swiglu_backward(const host_context& ctx, G* dgate, G* dup, const G* dout, c
                      const T* up, std::int64_t n) {
   using A = accum_t<T>;
   (void)ctx;
-  static_assert(std::is_same_v<G, A> || (std::is_same_v<G, bf16> && !std::is_same_v<T, A>),
+  static_assert(std::is_same_v<G, A> || (is_half_v<G> && !std::is_same_v<T, A>),
                 "tessera::kernels::swiglu_backward: the activation-gradient type G must be "
                 "accum_t<T> (double for double storage, float for float and bf16), or bf16 with "
                 "16-bit storage");

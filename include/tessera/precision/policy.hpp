@@ -8,8 +8,14 @@
 /// the same types on the host and on a GPU.
 ///
 /// Presets: `fp32`, `bf16_mixed` (bf16 weights and activations, float32
-/// master weights, optimizer state, gradients and accumulation), and `fp64`
-/// (float64 throughout; what the finite-difference tests run).
+/// master weights, optimizer state, gradients and accumulation),
+/// `bf16_mixed_bf16_grads`, `fp16_mixed` (fp16 weights, activations and
+/// activation gradients under a loss scale) and `fp64` (float64
+/// throughout; what the finite-difference tests run).
+///
+/// `loss_scaled<P>` says whether a policy's backward needs a loss scale
+/// (train/loss_scaler.hpp): true for fp16_mixed, whose activation
+/// gradients underflow fp16 without one.
 
 #include <concepts>
 #include <string_view>
@@ -86,7 +92,39 @@ struct bf16_mixed_bf16_grads {
   static constexpr const char* name = "bf16_mixed_bf16_grads";
 };
 
+/// fp16 weights, saved activations and activation gradients; float32
+/// parameter gradients (reduced in float32), master weights, optimizer
+/// state and accumulation (Micikevicius et al. 2018, "Mixed Precision
+/// Training": fp16 storage, fp32 master weights, loss scaling). fp16 keeps
+/// 11 significant bits against bf16's 8, but its range ends at 65504 and
+/// its smallest subnormal is 2^-24: the backward runs under a loss scale
+/// (the loss multiplied before backward, the gradients unscaled once
+/// before the norm), moved by a dynamic loss scaler that skips a step with
+/// a non-finite gradient (train/loss_scaler.hpp). Attention scores, the
+/// softmax, norms and the cross-entropy accumulate in float32 (accum_type),
+/// so they do not overflow fp16.
+struct fp16_mixed {
+  using param_type = fp16;
+  using grad_type = float;
+  using act_grad_type = fp16;
+  using master_type = float;
+  using accum_type = float;
+  using rope_type = float;
+  static constexpr const char* name = "fp16_mixed";
+  static constexpr bool loss_scaled = true;
+};
+
+/// True when `P` runs its backward under a loss scale (P::loss_scaled).
+template <class P>
+inline constexpr bool loss_scaled = [] {
+  if constexpr (requires { P::loss_scaled; })
+    return static_cast<bool>(P::loss_scaled);
+  else
+    return false;
+}();
+
 static_assert(policy<fp32> && policy<fp64> && policy<bf16_mixed> &&
-              policy<bf16_mixed_bf16_grads>);
+              policy<bf16_mixed_bf16_grads> && policy<fp16_mixed>);
+static_assert(loss_scaled<fp16_mixed> && !loss_scaled<bf16_mixed>);
 
 }  // namespace tessera::precision

@@ -78,14 +78,16 @@ void grad_sum_squares(const host_context& ctx, double* out, const G* g, std::int
   *out = accumulate ? *out + total : total;
 }
 
-/// `*coef` = clip_coefficient_of(sqrt(*sum_squares), max_norm), rounded to
-/// M (the optimizer's master type), in the context's memory: what the
-/// optimizer kernels take as `grad_scale`. NaN when the norm is not finite.
+/// `*coef` = unscaled_clip_coefficient_of(*sum_squares, max_norm,
+/// inv_loss_scale) (kernels/detail/clip.hpp; clip_coefficient_of(sqrt(*sum_squares),
+/// max_norm) when inv_loss_scale is 1), rounded to M (the optimizer's
+/// master type), in the context's memory: what the optimizer kernels take
+/// as `grad_scale`. NaN when the norm is not finite.
 template <class M>
-void clip_coefficient(const host_context& ctx, M* coef, const double* sum_squares,
-                      double max_norm) {
+void clip_coefficient(const host_context& ctx, M* coef, const double* sum_squares, double max_norm,
+                      double inv_loss_scale = 1.0) {
   (void)ctx;
-  *coef = static_cast<M>(clip_coefficient_of(std::sqrt(*sum_squares), max_norm));
+  *coef = static_cast<M>(unscaled_clip_coefficient_of(*sum_squares, max_norm, inv_loss_scale));
 }
 
 namespace detail {

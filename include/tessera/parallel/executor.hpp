@@ -94,6 +94,7 @@ struct step_inputs {
       nullptr;          ///< (micro-batches) loss sum of each micro-batch, written (last stage)
   double lr = 0;        ///< learning rate of the step
   double max_norm = 0;  ///< clip threshold (<= 0: off)
+  double inv_loss_scale = 1;  ///< 1 / the loss scale folded into grad_scale (unscaled at the clip)
   double* d_sum_squares = nullptr;  ///< (1) the global gradient sum of squares, written
   Master* d_clip = nullptr;         ///< (1) the clip coefficient, written
 };
@@ -419,7 +420,7 @@ class executor {
         for (std::size_t i = 0; i < chunks_.size(); ++i)
           chunks_[i].engine->local_grad_norm_squared(in.d_sum_squares, i > 0);
         mesh_.reduce(in.d_sum_squares, 1, axes::all());
-        clip_coefficient(context(), in.d_clip, in.d_sum_squares, in.max_norm);
+        clip_coefficient(context(), in.d_clip, in.d_sum_squares, in.max_norm, in.inv_loss_scale);
         break;
       }
       case action_kind::optimizer_step:

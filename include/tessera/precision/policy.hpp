@@ -14,7 +14,7 @@
 /// throughout; what the finite-difference tests run).
 ///
 /// `loss_scaled<P>` says whether a policy's backward needs a loss scale
-/// (train/loss_scaler.hpp): true for fp16_mixed, whose activation
+/// (precision/loss_scaler.hpp): true for fp16_mixed, whose activation
 /// gradients underflow fp16 without one.
 
 #include <concepts>
@@ -100,7 +100,7 @@ struct bf16_mixed_bf16_grads {
 /// its smallest subnormal is 2^-24: the backward runs under a loss scale
 /// (the loss multiplied before backward, the gradients unscaled once
 /// before the norm), moved by a dynamic loss scaler that skips a step with
-/// a non-finite gradient (train/loss_scaler.hpp). Attention scores, the
+/// a non-finite gradient (precision/loss_scaler.hpp). Attention scores, the
 /// softmax, norms and the cross-entropy accumulate in float32 (accum_type),
 /// so they do not overflow fp16.
 struct fp16_mixed {

@@ -142,10 +142,12 @@ void save_checkpoint(Chunks& chunks, const Layout& mesh, const std::filesystem::
 /// shards of different steps (a save interrupted between ranks) throw
 /// config_error naming the steps. Throws io_error for a missing, truncated
 /// or corrupt file; config_error for a strategy that shards the optimizer
-/// state, before any work.
+/// state, before any work. `run_state` (if not null) receives the file's
+/// metadata (the run state a policy restores, e.g. the loss scaler's).
 template <class Sharding, class Chunks, class Layout>
 std::int64_t load_checkpoint(Chunks& chunks, const Layout& mesh, const std::filesystem::path& path_,
-                             const nlohmann::json& mine, std::int64_t steps) {
+                             const nlohmann::json& mine, std::int64_t steps,
+                             nlohmann::json* run_state = nullptr) {
   using Param = typename Chunks::model_type::precision_type::param_type;
   detail::refuse_sharded<Sharding>("load", mesh.dp());
   const auto& ctx = chunks.model().context();
@@ -170,6 +172,7 @@ std::int64_t load_checkpoint(Chunks& chunks, const Layout& mesh, const std::file
     }
     read_checkpoint(path, meta, payload);
     step = check_resume_metadata(path, meta, mine, steps);
+    if (run_state) *run_state = meta;
     TESSERA_THROW_IF(payload.size() != bytes, io_error, "checkpoint '", path.string(), "' holds ",
                      payload.size(), " payload bytes; this run needs ", bytes);
   } catch (...) {

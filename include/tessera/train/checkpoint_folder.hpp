@@ -149,10 +149,12 @@ void save_checkpoint_folder(Chunks& chunks, const Layout& mesh, const std::files
 /// lowest failing rank threw: io_error for a folder without metadata, a
 /// missing, truncated or inconsistent file, or elements no piece holds;
 /// config_error for other settings (every differing one named).
+/// `run_state` (if not null) receives the checkpoint's run state (what a
+/// policy restores beyond the tensors, e.g. the loss scaler's state).
 template <class Chunks, class Layout>
 std::int64_t load_checkpoint_folder(Chunks& chunks, const Layout& mesh,
                                     const std::filesystem::path& dir, const nlohmann::json& mine,
-                                    std::int64_t steps) {
+                                    std::int64_t steps, nlohmann::json* run_state = nullptr) {
   const auto& ctx = chunks.model().context();
   auto world = mesh_reduction(mesh, ctx);
   const int rank = mesh.world_rank();
@@ -168,6 +170,7 @@ std::int64_t load_checkpoint_folder(Chunks& chunks, const Layout& mesh,
     step = check_resume_metadata(dir / checkpoint_metadata_name, theirs, ours, steps);
     const std::int64_t t = rd.index().run.at("optimizer_steps").get<std::int64_t>();
     for (int c = 0; c < chunks.size(); ++c) load_state(rd, chunks.engine(c), mesh.tp_rank(), t);
+    if (run_state) *run_state = rd.index().run;
   } catch (const nlohmann::json::exception& e) {
     failed = std::make_exception_ptr(
         io_error("checkpoint '" + dir.string() + "': its run state is malformed: " + e.what()));

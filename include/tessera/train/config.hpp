@@ -18,6 +18,7 @@
 #include "tessera/optim/schedule.hpp"
 #include "tessera/optim/sgd.hpp"
 #include "tessera/parallel/pipeline_schedule.hpp"
+#include "tessera/precision/loss_scaler.hpp"
 
 namespace tessera::train {
 
@@ -45,6 +46,10 @@ struct train_config {
   double grad_clip = 1.0;           ///< max global gradient norm (<= 0: off)
   optim::adamw_config adamw{};      ///< AdamW's betas, eps, weight decay (optim::adamw)
   optim::sgd_config sgd{};          ///< SGD's momentum, Nesterov, weight decay (optim::sgd)
+  /// The loss scale of a loss-scaled precision (precision::fp16_mixed):
+  /// dynamic from 2^16 by default (precision/loss_scaler.hpp). Other
+  /// policies train unscaled and refuse settings other than the defaults.
+  precision::loss_scale_options loss_scale{};
   std::int64_t eval_every = 100;    ///< evaluate every N steps (and at the end); 0: only at the end
   std::int64_t eval_windows = 256;  ///< validation windows per evaluation (0: all)
   std::uint64_t seed = 1337;        ///< weights and data order
@@ -90,6 +95,7 @@ struct train_config {
     adamw.validate();
     sgd.validate();
     checkpointing.validate();
+    loss_scale.validate();
     schedule().validate();
   }
   optim::warmup_cosine schedule() const { return {lr, lr * min_lr_ratio, warmup, steps}; }

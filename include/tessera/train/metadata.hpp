@@ -115,7 +115,8 @@ nlohmann::json run_metadata(const nn::llama_config& c, const train_config& cfg,
 
 /// Checks a checkpoint's metadata against this run's before a resume: every
 /// key of `mine` except the positions (step, data_position,
-/// schedule_position) and the planned steps must be present and equal, the
+/// schedule_position, loss_scaler_state) and the planned steps must be
+/// present and equal, the
 /// tensor-parallel degree and the pipeline layout checked first. A run may
 /// plan more steps than the checkpoint's (`steps`, at least its step): the
 /// learning-rate schedule then decays over the new total. Throws
@@ -157,7 +158,9 @@ inline std::int64_t check_resume_metadata(const std::filesystem::path& path, nlo
                    "verified: resume it with the tessera that wrote it, or start a new run");
   std::string diff;
   for (const auto& [k, v] : mine.items()) {
-    if (k == "step" || k == "data_position" || k == "schedule_position" || k == "steps") continue;
+    if (k == "step" || k == "data_position" || k == "schedule_position" || k == "steps" ||
+        k == "loss_scaler_state")
+      continue;
     if (meta.contains(k) && meta[k] == v) continue;
     diff += tessera::detail::str(diff.empty() ? "" : "; ", k, "=",
                                  meta.contains(k) ? meta[k].dump() : "(missing)",

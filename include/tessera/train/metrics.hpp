@@ -7,10 +7,10 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
-#include <cstring>
-#include <ctime>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <ctime>
 #include <cstdlib>
 #include <cstdio>
 #include <filesystem>
@@ -36,6 +36,8 @@ struct step_metrics {
   double grad_norm = 0;               ///< global L2 norm before clipping
   double clip = 1;                    ///< clip coefficient applied (1 = none)
   bool skipped = false;               ///< step skipped (non-finite gradient norm)
+  double loss_scale = 0;              ///< loss scale S the step ran under (0: no loss scale)
+  std::int64_t skipped_steps = 0;     ///< steps skipped so far in the run (under a loss scale)
   std::int64_t tokens = 0;            ///< tokens processed in the step (all micro-batches)
   std::int64_t scored = 0;            ///< tokens scored (targets not ignored)
   double seconds = 0;                 ///< wall time of the step
@@ -57,6 +59,10 @@ struct step_metrics {
                      {"mem_allocated", mem_allocated}, {"mem_peak", mem_peak}};
     if (val_loss) j["val_loss"] = *val_loss;
     if (skipped) j["skipped"] = true;
+    if (loss_scale > 0) {
+      j["loss_scale"] = loss_scale;
+      j["skipped_steps"] = skipped_steps;
+    }
     return j;
   }
 };
@@ -101,8 +107,17 @@ inline std::string format_step(const step_metrics& m, std::int64_t total_steps,
       os << buf;
     }
   }
-  std::snprintf(buf, sizeof buf, " lr %.2e norm %.3f%s tok/s %.0f mfu %s", m.lr, m.grad_norm,
-                m.skipped ? " SKIPPED" : "", m.tokens_per_s, format_utilisation(m.mfu).c_str());
+  std::snprintf(buf, sizeof buf, " lr %.2e norm %.3f%s", m.lr, m.grad_norm,
+                m.skipped ? " SKIPPED" : "");
+  os << buf;
+  if (m.loss_scale > 0) {  // the scale the step ran under, and the steps skipped so far
+    const bool whole = m.loss_scale == std::floor(m.loss_scale) && m.loss_scale < 1e15;
+    std::snprintf(buf, sizeof buf, whole ? " scale %.0f skipped %lld" : " scale %g skipped %lld",
+                  m.loss_scale, static_cast<long long>(m.skipped_steps));
+    os << buf;
+  }
+  std::snprintf(buf, sizeof buf, " tok/s %.0f mfu %s", m.tokens_per_s,
+                format_utilisation(m.mfu).c_str());
   os << buf;
   if (m.mfu_blas > 0) os << " (" << format_utilisation(m.mfu_blas) << " of BLAS)";
   std::snprintf(buf, sizeof buf, " mem %s peak %s",

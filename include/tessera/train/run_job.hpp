@@ -194,7 +194,7 @@ int run_job(job& j, const std::filesystem::path& tok, created_paths& created) {
   const parallel::data_parallel_options dpo = data_parallel_options_of(j);
   {
     const data::token_file data(tok);
-    validate<S>(model_config(j), run_config(j), data, mesh, dpo);
+    validate<S, P>(model_config(j), run_config(j), data, mesh, dpo);
   }
   auto ranks = [&](auto& w, const kernels::peak_flops& peak) {
     using Comm = std::remove_reference_t<decltype(w)>;

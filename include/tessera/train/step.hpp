@@ -19,6 +19,13 @@
 ///   clip -> the optimizer on the owned elements -> one read of the losses
 ///   and the norm back to the host -> the loss summed over dp and pp.
 ///
+/// Under a loss-scaled precision (precision::fp16_mixed) the seed gradient
+/// is S / scored for the loss scale S of the step's loss_scaler, the clip
+/// unscales the norm and the coefficient by 1/S (the gradients are
+/// unscaled once, by the optimizer's multiply), and the scaler takes the
+/// step's overflow flag: the global norm was not finite, the same on every
+/// rank (precision/loss_scaler.hpp).
+///
 /// The schedule: `Schedule` (parallel/pipeline_schedule.hpp) under a
 /// pipeline or under zb1; the no_pipeline list of A micro-batches
 /// otherwise. Every rank calls run() in the same order (collective over
@@ -27,6 +34,7 @@
 #include <cmath>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "tessera/core/error.hpp"
@@ -39,6 +47,8 @@
 #include "tessera/parallel/layout.hpp"
 #include "tessera/parallel/pipeline_schedule.hpp"
 #include "tessera/parallel/schedule.hpp"
+#include "tessera/precision/loss_scaler.hpp"
+#include "tessera/precision/policy.hpp"
 #include "tessera/train/config.hpp"
 #include "tessera/train/metrics.hpp"
 
@@ -93,6 +103,7 @@ class step_runner {
         scalars_(kernels::make_tensor<double>(ctx, 1 + cfg.accum_steps())),
         clip_(kernels::make_tensor<Master>(ctx, 1)),
         windows_(static_cast<std::size_t>(cfg.micro_batch * (cfg.seq + 1))) {
+    if constexpr (precision::loss_scaled<P>) scaler_.emplace(cfg.loss_scale);
     std::vector<typename executor_type::chunk> ch;
     std::vector<std::int64_t> capacity;
     for (int c = 0; c < chunks.size(); ++c) {
@@ -129,8 +140,10 @@ class step_runner {
     mesh_->reduce(*ctx_, std::span<double>(&scored, 1), parallel::axis::dp);
     TESSERA_THROW_IF(scored == 0, config_error, "step ", step,
                      " has no scored tokens on any rank (every target is ignore_index)");
+    const double S = scaler_ ? scaler_->scale() : 1.0;  // the loss scale
     typename executor_type::inputs in;
-    in.grad_scale = static_cast<Acc>(1.0 / scored);
+    in.grad_scale = static_cast<Acc>(S / scored);
+    in.inv_loss_scale = 1.0 / S;
     in.d_losses = scalars_.data() + 1;
     in.lr = lr;
     in.max_norm = cfg_.grad_clip;
@@ -144,11 +157,16 @@ class step_runner {
     double loss_sum = 0;  // the last stage's (the losses are written there)
     if (chunks_->holds_head())
       for (std::int64_t a = 0; a < A; ++a) loss_sum += h[static_cast<std::size_t>(1 + a)];
-    m.grad_norm = std::sqrt(h[0]);
+    m.grad_norm = std::sqrt(h[0]) * in.inv_loss_scale;  // of the unscaled gradients
     m.clip = optim::clip_coefficient(m.grad_norm, cfg_.grad_clip);
     if (!std::isfinite(m.clip)) {
       m.skipped = true;  // the optimizer kernel wrote nothing
       for (int c = 0; c < chunks_->size(); ++c) chunks_->engine(c).optimizer().skipped();
+    }
+    if (scaler_) {
+      m.loss_scale = S;
+      scaler_->update(m.skipped);  // every rank: the same norm, the same flag
+      m.skipped_steps = scaler_->skipped();
     }
     mesh_->reduce(*ctx_, std::span<double>(&loss_sum, 1), {parallel::axis::dp, parallel::axis::pp});
     m.loss = loss_sum / scored;
@@ -160,6 +178,9 @@ class step_runner {
   void restart(std::int64_t step) {
     loader_.prefetch(static_cast<std::uint64_t>(step), first_micro_batch());
   }
+  /// The loss scaler of a loss-scaled precision (null otherwise).
+  precision::loss_scaler* scaler() { return scaler_ ? &*scaler_ : nullptr; }
+  const precision::loss_scaler* scaler() const { return scaler_ ? &*scaler_ : nullptr; }
   /// This rank's action list of one step.
   const std::vector<parallel::action>& actions() const { return actions_; }
   executor_type& executor() { return *executor_; }
@@ -190,6 +211,7 @@ class step_runner {
   tensor<double, Backend> scalars_;    // (1 + A): sum of squares, then each micro-batch's loss
   tensor<Master, Backend> clip_;       // (1): the clip coefficient
   std::vector<std::int32_t> windows_;  // (B, T+1): the host's scored-token count
+  std::optional<precision::loss_scaler> scaler_;  // loss_scaled<P> only
   std::int64_t step_ = 0;
 };
 

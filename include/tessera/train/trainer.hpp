@@ -147,7 +147,7 @@ class trainer {
         schedule_(make_schedule_policy(cfg_)),
         sched_(cfg_.schedule()) {
     ctx_->apply_threads();
-    validate<S>(model_cfg, cfg_, data, mesh_, dpo);
+    validate<S, P>(model_cfg, cfg_, data, mesh_, dpo);
     // A device pipeline group works on the context's stream, after the
     // kernels that wrote what it sends (as the model does with its tp group).
     if constexpr (requires(C & c) { c.set_stream(ctx_->stream()); })
@@ -180,6 +180,9 @@ class trainer {
   const std::vector<parallel::action>& actions() const { return steps_->actions(); }
   /// The executor (its timeline when tracing is on).
   executor_type& executor() { return steps_->executor(); }
+  /// The loss scaler of a loss-scaled precision (precision::fp16_mixed);
+  /// null under the others.
+  const precision::loss_scaler* loss_scaler() const { return steps_->scaler(); }
   const train_config& config() const { return cfg_; }
   const Ctx& context() const { return *ctx_; }
   /// This rank's layout (its groups).
@@ -283,9 +286,16 @@ class trainer {
   /// file (train::load_checkpoint: the same layout); then restarts the
   /// loader at the checkpoint's step. Collective.
   void load_checkpoint(const std::filesystem::path& path) {
+    nlohmann::json run;
     step_ = path.extension() == ".bin"
-                ? train::load_checkpoint<S>(*chunks_, mesh_, path, metadata(), cfg_.steps)
-                : train::load_checkpoint_folder(*chunks_, mesh_, path, metadata(), cfg_.steps);
+                ? train::load_checkpoint<S>(*chunks_, mesh_, path, metadata(), cfg_.steps, &run)
+                : train::load_checkpoint_folder(*chunks_, mesh_, path, metadata(), cfg_.steps,
+                                                &run);
+    if (auto* scaler = steps_->scaler()) {  // its settings were compared: its state is there
+      TESSERA_THROW_IF(!run.contains("loss_scaler_state"), io_error, "checkpoint '",
+                       path.string(), "' has no loss_scaler_state for its ", P::name, " run");
+      scaler->restore(run["loss_scaler_state"]);
+    }
     steps_->restart(step_);
   }
   /// Writes the model as a Hugging Face Llama folder (train::export_hf). Collective.
@@ -314,7 +324,8 @@ class trainer {
   }
 
   /// The checkpoint's metadata (train/metadata.hpp): the run's settings,
-  /// the step, and under tp and pp this rank's position in the layout.
+  /// the step, under tp and pp this rank's position in the layout, and
+  /// under a loss-scaled precision the loss scale's settings and state.
   nlohmann::json metadata() const {
     nlohmann::json m =
         run_metadata(model().config(), cfg_, P::name, O::name, cfg_.template optimizer_config<O>(),
@@ -332,6 +343,10 @@ class trainer {
         blocks.push_back(
             {model(c).options().stage.first_block, model(c).options().stage.last_block});
       m["stage_blocks"] = blocks;
+    }
+    if (const auto* scaler = steps_ ? steps_->scaler() : nullptr) {  // compared, restored
+      m["loss_scale"] = cfg_.loss_scale.to_json();
+      m["loss_scaler_state"] = scaler->state();
     }
     return m;
   }

@@ -20,6 +20,7 @@
 #include "tessera/parallel/pipeline_schedule.hpp"
 #include "tessera/parallel/sharding.hpp"
 #include "tessera/parallel/zero.hpp"
+#include "tessera/precision/policy.hpp"
 #include "tessera/train/config.hpp"
 
 namespace tessera::train {
@@ -52,8 +53,11 @@ concept mesh_degrees = requires(const M& m) {
 /// heads or F (nn::check_tensor_parallel); sequence parallelism with tp 1 or T not divisible by tp;
 /// a training or validation split shorter than one window of T + 1 tokens; engine options `dpo`
 /// that are invalid, or a per-micro-batch reduction without a sharded gradient (zero<2,3>) or with
-/// a pipeline.
-template <parallel::sharding_strategy Sharding, mesh_degrees Mesh>
+/// a pipeline; loss-scale settings other than the defaults under a policy
+/// `P` that is not loss-scaled (precision::loss_scaled: they would be
+/// ignored).
+template <parallel::sharding_strategy Sharding, precision::policy P = precision::fp32,
+          mesh_degrees Mesh>
 void validate(const nn::llama_config& c, const train_config& cfg, const data::token_file& d,
               const Mesh& mesh, const parallel::data_parallel_options& dpo = {}) {
   c.validate();
@@ -61,6 +65,10 @@ void validate(const nn::llama_config& c, const train_config& cfg, const data::to
   TESSERA_THROW_IF(cfg.dp != mesh.dp(), config_error, "dp=", cfg.dp,
                    " does not match the communicator's ", mesh.dp(), " ranks (world size)");
   cfg.validate();
+  TESSERA_THROW_IF(!precision::loss_scaled<P> && cfg.loss_scale != precision::loss_scale_options{},
+                   config_error, "loss-scale settings ", cfg.loss_scale.to_json().dump(),
+                   " under precision ", P::name,
+                   ", which trains without a loss scale (fp16_mixed is the loss-scaled policy)");
   TESSERA_THROW_IF(
       cfg.accum_steps() > max_micro_batches, config_error, "G / (B x dp) = ", cfg.global_batch,
       " / (", cfg.micro_batch, " x ", cfg.dp, ") = ", cfg.accum_steps(),

@@ -88,7 +88,8 @@ struct sum_squares_final_body {
   }
 };
 
-/// *coef = clip_coefficient_of(sqrt(*sum_squares), max_norm) as a float: one thread.
+/// *coef = unscaled_clip_coefficient_of(*sum_squares, max_norm, inv_loss_scale)
+/// as a float: one thread.
 struct clip_coefficient_body {
   static constexpr int threads = 1;
   static constexpr std::size_t smem_bound = 0;
@@ -98,8 +99,10 @@ struct clip_coefficient_body {
 
   template <class Ops>
   static TESSERA_BLOCK_FN void run(const block_index&, no_shared&, float* coef,
-                                   const double* sum_squares, double max_norm) {
-    Ops::st(coef, static_cast<float>(clip_coefficient_of(sqrt(Ops::ld(sum_squares)), max_norm)));
+                                   const double* sum_squares, double max_norm,
+                                   double inv_loss_scale) {
+    Ops::st(coef, static_cast<float>(
+                      unscaled_clip_coefficient_of(Ops::ld(sum_squares), max_norm, inv_loss_scale)));
   }
 };
 
@@ -128,9 +131,9 @@ void grad_sum_squares_launch(const Launcher& launch, double* d_out, const G* d_g
 /// clip_coefficient (kernels.hpp) on `launch`.
 template <class Launcher>
 void clip_coefficient_launch(const Launcher& launch, float* d_coef, const double* d_sum_squares,
-                             double max_norm) {
+                             double max_norm, double inv_loss_scale = 1.0) {
   launch.template run<detail::clip_coefficient_body>(clip_coefficient_config(), d_coef,
-                                                     d_sum_squares, max_norm);
+                                                     d_sum_squares, max_norm, inv_loss_scale);
 }
 
 #if defined(__CUDACC__)
@@ -144,9 +147,10 @@ void grad_sum_squares(double* d_out, const G* d_g, std::int64_t n, void* d_scrat
 
 template <class F>
 void clip_coefficient(F* d_coef, const double* d_sum_squares, double max_norm,
-                      cudaStream_t stream) {
+                      cudaStream_t stream, double inv_loss_scale) {
   static_assert(std::is_same_v<F, float>, "clip_coefficient writes a float");
-  clip_coefficient_launch(device_launcher{stream}, d_coef, d_sum_squares, max_norm);
+  clip_coefficient_launch(device_launcher{stream}, d_coef, d_sum_squares, max_norm,
+                          inv_loss_scale);
 }
 
 #endif  // __CUDACC__

@@ -176,12 +176,15 @@ template <class G>
 void grad_sum_squares(double* d_out, const G* d_g, std::int64_t n, void* d_scratch,
                       std::size_t scratch_bytes, cudaStream_t stream, bool accumulate = false);
 
-/// `*d_coef` = optim::clip_coefficient(sqrt(*d_sum_squares), max_norm) as a
-/// float, on the device (no host sync): min(1, max_norm / (norm + 1e-6)),
-/// 1 when max_norm <= 0, NaN when the norm is not finite. F is float (a
-/// template only so that one instantiation in cuda/kernels.cu serves all).
+/// `*d_coef` = unscaled_clip_coefficient_of(*d_sum_squares, max_norm,
+/// inv_loss_scale) as a float, on the device (no host sync): with norm =
+/// sqrt(*d_sum_squares) * inv_loss_scale, min(1, max_norm / (norm + 1e-6))
+/// (1 when max_norm <= 0) times inv_loss_scale, NaN when the norm is not
+/// finite. F is float (a template only so that one instantiation in
+/// cuda/kernels.cu serves all).
 template <class F>
-void clip_coefficient(F* d_coef, const double* d_sum_squares, double max_norm, cudaStream_t stream);
+void clip_coefficient(F* d_coef, const double* d_sum_squares, double max_norm, cudaStream_t stream,
+                      double inv_loss_scale = 1.0);
 
 // ---- AdamW (kernels/cuda/adamw.cuh) ----------------------------------------------------------
 
@@ -291,7 +294,7 @@ void rope_backward(G* d_dx, const float* d_cos, const float* d_sin, std::int64_t
                                  cudaStream_t, bool);                                               \
   X void grad_sum_squares<bf16>(double*, const bf16*, std::int64_t, void*, std::size_t,           \
                                 cudaStream_t, bool);                                                \
-  X void clip_coefficient<float>(float*, const double*, double, cudaStream_t);                     \
+  X void clip_coefficient<float>(float*, const double*, double, cudaStream_t, double);             \
   X void adamw_step<float, float>(float*, float*, float*, float*, const float*, std::int64_t,      \
                                   const optimizer_segment*, int,                                        \
                                   const kernels::detail::adamw_step_params<float>&, const float*,  \

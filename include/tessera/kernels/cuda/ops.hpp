@@ -412,12 +412,13 @@ void grad_sum_squares(const cuda_context& ctx, double* out, const G* g, std::int
   cuda::grad_sum_squares<G>(out, g, n, s.data(), s.bytes(), ctx.stream(), accumulate);
 }
 
-/// *coef (float32, device) = clip_coefficient_of(sqrt(*sum_squares), max_norm).
+/// *coef (float32, device) = unscaled_clip_coefficient_of(*sum_squares,
+/// max_norm, inv_loss_scale), as the host's kernels::clip_coefficient.
 template <class M>
-void clip_coefficient(const cuda_context& ctx, M* coef, const double* sum_squares,
-                      double max_norm) {
+void clip_coefficient(const cuda_context& ctx, M* coef, const double* sum_squares, double max_norm,
+                      double inv_loss_scale = 1.0) {
   static_assert(std::is_same_v<M, float>, "clip_coefficient (cuda): the master type is float32");
-  cuda::clip_coefficient<M>(coef, sum_squares, max_norm, ctx.stream());
+  cuda::clip_coefficient<M>(coef, sum_squares, max_norm, ctx.stream(), inv_loss_scale);
 }
 
 /// One AdamW step over n flat elements in `segments` (device memory), the

@@ -54,6 +54,11 @@ using namespace tessera;
 
 namespace {
 
+// The policy a --precision names: "bf16" and "fp16" are short for the mixed policies.
+std::string policy_name(const std::string& p) {
+  return p == "bf16" ? "bf16_mixed" : p == "fp16" ? "fp16_mixed" : p;
+}
+
 struct options {
   std::string preset = "llama2_7b";
   std::string precision = "bf16_mixed";
@@ -115,7 +120,7 @@ int print_gpu_step(const options& o) {
   co.seq = o.seq;
   co.micro_batches = o.micro_batches;
   co.checkpointing = {nn::parse_checkpointing(o.checkpointing), o.checkpoint_layers};
-  co.precision = o.precision == "bf16" ? "bf16_mixed" : o.precision;
+  co.precision = policy_name(o.precision);
   co.optimizer = o.optimizer;
   if (o.ce_chunk_given) co.ce_chunk = o.ce_chunk;
   const plan::memory_plan p = plan::plan_cuda_step(cfg, co);
@@ -180,7 +185,7 @@ int print_seed004() {
 // action. The bubble is idealised: no communication cost.
 int print_pipeline(const options& o) {
   const auto cfg = nn::llama_config::from_name(o.preset);
-  const auto d = plan::dtype_sizes::from_name(o.precision == "bf16" ? "bf16_mixed" : o.precision);
+  const auto d = plan::dtype_sizes::from_name(policy_name(o.precision));
   check_batch(o);
   TESSERA_THROW_IF(o.pp < 1 || o.pp > 1024, config_error, "pp=", o.pp, " must be in [1, 1024]");
   TESSERA_THROW_IF(
@@ -333,7 +338,7 @@ int print_pipeline(const options& o) {
 
 int run(const options& o) {
   const auto cfg = nn::llama_config::from_name(o.preset);
-  const auto d = plan::dtype_sizes::from_name(o.precision == "bf16" ? "bf16_mixed" : o.precision);
+  const auto d = plan::dtype_sizes::from_name(policy_name(o.precision));
   TESSERA_THROW_IF(o.accounting != "engine" && o.accounting != "ideal", config_error,
                    "accounting '", o.accounting, "' (valid: engine, ideal)");
   const auto mode = o.accounting == "ideal" ? plan::accounting::ideal : plan::accounting::engine;
@@ -478,8 +483,8 @@ int main(int argc, char** argv) {
   CLI::App app{"plan: per-rank memory, FLOPs and communication of a Llama training step"};
   app.add_option("--preset", o.preset, "tiny, small, llama2_7b, llama3_8b")->capture_default_str();
   app.add_option("--precision", o.precision,
-                 "fp32, fp64, bf16_mixed, bf16_mixed_bf16_grads, seed004 (--gpu-step: "
-                 "bf16_mixed_bf16_grads)")
+                 "fp32, fp64, bf16_mixed, bf16_mixed_bf16_grads, fp16_mixed (or fp16), seed004 "
+                 "(--gpu-step: bf16_mixed_bf16_grads)")
       ->capture_default_str();
   app.add_option("--dp", o.dp, "data-parallel ranks")->capture_default_str();
   app.add_option("--tp", o.tp, "tensor-parallel ranks (per-rank bytes are one tp rank's)")

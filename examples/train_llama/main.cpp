@@ -253,8 +253,29 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(u64_digits);
   app.add_option("--precision", o.precision,
-                 "fp32, bf16 (bf16_mixed), bf16_mixed_bf16_grads or fp64; default fp32 on the "
-                 "host, bf16_mixed_bf16_grads on cuda");
+                 "fp32, bf16 (bf16_mixed), bf16_mixed_bf16_grads, fp16 (fp16_mixed: under a "
+                 "loss scale) or fp64; default fp32 on the host, bf16_mixed_bf16_grads on cuda");
+  app.add_option("--loss-scale", o.static_loss_scale,
+                 "fp16: a static loss scale for the whole run (default: dynamic, from "
+                 "--initial-loss-scale)")
+      ->check(R(1e-30, 1e30));
+  app.add_option("--initial-loss-scale", o.cfg.loss_scale.initial,
+                 "fp16: the dynamic loss scale's first value")
+      ->capture_default_str()
+      ->check(R(1e-30, 1e30));
+  app.add_option("--min-loss-scale", o.cfg.loss_scale.min_scale,
+                 "fp16: the dynamic loss scale never backs off below this")
+      ->capture_default_str()
+      ->check(R(1e-30, 1e30));
+  app.add_option("--loss-scale-window", o.cfg.loss_scale.growth_interval,
+                 "fp16: steps without an overflow before the loss scale doubles")
+      ->capture_default_str()
+      ->check(R(std::int64_t{1}, big));
+  app.add_option("--hysteresis", o.cfg.loss_scale.hysteresis,
+                 "fp16: overflows tolerated before the loss scale halves (then each halves it, "
+                 "until it grows)")
+      ->capture_default_str()
+      ->check(R(std::int64_t{1}, std::int64_t{1000000}));
   app.add_option("--optimizer", o.optimizer, "adamw or sgd (with momentum)")->capture_default_str();
   app.add_option("--momentum", o.cfg.sgd.momentum, "sgd: momentum")
       ->capture_default_str()
@@ -503,9 +524,12 @@ int main(int argc, char** argv) {
     return o.backend == "cuda"
                ? train_llama::run_cuda(o, tok, created)
                : pick<precision::fp32, precision::bf16_mixed, precision::bf16_mixed,
-                      precision::bf16_mixed_bf16_grads, precision::fp64>(
+                      precision::bf16_mixed_bf16_grads, precision::fp16_mixed,
+                      precision::fp16_mixed, precision::fp64>(
                      "precision", o.precision,
-                     {"fp32", "bf16", "bf16_mixed", "bf16_mixed_bf16_grads", "fp64"}, [&](auto p) {
+                     {"fp32", "bf16", "bf16_mixed", "bf16_mixed_bf16_grads", "fp16", "fp16_mixed",
+                      "fp64"},
+                     [&](auto p) {
                        using P = typename decltype(p)::type;
                        return train::dispatch_job<host, P>(o, tok, created);
                      });

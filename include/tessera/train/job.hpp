@@ -10,6 +10,7 @@
 /// rank). Errors name the option as the command line spells it ("--zero 4
 /// is not a ZeRO stage").
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -44,7 +45,11 @@ struct job {
   std::string program = "train_llama";  ///< names the error lines
   std::string backend = "host";         ///< host or cuda
   std::string
-      precision;  ///< fp32, bf16, bf16_mixed, bf16_mixed_bf16_grads, fp64; empty: the backend's
+      precision;  ///< fp32, bf16(_mixed), bf16_mixed_bf16_grads, fp16(_mixed), fp64; empty: the backend's
+  /// fp16: a static loss scale (--loss-scale); unset: the dynamic scale of
+  /// cfg.loss_scale (--initial-loss-scale, --min-loss-scale,
+  /// --loss-scale-window, --hysteresis).
+  std::optional<double> static_loss_scale;
   std::string optimizer = "adamw";  ///< adamw or sgd
   std::string checkpointing;        ///< none or full; empty: the backend's
   std::string preset = "small";     ///< nn::llama_config::from_name
@@ -167,9 +172,25 @@ inline void check_job(job& j) {
   if (j.precision.empty()) j.precision = gpu ? "bf16_mixed_bf16_grads" : "fp32";
   if (j.checkpointing.empty()) j.checkpointing = gpu ? "full" : "none";
   TESSERA_THROW_IF(j.precision != "fp32" && j.precision != "bf16" && j.precision != "bf16_mixed" &&
-                       j.precision != "bf16_mixed_bf16_grads" && j.precision != "fp64",
+                       j.precision != "bf16_mixed_bf16_grads" && j.precision != "fp16" &&
+                       j.precision != "fp16_mixed" && j.precision != "fp64",
                    config_error, "unknown precision '", j.precision,
-                   "' (valid: fp32, bf16, bf16_mixed, bf16_mixed_bf16_grads, fp64)");
+                   "' (valid: fp32, bf16, bf16_mixed, bf16_mixed_bf16_grads, fp16, fp16_mixed, "
+                   "fp64)");
+  const bool fp16 = j.precision == "fp16" || j.precision == "fp16_mixed";
+  for (const char* f : {"--loss-scale", "--initial-loss-scale", "--min-loss-scale",
+                        "--loss-scale-window", "--hysteresis"})
+    TESSERA_THROW_IF(given(f) && !fp16, config_error, f, " sets fp16's loss scale: it needs "
+                     "--precision fp16 (--precision ", j.precision, " trains without one)");
+  TESSERA_THROW_IF(j.static_loss_scale && given("--initial-loss-scale"), config_error,
+                   "--loss-scale ", *j.static_loss_scale, " is a static scale and "
+                   "--initial-loss-scale starts a dynamic one: give one");
+  if (j.static_loss_scale) {
+    c.loss_scale.dynamic = false;
+    c.loss_scale.initial = *j.static_loss_scale;
+    if (!given("--min-loss-scale")) c.loss_scale.min_scale = std::min(1.0, *j.static_loss_scale);
+  }
+  c.loss_scale.validate();
   TESSERA_THROW_IF(j.optimizer != "adamw" && j.optimizer != "sgd", config_error,
                    "unknown optimizer '", j.optimizer, "' (valid: adamw, sgd)");
   for (const char* f : {"--nesterov", "--momentum"})

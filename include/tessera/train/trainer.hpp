@@ -84,7 +84,7 @@ namespace tessera::train {
 /// that is not an optimizer policy, a sharding strategy, a communicator or
 /// a schedule fails to compile with a message naming what it lacks.
 // example-begin signature
-template <precision::policy P,          // fp32, bf16_mixed, bf16_mixed_bf16_grads, fp64
+template <precision::policy P,          // fp32, bf16_mixed, bf16_mixed_bf16_grads, fp16_mixed, fp64
           class Backend = host,         // host or cuda
           class O = optim::adamw,       // optim::sgd, or an optimizer policy of yours
           class S = parallel::zero<0>,  // zero<0..3>

@@ -436,6 +436,18 @@ TEST_CASE("double -> fp8 rounds once, to nearest even", "[core][numeric][fp8]") 
 }
 
 TEST_CASE("to<> and dtype_name know the fp8 types", "[core][numeric][fp8]") {
+  // example-begin fp8
+  const fp8_e4m3 w(1000.0f);                           // saturates: 448 (0x7e)
+  const fp8_e4m3 n(1000.0f, fp8_saturation::none);     // NaN (0x7f): E4M3 has no infinity
+  const fp8_e5m2 g(-1e6f, fp8_saturation::none);       // -inf (0xfc)
+  const float x = static_cast<float>(w);               // exact: 448
+  const bf16 b = to<bf16>(fp8_e5m2::from_bits(0x3d));  // 1.25, through float
+  // example-end fp8
+  CHECK(w.bits == 0x7e);
+  CHECK(n.bits == 0x7f);
+  CHECK(g.bits == 0xfc);
+  CHECK(x == 448.0f);
+  CHECK(static_cast<float>(b) == 1.25f);
   CHECK(to<float>(fp8_e4m3::from_bits(0x38)) == 1.0f);
   CHECK(to<double>(fp8_e5m2::from_bits(0x7b)) == 57344.0);
   CHECK(to<double>(fp8_e5m2::from_bits(0xfc)) == -INFINITY);

@@ -260,6 +260,8 @@ struct fp8_e4m3 {
   /// The largest finite value (0x7e).
   static constexpr float max_finite = 448.0f;
   fp8_e4m3() = default;
+  /// Rounds to nearest even; `s` says what a magnitude past the largest
+  /// finite value becomes.
   TESSERA_HOST_DEVICE explicit fp8_e4m3(float f, fp8_saturation s = fp8_saturation::finite)
       : bits(detail::float_to_e4m3_bits(f, s)) {}
   /// Rounds once, to nearest even (not twice through float).
@@ -267,6 +269,7 @@ struct fp8_e4m3 {
       : fp8_e4m3(detail::double_to_float_round_odd(d), s) {}
   /// Exact; NaN for 0x7f and 0xff.
   TESSERA_HOST_DEVICE explicit operator float() const { return detail::e4m3_bits_to_float(bits); }
+  /// The value whose bit pattern is `b`.
   TESSERA_HOST_DEVICE static fp8_e4m3 from_bits(std::uint8_t b) {
     fp8_e4m3 r;
     r.bits = b;
@@ -289,6 +292,8 @@ struct fp8_e5m2 {
   /// The largest finite value (0x7b).
   static constexpr float max_finite = 57344.0f;
   fp8_e5m2() = default;
+  /// Rounds to nearest even; `s` says what a magnitude past the largest
+  /// finite value becomes.
   TESSERA_HOST_DEVICE explicit fp8_e5m2(float f, fp8_saturation s = fp8_saturation::finite)
       : bits(detail::float_to_e5m2_bits(f, s)) {}
   /// Rounds once, to nearest even (not twice through float).
@@ -296,6 +301,7 @@ struct fp8_e5m2 {
       : fp8_e5m2(detail::double_to_float_round_odd(d), s) {}
   /// Exact; +-inf for 0x7c and 0xfc, NaN for the other S.11111.xx.
   TESSERA_HOST_DEVICE explicit operator float() const { return detail::e5m2_bits_to_float(bits); }
+  /// The value whose bit pattern is `b`.
   TESSERA_HOST_DEVICE static fp8_e5m2 from_bits(std::uint8_t b) {
     fp8_e5m2 r;
     r.bits = b;

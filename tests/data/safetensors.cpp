@@ -6,6 +6,7 @@
 
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
@@ -104,6 +105,37 @@ TEST_CASE("safetensors round trip: every floating dtype bit for bit, the header 
   CHECK(r.find("nope") == nullptr);
   // Nothing but the file: the temporary was renamed.
   CHECK(std::distance(fs::directory_iterator(tmp.dir), fs::directory_iterator{}) == 1);
+}
+
+TEST_CASE("safetensors reads F8_E4M3 and F8_E5M2 tensors as fp8_e4m3 and fp8_e5m2",
+          "[data][safetensors]") {
+  // Every bit pattern of each format, one byte each, decoded exactly (NaN
+  // patterns as NaN with their sign).
+  temp_dir tmp;
+  std::vector<std::uint8_t> all(256);
+  for (int q = 0; q < 256; ++q) all[q] = static_cast<std::uint8_t>(q);
+  const fs::path p = tmp / "f8.safetensors";
+  write_safetensors(
+      p, {{"w", "F8_E4M3", {16, 16}, all.data(), 256}, {"g", "F8_E5M2", {256}, all.data(), 256}});
+  safetensors_file r(p);
+  REQUIRE(r.find("w")->bytes == 256);
+  std::vector<double> w(256), g(256);
+  r.find("w")->read(0, 256, w.data());
+  r.find("g")->read(0, 256, g.data());
+  auto same = [](double got, double want) {
+    return std::isnan(want) ? std::isnan(got) && std::signbit(got) == std::signbit(want)
+                            : got == want;
+  };
+  int bad = 0;
+  for (int q = 0; q < 256; ++q) {
+    const auto b = static_cast<std::uint8_t>(q);
+    bad += !same(w[q], to<double>(fp8_e4m3::from_bits(b)));
+    bad += !same(g[q], to<double>(fp8_e5m2::from_bits(b)));
+  }
+  CHECK(bad == 0);
+  CHECK(w[0x7e] == 448.0);
+  CHECK(g[0x7b] == 57344.0);
+  CHECK(g[0xfc] == -INFINITY);
 }
 
 TEST_CASE("safetensors writer refuses entries that do not match their shape", "[data][safetensors]") {

@@ -44,7 +44,8 @@ static_assert(std::endian::native == std::endian::little,
 inline constexpr std::uint64_t safetensors_max_header_bytes = 100'000'000;
 
 /// Bytes per element of a safetensors dtype ("F64", "F32", "F16", "BF16",
-/// "I64", "I32", "I16", "I8", "U8", "BOOL"); 0 for an unknown name.
+/// "F8_E4M3", "F8_E5M2", "I64", "I32", "I16", "I8", "U8", "BOOL"); 0 for an
+/// unknown name.
 inline std::size_t safetensors_dtype_bytes(const std::string& dt) {
   if (dt == "F64" || dt == "I64" || dt == "U64") return 8;
   if (dt == "F32" || dt == "I32" || dt == "U32") return 4;
@@ -68,7 +69,8 @@ struct safetensors_tensor {
     return n;
   }
   /// Converts elements [first, first + n) (row-major) to double into `out`.
-  /// Floating dtypes only (F64, F32, F16, BF16). Throws config_error for
+  /// Floating dtypes only (F64, F32, F16, BF16, and F8_E4M3 and F8_E5M2,
+  /// which are tessera's fp8_e4m3 and fp8_e5m2). Throws config_error for
   /// another dtype. Precondition: first + n <= numel().
   void read(std::int64_t first, std::int64_t n, double* out) const {
     TESSERA_EXPECTS(first >= 0 && n >= 0 && first + n <= numel(), "safetensors read out of range");
@@ -85,8 +87,10 @@ struct safetensors_tensor {
     if (dtype == "F32") return load(float{});
     if (dtype == "BF16") return load(bf16{});
     if (dtype == "F16") return load(fp16{});
+    if (dtype == "F8_E4M3") return load(fp8_e4m3{});
+    if (dtype == "F8_E5M2") return load(fp8_e5m2{});
     throw config_error("safetensors tensor of dtype " + dtype +
-                       " is not a floating type (F64, F32, F16 or BF16)");
+                       " is not a floating type (F64, F32, F16, BF16, F8_E4M3 or F8_E5M2)");
   }
 };
 

@@ -79,32 +79,10 @@ for p, r in runs.items():
 with open(os.path.join(out, "precision_curves.md"), "w") as f: f.write(md)
 print(md)
 EOF
-# The plot, with the system Python's matplotlib.
+# The plot, with the system Python's matplotlib (benchmarks/precision_curves_plot.py).
 if /usr/bin/python3 -c "import matplotlib" 2>/dev/null; then
-  /usr/bin/python3 - "$out_dir/precision_curves.json" "$root/docs/images/precision_curves.png" <<'EOF'
-import json, sys
-import matplotlib
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
-j = json.load(open(sys.argv[1]))
-fig, ax = plt.subplots(figsize=(7, 4))
-for p, r in j["runs"].items():
-    xs = range(1, len(r["loss"]) + 1)
-    w = 10  # a running mean of 10 steps, so the curves can be told apart
-    ys = [sum(r["loss"][max(0, i - w + 1):i + 1]) / (i - max(0, i - w + 1) + 1) for i in range(len(r["loss"]))]
-    line, = ax.plot(xs, ys, label=f"{p} (train, mean of 10)")
-    vs = sorted((int(k), v) for k, v in r["val"].items())
-    ax.plot([k for k, _ in vs], [v for _, v in vs], "o--", color=line.get_color(), label=f"{p} (val)")
-ax.set_xlabel("step")
-ax.set_ylabel("loss (nats per byte)")
-ax.set_title(f"train_llama, small preset: loss by precision ({j['date']})")
-ax.legend()
-fig.tight_layout()
-tmp = sys.argv[2] + ".tmp.png"
-fig.savefig(tmp, dpi=110)
-import os
-os.replace(tmp, sys.argv[2])
-EOF
+  /usr/bin/python3 benchmarks/precision_curves_plot.py "$out_dir/precision_curves.json" \
+    "$root/docs/images/precision_curves.png"
   echo "precision_curves: wrote docs/images/precision_curves.png" >&2
 else
   echo "precision_curves: no matplotlib for /usr/bin/python3: the plot was not drawn" >&2

@@ -89,7 +89,7 @@ void device_against_host(const kernels::cuda_context& ctx, const nn::llama_confi
 }  // namespace
 
 TEMPLATE_TEST_CASE("weight_init on the GPU: small and tiny tp=4 shards against the host",
-                   "[cuda][init]", float, bf16) {
+                   "[cuda][init]", float, bf16, fp16) {
   kernels::cuda_context ctx;
   device_against_host<TestType>(ctx, nn::llama_config::small(),
                                 nn::make_llama_layout(nn::llama_config::small()), 17);

@@ -38,7 +38,7 @@ namespace {
 // two's-complement order), so adjacent representable values differ by 1.
 template <class T>
 std::int64_t ordinal(T x) {
-  if constexpr (std::is_same_v<T, bf16>) {
+  if constexpr (is_half_v<T>) {  // bf16 and fp16: sign bit 15
     const std::int64_t b = x.bits;
     return (b & 0x8000) ? -(b & 0x7fff) : b;
   } else {

@@ -1,7 +1,7 @@
 // Compiles the one code path's CUDA instantiations (g++ with the CUDA
 // headers, warnings as errors), so CI checks them on a machine without a
 // GPU: the model, the optimizers and the trainer on one GPU for both bf16
-// policies, the data-parallel trainer over NCCL under every ZeRO stage, and
+// policies and fp16_mixed, the data-parallel trainer over NCCL under every ZeRO stage, and
 // the tensor-parallel model and trainer over NCCL (dp x tp).
 // Nothing here runs; the GPU tests (tests/cuda/) run them.
 #include <tessera/comm/nccl.hpp>
@@ -12,12 +12,17 @@ namespace tessera {
 
 template class nn::llama<precision::bf16_mixed, cuda>;
 template class nn::llama<precision::bf16_mixed_bf16_grads, cuda>;
+template class nn::llama<precision::fp16_mixed, cuda>;
 template class optim::adamw_optimizer<bf16, float, float, kernels::cuda_context>;
 template class optim::sgd_optimizer<bf16, float, float, kernels::cuda_context>;
+template class optim::adamw_optimizer<fp16, float, float, kernels::cuda_context>;
+template class optim::sgd_optimizer<fp16, float, float, kernels::cuda_context>;
 
 template class train::trainer<precision::bf16_mixed, cuda>;
 template class train::trainer<precision::bf16_mixed_bf16_grads, cuda>;
 template class train::trainer<precision::bf16_mixed_bf16_grads, cuda, optim::sgd>;
+template class train::trainer<precision::fp16_mixed, cuda>;
+template class train::trainer<precision::fp16_mixed, cuda, optim::sgd>;
 template class train::trainer<precision::bf16_mixed, cuda, optim::adamw, parallel::zero<0>,
                               comm::nccl_communicator>;
 template class train::trainer<precision::bf16_mixed, cuda, optim::adamw, parallel::zero<1>,
@@ -26,8 +31,8 @@ template class train::trainer<precision::bf16_mixed, cuda, optim::adamw, paralle
                               comm::nccl_communicator>;
 template class train::trainer<precision::bf16_mixed, cuda, optim::adamw, parallel::zero<3>,
                               comm::nccl_communicator>;
-template class train::trainer<precision::bf16_mixed_bf16_grads, cuda, optim::sgd,
-                              parallel::zero<2>, comm::nccl_communicator>;
+template class train::trainer<precision::bf16_mixed_bf16_grads, cuda, optim::sgd, parallel::zero<2>,
+                              comm::nccl_communicator>;
 
 using nccl_tp = nn::tensor_parallel_layers<comm::nccl_communicator>;
 template class nn::llama<precision::bf16_mixed, cuda, nccl_tp>;

@@ -95,7 +95,7 @@ double worst_tensor_error(const nn::param_layout& layout, const std::vector<floa
 }  // namespace
 
 TEMPLATE_TEST_CASE("llama<P, cuda> forward/backward matches llama<P, host>", "[cuda][llama]",
-                   precision::bf16_mixed, precision::bf16_mixed_bf16_grads) {
+                   precision::bf16_mixed, precision::bf16_mixed_bf16_grads, precision::fp16_mixed) {
   const auto c = gpu_config();
   const std::int64_t B = 2, T = 64;
   const auto w = make_windows(B, T, c.vocab, 11);
@@ -110,7 +110,8 @@ TEMPLATE_TEST_CASE("llama<P, cuda> forward/backward matches llama<P, host>", "[c
     // Gradients: flash attention rounds P and dS to bf16 and, for float32
     // activation gradients, the GPU rounds each gradient to bf16 where it
     // enters a bf16 GEMM; a host emulation of those roundings gave a relative
-    // Frobenius error of 0.16-0.53% per tensor; the bound is 2%.
+    // Frobenius error of 0.16-0.53% per tensor; the bound is 2%. fp16_mixed
+    // rounds to 11 bits where bf16 rounds to 8: the same bounds hold.
     CHECK(worst_tensor_error(nn::make_llama_layout(c), g.grads, h.grads) <= 2e-2);
   }
 }
@@ -171,7 +172,8 @@ train::train_config ten_steps() {
 }  // namespace
 
 TEMPLATE_TEST_CASE("trainer<P, cuda>: 10 steps equal trainer<P, host> within bf16 tolerance",
-                   "[cuda][llama][train]", precision::bf16_mixed, precision::bf16_mixed_bf16_grads) {
+                   "[cuda][llama][train]", precision::bf16_mixed, precision::bf16_mixed_bf16_grads,
+                   precision::fp16_mixed) {
   corpus_file corpus;
   data::token_file f(corpus.path);
   const auto c = gpu_config();
@@ -202,6 +204,9 @@ TEMPLATE_TEST_CASE("trainer<P, cuda>: 10 steps equal trainer<P, host> within bf1
   }
   // The device allocator against the plan: the persistent bytes exactly; the
   // peak (requested bytes, not the allocator's rounded blocks) within 1%.
+  // The planner has no fp16_mixed entry yet (plan/state.hpp): the byte
+  // check is bf16's only.
+  if constexpr (std::is_same_v<TestType, precision::fp16_mixed>) return;
   plan::cuda_step_options po;
   po.micro_batch = t.micro_batch;
   po.seq = t.seq;

@@ -38,7 +38,7 @@ namespace {
 // two's-complement order), so adjacent representable values differ by 1.
 template <class T>
 std::int64_t ordinal(T x) {
-  if constexpr (std::is_same_v<T, bf16>) {
+  if constexpr (is_half_v<T>) {  // bf16 and fp16: sign bit 15
     const std::int64_t b = x.bits;
     return (b & 0x8000) ? -(b & 0x7fff) : b;
   } else {
@@ -89,7 +89,7 @@ void device_against_host(const kernels::cuda_context& ctx, const nn::llama_confi
 }  // namespace
 
 TEMPLATE_TEST_CASE("weight_init on the GPU: small and tiny tp=4 shards against the host",
-                   "[cuda][init]", float, bf16) {
+                   "[cuda][init]", float, bf16, fp16) {
   kernels::cuda_context ctx;
   device_against_host<TestType>(ctx, nn::llama_config::small(),
                                 nn::make_llama_layout(nn::llama_config::small()), 17);

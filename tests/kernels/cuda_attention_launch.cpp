@@ -42,6 +42,7 @@ namespace test_kernels_cuda_attention_launch {
 namespace kc = tessera::kernels::cuda;
 namespace mm = tessera::kernels::cuda::mma_m16n8k16;
 using tessera::bf16;
+using tessera::fp16;
 using namespace tessera::testing;
 
 namespace {
@@ -414,16 +415,19 @@ TEST_CASE("cuda attention: emulated ldmatrix + mma of the kernels' tiles equals 
 
 namespace {
 
-using emu_ops = tessera::testing::emulator_ops;
+template <class T>
+using emu_ops = tessera::testing::emulator_attention_ops<T>;
 
-std::vector<std::uint16_t> bits_of(const std::vector<bf16>& v) {
+template <class T>
+std::vector<std::uint16_t> bits_of(const std::vector<T>& v) {
   std::vector<std::uint16_t> b(v.size());
   for (std::size_t i = 0; i < v.size(); ++i) b[i] = v[i].bits;
   return b;
 }
+template <class T>
 std::vector<double> doubles_of_bits(const std::vector<std::uint16_t>& b) {
   std::vector<double> d(b.size());
-  for (std::size_t i = 0; i < b.size(); ++i) d[i] = bf16f(b[i]);
+  for (std::size_t i = 0; i < b.size(); ++i) d[i] = static_cast<float>(T::from_bits(b[i]));
   return d;
 }
 
@@ -438,7 +442,7 @@ struct emulated {
   std::uint64_t ldsm_phases = 0, bank_conflicts = 0, leftover_copies = 0;
 };
 
-template <int HD>
+template <class T, int HD>
 emulated run_emulated(const attn_case& c, const std::vector<std::uint16_t>& q,
                       const std::vector<std::uint16_t>& k, const std::vector<std::uint16_t>& v,
                       const std::vector<std::uint16_t>& dout,
@@ -481,8 +485,8 @@ emulated run_emulated(const attn_case& c, const std::vector<std::uint16_t>& q,
   REQUIRE(fc.dynamic_smem == sizeof(typename ft::shared_storage));
   run(fc, fc.dynamic_smem, [&](std::int64_t x, std::int64_t y, int tid) {
     auto& sm = *reinterpret_cast<typename ft::shared_storage*>(em.shared_base());
-    kc::detail::attention_forward_block<emu_ops, HD>(fp, x, static_cast<int>(fc.grid_y - 1 - y), sm,
-                                                     tid);
+    kc::detail::attention_forward_block<emu_ops<T>, HD>(fp, x, static_cast<int>(fc.grid_y - 1 - y),
+                                                        sm, tid);
   });
 
   // Backward, from the given out and lse (or the emulated forward's).
@@ -497,7 +501,7 @@ emulated run_emulated(const attn_case& c, const std::vector<std::uint16_t>& q,
   em.add_region(r.d.data(), nl * 4, true);
   const auto dc = kc::attention_backward_d_config(c.B, c.S, c.nh, c.nkv, c.hd);
   run(dc, 0, [&](std::int64_t x, std::int64_t, int tid) {
-    kc::detail::attention_backward_d_block<emu_ops, HD>(bp, x, tid);
+    kc::detail::attention_backward_d_block<emu_ops<T>, HD>(bp, x, tid);
   });
   em.pop_region();
   em.add_region(r.d.data(), nl * 4, false);
@@ -508,7 +512,7 @@ emulated run_emulated(const attn_case& c, const std::vector<std::uint16_t>& q,
   REQUIRE(kvc.dynamic_smem == sizeof(typename kvt::shared_storage));
   run(kvc, kvc.dynamic_smem, [&](std::int64_t x, std::int64_t y, int tid) {
     auto& sm = *reinterpret_cast<typename kvt::shared_storage*>(em.shared_base());
-    kc::detail::attention_backward_kv_block<emu_ops, HD>(bp, x, static_cast<int>(y), sm, tid);
+    kc::detail::attention_backward_kv_block<emu_ops<T>, HD>(bp, x, static_cast<int>(y), sm, tid);
   });
   em.pop_region();
   em.pop_region();
@@ -518,8 +522,8 @@ emulated run_emulated(const attn_case& c, const std::vector<std::uint16_t>& q,
   REQUIRE(qc.dynamic_smem == sizeof(typename qt::shared_storage));
   run(qc, qc.dynamic_smem, [&](std::int64_t x, std::int64_t y, int tid) {
     auto& sm = *reinterpret_cast<typename qt::shared_storage*>(em.shared_base());
-    kc::detail::attention_backward_q_block<emu_ops, HD>(bp, x, static_cast<int>(qc.grid_y - 1 - y),
-                                                        sm, tid);
+    kc::detail::attention_backward_q_block<emu_ops<T>, HD>(
+        bp, x, static_cast<int>(qc.grid_y - 1 - y), sm, tid);
   });
   r.ldsm_phases = em.ldsm_phases;
   r.bank_conflicts = em.bank_conflicts;
@@ -541,7 +545,14 @@ emulated run_emulated(const attn_case& c, const std::vector<std::uint16_t>& q,
 // dq and dk are measured against at least grad_floor(): 2^-8 of the size of
 // their terms (scale |dP| |k| = rms(dout) rms(v) rms(k)), since at S = 1 they
 // cancel to zero exactly in float64 and to float32 rounding in the kernel.
-constexpr double out_tol = 1.0 / 64, lse_tol = 1e-5, grad_tol = 1.0 / 32;
+// fp16 (11 significant bits against bf16's 8) rounds P, dS and the outputs
+// 2^3 times more finely: the emulated kernels show 0.08% (out) and 0.2%
+// (dq, dk) on the fp16 cases below, so its tolerances are bf16's times 2^-3.
+template <class T>
+constexpr double out_tol = std::is_same_v<T, tessera::fp16> ? 1.0 / 512 : 1.0 / 64;
+template <class T>
+constexpr double grad_tol = std::is_same_v<T, tessera::fp16> ? 1.0 / 256 : 1.0 / 32;
+constexpr double lse_tol = 1e-5;
 double rms_of(const std::vector<double>& x) {
   double ss = 0;
   for (double v : x) ss += v * v;
@@ -572,45 +583,46 @@ reference reference_of(const attn_case& c, const std::vector<double>& q,
   return r;
 }
 
-template <int HD>
+template <class T, int HD>
 void check_case(const attn_case& c, std::uint64_t seed, bool replay = false) {
-  INFO("B=" << c.B << " S=" << c.S << " nh=" << c.nh << " nkv=" << c.nkv << " hd=" << c.hd);
+  INFO(tessera::dtype_name<T>() << " B=" << c.B << " S=" << c.S << " nh=" << c.nh
+                                << " nkv=" << c.nkv << " hd=" << c.hd);
   std::mt19937_64 rng(seed);
   const auto nq = static_cast<std::size_t>(c.B * c.S * c.nh * c.hd);
   const auto nk = static_cast<std::size_t>(c.B * c.S * c.nkv * c.hd);
   // Scores of order 1 after the 1/sqrt(hd) scale: q, k in [-2, 2).
-  const auto q = bits_of(random_vector<bf16>(nq, rng, -2, 2));
-  const auto k = bits_of(random_vector<bf16>(nk, rng, -2, 2));
-  const auto v = bits_of(random_vector<bf16>(nk, rng));
-  const auto dout = bits_of(random_vector<bf16>(nq, rng));
-  const auto qd = doubles_of_bits(q), kd = doubles_of_bits(k), vd = doubles_of_bits(v),
-             dod = doubles_of_bits(dout);
+  const auto q = bits_of(random_vector<T>(nq, rng, -2, 2));
+  const auto k = bits_of(random_vector<T>(nk, rng, -2, 2));
+  const auto v = bits_of(random_vector<T>(nk, rng));
+  const auto dout = bits_of(random_vector<T>(nq, rng));
+  const auto qd = doubles_of_bits<T>(q), kd = doubles_of_bits<T>(k), vd = doubles_of_bits<T>(v),
+             dod = doubles_of_bits<T>(dout);
 
-  // The backward gets the forward's reference out (rounded to bf16) and lse (to
+  // The backward gets the forward's reference out (rounded to T) and lse (to
   // float), as a trainer would hand it the saved ones; the reference uses the same values.
   const reference fwd = reference_of(c, qd, kd, vd, dod, nullptr, nullptr);
   std::vector<std::uint16_t> out_b(nq);
   std::vector<double> out_bd(nq);
   for (std::size_t i = 0; i < nq; ++i) {
-    out_b[i] = bf16(fwd.out[i]).bits;
-    out_bd[i] = bf16f(out_b[i]);
+    out_b[i] = T(fwd.out[i]).bits;
+    out_bd[i] = static_cast<float>(T::from_bits(out_b[i]));
   }
   std::vector<float> lse_f(fwd.lse.begin(), fwd.lse.end());
   std::vector<double> lse_fd(lse_f.begin(), lse_f.end());
   const reference ref = reference_of(c, qd, kd, vd, dod, &out_bd, &lse_fd);
 
-  const emulated g = run_emulated<HD>(c, q, k, v, dout, &out_b, &lse_f, 1);
+  const emulated g = run_emulated<T, HD>(c, q, k, v, dout, &out_b, &lse_f, 1);
   if (replay) {
     // Another interleaving of the fibers gives the same bits: no result depends on
     // the order in which threads reach their barriers (no race the schedule exposes).
-    const emulated g2 = run_emulated<HD>(c, q, k, v, dout, &out_b, &lse_f, 2);
+    const emulated g2 = run_emulated<T, HD>(c, q, k, v, dout, &out_b, &lse_f, 2);
     CHECK(g2.out == g.out);
     CHECK(std::memcmp(g2.lse.data(), g.lse.data(), g.lse.size() * 4) == 0);
     CHECK(g2.dq == g.dq);
     CHECK(g2.dk == g.dk);
     CHECK(g2.dv == g.dv);
   }
-  const auto to_d = [](const std::vector<std::uint16_t>& b) { return doubles_of_bits(b); };
+  const auto to_d = [](const std::vector<std::uint16_t>& b) { return doubles_of_bits<T>(b); };
   CHECK(first_nan(to_d(g.out)) == -1);  // every element written (outputs start as NaN)
   CHECK(first_nan(g.lse) == -1);
   CHECK(first_nan(to_d(g.dq)) == -1);
@@ -624,11 +636,11 @@ void check_case(const attn_case& c, std::uint64_t seed, bool replay = false) {
   const double e_dv = max_error(to_d(g.dv), ref.dv);
   UNSCOPED_INFO("errors: out " << e_out << " lse " << e_lse << " dq " << e_dq << " dk " << e_dk
                                << " dv " << e_dv);
-  CHECK(e_out < out_tol);
+  CHECK(e_out < out_tol<T>);
   CHECK(e_lse < lse_tol);
-  CHECK(e_dq < grad_tol);
-  CHECK(e_dk < grad_tol);
-  CHECK(e_dv < grad_tol);
+  CHECK(e_dq < grad_tol<T>);
+  CHECK(e_dk < grad_tol<T>);
+  CHECK(e_dv < grad_tol<T>);
   CHECK(g.bank_conflicts == 0);
   CHECK(g.ldsm_phases > 0);
   CHECK(g.leftover_copies == 0);
@@ -639,11 +651,22 @@ void check_case(const attn_case& c, std::uint64_t seed, bool replay = false) {
 TEST_CASE("cuda attention kernels under the warp emulator match float64 attention",
           "[kernels][cuda_attention][emulated]") {
   // S not a multiple of any tile (1, 17, 200); GQA 2:1 and MHA; B 2.
-  check_case<64>({2, 17, 4, 2, 64}, 7101, true);
-  check_case<64>({1, 200, 2, 1, 64}, 7102);
-  check_case<64>({2, 1, 2, 2, 64}, 7103);
-  check_case<128>({1, 133, 2, 2, 128}, 7104);
-  check_case<32>({1, 70, 4, 1, 32}, 7105);
+  check_case<bf16, 64>({2, 17, 4, 2, 64}, 7101, true);
+  check_case<bf16, 64>({1, 200, 2, 1, 64}, 7102);
+  check_case<bf16, 64>({2, 1, 2, 2, 64}, 7103);
+  check_case<bf16, 128>({1, 133, 2, 2, 128}, 7104);
+  check_case<bf16, 32>({1, 70, 4, 1, 32}, 7105);
+}
+
+TEST_CASE("cuda attention kernels for fp16 storage under the warp emulator match float64",
+          "[kernels][cuda_attention][emulated]") {
+  // The same bodies with the f16 mma and fp16 rounding of P, dS and the
+  // outputs (precision::fp16_mixed); one case per head dimension, and a
+  // replay, at small S to keep the emulation short.
+  check_case<fp16, 64>({2, 17, 4, 2, 64}, 7201, true);
+  check_case<fp16, 64>({1, 200, 2, 1, 64}, 7202);
+  check_case<fp16, 128>({1, 133, 2, 2, 128}, 7204);
+  check_case<fp16, 32>({1, 70, 4, 1, 32}, 7205);
 }
 
 }  // namespace test_kernels_cuda_attention_launch

@@ -6,7 +6,7 @@
 // i + j * ld; op(A) is m x k, op(B) k x n, C m x n, ld >= rows) by a float64
 // reference, and compared with the host model's GEMMs (kernels/gemm.hpp's
 // linear_forward, linear_backward_input and linear_backward_weight on the
-// same bf16 inputs).
+// same bf16 inputs, and fp16 inputs for precision::fp16_mixed).
 //
 // The GEMMs are those of a transformer block and the LM head, listed here as
 // nn/transformer_block.hpp and nn/lm_head.hpp make them (every model GEMM
@@ -21,12 +21,13 @@
 // shapes: interpreted at tp 1, and at tp 2, 4 and 8 (which change only the
 // sizes) checked for layouts that span exactly their buffers. The list's
 // parameter count is checked against llama_config's, which ties its shapes
-// to the model (not its accumulate flags, restated from the block). Rows M are few; each product is sampled at 512 output elements,
-// the corners included.
+// to the model (not its accumulate flags, restated from the block). Rows M are few; each product is
+// sampled at 512 output elements, the corners included.
 //
 // Tolerances: the reference sums in float64 and the host in float32 (BLAS
 // blocking): f32_tol on float outputs; a bf16 output is the rounding of
-// either, so it may land on the neighbouring bf16 value (2 * bf16_tol).
+// either, so it may land on the neighbouring bf16 value (2 * bf16_tol); an
+// fp16 output likewise (2 * fp16_tol).
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -45,6 +46,7 @@ namespace test_kernels_cuda_gemm_plan {
 namespace kc = tessera::kernels::cuda;
 namespace hk = tessera::kernels;
 using tessera::bf16;
+using tessera::fp16;
 using tessera::nn::llama_config;
 using namespace tessera::testing;
 
@@ -117,11 +119,11 @@ double interpret(const kc::lt_matmul& p, float alpha, const TA* A, const TA* B, 
 // (c, updated by `host`, the host model's call): checks the layouts against
 // the buffers and 512 sampled elements (corners first) of the interpreted
 // matmul against what the host computed.
-template <class TC, class Host>
-void check_gemm(const hk::linear_gemm& g, const std::vector<bf16>& A, const std::vector<bf16>& B,
+template <class TAB, class TC, class Host>
+void check_gemm(const hk::linear_gemm& g, const std::vector<TAB>& A, const std::vector<TAB>& B,
                 std::vector<TC>& c, Host&& host, std::mt19937_64& rng) {
   const kc::lt_matmul p = kc::row_major_matmul(g.ta, g.tb, g.M, g.N, g.K, g.lda, g.ldb, g.ldc,
-                                               kc::lt_dtype::bf16, kc::lt_dtype_of<TC>());
+                                               kc::lt_dtype_of<TAB>(), kc::lt_dtype_of<TC>());
   // cuBLASLt's A is our B, its B our A; every layout lies inside its buffer.
   const auto [am, ak] = op_shape(p.a, p.trans_a);
   const auto [bk, bn] = op_shape(p.b, p.trans_b);
@@ -132,8 +134,8 @@ void check_gemm(const hk::linear_gemm& g, const std::vector<bf16>& A, const std:
   REQUIRE(p.c.rows == p.m);
   REQUIRE(p.c.cols == p.n);
   REQUIRE(p.c.ld >= p.c.rows);
-  REQUIRE(p.a.type == kc::lt_dtype::bf16);
-  REQUIRE(p.b.type == kc::lt_dtype::bf16);
+  REQUIRE(p.a.type == kc::lt_dtype_of<TAB>());
+  REQUIRE(p.b.type == kc::lt_dtype_of<TAB>());
   REQUIRE(p.c.type == kc::lt_dtype_of<TC>());
   REQUIRE(static_cast<std::size_t>((p.a.cols - 1) * p.a.ld + p.a.rows) <= B.size());
   REQUIRE(static_cast<std::size_t>((p.b.cols - 1) * p.b.ld + p.b.rows) <= A.size());
@@ -152,19 +154,20 @@ void check_gemm(const hk::linear_gemm& g, const std::vector<bf16>& A, const std:
     const auto [r, col] = at_rc[s];
     want.push_back(as_double(c[static_cast<std::size_t>(r * g.ldc + col)]));
     const double d = interpret(p, g.alpha, B.data(), A.data(), g.beta, before[s], col, r);
-    got.push_back(std::is_same_v<TC, bf16> ? as_double(tessera::to<bf16>(d)) : d);
+    got.push_back(tessera::is_half_v<TC> ? as_double(tessera::to<TC>(d)) : d);
   }
-  CHECK(max_rel_error(got, want) < (std::is_same_v<TC, bf16> ? 2 * bf16_tol : f32_tol));
+  CHECK(max_rel_error(got, want) < (tessera::is_half_v<TC> ? 2 * tol_of<TC> : f32_tol));
 }
 
-// The three GEMMs of one layer with the model's types: bf16 activations and
-// activation gradients, float32 logits (the LM head's forward) and weight
-// gradients.
+// The three GEMMs of one layer with the model's types: T (bf16 or fp16)
+// activations and activation gradients, float32 logits (the LM head's
+// forward) and weight gradients.
+template <class T>
 void check_layer(const layer& L, std::int64_t M, std::uint64_t seed, std::mt19937_64& rng) {
-  INFO(L.name << " (" << L.out << " x " << L.in << "), M=" << M);
-  const auto w = fast_random<bf16>(static_cast<std::size_t>(L.out * L.in), seed, -0.05, 0.05);
-  const auto x = fast_random<bf16>(static_cast<std::size_t>(M * L.in), seed + 1);
-  const auto dy = fast_random<bf16>(static_cast<std::size_t>(M * L.out), seed + 2);
+  INFO(tessera::dtype_name<T>() << " " << L.name << " (" << L.out << " x " << L.in << "), M=" << M);
+  const auto w = fast_random<T>(static_cast<std::size_t>(L.out * L.in), seed, -0.05, 0.05);
+  const auto x = fast_random<T>(static_cast<std::size_t>(M * L.in), seed + 1);
+  const auto dy = fast_random<T>(static_cast<std::size_t>(M * L.out), seed + 2);
   const hk::host_context hctx{};
 
   // Forward: out(M, out) = x w^T, written.
@@ -174,13 +177,12 @@ void check_layer(const layer& L, std::int64_t M, std::uint64_t seed, std::mt1993
     check_gemm(
         hk::linear_forward_gemm(M, L.out, L.in), x, w, y,
         [&] {
-          hk::gemm_mixed<bf16, bf16, float>(hk::transpose::no, hk::transpose::yes, M, L.out, L.in,
-                                            1.f, x.data(), L.in, w.data(), L.in, 0.f, y.data(),
-                                            L.out);
+          hk::gemm_mixed<T, T, float>(hk::transpose::no, hk::transpose::yes, M, L.out, L.in, 1.f,
+                                      x.data(), L.in, w.data(), L.in, 0.f, y.data(), L.out);
         },
         rng);
   } else {
-    std::vector<bf16> y(static_cast<std::size_t>(M * L.out));
+    std::vector<T> y(static_cast<std::size_t>(M * L.out));
     poison(y);
     check_gemm(
         hk::linear_forward_gemm(M, L.out, L.in), x, w, y,
@@ -188,7 +190,7 @@ void check_layer(const layer& L, std::int64_t M, std::uint64_t seed, std::mt1993
   }
 
   // Backward to the input: dx(M, in) = dy w, written or added.
-  auto dx = fast_random<bf16>(static_cast<std::size_t>(M * L.in), seed + 3);
+  auto dx = fast_random<T>(static_cast<std::size_t>(M * L.in), seed + 3);
   check_gemm(
       hk::linear_backward_input_gemm(M, L.out, L.in, L.accumulate_dinp), dy, w, dx,
       [&] {
@@ -225,8 +227,12 @@ TEST_CASE("cuda gemm plans: every cuBLASLt matmul of the 7B and 8B models equals
   for (const auto& c : {llama_config::llama2_7b(), llama_config::llama3_8b()})
     for (const auto& L : model_linears(c, 1)) {
       INFO(c.name);
-      check_layer(L, 3, rng(), rng);
+      check_layer<bf16>(L, 3, rng(), rng);
     }
+  // fp16 storage (precision::fp16_mixed): fp16 x fp16 -> fp16 or float C.
+  // The 7B model's layers (the 8B's differ in sizes only, for time).
+  for (const auto& L : model_linears(llama_config::llama2_7b(), 1))
+    check_layer<fp16>(L, 3, rng(), rng);
 }
 
 TEST_CASE("cuda gemm plans: the tensor-parallel shards' matmuls are well formed",
@@ -275,6 +281,20 @@ TEST_CASE("cuda gemm plans: transposes, leading dimensions and refusals",
           g, A, B, C,
           [&] {
             hk::gemm_mixed<bf16, bf16, float>(ta, tb, M, N, K, 0.5f, A.data(), lda, B.data(), ldb,
+                                              2.f, C.data(), ldc);
+          },
+          rng);
+      // fp16 operands: the same values rounded to fp16 (exact for a bf16 value
+      // in fp16's normal range), C float.
+      std::vector<fp16> Ah(A.size()), Bh(B.size());
+      for (std::size_t i = 0; i < A.size(); ++i)
+        Ah[i] = tessera::to<fp16>(tessera::to<float>(A[i]));
+      for (std::size_t i = 0; i < B.size(); ++i)
+        Bh[i] = tessera::to<fp16>(tessera::to<float>(B[i]));
+      check_gemm(
+          g, Ah, Bh, C,
+          [&] {
+            hk::gemm_mixed<fp16, fp16, float>(ta, tb, M, N, K, 0.5f, Ah.data(), lda, Bh.data(), ldb,
                                               2.f, C.data(), ldc);
           },
           rng);

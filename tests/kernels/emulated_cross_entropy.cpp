@@ -28,7 +28,8 @@
 //   plus host_sum_tol (log(1 + d) <= d);
 // - a bf16 logit gradient within bf16_tol + host_sum_tol of the host's
 //   float32 one: one rounding to bf16 (at most 2^-8 relative) of a value
-//   that close to it.
+//   that close to it; an fp16 one (precision::fp16_mixed) within fp16_tol +
+//   host_sum_tol, likewise.
 // Bit for bit where the order is the same: the vocab-parallel row maxima,
 // the owned target logits, and vp_ce_row_grad given the host's reduced max
 // and sums (row loss and bf16(host dlogit) exactly); the zeroed dx rows and
@@ -62,6 +63,7 @@ namespace kc = tessera::kernels::cuda;
 namespace hk = tessera::kernels;
 namespace hd = tessera::kernels::detail;
 using tessera::bf16;
+using tessera::fp16;
 using namespace tessera::testing;
 
 namespace {
@@ -75,7 +77,32 @@ constexpr double host_sum_tol = 1e-4;
 double loss_tol(double scale) {
   return f32_tol * scale + host_sum_tol;
 }
-constexpr double dlogit_tol = bf16_tol + host_sum_tol;
+template <class T>
+constexpr double dlogit_tol = tol_of<T> + host_sum_tol;
+/// max_rel_error of a 16-bit logit gradient against the host's float32 one,
+/// except that for fp16 an element is measured against at least fp16's
+/// smallest normal, 2^-14: below it fp16 rounds to an absolute 2^-25 (its
+/// subnormal step's half), which no relative bound covers (a vocabulary
+/// slice of two small probabilities, or a tiny grad_scale). In training the
+/// loss scale keeps the gradients above it.
+template <class T>
+double dlogit_error(const std::vector<T>& got, const std::vector<float>& want) {
+  if constexpr (!std::is_same_v<T, fp16>) {
+    return max_rel_error(got, want);
+  } else {
+    REQUIRE(got.size() == want.size());
+    double ss = 0;
+    for (float w : want) ss += double(w) * w;
+    const double rms = std::sqrt(ss / static_cast<double>(std::max<std::size_t>(1, want.size())));
+    double worst = 0;
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      const double g = as_double(got[i]), w = want[i];
+      if (std::isnan(g) || std::isnan(w)) return INFINITY;
+      worst = std::max(worst, std::abs(g - w) / std::max({std::abs(w), rms, 0x1p-14}));
+    }
+    return worst;
+  }
+}
 using strings = std::vector<std::string>;
 using state = hd::ce_online<float>;
 
@@ -127,6 +154,7 @@ state block_order_normaliser(const float* z, std::int64_t V, int W) {
 
 /// One chunk through ce_softmax: `rows` rows of V logits at element offset
 /// `offset` (1: misaligned, the scalar variant), with the given targets.
+template <class T>
 void softmax_case(std::int64_t V, const std::vector<std::int32_t>& targets, int offset, bool train,
                   float grad_scale, std::uint64_t seed) {
   const auto rows = static_cast<std::int64_t>(targets.size());
@@ -138,13 +166,13 @@ void softmax_case(std::int64_t V, const std::vector<std::int32_t>& targets, int 
 
   cuda_emulator em(seed);
   auto row_loss = poisoned<double>(sz(rows));
-  auto dlogits = poisoned<bf16>(train ? sz(rows * V + offset) : 0);
+  auto dlogits = poisoned<T>(train ? sz(rows * V + offset) : 0);
   em.input(logits);
   em.input(targets);
   em.output(row_loss);
   em.output(dlogits);
   strings launched;
-  bf16* dz0 = train ? dlogits.data() + offset : nullptr;
+  T* dz0 = train ? dlogits.data() + offset : nullptr;
   kc::lm_head_ce_softmax_launch(emulator_launcher{&em, std::int64_t(1) << 24, &launched},
                                 row_loss.data(), dz0, z0, targets.data(), rows, V, ignore,
                                 grad_scale);
@@ -153,27 +181,27 @@ void softmax_case(std::int64_t V, const std::vector<std::int32_t>& targets, int 
   for (std::int64_t r = 0; r < rows; ++r) {
     INFO("row " << r << " target " << targets[sz(r)]);
     const float* z = z0 + r * V;
-    const bf16* dz = train ? dz0 + r * V : nullptr;
+    const T* dz = train ? dz0 + r * V : nullptr;
     const std::int32_t y = targets[sz(r)];
     if (y == ignore) {
       CHECK(row_loss[sz(r)] == 0.0);
-      if (train) CHECK(std::all_of(dz, dz + V, [](bf16 v) { return v.bits == 0; }));
+      if (train) CHECK(std::all_of(dz, dz + V, [](T v) { return v.bits == 0; }));
       continue;
     }
     if (y < 0 || y >= V) {  // the host refuses; the device shows NaN in the loss and the row
       CHECK_THROWS_AS(host_ce_row(z, V, y, grad_scale), tessera::config_error);
       CHECK(std::isnan(row_loss[sz(r)]));
       if (train)
-        CHECK(std::all_of(dz, dz + V, [](bf16 v) { return std::isnan(tessera::to<float>(v)); }));
+        CHECK(std::all_of(dz, dz + V, [](T v) { return std::isnan(tessera::to<float>(v)); }));
       continue;
     }
     // Against the host: a tolerance (another order of the sum).
     const host_row h = host_ce_row(z, V, y, grad_scale);
     CHECK(std::abs(row_loss[sz(r)] - h.loss) <= loss_tol(loss_scale(z, V, y)));
     if (train) {
-      const std::vector<bf16> got(dz, dz + V);
+      const std::vector<T> got(dz, dz + V);
       CHECK(first_nan(got) == -1);
-      CHECK(max_rel_error(got, h.dlogits) < dlogit_tol);
+      CHECK(dlogit_error(got, h.dlogits) < dlogit_tol<T>);
     }
     // Against the kernel's own order: bit for bit.
     const state s = block_order_normaliser(z, V, W);
@@ -181,10 +209,10 @@ void softmax_case(std::int64_t V, const std::vector<std::int32_t>& targets, int 
     CHECK(same_bits(&row_loss[sz(r)], &want, 1));
     if (train) {
       const float inv = 1.f / s.sum;
-      std::vector<bf16> want_dz(sz(V));
+      std::vector<T> want_dz(sz(V));
       for (std::int64_t i = 0; i < V; ++i)
         want_dz[sz(i)] =
-            tessera::to<bf16>(hd::ce_dlogit(hd::ce_exp(z[i], s.max), inv, i == y, grad_scale));
+            tessera::to<T>(hd::ce_dlogit(hd::ce_exp(z[i], s.max), inv, i == y, grad_scale));
       CHECK(same_bits(dz, want_dz.data(), sz(V)));
     }
   }
@@ -251,6 +279,7 @@ vp_host_row host_vp_row(const std::vector<std::vector<float>>& slices, std::int6
 /// The vocab-parallel row kernels over `tp` slices of Vl = ceil(V / tp)
 /// columns (the last rank's tail is padding, NaN here: never read), the
 /// all-reduces done by the test in rank order.
+template <class T>
 void vp_case(std::int64_t V, int tp, const std::vector<std::int32_t>& targets, bool train,
              float grad_scale, std::uint64_t seed) {
   const auto rows = static_cast<std::int64_t>(targets.size());
@@ -300,9 +329,9 @@ void vp_case(std::int64_t V, int tp, const std::vector<std::int32_t>& targets, b
   }
   // row_grad over the given reduced max and sums, on every rank.
   auto run_grad = [&](const std::vector<float>& mx, const std::vector<float>& se,
-                      std::vector<double>& loss, std::vector<std::vector<bf16>>& dz) {
+                      std::vector<double>& loss, std::vector<std::vector<T>>& dz) {
     loss = poisoned<double>(sz(tp * rows));
-    dz.assign(sz(tp), poisoned<bf16>(train ? sz(rows * Vl) : 0));
+    dz.assign(sz(tp), poisoned<T>(train ? sz(rows * Vl) : 0));
     for (int r = 0; r < tp; ++r) {
       cuda_emulator em(seed + 200 + static_cast<std::uint64_t>(r));
       em.input(slices[sz(r)]);
@@ -320,7 +349,7 @@ void vp_case(std::int64_t V, int tp, const std::vector<std::int32_t>& targets, b
     }
   };
   std::vector<double> loss;
-  std::vector<std::vector<bf16>> dz;
+  std::vector<std::vector<T>> dz;
   run_grad(gmax, gsums, loss, dz);
 
   // The host's reduced values, for the bit-for-bit pass of row_grad.
@@ -332,7 +361,7 @@ void vp_case(std::int64_t V, int tp, const std::vector<std::int32_t>& targets, b
     for (int r = 0; r < tp; ++r) {  // padding: 0 gradient whatever the row
       if (train)
         CHECK(std::all_of(dz[sz(r)].begin() + i * Vl + real[sz(r)],
-                          dz[sz(r)].begin() + (i + 1) * Vl, [](bf16 v) { return v.bits == 0; }));
+                          dz[sz(r)].begin() + (i + 1) * Vl, [](T v) { return v.bits == 0; }));
     }
     if (y == ignore) {
       for (int r = 0; r < tp; ++r) {
@@ -341,7 +370,7 @@ void vp_case(std::int64_t V, int tp, const std::vector<std::int32_t>& targets, b
         CHECK(loss[sz(r * rows + i)] == 0.0);
         if (train)
           CHECK(std::all_of(dz[sz(r)].begin() + i * Vl, dz[sz(r)].begin() + (i + 1) * Vl,
-                            [](bf16 v) { return v.bits == 0; }));
+                            [](T v) { return v.bits == 0; }));
       }
     }
     if (y != ignore && (y < 0 || y >= V)) {  // the host refuses; NaN on every rank
@@ -351,7 +380,7 @@ void vp_case(std::int64_t V, int tp, const std::vector<std::int32_t>& targets, b
         CHECK(std::isnan(loss[sz(r * rows + i)]));
         if (train)
           CHECK(std::all_of(dz[sz(r)].begin() + i * Vl, dz[sz(r)].begin() + i * Vl + real[sz(r)],
-                            [](bf16 v) { return std::isnan(tessera::to<float>(v)); }));
+                            [](T v) { return std::isnan(tessera::to<float>(v)); }));
       }
       hmax[sz(i)] = gmax[sz(i)];
       hsums[sz(i)] = gsums[sz(i)];
@@ -377,17 +406,17 @@ void vp_case(std::int64_t V, int tp, const std::vector<std::int32_t>& targets, b
       // The pipeline with the emulated sums: within the tolerances.
       CHECK(std::abs(loss[sz(r * rows + i)] - h.loss) <= loss_tol(scale));
       if (train) {
-        const std::vector<bf16> got(dz[sz(r)].begin() + i * Vl, dz[sz(r)].begin() + (i + 1) * Vl);
+        const std::vector<T> got(dz[sz(r)].begin() + i * Vl, dz[sz(r)].begin() + (i + 1) * Vl);
         CHECK(first_nan(got) == -1);
-        CHECK(max_rel_error(got, h.dlogits[sz(r)]) < dlogit_tol);
+        CHECK(dlogit_error(got, h.dlogits[sz(r)]) < dlogit_tol<T>);
       }
     }
   }
 
   // Given the host's reduced max and sums, row_grad is the host's arithmetic
-  // element for element: the loss and bf16(host dlogit) bit for bit.
+  // element for element: the loss and T(host dlogit) bit for bit.
   std::vector<double> loss_h;
-  std::vector<std::vector<bf16>> dz_h;
+  std::vector<std::vector<T>> dz_h;
   run_grad(hmax, hsums, loss_h, dz_h);
   for (std::int64_t i = 0; i < rows; ++i) {
     const std::int32_t y = targets[sz(i)];
@@ -396,9 +425,9 @@ void vp_case(std::int64_t V, int tp, const std::vector<std::int32_t>& targets, b
     for (int r = 0; r < tp; ++r) {
       CHECK(same_bits(&loss_h[sz(r * rows + i)], &host[sz(i)].loss, 1));
       if (!train) continue;
-      std::vector<bf16> want(sz(Vl));
+      std::vector<T> want(sz(Vl));
       for (std::int64_t v = 0; v < Vl; ++v)
-        want[sz(v)] = tessera::to<bf16>(host[sz(i)].dlogits[sz(r)][sz(v)]);
+        want[sz(v)] = tessera::to<T>(host[sz(i)].dlogits[sz(r)][sz(v)]);
       CHECK(same_bits(dz_h[sz(r)].data() + i * Vl, want.data(), sz(Vl)));
     }
   }
@@ -406,6 +435,7 @@ void vp_case(std::int64_t V, int tp, const std::vector<std::int32_t>& targets, b
 
 /// The chunk loop's end: dx (N, H) bf16 at element offset `offset`, its
 /// ignored rows zeroed, the others untouched; the loss sum.
+template <class T>
 void finish_case(std::int64_t N, std::int64_t H, int offset, bool train, std::uint64_t seed) {
   INFO("N=" << N << " H=" << H << " offset=" << offset << " train=" << train);
   std::mt19937_64 rng(seed);
@@ -415,7 +445,7 @@ void finish_case(std::int64_t N, std::int64_t H, int offset, bool train, std::ui
   auto row_loss = random_vector<double>(sz(N), rng, 0, 12);
   for (std::int64_t n = 0; n < N; ++n)
     if (targets[sz(n)] == ignore) row_loss[sz(n)] = 0;
-  const auto dx0 = random_vector<bf16>(train ? sz(N * H + offset) : 0, rng, -1, 1);
+  const auto dx0 = random_vector<T>(train ? sz(N * H + offset) : 0, rng, -1, 1);
 
   cuda_emulator em(seed);
   auto dx = dx0;
@@ -439,9 +469,9 @@ void finish_case(std::int64_t N, std::int64_t H, int offset, bool train, std::ui
   if (!train) return;
   CHECK(same_bits(dx.data(), dx0.data(), sz(offset)));
   for (std::int64_t n = 0; n < N; ++n) {
-    const bf16* got = dx.data() + offset + n * H;
+    const T* got = dx.data() + offset + n * H;
     if (targets[sz(n)] == ignore)
-      CHECK(std::all_of(got, got + H, [](bf16 v) { return v.bits == 0; }));
+      CHECK(std::all_of(got, got + H, [](T v) { return v.bits == 0; }));
     else
       CHECK(same_bits(got, dx0.data() + offset + n * H, sz(H)));
   }
@@ -465,7 +495,10 @@ TEST_CASE("emulated cuda ce_softmax equals the host's row loss and logit gradien
         {64, {}, 0}}) {                    // no rows: no launch
     for (bool train : {true, false}) {
       if (!train && V == V3) continue;  // evaluation at V3 adds runtime, not coverage
-      softmax_case(V, targets, offset, train, train ? 1.f / 3 : 1.f, seed++);
+      softmax_case<bf16>(V, targets, offset, train, train ? 1.f / 3 : 1.f, seed++);
+      // fp16 (precision::fp16_mixed) takes the same path; the vocabularies of
+      // the presets stay bf16-only, for time.
+      if (V < V2) softmax_case<fp16>(V, targets, offset, train, train ? 1.f / 3 : 1.f, seed++);
     }
   }
 }
@@ -476,12 +509,15 @@ TEST_CASE("emulated cuda ce_softmax: targets outside [0, V) give NaN, ignored ro
   for (std::int64_t V : {std::int64_t(7), std::int64_t(1000), std::int64_t(1001)})
     for (int offset : {0, 1}) {
       const auto v = static_cast<std::int32_t>(V);
-      softmax_case(V, {-5, v, ignore, v - 1, ignore - 1}, offset, true, 0.125f, seed++);
-      softmax_case(V, {v, 2}, offset, false, 1.f, seed++);
+      softmax_case<bf16>(V, {-5, v, ignore, v - 1, ignore - 1}, offset, true, 0.125f, seed++);
+      softmax_case<fp16>(V, {-5, v, ignore, v - 1, ignore - 1}, offset, true, 0.125f, seed++);
+      softmax_case<bf16>(V, {v, 2}, offset, false, 1.f, seed++);
     }
   // grad_scale scales the gradient only: 0 gives a zero gradient, the same loss.
-  softmax_case(1001, {3, 900}, 0, true, 0.f, seed++);
-  softmax_case(1000, {3, 900}, 0, true, 1e-6f, seed++);
+  softmax_case<bf16>(1001, {3, 900}, 0, true, 0.f, seed++);
+  softmax_case<bf16>(1000, {3, 900}, 0, true, 1e-6f, seed++);
+  softmax_case<fp16>(1001, {3, 900}, 0, true, 0.f, seed++);
+  softmax_case<fp16>(1000, {3, 900}, 0, true, 1e-6f, seed++);
 }
 
 TEST_CASE("emulated cuda vocab-parallel row kernels equal the host over padded slices",
@@ -494,13 +530,15 @@ TEST_CASE("emulated cuda vocab-parallel row kernels equal the host over padded s
         {1001, 4, {1000, 250, 251, ignore, 3}},  // Vl 251: 3 padding columns
         {V2, 3, {31999, ignore, 10667}},         // Vl 10667: 1 padding column
         {V3, 5, {128255, 25652}}}) {             // Vl 25652: 4 padding columns
-    vp_case(V, tp, targets, true, 1.f / 5, seed++);
-    if (V < V2) vp_case(V, tp, targets, false, 1.f, seed++);  // evaluation: losses only
+    vp_case<bf16>(V, tp, targets, true, 1.f / 5, seed++);
+    if (V < V2) vp_case<fp16>(V, tp, targets, true, 1.f / 5, seed++);  // presets: bf16 only
+    if (V < V2) vp_case<bf16>(V, tp, targets, false, 1.f, seed++);     // evaluation: losses only
   }
   // Targets outside [0, V): NaN target logit on every rank, NaN loss and
   // real gradient; V itself is the padding column's index (no rank owns it).
-  vp_case(1001, 4, {-5, 1001, ignore, 17}, true, 0.25f, seed++);
-  vp_case(7, 4, {7, 6}, false, 1.f, seed++);
+  vp_case<bf16>(1001, 4, {-5, 1001, ignore, 17}, true, 0.25f, seed++);
+  vp_case<fp16>(1001, 4, {-5, 1001, ignore, 17}, true, 0.25f, seed++);
+  vp_case<bf16>(7, 4, {7, 6}, false, 1.f, seed++);
   {  // no rows: no launch
     cuda_emulator em;
     strings launched;
@@ -508,8 +546,8 @@ TEST_CASE("emulated cuda vocab-parallel row kernels equal the host over padded s
     kc::vocab_parallel_ce_row_max_launch(l, nullptr, nullptr, 0, 8, 8);
     kc::vocab_parallel_ce_row_sums_launch(l, nullptr, nullptr, nullptr, nullptr, 0, 8, 0, 8, 8,
                                           ignore);
-    kc::vocab_parallel_ce_row_grad_launch(l, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
-                                          0, 0, 8, 8, ignore, 1.f);
+    kc::vocab_parallel_ce_row_grad_launch(l, nullptr, static_cast<bf16*>(nullptr), nullptr, nullptr,
+                                          nullptr, nullptr, 0, 0, 8, 8, ignore, 1.f);
     CHECK(launched.empty());
   }
 }
@@ -522,8 +560,9 @@ TEST_CASE("emulated cuda lm_head_ce_finish zeroes ignored dx rows and sums the l
                               {6, 4096, 0},   // Llama hidden size, 16-byte stores
                               {300, 64, 1},   // misaligned: scalar; two rows per thread
                               {0, 64, 0}}) {  // no rows: the loss sum only (0)
-    finish_case(N, H, offset, true, seed++);
-    finish_case(N, H, offset, false, seed++);
+    finish_case<bf16>(N, H, offset, true, seed++);
+    finish_case<bf16>(N, H, offset, false, seed++);
+    finish_case<fp16>(N, H, offset, true, seed++);
   }
 }
 
@@ -533,23 +572,24 @@ TEST_CASE("emulated cuda cross-entropy launchers refuse bad sizes before any lau
   strings launched;
   emulator_launcher l{&em, std::int64_t(1) << 24, &launched};
   using tessera::config_error;
-  CHECK_THROWS_AS(
-      kc::lm_head_ce_softmax_launch(l, nullptr, nullptr, nullptr, nullptr, -1, 8, ignore, 1.f),
-      config_error);
-  CHECK_THROWS_AS(
-      kc::lm_head_ce_softmax_launch(l, nullptr, nullptr, nullptr, nullptr, 2, 0, ignore, 1.f),
-      config_error);
-  CHECK_THROWS_AS(
-      kc::lm_head_ce_finish_launch(l, nullptr, nullptr, nullptr, nullptr, -1, 8, ignore),
-      config_error);
+  CHECK_THROWS_AS(kc::lm_head_ce_softmax_launch(l, nullptr, static_cast<bf16*>(nullptr), nullptr,
+                                                nullptr, -1, 8, ignore, 1.f),
+                  config_error);
+  CHECK_THROWS_AS(kc::lm_head_ce_softmax_launch(l, nullptr, static_cast<fp16*>(nullptr), nullptr,
+                                                nullptr, 2, 0, ignore, 1.f),
+                  config_error);
+  CHECK_THROWS_AS(kc::lm_head_ce_finish_launch(l, nullptr, nullptr, static_cast<bf16*>(nullptr),
+                                               nullptr, -1, 8, ignore),
+                  config_error);
   CHECK_THROWS_AS(kc::vocab_parallel_ce_row_max_launch(l, nullptr, nullptr, 2, 0, 0), config_error);
   CHECK_THROWS_AS(kc::vocab_parallel_ce_row_max_launch(l, nullptr, nullptr, 2, 8, 9), config_error);
   CHECK_THROWS_AS(kc::vocab_parallel_ce_row_sums_launch(l, nullptr, nullptr, nullptr, nullptr, -1,
                                                         8, 0, 8, 8, ignore),
                   config_error);
-  CHECK_THROWS_AS(kc::vocab_parallel_ce_row_grad_launch(l, nullptr, nullptr, nullptr, nullptr,
-                                                        nullptr, nullptr, 2, 0, 8, -1, ignore, 1.f),
-                  config_error);
+  CHECK_THROWS_AS(
+      kc::vocab_parallel_ce_row_grad_launch(l, nullptr, static_cast<fp16*>(nullptr), nullptr,
+                                            nullptr, nullptr, nullptr, 2, 0, 8, -1, ignore, 1.f),
+      config_error);
   CHECK(launched.empty());
 }
 

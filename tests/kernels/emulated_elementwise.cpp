@@ -13,6 +13,8 @@
 // element for element (tessera::to; one float32 add rounded once), with no
 // order to differ. residual_add also in place (out = a, out = b).
 //
+// Each for float32, bf16 and fp16 (precision::fp16_mixed's storage).
+//
 // count_nonfinite has no host kernel: the reference is std::isfinite over the
 // buffer. The flag is 1 exactly when some element is inf or NaN (each kind at
 // the first element, in the vector body, at the last one of the vector body,
@@ -39,6 +41,7 @@ namespace test_kernels_emulated_elementwise {
 namespace kc = tessera::kernels::cuda;
 namespace hk = tessera::kernels;
 using tessera::bf16;
+using tessera::fp16;
 using namespace tessera::testing;
 
 namespace {
@@ -57,10 +60,12 @@ void cast_case(std::int64_t n, int in_offset, int out_offset, std::uint64_t seed
   std::mt19937_64 rng(seed);
   const int io = in_offset, oo = out_offset;
   auto in = random_vector<From>(static_cast<std::size_t>(n + io), rng, -1e3, 1e3);
-  // inf, -0, a float32 subnormal (bf16 keeps float32's exponent range) and
-  // a negative NaN with a payload (bits unlike the poison's).
-  const float special[] = {1e38f * 10, -0.0f, 1e-40f, tessera::detail::bits_float(0xffc10000u)};
-  for (std::size_t k = 0; k < 4 && static_cast<std::int64_t>(k) < n; ++k)
+  // inf, -0, a float32 subnormal (bf16 keeps float32's exponent range), a
+  // negative NaN with a payload (bits unlike the poison's), and for fp16 a
+  // value past its largest (65504: rounds to inf) and one of its subnormals.
+  const float special[] = {1e38f * 10, -0.0f, 1e-40f, tessera::detail::bits_float(0xffc10000u),
+                           7e4f,       3e-6f};
+  for (std::size_t k = 0; k < 6 && static_cast<std::int64_t>(k) < n; ++k)
     in[static_cast<std::size_t>(io) + k] = tessera::to<From>(special[k]);
   std::vector<To> want(static_cast<std::size_t>(n));
   hk::cast(ctx, want.data(), in.data() + io, n);
@@ -142,11 +147,15 @@ std::int32_t any_nonfinite(const std::vector<G>& g, std::int64_t n, int offset) 
 /// the smallest subnormal, the largest finite value and its negative.
 template <class G>
 std::vector<G> finite_gradient(std::int64_t n, std::mt19937_64& rng) {
-  auto g = random_vector<G>(static_cast<std::size_t>(n), rng, -1e30, 1e30);
+  const double range = std::is_same_v<G, fp16> ? 6e4 : 1e30;  // fp16's largest is 65504
+  auto g = random_vector<G>(static_cast<std::size_t>(n), rng, -range, range);
   std::vector<G> extremes;
   if constexpr (std::is_same_v<G, bf16>)
     extremes = {bf16::from_bits(0x8000), bf16::from_bits(0x0001), bf16::from_bits(0x7f7f),
                 bf16::from_bits(0xff7f)};
+  else if constexpr (std::is_same_v<G, fp16>)
+    extremes = {fp16::from_bits(0x8000), fp16::from_bits(0x0001), fp16::from_bits(0x7bff),
+                fp16::from_bits(0xfbff)};
   else
     extremes = {-0.0f, 1e-45f, std::numeric_limits<float>::max(),
                 -std::numeric_limits<float>::max()};
@@ -169,6 +178,9 @@ void count_nonfinite_cases(std::int64_t n, std::uint64_t seed) {
   if constexpr (std::is_same_v<G, bf16>)
     bad = {bf16::from_bits(0x7f80), bf16::from_bits(0xff80), bf16::from_bits(0x7fc0),
            bf16::from_bits(0xffc1)};
+  else if constexpr (std::is_same_v<G, fp16>)
+    bad = {fp16::from_bits(0x7c00), fp16::from_bits(0xfc00), fp16::from_bits(0x7e00),
+           fp16::from_bits(0xfe01)};
   else
     bad = {INFINITY, -INFINITY, std::numeric_limits<float>::quiet_NaN(),
            tessera::detail::bits_float(0xffc00001u)};
@@ -218,6 +230,8 @@ TEST_CASE("emulated cuda cast gives the host's bits", "[kernels][emulated][eleme
                            {0, 0, 0}}) {    // nothing: no launch
     cast_case<bf16, float>(n, io, oo, seed++);
     cast_case<float, bf16>(n, io, oo, seed++);
+    cast_case<fp16, float>(n, io, oo, seed++);
+    cast_case<float, fp16>(n, io, oo, seed++);
   }
 }
 
@@ -235,6 +249,7 @@ TEST_CASE("emulated cuda residual_add gives the host's bits, in place too",
                            {0, 0, 0}}) {
     residual_add_case<float>(n, io, oo, seed++);
     residual_add_case<bf16>(n, io, oo, seed++);
+    residual_add_case<fp16>(n, io, oo, seed++);
   }
   cuda_emulator em;
   float* none = nullptr;
@@ -255,7 +270,10 @@ TEST_CASE("emulated cuda count_nonfinite flags inf and NaN and never clears",
     SECTION("bf16 n=" + std::to_string(n)) {
       count_nonfinite_cases<bf16>(n, seed + 1);
     }
-    seed += 2;
+    SECTION("fp16 n=" + std::to_string(n)) {
+      count_nonfinite_cases<fp16>(n, seed + 2);
+    }
+    seed += 3;
   }
   SECTION("n = 0 launches nothing and leaves the flag; bad arguments throw") {
     cuda_emulator em;

@@ -18,7 +18,8 @@
 //   logits and gradients, the same bf16 inputs): the loss within the row
 //   tolerance of tests/kernels/emulated_cross_entropy.cpp summed over the
 //   rows, dx within bf16's rounding of the output plus that of each
-//   dlogit (2^-8 each) of the sum of |dlogit w|.
+//   dlogit (2^-8 each) of the sum of |dlogit w|; the same for fp16 storage
+//   (precision::fp16_mixed) with fp16's 2^-11.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -41,6 +42,7 @@ namespace test_kernels_emulated_lm_head {
 namespace kc = tessera::kernels::cuda;
 namespace hk = tessera::kernels;
 using tessera::bf16;
+using tessera::fp16;
 using namespace tessera::testing;
 
 namespace {
@@ -50,13 +52,16 @@ constexpr std::int32_t ignore = -100;
 std::size_t sz(std::int64_t n) {
   return static_cast<std::size_t>(n);
 }
-double d(bf16 v) {
+template <class T>
+double d(T v) {
   return static_cast<double>(static_cast<float>(v));
 }
 
-/// The chunk's GEMMs in float64, rounded once (cuBLASLt's stand-in).
+/// The chunk's GEMMs in float64, rounded once (cuBLASLt's stand-in), over
+/// the storage type T (bf16 or fp16).
+template <class T>
 struct reference_gemms {
-  void forward(float* logits, const bf16* x, const bf16* wlm, std::int64_t rows, std::int64_t V,
+  void forward(float* logits, const T* x, const T* wlm, std::int64_t rows, std::int64_t V,
                std::int64_t H) const {
     for (std::int64_t r = 0; r < rows; ++r)
       for (std::int64_t v = 0; v < V; ++v) {
@@ -65,17 +70,17 @@ struct reference_gemms {
         logits[r * V + v] = static_cast<float>(s);
       }
   }
-  void backward_input(bf16* dx, const bf16* dlogits, const bf16* wlm, std::int64_t rows,
-                      std::int64_t V, std::int64_t H) const {
+  void backward_input(T* dx, const T* dlogits, const T* wlm, std::int64_t rows, std::int64_t V,
+                      std::int64_t H) const {
     for (std::int64_t r = 0; r < rows; ++r)
       for (std::int64_t h = 0; h < H; ++h) {
         double s = 0;
         for (std::int64_t v = 0; v < V; ++v) s += d(dlogits[r * V + v]) * d(wlm[v * H + h]);
-        dx[r * H + h] = tessera::to<bf16>(static_cast<float>(s));
+        dx[r * H + h] = tessera::to<T>(static_cast<float>(s));
       }
   }
-  void backward_weight(float* dwlm, const bf16* dlogits, const bf16* x, std::int64_t rows,
-                       std::int64_t V, std::int64_t H) const {
+  void backward_weight(float* dwlm, const T* dlogits, const T* x, std::int64_t rows, std::int64_t V,
+                       std::int64_t H) const {
     for (std::int64_t v = 0; v < V; ++v)
       for (std::int64_t h = 0; h < H; ++h) {
         double s = 0;
@@ -85,40 +90,44 @@ struct reference_gemms {
   }
 };
 
+template <class T>
 struct inputs {
   std::int64_t N, V, H;
-  std::vector<bf16> x, wlm;
+  std::vector<T> x, wlm;
   std::vector<std::int32_t> targets;
 };
-inputs make_inputs(std::int64_t N, std::int64_t V, std::int64_t H, std::uint64_t seed) {
+template <class T>
+inputs<T> make_inputs(std::int64_t N, std::int64_t V, std::int64_t H, std::uint64_t seed) {
   std::mt19937_64 rng(seed);
-  inputs in{N,
-            V,
-            H,
-            random_vector<bf16>(sz(N * H), rng, -1, 1),
-            random_vector<bf16>(sz(V * H), rng, -1, 1),
-            std::vector<std::int32_t>(sz(N))};
+  inputs<T> in{N,
+               V,
+               H,
+               random_vector<T>(sz(N * H), rng, -1, 1),
+               random_vector<T>(sz(V * H), rng, -1, 1),
+               std::vector<std::int32_t>(sz(N))};
   for (std::int64_t n = 0; n < N; ++n)
     in.targets[sz(n)] = n % 5 == 3 ? ignore : static_cast<std::int32_t>(rng() % sz(V));
   return in;
 }
 
 /// What the loop wrote.
+template <class T>
 struct result {
   double loss = 0;
-  std::vector<bf16> dx;
+  std::vector<T> dx;
   std::vector<float> dwlm;
   std::vector<std::string> launched;
 };
 
-result run_loop(const inputs& in, std::int64_t chunk, bool train, float grad_scale,
-                std::uint64_t seed) {
+template <class T>
+result<T> run_loop(const inputs<T>& in, std::int64_t chunk, bool train, float grad_scale,
+                   std::uint64_t seed) {
   const std::int64_t N = in.N, V = in.V, H = in.H;
   cuda_emulator em(seed);
-  result r;
+  result<T> r;
   auto loss = poisoned<double>(1);
   if (train) {
-    r.dx = poisoned<bf16>(sz(N * H));
+    r.dx = poisoned<T>(sz(N * H));
     r.dwlm.assign(sz(V * H), 0.f);
   }
   // The scratch at a 256-byte boundary, its bytes poisoned.
@@ -134,7 +143,7 @@ result run_loop(const inputs& in, std::int64_t chunk, bool train, float grad_sca
   em.output(r.dx);
   em.add_region(scratch, bytes, true);
   kc::lm_head_cross_entropy_chunks(
-      emulator_launcher{&em, std::int64_t(1) << 24, &r.launched}, reference_gemms{}, loss.data(),
+      emulator_launcher{&em, std::int64_t(1) << 24, &r.launched}, reference_gemms<T>{}, loss.data(),
       in.x.data(), in.wlm.data(), in.targets.data(), N, V, H, ignore, grad_scale,
       train ? r.dx.data() : nullptr, train ? r.dwlm.data() : nullptr, chunk, scratch, bytes);
   r.loss = loss[0];
@@ -143,29 +152,31 @@ result run_loop(const inputs& in, std::int64_t chunk, bool train, float grad_sca
 
 }  // namespace
 
-TEST_CASE(
+TEMPLATE_TEST_CASE(
     "emulated cuda lm_head_cross_entropy chunk loop: the same rows whatever the chunk, "
     "and the host's values",
-    "[kernels][emulated][cross_entropy]") {
+    "[kernels][emulated][cross_entropy]", bf16, fp16) {
+  using T = TestType;  // the storage type: bf16, or fp16 (precision::fp16_mixed)
+  constexpr double tol16 = tol_of<T>;
   std::uint64_t seed = 900;
   // V % 4 == 0 (16-byte rows) and not (scalar); N not a multiple of the chunks.
   for (const auto& [N, V, H] :
        {std::tuple<std::int64_t, std::int64_t, std::int64_t>{23, 96, 16}, {17, 101, 8}}) {
-    const inputs in = make_inputs(N, V, H, seed++);
+    const inputs<T> in = make_inputs<T>(N, V, H, seed++);
     INFO("N=" << N << " V=" << V << " H=" << H);
     const float grad_scale = 1.0f / 19;
 
     // The host kernel (float32 logits and gradients) on the same bf16 inputs.
     double host_loss = 0;
     std::vector<float> host_dx(sz(N * H)), host_dwlm(sz(V * H), 0.f);
-    hk::lm_head_cross_entropy<bf16, float, float>(ctx, &host_loss, in.x.data(), in.wlm.data(),
-                                                  in.targets.data(), N, V, H, ignore, grad_scale,
-                                                  host_dx.data(), host_dwlm.data(), 4);
+    hk::lm_head_cross_entropy<T, float, float>(ctx, &host_loss, in.x.data(), in.wlm.data(),
+                                               in.targets.data(), N, V, H, ignore, grad_scale,
+                                               host_dx.data(), host_dwlm.data(), 4);
 
-    const result whole = run_loop(in, 64, true, grad_scale, seed++);
+    const result<T> whole = run_loop(in, 64, true, grad_scale, seed++);
     for (const std::int64_t chunk : {1, 4, 7}) {
       INFO("chunk=" << chunk);
-      const result r = run_loop(in, chunk, true, grad_scale, seed++);
+      const result<T> r = run_loop(in, chunk, true, grad_scale, seed++);
       const std::int64_t chunks = (N + chunk - 1) / chunk;
       CHECK(std::count(r.launched.begin(), r.launched.end(), "ce_softmax") == chunks);
       CHECK(same_bits(&r.loss, &whole.loss, 1));
@@ -190,7 +201,7 @@ TEST_CASE(
       if (in.targets[sz(n)] != ignore)
         tol += f32_tol * (2.0 * double(H) + std::log(double(V)) + 1) + 1e-4;
     CHECK(std::abs(whole.loss - host_loss) <= tol);
-    // dx against the host's: bf16 dlogits (2^-8 each) and one bf16 rounding.
+    // dx against the host's: 16-bit dlogits (tol16 each) and one rounding to T.
     for (std::int64_t n = 0; n < N; ++n)
       for (std::int64_t h = 0; h < H; ++h) {
         const double want = host_dx[sz(n * H + h)];
@@ -201,7 +212,7 @@ TEST_CASE(
         if (in.targets[sz(n)] == ignore)
           CHECK(got == 0.0);
         else
-          CHECK(std::abs(got - want) <= bf16_tol * std::abs(want) + (bf16_tol + 1e-4) * scale);
+          CHECK(std::abs(got - want) <= tol16 * std::abs(want) + (tol16 + 1e-4) * scale);
       }
     // dwlm against the host's float32 sum: as dx.
     for (std::size_t i = 0; i < host_dwlm.size(); ++i) {
@@ -209,10 +220,10 @@ TEST_CASE(
       const std::int64_t h = static_cast<std::int64_t>(i) % H;
       for (std::int64_t n = 0; n < N; ++n) scale += std::abs(d(in.x[sz(n * H + h)]));
       scale *= grad_scale;
-      CHECK(std::abs(double(whole.dwlm[i]) - double(host_dwlm[i])) <= (bf16_tol + 1e-4) * scale);
+      CHECK(std::abs(double(whole.dwlm[i]) - double(host_dwlm[i])) <= (tol16 + 1e-4) * scale);
     }
     // Evaluation: no gradients, the same loss bits.
-    const result eval = run_loop(in, 4, false, grad_scale, seed++);
+    const result<T> eval = run_loop(in, 4, false, grad_scale, seed++);
     CHECK(same_bits(&eval.loss, &whole.loss, 1));
     CHECK(eval.launched.back() == "ce_loss_sum");
     CHECK(std::count(eval.launched.begin(), eval.launched.end(), "ce_zero_ignored_rows") == 0);
@@ -221,7 +232,7 @@ TEST_CASE(
 
 TEST_CASE("emulated cuda lm_head_cross_entropy chunk loop refuses bad arguments before any work",
           "[kernels][emulated][cross_entropy]") {
-  const inputs in = make_inputs(6, 32, 8, 7);
+  const inputs<bf16> in = make_inputs<bf16>(6, 32, 8, 7);
   cuda_emulator em(1);
   std::vector<std::string> launched;
   const emulator_launcher l{&em, std::int64_t(1) << 24, &launched};
@@ -240,7 +251,7 @@ TEST_CASE("emulated cuda lm_head_cross_entropy chunk loop refuses bad arguments 
   em.output(dx);
   em.add_region(scratch, bytes, true);
   auto call = [&](double* lp, bf16* dxp, float* dwp, void* s, std::size_t b) {
-    kc::lm_head_cross_entropy_chunks(l, reference_gemms{}, lp, in.x.data(), in.wlm.data(),
+    kc::lm_head_cross_entropy_chunks(l, reference_gemms<bf16>{}, lp, in.x.data(), in.wlm.data(),
                                      in.targets.data(), 6, 32, 8, ignore, 1.f, dxp, dwp, 4, s, b);
   };
   using Catch::Contains;

@@ -16,8 +16,10 @@
 // wv, wo, MLP norm, w_gate, w_up, w_down, final norm, LM head), each with
 // ceil(numel / 2^20) elements aligned to 16 as param_layout aligns them, on
 // one rank and as a ZeRO shard. Every instantiation of kernels.hpp: float
-// parameters without master weights, bf16 parameters with float32 master
-// weights and float or bf16 gradients; the device gradient scale null,
+// parameters without master weights, bf16 and fp16 parameters with float32
+// master weights and float or 16-bit gradients (fp16 with float gradients,
+// precision::fp16_mixed's, on every AdamW table; the other fp16 cases off
+// the 7B tables, for time); the device gradient scale null,
 // finite, +inf and NaN (a skipped step: nothing written).
 //
 // Bit for bit everywhere (memcmp of the parameters, master weights and
@@ -25,8 +27,8 @@
 // sgd_update on the same float32 inputs and step parameters on both sides,
 // element-wise with no reduction, and both are compiled by the same host
 // compiler without FMA contraction (tests/kernels builds with
-// -ffp-contract=off: tests/CMakeLists.txt), so every operation rounds alike. (A GPU contracts a * b + c into FMAs, so
-// tests/cuda/kernels.cpp holds the device to f32_tol instead.)
+// -ffp-contract=off: tests/CMakeLists.txt), so every operation rounds alike. (A GPU contracts a * b
+// + c into FMAs, so tests/cuda/kernels.cpp holds the device to f32_tol instead.)
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -52,6 +54,7 @@ namespace kc = tessera::kernels::cuda;
 namespace hk = tessera::kernels;
 namespace optim = tessera::optim;
 using tessera::bf16;
+using tessera::fp16;
 using namespace tessera::testing;
 using segment = hk::optimizer_segment;
 
@@ -480,6 +483,8 @@ TEST_CASE("emulated cuda adamw equals the host adamw_step bit for bit",
       adamw_case<float, float>(p, scale, seed++);
       adamw_case<bf16, float>(p, scale, seed++);
       adamw_case<bf16, bf16>(p, scale, seed++);
+      adamw_case<fp16, float>(p, scale, seed++);
+      if (p.segs.size() < 100) adamw_case<fp16, fp16>(p, scale, seed++);
     }
 }
 
@@ -492,6 +497,10 @@ TEST_CASE("emulated cuda sgd equals the host sgd_step bit for bit",
         sgd_case<float, float>(p, cfg, scale, seed++);
         sgd_case<bf16, float>(p, cfg, scale, seed++);
         sgd_case<bf16, bf16>(p, cfg, scale, seed++);
+        if (p.segs.size() < 100) {  // SGD's fp16 cases off the 7B table, for time
+          sgd_case<fp16, float>(p, cfg, scale, seed++);
+          sgd_case<fp16, fp16>(p, cfg, scale, seed++);
+        }
       }
 }
 
@@ -500,10 +509,14 @@ TEST_CASE("emulated cuda adamw and sgd follow the host optimizers over steps and
   adamw_optimizer_case<float, float>();
   adamw_optimizer_case<bf16, float>();
   adamw_optimizer_case<bf16, bf16>();
+  adamw_optimizer_case<fp16, float>();
+  adamw_optimizer_case<fp16, fp16>();
   for (const optim::sgd_config& cfg : sgd_configs()) {
     sgd_optimizer_case<float, float>(cfg);
     sgd_optimizer_case<bf16, float>(cfg);
     sgd_optimizer_case<bf16, bf16>(cfg);
+    sgd_optimizer_case<fp16, float>(cfg);
+    sgd_optimizer_case<fp16, fp16>(cfg);
   }
 }
 

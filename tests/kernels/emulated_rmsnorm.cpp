@@ -12,7 +12,9 @@
 // of the host's row loop: within f32_tol in float32; a bf16 result and the
 // host's are each one rounding of float32 values that differ by that much,
 // so they may land on neighbouring bf16 values: one ulp, at most 2^-7
-// relative (bf16_pair_tol).
+// relative (pair_tol; fp16 likewise, one ulp of 11 bits, 2^-10). Each for
+// float32, bf16 and fp16 storage (precision::fp16_mixed), with float32 or
+// the storage type's activation gradients.
 #include <catch2/catch.hpp>
 
 #include <cstring>
@@ -32,6 +34,7 @@ namespace test_kernels_emulated_rmsnorm {
 namespace kc = tessera::kernels::cuda;
 namespace hk = tessera::kernels;
 using tessera::bf16;
+using tessera::fp16;
 using namespace tessera::testing;
 
 namespace {
@@ -40,8 +43,10 @@ namespace {
 // multiple of 256 threads or 8 lanes.
 constexpr std::int64_t H7 = 4096, H13 = 5120;
 
-/// Two bf16 roundings of nearly equal float32 values: one ulp apart at most.
-constexpr double bf16_pair_tol = 2 * bf16_tol;
+/// Two 16-bit roundings of nearly equal float32 values: one ulp apart at
+/// most (2^-7 relative for bf16, 2^-10 for fp16); f32_tol for float.
+template <class T>
+constexpr double pair_tol = tessera::is_half_v<T> ? 2 * tol_of<T> : f32_tol;
 
 template <class T>
 void forward_case(std::int64_t N, std::int64_t H, int offset, std::uint64_t seed) {
@@ -71,7 +76,7 @@ void forward_case(std::int64_t N, std::int64_t H, int offset, std::uint64_t seed
   CHECK(first_nan(y) == -1);
   CHECK(first_nan(r) == -1);
   CHECK(max_rel_error(r, r_host) < f32_tol);
-  CHECK(max_rel_error(y, y_host) < (std::is_same_v<T, bf16> ? bf16_pair_tol : f32_tol));
+  CHECK(max_rel_error(y, y_host) < pair_tol<T>);
 
   // Given the emulated rstd, out is the host's formula element for element.
   std::vector<T> y_same(static_cast<std::size_t>(N * H));
@@ -123,7 +128,7 @@ void backward_case(std::int64_t N, std::int64_t H, bool accumulate, int offset,
   dx.erase(dx.begin(), dx.begin() + offset);
   CHECK(first_nan(dx) == -1);
   CHECK(first_nan(dw) == -1);
-  CHECK(max_rel_error(dx, dx_host) < (std::is_same_v<G, bf16> ? bf16_pair_tol : f32_tol));
+  CHECK(max_rel_error(dx, dx_host) < pair_tol<G>);
   if (N <= kc::rmsnorm_dweight_rows)
     CHECK(same_bits(dw, dw_host));
   else
@@ -151,6 +156,7 @@ TEST_CASE("emulated cuda rmsnorm_forward equals the host kernel", "[kernels][emu
                               {0, 64, 0}}) {  // no rows: no launch
     forward_case<float>(N, H, offset, seed++);
     forward_case<bf16>(N, H, offset, seed++);
+    forward_case<fp16>(N, H, offset, seed++);
   }
 }
 
@@ -166,6 +172,8 @@ TEST_CASE("emulated cuda rmsnorm_backward equals the host kernel", "[kernels][em
       backward_case<float, float>(N, H, accumulate, offset, seed++);
       backward_case<bf16, float>(N, H, accumulate, offset, seed++);
       backward_case<bf16, bf16>(N, H, accumulate, offset, seed++);
+      backward_case<fp16, float>(N, H, accumulate, offset, seed++);
+      backward_case<fp16, fp16>(N, H, accumulate, offset, seed++);
     }
   }
 }

@@ -4,16 +4,16 @@
 // (include/tessera/kernels/rope.hpp), in place on fresh random x (B, T, nh,
 // hd) with tables from the host rope_table: one pair; hd/2 no multiple of
 // the vector width (the one-pair variant) and a multiple of the float
-// width only (vector for float, one pair for bf16); a misaligned x (the
+// width only (vector for float, one pair for bf16 and fp16); a misaligned x (the
 // one-pair variant); the presets' attention shapes (nh = 32 query heads,
 // nkv = 8 key/value heads, hd = 128, Llama 2's theta 10000 and Llama 3's
 // 500000) with few tokens; tables of more rows than T; and no pairs (no
 // launch). x and the tables are registered as exactly the elements the call
 // may touch, so a read or write one element outside fails.
 //
-// Bit for bit (memcmp), forward and backward, float and bf16: the body and
+// Bit for bit (memcmp), forward and backward, float, bf16 and fp16: the body and
 // the host loop call the same functions (kernels/detail/rope.hpp) on the
-// same float32 values and round a bf16 result once, and under the emulator
+// same float32 values and round a 16-bit result once, and under the emulator
 // both are compiled by the host compiler. (On a GPU the compiler may fuse
 // the products into FMAs: tests/cuda/kernels.cpp holds that path to 1e-6
 // relative in float32 and bf16_tol against float64.)
@@ -36,6 +36,7 @@ namespace test_kernels_emulated_rope {
 namespace kc = tessera::kernels::cuda;
 namespace hk = tessera::kernels;
 using tessera::bf16;
+using tessera::fp16;
 using namespace tessera::testing;
 
 namespace {
@@ -118,6 +119,7 @@ TEST_CASE("emulated cuda rope forward and backward give the host's bits",
        }) {
     rope_case<float>(s, seed++);
     rope_case<bf16>(s, seed++);
+    rope_case<fp16>(s, seed++);
   }
 }
 

@@ -9,7 +9,8 @@
 // dup = dout), and n = 0. Every buffer is registered as exactly the elements
 // the call may touch.
 //
-// Bit for bit (memcmp), forward and backward, float and bf16: the body and
+// Bit for bit (memcmp), forward and backward, float, bf16 and fp16 (with
+// float32 or the storage type's activation gradients): the body and
 // the host loop call the same functions (kernels/detail/swiglu.hpp) on the
 // same float32 values, and under the emulator both are compiled by the host
 // compiler, so the same exp (kernels::detail::exp) and the same roundings.
@@ -34,6 +35,7 @@ namespace test_kernels_emulated_swiglu {
 namespace kc = tessera::kernels::cuda;
 namespace hk = tessera::kernels;
 using tessera::bf16;
+using tessera::fp16;
 using namespace tessera::testing;
 
 namespace {
@@ -155,6 +157,7 @@ TEST_CASE("emulated cuda swiglu_forward gives the host's bits", "[kernels][emula
                            {0, 0, 0}}) {    // nothing: no launch
     forward_case<float>(n, io, oo, seed++);
     forward_case<bf16>(n, io, oo, seed++);
+    forward_case<fp16>(n, io, oo, seed++);
   }
   cuda_emulator em;
   float* none = nullptr;
@@ -176,6 +179,8 @@ TEST_CASE("emulated cuda swiglu_backward gives the host's bits", "[kernels][emul
     backward_case<float, float>(n, io, oo, seed++);
     backward_case<bf16, float>(n, io, oo, seed++);
     backward_case<bf16, bf16>(n, io, oo, seed++);
+    backward_case<fp16, float>(n, io, oo, seed++);
+    backward_case<fp16, fp16>(n, io, oo, seed++);
   }
   cuda_emulator em;
   bf16* none = nullptr;

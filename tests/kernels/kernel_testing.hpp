@@ -52,6 +52,8 @@ template <class T>
 T nan_value() {
   if constexpr (std::is_same_v<T, bf16>)
     return bf16::from_bits(0x7fc0);
+  else if constexpr (std::is_same_v<T, fp16>)
+    return fp16::from_bits(0x7e00);
   else
     return std::numeric_limits<T>::quiet_NaN();
 }
@@ -148,6 +150,14 @@ inline constexpr double f32_tol = 1e-5;
 /// rounding to 8 significant bits (2^-9 relative) plus the float32 work
 /// before it; 2^-8 allows the rounding to land on either neighbour.
 inline constexpr double bf16_tol = 1.0 / 256;
+/// fp16 results, as bf16_tol: one rounding to 11 significant bits (2^-12
+/// relative) plus the float32 work before it; 2^-11.
+inline constexpr double fp16_tol = 1.0 / 2048;
+/// The tolerance of a result of type T: bf16_tol, fp16_tol, else f32_tol.
+template <class T>
+inline constexpr double tol_of = std::is_same_v<T, bf16>   ? bf16_tol
+                                 : std::is_same_v<T, fp16> ? fp16_tol
+                                                           : f32_tol;
 
 /// True when a and b hold the same bytes, NaN payloads included (a bit-for-bit
 /// comparison); empty ranges are equal.

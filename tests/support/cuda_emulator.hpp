@@ -200,7 +200,7 @@ class cuda_emulator {
     body = b;
     threads = n_threads;
     smem_bytes = shared_bytes;
-    smem_buf.assign(shared_bytes + 128, 0xFF);  // NaN in bf16, float and double
+    smem_buf.assign(shared_bytes + 128, 0xFF);  // NaN in bf16, fp16, float and double
     smem = smem_buf.data() + (128 - reinterpret_cast<std::uintptr_t>(smem_buf.data()) % 128) % 128;
     bar_arrived = 0;
     bar_or = false;
@@ -294,8 +294,9 @@ T nan_bytes() {
 }
 
 /// The primitive interface of kernels/cuda/block.hpp, and the warp
-/// primitives of the attention kernels (attention_device_ops), on the
-/// emulator.
+/// primitives of the attention kernels (attention_device_ops) that do not
+/// depend on the storage type, on the emulator; emulator_attention_ops<T>
+/// (below) adds the mma and the rounding of T.
 struct emulator_ops {
   static cuda_emulator& e() { return *cuda_emulator::current(); }
   static int lane() { return e().cur % 32; }
@@ -399,7 +400,6 @@ struct emulator_ops {
     return static_cast<std::uint32_t>(c - e().shared_base());
   }
   static std::uint32_t opaque(std::uint32_t x) { return x; }
-  static float bf16f(std::uint16_t b) { return tessera::detail::bf16_bits_to_float(b); }
   static void ldsm(std::uint32_t (&r)[4], std::uint32_t a, bool trans) {
     namespace mm = kernels::cuda::mma_m16n8k16;
     e().shared(a, 16, "ldmatrix");
@@ -426,9 +426,17 @@ struct emulator_ops {
   }
   static void ldsm_x4(std::uint32_t (&r)[4], std::uint32_t a) { ldsm(r, a, false); }
   static void ldsm_x4_trans(std::uint32_t (&r)[4], std::uint32_t a) { ldsm(r, a, true); }
-  /// d += a b (16 x 16 bf16 times 16 x 8 bf16), each element's products
-  /// summed in float64 and rounded once.
-  static void mma(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0, std::uint32_t b1) {
+  /// d += a b (16 x 16 T times 16 x 8 T, T bf16 or fp16), each element's
+  /// products summed in float64 and rounded once. Both operand types are
+  /// exact in float, and so is each product (8 + 8 or 11 + 11 significant
+  /// bits), as on the tensor cores; only the accumulation order differs
+  /// from the hardware's, which adds in float32 in an unspecified order.
+  template <class T>
+  static void mma_of(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
+                     std::uint32_t b1) {
+    const auto wide = [](std::uint32_t bits) {
+      return static_cast<float>(T::from_bits(static_cast<std::uint16_t>(bits & 0xffffu)));
+    };
     namespace mm = kernels::cuda::mma_m16n8k16;
     const int l = lane();
     for (int i = 0; i < 4; ++i) w().u[l][i] = a[i];
@@ -439,11 +447,11 @@ struct emulator_ops {
     for (int x = 0; x < 32; ++x) {
       for (int i = 0; i < 8; ++i) {
         const auto c = mm::a_coord(x, i);
-        A[c.row][c.col] = bf16f(static_cast<std::uint16_t>(w().u[x][i / 2] >> (16 * (i % 2))));
+        A[c.row][c.col] = wide(w().u[x][i / 2] >> (16 * (i % 2)));
       }
       for (int i = 0; i < 4; ++i) {
         const auto c = mm::b_coord(x, i);
-        Bm[c.row][c.col] = bf16f(static_cast<std::uint16_t>(w().u[x][4 + i / 2] >> (16 * (i % 2))));
+        Bm[c.row][c.col] = wide(w().u[x][4 + i / 2] >> (16 * (i % 2)));
       }
     }
     for (int i = 0; i < 4; ++i) {
@@ -487,8 +495,11 @@ struct emulator_ops {
     f.pending = keep;
   }
   static void sync_warp() { e().warp_barrier(cuda_emulator::op_syncwarp); }
-  static std::uint32_t pack_bf16(float lo, float hi) {
-    return std::uint32_t(bf16(lo).bits) | (std::uint32_t(bf16(hi).bits) << 16);
+  /// Two floats rounded to T (nearest even, as cvt.rn.{bf16,f16}x2.f32),
+  /// `lo` in the low half.
+  template <class T>
+  static std::uint32_t pack_of(float lo, float hi) {
+    return std::uint32_t(T(lo).bits) | (std::uint32_t(T(hi).bits) << 16);
   }
   static void st_shared32(std::uint16_t* p, std::uint32_t v) {
     std::memcpy(e().shared(smem_addr(p), 4, "st.shared"), &v, 4);
@@ -516,6 +527,18 @@ struct emulator_ops {
     e().check_global(p, 4, true, "st.global.f32");
     *p = v;
   }
+};
+
+/// The attention kernels' Ops on the emulator for the storage type T (bf16
+/// or fp16), as attention_device_ops<T>: T's mma and rounding.
+template <class T>
+struct emulator_attention_ops : emulator_ops {
+  static_assert(is_half_v<T>, "flash attention: the storage type is bf16 or fp16");
+  using storage = T;
+  static void mma(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0, std::uint32_t b1) {
+    mma_of<T>(d, a, b0, b1);
+  }
+  static std::uint32_t pack(float lo, float hi) { return pack_of<T>(lo, hi); }
 };
 
 /// The launcher of kernels/cuda/block.hpp on the emulator: runs every block

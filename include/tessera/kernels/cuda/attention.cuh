@@ -6,15 +6,17 @@
 ///
 /// Design (FlashAttention-2, Dao 2023):
 /// - Every kernel runs 8 warps; a warp owns a 16-row slice of the block's
-///   query (or key) tile and computes on bf16 tensor cores with
-///   `mma.sync.m16n8k16` (float32 accumulators in registers), loading its
+///   query (or key) tile and computes on 16-bit tensor cores with
+///   `mma.sync.m16n8k16` (float32 accumulators in registers; its bf16 form
+///   for bf16 storage, its f16 form for fp16, the storage type being
+///   `Ops::storage`), loading its
 ///   operands from shared memory with `ldmatrix` (`.trans` for the operands
 ///   stored k-major). Global -> shared copies are 16-byte `cp.async`, with the
 ///   next tile's copy in flight while the current one is computed (double
 ///   buffers). Rows past S are zero-filled by the copy and never stored.
 /// - Forward: per key tile, S = Q K^T (Q's fragments stay in registers), the
 ///   online softmax in float32 (kernels::detail::online_softmax_rescale and
-///   attention_prob, the host's functions), P rounded to bf16 and reused
+///   attention_prob, the host's functions), P rounded to the storage type and reused
 ///   in registers as the A operand of O += P V (the C fragments of two
 ///   adjacent n-tiles are the A fragment of one k-step). Key tiles wholly above
 ///   a warp's diagonal are skipped; the mask is applied only on tiles that
@@ -62,7 +64,7 @@
 
 namespace tessera::kernels::cuda::detail {
 
-/// Arguments of the forward kernel (bf16 as raw bits).
+/// Arguments of the forward kernel (the 16-bit storage type as raw bits).
 struct attention_forward_params {
   std::uint16_t* out;      // (B, S, nh, hd)
   float* lse;              // (B, nh, S)
@@ -75,7 +77,7 @@ struct attention_forward_params {
   float scale;  // 1 / sqrt(hd)
 };
 
-/// Arguments of the backward kernels (bf16 as raw bits).
+/// Arguments of the backward kernels (the 16-bit storage type as raw bits).
 struct attention_backward_params {
   std::uint16_t* dq;          // (B, S, nh, hd)
   std::uint16_t* dk;          // (B, S, nkv, hd)
@@ -95,8 +97,8 @@ struct attention_backward_params {
 };
 
 /// flash_attention_forward's checks (attention_check_args; 16-byte aligned
-/// bf16 tensors, 4-byte aligned lse) and its kernel arguments, over the
-/// tensors' raw bf16 bits: out, q (B, S, nh, hd), k, v (B, S, nkv, hd),
+/// 16-bit tensors, 4-byte aligned lse) and its kernel arguments, over the
+/// tensors' raw 16-bit (bf16 or fp16) bits: out, q (B, S, nh, hd), k, v (B, S, nkv, hd),
 /// lse (B, nh, S) float32. The entry point packs its arguments here, and
 /// the emulated test of the block bodies through the same function. Throws
 /// config_error naming the argument and the limit.
@@ -127,7 +129,7 @@ inline attention_forward_params attention_forward_args(std::uint16_t* out, float
 
 /// flash_attention_backward's checks (as the forward's, the 4-byte aligned
 /// scratch of attention_backward_d_config(...).scratch_bytes at least) and
-/// its kernel arguments, over raw bf16 bits: dq, dout, out, q (B, S, nh,
+/// its kernel arguments, over raw 16-bit bits: dq, dout, out, q (B, S, nh,
 /// hd), dk, dv, k, v (B, S, nkv, hd), lse (B, nh, S) float32, scratch
 /// B nh S floats; shared with the emulated test
 /// as the forward's. Throws config_error naming the argument and the limit.
@@ -248,7 +250,7 @@ TESSERA_ATTENTION_FN void attention_mma_abt(float (&acc)[N][4], std::uint32_t a,
 }
 
 /// acc[HD/8][.] += P B where P (16 x 8 N) is given by its float32 C fragments
-/// `p` (rounded to bf16 here: the C fragments of n-tiles 2j, 2j+1 are the A
+/// `p` (rounded to Ops::storage here: the C fragments of n-tiles 2j, 2j+1 are the A
 /// fragment of k-step j) and B is the shared tile at `b` (rows [0, 8 N) = k,
 /// HD columns = n) read with ldmatrix.trans: e.g. P V, dS K, P^T dO.
 template <class Ops, int HD, int N>
@@ -257,10 +259,9 @@ TESSERA_ATTENTION_FN void attention_mma_pb(float (&acc)[HD / 8][4], const float 
   const int b_base = attention_ldsm_base(mma_m16n8k16::ldsm_bt(lane, 0, 0), HD);
   TESSERA_ATTENTION_UNROLL
   for (int j = 0; j < N / 2; ++j) {
-    const std::uint32_t af[4] = {Ops::pack_bf16(p[2 * j][0], p[2 * j][1]),
-                                 Ops::pack_bf16(p[2 * j][2], p[2 * j][3]),
-                                 Ops::pack_bf16(p[2 * j + 1][0], p[2 * j + 1][1]),
-                                 Ops::pack_bf16(p[2 * j + 1][2], p[2 * j + 1][3])};
+    const std::uint32_t af[4] = {
+        Ops::pack(p[2 * j][0], p[2 * j][1]), Ops::pack(p[2 * j][2], p[2 * j][3]),
+        Ops::pack(p[2 * j + 1][0], p[2 * j + 1][1]), Ops::pack(p[2 * j + 1][2], p[2 * j + 1][3])};
     TESSERA_ATTENTION_UNROLL
     for (int np = 0; np < HD / 16; ++np) {
       std::uint32_t bf[4];
@@ -281,7 +282,7 @@ TESSERA_ATTENTION_FN void attention_zero(float (&acc)[N][4]) {
   }
 }
 
-/// Writes a warp's 16 x HD float accumulator, times `scale`, as bf16 rows
+/// Writes a warp's 16 x HD float accumulator, times `scale`, as Ops::storage rows
 /// [0, valid_rows) of the global rows at dst (row r at dst + r * stride),
 /// staged through the warp's own rows [srow0, srow0 + 16) of the shared
 /// tile `stage` for 16-byte stores. Only this warp may use those shared rows
@@ -296,7 +297,7 @@ TESSERA_ATTENTION_FN void attention_store_rows(std::uint16_t* dst, int valid_row
     TESSERA_ATTENTION_UNROLL
     for (int i = 0; i < 4; i += 2) {
       const auto c = c_coord(lane, i);
-      const std::uint32_t v = Ops::pack_bf16(acc[n][i] * scale, acc[n][i + 1] * scale);
+      const std::uint32_t v = Ops::pack(acc[n][i] * scale, acc[n][i + 1] * scale);
       Ops::st_shared32(stage + attention_smem_offset(srow0 + c.row, 8 * n + c.col, HD), v);
     }
   }
@@ -437,7 +438,7 @@ TESSERA_ATTENTION_FN void attention_forward_block(
       TESSERA_ATTENTION_UNROLL
       for (int i = 0; i < 4; ++i) o[n][i] *= alpha[i >> 1];
     }
-    // O += P V (P rounded to bf16).
+    // O += P V (P rounded to the storage type).
     attention_mma_pb<Ops, HD, NS>(o, s, attention_smem_addr(s0, sm, sm.v[buf]), lane);
   }
 
@@ -478,16 +479,18 @@ TESSERA_ATTENTION_FN void attention_backward_d_block(const attention_backward_pa
   using tr = attention_backward_d_traits<HD>;
   const std::int64_t row = block * tr::rows_per_block + tid / tr::threads_per_row;
   const int part = tid % tr::threads_per_row;
+  using T = typename Ops::storage;
+  const auto wide = [](std::uint32_t bits) {  // the 16-bit value, exact in float
+    return static_cast<float>(T::from_bits(static_cast<std::uint16_t>(bits)));
+  };
   float acc = 0.f;
   if (row < p.rows) {
     const attention_vec16 a = Ops::ld_global16(p.dout + row * HD + part * 8);
     const attention_vec16 o = Ops::ld_global16(p.out + row * HD + part * 8);
     TESSERA_ATTENTION_UNROLL
     for (int j = 0; j < 4; ++j) {
-      acc += tessera::detail::bf16_bits_to_float(static_cast<std::uint16_t>(a.w[j])) *
-             tessera::detail::bf16_bits_to_float(static_cast<std::uint16_t>(o.w[j]));
-      acc += tessera::detail::bf16_bits_to_float(static_cast<std::uint16_t>(a.w[j] >> 16)) *
-             tessera::detail::bf16_bits_to_float(static_cast<std::uint16_t>(o.w[j] >> 16));
+      acc += wide(a.w[j] & 0xffffu) * wide(o.w[j] & 0xffffu);
+      acc += wide(a.w[j] >> 16) * wide(o.w[j] >> 16);
     }
   }
   TESSERA_ATTENTION_UNROLL
@@ -722,8 +725,13 @@ TESSERA_ATTENTION_FN void attention_backward_q_block(
 
 namespace tessera::kernels::cuda::detail {
 
-/// The warp-level primitives of the block bodies on the GPU (sm_80 and newer).
+/// The warp-level primitives of the block bodies on the GPU (sm_80 and newer),
+/// for the 16-bit storage type T (bf16 or fp16): the mma and the rounding of
+/// P and of the outputs are T's; the rest is bits.
+template <class T>
 struct attention_device_ops {
+  static_assert(is_half_v<T>, "flash attention: the storage type is bf16 or fp16");
+  using storage = T;
   static __device__ __forceinline__ std::uint32_t smem_addr(const void* p) {
     return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
   }
@@ -746,13 +754,19 @@ struct attention_device_ops {
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(a));
   }
-  /// d += a b: (16 x 16 bf16) (16 x 8 bf16) in float32.
+  /// d += a b: (16 x 16 T) (16 x 8 T) in float32.
   static __device__ __forceinline__ void mma(float (&d)[4], const std::uint32_t (&a)[4],
                                              std::uint32_t b0, std::uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
-        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    if constexpr (std::is_same_v<T, bf16>)
+      asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+          "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+          : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    else
+      asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
+          "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+          : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   }
   static __device__ __forceinline__ float shfl_xor(float v, int mask) {
     return __shfl_xor_sync(0xffffffffu, v, mask);
@@ -773,10 +787,13 @@ struct attention_device_ops {
   }
   static __device__ __forceinline__ void sync() { __syncthreads(); }
   static __device__ __forceinline__ void sync_warp() { __syncwarp(); }
-  /// Two floats rounded to bf16 (nearest even), `lo` in the low half.
-  static __device__ __forceinline__ std::uint32_t pack_bf16(float lo, float hi) {
+  /// Two floats rounded to T (nearest even), `lo` in the low half.
+  static __device__ __forceinline__ std::uint32_t pack(float lo, float hi) {
     std::uint32_t r;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+    if constexpr (std::is_same_v<T, bf16>)
+      asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+    else
+      asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
     return r;
   }
   static __device__ __forceinline__ void st_shared32(std::uint16_t* p, std::uint32_t v) {
@@ -795,45 +812,45 @@ struct attention_device_ops {
   static __device__ __forceinline__ void st_global_f32(float* p, float v) { *p = v; }
 };
 
-template <int HD>
+template <class T, int HD>
 __global__ void __launch_bounds__(attention_threads, 1)
     attention_forward_kernel(const attention_forward_params p) {
   using storage = typename attention_forward_traits<HD>::shared_storage;
   static_assert(sizeof(storage) <= attention_smem_bound,
                 "attention_forward_kernel: shared_storage exceeds attention_smem_bound");
   extern __shared__ __align__(128) unsigned char attention_smem[];
-  attention_forward_block<attention_device_ops, HD>(
+  attention_forward_block<attention_device_ops<T>, HD>(
       p, blockIdx.x, static_cast<int>(gridDim.y - 1 - blockIdx.y),
       *reinterpret_cast<storage*>(attention_smem), static_cast<int>(threadIdx.x));
 }
 
-template <int HD>
+template <class T, int HD>
 __global__ void __launch_bounds__(attention_threads)
     attention_backward_d_kernel(const attention_backward_params p) {
-  attention_backward_d_block<attention_device_ops, HD>(p, blockIdx.x,
-                                                       static_cast<int>(threadIdx.x));
+  attention_backward_d_block<attention_device_ops<T>, HD>(p, blockIdx.x,
+                                                          static_cast<int>(threadIdx.x));
 }
 
-template <int HD>
+template <class T, int HD>
 __global__ void __launch_bounds__(attention_threads, 1)
     attention_backward_kv_kernel(const attention_backward_params p) {
   using storage = typename attention_backward_kv_traits<HD>::shared_storage;
   static_assert(sizeof(storage) <= attention_smem_bound,
                 "attention_backward_kv_kernel: shared_storage exceeds attention_smem_bound");
   extern __shared__ __align__(128) unsigned char attention_smem[];
-  attention_backward_kv_block<attention_device_ops, HD>(p, blockIdx.x, static_cast<int>(blockIdx.y),
-                                                        *reinterpret_cast<storage*>(attention_smem),
-                                                        static_cast<int>(threadIdx.x));
+  attention_backward_kv_block<attention_device_ops<T>, HD>(
+      p, blockIdx.x, static_cast<int>(blockIdx.y), *reinterpret_cast<storage*>(attention_smem),
+      static_cast<int>(threadIdx.x));
 }
 
-template <int HD>
+template <class T, int HD>
 __global__ void __launch_bounds__(attention_threads, 1)
     attention_backward_q_kernel(const attention_backward_params p) {
   using storage = typename attention_backward_q_traits<HD>::shared_storage;
   static_assert(sizeof(storage) <= attention_smem_bound,
                 "attention_backward_q_kernel: shared_storage exceeds attention_smem_bound");
   extern __shared__ __align__(128) unsigned char attention_smem[];
-  attention_backward_q_block<attention_device_ops, HD>(
+  attention_backward_q_block<attention_device_ops<T>, HD>(
       p, blockIdx.x, static_cast<int>(gridDim.y - 1 - blockIdx.y),
       *reinterpret_cast<storage*>(attention_smem), static_cast<int>(threadIdx.x));
 }
@@ -850,22 +867,22 @@ void attention_launch(Kernel kernel, const launch_config& c, const Params& param
            static_cast<unsigned>(c.block), c.dynamic_smem, stream>>>(params);
 }
 
-template <int HD>
+template <class T, int HD>
 void attention_forward_launch(const attention_forward_params& p, const launch_config& c,
                               cudaStream_t stream) {
-  attention_launch(attention_forward_kernel<HD>, c, p, stream);
+  attention_launch(attention_forward_kernel<T, HD>, c, p, stream);
   TESSERA_CUDA_CHECK_LAUNCH("attention_forward_kernel");
 }
 
-template <int HD>
+template <class T, int HD>
 void attention_backward_launch(const attention_backward_params& p, const launch_config& cd,
                                const launch_config& ckv, const launch_config& cq,
                                cudaStream_t stream) {
-  attention_launch(attention_backward_d_kernel<HD>, cd, p, stream);
+  attention_launch(attention_backward_d_kernel<T, HD>, cd, p, stream);
   TESSERA_CUDA_CHECK_LAUNCH("attention_backward_d_kernel");
-  attention_launch(attention_backward_kv_kernel<HD>, ckv, p, stream);
+  attention_launch(attention_backward_kv_kernel<T, HD>, ckv, p, stream);
   TESSERA_CUDA_CHECK_LAUNCH("attention_backward_kv_kernel");
-  attention_launch(attention_backward_q_kernel<HD>, cq, p, stream);
+  attention_launch(attention_backward_q_kernel<T, HD>, cq, p, stream);
   TESSERA_CUDA_CHECK_LAUNCH("attention_backward_q_kernel");
 }
 
@@ -882,11 +899,62 @@ namespace tessera::kernels::cuda {
 
 namespace detail {
 
-inline const std::uint16_t* attention_bits(const bf16* p) {
+template <class T>
+const std::uint16_t* attention_bits(const T* p) {
   return reinterpret_cast<const std::uint16_t*>(p);
 }
-inline std::uint16_t* attention_bits(bf16* p) {
+template <class T>
+std::uint16_t* attention_bits(T* p) {
   return reinterpret_cast<std::uint16_t*>(p);
+}
+
+/// flash_attention_forward for the storage type T (bf16 or fp16).
+template <class T>
+void flash_attention_forward_of(T* d_out, float* d_lse, const T* d_q, const T* d_k, const T* d_v,
+                                std::int64_t B, std::int64_t S, std::int64_t nh, std::int64_t nkv,
+                                std::int64_t hd, cudaStream_t stream) {
+  const attention_forward_params p =
+      attention_forward_args(attention_bits(d_out), d_lse, attention_bits(d_q), attention_bits(d_k),
+                             attention_bits(d_v), B, S, nh, nkv, hd);
+  const launch_config c = attention_forward_config(B, S, nh, nkv, hd);
+  switch (hd) {
+    case 32:
+      attention_forward_launch<T, 32>(p, c, stream);
+      break;
+    case 64:
+      attention_forward_launch<T, 64>(p, c, stream);
+      break;
+    default:
+      attention_forward_launch<T, 128>(p, c, stream);
+      break;
+  }
+}
+
+/// flash_attention_backward for the storage type T (bf16 or fp16).
+template <class T>
+void flash_attention_backward_of(T* d_dq, T* d_dk, T* d_dv, const T* d_dout, const T* d_q,
+                                 const T* d_k, const T* d_v, const T* d_out, const float* d_lse,
+                                 std::int64_t B, std::int64_t S, std::int64_t nh, std::int64_t nkv,
+                                 std::int64_t hd, void* d_scratch, std::size_t scratch_bytes,
+                                 cudaStream_t stream) {
+  const attention_backward_params p = attention_backward_args(
+      attention_bits(d_dq), attention_bits(d_dk), attention_bits(d_dv), attention_bits(d_dout),
+      attention_bits(d_q), attention_bits(d_k), attention_bits(d_v), attention_bits(d_out), d_lse,
+      B, S, nh, nkv, hd, d_scratch, scratch_bytes);
+  const launch_config cd = attention_backward_d_config(B, S, nh, nkv, hd);
+  const launch_config ckv = attention_backward_kv_config(B, S, nh, nkv, hd);
+  const launch_config cq = attention_backward_q_config(B, S, nh, nkv, hd);
+  switch (hd) {
+    case 32:
+      attention_backward_launch<T, 32>(p, cd, ckv, cq, stream);
+      break;
+    case 64:
+      attention_backward_launch<T, 64>(p, cd, ckv, cq, stream);
+      break;
+    default:
+      attention_backward_launch<T, 128>(p, cd, ckv, cq, stream);
+      break;
+  }
 }
 
 }  // namespace detail
@@ -895,21 +963,7 @@ TESSERA_CUDA_ENTRY void flash_attention_forward(bf16* d_out, float* d_lse, const
                                                 const bf16* d_k, const bf16* d_v, std::int64_t B,
                                                 std::int64_t S, std::int64_t nh, std::int64_t nkv,
                                                 std::int64_t hd, cudaStream_t stream) {
-  const detail::attention_forward_params p = detail::attention_forward_args(
-      detail::attention_bits(d_out), d_lse, detail::attention_bits(d_q),
-      detail::attention_bits(d_k), detail::attention_bits(d_v), B, S, nh, nkv, hd);
-  const launch_config c = attention_forward_config(B, S, nh, nkv, hd);
-  switch (hd) {
-    case 32:
-      detail::attention_forward_launch<32>(p, c, stream);
-      break;
-    case 64:
-      detail::attention_forward_launch<64>(p, c, stream);
-      break;
-    default:
-      detail::attention_forward_launch<128>(p, c, stream);
-      break;
-  }
+  detail::flash_attention_forward_of(d_out, d_lse, d_q, d_k, d_v, B, S, nh, nkv, hd, stream);
 }
 
 TESSERA_CUDA_ENTRY void flash_attention_backward(bf16* d_dq, bf16* d_dk, bf16* d_dv,
@@ -919,25 +973,26 @@ TESSERA_CUDA_ENTRY void flash_attention_backward(bf16* d_dq, bf16* d_dk, bf16* d
                                                  std::int64_t B, std::int64_t S, std::int64_t nh,
                                                  std::int64_t nkv, std::int64_t hd, void* d_scratch,
                                                  std::size_t scratch_bytes, cudaStream_t stream) {
-  const detail::attention_backward_params p = detail::attention_backward_args(
-      detail::attention_bits(d_dq), detail::attention_bits(d_dk), detail::attention_bits(d_dv),
-      detail::attention_bits(d_dout), detail::attention_bits(d_q), detail::attention_bits(d_k),
-      detail::attention_bits(d_v), detail::attention_bits(d_out), d_lse, B, S, nh, nkv, hd,
-      d_scratch, scratch_bytes);
-  const launch_config cd = attention_backward_d_config(B, S, nh, nkv, hd);
-  const launch_config ckv = attention_backward_kv_config(B, S, nh, nkv, hd);
-  const launch_config cq = attention_backward_q_config(B, S, nh, nkv, hd);
-  switch (hd) {
-    case 32:
-      detail::attention_backward_launch<32>(p, cd, ckv, cq, stream);
-      break;
-    case 64:
-      detail::attention_backward_launch<64>(p, cd, ckv, cq, stream);
-      break;
-    default:
-      detail::attention_backward_launch<128>(p, cd, ckv, cq, stream);
-      break;
-  }
+  detail::flash_attention_backward_of(d_dq, d_dk, d_dv, d_dout, d_q, d_k, d_v, d_out, d_lse, B, S,
+                                      nh, nkv, hd, d_scratch, scratch_bytes, stream);
+}
+
+TESSERA_CUDA_ENTRY void flash_attention_forward(fp16* d_out, float* d_lse, const fp16* d_q,
+                                                const fp16* d_k, const fp16* d_v, std::int64_t B,
+                                                std::int64_t S, std::int64_t nh, std::int64_t nkv,
+                                                std::int64_t hd, cudaStream_t stream) {
+  detail::flash_attention_forward_of(d_out, d_lse, d_q, d_k, d_v, B, S, nh, nkv, hd, stream);
+}
+
+TESSERA_CUDA_ENTRY void flash_attention_backward(fp16* d_dq, fp16* d_dk, fp16* d_dv,
+                                                 const fp16* d_dout, const fp16* d_q,
+                                                 const fp16* d_k, const fp16* d_v,
+                                                 const fp16* d_out, const float* d_lse,
+                                                 std::int64_t B, std::int64_t S, std::int64_t nh,
+                                                 std::int64_t nkv, std::int64_t hd, void* d_scratch,
+                                                 std::size_t scratch_bytes, cudaStream_t stream) {
+  detail::flash_attention_backward_of(d_dq, d_dk, d_dv, d_dout, d_q, d_k, d_v, d_out, d_lse, B, S,
+                                      nh, nkv, hd, d_scratch, scratch_bytes, stream);
 }
 
 }  // namespace tessera::kernels::cuda

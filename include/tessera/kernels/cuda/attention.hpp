@@ -8,19 +8,22 @@
 /// with the same layouts and the same per-element arithmetic
 /// (kernels/detail/attention.hpp), is kernels/attention.hpp.
 ///
-/// Layout (row-major, contiguous, device pointers):
-/// - q, out, dq, dout: (B, S, nh, hd) bf16
-/// - k, v, dk, dv:     (B, S, nkv, hd) bf16
+/// Layout (row-major, contiguous, device pointers), T the 16-bit storage type,
+/// bf16 or fp16 (one overload each, the same kernels):
+/// - q, out, dq, dout: (B, S, nh, hd) T
+/// - k, v, dk, dv:     (B, S, nkv, hd) T
 /// - lse:              (B, nh, S) float32, natural-log log-sum-exp of each
 ///                     query row's scaled scores (scale 1/sqrt(hd))
 /// Query head h reads key/value head h / (nh / nkv); position t attends to
 /// keys s <= t (causal).
 ///
-/// Arithmetic: Q K^T, P V and the backward products on bf16 tensor cores
-/// (mma.sync m16n8k16) with float32 accumulation; softmax, lse, D and dS in
-/// float32; P and dS are rounded to bf16 before they multiply V, dO, K or Q,
-/// as in FlashAttention-2. Neither the S x S scores nor the probabilities are
-/// ever stored: the forward saves only out and lse.
+/// Arithmetic: Q K^T, P V and the backward products on T's tensor cores
+/// (mma.sync m16n8k16, .bf16 or .f16 operands) with float32 accumulation;
+/// softmax, lse, D and dS in float32; P and dS are rounded to T before they
+/// multiply V, dO, K or Q, as in FlashAttention-2. (fp16 holds magnitudes from
+/// about 6e-8 to 65504: the loss scale must keep the attention gradients in
+/// that range, as it must for every fp16 activation gradient.) Neither the S x S scores nor the
+/// probabilities are ever stored: the forward saves only out and lse.
 ///
 /// Determinism: no atomics; every output element is reduced by one thread in
 /// an order fixed by the sizes, so two runs give the same bits on any GPU.
@@ -46,13 +49,13 @@ namespace tessera::kernels::cuda {
 
 /// Causal attention forward: out = softmax(q k^T / sqrt(hd) + causal mask) v,
 /// per (b, query head h), with key/value head h / (nh / nkv).
-/// - `d_q` (B, S, nh, hd), `d_k`, `d_v` (B, S, nkv, hd) bf16; `d_out`
-///   (B, S, nh, hd) bf16, written; `d_lse` (B, nh, S) float32, written
+/// - `d_q` (B, S, nh, hd), `d_k`, `d_v` (B, S, nkv, hd) T; `d_out`
+///   (B, S, nh, hd) T, written; `d_lse` (B, nh, S) float32, written
 ///   (natural log; what flash_attention_backward needs besides q, k, v, out).
 /// - Sizes: B, S, nh, nkv >= 1, nkv divides nh, hd in {32, 64, 128} (the 7B
 ///   models use 128), S <= attention_max_S (8388480). Any S: the last tile is
 ///   masked, no padding needed.
-/// - Pointers: device memory; the bf16 ones aligned to 16 bytes, lse to 4.
+/// - Pointers: device memory; the 16-bit ones aligned to 16 bytes, lse to 4.
 ///   Outputs must not overlap the inputs.
 /// - One launch on `stream`, grid (B nh, ceil(S / 128)) of 256 threads, 96 KiB
 ///   of dynamic shared memory at hd 128 (attention_forward_config); no host
@@ -62,6 +65,10 @@ namespace tessera::kernels::cuda {
 /// - Source: FlashAttention-2 (Dao 2023), Algorithm 1.
 TESSERA_CUDA_ENTRY void flash_attention_forward(bf16* d_out, float* d_lse, const bf16* d_q,
                                                 const bf16* d_k, const bf16* d_v, std::int64_t B,
+                                                std::int64_t S, std::int64_t nh, std::int64_t nkv,
+                                                std::int64_t hd, cudaStream_t stream);
+TESSERA_CUDA_ENTRY void flash_attention_forward(fp16* d_out, float* d_lse, const fp16* d_q,
+                                                const fp16* d_k, const fp16* d_v, std::int64_t B,
                                                 std::int64_t S, std::int64_t nh, std::int64_t nkv,
                                                 std::int64_t hd, cudaStream_t stream);
 
@@ -77,9 +84,9 @@ inline std::size_t flash_attention_backward_scratch_bytes(std::int64_t B, std::i
 
 /// Causal attention backward, recomputing the probabilities tile by tile
 /// from `d_lse` (FlashAttention-2 Algorithm 2).
-/// - `d_dq` (B, S, nh, hd), `d_dk`, `d_dv` (B, S, nkv, hd) bf16: written (`=`);
+/// - `d_dq` (B, S, nh, hd), `d_dk`, `d_dv` (B, S, nkv, hd) T: written (`=`);
 ///   dk and dv sum over the nh / nkv query heads sharing a key/value head.
-/// - `d_dout` (B, S, nh, hd) bf16: dLoss/dout. `d_q`, `d_k`, `d_v`, `d_out`,
+/// - `d_dout` (B, S, nh, hd) T: dLoss/dout. `d_q`, `d_k`, `d_v`, `d_out`,
 ///   `d_lse`: as given to and returned by flash_attention_forward.
 /// - `d_scratch`: at least flash_attention_backward_scratch_bytes(...) bytes
 ///   of device memory, 4-byte aligned, overwritten (D).
@@ -99,6 +106,13 @@ TESSERA_CUDA_ENTRY void flash_attention_backward(bf16* d_dq, bf16* d_dk, bf16* d
                                                  const bf16* d_dout, const bf16* d_q,
                                                  const bf16* d_k, const bf16* d_v,
                                                  const bf16* d_out, const float* d_lse,
+                                                 std::int64_t B, std::int64_t S, std::int64_t nh,
+                                                 std::int64_t nkv, std::int64_t hd, void* d_scratch,
+                                                 std::size_t scratch_bytes, cudaStream_t stream);
+TESSERA_CUDA_ENTRY void flash_attention_backward(fp16* d_dq, fp16* d_dk, fp16* d_dv,
+                                                 const fp16* d_dout, const fp16* d_q,
+                                                 const fp16* d_k, const fp16* d_v,
+                                                 const fp16* d_out, const float* d_lse,
                                                  std::int64_t B, std::int64_t S, std::int64_t nh,
                                                  std::int64_t nkv, std::int64_t hd, void* d_scratch,
                                                  std::size_t scratch_bytes, cudaStream_t stream);

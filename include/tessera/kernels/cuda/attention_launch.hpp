@@ -9,11 +9,12 @@
 ///
 /// Contents:
 /// - `mma_m16n8k16`: which (row, column) of the A, B and C/D matrices each
-///   lane's register holds for `mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32`,
+///   lane's register holds for `mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32`
+///   (and its .f16.f16 twin: the same layouts for any 16-bit operand type),
 ///   which element of an 8x8 matrix each lane receives from `ldmatrix`
 ///   (plain and `.trans`), and which tile row each lane hands `ldmatrix.x4`
 ///   to load an A operand or two B operands.
-/// - `attention_smem_offset`: the XOR swizzle of the bf16 tiles in shared memory.
+/// - `attention_smem_offset`: the XOR swizzle of the 16-bit (bf16 or fp16) tiles in shared memory.
 /// - `attention_*_traits<HD>`: tile sizes, warps and the `shared_storage` of
 ///   each kernel (the kernels static_assert it within `attention_smem_bound`).
 /// - `attention_*_config`: grid, block, dynamic shared memory and scratch of
@@ -37,7 +38,7 @@ namespace tessera::kernels::cuda {
 namespace mma_m16n8k16 {
 
 /// A (row, column) position in a matrix or tile. For the `ldsm_*` functions
-/// the column is a 16-byte chunk index (8 bf16 elements), not an element.
+/// the column is a 16-byte chunk index (8 16-bit elements), not an element.
 struct coord {
   int row;
   int col;
@@ -101,7 +102,7 @@ TESSERA_HOST_DEVICE constexpr coord ldsm_bt(int lane, int k0, int np) {
 
 // ---- shared-memory tiles ---------------------------------------------------------------------
 
-/// Element offset of (row, col) in a (rows x hd) bf16 tile in shared memory,
+/// Element offset of (row, col) in a (rows x hd) 16-bit tile in shared memory,
 /// rows of hd elements, the 16-byte chunks of each row permuted by an XOR
 /// with the row: chunk c of row r is stored at c ^ (r % 8) when a row has at
 /// least 8 chunks (hd >= 64), at c ^ ((r / 2) % 4) when it has 4 (hd = 32).
@@ -141,7 +142,7 @@ struct attention_forward_traits {
   static constexpr int q_rows = 128;
   static constexpr int k_rows = 64;
   struct alignas(128) shared_storage {
-    std::uint16_t q[q_rows * HD];     // (q_rows, hd) bf16, swizzled; reused to stage out
+    std::uint16_t q[q_rows * HD];     // (q_rows, hd) 16-bit, swizzled; reused to stage out
     std::uint16_t k[2][k_rows * HD];  // (k_rows, hd) x 2 buffers
     std::uint16_t v[2][k_rows * HD];
   };

@@ -17,12 +17,13 @@
 ///
 /// Per chunk of C rows (the scratch layout is lm_head_ce_scratch_layout):
 ///   logits (C, V) f32 = x_chunk (C, H) wlm (V, H)^T           linear_forward
-///   row_loss[r0 + i], dlogits (C, V) bf16                      ce_softmax
-///   dx_chunk (C, H) bf16 = dlogits wlm                         linear_backward_input
+///   row_loss[r0 + i], dlogits (C, V) T                         ce_softmax
+///   dx_chunk (C, H) T = dlogits wlm                            linear_backward_input
 ///   dwlm (V, H) f32 += dlogits^T x_chunk                       linear_backward_weight
 /// then once (lm_head_ce_finish_launch): dx rows of ignored positions = 0
 /// (ce_zero_ignored_rows) and *loss_sum = sum of row_loss in a fixed order
-/// (ce_loss_sum).
+/// (ce_loss_sum). T, the storage type of x, wlm, dx and dlogits, is bf16
+/// or fp16 (precision::bf16_mixed*, fp16_mixed); the arithmetic is float32.
 ///
 /// The vocabulary-parallel form (its chunk loop is in kernels/cuda/ops.hpp,
 /// between the tp group's all-reduces) over this rank's logits (C, Vl):
@@ -30,7 +31,7 @@
 ///   all-reduce(max)
 ///   sums of exp (C) and owned target logits (C)  vp_ce_row_sums
 ///   all-reduce(sum) of the 2C values
-///   row_loss, dlogits (C, Vl) bf16, padding 0    vp_ce_row_grad
+///   row_loss, dlogits (C, Vl) T, padding 0       vp_ce_row_grad
 ///   dx partial sum, dwlm += as above, then lm_head_ce_finish.
 ///
 /// Deterministic: every reduction is a CUB block tree whose shape depends on
@@ -72,14 +73,14 @@ struct ce_max_op {
 /// One block per row of the chunk (grid-stride over rows): row r of
 /// `logits` (rows, V) float32 with target targets[r]. Writes row_loss[r]
 /// (float64; 0 when ignored, NaN when the target is outside [0, V)) and, if
-/// `dlogits` is not null, row r of dlogits (rows, V) bf16 = grad_scale *
+/// `dlogits` is not null, row r of dlogits (rows, V) T = grad_scale *
 /// (softmax - onehot) (0 when ignored, NaN when the target is outside
 /// [0, V)). Pass 1 keeps a running (max, sum of exp) per thread
 /// (ce_online_update over its strided logits) and merges them with a block
 /// reduction (ce_online_combine): one read of the row for the normaliser.
-/// W logits per access (4: 16-byte loads, 8-byte bf16 stores; 1: any V and
-/// alignment).
-template <int W>
+/// W logits per access (4: 16-byte loads, 8-byte T stores; 1: any V and
+/// alignment). T: the 16-bit storage type (bf16 or fp16).
+template <class T, int W>
 struct ce_softmax_body {
   static constexpr int threads = lm_head_ce_threads;
   static constexpr std::size_t smem_bound = lm_head_ce_smem_bound;
@@ -93,7 +94,7 @@ struct ce_softmax_body {
 
   template <class Ops>
   static TESSERA_BLOCK_FN void run(const block_index& b, shared_storage<Ops>& sm, double* row_loss,
-                                   bf16* dlogits, const float* logits, const std::int32_t* targets,
+                                   T* dlogits, const float* logits, const std::int32_t* targets,
                                    std::int64_t rows, std::int64_t V, std::int32_t ignore_index,
                                    float grad_scale) {
     using reduce = typename Ops::template block_reduce<ce_state, threads>;
@@ -101,15 +102,15 @@ struct ce_softmax_body {
     const std::int64_t first = static_cast<std::int64_t>(b.tid) * W;
     for (std::int64_t row = b.x; row < rows; row += b.grid_x) {
       const float* z = logits + row * V;
-      bf16* dz = dlogits != nullptr ? dlogits + row * V : nullptr;
+      T* dz = dlogits != nullptr ? dlogits + row * V : nullptr;
       const std::int32_t y = Ops::ld(targets + row);  // the same for every thread: uniform branches
       if (y == ignore_index) {
         if (b.tid == 0) Ops::st(row_loss + row, 0.0);
         if (dz != nullptr)
           for (std::int64_t i = first; i < V; i += step) {
-            pack<bf16, W> o;
+            pack<T, W> o;
             TESSERA_UNROLL
-            for (int k = 0; k < W; ++k) o.v[k] = bf16::from_bits(0);
+            for (int k = 0; k < W; ++k) o.v[k] = T::from_bits(0);
             Ops::template st_pack<W>(dz + i, o);
           }
         continue;  // no shared memory touched: no barrier needed
@@ -134,16 +135,16 @@ struct ce_softmax_body {
       }
       Ops::sync();
 
-      // Pass 2 (training): grad_scale * (softmax - onehot), rounded once to bf16.
+      // Pass 2 (training): grad_scale * (softmax - onehot), rounded once to T.
       if (dz != nullptr) {
         const float mx = sm.max, inv = sm.inv_sum;
         for (std::int64_t i = first; i < V; i += step) {
           const pack<float, W> p = Ops::template ld_pack<W>(z + i);
-          pack<bf16, W> o;
+          pack<T, W> o;
           TESSERA_UNROLL
           for (int k = 0; k < W; ++k)
-            o.v[k] = to<bf16>(kernels::detail::ce_dlogit(kernels::detail::ce_exp(p.v[k], mx), inv,
-                                                         i + k == y, grad_scale));
+            o.v[k] = to<T>(kernels::detail::ce_dlogit(kernels::detail::ce_exp(p.v[k], mx), inv,
+                                                      i + k == y, grad_scale));
           Ops::template st_pack<W>(dz + i, o);
         }
       }
@@ -152,11 +153,11 @@ struct ce_softmax_body {
   }
 };
 
-/// dx rows (N, H) bf16 of ignored positions set to 0 (whatever the GEMM made
-/// of 0 * wlm, e.g. with a non-finite weight), as the host does; one block
-/// per row (grid-stride), a scored row's block does nothing. W bf16 per
-/// 16-byte store, or 1.
-template <int W>
+/// dx rows (N, H) T (bf16 or fp16) of ignored positions set to 0 (whatever
+/// the GEMM made of 0 * wlm, e.g. with a non-finite weight), as the host
+/// does; one block per row (grid-stride), a scored row's block does
+/// nothing. W elements per 16-byte store, or 1.
+template <class T, int W>
 struct ce_zero_ignored_rows_body {
   static constexpr int threads = lm_head_ce_threads;
   static constexpr std::size_t smem_bound = 0;
@@ -165,17 +166,17 @@ struct ce_zero_ignored_rows_body {
   using shared_storage = no_shared;
 
   template <class Ops>
-  static TESSERA_BLOCK_FN void run(const block_index& b, no_shared&, bf16* dx,
+  static TESSERA_BLOCK_FN void run(const block_index& b, no_shared&, T* dx,
                                    const std::int32_t* targets, std::int64_t N, std::int64_t H,
                                    std::int32_t ignore_index) {
     constexpr std::int64_t step = static_cast<std::int64_t>(threads) * W;
     for (std::int64_t row = b.x; row < N; row += b.grid_x) {
       if (Ops::ld(targets + row) != ignore_index) continue;
-      bf16* d = dx + row * H;
+      T* d = dx + row * H;
       for (std::int64_t i = static_cast<std::int64_t>(b.tid) * W; i < H; i += step) {
-        pack<bf16, W> o;
+        pack<T, W> o;
         TESSERA_UNROLL
-        for (int k = 0; k < W; ++k) o.v[k] = bf16::from_bits(0);
+        for (int k = 0; k < W; ++k) o.v[k] = T::from_bits(0);
         Ops::template st_pack<W>(d + i, o);
       }
     }
@@ -284,8 +285,9 @@ struct vp_ce_row_sums_body {
 
 /// vocab_parallel_ce_row_grad (cross_entropy.hpp): one block per row;
 /// row_loss from the reduced max and sums, and (dlogits not null) the row's
-/// (Vl) bf16 gradient, 0 over padding and for ignored rows. No shared memory
-/// (its bound is the row configuration's).
+/// (Vl) T (bf16 or fp16) gradient, 0 over padding and for ignored rows. No
+/// shared memory (its bound is the row configuration's).
+template <class T>
 struct vp_ce_row_grad_body {
   static constexpr int threads = lm_head_ce_threads;
   static constexpr std::size_t smem_bound = lm_head_ce_smem_bound;
@@ -294,18 +296,18 @@ struct vp_ce_row_grad_body {
   using shared_storage = no_shared;
 
   template <class Ops>
-  static TESSERA_BLOCK_FN void run(const block_index& b, no_shared&, double* row_loss,
-                                   bf16* dlogits, const float* logits, const float* row_max,
-                                   const float* sums, const std::int32_t* targets,
-                                   std::int64_t rows, std::int64_t v_begin, std::int64_t Vl,
-                                   std::int64_t real, std::int32_t ignore_index, float grad_scale) {
+  static TESSERA_BLOCK_FN void run(const block_index& b, no_shared&, double* row_loss, T* dlogits,
+                                   const float* logits, const float* row_max, const float* sums,
+                                   const std::int32_t* targets, std::int64_t rows,
+                                   std::int64_t v_begin, std::int64_t Vl, std::int64_t real,
+                                   std::int32_t ignore_index, float grad_scale) {
     for (std::int64_t row = b.x; row < rows; row += b.grid_x) {
       const std::int32_t y = Ops::ld(targets + row);
-      bf16* dz = dlogits != nullptr ? dlogits + row * Vl : nullptr;
+      T* dz = dlogits != nullptr ? dlogits + row * Vl : nullptr;
       if (y == ignore_index) {
         if (b.tid == 0) Ops::st(row_loss + row, 0.0);
         if (dz != nullptr)
-          for (std::int64_t i = b.tid; i < Vl; i += threads) Ops::st(dz + i, bf16::from_bits(0));
+          for (std::int64_t i = b.tid; i < Vl; i += threads) Ops::st(dz + i, T::from_bits(0));
         continue;
       }
       const float mx = Ops::ld(row_max + row), se = Ops::ld(sums + row),
@@ -318,10 +320,10 @@ struct vp_ce_row_grad_body {
       const float* z = logits + row * Vl;
       const std::int64_t yl = static_cast<std::int64_t>(y) - v_begin;
       for (std::int64_t i = b.tid; i < Vl; i += threads)
-        Ops::st(dz + i, i < real ? to<bf16>(kernels::detail::ce_dlogit(
+        Ops::st(dz + i, i < real ? to<T>(kernels::detail::ce_dlogit(
                                        kernels::detail::ce_exp(Ops::ld(z + i), mx), inv, i == yl,
                                        grad_scale))
-                                 : bf16::from_bits(0));  // padding: no gradient
+                                 : T::from_bits(0));  // padding: no gradient
     }
   }
 };
@@ -336,13 +338,13 @@ inline void vp_check(const char* who, std::int64_t rows, std::int64_t Vl, std::i
 
 /// The softmax cross-entropy rows of one chunk of lm_head_cross_entropy on
 /// `launch`: d_row_loss (rows) float64 and, if d_dlogits is not null, the
-/// (rows, V) bf16 logit gradient of d_logits (rows, V) float32 (the
+/// (rows, V) T (bf16 or fp16) logit gradient of d_logits (rows, V) float32 (the
 /// ce_softmax body). 16-byte loads when V is a multiple of 4 and the
 /// pointers allow (always, in the chunk loop: its scratch regions are
 /// 256-byte aligned), else one logit per access. Throws config_error for
 /// rows < 0 or V < 1; rows = 0 launches nothing.
-template <class Launcher>
-void lm_head_ce_softmax_launch(const Launcher& launch, double* d_row_loss, bf16* d_dlogits,
+template <class Launcher, class T>
+void lm_head_ce_softmax_launch(const Launcher& launch, double* d_row_loss, T* d_dlogits,
                                const float* d_logits, const std::int32_t* d_targets,
                                std::int64_t rows, std::int64_t V, std::int32_t ignore_index,
                                float grad_scale) {
@@ -350,32 +352,32 @@ void lm_head_ce_softmax_launch(const Launcher& launch, double* d_row_loss, bf16*
   if (rows == 0) return;
   constexpr int W = detail::vec_width<float>;
   if (V % W == 0 && detail::all_aligned(16, d_logits) &&
-      detail::all_aligned(W * sizeof(bf16), d_dlogits))
-    launch.template run<detail::ce_softmax_body<W>>(c, d_row_loss, d_dlogits, d_logits, d_targets,
-                                                    rows, V, ignore_index, grad_scale);
+      detail::all_aligned(W * sizeof(T), d_dlogits))
+    launch.template run<detail::ce_softmax_body<T, W>>(
+        c, d_row_loss, d_dlogits, d_logits, d_targets, rows, V, ignore_index, grad_scale);
   else
-    launch.template run<detail::ce_softmax_body<1>>(c, d_row_loss, d_dlogits, d_logits, d_targets,
-                                                    rows, V, ignore_index, grad_scale);
+    launch.template run<detail::ce_softmax_body<T, 1>>(
+        c, d_row_loss, d_dlogits, d_logits, d_targets, rows, V, ignore_index, grad_scale);
 }
 
 /// lm_head_ce_finish (cross_entropy.hpp) on `launch`: the dx rows (N, H)
-/// bf16 of ignored targets zeroed (when d_dx is not null and N > 0; 16-byte
+/// T (bf16 or fp16) of ignored targets zeroed (when d_dx is not null and N > 0; 16-byte
 /// stores when H and d_dx allow), then *d_loss_sum = the sum of d_row_loss
 /// (N) by one block. Throws config_error for N < 0 before any launch.
-template <class Launcher>
+template <class Launcher, class T>
 void lm_head_ce_finish_launch(const Launcher& launch, double* d_loss_sum, const double* d_row_loss,
-                              bf16* d_dx, const std::int32_t* d_targets, std::int64_t N,
+                              T* d_dx, const std::int32_t* d_targets, std::int64_t N,
                               std::int64_t H, std::int32_t ignore_index) {
   const launch_config lc = lm_head_ce_loss_config(N);
   if (d_dx != nullptr && N > 0) {
     const launch_config zc = lm_head_ce_zero_rows_config(N);
-    constexpr int W = detail::vec_width<bf16>;
+    constexpr int W = detail::vec_width<T>;
     if (H % W == 0 && detail::all_aligned(16, d_dx))
-      launch.template run<detail::ce_zero_ignored_rows_body<W>>(zc, d_dx, d_targets, N, H,
-                                                                ignore_index);
+      launch.template run<detail::ce_zero_ignored_rows_body<T, W>>(zc, d_dx, d_targets, N, H,
+                                                                   ignore_index);
     else
-      launch.template run<detail::ce_zero_ignored_rows_body<1>>(zc, d_dx, d_targets, N, H,
-                                                                ignore_index);
+      launch.template run<detail::ce_zero_ignored_rows_body<T, 1>>(zc, d_dx, d_targets, N, H,
+                                                                   ignore_index);
   }
   launch.template run<detail::ce_loss_sum_body>(lc, d_loss_sum, d_row_loss, N);
 }
@@ -405,8 +407,8 @@ void vocab_parallel_ce_row_sums_launch(const Launcher& launch, float* d_sums, co
 }
 
 /// vocab_parallel_ce_row_grad (cross_entropy.hpp) on `launch`.
-template <class Launcher>
-void vocab_parallel_ce_row_grad_launch(const Launcher& launch, double* d_row_loss, bf16* d_dlogits,
+template <class Launcher, class T>
+void vocab_parallel_ce_row_grad_launch(const Launcher& launch, double* d_row_loss, T* d_dlogits,
                                        const float* d_logits, const float* d_max,
                                        const float* d_sums, const std::int32_t* d_targets,
                                        std::int64_t rows, std::int64_t v_begin, std::int64_t Vl,
@@ -415,15 +417,16 @@ void vocab_parallel_ce_row_grad_launch(const Launcher& launch, double* d_row_los
   detail::vp_check("vocab_parallel_ce_row_grad", rows, Vl, real);
   if (rows == 0) return;
   const launch_config rc = lm_head_ce_row_config(rows, Vl);
-  launch.template run<detail::vp_ce_row_grad_body>(rc, d_row_loss, d_dlogits, d_logits, d_max,
-                                                   d_sums, d_targets, rows, v_begin, Vl, real,
-                                                   ignore_index, grad_scale);
+  launch.template run<detail::vp_ce_row_grad_body<T>>(rc, d_row_loss, d_dlogits, d_logits, d_max,
+                                                      d_sums, d_targets, rows, v_begin, Vl, real,
+                                                      ignore_index, grad_scale);
 }
 
-/// The three GEMMs of a chunk of lm_head_cross_entropy_chunks (below):
-/// forward, backward to the input, backward to the weight.
-template <class G>
-concept head_gemms = requires(const G& g, float* f32, bf16* b, const bf16* cb, std::int64_t n) {
+/// The three GEMMs of a chunk of lm_head_cross_entropy_chunks (below) over
+/// the 16-bit storage type T: forward, backward to the input, backward to
+/// the weight.
+template <class G, class T>
+concept head_gemms = requires(const G& g, float* f32, T* b, const T* cb, std::int64_t n) {
   g.forward(f32, cb, cb, n, n, n);
   g.backward_input(b, cb, cb, n, n, n);
   g.backward_weight(f32, cb, cb, n, n, n);
@@ -434,18 +437,20 @@ concept head_gemms = requires(const G& g, float* f32, bf16* b, const bf16* cb, s
 /// device_launcher on the GPU, the block emulator in the host tests) and
 /// `gemm`, the three GEMMs of a chunk of `rows` tokens:
 ///   gemm.forward(logits, x, wlm, rows, V, H)          logits (rows, V) f32 = x wlm^T
-///   gemm.backward_input(dx, dlogits, wlm, rows, V, H)  dx (rows, H) bf16 = dlogits wlm
+///   gemm.backward_input(dx, dlogits, wlm, rows, V, H)  dx (rows, H) T = dlogits wlm
 ///   gemm.backward_weight(dwlm, dlogits, x, rows, V, H) dwlm (V, H) f32 += dlogits^T x
-/// (cuBLASLt through linear_forward and its backward on the GPU). Every
+/// (cuBLASLt through linear_forward and its backward on the GPU); T, the
+/// storage type of x, wlm, dx and the logit gradient, is bf16 or fp16. Every
 /// check comes before any work: config_error for bad sizes (the scratch
 /// layout), a null loss pointer, inputs null with N > 0, d_dx without d_dwlm
 /// or the reverse, scratch below lm_head_cross_entropy_scratch_bytes or not
 /// aligned to lm_head_ce_scratch_align bytes.
-template <class Launcher, head_gemms Gemm>
+template <class Launcher, class Gemm, class T>
+requires head_gemms<Gemm, T>
 void lm_head_cross_entropy_chunks(const Launcher& launch, const Gemm& gemm, double* d_loss_sum,
-                                  const bf16* d_x, const bf16* d_wlm, const std::int32_t* d_targets,
+                                  const T* d_x, const T* d_wlm, const std::int32_t* d_targets,
                                   std::int64_t N, std::int64_t V, std::int64_t H,
-                                  std::int32_t ignore_index, float grad_scale, bf16* d_dx,
+                                  std::int32_t ignore_index, float grad_scale, T* d_dx,
                                   float* d_dwlm, std::int64_t chunk, void* d_scratch,
                                   std::size_t scratch_bytes) {
   const lm_head_ce_scratch lay = lm_head_ce_scratch_layout(N, V, H, chunk);
@@ -470,14 +475,14 @@ void lm_head_cross_entropy_chunks(const Launcher& launch, const Gemm& gemm, doub
 
   auto* base = static_cast<unsigned char*>(d_scratch);
   float* logits = reinterpret_cast<float*>(base + lay.logits);
-  bf16* dlogits = grad ? reinterpret_cast<bf16*>(base + lay.dlogits) : nullptr;
+  T* dlogits = grad ? reinterpret_cast<T*>(base + lay.dlogits) : nullptr;
   double* row_loss = reinterpret_cast<double*>(base + lay.row_loss);
 
   // Rows start at multiples of V elements from 256-byte aligned regions, so
   // the row kernel takes 16-byte loads whenever V % 4 == 0.
   for (std::int64_t r0 = 0; r0 < N; r0 += lay.rows) {
     const std::int64_t c = std::min(lay.rows, N - r0);
-    const bf16* xc = d_x + r0 * H;
+    const T* xc = d_x + r0 * H;
     gemm.forward(logits, xc, d_wlm, c, V, H);
     lm_head_ce_softmax_launch(launch, row_loss + r0, dlogits, logits, d_targets + r0, c, V,
                               ignore_index, grad_scale);
@@ -486,27 +491,29 @@ void lm_head_cross_entropy_chunks(const Launcher& launch, const Gemm& gemm, doub
     gemm.backward_weight(d_dwlm, dlogits, xc, c, V, H);
   }
 
-  lm_head_ce_finish_launch(launch, d_loss_sum, row_loss, grad ? d_dx : nullptr, d_targets, N, H,
-                           ignore_index);
+  lm_head_ce_finish_launch(launch, d_loss_sum, row_loss, grad ? d_dx : static_cast<T*>(nullptr),
+                           d_targets, N, H, ignore_index);
 }
 
 #if defined(__CUDACC__) && TESSERA_CUDA_DEFINES_ENTRIES
 
 namespace detail {
-// The chunk loop's GEMMs on cuBLASLt (gemm.cuh's linear_*), on `stream`.
+// The chunk loop's GEMMs on cuBLASLt (gemm.cuh's linear_*), on `stream`,
+// over the storage type T (bf16 or fp16).
+template <class T>
 struct cublaslt_head_gemms {
   cublaslt_context* ctx;
   cudaStream_t stream;
-  void forward(float* logits, const bf16* x, const bf16* wlm, std::int64_t rows, std::int64_t V,
+  void forward(float* logits, const T* x, const T* wlm, std::int64_t rows, std::int64_t V,
                std::int64_t H) const {
     linear_forward<float>(*ctx, logits, x, wlm, rows, V, H, stream);
   }
-  void backward_input(bf16* dx, const bf16* dlogits, const bf16* wlm, std::int64_t rows,
-                      std::int64_t V, std::int64_t H) const {
-    linear_backward_input<bf16>(*ctx, dx, dlogits, wlm, rows, V, H, stream);
+  void backward_input(T* dx, const T* dlogits, const T* wlm, std::int64_t rows, std::int64_t V,
+                      std::int64_t H) const {
+    linear_backward_input<T>(*ctx, dx, dlogits, wlm, rows, V, H, stream);
   }
-  void backward_weight(float* dwlm, const bf16* dlogits, const bf16* x, std::int64_t rows,
-                       std::int64_t V, std::int64_t H) const {
+  void backward_weight(float* dwlm, const T* dlogits, const T* x, std::int64_t rows, std::int64_t V,
+                       std::int64_t H) const {
     linear_backward_weight(*ctx, dwlm, dlogits, x, rows, V, H, stream);
   }
 };
@@ -532,38 +539,39 @@ TESSERA_CUDA_ENTRY void vocab_parallel_ce_row_sums(float* d_sums, const float* d
                                     rows, V, v_begin, Vl, real, ignore_index);
 }
 
-TESSERA_CUDA_ENTRY void vocab_parallel_ce_row_grad(double* d_row_loss, bf16* d_dlogits,
-                                                   const float* d_logits, const float* d_max,
-                                                   const float* d_sums,
-                                                   const std::int32_t* d_targets, std::int64_t rows,
-                                                   std::int64_t v_begin, std::int64_t Vl,
-                                                   std::int64_t real, std::int32_t ignore_index,
-                                                   float grad_scale, cudaStream_t stream) {
-  vocab_parallel_ce_row_grad_launch(device_launcher{stream}, d_row_loss, d_dlogits, d_logits, d_max,
-                                    d_sums, d_targets, rows, v_begin, Vl, real, ignore_index,
-                                    grad_scale);
-}
+// One definition per storage type (bf16, fp16), each the same launch.
+#define TESSERA_CE_ENTRIES(T)                                                                      \
+  TESSERA_CUDA_ENTRY void vocab_parallel_ce_row_grad(                                              \
+      double* d_row_loss, T* d_dlogits, const float* d_logits, const float* d_max,                 \
+      const float* d_sums, const std::int32_t* d_targets, std::int64_t rows, std::int64_t v_begin, \
+      std::int64_t Vl, std::int64_t real, std::int32_t ignore_index, float grad_scale,             \
+      cudaStream_t stream) {                                                                       \
+    vocab_parallel_ce_row_grad_launch(device_launcher{stream}, d_row_loss, d_dlogits, d_logits,    \
+                                      d_max, d_sums, d_targets, rows, v_begin, Vl, real,           \
+                                      ignore_index, grad_scale);                                   \
+  }                                                                                                \
+  /* The end of the chunk loop: ignored dx rows zeroed, the loss summed. */                        \
+  TESSERA_CUDA_ENTRY void lm_head_ce_finish(                                                       \
+      double* d_loss_sum, const double* d_row_loss, T* d_dx, const std::int32_t* d_targets,        \
+      std::int64_t N, std::int64_t H, std::int32_t ignore_index, cudaStream_t stream) {            \
+    lm_head_ce_finish_launch(device_launcher{stream}, d_loss_sum, d_row_loss, d_dx, d_targets, N,  \
+                             H, ignore_index);                                                     \
+  }                                                                                                \
+  /* The chunk loop of lm_head_cross_entropy on cuBLASLt and the context's stream. */              \
+  TESSERA_CUDA_ENTRY void lm_head_cross_entropy(                                                   \
+      cublaslt_context& ctx, double* d_loss_sum, const T* d_x, const T* d_wlm,                     \
+      const std::int32_t* d_targets, std::int64_t N, std::int64_t V, std::int64_t H,               \
+      std::int32_t ignore_index, float grad_scale, T* d_dx, float* d_dwlm, std::int64_t chunk,     \
+      void* d_scratch, std::size_t scratch_bytes, cudaStream_t stream) {                           \
+    lm_head_cross_entropy_chunks(device_launcher{stream},                                          \
+                                 detail::cublaslt_head_gemms<T>{&ctx, stream}, d_loss_sum, d_x,    \
+                                 d_wlm, d_targets, N, V, H, ignore_index, grad_scale, d_dx,        \
+                                 d_dwlm, chunk, d_scratch, scratch_bytes);                         \
+  }
 
-/// The end of the chunk loop: ignored dx rows zeroed, the loss summed.
-TESSERA_CUDA_ENTRY void lm_head_ce_finish(double* d_loss_sum, const double* d_row_loss, bf16* d_dx,
-                                          const std::int32_t* d_targets, std::int64_t N,
-                                          std::int64_t H, std::int32_t ignore_index,
-                                          cudaStream_t stream) {
-  lm_head_ce_finish_launch(device_launcher{stream}, d_loss_sum, d_row_loss, d_dx, d_targets, N, H,
-                           ignore_index);
-}
-
-/// The chunk loop of lm_head_cross_entropy (arguments and contract in
-/// cross_entropy.hpp) on cuBLASLt and the context's stream.
-TESSERA_CUDA_ENTRY void lm_head_cross_entropy(
-    cublaslt_context& ctx, double* d_loss_sum, const bf16* d_x, const bf16* d_wlm,
-    const std::int32_t* d_targets, std::int64_t N, std::int64_t V, std::int64_t H,
-    std::int32_t ignore_index, float grad_scale, bf16* d_dx, float* d_dwlm, std::int64_t chunk,
-    void* d_scratch, std::size_t scratch_bytes, cudaStream_t stream) {
-  lm_head_cross_entropy_chunks(device_launcher{stream}, detail::cublaslt_head_gemms{&ctx, stream},
-                               d_loss_sum, d_x, d_wlm, d_targets, N, V, H, ignore_index, grad_scale,
-                               d_dx, d_dwlm, chunk, d_scratch, scratch_bytes);
-}
+TESSERA_CE_ENTRIES(bf16)
+TESSERA_CE_ENTRIES(fp16)
+#undef TESSERA_CE_ENTRIES
 
 #endif  // __CUDACC__ && TESSERA_CUDA_DEFINES_ENTRIES
 

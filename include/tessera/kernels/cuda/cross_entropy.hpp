@@ -41,23 +41,24 @@ namespace tessera::kernels::cuda {
 
 /// LM head + softmax cross-entropy, fused and chunked, on `stream`.
 ///
-/// x (N, H) bf16 final-normed hidden states; wlm (V, H) bf16; targets (N) int32 (position n scored
+/// x (N, H) final-normed hidden states and wlm (V, H) of the 16-bit storage type T (bf16 or
+/// fp16; one overload each, the same kernels); targets (N) int32 (position n scored
 /// unless targets[n] == ignore_index). Writes *d_loss_sum (one double on the device) = sum over
 /// scored n of -log softmax(x wlm^T)[n, targets[n]] (natural log). If d_dx != nullptr (training;
-/// d_dwlm then required): d_dx (N, H) bf16 WRITTEN = grad_scale * d(loss_sum)/dx (rows of ignored
+/// d_dwlm then required): d_dx (N, H) T WRITTEN = grad_scale * d(loss_sum)/dx (rows of ignored
 /// positions exactly 0); d_dwlm (V, H) float32 ACCUMULATED (+=) grad_scale * d(loss_sum)/dwlm.
 /// grad_scale is typically 1 / (global count of scored tokens over all micro-batches and ranks),
 /// known on the host.
 ///
 /// - Per chunk of C = min(chunk, N) rows: logits (C, V) float32 = x_chunk wlm^T
-///   (linear_forward: bf16 operands, float32 accumulation); one block per row
+///   (linear_forward: T operands, float32 accumulation); one block per row
 ///   computes the max and sum of exp online in float32, the row's loss
 ///   (float32, stored as float64) and, when training, grad_scale * (softmax -
-///   onehot) rounded once to bf16; then dx_chunk = dlogits wlm
-///   (linear_backward_input, bf16 out) and dwlm += dlogits^T x_chunk
+///   onehot) rounded once to T; then dx_chunk = dlogits wlm
+///   (linear_backward_input, T out) and dwlm += dlogits^T x_chunk
 ///   (linear_backward_weight, beta = 1, float32 accumulation). Against the
-///   host's bf16 path (float32 throughout) this adds two roundings: the logit
-///   gradient to bf16 (cuBLASLt has no float x bf16 matmul) and dx to bf16.
+///   host's 16-bit path (float32 throughout) this adds two roundings: the logit
+///   gradient to T (cuBLASLt has no float x T matmul) and dx to T.
 /// - `ctx`: the GEMMs' cuBLASLt context; it must serve `stream` (its workspace
 ///   is shared). It caches a plan per GEMM shape and pointer alignment: a
 ///   handful per (N, chunk) (the last chunk may be shorter, and x_chunk's
@@ -93,6 +94,11 @@ TESSERA_CUDA_ENTRY void lm_head_cross_entropy(
     const std::int32_t* d_targets, std::int64_t N, std::int64_t V, std::int64_t H,
     std::int32_t ignore_index, float grad_scale, bf16* d_dx, float* d_dwlm, std::int64_t chunk,
     void* d_scratch, std::size_t scratch_bytes, cudaStream_t stream);
+TESSERA_CUDA_ENTRY void lm_head_cross_entropy(
+    cublaslt_context& ctx, double* d_loss_sum, const fp16* d_x, const fp16* d_wlm,
+    const std::int32_t* d_targets, std::int64_t N, std::int64_t V, std::int64_t H,
+    std::int32_t ignore_index, float grad_scale, fp16* d_dx, float* d_dwlm, std::int64_t chunk,
+    void* d_scratch, std::size_t scratch_bytes, cudaStream_t stream);
 
 // ---- vocabulary-parallel pieces (Megatron's vocab-parallel cross-entropy) ----------------
 //
@@ -127,7 +133,7 @@ TESSERA_CUDA_ENTRY void vocab_parallel_ce_row_sums(float* d_sums, const float* d
                                                    std::int32_t ignore_index, cudaStream_t stream);
 
 /// From the reduced max and sums: d_row_loss[r] (float64; 0 when ignored)
-/// and, if d_dlogits is not null, the row's (Vl) bf16 logit gradient
+/// and, if d_dlogits is not null, the row's (Vl) logit gradient (bf16 or fp16)
 /// grad_scale (softmax - onehot) over the real columns, 0 over padding and
 /// for ignored rows.
 TESSERA_CUDA_ENTRY void vocab_parallel_ce_row_grad(double* d_row_loss, bf16* d_dlogits,
@@ -137,11 +143,22 @@ TESSERA_CUDA_ENTRY void vocab_parallel_ce_row_grad(double* d_row_loss, bf16* d_d
                                                    std::int64_t v_begin, std::int64_t Vl,
                                                    std::int64_t real, std::int32_t ignore_index,
                                                    float grad_scale, cudaStream_t stream);
+TESSERA_CUDA_ENTRY void vocab_parallel_ce_row_grad(double* d_row_loss, fp16* d_dlogits,
+                                                   const float* d_logits, const float* d_max,
+                                                   const float* d_sums,
+                                                   const std::int32_t* d_targets, std::int64_t rows,
+                                                   std::int64_t v_begin, std::int64_t Vl,
+                                                   std::int64_t real, std::int32_t ignore_index,
+                                                   float grad_scale, cudaStream_t stream);
 
-/// After the last chunk: dx rows (N, H) bf16 of ignored targets set to 0
+/// After the last chunk: dx rows (N, H) (bf16 or fp16) of ignored targets set to 0
 /// (d_dx may be null: evaluation) and *d_loss_sum = the sum of d_row_loss
 /// (N) in a fixed order, as lm_head_cross_entropy ends.
 TESSERA_CUDA_ENTRY void lm_head_ce_finish(double* d_loss_sum, const double* d_row_loss, bf16* d_dx,
+                                          const std::int32_t* d_targets, std::int64_t N,
+                                          std::int64_t H, std::int32_t ignore_index,
+                                          cudaStream_t stream);
+TESSERA_CUDA_ENTRY void lm_head_ce_finish(double* d_loss_sum, const double* d_row_loss, fp16* d_dx,
                                           const std::int32_t* d_targets, std::int64_t N,
                                           std::int64_t H, std::int32_t ignore_index,
                                           cudaStream_t stream);

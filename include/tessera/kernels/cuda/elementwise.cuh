@@ -79,6 +79,8 @@ template <class G>
 TESSERA_BLOCK_FN bool nonfinite(G x) {
   if constexpr (std::is_same_v<G, bf16>)
     return (x.bits & 0x7f80u) == 0x7f80u;
+  else if constexpr (std::is_same_v<G, fp16>)
+    return (x.bits & 0x7c00u) == 0x7c00u;
   else
     return (::tessera::detail::float_bits(x) & 0x7f800000u) == 0x7f800000u;
 }
@@ -127,8 +129,8 @@ void cast_launch(const Launcher& launch, To* d_out, const From* d_in, std::int64
 template <class Launcher, class T>
 void residual_add_launch(const Launcher& launch, T* d_out, const T* d_a, const T* d_b,
                          std::int64_t n) {
-  static_assert(std::is_same_v<T, float> || std::is_same_v<T, bf16>,
-                "tessera::kernels::cuda::residual_add: T must be float or bf16");
+  static_assert(std::is_same_v<T, float> || is_half_v<T>,
+                "tessera::kernels::cuda::residual_add: T must be float, bf16 or fp16");
   constexpr int V = detail::vec_width<T>;
   const launch_config c = elementwise_config(n, V);
   if (n == 0) return;
@@ -143,8 +145,8 @@ void residual_add_launch(const Launcher& launch, T* d_out, const T* d_a, const T
 template <class Launcher, class G>
 void count_nonfinite_launch(const Launcher& launch, std::int32_t* d_flag, const G* d_g,
                             std::int64_t n) {
-  static_assert(std::is_same_v<G, float> || std::is_same_v<G, bf16>,
-                "tessera::kernels::cuda::count_nonfinite: G must be float or bf16");
+  static_assert(std::is_same_v<G, float> || is_half_v<G>,
+                "tessera::kernels::cuda::count_nonfinite: G must be float, bf16 or fp16");
   constexpr int V = detail::vec_width<G>;
   const launch_config c = elementwise_config(n, V);
   TESSERA_THROW_IF(n > 0 && d_flag == nullptr, config_error,

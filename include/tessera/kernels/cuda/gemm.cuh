@@ -10,9 +10,10 @@
 /// turns those values into cuBLASLt descriptors one for one and calls
 /// cuBLASLt.
 ///
-/// Precision: bf16 (or float) operands, float32 accumulation
-/// (CUBLAS_COMPUTE_32F, float alpha and beta), output bf16 (rounded once) or
-/// float32. Float operands compute in full float32 (no TF32).
+/// Precision: 16-bit (bf16 or fp16) or float operands, float32 accumulation
+/// (CUBLAS_COMPUTE_32F, float alpha and beta), output of the operands'
+/// 16-bit type (rounded once) or float32. Float operands compute in full
+/// float32 (no TF32).
 ///
 /// Gradient contract (llm.c): linear_backward_weight accumulates (beta = 1);
 /// linear_backward_input writes (beta = 0) unless `accumulate`.
@@ -101,8 +102,9 @@ class cublaslt_context {
   /// `stream`, as kernels::gemm on the host (same transposes and leading
   /// dimensions: op(A) is A stored M x K, lda >= K, or A^T stored K x M,
   /// lda >= M; likewise B; ldc >= N).
-  /// - TAB (A and B) in {bf16, fp16, float}; TC in {bf16, float}, float when
-  ///   TAB is not bf16. Accumulation in float32; a bf16 C is rounded once.
+  /// - TAB (A and B) in {bf16, fp16, float}; TC is float, or TAB itself when
+  ///   TAB is bf16 or fp16. Accumulation in float32; a 16-bit C is rounded
+  ///   once.
   /// - beta == 0 does not read C. C must not alias A or B.
   /// - Throws config_error for M, N < 0, K < 1 (cuBLASLt has no k = 0
   ///   matmul), or a leading dimension below its rule; cuda_error naming the
@@ -112,11 +114,10 @@ class cublaslt_context {
   void gemm(transpose ta, transpose tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha,
             const TAB* d_A, std::int64_t lda, const TAB* d_B, std::int64_t ldb, float beta, TC* d_C,
             std::int64_t ldc, cudaStream_t stream) {
-    static_assert(std::is_same_v<TC, bf16> || std::is_same_v<TC, float>,
-                  "tessera::kernels::cuda::gemm: C must be bf16 or float");
-    static_assert(std::is_same_v<TAB, bf16> || std::is_same_v<TC, float>,
-                  "tessera::kernels::cuda::gemm: float and fp16 operands need a float C "
-                  "(cuBLASLt has no fp16 x fp16 -> bf16 or float -> bf16 matmul)");
+    static_assert(std::is_same_v<TC, float> || (is_half_v<TC> && std::is_same_v<TC, TAB>),
+                  "tessera::kernels::cuda::gemm: C must be float, or the operands' own 16-bit "
+                  "type (cuBLASLt has no bf16 x bf16 -> fp16, fp16 x fp16 -> bf16 or a "
+                  "float -> 16-bit matmul with a float32 compute type)");
     kernels::detail::check_gemm_args(ta, tb, M, N, K, lda, ldb, ldc);
     TESSERA_THROW_IF(K < 1, config_error, "gemm (cuda): K=", K,
                      " must be >= 1 (cuBLASLt has no k = 0 matmul)");
@@ -167,17 +168,17 @@ class cublaslt_context {
   std::unique_ptr<plan> make_plan(const plan_key& k) {
     [[maybe_unused]] const auto [ta_i, tb_i, M, N, K, lda, ldb, ldc, ab_type, c_type, al_a, al_b,
                                  al_c] = k;
-    const lt_matmul lt = row_major_matmul(
-        ta_i != 0 ? transpose::yes : transpose::no, tb_i != 0 ? transpose::yes : transpose::no, M,
-        N, K, lda, ldb, ldc, lt_dtype_of<TAB>(), lt_dtype_of<TC>());
+    const lt_matmul lt = row_major_matmul(ta_i != 0 ? transpose::yes : transpose::no,
+                                          tb_i != 0 ? transpose::yes : transpose::no, M, N, K, lda,
+                                          ldb, ldc, lt_dtype_of<TAB>(), lt_dtype_of<TC>());
     auto p = std::make_unique<plan>();
     TESSERA_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     const cublasOperation_t op_a = lt.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
     const cublasOperation_t op_b = lt.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-    TESSERA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA,
-                                                        &op_a, sizeof(op_a)));
-    TESSERA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB,
-                                                        &op_b, sizeof(op_b)));
+    TESSERA_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
+    TESSERA_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
     auto layout = [](cublasLtMatrixLayout_t* out, const lt_layout& l) {
       TESSERA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(out, detail::cuda_data_type_of(l.type),
                                                       static_cast<std::uint64_t>(l.rows),
@@ -227,11 +228,12 @@ class cublaslt_context {
 };
 
 /// Linear forward, no bias: out(M,N) = inp(M,K) * weight(N,K)^T (weight as
-/// PyTorch's nn.Linear: out_features x in_features). bf16 operands, float32
-/// accumulation, TC in {bf16, float}; out is written. Throws as
-/// cublaslt_context::gemm. FLOPs: gemm_flops(M, N, K). Source: llm.c matmul_forward.
-template <class TC>
-void linear_forward(cublaslt_context& ctx, TC* d_out, const bf16* d_inp, const bf16* d_weight,
+/// PyTorch's nn.Linear: out_features x in_features). T (bf16 or fp16)
+/// operands, float32 accumulation, TC in {T, float}; out is written. Throws
+/// as cublaslt_context::gemm. FLOPs: gemm_flops(M, N, K). Source: llm.c
+/// matmul_forward.
+template <class TC, class T>
+void linear_forward(cublaslt_context& ctx, TC* d_out, const T* d_inp, const T* d_weight,
                     std::int64_t M, std::int64_t N, std::int64_t K, cudaStream_t stream) {
   const linear_gemm g = linear_forward_gemm(M, N, K);
   ctx.gemm(g.ta, g.tb, g.M, g.N, g.K, g.alpha, d_inp, g.lda, d_weight, g.ldb, g.beta, d_out, g.ldc,
@@ -239,24 +241,25 @@ void linear_forward(cublaslt_context& ctx, TC* d_out, const bf16* d_inp, const b
 }
 
 /// Linear backward to the input: dinp(M,K) = dout(M,N) * weight(N,K), written
-/// (or added, beta = 1, when `accumulate`). bf16 operands, TC in {bf16,
-/// float}. Throws as cublaslt_context::gemm. FLOPs: gemm_flops(M, K, N).
-template <class TC>
-void linear_backward_input(cublaslt_context& ctx, TC* d_dinp, const bf16* d_dout,
-                           const bf16* d_weight, std::int64_t M, std::int64_t N, std::int64_t K,
-                           cudaStream_t stream, bool accumulate = false) {
+/// (or added, beta = 1, when `accumulate`). T (bf16 or fp16) operands, TC
+/// in {T, float}. Throws as cublaslt_context::gemm. FLOPs: gemm_flops(M, K, N).
+template <class TC, class T>
+void linear_backward_input(cublaslt_context& ctx, TC* d_dinp, const T* d_dout, const T* d_weight,
+                           std::int64_t M, std::int64_t N, std::int64_t K, cudaStream_t stream,
+                           bool accumulate = false) {
   const linear_gemm g = linear_backward_input_gemm(M, N, K, accumulate);
   ctx.gemm(g.ta, g.tb, g.M, g.N, g.K, g.alpha, d_dout, g.lda, d_weight, g.ldb, g.beta, d_dinp,
            g.ldc, stream);
 }
 
 /// Linear backward to the weight: dweight(N,K) += dout(M,N)^T * inp(M,K)
-/// (parameter gradient: accumulates, beta = 1), float32 dweight, bf16
-/// operands, the reduction over M in float32 inside cuBLASLt. Throws as
-/// cublaslt_context::gemm. FLOPs: gemm_flops(N, K, M).
-inline void linear_backward_weight(cublaslt_context& ctx, float* d_dweight, const bf16* d_dout,
-                                   const bf16* d_inp, std::int64_t M, std::int64_t N,
-                                   std::int64_t K, cudaStream_t stream) {
+/// (parameter gradient: accumulates, beta = 1), float32 dweight, T (bf16 or
+/// fp16) operands, the reduction over M in float32 inside cuBLASLt. Throws
+/// as cublaslt_context::gemm. FLOPs: gemm_flops(N, K, M).
+template <class T>
+void linear_backward_weight(cublaslt_context& ctx, float* d_dweight, const T* d_dout,
+                            const T* d_inp, std::int64_t M, std::int64_t N, std::int64_t K,
+                            cudaStream_t stream) {
   const linear_gemm g = linear_backward_weight_gemm(M, N, K);
   ctx.gemm(g.ta, g.tb, g.M, g.N, g.K, g.alpha, d_dout, g.lda, d_inp, g.ldb, g.beta, d_dweight,
            g.ldc, stream);

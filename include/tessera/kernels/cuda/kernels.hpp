@@ -16,7 +16,7 @@
 ///   configuration throws tessera::cuda_error at the call; a fault inside
 ///   the kernel surfaces at the next synchronisation.
 /// - Sizes are checked on the host first (config_error naming the value).
-/// - Arithmetic is in float32 (the accumulation type of float and bf16), by
+/// - Arithmetic is in float32 (the accumulation type of float, bf16 and fp16), by
 ///   the same TESSERA_HOST_DEVICE functions as the host kernels
 ///   (kernels/detail/), so results match the host to float rounding.
 /// - Gradient contract (llm.c): parameter gradients accumulate (`+=`),
@@ -41,7 +41,7 @@ namespace tessera::kernels::cuda {
 
 /// RMSNorm forward, as the host kernels::rmsnorm_forward:
 /// rstd[n] = 1 / sqrt(mean_h(inp[n,h]^2) + eps), out[n,h] = weight[h] * inp[n,h] * rstd[n].
-/// - `d_inp`, `d_out` (N,H) and `d_weight` (H) of T in {float, bf16};
+/// - `d_inp`, `d_out` (N,H) and `d_weight` (H) of T in {float, bf16, fp16};
 ///   `d_rstd` (N) float32, saved for the backward. `d_out` may alias `d_inp`.
 /// - One block of 256 threads per row, CUB block reduction; 16-byte loads
 ///   when H and every pointer allow it.
@@ -54,8 +54,8 @@ void rmsnorm_forward(T* d_out, float* d_rstd, const T* d_inp, const T* d_weight,
 /// RMSNorm backward, as the host kernels::rmsnorm_backward (xhat = inp * rstd):
 /// dinp[n,:] = rstd[n] * (weight * dout - xhat * mean_h(weight * dout * xhat))
 /// (written, or added when `accumulate_dinp`), dweight[h] += sum_n dout[n,h] xhat[n,h].
-/// - `d_inp` (N,H), `d_weight` (H) of T in {float, bf16}; `d_dout`, `d_dinp`
-///   (N,H) of G in {float, bf16} (G = float when T = float); `d_dweight` (H)
+/// - `d_inp` (N,H), `d_weight` (H) of T in {float, bf16, fp16}; `d_dout`, `d_dinp`
+///   (N,H) of G in {float, bf16, fp16} (G = float when T = float); `d_dweight` (H)
 ///   and `d_rstd` (N) float32.
 /// - `d_scratch`: at least rmsnorm_backward_scratch_bytes(N, H) bytes
 ///   (launch.hpp): per-chunk dweight partial sums, added in chunk order, so
@@ -70,14 +70,14 @@ void rmsnorm_backward(G* d_dinp, float* d_dweight, const G* d_dout, const T* d_i
 // ---- SwiGLU (kernels/cuda/swiglu.cuh) --------------------------------------------------------
 
 /// SwiGLU forward, as kernels::swiglu_forward: out = silu(gate) * up.
-/// n elements of T in {float, bf16}; `d_out` may alias `d_gate` or `d_up`.
+/// n elements of T in {float, bf16, fp16}; `d_out` may alias `d_gate` or `d_up`.
 /// Throws config_error for n < 0. Source: Shazeer 2020, eq. 6.
 template <class T>
 void swiglu_forward(T* d_out, const T* d_gate, const T* d_up, std::int64_t n, cudaStream_t stream);
 
 /// SwiGLU backward, as kernels::swiglu_backward: dgate = dout * up * silu'(gate),
 /// dup = dout * silu(gate), both written. `d_gate`, `d_up` of T, `d_dout`,
-/// `d_dgate`, `d_dup` of G in {float, bf16} (G = float when T = float); the
+/// `d_dgate`, `d_dup` of G in {float, bf16, fp16} (G = float when T = float); the
 /// outputs may alias `d_dout` but not each other. Throws config_error for n < 0.
 template <class T, class G>
 void swiglu_backward(G* d_dgate, G* d_dup, const G* d_dout, const T* d_gate, const T* d_up,
@@ -86,7 +86,7 @@ void swiglu_backward(G* d_dgate, G* d_dup, const G* d_dout, const T* d_gate, con
 // ---- embedding (kernels/cuda/embedding.cuh) --------------------------------------------------
 
 /// Embedding forward, as kernels::embedding_forward: out[n,:] = wte[tokens[n],:].
-/// - `d_tokens` (N) int32, `d_wte` (V,H), `d_out` (N,H) of T in {float, bf16}.
+/// - `d_tokens` (N) int32, `d_wte` (V,H), `d_out` (N,H) of T in {float, bf16, fp16}.
 /// - Tokens are not validated on the device (that would need a host sync):
 ///   the caller guarantees 0 <= tokens[n] < V (the data loader checks); a row
 ///   whose token is out of range is written as zeros, never read out of bounds.
@@ -97,7 +97,7 @@ void embedding_forward(T* d_out, const std::int32_t* d_tokens, const T* d_wte, s
 
 /// Embedding backward, as kernels::embedding_backward:
 /// dwte[tokens[n], :] += dout[n, :] for n = 0..N-1, in that order.
-/// - `d_dout` (N,H) of G in {float, bf16}, `d_dwte` (V,H) float32 (accumulates).
+/// - `d_dout` (N,H) of G in {float, bf16, fp16}, `d_dwte` (V,H) float32 (accumulates).
 /// - Deterministic without atomics: each block owns 64 vocabulary rows and a
 ///   column block of dwte, and adds the matching dout rows in increasing n, so
 ///   the result is bit-for-bit the host's. Out-of-range tokens are ignored.
@@ -118,8 +118,8 @@ TESSERA_CUDA_ENTRY void embedding_local_ids(std::int32_t* d_out, const std::int3
 
 // ---- casts (kernels/cuda/elementwise.cuh) ----------------------------------------------------
 
-/// out[i] = To(in[i]) for i < n, rounding to nearest even for bf16 (the same
-/// bits as the host kernels::cast). Instantiated for float <-> bf16.
+/// out[i] = To(in[i]) for i < n, rounding to nearest even for bf16 and fp16 (the
+/// same bits as the host kernels::cast). Instantiated for float <-> bf16, fp16.
 /// Throws config_error for n < 0.
 template <class To, class From>
 void cast(To* d_out, const From* d_in, std::int64_t n, cudaStream_t stream);
@@ -127,7 +127,7 @@ void cast(To* d_out, const From* d_in, std::int64_t n, cudaStream_t stream);
 // ---- residual add and the inf/NaN check (kernels/cuda/elementwise.cuh) -----------------------
 
 /// out[i] = a[i] + b[i] for i < n, added in float32 and rounded once to T, as
-/// the host kernels::residual_add (the same bits). T in {float, bf16}.
+/// the host kernels::residual_add (the same bits). T in {float, bf16, fp16}.
 /// `d_out` may alias `d_a` or `d_b` (element for element, not shifted).
 /// 16-byte accesses when all three pointers are 16-byte aligned.
 /// Throws config_error for n < 0.
@@ -137,7 +137,7 @@ void residual_add(T* d_out, const T* d_a, const T* d_b, std::int64_t n, cudaStre
 /// The loss scaler's inf/NaN check: sets `*d_flag` (one int32 on the device)
 /// to 1 if any of g[0, n) is inf or NaN (tested on the bits); never clears
 /// it, so the caller zeroes it once and checks several buffers into it.
-/// G in {float, bf16}. Each block that saw one sets the flag with an integer
+/// G in {float, bf16, fp16}. Each block that saw one sets the flag with an integer
 /// atomic OR (no float atomics; the result does not depend on the order).
 /// Throws config_error for n < 0, or a null `d_flag` with n > 0.
 template <class G>
@@ -154,7 +154,7 @@ void count_nonfinite(std::int32_t* d_flag, const G* d_g, std::int64_t n, cudaStr
 /// (thrust::cuda::par_nosync: nothing synchronises the host).
 /// - `h_tensors`: `num_tensors` tensors in host memory, sorted by offset,
 ///   disjoint; read during the call only (each launch copies its tensor).
-/// - Param in {float, bf16}. Values: the host's, except where the device's
+/// - Param in {float, bf16, fp16}. Values: the host's, except where the device's
 ///   log and cos round differently (kernels/weight_init.hpp states how often).
 /// - Throws config_error for a bad range or table (or null pointers), and
 ///   cuda_error when Thrust reports a launch failure.
@@ -166,7 +166,7 @@ void weight_init(Param* d_out, const weight_init_tensor* h_tensors, std::int64_t
 
 /// Sum of squares of g[0, n) in float64: `*d_out` = sum (or `*d_out` += sum
 /// when `accumulate`, to cover several flat buffers in a fixed order).
-/// - `d_g` of G in {float, bf16}; `d_out` one double on the device.
+/// - `d_g` of G in {float, bf16, fp16}; `d_out` one double on the device.
 /// - `d_scratch`: at least grad_sum_squares_scratch_bytes(n) bytes.
 /// - Deterministic: the partition into at most 1024 partial sums and their
 ///   tree depend only on n. Agrees with the host optim::grad_sum_squares to
@@ -197,8 +197,8 @@ using optimizer_segment = kernels::optimizer_segment;
 /// float32 master weight (or the float parameter itself), then the parameter
 /// is written back rounded, in the same pass.
 /// - `d_params`, `d_grads`, `d_master`, `d_m`, `d_v`: n elements from the
-///   optimizer's first element. Param in {float, bf16}, Grad in {float,
-///   bf16}. When Param is float there is no master copy and `d_master` must
+///   optimizer's first element. Param in {float, bf16, fp16}, Grad in {float,
+///   bf16, fp16}. When Param is float there is no master copy and `d_master` must
 ///   be nullptr; otherwise it is required.
 /// - `d_segments` (device, `num_segments`, sorted and disjoint, within
 ///   [0, n)): only their elements are updated, with their decay flag.
@@ -234,8 +234,8 @@ void sgd_step(Param* d_params, float* d_master, float* d_buf, const Grad* d_grad
 /// RoPE forward in place, as the host kernels::rope_forward (rotate-half
 /// pairing): for each (b, t, h), pair i of x[b,t,h,:], (x[i], x[i + hd/2]),
 /// becomes (x1 cos - x2 sin, x2 cos + x1 sin), cos = cos[t, i], sin = sin[t, i].
-/// - `d_x` (B, T, nh, hd) of T in {float, bf16}, overwritten; arithmetic in
-///   float32 (kernels::detail::rope_rotate), a bf16 result rounded once.
+/// - `d_x` (B, T, nh, hd) of T in {float, bf16, fp16}, overwritten; arithmetic in
+///   float32 (kernels::detail::rope_rotate), a 16-bit result rounded once.
 /// - `d_cos`, `d_sin`: (at least T rows of hd/2) float32 tables from the host
 ///   kernels::rope_table, copied to the device.
 /// - 16-byte accesses when hd/2 is a multiple of 16 / sizeof(T) and `d_x` is
@@ -249,7 +249,7 @@ void rope_forward(T* d_x, const float* d_cos, const float* d_sin, std::int64_t B
 /// RoPE backward in place, as the host kernels::rope_backward: `d_dx` holds
 /// dL/dy on entry and dL/dx on return (the transpose rotation
 /// dx1 = dy1 cos + dy2 sin, dx2 = dy2 cos - dy1 sin, rope_rotate_transpose).
-/// G in {float, bf16}, arithmetic in float32, a bf16 result rounded once.
+/// G in {float, bf16, fp16}, arithmetic in float32, a 16-bit result rounded once.
 /// Same tables, layout and throws as rope_forward.
 template <class G>
 void rope_backward(G* d_dx, const float* d_cos, const float* d_sin, std::int64_t B, std::int64_t T_,
@@ -326,6 +326,54 @@ void rope_backward(G* d_dx, const float* d_cos, const float* d_sin, std::int64_t
   X void rope_backward<float>(float*, const float*, const float*, std::int64_t, std::int64_t,     \
                               std::int64_t, std::int64_t, cudaStream_t);                            \
   X void rope_backward<bf16>(bf16*, const float*, const float*, std::int64_t, std::int64_t,       \
+                             std::int64_t, std::int64_t, cudaStream_t);                             \
+  TESSERA_CUDA_KERNEL_FP16_INSTANTIATIONS(X)
+// clang-format on
+
+// The fp16 storage (precision::fp16_mixed) twins of the bf16 entries above:
+// the same kernels, instantiated for tessera::fp16.
+// clang-format off
+#define TESSERA_CUDA_KERNEL_FP16_INSTANTIATIONS(X)                                                  \
+  X void rmsnorm_forward<fp16>(fp16*, float*, const fp16*, const fp16*, std::int64_t, std::int64_t, \
+                               double, cudaStream_t);                                               \
+  X void rmsnorm_backward<fp16, float>(float*, float*, const float*, const fp16*, const fp16*,     \
+                                       const float*, std::int64_t, std::int64_t, void*,             \
+                                       std::size_t, cudaStream_t, bool);                            \
+  X void rmsnorm_backward<fp16, fp16>(fp16*, float*, const fp16*, const fp16*, const fp16*,        \
+                                      const float*, std::int64_t, std::int64_t, void*,              \
+                                      std::size_t, cudaStream_t, bool);                             \
+  X void swiglu_forward<fp16>(fp16*, const fp16*, const fp16*, std::int64_t, cudaStream_t);        \
+  X void swiglu_backward<fp16, float>(float*, float*, const float*, const fp16*, const fp16*,      \
+                                      std::int64_t, cudaStream_t);                                  \
+  X void swiglu_backward<fp16, fp16>(fp16*, fp16*, const fp16*, const fp16*, const fp16*,          \
+                                     std::int64_t, cudaStream_t);                                   \
+  X void embedding_forward<fp16>(fp16*, const std::int32_t*, const fp16*, std::int64_t,           \
+                                 std::int64_t, std::int64_t, cudaStream_t);                         \
+  X void embedding_backward<fp16>(float*, const fp16*, const std::int32_t*, std::int64_t,         \
+                                  std::int64_t, std::int64_t, cudaStream_t);                        \
+  X void cast<fp16, float>(fp16*, const float*, std::int64_t, cudaStream_t);                       \
+  X void cast<float, fp16>(float*, const fp16*, std::int64_t, cudaStream_t);                       \
+  X void grad_sum_squares<fp16>(double*, const fp16*, std::int64_t, void*, std::size_t,           \
+                                cudaStream_t, bool);                                                \
+  X void adamw_step<fp16, float>(fp16*, float*, float*, float*, const float*, std::int64_t,        \
+                                 const optimizer_segment*, int,                                     \
+                                 const kernels::detail::adamw_step_params<float>&, const float*,   \
+                                 cudaStream_t);                                                     \
+  X void adamw_step<fp16, fp16>(fp16*, float*, float*, float*, const fp16*, std::int64_t,          \
+                                const optimizer_segment*, int,                                      \
+                                const kernels::detail::adamw_step_params<float>&, const float*,    \
+                                cudaStream_t);                                                      \
+  X void sgd_step<fp16, float>(fp16*, float*, float*, const float*, std::int64_t,                   \
+                               const optimizer_segment*, int,                                       \
+                               const kernels::detail::sgd_step_params<float>&, const float*,       \
+                               cudaStream_t);                                                       \
+  X void sgd_step<fp16, fp16>(fp16*, float*, float*, const fp16*, std::int64_t,                     \
+                              const optimizer_segment*, int,                                        \
+                              const kernels::detail::sgd_step_params<float>&, const float*,        \
+                              cudaStream_t);                                                        \
+  X void rope_forward<fp16>(fp16*, const float*, const float*, std::int64_t, std::int64_t,        \
+                            std::int64_t, std::int64_t, cudaStream_t);                              \
+  X void rope_backward<fp16>(fp16*, const float*, const float*, std::int64_t, std::int64_t,       \
                              std::int64_t, std::int64_t, cudaStream_t);
 // clang-format on
 
@@ -336,7 +384,9 @@ void rope_backward(G* d_dx, const float* d_cos, const float* d_sin, std::int64_t
   X void residual_add<float>(float*, const float*, const float*, std::int64_t, cudaStream_t);     \
   X void residual_add<bf16>(bf16*, const bf16*, const bf16*, std::int64_t, cudaStream_t);         \
   X void count_nonfinite<float>(std::int32_t*, const float*, std::int64_t, cudaStream_t);         \
-  X void count_nonfinite<bf16>(std::int32_t*, const bf16*, std::int64_t, cudaStream_t);
+  X void count_nonfinite<bf16>(std::int32_t*, const bf16*, std::int64_t, cudaStream_t);         \
+  X void residual_add<fp16>(fp16*, const fp16*, const fp16*, std::int64_t, cudaStream_t);         \
+  X void count_nonfinite<fp16>(std::int32_t*, const fp16*, std::int64_t, cudaStream_t);
 // clang-format on
 
 // The instantiations cuda/kernels_weight_init.cu provides (a TU of its own:
@@ -346,6 +396,8 @@ void rope_backward(G* d_dx, const float* d_cos, const float* d_sin, std::int64_t
   X void weight_init<float>(float*, const weight_init_tensor*, std::int64_t, std::int64_t,        \
                              std::int64_t, cudaStream_t);                                           \
   X void weight_init<bf16>(bf16*, const weight_init_tensor*, std::int64_t, std::int64_t,          \
+                            std::int64_t, cudaStream_t);                                    \
+  X void weight_init<fp16>(fp16*, const weight_init_tensor*, std::int64_t, std::int64_t,          \
                             std::int64_t, cudaStream_t);
 // clang-format on
 

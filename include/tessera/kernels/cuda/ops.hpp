@@ -11,13 +11,15 @@
 /// nvcc, else linked from tessera::cuda_kernels; kernels/cuda/linkage.hpp).
 /// Nothing synchronises the host.
 ///
-/// Types: storage (weights, activations) is bf16: the flash-attention and
-/// fused cross-entropy kernels are bf16 kernels (so the fp32 and fp64
-/// policies run on the host only). Parameter gradients are float32.
-/// Activation gradients are the policy's: bf16 goes to the kernels as it
-/// is; float32 (precision::bf16_mixed) is rounded to bf16 in scratch where
-/// it enters a bf16 GEMM or attention kernel, and their bf16 outputs are
-/// widened back, so the residual stream's gradient stays float32.
+/// Types: storage (weights, activations) is 16-bit, bf16 or fp16
+/// (precision::bf16_mixed*, fp16_mixed): the flash-attention and fused
+/// cross-entropy kernels are 16-bit kernels (so the fp32 and fp64 policies
+/// run on the host only). Parameter gradients are float32. Activation
+/// gradients are the policy's: the storage type goes to the kernels as it
+/// is; float32 (precision::bf16_mixed) is rounded to the storage type in
+/// scratch where it enters a GEMM or attention kernel, and their 16-bit
+/// outputs are widened back, so the residual stream's gradient stays
+/// float32.
 ///
 /// Ids: the device kernels cannot report a bad id without a host sync; the
 /// loader checks every id on the host. An embedding id outside [0, V) gives
@@ -48,27 +50,31 @@ namespace tessera::kernels {
 namespace detail {
 template <class T>
 constexpr void cuda_storage_check() {
-  static_assert(std::is_same_v<T, bf16>,
-                "tessera::kernels (cuda): weights and activations are bf16 on the GPU (the flash "
-                "attention and fused cross-entropy kernels are bf16): use precision::bf16_mixed "
-                "or bf16_mixed_bf16_grads with tessera::cuda; fp32 and fp64 run on the host");
+  static_assert(is_half_v<T>,
+                "tessera::kernels (cuda): weights and activations are 16-bit (bf16 or fp16) on "
+                "the GPU (the flash attention and fused cross-entropy kernels are 16-bit "
+                "kernels): use precision::bf16_mixed, bf16_mixed_bf16_grads or fp16_mixed with "
+                "tessera::cuda; fp32 and fp64 run on the host");
 }
 template <class G>
 constexpr void cuda_grad_check() {
-  static_assert(std::is_same_v<G, float> || std::is_same_v<G, bf16>,
-                "tessera::kernels (cuda): activation gradients are float32 or bf16");
+  static_assert(std::is_same_v<G, float> || is_half_v<G>,
+                "tessera::kernels (cuda): activation gradients are float32, bf16 or fp16");
 }
-// `src` (n elements of G) as bf16: the pointer itself for bf16, else a
-// rounded copy in `tmp` (scratch on the context's stream).
-template <class G>
-const bf16* as_bf16(const cuda_context& ctx, const G* src, std::int64_t n,
+// `src` (n elements of G) as the storage type T: the pointer itself when G
+// is T, else (G float) a rounded copy in `tmp` (scratch on the context's
+// stream).
+template <class T, class G>
+const T* as_storage(const cuda_context& ctx, const G* src, std::int64_t n,
                     tensor<std::uint8_t, tessera::cuda>& tmp) {
-  if constexpr (std::is_same_v<G, bf16>) {
+  static_assert(std::is_same_v<G, T> || std::is_same_v<G, float>,
+                "tessera::kernels (cuda): activation gradients are float32 or the storage type");
+  if constexpr (std::is_same_v<G, T>) {
     return src;
   } else {
-    tmp = ctx.scratch(static_cast<std::size_t>(n) * sizeof(bf16));
-    bf16* d = reinterpret_cast<bf16*>(tmp.data());
-    cuda::cast<bf16, float>(d, src, n, ctx.stream());
+    tmp = ctx.scratch(static_cast<std::size_t>(n) * sizeof(T));
+    T* d = reinterpret_cast<T*>(tmp.data());
+    cuda::cast<T, float>(d, src, n, ctx.stream());
     return d;
   }
 }
@@ -76,14 +82,14 @@ const bf16* as_bf16(const cuda_context& ctx, const G* src, std::int64_t n,
 
 // ---- embedding --------------------------------------------------------------------------------
 
-/// out (N, H) = wte[tokens] (wte (V, H) bf16); an id outside [0, V) embeds to zeros.
+/// out (N, H) = wte[tokens] (wte (V, H) bf16 or fp16); an id outside [0, V) embeds to zeros.
 /// Throws config_error for a non-negative ignore_index (file comment).
 template <class T>
 void embedding_forward(const cuda_context& ctx, T* out, const std::int32_t* tokens, const T* wte,
                        std::int64_t N, std::int64_t V, std::int64_t H,
                        std::int32_t ignore_index = -100) {
-  TESSERA_THROW_IF(ignore_index >= 0, config_error, "embedding_forward (cuda): ignore_index=",
-                   ignore_index,
+  TESSERA_THROW_IF(ignore_index >= 0, config_error,
+                   "embedding_forward (cuda): ignore_index=", ignore_index,
                    " must be negative (an out-of-range id is what embeds to zeros on the GPU)");
   cuda::embedding_forward<T>(out, tokens, wte, N, V, H, ctx.stream());
 }
@@ -96,8 +102,8 @@ void embedding_backward(const cuda_context& ctx, G* dwte, const GA* dout,
                         std::int32_t ignore_index = -100) {
   static_assert(std::is_same_v<G, float>, "embedding_backward (cuda): dwte is float32");
   detail::cuda_grad_check<GA>();
-  TESSERA_THROW_IF(ignore_index >= 0, config_error, "embedding_backward (cuda): ignore_index=",
-                   ignore_index, " must be negative");
+  TESSERA_THROW_IF(ignore_index >= 0, config_error,
+                   "embedding_backward (cuda): ignore_index=", ignore_index, " must be negative");
   cuda::embedding_backward<GA>(dwte, dout, tokens, N, V, H, ctx.stream());
 }
 
@@ -105,12 +111,11 @@ void embedding_backward(const cuda_context& ctx, G* dwte, const GA* dout,
 /// v_begin + Vl), or ignore_index (kernels::embedding_local_ids; ids are
 /// not validated on the device, file comment). Throws config_error for a
 /// non-negative ignore_index.
-inline void embedding_local_ids(const cuda_context& ctx, std::int32_t* out,
-                                const std::int32_t* ids, std::int64_t N, std::int64_t V,
-                                std::int64_t v_begin, std::int64_t Vl,
-                                std::int32_t ignore_index) {
-  TESSERA_THROW_IF(ignore_index >= 0, config_error, "embedding_local_ids (cuda): ignore_index=",
-                   ignore_index, " must be negative");
+inline void embedding_local_ids(const cuda_context& ctx, std::int32_t* out, const std::int32_t* ids,
+                                std::int64_t N, std::int64_t V, std::int64_t v_begin,
+                                std::int64_t Vl, std::int32_t ignore_index) {
+  TESSERA_THROW_IF(ignore_index >= 0, config_error,
+                   "embedding_local_ids (cuda): ignore_index=", ignore_index, " must be negative");
   TESSERA_THROW_IF(V < 1, config_error, "embedding_local_ids (cuda): V=", V, " must be >= 1");
   cuda::embedding_local_ids(out, ids, N, v_begin, Vl, ignore_index, ctx.stream());
 }
@@ -138,7 +143,7 @@ void rmsnorm_backward(const cuda_context& ctx, GA* dinp, G* dweight, const GA* d
 
 // ---- linear layers (cuBLASLt) -----------------------------------------------------------------
 
-/// out (M, N) = inp (M, K) weight^T (weight (N, K)), bf16, cuBLASLt. Throws
+/// out (M, N) = inp (M, K) weight^T (weight (N, K)), bf16 or fp16, cuBLASLt. Throws
 /// cuda_error when cuBLASLt has no algorithm for the shape.
 template <class T>
 void linear_forward(const cuda_context& ctx, T* out, const T* inp, const T* weight, std::int64_t M,
@@ -148,7 +153,7 @@ void linear_forward(const cuda_context& ctx, T* out, const T* inp, const T* weig
 }
 
 /// dinp (M, K) = (or += with accumulate) dout (M, N) weight; a float32 dout is
-/// rounded to bf16 scratch first. Throws as linear_forward.
+/// rounded to the storage type T in scratch first. Throws as linear_forward.
 template <class T, class GA>
 void linear_backward_input(const cuda_context& ctx, GA* dinp, const GA* dout, const T* weight,
                            std::int64_t M, std::int64_t N, std::int64_t K,
@@ -156,9 +161,8 @@ void linear_backward_input(const cuda_context& ctx, GA* dinp, const GA* dout, co
   detail::cuda_storage_check<T>();
   detail::cuda_grad_check<GA>();
   tensor<std::uint8_t, tessera::cuda> tmp;
-  const bf16* dy = detail::as_bf16(ctx, dout, M * N, tmp);
-  cuda::linear_backward_input<GA>(ctx.blas(), dinp, dy, weight, M, N, K, ctx.stream(),
-                                  accumulate);
+  const T* dy = detail::as_storage<T>(ctx, dout, M * N, tmp);
+  cuda::linear_backward_input<GA>(ctx.blas(), dinp, dy, weight, M, N, K, ctx.stream(), accumulate);
 }
 
 /// dweight (N, K) float32 += dout^T (M, N) inp (M, K). Throws as linear_forward.
@@ -169,7 +173,7 @@ void linear_backward_weight(const cuda_context& ctx, G* dweight, const GA* dout,
   detail::cuda_grad_check<GA>();
   static_assert(std::is_same_v<G, float>, "linear_backward_weight (cuda): dweight is float32");
   tensor<std::uint8_t, tessera::cuda> tmp;
-  const bf16* dy = detail::as_bf16(ctx, dout, M * N, tmp);
+  const T* dy = detail::as_storage<T>(ctx, dout, M * N, tmp);
   cuda::linear_backward_weight(ctx.blas(), dweight, dy, inp, M, N, K, ctx.stream());
 }
 
@@ -220,17 +224,17 @@ void cast(const cuda_context& ctx, To* out, const From* in, std::int64_t n) {
 
 /// Flat elements [lo, hi) of a parameter buffer drawn in place (out: hi - lo
 /// elements, device memory), as the host overload (kernels/weight_init.hpp);
-/// `tensors` in host memory. Param float32 or bf16.
+/// `tensors` in host memory. Param float32, bf16 or fp16.
 template <class Param>
 void weight_init(const cuda_context& ctx, std::span<const weight_init_tensor> tensors,
                  std::int64_t lo, std::int64_t hi, Param* out) {
-  static_assert(std::is_same_v<Param, float> || std::is_same_v<Param, bf16>,
-                "weight_init (cuda): parameters are float32 or bf16 on the GPU");
+  static_assert(std::is_same_v<Param, float> || is_half_v<Param>,
+                "weight_init (cuda): parameters are float32, bf16 or fp16 on the GPU");
   cuda::weight_init<Param>(out, tensors.data(), static_cast<std::int64_t>(tensors.size()), lo, hi,
                            ctx.stream());
 }
 
-// ---- attention (flash attention, bf16) --------------------------------------------------------
+// ---- attention (flash attention, bf16 or fp16) ---------------------------------------------
 
 /// Throws config_error, naming the values and the limit, when the flash
 /// attention kernels cannot run these heads on sequences of up to S tokens:
@@ -242,18 +246,18 @@ inline void attention_check_shape(const cuda_context&, std::int64_t S, std::int6
 }
 
 /// Causal flash attention: out (B, S, nh, hd) and lse (B, nh, S) float32 from
-/// q (B, S, nh, hd), k, v (B, S, nkv, hd), bf16. Throws config_error as
+/// q (B, S, nh, hd), k, v (B, S, nkv, hd), bf16 or fp16. Throws config_error as
 /// attention_check_shape.
 template <class T>
 void attention_forward(const cuda_context& ctx, T* out, float* lse, const T* q, const T* k,
-                       const T* v, std::int64_t B, std::int64_t S, std::int64_t nh, std::int64_t nkv,
-                       std::int64_t hd) {
+                       const T* v, std::int64_t B, std::int64_t S, std::int64_t nh,
+                       std::int64_t nkv, std::int64_t hd) {
   detail::cuda_storage_check<T>();
   cuda::flash_attention_forward(out, lse, q, k, v, B, S, nh, nkv, hd, ctx.stream());
 }
 
 /// dq, dk, dv (=, not +=) from dout and the forward's out and lse; float32
-/// gradients go through bf16 scratch. Scratch:
+/// gradients go through scratch of the storage type T. Scratch:
 /// cuda::flash_attention_backward_scratch_bytes. Throws as attention_forward.
 template <class T, class G>
 void attention_backward(const cuda_context& ctx, G* dq, G* dk, G* dv, const G* dout, const T* q,
@@ -262,22 +266,22 @@ void attention_backward(const cuda_context& ctx, G* dq, G* dk, G* dv, const G* d
   detail::cuda_storage_check<T>();
   detail::cuda_grad_check<G>();
   auto s = ctx.scratch(cuda::flash_attention_backward_scratch_bytes(B, S, nh, nkv, hd));
-  if constexpr (std::is_same_v<G, bf16>) {
-    cuda::flash_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, B, S, nh, nkv, hd,
-                                   s.data(), s.bytes(), ctx.stream());
+  if constexpr (std::is_same_v<G, T>) {
+    cuda::flash_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, B, S, nh, nkv, hd, s.data(),
+                                   s.bytes(), ctx.stream());
   } else {
-    // float32 gradients: bf16 in and out of the kernel, widened after.
+    // float32 gradients: T in and out of the kernel, widened after.
     const std::int64_t nq = B * S * nh * hd, nk = B * S * nkv * hd;
     tensor<std::uint8_t, tessera::cuda> tdout;
-    const bf16* dy = detail::as_bf16(ctx, dout, nq, tdout);
-    auto g = ctx.scratch(static_cast<std::size_t>(nq + 2 * nk) * sizeof(bf16));
-    bf16* gq = reinterpret_cast<bf16*>(g.data());
-    bf16 *gk = gq + nq, *gv = gk + nk;
+    const T* dy = detail::as_storage<T>(ctx, dout, nq, tdout);
+    auto g = ctx.scratch(static_cast<std::size_t>(nq + 2 * nk) * sizeof(T));
+    T* gq = reinterpret_cast<T*>(g.data());
+    T *gk = gq + nq, *gv = gk + nk;
     cuda::flash_attention_backward(gq, gk, gv, dy, q, k, v, out, lse, B, S, nh, nkv, hd, s.data(),
                                    s.bytes(), ctx.stream());
-    cuda::cast<float, bf16>(dq, gq, nq, ctx.stream());
-    cuda::cast<float, bf16>(dk, gk, nk, ctx.stream());
-    cuda::cast<float, bf16>(dv, gv, nk, ctx.stream());
+    cuda::cast<float, T>(dq, gq, nq, ctx.stream());
+    cuda::cast<float, T>(dk, gk, nk, ctx.stream());
+    cuda::cast<float, T>(dv, gv, nk, ctx.stream());
   }
 }
 
@@ -295,27 +299,29 @@ void lm_head_cross_entropy(const cuda_context& ctx, double* loss_sum, const T* x
   detail::cuda_storage_check<T>();
   static_assert(std::is_same_v<G, float>, "lm_head_cross_entropy (cuda): dwlm is float32");
   auto s = ctx.scratch(cuda::lm_head_cross_entropy_scratch_bytes(N, V, H, chunk));
-  if constexpr (std::is_same_v<GA, bf16>) {
+  if constexpr (std::is_same_v<GA, T>) {
     cuda::lm_head_cross_entropy(ctx.blas(), loss_sum, x, wlm, targets, N, V, H, ignore_index,
                                 grad_scale, dx, dwlm, chunk, s.data(), s.bytes(), ctx.stream());
   } else {
     detail::cuda_grad_check<GA>();
+    static_assert(std::is_same_v<GA, float>,
+                  "lm_head_cross_entropy (cuda): dx is float32 or the storage type");
     tensor<std::uint8_t, tessera::cuda> d16;
-    bf16* dxb = nullptr;
+    T* dxb = nullptr;
     if (dx) {
-      d16 = ctx.scratch(static_cast<std::size_t>(N * H) * sizeof(bf16));
-      dxb = reinterpret_cast<bf16*>(d16.data());
+      d16 = ctx.scratch(static_cast<std::size_t>(N * H) * sizeof(T));
+      dxb = reinterpret_cast<T*>(d16.data());
     }
     cuda::lm_head_cross_entropy(ctx.blas(), loss_sum, x, wlm, targets, N, V, H, ignore_index,
                                 grad_scale, dxb, dwlm, chunk, s.data(), s.bytes(), ctx.stream());
-    if (dx) cuda::cast<float, bf16>(dx, dxb, N * H, ctx.stream());
+    if (dx) cuda::cast<float, T>(dx, dxb, N * H, ctx.stream());
   }
 }
 
 /// The vocabulary-parallel LM head with cross-entropy (Megatron's
 /// vocab-parallel cross-entropy), as the host overload in
 /// kernels/cross_entropy.hpp: this rank holds rows [v_begin, v_begin + Vl)
-/// of the padded vocabulary (wlm (Vl, H) bf16, dwlm (Vl, H) float32 +=);
+/// of the padded vocabulary (wlm (Vl, H) bf16 or fp16, dwlm (Vl, H) float32 +=);
 /// per chunk of rows its logits (a cuBLASLt GEMM), then `reduce(bool max,
 /// float* values, std::int64_t n)` (an in-place all-reduce over the tp
 /// group, on the context's stream: an NCCL communicator) combines the row
@@ -323,30 +329,33 @@ void lm_head_cross_entropy(const cuda_context& ctx, double* loss_sum, const T* x
 /// (N, H) is written with this rank's partial sum (all-reduce it). Every
 /// chunk reduces. Targets are not validated on the device (a target
 /// outside [0, V) gives a NaN loss and gradient, as lm_head_cross_entropy).
-/// Scratch: (chunk, Vl) float logits and bf16 logit gradients, 3 chunk
-/// floats, N doubles (and N H bf16 for a float32 dx). Throws config_error
+/// Scratch: (chunk, Vl) float logits and 16-bit logit gradients, 3 chunk
+/// floats, N doubles (and N H 16-bit values for a float32 dx). Throws config_error
 /// for a size < 1, a slice outside [0, V + Vl), chunk < 1, only one of dx
 /// and dwlm, or (unlike the host overload) a non-negative ignore_index,
 /// as the GPU embedding.
 template <class T, class GA, class G, class Reduce>
 void lm_head_cross_entropy_vocab_parallel(const cuda_context& ctx, double* loss_sum, const T* x,
-                                          const T* wlm, const std::int32_t* targets,
-                                          std::int64_t N, std::int64_t V, std::int64_t v_begin,
-                                          std::int64_t Vl, std::int64_t H,
-                                          std::int32_t ignore_index, float grad_scale, GA* dx,
-                                          G* dwlm, std::int64_t chunk, Reduce&& reduce) {
+                                          const T* wlm, const std::int32_t* targets, std::int64_t N,
+                                          std::int64_t V, std::int64_t v_begin, std::int64_t Vl,
+                                          std::int64_t H, std::int32_t ignore_index,
+                                          float grad_scale, GA* dx, G* dwlm, std::int64_t chunk,
+                                          Reduce&& reduce) {
   detail::cuda_storage_check<T>();
   static_assert(std::is_same_v<G, float>,
                 "lm_head_cross_entropy_vocab_parallel (cuda): dwlm is float32");
   detail::cuda_grad_check<GA>();
+  static_assert(std::is_same_v<GA, T> || std::is_same_v<GA, float>,
+                "lm_head_cross_entropy_vocab_parallel (cuda): dx is float32 or the storage type");
   TESSERA_THROW_IF(N <= 0 || H <= 0 || V <= 0 || Vl <= 0, config_error,
                    "lm_head_cross_entropy_vocab_parallel (cuda): every size must be >= 1, got N=",
                    N, " H=", H, " V=", V, " Vl=", Vl);
   TESSERA_THROW_IF(v_begin < 0 || v_begin >= V + Vl, config_error,
                    "lm_head_cross_entropy_vocab_parallel (cuda): slice [", v_begin, ", ",
                    v_begin + Vl, ") is outside the padded vocabulary of V=", V);
-  TESSERA_THROW_IF(chunk <= 0, config_error, "lm_head_cross_entropy_vocab_parallel (cuda): chunk=",
-                   chunk, " must be >= 1 token rows");
+  TESSERA_THROW_IF(chunk <= 0, config_error,
+                   "lm_head_cross_entropy_vocab_parallel (cuda): chunk=", chunk,
+                   " must be >= 1 token rows");
   TESSERA_THROW_IF((dx == nullptr) != (dwlm == nullptr), config_error,
                    "lm_head_cross_entropy_vocab_parallel (cuda): pass both dx and dwlm or neither");
   TESSERA_THROW_IF(ignore_index >= 0, config_error,
@@ -360,18 +369,18 @@ void lm_head_cross_entropy_vocab_parallel(const cuda_context& ctx, double* loss_
   tensor<std::uint8_t, tessera::cuda> logits_buf = f32(C * Vl), stats_buf = f32(3 * C);
   tensor<std::uint8_t, tessera::cuda> rows_buf = ctx.scratch(static_cast<std::size_t>(N) * 8);
   tensor<std::uint8_t, tessera::cuda> dlogits_buf, dx_buf;
-  if (grad) dlogits_buf = ctx.scratch(static_cast<std::size_t>(C * Vl) * sizeof(bf16));
+  if (grad) dlogits_buf = ctx.scratch(static_cast<std::size_t>(C * Vl) * sizeof(T));
   float* logits = reinterpret_cast<float*>(logits_buf.data());
   float* mx = reinterpret_cast<float*>(stats_buf.data());
   float* se = mx + C;  // se[0, c): sums of exps; se[c, 2c): target logits
   double* row_loss = reinterpret_cast<double*>(rows_buf.data());
-  bf16* dlogits = grad ? reinterpret_cast<bf16*>(dlogits_buf.data()) : nullptr;
-  bf16* dxb = nullptr;  // dx as bf16 (the GEMM's output type)
-  if constexpr (std::is_same_v<GA, bf16>) {
+  T* dlogits = grad ? reinterpret_cast<T*>(dlogits_buf.data()) : nullptr;
+  T* dxb = nullptr;  // dx as T (the GEMM's output type)
+  if constexpr (std::is_same_v<GA, T>) {
     dxb = dx;
   } else if (grad) {
-    dx_buf = ctx.scratch(static_cast<std::size_t>(N * H) * sizeof(bf16));
-    dxb = reinterpret_cast<bf16*>(dx_buf.data());
+    dx_buf = ctx.scratch(static_cast<std::size_t>(N * H) * sizeof(T));
+    dxb = reinterpret_cast<T*>(dx_buf.data());
   }
   for (std::int64_t r0 = 0; r0 < N; r0 += C) {
     const std::int64_t c = std::min(C, N - r0);
@@ -385,12 +394,12 @@ void lm_head_cross_entropy_vocab_parallel(const cuda_context& ctx, double* loss_
     cuda::vocab_parallel_ce_row_grad(row_loss + r0, dlogits, logits, mx, se, targets + r0, c,
                                      v_begin, Vl, real, ignore_index, grad_scale, st);
     if (!grad) continue;
-    cuda::linear_backward_input<bf16>(ctx.blas(), dxb + r0 * H, dlogits, wlm, c, Vl, H, st);
+    cuda::linear_backward_input<T>(ctx.blas(), dxb + r0 * H, dlogits, wlm, c, Vl, H, st);
     cuda::linear_backward_weight(ctx.blas(), dwlm, dlogits, xc, c, Vl, H, st);
   }
   cuda::lm_head_ce_finish(loss_sum, row_loss, dxb, targets, N, H, ignore_index, st);
-  if constexpr (!std::is_same_v<GA, bf16>)
-    if (grad) cuda::cast<float, bf16>(dx, dxb, N * H, st);
+  if constexpr (!std::is_same_v<GA, T>)
+    if (grad) cuda::cast<float, T>(dx, dxb, N * H, st);
 }
 
 /// logits (V) float32 = wlm (V, H) x_row (H): one row, for sampling.

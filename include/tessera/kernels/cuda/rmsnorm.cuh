@@ -211,8 +211,9 @@ void rmsnorm_backward_launch(const Launcher& launch, G* d_dinp, float* d_dweight
                              const T* d_inp, const T* d_weight, const float* d_rstd, std::int64_t N,
                              std::int64_t H, void* d_scratch, std::size_t scratch_bytes,
                              bool accumulate_dinp) {
-  static_assert(std::is_same_v<G, float> || (std::is_same_v<T, bf16> && std::is_same_v<G, bf16>),
-                "tessera::kernels::cuda::rmsnorm_backward: G must be float, or bf16 with bf16 T");
+  static_assert(std::is_same_v<G, float> || (is_half_v<T> && std::is_same_v<G, T>),
+                "tessera::kernels::cuda::rmsnorm_backward: G must be float, or the 16-bit "
+                "storage type T itself (bf16 or fp16)");
   const launch_config rows = rmsnorm_row_config(N, H);
   const launch_config part = rmsnorm_dweight_partial_config(N, H);
   const launch_config red = rmsnorm_dweight_reduce_config(H);

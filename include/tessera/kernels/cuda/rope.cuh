@@ -126,8 +126,8 @@ void rope_launch(const Launcher& launch, T* x, const float* cos, const float* si
 template <class Launcher, class T>
 void rope_forward_launch(const Launcher& launch, T* d_x, const float* d_cos, const float* d_sin,
                          std::int64_t B, std::int64_t T_, std::int64_t nh, std::int64_t hd) {
-  static_assert(std::is_same_v<T, float> || std::is_same_v<T, bf16>,
-                "tessera::kernels::cuda::rope_forward: T must be float or bf16");
+  static_assert(std::is_same_v<T, float> || is_half_v<T>,
+                "tessera::kernels::cuda::rope_forward: T must be float, bf16 or fp16");
   constexpr int V = detail::vec_width<T>;
   detail::rope_launch<detail::rope_forward_body<T, V>, detail::rope_forward_body<T, 1>, V>(
       launch, d_x, d_cos, d_sin, B, T_, nh, hd);
@@ -137,8 +137,8 @@ void rope_forward_launch(const Launcher& launch, T* d_x, const float* d_cos, con
 template <class Launcher, class G>
 void rope_backward_launch(const Launcher& launch, G* d_dx, const float* d_cos, const float* d_sin,
                           std::int64_t B, std::int64_t T_, std::int64_t nh, std::int64_t hd) {
-  static_assert(std::is_same_v<G, float> || std::is_same_v<G, bf16>,
-                "tessera::kernels::cuda::rope_backward: G must be float or bf16");
+  static_assert(std::is_same_v<G, float> || is_half_v<G>,
+                "tessera::kernels::cuda::rope_backward: G must be float, bf16 or fp16");
   constexpr int V = detail::vec_width<G>;
   detail::rope_launch<detail::rope_backward_body<G, V>, detail::rope_backward_body<G, 1>, V>(
       launch, d_dx, d_cos, d_sin, B, T_, nh, hd);

@@ -104,8 +104,9 @@ void swiglu_forward_launch(const Launcher& launch, T* d_out, const T* d_gate, co
 template <class Launcher, class T, class G>
 void swiglu_backward_launch(const Launcher& launch, G* d_dgate, G* d_dup, const G* d_dout,
                             const T* d_gate, const T* d_up, std::int64_t n) {
-  static_assert(std::is_same_v<G, float> || (std::is_same_v<T, bf16> && std::is_same_v<G, bf16>),
-                "tessera::kernels::cuda::swiglu_backward: G must be float, or bf16 with bf16 T");
+  static_assert(std::is_same_v<G, float> || (is_half_v<T> && std::is_same_v<G, T>),
+                "tessera::kernels::cuda::swiglu_backward: G must be float, or the 16-bit "
+                "storage type T itself (bf16 or fp16)");
   constexpr int V = detail::vec_width<T, G>;
   const launch_config c = elementwise_config(n, V);
   if (n == 0) return;

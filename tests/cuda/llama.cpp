@@ -204,9 +204,6 @@ TEMPLATE_TEST_CASE("trainer<P, cuda>: 10 steps equal trainer<P, host> within bf1
   }
   // The device allocator against the plan: the persistent bytes exactly; the
   // peak (requested bytes, not the allocator's rounded blocks) within 1%.
-  // The planner has no fp16_mixed entry yet (plan/state.hpp): the byte
-  // check is bf16's only.
-  if constexpr (std::is_same_v<TestType, precision::fp16_mixed>) return;
   plan::cuda_step_options po;
   po.micro_batch = t.micro_batch;
   po.seq = t.seq;

@@ -60,8 +60,8 @@ inline memory_plan plan_cuda_step(const nn::llama_config& c, const cuda_step_opt
                    " must be >= 1");
   const dtype_sizes d = dtype_sizes::from_name(o.precision);
   TESSERA_THROW_IF(d.param != 2, config_error, "precision ", o.precision,
-                   ": the GPU trains bf16 weights and activations (bf16_mixed or "
-                   "bf16_mixed_bf16_grads)");
+                   ": the GPU trains 16-bit weights and activations (bf16_mixed, "
+                   "bf16_mixed_bf16_grads or fp16_mixed)");
   activation_options a;
   a.micro_batch = o.micro_batch;
   a.seq = o.seq;

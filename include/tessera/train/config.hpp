@@ -18,6 +18,7 @@
 #include "tessera/optim/schedule.hpp"
 #include "tessera/optim/sgd.hpp"
 #include "tessera/parallel/pipeline_schedule.hpp"
+#include "tessera/precision/fp8_scaling.hpp"
 #include "tessera/precision/loss_scaler.hpp"
 
 namespace tessera::train {

@@ -54,9 +54,12 @@ using namespace tessera;
 
 namespace {
 
-// The policy a --precision names: "bf16" and "fp16" are short for the mixed policies.
+// The policy a --precision names: "bf16", "fp16" and "fp8" are short for the mixed policies.
 std::string policy_name(const std::string& p) {
-  return p == "bf16" ? "bf16_mixed" : p == "fp16" ? "fp16_mixed" : p;
+  return p == "bf16"   ? "bf16_mixed"
+         : p == "fp16" ? "fp16_mixed"
+         : p == "fp8"  ? "fp8_mixed"
+                       : p;
 }
 
 struct options {
@@ -483,7 +486,7 @@ int main(int argc, char** argv) {
   CLI::App app{"plan: per-rank memory, FLOPs and communication of a Llama training step"};
   app.add_option("--preset", o.preset, "tiny, small, llama2_7b, llama3_8b")->capture_default_str();
   app.add_option("--precision", o.precision,
-                 "fp32, fp64, bf16_mixed, bf16_mixed_bf16_grads, fp16_mixed (or fp16), seed004 "
+                 "fp32, fp64, bf16_mixed, bf16_mixed_bf16_grads, fp16_mixed (or fp16), fp8_mixed (or fp8), seed004 "
                  "(--gpu-step: bf16_mixed_bf16_grads)")
       ->capture_default_str();
   app.add_option("--dp", o.dp, "data-parallel ranks")->capture_default_str();

@@ -254,7 +254,8 @@ int main(int argc, char** argv) {
       ->check(u64_digits);
   app.add_option("--precision", o.precision,
                  "fp32, bf16 (bf16_mixed), bf16_mixed_bf16_grads, fp16 (fp16_mixed: under a "
-                 "loss scale) or fp64; default fp32 on the host, bf16_mixed_bf16_grads on cuda");
+                 "loss scale), fp8 (fp8_mixed: FP8 GEMMs in the blocks' linear layers; host "
+                 "only) or fp64; default fp32 on the host, bf16_mixed_bf16_grads on cuda");
   app.add_option("--loss-scale", o.static_loss_scale,
                  "fp16: a static loss scale for the whole run (default: dynamic, from "
                  "--initial-loss-scale)")
@@ -276,6 +277,21 @@ int main(int argc, char** argv) {
                  "until it grows)")
       ->capture_default_str()
       ->check(R(std::int64_t{1}, std::int64_t{1000000}));
+  app.add_option("--fp8-scaling", o.fp8_scaling,
+                 "fp8: delayed (scales from an amax history) or current (from each tensor's "
+                 "own amax)")
+      ->capture_default_str();
+  app.add_option("--fp8-format", o.fp8_format,
+                 "fp8: hybrid (E4M3 forward, E5M2 gradients) or e4m3 (E4M3 everywhere)")
+      ->capture_default_str();
+  app.add_option("--fp8-amax-history", o.cfg.fp8.history,
+                 "fp8 delayed: the steps of amaxes a scale is taken from")
+      ->capture_default_str()
+      ->check(R(std::int64_t{1}, std::int64_t{1} << 20));
+  app.add_option("--fp8-margin", o.cfg.fp8.margin,
+                 "fp8: the scales are divided by 2^margin (headroom)")
+      ->capture_default_str()
+      ->check(R(0, 64));
   app.add_option("--optimizer", o.optimizer, "adamw or sgd (with momentum)")->capture_default_str();
   app.add_option("--momentum", o.cfg.sgd.momentum, "sgd: momentum")
       ->capture_default_str()
@@ -525,10 +541,11 @@ int main(int argc, char** argv) {
                ? train_llama::run_cuda(o, tok, created)
                : pick<precision::fp32, precision::bf16_mixed, precision::bf16_mixed,
                       precision::bf16_mixed_bf16_grads, precision::fp16_mixed,
-                      precision::fp16_mixed, precision::fp64>(
+                      precision::fp16_mixed, precision::fp8_mixed, precision::fp8_mixed,
+                      precision::fp64>(
                      "precision", o.precision,
                      {"fp32", "bf16", "bf16_mixed", "bf16_mixed_bf16_grads", "fp16", "fp16_mixed",
-                      "fp64"},
+                      "fp8", "fp8_mixed", "fp64"},
                      [&](auto p) {
                        using P = typename decltype(p)::type;
                        return train::dispatch_job<host, P>(o, tok, created);

@@ -16,6 +16,8 @@ extern template int dispatch_job<host, precision::bf16_mixed_bf16_grads>(
     job&, const std::filesystem::path&, created_paths&);
 extern template int dispatch_job<host, precision::fp16_mixed>(job&, const std::filesystem::path&,
                                                               created_paths&);
+extern template int dispatch_job<host, precision::fp8_mixed>(job&, const std::filesystem::path&,
+                                                             created_paths&);
 extern template int dispatch_job<host, precision::fp64>(job&, const std::filesystem::path&,
                                                         created_paths&);
 }  // namespace tessera::train

@@ -62,6 +62,7 @@
 #include "tessera/kernels/weight_init.hpp"
 #include "tessera/nn/checkpointing.hpp"
 #include "tessera/nn/embedding.hpp"
+#include "tessera/nn/fp8_linear.hpp"
 #include "tessera/nn/linear.hpp"
 #include "tessera/nn/llama_config.hpp"
 #include "tessera/nn/llama_layout.hpp"
@@ -186,8 +187,14 @@ class llama {
       }
       sequence_parallel_ = layers.sequence_parallel && layers.size() > 1;
     }
+    if constexpr (precision::fp8_linear<P>) {  // the stage's blocks' FP8 states, never moved
+      opt_.fp8.validate();
+      fp8_.reserve(static_cast<std::size_t>((st.last_block - st.first_block) * block_linears));
+      for (std::int64_t i = 0; i < (st.last_block - st.first_block) * block_linears; ++i)
+        fp8_.emplace_back(opt_.fp8);
+    }
     for (int l = 0; l < static_cast<int>(L); ++l)
-      blocks_.emplace_back(cfg_, layout_, l, global_segment_begin(l), layers);
+      blocks_.emplace_back(cfg_, layout_, l, global_segment_begin(l), layers, fp8_states(l));
     // Under tensor parallelism the vocabulary is split by rows (padded to a
     // multiple of tp): this rank's slice starts at the layout's shard_begin.
     const param_entry& emb = layout_.at("embedding");
@@ -724,7 +731,48 @@ class llama {
     return blocks_;
   }
 
+  // ---- FP8 policies (precision::fp8_linear<P>; empty otherwise) ------------------------------
+
+  /// The FP8 states of the stage's blocks: block_linears per block
+  /// (block_linear_names order), block first_block's first.
+  std::span<fp8_linear_state> fp8_linear_states() {
+    return fp8_;
+  }
+  std::span<const fp8_linear_state> fp8_linear_states() const {
+    return fp8_;
+  }
+  /// Block l's block_linears FP8 states, or nullptr for a block outside the
+  /// stage (or a policy without FP8).
+  fp8_linear_state* fp8_states(int l) {
+    if (fp8_.empty() || l < opt_.stage.first_block || l >= opt_.stage.last_block) return nullptr;
+    return &fp8_[static_cast<std::size_t>((l - opt_.stage.first_block) * block_linears)];
+  }
+  /// The stage's FP8 states by global linear name ("blocks.3.attn.wq":
+  /// fp8_linear_state::state()), for a checkpoint's run state; an empty
+  /// object without FP8.
+  nlohmann::json fp8_state() const {
+    nlohmann::json j = nlohmann::json::object();
+    for (std::size_t i = 0; i < fp8_.size(); ++i) j[fp8_name(i)] = fp8_[i].state();
+    return j;
+  }
+  /// Restores the stage's FP8 states from `j` (as fp8_state() wrote, any
+  /// other blocks ignored). Throws io_error naming a linear `j` lacks or
+  /// whose state is malformed.
+  void restore_fp8_state(const nlohmann::json& j) {
+    for (std::size_t i = 0; i < fp8_.size(); ++i) {
+      const std::string n = fp8_name(i);
+      TESSERA_THROW_IF(!j.is_object() || !j.contains(n), io_error, "the FP8 state has no ", n);
+      fp8_[i].restore(j[n]);
+    }
+  }
+
  private:
+  // The global name of FP8 state i ("blocks.<l>.attn.wq").
+  std::string fp8_name(std::size_t i) const {
+    const std::int64_t l = opt_.stage.first_block + static_cast<std::int64_t>(i) / block_linears;
+    return "blocks." + std::to_string(l) + "." + block_linear_names[i % block_linears];
+  }
+
   // Host windows staged into the context's memory for one call.
   struct staged_batch {
     tensor<std::int32_t, Backend> tok;  // (2N): inputs, then targets
@@ -835,9 +883,19 @@ class llama {
     return x;
   }
 
-  // The stage's embedding (or its input) and blocks without records (evaluation).
+  // The stage's embedding (or its input) and blocks without records
+  // (evaluation: the FP8 scales are read, not moved).
   tensor<Param, Backend> forward_no_record(const micro_batch<Param>& mb, block_shape s) {
     const Ctx& ctx = *ctx_;
+    struct unobserved {  // the FP8 states observe again on every exit
+      std::vector<fp8_linear_state>& v;
+      explicit unobserved(std::vector<fp8_linear_state>& s) : v(s) {
+        for (auto& f : v) f.observe = false;
+      }
+      ~unobserved() {
+        for (auto& f : v) f.observe = true;
+      }
+    } guard(fp8_);
     tensor<Param, Backend> x = embed_input(mb, nullptr, s);
     typename block_type::scratch proj;
     if (opt_.stage.last_block > opt_.stage.first_block)
@@ -870,6 +928,9 @@ class llama {
   embed_type embed_;
   std::vector<block_type> blocks_;  // every block of the model (only the stage's run)
   head_type head_;
+  // FP8 policies: block_linears states per block of the stage, block
+  // first_block's first (the blocks point into it: built once, never resized).
+  std::vector<fp8_linear_state> fp8_;
 };
 
 }  // namespace tessera::nn

@@ -15,6 +15,7 @@
 #include "tessera/nn/llama_layout.hpp"
 #include "tessera/nn/lm_head.hpp"
 #include "tessera/nn/transformer_block.hpp"
+#include "tessera/precision/fp8_scaling.hpp"
 #include "tessera/precision/policy.hpp"
 
 namespace tessera::nn {
@@ -51,6 +52,9 @@ struct llama_options {
   /// hf_checkpoint::reader()), the seed unused. Not owned: the reader (and
   /// what it reads) must outlive every init_weights* call.
   const tensor_reader* weights = nullptr;
+  /// Under an FP8 policy (precision::fp8_linear<P>): the recipe of the
+  /// blocks' FP8 linear layers (nn/fp8_linear.hpp); unused otherwise.
+  precision::fp8_recipe fp8{};
 };
 
 /// What one micro-batch's training forward leaves for its backward.

@@ -35,6 +35,7 @@
 #include "tessera/kernels/rope.hpp"
 #include "tessera/kernels/swiglu.hpp"
 #include "tessera/nn/checkpointing.hpp"
+#include "tessera/nn/fp8_linear.hpp"
 #include "tessera/nn/linear.hpp"
 #include "tessera/nn/llama_config.hpp"
 #include "tessera/nn/param_layout.hpp"
@@ -193,6 +194,11 @@ struct block_bytes {
 /// Key/value heads replicated over tp/nkv ranks (tp > nkv): each replica's
 /// wk and wv gradient is its query heads' part, summed over exactly the
 /// replicas (Layers::all_reduce_kv_replicas) before it is accumulated.
+///
+/// Under an FP8 policy (precision::fp8_linear<P>) the seven linear layers
+/// run as FP8 GEMMs (nn/fp8_linear.hpp) with the scales of the block's
+/// seven fp8_linear_state (block_linear_names order), which the model owns;
+/// under every other policy no FP8 code is compiled in.
 template <precision::policy P, class Ctx, class Layers = dense_layers>
 class transformer_block {
  public:
@@ -209,12 +215,14 @@ class transformer_block {
   transformer_block() = default;
   /// Block `l` of `layout` (make_llama_layout(c), or its tp rank's), whose
   /// segment starts at flat offset `segment_begin`; `layers` reduces the
-  /// partial sums (its group must outlive the block). Throws tessera::error
-  /// if a tensor of the block is missing, config_error if the layout is
-  /// not a shard of `layers`' group.
+  /// partial sums (its group must outlive the block). `fp8`: under an FP8
+  /// policy, the block's seven FP8 linear states (block_linear_names
+  /// order; not owned, must outlive the block's calls), else unused.
+  /// Throws tessera::error if a tensor of the block is missing,
+  /// config_error if the layout is not a shard of `layers`' group.
   transformer_block(const llama_config& c, const param_layout& layout, int l,
-                    std::int64_t segment_begin, Layers layers = {})
-      : layers_(layers), l_(l), H_(c.dim), hd_(c.head_dim()), eps_(c.norm_eps) {
+                    std::int64_t segment_begin, Layers layers = {}, fp8_linear_state* fp8 = nullptr)
+      : layers_(layers), fp8_(fp8), l_(l), H_(c.dim), hd_(c.head_dim()), eps_(c.norm_eps) {
     const std::string b = "blocks." + std::to_string(l) + ".";
     auto entry = [&](const char* n) -> const param_entry& { return layout.at(b + n); };
     const param_entry& wq = entry("attn.wq");
@@ -380,6 +388,20 @@ class transformer_block {
   template <bool SP, class T>
   using rows_t = std::conditional_t<SP, token_sharded<T>, replicated<T>>;
 
+  // Linear layer `i` (block_linear_names order) as the policy runs it: the
+  // layer itself, or under an FP8 policy the layer with FP8 GEMMs and its
+  // scales (nn/fp8_linear.hpp).
+  template <class Layer>
+  decltype(auto) lin(const Layer& layer, int i) const {
+    if constexpr (precision::fp8_linear<P>) {
+      TESSERA_THROW_IF(fp8_ == nullptr, error, "block ", l_, ": the FP8 policy ", P::name,
+                       " needs the block's FP8 linear states (nn::llama owns them)");
+      return fp8_linear<Layer, Layers>(layer, layers_, fp8_[i]);
+    } else {
+      return (layer);
+    }
+  }
+
   // Token rows of the residual stream.
   std::int64_t rows(block_shape s) const {
     return s.sequence_parallel ? s.N() / layers_.size() : s.N();
@@ -432,21 +454,21 @@ class transformer_block {
   // wk's or wv's gradient: accumulated directly, or with replicated
   // key/value heads computed apart, summed over the replicas, then added.
   template <class GA, class T>
-  void kv_backward_weight(const Ctx& ctx, const typename Layers::column& layer, Grad* g,
+  void kv_backward_weight(const Ctx& ctx, const typename Layers::column& layer, int i, Grad* g,
                           feature_sharded<GA> d, replicated<T> x, workspace& w) const {
     if constexpr (Layers::tensor_parallel) {
       if (kv_replicas_ > 1) {
         typename Layers::column apart = layer;
         apart.offset = 0;
         kernels::zero_elements(ctx, w.dw.data(), layer.numel());
-        apart.backward_weight(ctx, w.dw.data(), d, x);
+        lin(apart, i).backward_weight(ctx, w.dw.data(), d, x);
         layers_.all_reduce_kv_replicas(
             partial_sum<Grad>{w.dw.data(), layer.out_features, layer.in_features});
         residual_add(ctx, g + layer.offset, g + layer.offset, w.dw.data(), layer.numel());
         return;
       }
     }
-    layer.backward_weight(ctx, g, d, x);
+    lin(layer, i).backward_weight(ctx, g, d, x);
   }
 
   template <bool SP>
@@ -457,7 +479,7 @@ class transformer_block {
     fill_record<SP>(ctx, r, p, s, sc.proj.data(), sc.gathered.data(), cos, sin);
     const std::int64_t N = s.N();
     const partial_sum<Param> down =
-        w_down_.forward(ctx, sc.proj.data(), features(r.h, N, F_), p);
+        lin(w_down_, 6).forward(ctx, sc.proj.data(), features(r.h, N, F_), p);
     x = kernels::make_tensor<Param>(ctx, rows(s) * H_);
     const rows_t<SP, Param> d = reduce<SP>(down, x.data());
     placed::residual_add(ctx, stream<SP>(x, s), cstream<SP>(r.x_mid, s), d);
@@ -481,25 +503,25 @@ class transformer_block {
     // MLP: y = x_mid + h Wd^T. dy reads dres (gathered under sequence
     // parallelism), which the MLP norm's backward then adds to.
     const replicated<const ActGrad> dy = complete<SP>(cstream<SP>(dres, s), w.dy.data());
-    const feature_sharded<ActGrad> dh = w_down_.backward_input(ctx, w.dh.data(), dy, p);
+    const feature_sharded<ActGrad> dh = lin(w_down_, 6).backward_input(ctx, w.dh.data(), dy, p);
     if (defer)
       keep(r.d_down, dy.data, N * H_);
     else
-      w_down_.backward_weight(ctx, g, dy, features(r.h, N, F_));
+      lin(w_down_, 6).backward_weight(ctx, g, dy, features(r.h, N, F_));
     swiglu_backward(ctx, w.dgate.data(), w.dup.data(), dh.data, r.gate.data(), r.up.data(),
                     N * F_);
     const feature_sharded<const ActGrad> dgate = features(w.dgate, N, F_),
                                          dup = features(w.dup, N, F_);
-    w_gate_.backward_input(ctx, w.dxn.data(), dgate, p);
+    lin(w_gate_, 4).backward_input(ctx, w.dxn.data(), dgate, p);
     const rows_t<SP, ActGrad> dxn2 =
-        reduce<SP>(w_up_.backward_input(ctx, w.dxn.data(), dup, p, true), w.dx_rows.data());
+        reduce<SP>(lin(w_up_, 5).backward_input(ctx, w.dxn.data(), dup, p, true), w.dx_rows.data());
     if (defer) {
       keep(r.d_gate, dgate.data, N * F_);
       keep(r.d_up, dup.data, N * F_);
     } else {
       const replicated<const Param> xn2 = complete<SP>(cstream<SP>(r.xn2, s), w.xg.data());
-      w_gate_.backward_weight(ctx, g, dgate, xn2);
-      w_up_.backward_weight(ctx, g, dup, xn2);
+      lin(w_gate_, 4).backward_weight(ctx, g, dgate, xn2);
+      lin(w_up_, 5).backward_weight(ctx, g, dup, xn2);
     }
     norm_backward<SP>(ctx, dres.data(), g + mlp_norm_, dxn2, r.x_mid.data(), p + mlp_norm_,
                       r.rstd2.data(), w);
@@ -513,11 +535,11 @@ class transformer_block {
     r.rstd2.release();
     // Attention: x_mid = x_in + att Wo^T
     const replicated<const ActGrad> dy2 = complete<SP>(cstream<SP>(dres, s), w.dy.data());
-    const feature_sharded<ActGrad> datt = wo_.backward_input(ctx, w.datt.data(), dy2, p);
+    const feature_sharded<ActGrad> datt = lin(wo_, 3).backward_input(ctx, w.datt.data(), dy2, p);
     if (defer)
       keep(r.d_o, dy2.data, N * H_);
     else
-      wo_.backward_weight(ctx, g, dy2, features(r.att, N, Hq_));
+      lin(wo_, 3).backward_weight(ctx, g, dy2, features(r.att, N, Hq_));
     attention_backward(ctx, w.dq.data(), w.dk.data(), w.dv.data(), datt.data, r.q.data(),
                        r.k.data(), r.v.data(), r.att.data(), r.lse.data(), s.B, s.T, nh_, nkv_,
                        hd_);
@@ -525,19 +547,19 @@ class transformer_block {
     rope_backward(ctx, w.dk.data(), cos, sin, s.B, s.T, nkv_, hd_);
     const feature_sharded<const ActGrad> dq = features(w.dq, N, Hq_), dk = features(w.dk, N, KV_),
                                          dv = features(w.dv, N, KV_);
-    wq_.backward_input(ctx, w.dxn.data(), dq, p);
-    wk_.backward_input(ctx, w.dxn.data(), dk, p, true);
+    lin(wq_, 0).backward_input(ctx, w.dxn.data(), dq, p);
+    lin(wk_, 1).backward_input(ctx, w.dxn.data(), dk, p, true);
     const rows_t<SP, ActGrad> dxn1 =
-        reduce<SP>(wv_.backward_input(ctx, w.dxn.data(), dv, p, true), w.dx_rows.data());
+        reduce<SP>(lin(wv_, 2).backward_input(ctx, w.dxn.data(), dv, p, true), w.dx_rows.data());
     if (defer) {
       keep(r.d_q, dq.data, N * Hq_);
       keep(r.d_k, dk.data, N * KV_);
       keep(r.d_v, dv.data, N * KV_);
     } else {
       const replicated<const Param> xn1 = complete<SP>(cstream<SP>(r.xn1, s), w.xg.data());
-      wq_.backward_weight(ctx, g, dq, xn1);
-      kv_backward_weight(ctx, wk_, g, dk, xn1, w);
-      kv_backward_weight(ctx, wv_, g, dv, xn1, w);
+      lin(wq_, 0).backward_weight(ctx, g, dq, xn1);
+      kv_backward_weight(ctx, wk_, 1, g, dk, xn1, w);
+      kv_backward_weight(ctx, wv_, 2, g, dv, xn1, w);
     }
     norm_backward<SP>(ctx, dres.data(), g + attn_norm_, dxn1, r.x_in.data(), p + attn_norm_,
                       r.rstd1.data(), w);
@@ -558,17 +580,22 @@ class transformer_block {
   template <bool SP>
   void weight_grads_as(const Ctx& ctx, record& r, Grad* g, block_shape s, workspace& w) const {
     const std::int64_t N = s.N();
-    w_down_.backward_weight(ctx, g, replicated<const ActGrad>{r.d_down.data(), N, H_},
-                            features(r.h, N, F_));
+    lin(w_down_, 6)
+        .backward_weight(ctx, g, replicated<const ActGrad>{r.d_down.data(), N, H_},
+                         features(r.h, N, F_));
     const replicated<const Param> xn2 = complete<SP>(cstream<SP>(r.xn2, s), w.xg.data());
-    w_gate_.backward_weight(ctx, g, feature_sharded<const ActGrad>{r.d_gate.data(), N, F_}, xn2);
-    w_up_.backward_weight(ctx, g, feature_sharded<const ActGrad>{r.d_up.data(), N, F_}, xn2);
-    wo_.backward_weight(ctx, g, replicated<const ActGrad>{r.d_o.data(), N, H_},
-                        features(r.att, N, Hq_));
+    lin(w_gate_, 4)
+        .backward_weight(ctx, g, feature_sharded<const ActGrad>{r.d_gate.data(), N, F_}, xn2);
+    lin(w_up_, 5).backward_weight(ctx, g, feature_sharded<const ActGrad>{r.d_up.data(), N, F_},
+                                  xn2);
+    lin(wo_, 3).backward_weight(ctx, g, replicated<const ActGrad>{r.d_o.data(), N, H_},
+                                features(r.att, N, Hq_));
     const replicated<const Param> xn1 = complete<SP>(cstream<SP>(r.xn1, s), w.xg.data());
-    wq_.backward_weight(ctx, g, feature_sharded<const ActGrad>{r.d_q.data(), N, Hq_}, xn1);
-    kv_backward_weight(ctx, wk_, g, feature_sharded<const ActGrad>{r.d_k.data(), N, KV_}, xn1, w);
-    kv_backward_weight(ctx, wv_, g, feature_sharded<const ActGrad>{r.d_v.data(), N, KV_}, xn1, w);
+    lin(wq_, 0).backward_weight(ctx, g, feature_sharded<const ActGrad>{r.d_q.data(), N, Hq_}, xn1);
+    kv_backward_weight(ctx, wk_, 1, g, feature_sharded<const ActGrad>{r.d_k.data(), N, KV_}, xn1,
+                       w);
+    kv_backward_weight(ctx, wv_, 2, g, feature_sharded<const ActGrad>{r.d_v.data(), N, KV_}, xn1,
+                       w);
     r = record{};
   }
 
@@ -587,16 +614,16 @@ class transformer_block {
     r.q = kernels::make_tensor<Param>(ctx, N * Hq);
     r.k = kernels::make_tensor<Param>(ctx, N * KV);
     r.v = kernels::make_tensor<Param>(ctx, N * KV);
-    const feature_sharded<const Param> q = wq_.forward(ctx, r.q.data(), xn1, p),
-                                       k = wk_.forward(ctx, r.k.data(), xn1, p),
-                                       v = wv_.forward(ctx, r.v.data(), xn1, p);
+    const feature_sharded<const Param> q = lin(wq_, 0).forward(ctx, r.q.data(), xn1, p),
+                                       k = lin(wk_, 1).forward(ctx, r.k.data(), xn1, p),
+                                       v = lin(wv_, 2).forward(ctx, r.v.data(), xn1, p);
     rope_forward(ctx, r.q.data(), cos, sin, s.B, s.T, nh_, hd_);
     rope_forward(ctx, r.k.data(), cos, sin, s.B, s.T, nkv_, hd_);
     r.att = kernels::make_tensor<Param>(ctx, N * Hq);
     r.lse = kernels::make_tensor<Acc>(ctx, s.B * nh_ * s.T);
     attention_forward(ctx, r.att.data(), r.lse.data(), q.data, k.data, v.data, s.B, s.T, nh_,
                       nkv_, hd_);
-    const partial_sum<Param> o_part = wo_.forward(ctx, proj, features(r.att, N, Hq), p);
+    const partial_sum<Param> o_part = lin(wo_, 3).forward(ctx, proj, features(r.att, N, Hq), p);
     r.x_mid = kernels::make_tensor<Param>(ctx, R * H);
     const rows_t<SP, Param> o = reduce<SP>(o_part, r.x_mid.data());
     placed::residual_add(ctx, stream<SP>(r.x_mid, s), cstream<SP>(r.x_in, s), o);
@@ -608,8 +635,8 @@ class transformer_block {
     r.gate = kernels::make_tensor<Param>(ctx, N * F);
     r.up = kernels::make_tensor<Param>(ctx, N * F);
     r.h = kernels::make_tensor<Param>(ctx, N * F);
-    w_gate_.forward(ctx, r.gate.data(), xn2, p);
-    w_up_.forward(ctx, r.up.data(), xn2, p);
+    lin(w_gate_, 4).forward(ctx, r.gate.data(), xn2, p);
+    lin(w_up_, 5).forward(ctx, r.up.data(), xn2, p);
     swiglu_forward(ctx, r.h.data(), r.gate.data(), r.up.data(), N * F);
   }
   static void release_all_but_input(record& r) {
@@ -619,6 +646,7 @@ class transformer_block {
   }
 
   Layers layers_{};
+  fp8_linear_state* fp8_ = nullptr;  // FP8 policies: the seven linears' states (the model's)
   int l_ = 0;
   std::int64_t H_ = 0, Hq_ = 0, F_ = 0, KV_ = 0, nh_ = 0, nkv_ = 0, hd_ = 0;
   int kv_replicas_ = 1;  // tp ranks holding this rank's key/value heads

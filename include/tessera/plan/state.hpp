@@ -84,7 +84,8 @@ struct dtype_sizes {
   static dtype_sizes seed004() { return {"seed004", 2, 2, 4, 4, true, 4, 2, 4}; }
   /// Names accepted by from_name().
   static std::vector<std::string> names() {
-    return {"fp32", "fp64", "bf16_mixed", "bf16_mixed_bf16_grads", "fp16_mixed", "seed004"};
+    return {"fp32",       "fp64",      "bf16_mixed", "bf16_mixed_bf16_grads",
+            "fp16_mixed", "fp8_mixed", "seed004"};
   }
   /// Looks up a name of names(); throws config_error listing them.
   static dtype_sizes from_name(const std::string& n) {
@@ -93,10 +94,14 @@ struct dtype_sizes {
     if (n == "bf16_mixed") return of<precision::bf16_mixed>();
     if (n == "bf16_mixed_bf16_grads") return of<precision::bf16_mixed_bf16_grads>();
     if (n == "fp16_mixed") return of<precision::fp16_mixed>();
+    // fp8_mixed stores as bf16_mixed; its FP8 casts go through float
+    // copies of one GEMM's operands at a time (nn::fp8_workspace_bytes),
+    // not counted here.
+    if (n == "fp8_mixed") return of<precision::fp8_mixed>();
     if (n == "seed004") return seed004();
-    throw config_error(
-        "unknown precision '" + n +
-        "' (valid: fp32, fp64, bf16_mixed, bf16_mixed_bf16_grads, fp16_mixed, seed004)");
+    throw config_error("unknown precision '" + n +
+                       "' (valid: fp32, fp64, bf16_mixed, bf16_mixed_bf16_grads, fp16_mixed, "
+                       "fp8_mixed, seed004)");
   }
 };
 

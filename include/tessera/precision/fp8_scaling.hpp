@@ -53,10 +53,30 @@ inline fp8_scaling parse_fp8_scaling(std::string_view s) {
                                             "' (valid: delayed, current)"));
 }
 
+/// Which FP8 formats a GEMM's operands take: `hybrid` (E4M3 for the
+/// forward's x and W, E5M2 for the gradient dy: Transformer Engine's
+/// default Format.HYBRID; E5M2's range suits gradients) or `e4m3` (E4M3 for
+/// every operand, TE's Format.E4M3).
+enum class fp8_format { hybrid, e4m3 };
+
+/// "hybrid" or "e4m3".
+inline const char* to_string(fp8_format f) {
+  return f == fp8_format::hybrid ? "hybrid" : "e4m3";
+}
+/// Parses "hybrid" or "e4m3"; throws config_error naming the value and the choices.
+inline fp8_format parse_fp8_format(std::string_view s) {
+  if (s == "hybrid") return fp8_format::hybrid;
+  if (s == "e4m3") return fp8_format::e4m3;
+  throw config_error(::tessera::detail::str("unknown FP8 format '", s, "' (valid: hybrid, e4m3)"));
+}
+
 /// The FP8 recipe's settings (values; the defaults are Transformer
-/// Engine's DelayedScaling, with amax over the whole history).
+/// Engine's DelayedScaling, with amax over the whole history, and its
+/// HYBRID formats).
 struct fp8_recipe {
   fp8_scaling scaling = fp8_scaling::delayed;
+  /// The operands' formats (fp8_format).
+  fp8_format format = fp8_format::hybrid;
   /// Uses of a tensor whose amaxes a delayed scale keeps (>= 1).
   std::int64_t history = 1024;
   /// true: the scale from the largest amax of the history (TE's "max");
@@ -76,11 +96,23 @@ struct fp8_recipe {
   /// The settings as JSON (a checkpoint's run settings).
   nlohmann::json to_json() const {
     return {{"scaling", to_string(scaling)},
+            {"format", to_string(format)},
             {"history", history},
             {"amax", amax_over_history ? "max" : "most_recent"},
             {"margin", margin}};
   }
 };
+
+/// The largest finite value of the forward operands' format (x and W):
+/// 448, E4M3 under either format.
+inline float fp8_forward_max(const fp8_recipe&) {
+  return fp8_e4m3::max_finite;
+}
+/// The largest finite value of the gradient's format (dy): 57344 (E5M2)
+/// under hybrid, 448 (E4M3) under e4m3.
+inline float fp8_backward_max(const fp8_recipe& r) {
+  return r.format == fp8_format::hybrid ? fp8_e5m2::max_finite : fp8_e4m3::max_finite;
+}
 
 /// s = fp8_max / amax / 2^margin, or `previous` where amax is 0 or not
 /// finite (file comment). float arithmetic, as the device computes it.

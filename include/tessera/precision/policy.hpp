@@ -15,7 +15,9 @@
 ///
 /// `loss_scaled<P>` says whether a policy's backward needs a loss scale
 /// (precision/loss_scaler.hpp): true for fp16_mixed, whose activation
-/// gradients underflow fp16 without one.
+/// gradients underflow fp16 without one. `fp8_linear<P>` says whether the
+/// transformer blocks' linear layers run FP8 GEMMs (nn/fp8_linear.hpp):
+/// true for fp8_mixed.
 
 #include <concepts>
 #include <string_view>
@@ -114,6 +116,30 @@ struct fp16_mixed {
   static constexpr bool loss_scaled = true;
 };
 
+/// bf16_mixed with FP8 GEMMs in the seven linear layers of every
+/// transformer block (q, k, v, o, gate, up, down), as Transformer Engine,
+/// Megatron-Core and torchao train: each GEMM's operands (the input x, the
+/// weight W, the output gradient dy) are cast to FP8 with per-tensor float32
+/// scales (precision/fp8_scaling.hpp: an fp8_recipe picks delayed or
+/// current scaling and the formats, E4M3 forward and E5M2 gradients by
+/// default), multiplied exactly and accumulated in float32 (nn/fp8_linear.hpp).
+/// Everything else (norms, attention and its softmax, the embedding, the LM
+/// head and the cross-entropy) stays as bf16_mixed; parameters are stored
+/// bf16, gradients, master weights and optimizer state are float32. Host
+/// only for now (the host computes the float GEMM of the dequantised
+/// operands, the reference a GPU's FP8 GEMM is held to).
+/// Source: Micikevicius et al. 2022, "FP8 Formats for Deep Learning".
+struct fp8_mixed {
+  using param_type = bf16;
+  using grad_type = float;
+  using act_grad_type = float;
+  using master_type = float;
+  using accum_type = float;
+  using rope_type = float;
+  static constexpr const char* name = "fp8_mixed";
+  static constexpr bool fp8_linear = true;
+};
+
 /// True when `P` runs its backward under a loss scale (P::loss_scaled).
 template <class P>
 inline constexpr bool loss_scaled = [] {
@@ -123,8 +149,19 @@ inline constexpr bool loss_scaled = [] {
     return false;
 }();
 
-static_assert(policy<fp32> && policy<fp64> && policy<bf16_mixed> &&
-              policy<bf16_mixed_bf16_grads> && policy<fp16_mixed>);
-static_assert(loss_scaled<fp16_mixed> && !loss_scaled<bf16_mixed>);
+/// True when `P` runs the transformer blocks' linear layers as FP8 GEMMs
+/// (P::fp8_linear): their operands cast to FP8 under the run's fp8_recipe.
+template <class P>
+inline constexpr bool fp8_linear = [] {
+  if constexpr (requires { P::fp8_linear; })
+    return static_cast<bool>(P::fp8_linear);
+  else
+    return false;
+}();
+
+static_assert(policy<fp32> && policy<fp64> && policy<bf16_mixed> && policy<bf16_mixed_bf16_grads> &&
+              policy<fp16_mixed> && policy<fp8_mixed>);
+static_assert(loss_scaled<fp16_mixed> && !loss_scaled<bf16_mixed> && !loss_scaled<fp8_mixed>);
+static_assert(fp8_linear<fp8_mixed> && !fp8_linear<bf16_mixed> && !fp8_linear<fp16_mixed>);
 
 }  // namespace tessera::precision

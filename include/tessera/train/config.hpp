@@ -18,6 +18,7 @@
 #include "tessera/optim/schedule.hpp"
 #include "tessera/optim/sgd.hpp"
 #include "tessera/parallel/pipeline_schedule.hpp"
+#include "tessera/precision/fp8_scaling.hpp"
 #include "tessera/precision/loss_scaler.hpp"
 
 namespace tessera::train {
@@ -50,6 +51,11 @@ struct train_config {
   /// dynamic from 2^16 by default (precision/loss_scaler.hpp). Other
   /// policies train unscaled and refuse settings other than the defaults.
   precision::loss_scale_options loss_scale{};
+  /// The FP8 recipe of an FP8 precision (precision::fp8_mixed): delayed
+  /// scaling, hybrid formats, an amax history of 1024 by default
+  /// (precision/fp8_scaling.hpp). Other policies refuse settings other
+  /// than the defaults.
+  precision::fp8_recipe fp8{};
   std::int64_t eval_every = 100;    ///< evaluate every N steps (and at the end); 0: only at the end
   std::int64_t eval_windows = 256;  ///< validation windows per evaluation (0: all)
   std::uint64_t seed = 1337;        ///< weights and data order
@@ -96,6 +102,7 @@ struct train_config {
     sgd.validate();
     checkpointing.validate();
     loss_scale.validate();
+    fp8.validate();
     schedule().validate();
   }
   optim::warmup_cosine schedule() const { return {lr, lr * min_lr_ratio, warmup, steps}; }

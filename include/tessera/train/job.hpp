@@ -45,11 +45,15 @@ struct job {
   std::string program = "train_llama";  ///< names the error lines
   std::string backend = "host";         ///< host or cuda
   std::string
-      precision;  ///< fp32, bf16(_mixed), bf16_mixed_bf16_grads, fp16(_mixed), fp64; empty: the backend's
+      precision;  ///< fp32, bf16(_mixed), bf16_mixed_bf16_grads, fp16(_mixed), fp8(_mixed), fp64; empty: the backend's
   /// fp16: a static loss scale (--loss-scale); unset: the dynamic scale of
   /// cfg.loss_scale (--initial-loss-scale, --min-loss-scale,
   /// --loss-scale-window, --hysteresis).
   std::optional<double> static_loss_scale;
+  /// fp8: the recipe's scaling and formats (--fp8-scaling delayed|current,
+  /// --fp8-format hybrid|e4m3), parsed into cfg.fp8 by check_job;
+  /// --fp8-amax-history and --fp8-margin set cfg.fp8 directly.
+  std::string fp8_scaling = "delayed", fp8_format = "hybrid";
   std::string optimizer = "adamw";  ///< adamw or sgd
   std::string checkpointing;        ///< none or full; empty: the backend's
   std::string preset = "small";     ///< nn::llama_config::from_name
@@ -173,10 +177,11 @@ inline void check_job(job& j) {
   if (j.checkpointing.empty()) j.checkpointing = gpu ? "full" : "none";
   TESSERA_THROW_IF(j.precision != "fp32" && j.precision != "bf16" && j.precision != "bf16_mixed" &&
                        j.precision != "bf16_mixed_bf16_grads" && j.precision != "fp16" &&
-                       j.precision != "fp16_mixed" && j.precision != "fp64",
+                       j.precision != "fp16_mixed" && j.precision != "fp8" &&
+                       j.precision != "fp8_mixed" && j.precision != "fp64",
                    config_error, "unknown precision '", j.precision,
                    "' (valid: fp32, bf16, bf16_mixed, bf16_mixed_bf16_grads, fp16, fp16_mixed, "
-                   "fp64)");
+                   "fp8, fp8_mixed, fp64)");
   const bool fp16 = j.precision == "fp16" || j.precision == "fp16_mixed";
   for (const char* f : {"--loss-scale", "--initial-loss-scale", "--min-loss-scale",
                         "--loss-scale-window", "--hysteresis"})
@@ -191,6 +196,13 @@ inline void check_job(job& j) {
     if (!given("--min-loss-scale")) c.loss_scale.min_scale = std::min(1.0, *j.static_loss_scale);
   }
   c.loss_scale.validate();
+  const bool fp8 = j.precision == "fp8" || j.precision == "fp8_mixed";
+  for (const char* f : {"--fp8-scaling", "--fp8-format", "--fp8-amax-history", "--fp8-margin"})
+    TESSERA_THROW_IF(given(f) && !fp8, config_error, f, " sets the FP8 recipe: it needs "
+                     "--precision fp8 (--precision ", j.precision, " has no FP8 GEMMs)");
+  c.fp8.scaling = precision::parse_fp8_scaling(j.fp8_scaling);
+  c.fp8.format = precision::parse_fp8_format(j.fp8_format);
+  c.fp8.validate();
   TESSERA_THROW_IF(j.optimizer != "adamw" && j.optimizer != "sgd", config_error,
                    "unknown optimizer '", j.optimizer, "' (valid: adamw, sgd)");
   for (const char* f : {"--nesterov", "--momentum"})

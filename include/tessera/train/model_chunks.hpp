@@ -68,6 +68,7 @@ class model_chunks {
       o.checkpointing = cfg.checkpointing;
       o.stage = stages_[static_cast<std::size_t>(virtual_stage(c))];
       o.weights = weights;
+      o.fp8 = cfg.fp8;
       auto& m = *models_.emplace_back(std::make_unique<model_type>(model_cfg, o, ctx, layers));
       if constexpr (!S::shards_parameters) m.init_weights(cfg.seed);
       engines_.push_back(

@@ -26,6 +26,12 @@
 /// step's overflow flag: the global norm was not finite, the same on every
 /// rank (precision/loss_scaler.hpp).
 ///
+/// Under an FP8 precision with delayed scaling (precision::fp8_mixed) the
+/// step amaxes of every linear layer of the rank's chunks are reduced with
+/// max over dp and tp in one collective after the executor's run and
+/// recorded into their scales' histories (nn/fp8_linear.hpp), so every
+/// replica casts the next step with the same scales.
+///
 /// The schedule: `Schedule` (parallel/pipeline_schedule.hpp) under a
 /// pipeline or under zb1; the no_pipeline list of A micro-batches
 /// otherwise. Every rank calls run() in the same order (collective over
@@ -151,6 +157,7 @@ class step_runner {
     in.d_clip = clip_.data();
     executor_->run(
         actions_, [&](std::int64_t a) { return next_micro_batch(a); }, in);
+    if constexpr (precision::fp8_linear<P>) record_fp8_amaxes();
     // One read back: the norm, then the micro-batches' losses.
     std::vector<double> h(static_cast<std::size_t>(A + 1));
     ctx_->to_host(h.data(), scalars_.data(), h.size() * sizeof(double));
@@ -189,6 +196,27 @@ class step_runner {
   std::uint64_t first_micro_batch() const {
     return data::global_micro_batch(static_cast<std::uint64_t>(mesh_->dp_rank()),
                                     static_cast<std::uint64_t>(cfg_.accum_steps()), 0);
+  }
+  // Delayed FP8 scaling: the step amaxes (x, W, dy) of every linear of the
+  // chunks, reduced with max over dp and tp in one collective (every rank
+  // of those groups holds the same chunks), then recorded.
+  void record_fp8_amaxes() {
+    if (cfg_.fp8.scaling != precision::fp8_scaling::delayed) return;
+    std::vector<float> a;
+    for (int c = 0; c < chunks_->size(); ++c)
+      for (const auto& st : chunks_->model(c).fp8_linear_states()) {
+        a.resize(a.size() + 3);
+        st.step_amaxes(a.data() + a.size() - 3);
+      }
+    if (a.empty()) return;  // a stage without blocks (the same on its dp and tp ranks)
+    mesh_->reduce(a.data(), a.size(), {parallel::axis::dp, parallel::axis::tp},
+                  comm::reduce_op::max);
+    std::size_t i = 0;
+    for (int c = 0; c < chunks_->size(); ++c)
+      for (auto& st : chunks_->model(c).fp8_linear_states()) {
+        st.record_step(a.data() + i);
+        i += 3;
+      }
   }
   // The feed of the executor: micro-batch a of this step from the loader.
   nn::micro_batch<Param> next_micro_batch(std::int64_t a) {

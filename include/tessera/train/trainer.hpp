@@ -264,9 +264,9 @@ class trainer {
   /// only, resumed at its own layout). Collective.
   void save_checkpoint(const std::filesystem::path& path) {
     if (path.extension() == ".bin")
-      train::save_checkpoint<S>(*chunks_, mesh_, path, metadata(), step_);
+      train::save_checkpoint<S>(*chunks_, mesh_, path, checkpoint_metadata(), step_);
     else
-      train::save_checkpoint_folder(*chunks_, mesh_, path, metadata());
+      train::save_checkpoint_folder(*chunks_, mesh_, path, checkpoint_metadata());
   }
   /// Starts an asynchronous save of checkpoint folder `dir` into `a`: this
   /// rank's share copied to host memory now, written in the background;
@@ -277,7 +277,7 @@ class trainer {
   void begin_checkpoint(const std::filesystem::path& dir, async_checkpoint& a) {
     TESSERA_THROW_IF(dir.extension() == ".bin", config_error, "'", dir.string(),
                      "': an asynchronous save writes a checkpoint folder, not a .bin file");
-    a.begin(*chunks_, mesh_, dir, metadata());
+    a.begin(*chunks_, mesh_, dir, checkpoint_metadata());
   }
   /// Restores what save_checkpoint wrote, its settings held against this
   /// run's: a checkpoint folder written at any layout the model allows
@@ -295,6 +295,11 @@ class trainer {
       TESSERA_THROW_IF(!run.contains("loss_scaler_state"), io_error, "checkpoint '",
                        path.string(), "' has no loss_scaler_state for its ", P::name, " run");
       scaler->restore(run["loss_scaler_state"]);
+    }
+    if constexpr (precision::fp8_linear<P>) {  // its recipe was compared: its state is there
+      TESSERA_THROW_IF(!run.contains("fp8_state"), io_error, "checkpoint '", path.string(),
+                       "' has no fp8_state for its ", P::name, " run");
+      for (int c = 0; c < chunks(); ++c) model(c).restore_fp8_state(run["fp8_state"]);
     }
     steps_->restart(step_);
   }
@@ -348,10 +353,64 @@ class trainer {
       m["loss_scale"] = cfg_.loss_scale.to_json();
       m["loss_scaler_state"] = scaler->state();
     }
+    if constexpr (precision::fp8_linear<P>) m["fp8"] = cfg_.fp8.to_json();  // compared
     return m;
   }
 
  private:
+  // metadata() and, under an FP8 policy, "fp8_state": every block's FP8
+  // linear states by global name (nn::llama::fp8_state), gathered over pp
+  // so the run state world rank 0 writes holds every block (the tp and dp
+  // ranks of a stage hold equal states). Collective over the mesh.
+  nlohmann::json checkpoint_metadata() const {
+    nlohmann::json m = metadata();
+    if constexpr (precision::fp8_linear<P>) m["fp8_state"] = gather_fp8_state();
+    return m;
+  }
+  // Each linear's three scales and histories packed at a fixed place in
+  // one vector of the whole model, zero where another stage's blocks go,
+  // summed over pp (exact: each value meets only zeros).
+  nlohmann::json gather_fp8_state() const {
+    const std::int64_t blocks = model().config().n_layers;
+    const std::size_t h = cfg_.fp8.scaling == precision::fp8_scaling::delayed
+                              ? static_cast<std::size_t>(cfg_.fp8.history)
+                              : 0;
+    const std::size_t per = 1 + h;  // a scale and its history
+    const char* ops[3] = {"x", "w", "dy"};
+    std::vector<double> v(static_cast<std::size_t>(blocks * nn::block_linears) * 3 * per, 0.0);
+    for (int c = 0; c < chunks(); ++c) {
+      const nlohmann::json st = model(c).fp8_state();
+      for (std::int64_t l = 0; l < blocks; ++l)
+        for (int i = 0; i < nn::block_linears; ++i) {
+          const std::string n = "blocks." + std::to_string(l) + "." +
+                                nn::block_linear_names[static_cast<std::size_t>(i)];
+          if (!st.contains(n)) continue;
+          for (int o = 0; o < 3; ++o) {
+            double* d = v.data() + ((l * nn::block_linears + i) * 3 + o) * per;
+            const nlohmann::json& s = st[n][ops[o]];
+            d[0] = s["scale"].get<double>();
+            const auto hist = s["amax_history"].get<std::vector<double>>();
+            std::copy(hist.begin(), hist.end(), d + 1);
+          }
+        }
+    }
+    mesh_.reduce(*ctx_, std::span<double>(v), parallel::axis::pp);
+    nlohmann::json out = nlohmann::json::object();
+    for (std::int64_t l = 0; l < blocks; ++l)
+      for (int i = 0; i < nn::block_linears; ++i) {
+        nlohmann::json lin = nlohmann::json::object();
+        for (int o = 0; o < 3; ++o) {
+          const double* d = v.data() + ((l * nn::block_linears + i) * 3 + o) * per;
+          nlohmann::json hist = nlohmann::json::array();
+          for (std::size_t k = 0; k < h; ++k) hist.push_back(static_cast<float>(d[1 + k]));
+          lin[ops[o]] = {{"scale", static_cast<float>(d[0])}, {"amax_history", hist}};
+        }
+        out["blocks." + std::to_string(l) + "." +
+            nn::block_linear_names[static_cast<std::size_t>(i)]] = lin;
+      }
+    return out;
+  }
+
   // A context of the trainer's own (on a GPU, on a stream of its own: the
   // dp group's collectives run on theirs, ordered by events,
   // parallel/stream_order.hpp).
@@ -403,6 +462,7 @@ class trainer {
       mine["prefetch"] = dpo.prefetch;
       mine["grad_reduction"] = parallel::to_string(dpo.reduction);
       mine["init_from_hf"] = cfg_.init_from_hf;
+      mine["fp8"] = cfg_.fp8.to_json();
       mine.erase("rng");  // its seed is "seed": one name for one setting
     } catch (...) {
       failed = std::current_exception();

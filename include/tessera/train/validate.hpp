@@ -55,7 +55,8 @@ concept mesh_degrees = requires(const M& m) {
 /// that are invalid, or a per-micro-batch reduction without a sharded gradient (zero<2,3>) or with
 /// a pipeline; loss-scale settings other than the defaults under a policy
 /// `P` that is not loss-scaled (precision::loss_scaled: they would be
-/// ignored).
+/// ignored); FP8 settings other than the defaults under a policy without
+/// FP8 linear layers (precision::fp8_linear).
 template <parallel::sharding_strategy Sharding, precision::policy P = precision::fp32,
           mesh_degrees Mesh>
 void validate(const nn::llama_config& c, const train_config& cfg, const data::token_file& d,
@@ -69,6 +70,9 @@ void validate(const nn::llama_config& c, const train_config& cfg, const data::to
                    config_error, "loss-scale settings ", cfg.loss_scale.to_json().dump(),
                    " under precision ", P::name,
                    ", which trains without a loss scale (fp16_mixed is the loss-scaled policy)");
+  TESSERA_THROW_IF(!precision::fp8_linear<P> && cfg.fp8 != precision::fp8_recipe{}, config_error,
+                   "FP8 settings ", cfg.fp8.to_json().dump(), " under precision ", P::name,
+                   ", which has no FP8 GEMMs (fp8_mixed is the FP8 policy)");
   TESSERA_THROW_IF(
       cfg.accum_steps() > max_micro_batches, config_error, "G / (B x dp) = ", cfg.global_batch,
       " / (", cfg.micro_batch, " x ", cfg.dp, ") = ", cfg.accum_steps(),

@@ -13,28 +13,13 @@
 //   build/host/examples/train_llama --checkpointing full --out runs/ckpt   # recompute blocks
 //   build/cuda/examples/train_llama --backend cuda --out runs/gpu          # one GPU
 //
-// Data parallel (docs/parallel.md): --dp N ranks, --zero {0,1,2,3}, --comm
-// local (threads of this process), mpi (the processes of mpirun; the
-// default under mpirun) or nccl (--backend cuda: one process per GPU). The
-// global batch --global-batch stays the sequences per optimizer step.
+// Parallel layouts (--dp, --zero, --tp, --pp, --schedule; docs/parallel.md,
+// docs/tensor_parallel.md, docs/pipeline.md), precisions (--precision,
+// README's "Precision") and Hugging Face folders (docs/huggingface.md):
+// README's "train_llama" lists every option.
 //
-//   build/host/examples/train_llama --steps 50 --dp 4 --micro-batch 4 --zero 2   # threads
 //   OMP_NUM_THREADS=1 mpirun -np 4 build/host/examples/train_llama --steps 50 --dp 4 --micro-batch 4 --zero 3
-//   mpirun -np 8 build/cuda/examples/train_llama --backend cuda --comm nccl --dp 8 --zero 1
-//
-// Tensor parallel (docs/tensor_parallel.md), --tp T; pipeline parallel
-// (docs/pipeline.md), --pp K with --schedule gpipe, 1f1b, interleaved
-// (--virtual-stages V) or zb1; the world dp x tp x pp (Megatron order);
-// --trace FILE writes one step's timeline for Perfetto:
-//
-//   build/host/examples/train_llama --steps 50 --dp 2 --tp 2 --zero 1 --micro-batch 8
 //   build/host/examples/train_llama --steps 50 --pp 2 --schedule zb1 --micro-batch 2 --trace runs/zb1.json
-//
-// Hugging Face checkpoints (docs/huggingface.md): --init-from-hf DIR starts
-// from a Llama folder, --export-hf DIR writes the trained model as one:
-//
-//   build/host/examples/train_llama --preset tiny --steps 50 --out runs/t --export-hf runs/t/hf
-//   build/host/examples/train_llama --init-from-hf runs/t/hf --steps 20 --lr 3e-4 --out runs/ft
 // clang-format on
 //
 // This file is the command line: it reads the options into a train::job

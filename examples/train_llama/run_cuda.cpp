@@ -77,7 +77,7 @@ int run_cuda(train::job& o, const std::filesystem::path& tok, created_paths& cre
     return train::dispatch_job<cuda, precision::fp16_mixed>(o, tok, created);
   throw config_error("--precision " + o.precision +
                      ": the cuda backend trains 16-bit weights (bf16_mixed_bf16_grads, the "
-                     "default, bf16 or fp16); fp32 and fp64 run on the host");
+                     "default, bf16 or fp16); fp32, fp8 and fp64 run on the host");
 }
 #else
 int run_cuda(train::job&, const std::filesystem::path&, created_paths&) {

@@ -167,12 +167,18 @@ class fp8_scale {
       h.push_back(history_[static_cast<std::size_t>((next_ + i) % r_.history)]);
     return {{"scale", scale_}, {"amax_history", h}};
   }
-  /// Restores what state() wrote. Throws io_error for a malformed state (a
-  /// history of another length than the recipe's, a scale not finite > 0).
+  /// Restores what state() wrote (an amax written as null, as JSON writes
+  /// NaN and infinity, is read as NaN). Throws io_error for a malformed
+  /// state (a history of another length than the recipe's, a scale not
+  /// finite > 0).
   void restore(const nlohmann::json& s) {
     try {
       const float scale = s.at("scale").get<float>();
-      const auto h = s.at("amax_history").get<std::vector<float>>();
+      // JSON has no NaN or infinity: an overflowed use's amax is written
+      // as null, read back as NaN (either keeps the scale while it is in
+      // the history, so the scales move on alike).
+      std::vector<float> h;
+      for (const auto& a : s.at("amax_history")) h.push_back(a.is_null() ? NAN : a.get<float>());
       TESSERA_THROW_IF(!(scale > 0) || !std::isfinite(scale) || h.size() != history_.size(),
                        io_error, "FP8 scale state with scale ", scale, " and an amax history of ",
                        h.size(), " (this recipe keeps ", history_.size(),

@@ -69,6 +69,7 @@
 #include "tessera/train/metadata.hpp"
 #include "tessera/train/metrics.hpp"
 #include "tessera/train/model_chunks.hpp"
+#include "tessera/train/precision_state.hpp"
 #include "tessera/train/step.hpp"
 #include "tessera/train/trace.hpp"
 #include "tessera/train/validate.hpp"
@@ -291,16 +292,7 @@ class trainer {
                 ? train::load_checkpoint<S>(*chunks_, mesh_, path, metadata(), cfg_.steps, &run)
                 : train::load_checkpoint_folder(*chunks_, mesh_, path, metadata(), cfg_.steps,
                                                 &run);
-    if (auto* scaler = steps_->scaler()) {  // its settings were compared: its state is there
-      TESSERA_THROW_IF(!run.contains("loss_scaler_state"), io_error, "checkpoint '",
-                       path.string(), "' has no loss_scaler_state for its ", P::name, " run");
-      scaler->restore(run["loss_scaler_state"]);
-    }
-    if constexpr (precision::fp8_linear<P>) {  // its recipe was compared: its state is there
-      TESSERA_THROW_IF(!run.contains("fp8_state"), io_error, "checkpoint '", path.string(),
-                       "' has no fp8_state for its ", P::name, " run");
-      for (int c = 0; c < chunks(); ++c) model(c).restore_fp8_state(run["fp8_state"]);
-    }
+    restore_precision_state<P>(run, path, steps_->scaler(), *chunks_);
     steps_->restart(step_);
   }
   /// Writes the model as a Hugging Face Llama folder (train::export_hf). Collective.
@@ -330,7 +322,7 @@ class trainer {
 
   /// The checkpoint's metadata (train/metadata.hpp): the run's settings,
   /// the step, under tp and pp this rank's position in the layout, and
-  /// under a loss-scaled precision the loss scale's settings and state.
+  /// the precision policy's settings (train/precision_state.hpp).
   nlohmann::json metadata() const {
     nlohmann::json m =
         run_metadata(model().config(), cfg_, P::name, O::name, cfg_.template optimizer_config<O>(),
@@ -349,11 +341,7 @@ class trainer {
             {model(c).options().stage.first_block, model(c).options().stage.last_block});
       m["stage_blocks"] = blocks;
     }
-    if (const auto* scaler = steps_ ? steps_->scaler() : nullptr) {  // compared, restored
-      m["loss_scale"] = cfg_.loss_scale.to_json();
-      m["loss_scaler_state"] = scaler->state();
-    }
-    if constexpr (precision::fp8_linear<P>) m["fp8"] = cfg_.fp8.to_json();  // compared
+    add_precision_settings<P>(m, cfg_, steps_ ? steps_->scaler() : nullptr);
     return m;
   }
 
@@ -364,51 +352,9 @@ class trainer {
   // ranks of a stage hold equal states). Collective over the mesh.
   nlohmann::json checkpoint_metadata() const {
     nlohmann::json m = metadata();
-    if constexpr (precision::fp8_linear<P>) m["fp8_state"] = gather_fp8_state();
+    if constexpr (precision::fp8_linear<P>)
+      m["fp8_state"] = gather_fp8_state(*chunks_, mesh_, *ctx_, cfg_);
     return m;
-  }
-  // Each linear's three scales and histories packed at a fixed place in
-  // one vector of the whole model, zero where another stage's blocks go,
-  // summed over pp (exact: each value meets only zeros).
-  nlohmann::json gather_fp8_state() const {
-    const std::int64_t blocks = model().config().n_layers;
-    const std::size_t h = cfg_.fp8.scaling == precision::fp8_scaling::delayed
-                              ? static_cast<std::size_t>(cfg_.fp8.history)
-                              : 0;
-    const std::size_t per = 1 + h;  // a scale and its history
-    const char* ops[3] = {"x", "w", "dy"};
-    std::vector<double> v(static_cast<std::size_t>(blocks * nn::block_linears) * 3 * per, 0.0);
-    for (int c = 0; c < chunks(); ++c) {
-      const nlohmann::json st = model(c).fp8_state();
-      for (std::int64_t l = 0; l < blocks; ++l)
-        for (int i = 0; i < nn::block_linears; ++i) {
-          const std::string n = "blocks." + std::to_string(l) + "." +
-                                nn::block_linear_names[static_cast<std::size_t>(i)];
-          if (!st.contains(n)) continue;
-          for (int o = 0; o < 3; ++o) {
-            double* d = v.data() + ((l * nn::block_linears + i) * 3 + o) * per;
-            const nlohmann::json& s = st[n][ops[o]];
-            d[0] = s["scale"].get<double>();
-            const auto hist = s["amax_history"].get<std::vector<double>>();
-            std::copy(hist.begin(), hist.end(), d + 1);
-          }
-        }
-    }
-    mesh_.reduce(*ctx_, std::span<double>(v), parallel::axis::pp);
-    nlohmann::json out = nlohmann::json::object();
-    for (std::int64_t l = 0; l < blocks; ++l)
-      for (int i = 0; i < nn::block_linears; ++i) {
-        nlohmann::json lin = nlohmann::json::object();
-        for (int o = 0; o < 3; ++o) {
-          const double* d = v.data() + ((l * nn::block_linears + i) * 3 + o) * per;
-          nlohmann::json hist = nlohmann::json::array();
-          for (std::size_t k = 0; k < h; ++k) hist.push_back(static_cast<float>(d[1 + k]));
-          lin[ops[o]] = {{"scale", static_cast<float>(d[0])}, {"amax_history", hist}};
-        }
-        out["blocks." + std::to_string(l) + "." +
-            nn::block_linear_names[static_cast<std::size_t>(i)]] = lin;
-      }
-    return out;
   }
 
   // A context of the trainer's own (on a GPU, on a stream of its own: the

@@ -95,10 +95,14 @@ TEMPLATE_TEST_CASE("fp8_quantize rounds x * scale to the nearest FP8 value and s
     }
     CHECK(wrong == 0);
   }
-  std::vector<F8> q(1);
-  const float nan = NAN;
-  kernels::fp8_quantize(ctx, q.data(), &nan, 1, 2.0f);
-  CHECK(std::isnan(static_cast<float>(q[0])));
+  // A non-finite input stays non-finite (an overflow is never cast away).
+  std::vector<F8> q(3);
+  const float bad[3] = {NAN, INFINITY, -INFINITY};
+  kernels::fp8_quantize(ctx, q.data(), bad, 3, 2.0f);
+  for (const F8& v : q) CHECK(!std::isfinite(static_cast<float>(v)));
+  float trip[3];
+  kernels::fp8_round_trip<F8>(ctx, trip, bad, 3, 2.0f);
+  for (float v : trip) CHECK(!std::isfinite(v));
   REQUIRE_THROWS_WITH(kernels::fp8_quantize(ctx, q.data(), x.data(), 1, 0.0f),
                       Catch::Contains("scale 0 must be a finite value > 0"));
 }

@@ -51,21 +51,25 @@ train::train_config run(int dp = 1, int tp = 1, int pp = 1) {
   t.pp = pp;
   return t;
 }
+// train::validate under zero<0> and float32.
+void check_setup(const nn::llama_config& c, const train::train_config& t,
+                 const data::token_file& f, const comm::device_mesh& m) {
+  train::validate<parallel::zero<0>, precision::fp32>(c, t, f, m);
+}
 }  // namespace
 
 TEST_CASE("validate refuses, naming the values, before anything is allocated",
           "[train][validate]") {
   corpus text(20000);
   const data::token_file f(text.path);
-  using Z0 = parallel::zero<0>;
   const comm::device_mesh one(1, 1, 1);
-  REQUIRE_NOTHROW(train::validate<Z0>(model(), run(), f, one));
-  REQUIRE_NOTHROW(train::validate<Z0>(model(), run(2, 2, 2), f, comm::device_mesh(2, 2, 2)));
+  REQUIRE_NOTHROW(check_setup(model(), run(), f, one));
+  REQUIRE_NOTHROW(check_setup(model(), run(2, 2, 2), f, comm::device_mesh(2, 2, 2)));
   auto refused = [&](const train::train_config& c, const comm::device_mesh& m,
                      const std::string& why, const nn::llama_config& mc = model()) {
     INFO(why);
-    REQUIRE_THROWS_AS(train::validate<Z0>(mc, c, f, m), config_error);
-    REQUIRE_THROWS_WITH(train::validate<Z0>(mc, c, f, m), Contains(why));
+    REQUIRE_THROWS_AS(check_setup(mc, c, f, m), config_error);
+    REQUIRE_THROWS_WITH(check_setup(mc, c, f, m), Contains(why));
   };
   refused(run(2), one, "dp=2 does not match the communicator's 1 ranks");
   refused(run(1, 2), one, "tp=2 does not match the tensor-parallel group's 1 ranks");
@@ -99,11 +103,11 @@ TEST_CASE("validate refuses, naming the values, before anything is allocated",
   refused(run(), one, "token file vocabulary 256 exceeds the model's vocab=100", wide);
   // zero<3> with a pipeline passes (it gathers per pass under every
   // schedule); a corpus shorter than one window does not.
-  REQUIRE_NOTHROW(
-      train::validate<parallel::zero<3>>(model(), run(1, 1, 2), f, comm::device_mesh(1, 1, 2)));
+  REQUIRE_NOTHROW(train::validate<parallel::zero<3>, precision::fp32>(model(), run(1, 1, 2), f,
+                                                                     comm::device_mesh(1, 1, 2)));
   corpus tiny(100);
   const data::token_file t(tiny.path);
-  REQUIRE_THROWS_WITH(train::validate<Z0>(model(), run(), t, one),
+  REQUIRE_THROWS_WITH(check_setup(model(), run(), t, one),
                       Contains("smaller than one window of T+1"));
 }
 

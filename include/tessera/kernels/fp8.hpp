@@ -24,6 +24,15 @@
 
 namespace tessera::kernels {
 
+namespace detail {
+// F8(x * scale): saturating for a finite x, non-finite for a non-finite one.
+template <class F8, class T>
+F8 fp8_scaled_cast(T x, float scale) {
+  const float v = static_cast<float>(to<double>(x));
+  return F8(v * scale, std::isfinite(v) ? fp8_saturation::finite : fp8_saturation::none);
+}
+}  // namespace detail
+
 /// max |x[i]| over [0, n) as a float (0 for n = 0); NaN if any x[i] is NaN,
 /// +inf if any is infinite. Exact (a maximum rounds nothing), so any order
 /// gives the same bits. Throws config_error for n < 0.
@@ -41,8 +50,10 @@ float fp8_amax(const host_context& ctx, const T* x, std::int64_t n) {
   return nan ? NAN : m;
 }
 
-/// q[i] = F8(float(x[i]) * scale), rounded to nearest even and saturated to
-/// +-F8::max_finite (NaN stays NaN): the scaled cast. `scale` a finite
+/// q[i] = F8(float(x[i]) * scale), rounded to nearest even, a finite value
+/// saturated to +-F8::max_finite: the scaled cast. A non-finite x[i] stays
+/// non-finite (NaN; an infinity is E5M2's infinity or E4M3's NaN), so an
+/// overflow upstream is never cast into a finite value. `scale` a finite
 /// float > 0. q must not alias x. Throws config_error for n < 0 or a bad scale.
 template <class F8, class T>
 void fp8_quantize(const host_context& ctx, F8* q, const T* x, std::int64_t n, float scale) {
@@ -52,8 +63,7 @@ void fp8_quantize(const host_context& ctx, F8* q, const T* x, std::int64_t n, fl
   TESSERA_THROW_IF(!(scale > 0) || !std::isfinite(scale), config_error, "fp8_quantize: scale ",
                    scale, " must be a finite value > 0");
 #pragma omp parallel for schedule(static)
-  for (std::int64_t i = 0; i < n; ++i)
-    q[i] = F8(static_cast<float>(to<double>(x[i])) * scale, fp8_saturation::finite);
+  for (std::int64_t i = 0; i < n; ++i) q[i] = detail::fp8_scaled_cast<F8>(x[i], scale);
 }
 
 /// out[i] = float(q[i]) * inverse_scale in float, then rounded to T (for
@@ -70,9 +80,10 @@ void fp8_dequantize(const host_context& ctx, T* out, const F8* q, std::int64_t n
 }
 
 /// The round trip x -> F8 -> float of fp8_quantize then fp8_dequantize,
-/// without the FP8 buffer: out[i] = float(F8(x[i] * scale)) / scale in
-/// float (the operand an FP8 GEMM sees, as its float value). out may alias x
-/// when T is float. Throws as fp8_quantize.
+/// without the FP8 buffer: out[i] = float(F8(x[i] * scale)) * (1 / scale)
+/// in float (the operand an FP8 GEMM sees, as its float value; a
+/// non-finite x[i] gives a non-finite out[i]). out may alias x when T is
+/// float. Throws as fp8_quantize.
 template <class F8, class T>
 void fp8_round_trip(const host_context& ctx, float* out, const T* x, std::int64_t n, float scale) {
   (void)ctx;
@@ -83,9 +94,7 @@ void fp8_round_trip(const host_context& ctx, float* out, const T* x, std::int64_
   const float inv = 1.0f / scale;
 #pragma omp parallel for schedule(static)
   for (std::int64_t i = 0; i < n; ++i)
-    out[i] = static_cast<float>(
-                 F8(static_cast<float>(to<double>(x[i])) * scale, fp8_saturation::finite)) *
-             inv;
+    out[i] = static_cast<float>(detail::fp8_scaled_cast<F8>(x[i], scale)) * inv;
 }
 
 }  // namespace tessera::kernels

@@ -239,7 +239,7 @@ constexpr void check_linear_types() {
   static_assert(is_gemm_type_v<T>, "tessera::kernels::linear_*: T must be float, double, bf16 or fp16");
   static_assert(std::is_same_v<G, accum_t<T>>,
                 "tessera::kernels::linear_*: the parameter-gradient type G must be accum_t<T> "
-                "(double for double storage, float for float and bf16)");
+                "(double for double storage, float for float, bf16 and fp16)");
 }
 template <class T, class GA>
 constexpr void check_activation_grad_type() {

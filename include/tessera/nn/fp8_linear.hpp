@@ -59,20 +59,19 @@
 #include "tessera/nn/linear.hpp"
 #include "tessera/precision/fp8_scaling.hpp"
 
-namespace tessera::detail {
-// max that keeps a NaN (an overflowed step must not look finite).
-inline float fp8_nan_max(float a, float b) {
-  return std::isnan(a) || std::isnan(b) ? NAN : (a > b ? a : b);
-}
-// The grow-only per-thread float buffers of x̂ (0), Ŵ (1) and d̂y (2).
-template <int Slot>
-using fp8_buffer = kernels::detail::gemm_workspace<float, 16 + Slot>;
-}  // namespace tessera::detail
-
 namespace tessera::nn {
+
+/// The grow-only per-thread float buffers of the FP8 layers' operands, x̂
+/// (slot 0), Ŵ (1) and d̂y (2): slots of the GEMM's workspace family past
+/// the GEMM's own (0, 1, 2). Internal to fp8_linear.
+inline constexpr int fp8_first_workspace_slot = 16;
+template <int Slot>
+using fp8_operand_buffer =
+    kernels::detail::gemm_workspace<float, fp8_first_workspace_slot + Slot>;
 
 /// The seven linear layers of a transformer block, in this order; their
 /// names in the block's segment (nn/llama_layout.hpp: "blocks.<l>." + name).
+enum class block_linear : int { wq, wk, wv, wo, w_gate, w_up, w_down };
 inline constexpr int block_linears = 7;
 inline constexpr std::array<const char*, block_linears> block_linear_names = {
     "attn.wq", "attn.wk", "attn.wv", "attn.wo", "mlp.w_gate", "mlp.w_up", "mlp.w_down"};
@@ -95,6 +94,7 @@ struct fp8_linear_state {
         w(r, precision::fp8_forward_max(r)),
         dy(r, precision::fp8_backward_max(r)) {}
 
+  /// The recipe the three scales follow.
   const precision::fp8_recipe& recipe() const { return x.recipe(); }
   /// The three step amaxes (x, W, dy) into out[0..3).
   void step_amaxes(float* out) const {
@@ -110,8 +110,10 @@ struct fp8_linear_state {
     x.record(amax[0]);
     w.record(amax[1]);
     dy.record(amax[2]);
-    amax_x = amax_w = amax_dy = 0;
+    discard_step();
   }
+  /// Ends a skipped step: its step amaxes are cleared, not recorded.
+  void discard_step() { amax_x = amax_w = amax_dy = 0; }
   /// What a checkpoint keeps: {"x", "w", "dy"} each fp8_scale::state().
   nlohmann::json state() const { return {{"x", x.state()}, {"w", w.state()}, {"dy", dy.state()}}; }
   /// Restores what state() wrote (the step amaxes cleared). Throws io_error
@@ -130,14 +132,14 @@ struct fp8_linear_state {
 /// Bytes of FP8 operand workspace the calling thread holds (grow-only
 /// until fp8_release_workspace): float copies of the largest x, W and dy.
 inline std::size_t fp8_workspace_bytes() {
-  return tessera::detail::fp8_buffer<0>::bytes() + tessera::detail::fp8_buffer<1>::bytes() +
-         tessera::detail::fp8_buffer<2>::bytes();
+  return fp8_operand_buffer<0>::bytes() + fp8_operand_buffer<1>::bytes() +
+         fp8_operand_buffer<2>::bytes();
 }
 /// Frees the calling thread's FP8 operand workspace.
 inline void fp8_release_workspace() {
-  tessera::detail::fp8_buffer<0>::release();
-  tessera::detail::fp8_buffer<1>::release();
-  tessera::detail::fp8_buffer<2>::release();
+  fp8_operand_buffer<0>::release();
+  fp8_operand_buffer<1>::release();
+  fp8_operand_buffer<2>::release();
 }
 
 /// A linear layer of family `Layers` (column_parallel_linear or
@@ -162,8 +164,8 @@ class fp8_linear {
       -> decltype(std::declval<const Layer&>().forward(ctx, y, x, seg)) {
     check_context<Ctx>();
     const std::int64_t M = x.rows, N = layer_.out_features, K = layer_.in_features;
-    float* xh = tessera::detail::fp8_buffer<0>::get(static_cast<std::size_t>(M * K));
-    float* wh = tessera::detail::fp8_buffer<1>::get(static_cast<std::size_t>(N * K));
+    float* xh = fp8_operand_buffer<0>::get(static_cast<std::size_t>(M * K));
+    float* wh = fp8_operand_buffer<1>::get(static_cast<std::size_t>(N * K));
     cast(ctx, xh, x.data, M * K, st_.x, st_.amax_x, x_sharded, false);
     cast(ctx, wh, seg + layer_.offset, N * K, st_.w, st_.amax_w, true, false);
     const kernels::linear_gemm g = kernels::linear_forward_gemm(M, N, K);
@@ -178,8 +180,8 @@ class fp8_linear {
       -> decltype(std::declval<const Layer&>().backward_input(ctx, dx, dy, seg, accumulate)) {
     check_context<Ctx>();
     const std::int64_t M = dy.rows, N = layer_.out_features, K = layer_.in_features;
-    float* dyh = tessera::detail::fp8_buffer<2>::get(static_cast<std::size_t>(M * N));
-    float* wh = tessera::detail::fp8_buffer<1>::get(static_cast<std::size_t>(N * K));
+    float* dyh = fp8_operand_buffer<2>::get(static_cast<std::size_t>(M * N));
+    float* wh = fp8_operand_buffer<1>::get(static_cast<std::size_t>(N * K));
     cast(ctx, dyh, dy.data, M * N, st_.dy, st_.amax_dy, dy_sharded, true);
     cast(ctx, wh, seg + layer_.offset, N * K, st_.w, st_.amax_w, true, false);
     const kernels::linear_gemm g = kernels::linear_backward_input_gemm(M, N, K, accumulate);
@@ -193,8 +195,8 @@ class fp8_linear {
       -> decltype(std::declval<const Layer&>().backward_weight(ctx, seg_grads, dy, x)) {
     check_context<Ctx>();
     const std::int64_t M = x.rows, N = layer_.out_features, K = layer_.in_features;
-    float* dyh = tessera::detail::fp8_buffer<2>::get(static_cast<std::size_t>(M * N));
-    float* xh = tessera::detail::fp8_buffer<0>::get(static_cast<std::size_t>(M * K));
+    float* dyh = fp8_operand_buffer<2>::get(static_cast<std::size_t>(M * N));
+    float* xh = fp8_operand_buffer<0>::get(static_cast<std::size_t>(M * K));
     cast(ctx, dyh, dy.data, M * N, st_.dy, st_.amax_dy, dy_sharded, true);
     cast(ctx, xh, x.data, M * K, st_.x, st_.amax_x, x_sharded, false);
     const kernels::linear_gemm g = kernels::linear_backward_weight_gemm(M, N, K);
@@ -211,8 +213,9 @@ class fp8_linear {
   template <class Ctx>
   static constexpr void check_context() {
     static_assert(std::is_same_v<Ctx, kernels::host_context>,
-                  "FP8 linear layers (precision::fp8_mixed) run on the host backend only: the "
-                  "CUDA FP8 GEMMs are not written yet; train FP8 with the host backend");
+                  "FP8 linear layers (precision::fp8_mixed) run on the host backend, where their "
+                  "GEMMs are the reference float GEMMs of the dequantised operands; the cuda "
+                  "backend trains bf16_mixed, bf16_mixed_bf16_grads and fp16_mixed");
   }
 
   // out = the round trip of a (n elements) with its scale (file comment);
@@ -234,7 +237,7 @@ class fp8_linear {
         s = precision::fp8_scale_of(amax, fmax, r.margin, s);
       }
     } else if (st_.observe) {
-      step_amax = tessera::detail::fp8_nan_max(step_amax, amax);
+      step_amax = precision::fp8_amax_max(step_amax, amax);
     }
     if (e5m2)
       kernels::fp8_round_trip<fp8_e5m2>(ctx, out, a, n, s);

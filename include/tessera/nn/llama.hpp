@@ -762,7 +762,11 @@ class llama {
     for (std::size_t i = 0; i < fp8_.size(); ++i) {
       const std::string n = fp8_name(i);
       TESSERA_THROW_IF(!j.is_object() || !j.contains(n), io_error, "the FP8 state has no ", n);
-      fp8_[i].restore(j[n]);
+      try {
+        fp8_[i].restore(j[n]);
+      } catch (const io_error& e) {
+        throw io_error(::tessera::detail::str(n, ": ", e.what()));
+      }
     }
   }
 

@@ -388,15 +388,14 @@ class transformer_block {
   template <bool SP, class T>
   using rows_t = std::conditional_t<SP, token_sharded<T>, replicated<T>>;
 
-  // Linear layer `i` (block_linear_names order) as the policy runs it: the
-  // layer itself, or under an FP8 policy the layer with FP8 GEMMs and its
-  // scales (nn/fp8_linear.hpp).
+  // Linear layer `i` as the policy runs it: the layer itself, or under an
+  // FP8 policy the layer with FP8 GEMMs and its scales (nn/fp8_linear.hpp).
   template <class Layer>
-  decltype(auto) lin(const Layer& layer, int i) const {
+  decltype(auto) lin(const Layer& layer, block_linear i) const {
     if constexpr (precision::fp8_linear<P>) {
       TESSERA_THROW_IF(fp8_ == nullptr, error, "block ", l_, ": the FP8 policy ", P::name,
                        " needs the block's FP8 linear states (nn::llama owns them)");
-      return fp8_linear<Layer, Layers>(layer, layers_, fp8_[i]);
+      return fp8_linear<Layer, Layers>(layer, layers_, fp8_[static_cast<int>(i)]);
     } else {
       return (layer);
     }
@@ -454,7 +453,8 @@ class transformer_block {
   // wk's or wv's gradient: accumulated directly, or with replicated
   // key/value heads computed apart, summed over the replicas, then added.
   template <class GA, class T>
-  void kv_backward_weight(const Ctx& ctx, const typename Layers::column& layer, int i, Grad* g,
+  void kv_backward_weight(const Ctx& ctx, const typename Layers::column& layer, block_linear i,
+                          Grad* g,
                           feature_sharded<GA> d, replicated<T> x, workspace& w) const {
     if constexpr (Layers::tensor_parallel) {
       if (kv_replicas_ > 1) {
@@ -479,7 +479,7 @@ class transformer_block {
     fill_record<SP>(ctx, r, p, s, sc.proj.data(), sc.gathered.data(), cos, sin);
     const std::int64_t N = s.N();
     const partial_sum<Param> down =
-        lin(w_down_, 6).forward(ctx, sc.proj.data(), features(r.h, N, F_), p);
+        lin(w_down_, block_linear::w_down).forward(ctx, sc.proj.data(), features(r.h, N, F_), p);
     x = kernels::make_tensor<Param>(ctx, rows(s) * H_);
     const rows_t<SP, Param> d = reduce<SP>(down, x.data());
     placed::residual_add(ctx, stream<SP>(x, s), cstream<SP>(r.x_mid, s), d);
@@ -503,25 +503,25 @@ class transformer_block {
     // MLP: y = x_mid + h Wd^T. dy reads dres (gathered under sequence
     // parallelism), which the MLP norm's backward then adds to.
     const replicated<const ActGrad> dy = complete<SP>(cstream<SP>(dres, s), w.dy.data());
-    const feature_sharded<ActGrad> dh = lin(w_down_, 6).backward_input(ctx, w.dh.data(), dy, p);
+    const feature_sharded<ActGrad> dh = lin(w_down_, block_linear::w_down).backward_input(ctx, w.dh.data(), dy, p);
     if (defer)
       keep(r.d_down, dy.data, N * H_);
     else
-      lin(w_down_, 6).backward_weight(ctx, g, dy, features(r.h, N, F_));
+      lin(w_down_, block_linear::w_down).backward_weight(ctx, g, dy, features(r.h, N, F_));
     swiglu_backward(ctx, w.dgate.data(), w.dup.data(), dh.data, r.gate.data(), r.up.data(),
                     N * F_);
     const feature_sharded<const ActGrad> dgate = features(w.dgate, N, F_),
                                          dup = features(w.dup, N, F_);
-    lin(w_gate_, 4).backward_input(ctx, w.dxn.data(), dgate, p);
+    lin(w_gate_, block_linear::w_gate).backward_input(ctx, w.dxn.data(), dgate, p);
     const rows_t<SP, ActGrad> dxn2 =
-        reduce<SP>(lin(w_up_, 5).backward_input(ctx, w.dxn.data(), dup, p, true), w.dx_rows.data());
+        reduce<SP>(lin(w_up_, block_linear::w_up).backward_input(ctx, w.dxn.data(), dup, p, true), w.dx_rows.data());
     if (defer) {
       keep(r.d_gate, dgate.data, N * F_);
       keep(r.d_up, dup.data, N * F_);
     } else {
       const replicated<const Param> xn2 = complete<SP>(cstream<SP>(r.xn2, s), w.xg.data());
-      lin(w_gate_, 4).backward_weight(ctx, g, dgate, xn2);
-      lin(w_up_, 5).backward_weight(ctx, g, dup, xn2);
+      lin(w_gate_, block_linear::w_gate).backward_weight(ctx, g, dgate, xn2);
+      lin(w_up_, block_linear::w_up).backward_weight(ctx, g, dup, xn2);
     }
     norm_backward<SP>(ctx, dres.data(), g + mlp_norm_, dxn2, r.x_mid.data(), p + mlp_norm_,
                       r.rstd2.data(), w);
@@ -535,11 +535,11 @@ class transformer_block {
     r.rstd2.release();
     // Attention: x_mid = x_in + att Wo^T
     const replicated<const ActGrad> dy2 = complete<SP>(cstream<SP>(dres, s), w.dy.data());
-    const feature_sharded<ActGrad> datt = lin(wo_, 3).backward_input(ctx, w.datt.data(), dy2, p);
+    const feature_sharded<ActGrad> datt = lin(wo_, block_linear::wo).backward_input(ctx, w.datt.data(), dy2, p);
     if (defer)
       keep(r.d_o, dy2.data, N * H_);
     else
-      lin(wo_, 3).backward_weight(ctx, g, dy2, features(r.att, N, Hq_));
+      lin(wo_, block_linear::wo).backward_weight(ctx, g, dy2, features(r.att, N, Hq_));
     attention_backward(ctx, w.dq.data(), w.dk.data(), w.dv.data(), datt.data, r.q.data(),
                        r.k.data(), r.v.data(), r.att.data(), r.lse.data(), s.B, s.T, nh_, nkv_,
                        hd_);
@@ -547,19 +547,19 @@ class transformer_block {
     rope_backward(ctx, w.dk.data(), cos, sin, s.B, s.T, nkv_, hd_);
     const feature_sharded<const ActGrad> dq = features(w.dq, N, Hq_), dk = features(w.dk, N, KV_),
                                          dv = features(w.dv, N, KV_);
-    lin(wq_, 0).backward_input(ctx, w.dxn.data(), dq, p);
-    lin(wk_, 1).backward_input(ctx, w.dxn.data(), dk, p, true);
+    lin(wq_, block_linear::wq).backward_input(ctx, w.dxn.data(), dq, p);
+    lin(wk_, block_linear::wk).backward_input(ctx, w.dxn.data(), dk, p, true);
     const rows_t<SP, ActGrad> dxn1 =
-        reduce<SP>(lin(wv_, 2).backward_input(ctx, w.dxn.data(), dv, p, true), w.dx_rows.data());
+        reduce<SP>(lin(wv_, block_linear::wv).backward_input(ctx, w.dxn.data(), dv, p, true), w.dx_rows.data());
     if (defer) {
       keep(r.d_q, dq.data, N * Hq_);
       keep(r.d_k, dk.data, N * KV_);
       keep(r.d_v, dv.data, N * KV_);
     } else {
       const replicated<const Param> xn1 = complete<SP>(cstream<SP>(r.xn1, s), w.xg.data());
-      lin(wq_, 0).backward_weight(ctx, g, dq, xn1);
-      kv_backward_weight(ctx, wk_, 1, g, dk, xn1, w);
-      kv_backward_weight(ctx, wv_, 2, g, dv, xn1, w);
+      lin(wq_, block_linear::wq).backward_weight(ctx, g, dq, xn1);
+      kv_backward_weight(ctx, wk_, block_linear::wk, g, dk, xn1, w);
+      kv_backward_weight(ctx, wv_, block_linear::wv, g, dv, xn1, w);
     }
     norm_backward<SP>(ctx, dres.data(), g + attn_norm_, dxn1, r.x_in.data(), p + attn_norm_,
                       r.rstd1.data(), w);
@@ -580,21 +580,21 @@ class transformer_block {
   template <bool SP>
   void weight_grads_as(const Ctx& ctx, record& r, Grad* g, block_shape s, workspace& w) const {
     const std::int64_t N = s.N();
-    lin(w_down_, 6)
+    lin(w_down_, block_linear::w_down)
         .backward_weight(ctx, g, replicated<const ActGrad>{r.d_down.data(), N, H_},
                          features(r.h, N, F_));
     const replicated<const Param> xn2 = complete<SP>(cstream<SP>(r.xn2, s), w.xg.data());
-    lin(w_gate_, 4)
+    lin(w_gate_, block_linear::w_gate)
         .backward_weight(ctx, g, feature_sharded<const ActGrad>{r.d_gate.data(), N, F_}, xn2);
-    lin(w_up_, 5).backward_weight(ctx, g, feature_sharded<const ActGrad>{r.d_up.data(), N, F_},
+    lin(w_up_, block_linear::w_up).backward_weight(ctx, g, feature_sharded<const ActGrad>{r.d_up.data(), N, F_},
                                   xn2);
-    lin(wo_, 3).backward_weight(ctx, g, replicated<const ActGrad>{r.d_o.data(), N, H_},
+    lin(wo_, block_linear::wo).backward_weight(ctx, g, replicated<const ActGrad>{r.d_o.data(), N, H_},
                                 features(r.att, N, Hq_));
     const replicated<const Param> xn1 = complete<SP>(cstream<SP>(r.xn1, s), w.xg.data());
-    lin(wq_, 0).backward_weight(ctx, g, feature_sharded<const ActGrad>{r.d_q.data(), N, Hq_}, xn1);
-    kv_backward_weight(ctx, wk_, 1, g, feature_sharded<const ActGrad>{r.d_k.data(), N, KV_}, xn1,
+    lin(wq_, block_linear::wq).backward_weight(ctx, g, feature_sharded<const ActGrad>{r.d_q.data(), N, Hq_}, xn1);
+    kv_backward_weight(ctx, wk_, block_linear::wk, g, feature_sharded<const ActGrad>{r.d_k.data(), N, KV_}, xn1,
                        w);
-    kv_backward_weight(ctx, wv_, 2, g, feature_sharded<const ActGrad>{r.d_v.data(), N, KV_}, xn1,
+    kv_backward_weight(ctx, wv_, block_linear::wv, g, feature_sharded<const ActGrad>{r.d_v.data(), N, KV_}, xn1,
                        w);
     r = record{};
   }
@@ -614,16 +614,16 @@ class transformer_block {
     r.q = kernels::make_tensor<Param>(ctx, N * Hq);
     r.k = kernels::make_tensor<Param>(ctx, N * KV);
     r.v = kernels::make_tensor<Param>(ctx, N * KV);
-    const feature_sharded<const Param> q = lin(wq_, 0).forward(ctx, r.q.data(), xn1, p),
-                                       k = lin(wk_, 1).forward(ctx, r.k.data(), xn1, p),
-                                       v = lin(wv_, 2).forward(ctx, r.v.data(), xn1, p);
+    const feature_sharded<const Param> q = lin(wq_, block_linear::wq).forward(ctx, r.q.data(), xn1, p),
+                                       k = lin(wk_, block_linear::wk).forward(ctx, r.k.data(), xn1, p),
+                                       v = lin(wv_, block_linear::wv).forward(ctx, r.v.data(), xn1, p);
     rope_forward(ctx, r.q.data(), cos, sin, s.B, s.T, nh_, hd_);
     rope_forward(ctx, r.k.data(), cos, sin, s.B, s.T, nkv_, hd_);
     r.att = kernels::make_tensor<Param>(ctx, N * Hq);
     r.lse = kernels::make_tensor<Acc>(ctx, s.B * nh_ * s.T);
     attention_forward(ctx, r.att.data(), r.lse.data(), q.data, k.data, v.data, s.B, s.T, nh_,
                       nkv_, hd_);
-    const partial_sum<Param> o_part = lin(wo_, 3).forward(ctx, proj, features(r.att, N, Hq), p);
+    const partial_sum<Param> o_part = lin(wo_, block_linear::wo).forward(ctx, proj, features(r.att, N, Hq), p);
     r.x_mid = kernels::make_tensor<Param>(ctx, R * H);
     const rows_t<SP, Param> o = reduce<SP>(o_part, r.x_mid.data());
     placed::residual_add(ctx, stream<SP>(r.x_mid, s), cstream<SP>(r.x_in, s), o);
@@ -635,8 +635,8 @@ class transformer_block {
     r.gate = kernels::make_tensor<Param>(ctx, N * F);
     r.up = kernels::make_tensor<Param>(ctx, N * F);
     r.h = kernels::make_tensor<Param>(ctx, N * F);
-    lin(w_gate_, 4).forward(ctx, r.gate.data(), xn2, p);
-    lin(w_up_, 5).forward(ctx, r.up.data(), xn2, p);
+    lin(w_gate_, block_linear::w_gate).forward(ctx, r.gate.data(), xn2, p);
+    lin(w_up_, block_linear::w_up).forward(ctx, r.up.data(), xn2, p);
     swiglu_forward(ctx, r.h.data(), r.gate.data(), r.up.data(), N * F);
   }
   static void release_all_but_input(record& r) {

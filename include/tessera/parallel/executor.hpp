@@ -89,7 +89,7 @@ namespace tessera::parallel {
 /// context's memory where it is a pointer.
 template <class Acc, class Master>
 struct step_inputs {
-  Acc grad_scale = 1;  ///< 1 / scored tokens of the whole step (every rank)
+  Acc grad_scale = 1;  ///< S / scored tokens of the whole step (every rank; S the loss scale, 1 unscaled)
   double* d_losses =
       nullptr;          ///< (micro-batches) loss sum of each micro-batch, written (last stage)
   double lr = 0;        ///< learning rate of the step

@@ -114,6 +114,12 @@ inline float fp8_backward_max(const fp8_recipe& r) {
   return r.format == fp8_format::hybrid ? fp8_e5m2::max_finite : fp8_e4m3::max_finite;
 }
 
+/// The larger of two amaxes, NaN if either is NaN (an overflowed use must
+/// not look finite once reduced).
+TESSERA_HOST_DEVICE inline float fp8_amax_max(float a, float b) {
+  return isnan(a) || isnan(b) ? NAN : (a > b ? a : b);
+}
+
 /// s = fp8_max / amax / 2^margin, or `previous` where amax is 0 or not
 /// finite (file comment). float arithmetic, as the device computes it.
 TESSERA_HOST_DEVICE inline float fp8_scale_of(float amax, float fp8_max, int margin,
@@ -141,6 +147,7 @@ class fp8_scale {
   float scale() const { return scale_; }
   /// 1 / scale(): what a dequantisation or an FP8 GEMM multiplies by.
   float inverse() const { return 1.0f / scale_; }
+  /// The recipe this scale follows.
   const fp8_recipe& recipe() const { return r_; }
 
   /// current: the scale from this tensor's own amax, before the cast.
@@ -155,7 +162,7 @@ class fp8_scale {
     next_ = (next_ + 1) % r_.history;
     float a = amax;
     if (r_.amax_over_history)
-      for (float h : history_) a = std::isnan(h) || std::isnan(a) ? NAN : std::max(a, h);
+      for (float h : history_) a = fp8_amax_max(a, h);
     scale_ = fp8_scale_of(a, max_, r_.margin, scale_);
   }
 

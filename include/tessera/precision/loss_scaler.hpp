@@ -92,6 +92,7 @@ class loss_scaler {
   double scale() const { return scale_; }
   /// Steps skipped for a non-finite gradient so far in the run.
   std::int64_t skipped() const { return skipped_; }
+  /// The settings it was built with.
   const loss_scale_options& options() const { return o_; }
 
   /// After a step: `overflow` = its gradients were not finite (the step
@@ -125,17 +126,21 @@ class loss_scaler {
             {"skipped_steps", skipped_}};
   }
   /// Restores what state() wrote. Throws io_error for a malformed state
-  /// (a missing or mistyped key, a scale that is not finite and > 0).
+  /// (a missing or mistyped key, a scale that is not finite and > 0, counts
+  /// beyond the options' growth interval or hysteresis).
   void restore(const nlohmann::json& s) {
     try {
       const double scale = s.at("scale").get<double>();
       const auto clean = s.at("clean_steps").get<std::int64_t>();
       const auto left = s.at("hysteresis_left").get<std::int64_t>();
       const auto skipped = s.at("skipped_steps").get<std::int64_t>();
-      TESSERA_THROW_IF(!(scale > 0) || !std::isfinite(scale) || clean < 0 || left < 0 ||
+      TESSERA_THROW_IF(!(scale > 0) || !std::isfinite(scale) || clean < 0 ||
+                           clean >= o_.growth_interval || left < 0 || left > o_.hysteresis ||
                            skipped < 0,
                        io_error, "loss scaler state ", s.dump(),
-                       " is out of range (scale finite > 0, counts >= 0)");
+                       " is out of range (scale finite > 0; clean_steps in [0, growth interval ",
+                       o_.growth_interval, "); hysteresis_left in [0, ", o_.hysteresis,
+                       "]; skipped_steps >= 0)");
       scale_ = scale;
       clean_steps_ = clean;
       hysteresis_left_ = left;

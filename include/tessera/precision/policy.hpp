@@ -53,7 +53,7 @@ struct fp32 {
 
 /// float64 everywhere, RoPE tables included (reference runs and
 /// finite-difference tests: the model then matches an exact float64 Llama
-/// to float64 rounding). Host only: the CUDA kernels are bf16/float32.
+/// to float64 rounding). Host only: the CUDA kernels take 16-bit storage and float32.
 struct fp64 {
   using param_type = double;
   using grad_type = double;
@@ -125,9 +125,11 @@ struct fp16_mixed {
 /// default), multiplied exactly and accumulated in float32 (nn/fp8_linear.hpp).
 /// Everything else (norms, attention and its softmax, the embedding, the LM
 /// head and the cross-entropy) stays as bf16_mixed; parameters are stored
-/// bf16, gradients, master weights and optimizer state are float32. Host
-/// only for now (the host computes the float GEMM of the dequantised
-/// operands, the reference a GPU's FP8 GEMM is held to).
+/// bf16, gradients, master weights and optimizer state are float32. It
+/// trains on the host backend, whose GEMMs are the float GEMMs of the
+/// dequantised operands (the reference semantics of an FP8 GEMM); a
+/// trainer<fp8_mixed, cuda> does not compile, naming the policies the cuda
+/// backend trains.
 /// Source: Micikevicius et al. 2022, "FP8 Formats for Deep Learning".
 struct fp8_mixed {
   using param_type = bf16;

@@ -187,13 +187,15 @@ inline void check_job(job& j) {
                         "--loss-scale-window", "--hysteresis"})
     TESSERA_THROW_IF(given(f) && !fp16, config_error, f, " sets fp16's loss scale: it needs "
                      "--precision fp16 (--precision ", j.precision, " trains without one)");
-  TESSERA_THROW_IF(j.static_loss_scale && given("--initial-loss-scale"), config_error,
-                   "--loss-scale ", *j.static_loss_scale, " is a static scale and "
-                   "--initial-loss-scale starts a dynamic one: give one");
+  for (const char* f : {"--initial-loss-scale", "--min-loss-scale", "--loss-scale-window",
+                        "--hysteresis"})
+    TESSERA_THROW_IF(j.static_loss_scale && given(f), config_error, "--loss-scale ",
+                     *j.static_loss_scale, " is a static scale, which ", f,
+                     " does not move: give one");
   if (j.static_loss_scale) {
     c.loss_scale.dynamic = false;
     c.loss_scale.initial = *j.static_loss_scale;
-    if (!given("--min-loss-scale")) c.loss_scale.min_scale = std::min(1.0, *j.static_loss_scale);
+    c.loss_scale.min_scale = std::min(1.0, *j.static_loss_scale);  // unused by a static scale
   }
   c.loss_scale.validate();
   const bool fp8 = j.precision == "fp8" || j.precision == "fp8_mixed";

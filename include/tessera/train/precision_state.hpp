@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <exception>
 #include <filesystem>
 #include <span>
 #include <string>
@@ -21,6 +22,7 @@
 #include "tessera/nn/fp8_linear.hpp"
 #include "tessera/parallel/layout.hpp"
 #include "tessera/precision/policy.hpp"
+#include "tessera/train/agree.hpp"
 #include "tessera/train/config.hpp"
 
 namespace tessera::train {
@@ -94,21 +96,36 @@ nlohmann::json gather_fp8_state(const Chunks& chunks, const Layout& mesh, const 
 /// Restores policy `P`'s run state from a loaded checkpoint's run state
 /// `run` (its settings were compared with this run's, so the state is
 /// there): the loss scaler's (`scaler` not null), every chunk's FP8
-/// states. Throws io_error naming `path` when the state is missing or
-/// malformed.
-template <class P, class Chunks>
+/// states. Collective over `mesh` (agreed: a failure on any rank throws on
+/// every rank). Throws io_error naming `path` and the state (the linear
+/// layer's global name) when it is missing or malformed.
+template <class P, class Chunks, class Layout, class Ctx>
 void restore_precision_state(const nlohmann::json& run, const std::filesystem::path& path,
-                             precision::loss_scaler* scaler, Chunks& chunks) {
-  if (scaler) {
-    TESSERA_THROW_IF(!run.contains("loss_scaler_state"), io_error, "checkpoint '", path.string(),
-                     "' has no loss_scaler_state for its ", P::name, " run");
-    scaler->restore(run["loss_scaler_state"]);
+                             precision::loss_scaler* scaler, Chunks& chunks, const Layout& mesh,
+                             const Ctx& ctx) {
+  std::exception_ptr failed;
+  try {
+    try {
+      if (scaler) {
+        TESSERA_THROW_IF(!run.contains("loss_scaler_state"), io_error, "it has no "
+                         "loss_scaler_state for its ", P::name, " run");
+        scaler->restore(run["loss_scaler_state"]);
+      }
+      if constexpr (precision::fp8_linear<P>) {
+        TESSERA_THROW_IF(!run.contains("fp8_state"), io_error, "it has no fp8_state for its ",
+                         P::name, " run");
+        for (int c = 0; c < chunks.size(); ++c)
+          chunks.model(c).restore_fp8_state(run["fp8_state"]);
+      }
+    } catch (const io_error& e) {
+      throw io_error("checkpoint '" + path.string() + "': " + e.what());
+    }
+  } catch (...) {
+    failed = std::current_exception();
   }
-  if constexpr (precision::fp8_linear<P>) {
-    TESSERA_THROW_IF(!run.contains("fp8_state"), io_error, "checkpoint '", path.string(),
-                     "' has no fp8_state for its ", P::name, " run");
-    for (int c = 0; c < chunks.size(); ++c) chunks.model(c).restore_fp8_state(run["fp8_state"]);
-  }
+  auto world = mesh_reduction(mesh, ctx);
+  agree_or_throw(world, mesh.world_rank(), failed,
+                 "checkpoint load from '" + path.string() + "'");
 }
 
 }  // namespace tessera::train

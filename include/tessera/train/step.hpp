@@ -28,9 +28,10 @@
 ///
 /// Under an FP8 precision with delayed scaling (precision::fp8_mixed) the
 /// step amaxes of every linear layer of the rank's chunks are reduced with
-/// max over dp and tp in one collective after the executor's run and
-/// recorded into their scales' histories (nn/fp8_linear.hpp), so every
-/// replica casts the next step with the same scales.
+/// max over dp and tp in one collective after the step and recorded into
+/// their scales' histories (nn/fp8_linear.hpp), so every replica casts the
+/// next step with the same scales; a skipped step records nothing (the
+/// same decision on every rank).
 ///
 /// The schedule: `Schedule` (parallel/pipeline_schedule.hpp) under a
 /// pipeline or under zb1; the no_pipeline list of A micro-batches
@@ -157,7 +158,6 @@ class step_runner {
     in.d_clip = clip_.data();
     executor_->run(
         actions_, [&](std::int64_t a) { return next_micro_batch(a); }, in);
-    if constexpr (precision::fp8_linear<P>) record_fp8_amaxes();
     // One read back: the norm, then the micro-batches' losses.
     std::vector<double> h(static_cast<std::size_t>(A + 1));
     ctx_->to_host(h.data(), scalars_.data(), h.size() * sizeof(double));
@@ -170,6 +170,9 @@ class step_runner {
       m.skipped = true;  // the optimizer kernel wrote nothing
       for (int c = 0; c < chunks_->size(); ++c) chunks_->engine(c).optimizer().skipped();
     }
+    // Delayed FP8 scales learn only from steps that were taken: a skipped
+    // step's amaxes (an overflow) would hold the scales for a whole history.
+    if constexpr (precision::fp8_linear<P>) record_fp8_amaxes(m.skipped);
     if (scaler_) {
       m.loss_scale = S;
       scaler_->update(m.skipped);  // every rank: the same norm, the same flag
@@ -199,9 +202,15 @@ class step_runner {
   }
   // Delayed FP8 scaling: the step amaxes (x, W, dy) of every linear of the
   // chunks, reduced with max over dp and tp in one collective (every rank
-  // of those groups holds the same chunks), then recorded.
-  void record_fp8_amaxes() {
+  // of those groups holds the same chunks), then recorded; a skipped step's
+  // are cleared (every rank skips alike: no collective then).
+  void record_fp8_amaxes(bool skipped) {
     if (cfg_.fp8.scaling != precision::fp8_scaling::delayed) return;
+    if (skipped) {
+      for (int c = 0; c < chunks_->size(); ++c)
+        for (auto& st : chunks_->model(c).fp8_linear_states()) st.discard_step();
+      return;
+    }
     std::vector<float> a;
     for (int c = 0; c < chunks_->size(); ++c)
       for (const auto& st : chunks_->model(c).fp8_linear_states()) {

@@ -85,7 +85,7 @@ namespace tessera::train {
 /// that is not an optimizer policy, a sharding strategy, a communicator or
 /// a schedule fails to compile with a message naming what it lacks.
 // example-begin signature
-template <precision::policy P,          // fp32, bf16_mixed, bf16_mixed_bf16_grads, fp16_mixed, fp64
+template <precision::policy P,          // fp32, bf16_mixed(_bf16_grads), fp16_mixed, fp8_mixed, fp64
           class Backend = host,         // host or cuda
           class O = optim::adamw,       // optim::sgd, or an optimizer policy of yours
           class S = parallel::zero<0>,  // zero<0..3>
@@ -292,7 +292,7 @@ class trainer {
                 ? train::load_checkpoint<S>(*chunks_, mesh_, path, metadata(), cfg_.steps, &run)
                 : train::load_checkpoint_folder(*chunks_, mesh_, path, metadata(), cfg_.steps,
                                                 &run);
-    restore_precision_state<P>(run, path, steps_->scaler(), *chunks_);
+    restore_precision_state<P>(run, path, steps_->scaler(), *chunks_, mesh_, *ctx_);
     steps_->restart(step_);
   }
   /// Writes the model as a Hugging Face Llama folder (train::export_hf). Collective.
@@ -409,6 +409,7 @@ class trainer {
       mine["grad_reduction"] = parallel::to_string(dpo.reduction);
       mine["init_from_hf"] = cfg_.init_from_hf;
       mine["fp8"] = cfg_.fp8.to_json();
+      mine["loss_scale"] = cfg_.loss_scale.to_json();
       mine.erase("rng");  // its seed is "seed": one name for one setting
     } catch (...) {
       failed = std::current_exception();

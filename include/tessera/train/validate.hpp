@@ -57,7 +57,7 @@ concept mesh_degrees = requires(const M& m) {
 /// `P` that is not loss-scaled (precision::loss_scaled: they would be
 /// ignored); FP8 settings other than the defaults under a policy without
 /// FP8 linear layers (precision::fp8_linear).
-template <parallel::sharding_strategy Sharding, precision::policy P = precision::fp32,
+template <parallel::sharding_strategy Sharding, precision::policy P,
           mesh_degrees Mesh>
 void validate(const nn::llama_config& c, const train_config& cfg, const data::token_file& d,
               const Mesh& mesh, const parallel::data_parallel_options& dpo = {}) {

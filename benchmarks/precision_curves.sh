@@ -10,17 +10,23 @@
 # matplotlib; skipped with a note when it is missing).
 #
 #   benchmarks/precision_curves.sh [--steps N] [--policies "fp32 bf16 fp16"] [--out-dir DIR]
+#
+# A policy is a --precision name, or fp8:delayed / fp8:current for
+# --precision fp8 with that --fp8-scaling. --merge keeps the runs already in
+# the JSON that this invocation does not repeat (to add policies later).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
 steps=300
 policies="fp32 bf16 fp16"
 out_dir="$root/benchmarks"
+merge=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --steps) steps=${2:?--steps needs a value}; shift 2 ;;
     --policies) policies=${2:?--policies needs a value}; shift 2 ;;
     --out-dir) out_dir=${2:?--out-dir needs a value}; shift 2 ;;
+    --merge) merge=1; shift ;;
     *) echo "precision_curves: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -34,26 +40,38 @@ trap 'rm -rf "$work"' EXIT
 export OMP_WAIT_POLICY=passive
 common=(--steps "$steps" --eval-every 50 --checkpoint-every 0 --sample-bytes 0 --no-baseline)
 for p in $policies; do
-  echo "precision_curves: --precision $p, $steps steps" >&2
+  echo "precision_curves: $p, $steps steps" >&2
+  flags=(--precision "${p%%:*}")
+  [[ "$p" == *:* ]] && flags+=(--fp8-scaling "${p#*:}")
   start=$(date +%s)
-  "$bin" "${common[@]}" --precision "$p" --out "$work/$p" >/dev/null
+  "$bin" "${common[@]}" "${flags[@]}" --out "$work/$p" >/dev/null
   echo "$p $(( $(date +%s) - start ))" >> "$work/seconds.txt"
 done
-python3 - "$out_dir" "$work" "$steps" "$policies" <<'EOF'
+python3 - "$out_dir" "$work" "$steps" "$policies" "$merge" <<'EOF'
 import datetime, json, os, sys
 out, work, steps, policies = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4].split()
 seconds = dict(l.split() for l in open(os.path.join(work, "seconds.txt")))
-runs = {}
+runs, dates = {}, {}
+old = os.path.join(out, "precision_curves.json")
+if sys.argv[5] == "1" and os.path.exists(old):
+    prev = json.load(open(old))
+    if prev["steps"] != steps:
+        sys.exit(f"precision_curves: --merge: the saved runs have {prev['steps']} steps, not {steps}")
+    for p, r in prev["runs"].items():
+        if p not in policies:
+            r["val"] = {int(k): v for k, v in r["val"].items()}  # JSON keys are strings
+            runs[p] = r
+            dates[p] = r.get("date", prev["date"])
 for p in policies:
     rows = [r for r in map(json.loads, open(os.path.join(work, p, "metrics.jsonl"))) if "step" in r]
     runs[p] = {"loss": [r["loss"] for r in rows],
                "val": {r["step"]: r["val_loss"] for r in rows if "val_loss" in r},
                "skipped_steps": sum(1 for r in rows if r.get("skipped")),
                "last_loss_scale": rows[-1].get("loss_scale"),
-               "seconds": int(seconds[p])}
+               "seconds": int(seconds[p]), "date": datetime.date.today().isoformat()}
 def windows(xs, w=20):
     return [sum(xs[i:i + w]) / w for i in range(0, len(xs) - w + 1, w)]
-ref = "bf16" if "bf16" in runs else policies[0]
+ref = "bf16" if "bf16" in runs else next(iter(runs))
 for p, r in runs.items():
     a, b = windows(r["loss"]), windows(runs[ref]["loss"])
     r["max_gap_to_" + ref] = max(abs(x - y) for x, y in zip(a, b))

@@ -111,7 +111,7 @@ TEST_CASE("plan_cuda_step rejects bad sizes and host-only policies", "[plan]") {
   CHECK_THROWS_AS(plan::plan_cuda_step(c, o), config_error);
   o.ce_chunk = 16;
   o.precision = "fp32";
-  CHECK_THROWS_WITH(plan::plan_cuda_step(c, o), Catch::Contains("bf16 weights"));
+  CHECK_THROWS_WITH(plan::plan_cuda_step(c, o), Catch::Contains("16-bit weights"));
   o.precision = "bf16_mixed";
   o.optimizer = "lion";
   CHECK_THROWS_WITH(plan::plan_cuda_step(c, o), Catch::Contains("adamw, sgd"));

@@ -58,9 +58,9 @@ enum class op_kind : std::uint8_t {
   split,
 };
 
-/// The element types a communicator moves (`comm_element`; `bf16` only on
+/// The element types a communicator moves (`comm_element`; `bf16` and `f16` only on
 /// nccl_communicator, comm/nccl.hpp).
-enum class dtype : std::uint8_t { f32, f64, i32, i64, u64, none, bf16 };
+enum class dtype : std::uint8_t { f32, f64, i32, i64, u64, none, bf16, f16 };
 
 /// `comm_element<T>`: T is one of float, double, std::int32_t, std::int64_t,
 /// std::uint64_t. (bf16 is planned; it needs an fp32 accumulation policy.)
@@ -122,6 +122,8 @@ constexpr const char* to_string(dtype d) {
       return "uint64";
     case dtype::bf16:
       return "bf16";
+    case dtype::f16:
+      return "fp16";
     case dtype::none:
       return "none";
   }
@@ -137,6 +139,7 @@ constexpr const char* to_string(reduce_op op) {
 constexpr std::size_t dtype_bytes(dtype d) {
   switch (d) {
     case dtype::bf16:
+    case dtype::f16:
       return 2;
     case dtype::f32:
     case dtype::i32:

@@ -275,7 +275,7 @@ class nccl_request : public detail::polled_request<detail::nccl_pending> {
 };
 
 /// One rank of an NCCL communicator on one GPU: models `device_communicator`
-/// (and so `communicator`) for float, double, int32, int64, uint64 and bf16
+/// (and so `communicator`) for float, double, int32, int64, uint64, bf16 and fp16
 /// device buffers. Move-only; one thread at a time; the device is made
 /// current around each call and restored after.
 class nccl_communicator : public communicator_base<nccl_communicator> {

@@ -103,6 +103,8 @@ constexpr const char* nccl_type_name(dtype d) {
       return "ncclUint64";
     case dtype::bf16:
       return "ncclBfloat16";
+    case dtype::f16:
+      return "ncclFloat16";
     case dtype::none:
       return "none";
   }

@@ -22,9 +22,10 @@ namespace tessera::comm {
 
 /// `nccl_element<T>`: the element types nccl_communicator moves: float,
 /// double, std::int32_t, std::int64_t, std::uint64_t (the `comm_element`
-/// types) and tessera::bf16 (ncclBfloat16).
+/// types), tessera::bf16 (ncclBfloat16) and tessera::fp16 (ncclFloat16).
 template <class T>
-concept nccl_element = comm_element<T> || std::same_as<T, tessera::bf16>;
+concept nccl_element =
+    comm_element<T> || std::same_as<T, tessera::bf16> || std::same_as<T, tessera::fp16>;
 
 namespace detail {
 
@@ -44,6 +45,8 @@ constexpr ncclDataType_t nccl_type(dtype d) {
       return ncclUint64;
     case dtype::bf16:
       return ncclBfloat16;
+    case dtype::f16:
+      return ncclFloat16;
     case dtype::none:
       break;
   }
@@ -55,6 +58,8 @@ template <nccl_element T>
 constexpr dtype nccl_dtype() {
   if constexpr (std::same_as<T, tessera::bf16>)
     return dtype::bf16;
+  else if constexpr (std::same_as<T, tessera::fp16>)
+    return dtype::f16;
   else
     return dtype_of<T>();
 }

@@ -31,6 +31,12 @@ F8 fp8_scaled_cast(T x, float scale) {
   const float v = static_cast<float>(to<double>(x));
   return F8(v * scale, std::isfinite(v) ? fp8_saturation::finite : fp8_saturation::none);
 }
+// The arguments of a scaled cast: n >= 0, scale finite > 0 (config_error naming `who`).
+inline void check_fp8_cast(const char* who, std::int64_t n, float scale) {
+  TESSERA_THROW_IF(n < 0, config_error, who, ": n=", n, " must be >= 0");
+  TESSERA_THROW_IF(!(scale > 0) || !std::isfinite(scale), config_error, who, ": scale ", scale,
+                   " must be a finite value > 0");
+}
 }  // namespace detail
 
 /// max |x[i]| over [0, n) as a float (0 for n = 0); NaN if any x[i] is NaN,
@@ -59,9 +65,7 @@ template <class F8, class T>
 void fp8_quantize(const host_context& ctx, F8* q, const T* x, std::int64_t n, float scale) {
   (void)ctx;
   static_assert(is_fp8_v<F8>, "fp8_quantize: F8 must be fp8_e4m3 or fp8_e5m2");
-  TESSERA_THROW_IF(n < 0, config_error, "fp8_quantize: n=", n, " must be >= 0");
-  TESSERA_THROW_IF(!(scale > 0) || !std::isfinite(scale), config_error, "fp8_quantize: scale ",
-                   scale, " must be a finite value > 0");
+  detail::check_fp8_cast("fp8_quantize", n, scale);
 #pragma omp parallel for schedule(static)
   for (std::int64_t i = 0; i < n; ++i) q[i] = detail::fp8_scaled_cast<F8>(x[i], scale);
 }
@@ -88,9 +92,7 @@ template <class F8, class T>
 void fp8_round_trip(const host_context& ctx, float* out, const T* x, std::int64_t n, float scale) {
   (void)ctx;
   static_assert(is_fp8_v<F8>, "fp8_round_trip: F8 must be fp8_e4m3 or fp8_e5m2");
-  TESSERA_THROW_IF(n < 0, config_error, "fp8_round_trip: n=", n, " must be >= 0");
-  TESSERA_THROW_IF(!(scale > 0) || !std::isfinite(scale), config_error, "fp8_round_trip: scale ",
-                   scale, " must be a finite value > 0");
+  detail::check_fp8_cast("fp8_round_trip", n, scale);
   const float inv = 1.0f / scale;
 #pragma omp parallel for schedule(static)
   for (std::int64_t i = 0; i < n; ++i)

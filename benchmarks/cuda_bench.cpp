@@ -299,6 +299,57 @@ void bench_linear(bench& b, kc::cublaslt_context& ctx, const std::string& name, 
       [&] { kc::linear_backward_weight(ctx, dw.p, dout.p, inp.p, M, N, K, b.stream); });
 }
 
+
+/// cuBLASLt's FP8 matmul at the reference's shape (M = N = K = 8192, the
+/// linear forward's layout C = A B^T): E4M3 x E4M3 -> bf16, float32
+/// accumulation (no fast accumulation), unit inverse scales read from device
+/// memory, as the FP8 linear layers call it; checked on sampled elements
+/// against float64 of the FP8 values; its rate as a ratio of the bf16 GEMM
+/// `ref` (Hopper's dense FP8 peak is twice its bf16 peak).
+void bench_fp8_gemm(bench& b, kc::cublaslt_context& ctx, double ref) {
+  TESSERA_NVTX_RANGE("cuda_bench: fp8 gemm");
+  const std::int64_t M = 8192, N = 8192, K = 8192;
+  const pattern<fp8_e4m3> pa(31, -2, 2), pw(32, -2, 2);
+  dbuf<fp8_e4m3> a(static_cast<std::size_t>(M * K)), w(static_cast<std::size_t>(N * K));
+  dbuf<bf16> out(static_cast<std::size_t>(M * N));
+  dbuf<float> one(2);
+  pa.fill(a);
+  pw.fill(w);
+  const float ones[2] = {1.0f, 1.0f};
+  TESSERA_CUDA_CHECK(cudaMemcpy(one.p, ones, sizeof ones, cudaMemcpyHostToDevice));
+  row r{"reference", "cuBLASLt FP8 GEMM 8192^3 (E4M3, f32 accumulate)",
+        "8192x8192x8192", "fp8_e4m3 -> bf16"};
+  r.work = 2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K);
+  auto run = [&] {
+    ctx.gemm_fp8(M, N, K, a.p, K, one.p, w.p, K, one.p + 1, 0.0f, out.p, N, b.stream);
+  };
+  try {
+    run();
+    TESSERA_CUDA_CHECK(cudaStreamSynchronize(b.stream));
+  } catch (const std::exception& e) {  // no FP8 tensor cores (before sm_89): say so, go on
+    std::printf("cuda_bench: FP8 GEMM not measured: %s\n", e.what());
+    return;
+  }
+  std::mt19937_64 rng(33);
+  checker c;
+  for (int s = 0; s < 6; ++s) {
+    const auto m = static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(M));
+    const auto n = static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(N));
+    double f = 0, fa = 0;
+    for (std::int64_t j = 0; j < K; ++j) {
+      const double t = as_double(pa[static_cast<std::size_t>(m * K + j)]) *
+                       as_double(pw[static_cast<std::size_t>(n * K + j)]);
+      f += t;
+      fa += std::abs(t);
+    }
+    c.add(as_double(out.at(static_cast<std::size_t>(m * N + n))), f,
+          1e-5 * fa + bf16_eps * std::abs(f), "out");
+  }
+  r.check = c.result();
+  r.extra = {{"M", M}, {"N", N}, {"K", K}, {"of", "the bf16 reference GEMM"}};
+  row& x = b.add(std::move(r), measure(b.stream, b.warmup, b.reps, run));
+  x.ratio = ref > 0 ? x.rate / ref : 1.0;
+}
 // ---- (c): attention ----------------------------------------------------------------------------
 
 #if TESSERA_BENCH_ATTENTION
@@ -728,6 +779,7 @@ int main(int argc, char** argv) {
       ref.ratio = 1.0;
       ref_flops = ref.rate;
     }
+    bench_fp8_gemm(b, ctx, ref_flops);  // FP8 beside it (precision::fp8_mixed's GEMMs)
     // (b) the GEMMs of a llama2_7b step, 4096 tokens
     const std::int64_t M = 4096, H = 4096, F = 11008, V = 32000, L = 32;
     bench_linear(b, ctx, "wq/wk/wv/wo", M, H, H, ref_flops, 4, 21);

@@ -52,7 +52,8 @@
 #                --dump-resource-usage when installed
 #   gpu          nvidia-smi: name, driver, CUDA version                   30 s
 #   ctest        ctest -L cuda --output-on-failure, 90 s a test          120 s
-#   cuda_bench   <build>/benchmarks/cuda_bench --json                     60 s
+#   cuda_bench   <build>/benchmarks/cuda_bench --json (the GEMMs, bf16    60 s
+#                and FP8 8192^3, attention, AdamW, RMSNorm, ...)
 #   llama7b      <build>/examples/llama7b_step --backend cuda --preset   120 s
 #                llama2_7b --precision bf16_mixed_bf16_grads --seq 4096 --micro-batch 1
 #                --warmup-steps 1 --steps 3 --json (init ~10 s, ~1 s a step)
@@ -564,10 +565,15 @@ if bench:
     targets.append(target("attention_forward", s.get("attention_forward_ratio"), 0.50,
                           "flash attention forward TFLOP/s / cuBLASLt bf16 8192^3"))
     targets.append(target("adamw", s.get("adamw_ratio"), 0.85, "AdamW bytes/s / D2D copy bytes/s"))
+    # Hopper's dense FP8 peak is twice its bf16 peak; 1.5x is what a TN matmul at this size reaches.
+    fp8 = [r for r in bench.get("rows", []) if r.get("name", "").startswith("cuBLASLt FP8 GEMM")]
+    targets.append(target("fp8_gemm", fp8[0]["ratio"] if fp8 else None, 1.5,
+                          "cuBLASLt FP8 (E4M3) GEMM 8192^3 / cuBLASLt bf16 8192^3"))
 else:
     targets += [target("gemm", None, 0.85, "every llama2_7b GEMM / cuBLASLt bf16 8192^3"),
                 target("attention_forward", None, 0.50, "flash attention forward / cuBLASLt bf16 8192^3"),
-                target("adamw", None, 0.85, "AdamW bytes/s / D2D copy bytes/s")]
+                target("adamw", None, 0.85, "AdamW bytes/s / D2D copy bytes/s"),
+                target("fp8_gemm", None, 1.5, "cuBLASLt FP8 (E4M3) GEMM 8192^3 / cuBLASLt bf16 8192^3")]
 targets.append(target("llama7b_mfu", llama.get("mfu") if llama else None, 0.45,
                       "llama2_7b full step, bf16, seq 4096, micro-batch 1, full checkpointing: MFU"))
 targets.append(target("llama7b_mfu_no_checkpointing", llama_none.get("mfu") if llama_none else None,

@@ -4,6 +4,7 @@
 // products with the gradient contract (weight gradient accumulates).
 // Skipped without a device (main.cpp).
 #include <tessera/kernels/cuda/gemm.cuh>
+#include <tessera/kernels/fp8.hpp>
 
 #include "cuda_testing.hpp"
 
@@ -135,4 +136,127 @@ TEST_CASE("cuda linear layer: forward, input gradient, weight gradient accumulat
   CHECK_THROWS_AS(ctx.gemm(transpose::no, transpose::no, M, N, 0, 1.0f, d_inp.data(), K, d_w.data(),
                            N, 0.0f, d_out.data(), N, s),
                   tessera::config_error);
+}
+
+// ---- FP8 (cublaslt_context::gemm_fp8) ----------------------------------------------------------
+
+namespace {
+
+// True on a GPU with FP8 tensor cores (sm_89 and later); the FP8 tests
+// below say so and pass nothing on an older one (an sm_80 build runs them on
+// an A100, where cuBLASLt has no FP8 matmul: the refusal is checked instead).
+bool has_fp8_tensor_cores() {
+  int dev = 0, major = 0, minor = 0;
+  TESSERA_CUDA_CHECK(cudaGetDevice(&dev));
+  TESSERA_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  TESSERA_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+  return major * 10 + minor >= 89;
+}
+
+// FP8 copies of random bf16 values at `scale` (the host kernel's scaled
+// cast), and their dequantised values in float64: q * (1/scale) in float, as
+// the GPU multiplies.
+template <class F8>
+struct fp8_operand {
+  std::vector<F8> q;
+  std::vector<double> value;
+  float scale;
+  fp8_operand(std::size_t n, double range, float scale_factor, std::mt19937_64& rng) {
+    const tessera::kernels::host_context h{};
+    std::vector<bf16> x(n);
+    std::uniform_real_distribution<double> u(-range, range);
+    for (auto& v : x) v = tessera::to<bf16>(u(rng));
+    scale = static_cast<float>(F8::max_finite) /
+            tessera::kernels::fp8_amax(h, x.data(), static_cast<std::int64_t>(n)) * scale_factor;
+    q.resize(n);
+    tessera::kernels::fp8_quantize(h, q.data(), x.data(), static_cast<std::int64_t>(n), scale);
+    value.resize(n);
+    for (std::size_t i = 0; i < n; ++i)
+      value[i] = static_cast<double>(static_cast<float>(q[i]) * (1.0f / scale));
+  }
+};
+
+// C(M,N) = A(M,K) B(N,K)^T + beta C0 in float64 from dequantised values, and sum |a b|.
+void fp8_ref(std::vector<double>& C, std::vector<double>& scale, std::int64_t M, std::int64_t N,
+             std::int64_t K, const std::vector<double>& A, const std::vector<double>& B,
+             double beta, const std::vector<float>& C0) {
+  C.assign(static_cast<std::size_t>(M * N), 0);
+  scale.assign(C.size(), 0);
+  for (std::int64_t m = 0; m < M; ++m)
+    for (std::int64_t n = 0; n < N; ++n) {
+      double s = 0, a_s = 0;
+      for (std::int64_t k = 0; k < K; ++k) {
+        const double t = A[static_cast<std::size_t>(m * K + k)] * B[static_cast<std::size_t>(n * K + k)];
+        s += t;
+        a_s += std::abs(t);
+      }
+      const std::size_t i = static_cast<std::size_t>(m * N + n);
+      const double c0 = beta != 0 ? double(C0[i]) : 0.0;
+      C[i] = s + beta * c0;
+      scale[i] = a_s + std::abs(beta * c0);
+    }
+}
+
+template <class FA, class FB>
+void check_fp8_gemm(std::int64_t M, std::int64_t N, std::int64_t K, std::mt19937_64& rng) {
+  INFO(tessera::dtype_name<FA>() << " x " << tessera::dtype_name<FB>() << " M=" << M << " N=" << N
+                                 << " K=" << K);
+  tessera::cuda::stream s;
+  kc::cublaslt_context ctx;
+  const fp8_operand<FA> a(static_cast<std::size_t>(M * K), 2.0, 0.8f, rng);
+  const fp8_operand<FB> b(static_cast<std::size_t>(N * K), 0.05, 0.6f, rng);
+  const std::vector<float> inv{1.0f / a.scale, 1.0f / b.scale};
+  auto d_a = to_device(a.q);
+  auto d_b = to_device(b.q);
+  auto d_inv = to_device(inv);
+  std::vector<double> want, sc;
+
+  // bf16 output, beta 0 (C poisoned), with the output's amax.
+  fp8_ref(want, sc, M, N, K, a.value, b.value, 0.0, {});
+  auto d_y = poisoned_device<bf16>(static_cast<std::size_t>(M * N));
+  auto d_amax = to_device(std::vector<float>{-1.0f});
+  ctx.gemm_fp8(M, N, K, d_a.data(), K, d_inv.data(), d_b.data(), K, d_inv.data() + 1, 0.0f,
+               d_y.data(), N, s, d_amax.data());
+  s.synchronize();
+  CHECK(gemm_error(to_host(d_y), N, want, sc, M, N, bf16_tol) <= 1.0);
+  double amax = 0;
+  for (double v : want) amax = std::max(amax, std::abs(v));
+  CHECK(std::abs(double(to_host(d_amax)[0]) - amax) <= 1e-5 * amax);
+
+  // float output accumulating (the weight gradient's contract), twice.
+  const auto c0 = random_vector<float>(static_cast<std::size_t>(M * N), rng);
+  auto d_c = to_device(c0);
+  ctx.gemm_fp8(M, N, K, d_a.data(), K, d_inv.data(), d_b.data(), K, d_inv.data() + 1, 1.0f,
+               d_c.data(), N, s);
+  ctx.gemm_fp8(M, N, K, d_a.data(), K, d_inv.data(), d_b.data(), K, d_inv.data() + 1, 1.0f,
+               d_c.data(), N, s);
+  s.synchronize();
+  std::vector<double> want2 = want;
+  for (std::size_t i = 0; i < want2.size(); ++i) {
+    want2[i] = 2 * want[i] + double(c0[i]);
+    sc[i] = 2 * sc[i] + std::abs(double(c0[i]));
+  }
+  CHECK(gemm_error(to_host(d_c), N, want2, sc, M, N, 0.0) <= 1.0);
+}
+
+}  // namespace
+
+TEST_CASE("cuda gemm: FP8 matmuls (E4M3 and E5M2) with scale pointers and amax against float64",
+          "[cuda][gemm][fp8]") {
+  std::mt19937_64 rng(208);
+  if (!has_fp8_tensor_cores()) {
+    // cuBLASLt has no FP8 matmul before sm_89: a clear error, not garbage.
+    tessera::cuda::stream s;
+    kc::cublaslt_context ctx;
+    auto d_q = to_device(std::vector<tessera::fp8_e4m3>(256));
+    auto d_y = to_device(std::vector<bf16>(256));
+    auto d_one = to_device(std::vector<float>{1.0f});
+    CHECK_THROWS_AS(ctx.gemm_fp8(16, 16, 16, d_q.data(), 16, d_one.data(), d_q.data(), 16,
+                                 d_one.data(), 0.0f, d_y.data(), 16, s),
+                    tessera::cuda_error);
+    return;
+  }
+  check_fp8_gemm<tessera::fp8_e4m3, tessera::fp8_e4m3>(128, 256, 512, rng);
+  check_fp8_gemm<tessera::fp8_e5m2, tessera::fp8_e4m3>(64, 96, 160, rng);  // gradients x E4M3
+  check_fp8_gemm<tessera::fp8_e4m3, tessera::fp8_e5m2>(48, 32, 64, rng);
 }

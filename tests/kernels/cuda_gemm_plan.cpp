@@ -36,6 +36,7 @@
 #include <vector>
 
 #include <tessera/kernels/cuda/gemm_plan.hpp>
+#include <tessera/kernels/fp8.hpp>
 #include <tessera/kernels/gemm.hpp>
 #include <tessera/nn/llama_config.hpp>
 
@@ -103,8 +104,8 @@ std::pair<std::int64_t, std::int64_t> op_shape(const kc::lt_layout& l, bool tran
 
 // D(i, j) of one cuBLASLt matmul in float64, from its descriptor's values
 // alone; `c_ij` is C(i, j) before the call.
-template <class TA>
-double interpret(const kc::lt_matmul& p, float alpha, const TA* A, const TA* B, float beta,
+template <class TA, class TB>
+double interpret(const kc::lt_matmul& p, double alpha, const TA* A, const TB* B, float beta,
                  double c_ij, std::int64_t i, std::int64_t j) {
   double s = 0;
   for (std::int64_t l = 0; l < p.k; ++l) {
@@ -306,6 +307,141 @@ TEST_CASE("cuda gemm plans: transposes, leading dimensions and refusals",
   CHECK_THROWS_AS(kc::row_major_matmul(hk::transpose::no, hk::transpose::no, 2, 3, 4, 3, 3, 3,
                                        kc::lt_dtype::bf16, kc::lt_dtype::f32),
                   tessera::config_error);
+}
+
+// ---- FP8 (cublaslt_context::gemm_fp8) -----------------------------------------------------------
+
+namespace {
+
+// The row-major transpose of a rows x cols matrix.
+template <class T>
+std::vector<T> transposed(const std::vector<T>& a, std::int64_t rows, std::int64_t cols) {
+  std::vector<T> t(a.size());
+  for (std::int64_t i = 0; i < rows; ++i)
+    for (std::int64_t j = 0; j < cols; ++j)
+      t[static_cast<std::size_t>(j * rows + i)] = a[static_cast<std::size_t>(i * cols + j)];
+  return t;
+}
+
+// One FP8 product of a linear layer as the CUDA path runs it: FP8 copies of
+// its operands (our A rows x K, our B N x K: transposed copies where the
+// product needs them), the TN matmul of row_major_fp8_matmul with the
+// inverse scales as its scale pointers, against the host reference (the
+// float GEMM of the round-tripped operands in the product's own layout, as
+// nn::fp8_linear computes it on the host).
+template <class FA, class FB, class TC>
+void check_fp8_product(const char* what, std::int64_t M, std::int64_t N, std::int64_t K,
+                       const std::vector<FA>& qa, float sa, const std::vector<FB>& qb, float sb,
+                       float beta, std::vector<TC>& c, const std::vector<TC>& want,
+                       std::mt19937_64& rng) {
+  INFO(what << " M=" << M << " N=" << N << " K=" << K);
+  const kc::lt_matmul p = kc::row_major_fp8_matmul(M, N, K, K, K, N, kc::lt_dtype_of<FA>(),
+                                                   kc::lt_dtype_of<FB>(), kc::lt_dtype_of<TC>());
+  REQUIRE(p.trans_a);  // cuBLASLt's FP8 layout: "TN"
+  REQUIRE(!p.trans_b);
+  REQUIRE(p.a.type == kc::lt_dtype_of<FB>());
+  REQUIRE(p.b.type == kc::lt_dtype_of<FA>());
+  const double inv = double(1.0f / sa) * double(1.0f / sb);
+  std::uniform_int_distribution<std::int64_t> ri(0, M - 1), ci(0, N - 1);
+  double worst = 0;
+  for (int s = 0; s < 256; ++s) {
+    const std::int64_t r = s < 4 ? ((s & 1) ? M - 1 : 0) : ri(rng);
+    const std::int64_t col = s < 4 ? ((s & 2) ? N - 1 : 0) : ci(rng);
+    const std::size_t at_rc = static_cast<std::size_t>(r * N + col);
+    double d = interpret(p, inv, qb.data(), qa.data(), beta, as_double(c[at_rc]), col, r);
+    if (tessera::is_half_v<TC>) d = as_double(tessera::to<TC>(d));
+    const double w = as_double(want[at_rc]);
+    worst = std::max(worst, std::abs(d - w) / (std::abs(w) + 1e-3));
+  }
+  CHECK(worst < (tessera::is_half_v<TC> ? 2 * tol_of<TC> : f32_tol));
+}
+
+// A layer's three FP8 products: forward y = x̂ Ŵ^T (E4M3 x E4M3 -> bf16),
+// backward_input dx = d̂y Ŵ (dy in `FD`, W^T copied; -> bf16) and
+// backward_weight dW += d̂y^T x̂ (dy^T and x^T copied; -> float, beta 1).
+template <class FD>
+void check_fp8_layer(std::int64_t M, std::int64_t N, std::int64_t K, std::uint64_t seed,
+                     std::mt19937_64& rng) {
+  using tessera::fp8_e4m3;
+  INFO("dy as " << tessera::dtype_name<FD>());
+  const hk::host_context h{};
+  const auto x = fast_random<bf16>(static_cast<std::size_t>(M * K), seed, -3, 3);
+  const auto w = fast_random<bf16>(static_cast<std::size_t>(N * K), seed + 1, -0.05, 0.05);
+  const auto dy = fast_random<bf16>(static_cast<std::size_t>(M * N), seed + 2, -1e-3, 1e-3);
+  // Scales that are not powers of two (the dequantisation rounds).
+  const float sx = 448.0f / hk::fp8_amax(h, x.data(), M * K) * 0.9f;
+  const float sw = 448.0f / hk::fp8_amax(h, w.data(), N * K) * 0.7f;
+  const float sd = static_cast<float>(FD::max_finite) / hk::fp8_amax(h, dy.data(), M * N) * 0.3f;
+  std::vector<fp8_e4m3> qx(x.size()), qw(w.size());
+  std::vector<FD> qd(dy.size());
+  hk::fp8_quantize(h, qx.data(), x.data(), M * K, sx);
+  hk::fp8_quantize(h, qw.data(), w.data(), N * K, sw);
+  hk::fp8_quantize(h, qd.data(), dy.data(), M * N, sd);
+  std::vector<float> xh(x.size()), wh(w.size()), dh(dy.size());
+  hk::fp8_round_trip<fp8_e4m3>(h, xh.data(), x.data(), M * K, sx);
+  hk::fp8_round_trip<fp8_e4m3>(h, wh.data(), w.data(), N * K, sw);
+  hk::fp8_round_trip<FD>(h, dh.data(), dy.data(), M * N, sd);
+
+  auto host = [](const hk::linear_gemm& g, const std::vector<float>& a, const std::vector<float>& b,
+                 auto& out) {
+    hk::gemm_mixed<float, float>(g.ta, g.tb, g.M, g.N, g.K, g.alpha, a.data(), g.lda, b.data(),
+                                 g.ldb, g.beta, out.data(), g.ldc);
+  };
+  std::vector<bf16> y(static_cast<std::size_t>(M * N)), y_want(y.size());
+  host(hk::linear_forward_gemm(M, N, K), xh, wh, y_want);
+  check_fp8_product("forward", M, N, K, qx, sx, qw, sw, 0.0f, y, y_want, rng);
+
+  std::vector<bf16> dx(static_cast<std::size_t>(M * K)), dx_want(dx.size());
+  host(hk::linear_backward_input_gemm(M, N, K, false), dh, wh, dx_want);
+  check_fp8_product("backward_input", M, K, N, qd, sd, transposed(qw, N, K), sw, 0.0f, dx, dx_want,
+                    rng);
+
+  auto dw = fast_random<float>(static_cast<std::size_t>(N * K), seed + 3, -1e-4, 1e-4);
+  auto dw_want = dw;
+  host(hk::linear_backward_weight_gemm(M, N, K), dh, xh, dw_want);
+  check_fp8_product("backward_weight", N, K, M, transposed(qd, M, N), sd, transposed(qx, M, K), sx,
+                    1.0f, dw, dw_want, rng);
+}
+
+}  // namespace
+
+TEST_CASE("cuda gemm plans: the FP8 matmuls of a linear layer equal the host FP8 reference",
+          "[kernels][cuda_gemm_plan]") {
+  std::mt19937_64 rng(88);
+  // A 7B attention projection's shape on a few tokens, and a small odd one
+  // (multiples of 16, as FP8 matmuls need).
+  check_fp8_layer<tessera::fp8_e5m2>(32, 4096, 4096, rng(), rng);  // hybrid: E5M2 gradients
+  check_fp8_layer<tessera::fp8_e4m3>(48, 80, 112, rng(), rng);     // E4M3 everywhere
+  check_fp8_layer<tessera::fp8_e5m2>(16, 176, 32, rng(), rng);
+}
+
+TEST_CASE("cuda gemm plans: FP8 refusals name the constraint", "[kernels][cuda_gemm_plan]") {
+  using kc::lt_dtype;
+  auto msg = [](auto&& f) {
+    try {
+      f();
+    } catch (const tessera::config_error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  CHECK_THAT(msg([] { kc::row_major_fp8_matmul(16, 16, 16, 16, 16, 16, lt_dtype::e5m2,
+                                               lt_dtype::e5m2, lt_dtype::bf16); }),
+             Catch::Contains("fp8_e5m2 x fp8_e5m2"));
+  CHECK_THAT(msg([] { kc::row_major_fp8_matmul(16, 16, 16, 16, 16, 16, lt_dtype::bf16,
+                                               lt_dtype::e4m3, lt_dtype::bf16); }),
+             Catch::Contains("operands bf16 x fp8_e4m3"));
+  CHECK_THAT(msg([] { kc::row_major_fp8_matmul(16, 16, 16, 16, 16, 16, lt_dtype::e4m3,
+                                               lt_dtype::e4m3, lt_dtype::e4m3); }),
+             Catch::Contains("output fp8_e4m3"));
+  CHECK_THAT(msg([] { kc::row_major_fp8_matmul(16, 16, 24, 24, 24, 16, lt_dtype::e4m3,
+                                               lt_dtype::e4m3, lt_dtype::bf16); }),
+             Catch::Contains("K=24 lda=24 ldb=24 must be multiples of 16"));
+  CHECK_THAT(msg([] { kc::row_major_fp8_matmul(16, 12, 16, 16, 16, 12, lt_dtype::e4m3,
+                                               lt_dtype::e4m3, lt_dtype::bf16); }),
+             Catch::Contains("ldc=12 of bf16 is not 16-byte aligned"));
+  CHECK_NOTHROW(kc::row_major_fp8_matmul(16, 12, 16, 16, 16, 12, lt_dtype::e4m3, lt_dtype::e5m2,
+                                         lt_dtype::f32));
 }
 
 }  // namespace test_kernels_cuda_gemm_plan

@@ -44,6 +44,10 @@ inline cudaDataType_t cuda_data_type_of(lt_dtype t) {
       return CUDA_R_16BF;
     case lt_dtype::f16:
       return CUDA_R_16F;
+    case lt_dtype::e4m3:
+      return CUDA_R_8F_E4M3;
+    case lt_dtype::e5m2:
+      return CUDA_R_8F_E5M2;
     case lt_dtype::f32:
       break;
   }
@@ -122,32 +126,63 @@ class cublaslt_context {
     TESSERA_THROW_IF(K < 1, config_error, "gemm (cuda): K=", K,
                      " must be >= 1 (cuBLASLt has no k = 0 matmul)");
     if (M == 0 || N == 0) return;
-    const plan_key key{static_cast<int>(ta),
-                       static_cast<int>(tb),
-                       M,
-                       N,
-                       K,
-                       lda,
-                       ldb,
-                       ldc,
-                       static_cast<int>(lt_dtype_of<TAB>()),
-                       static_cast<int>(lt_dtype_of<TC>()),
-                       detail::pointer_alignment(d_A),
-                       detail::pointer_alignment(d_B),
-                       detail::pointer_alignment(d_C)};
-    auto it = plans_.find(key);
-    if (it == plans_.end()) it = plans_.emplace(key, make_plan<TAB, TC>(key)).first;
-    const plan& p = *it->second;
+    const plan& p = plan_for(
+        row_major_matmul(ta, tb, M, N, K, lda, ldb, ldc, lt_dtype_of<TAB>(), lt_dtype_of<TC>()),
+        d_A, d_B, d_C, {});
     // Column-major: D^T(N,M) = op(B)^T op(A)^T + beta C^T: our B is cuBLASLt's A.
     TESSERA_CUBLAS_CHECK(cublasLtMatmul(handle_, p.desc, &alpha, d_B, p.a_layout, d_A, p.b_layout,
                                         &beta, d_C, p.c_layout, d_C, p.c_layout, &p.algo,
                                         workspace_, workspace_bytes_, stream));
   }
 
+  /// FP8 GEMM, row-major: C(M,N) = (*d_inv_scale_a) (*d_inv_scale_b)
+  /// A(M,K) B(N,K)^T + beta C on `stream` (the linear forward's form; the
+  /// only layout cuBLASLt's FP8 matmuls take: row_major_fp8_matmul).
+  /// - TA, TB in {fp8_e4m3, fp8_e5m2}, not both E5M2; TC in {bf16, fp16,
+  ///   float}; lda, ldb >= K; ldc >= N. The products of the FP8 values are
+  ///   exact and accumulate in float32 (CUBLASLT_MATMUL_DESC_FAST_ACCUM off:
+  ///   Hopper's fast accumulation keeps fewer bits), the sum is multiplied by
+  ///   the two inverse scales (device floats, read when the matmul runs:
+  ///   CUBLASLT_MATMUL_DESC_A_SCALE_POINTER and B_SCALE_POINTER), a 16-bit C
+  ///   rounded once. This is kernels::fp8_round_trip's operands through the
+  ///   float GEMM on the host, to float32 summation order.
+  /// - d_amax_c: when not null, the device float receives max |C| of the
+  ///   result (CUBLASLT_MATMUL_DESC_AMAX_D_POINTER), for the next cast's scale.
+  /// - beta == 0 does not read C. C must not alias A or B.
+  /// - Throws config_error as row_major_fp8_matmul (K, lda, ldb multiples of
+  ///   16, types); cuda_error if cuBLASLt has no algorithm (an sm_80 GPU has
+  ///   no FP8 tensor cores: FP8 needs sm_89 or sm_90) or fails.
+  /// Nothing is synchronised. Source: the cuBLASLt documentation
+  /// (cublasLtMatmul, FP8 requirements; cublasLtMatmulDescAttributes_t).
+  template <class TA, class TB, class TC>
+  void gemm_fp8(std::int64_t M, std::int64_t N, std::int64_t K, const TA* d_A, std::int64_t lda,
+                const float* d_inv_scale_a, const TB* d_B, std::int64_t ldb,
+                const float* d_inv_scale_b, float beta, TC* d_C, std::int64_t ldc,
+                cudaStream_t stream, float* d_amax_c = nullptr) {
+    static_assert(is_fp8_v<TA> && is_fp8_v<TB>, "gemm_fp8: A and B are fp8_e4m3 or fp8_e5m2");
+    const lt_matmul lt = row_major_fp8_matmul(M, N, K, lda, ldb, ldc, lt_dtype_of<TA>(),
+                                              lt_dtype_of<TB>(), lt_dtype_of<TC>());
+    if (M == 0 || N == 0) return;
+    // cuBLASLt's A is our B: its A scale is B's.
+    const fp8_pointers ptrs{d_inv_scale_b, d_inv_scale_a, d_amax_c};
+    const plan& p = plan_for(lt, d_A, d_B, d_C, ptrs);
+    set_fp8_pointers(p.desc, ptrs);  // the descriptor is shared by every call of this shape
+    const float alpha = 1.0f;
+    TESSERA_CUBLAS_CHECK(cublasLtMatmul(handle_, p.desc, &alpha, d_B, p.a_layout, d_A, p.b_layout,
+                                        &beta, d_C, p.c_layout, d_C, p.c_layout, &p.algo,
+                                        workspace_, workspace_bytes_, stream));
+  }
+
  private:
-  using plan_key =
-      std::tuple<int, int, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
-                 std::int64_t, int, int, std::uint32_t, std::uint32_t, std::uint32_t>;
+  // A matmul's descriptor values, its pointers' alignments (our A, B, C)
+  // and whether it computes the output's amax.
+  using plan_key = std::tuple<lt_matmul, std::uint32_t, std::uint32_t, std::uint32_t, bool>;
+  // The device pointers of an FP8 matmul, as cuBLASLt names them (its A is our B).
+  struct fp8_pointers {
+    const float* a_scale = nullptr;
+    const float* b_scale = nullptr;
+    float* amax_d = nullptr;
+  };
   struct plan {
     cublasLtMatmulDesc_t desc = nullptr;
     // cuBLASLt's A (our B), B (our A) and C = D, from lt_matmul.
@@ -164,13 +199,30 @@ class cublaslt_context {
     }
   };
 
-  template <class TAB, class TC>
-  std::unique_ptr<plan> make_plan(const plan_key& k) {
-    [[maybe_unused]] const auto [ta_i, tb_i, M, N, K, lda, ldb, ldc, ab_type, c_type, al_a, al_b,
-                                 al_c] = k;
-    const lt_matmul lt = row_major_matmul(ta_i != 0 ? transpose::yes : transpose::no,
-                                          tb_i != 0 ? transpose::yes : transpose::no, M, N, K, lda,
-                                          ldb, ldc, lt_dtype_of<TAB>(), lt_dtype_of<TC>());
+  // The cached plan of `lt` at these pointers' alignments, built on first use.
+  const plan& plan_for(const lt_matmul& lt, const void* d_A, const void* d_B, const void* d_C,
+                       const fp8_pointers& ptrs) {
+    const plan_key key{lt, detail::pointer_alignment(d_A), detail::pointer_alignment(d_B),
+                       detail::pointer_alignment(d_C), ptrs.amax_d != nullptr};
+    auto it = plans_.find(key);
+    if (it == plans_.end()) it = plans_.emplace(key, make_plan(key, ptrs)).first;
+    return *it->second;
+  }
+
+  static void set_fp8_pointers(cublasLtMatmulDesc_t desc, const fp8_pointers& ptrs) {
+    auto set = [&](cublasLtMatmulDescAttributes_t a, const void* v) {
+      TESSERA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, a, &v, sizeof(v)));
+    };
+    set(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, ptrs.a_scale);
+    set(CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, ptrs.b_scale);
+    if (ptrs.amax_d) set(CUBLASLT_MATMUL_DESC_AMAX_D_POINTER, ptrs.amax_d);
+  }
+
+  // The descriptors of key's matmul and the heuristic's algorithm; an FP8
+  // matmul's with the first call's pointers (their presence picks the algorithm).
+  std::unique_ptr<plan> make_plan(const plan_key& k, const fp8_pointers& ptrs) {
+    const auto& [lt, al_a, al_b, al_c, amax] = k;
+    const bool fp8 = lt.a.type == lt_dtype::e4m3 || lt.a.type == lt_dtype::e5m2;
     auto p = std::make_unique<plan>();
     TESSERA_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     const cublasOperation_t op_a = lt.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -179,6 +231,12 @@ class cublaslt_context {
         cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
     TESSERA_CUBLAS_CHECK(
         cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
+    if (fp8) {  // full float32 accumulation (Hopper's fast accumulation keeps fewer bits)
+      const std::int8_t fast_accum = 0;
+      TESSERA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+          p->desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast_accum, sizeof(fast_accum)));
+      set_fp8_pointers(p->desc, ptrs);
+    }
     auto layout = [](cublasLtMatrixLayout_t* out, const lt_layout& l) {
       TESSERA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(out, detail::cuda_data_type_of(l.type),
                                                       static_cast<std::uint64_t>(l.rows),
@@ -211,10 +269,12 @@ class cublaslt_context {
                                                         &found));
     if (found == 0)
       throw cuda_error(
-          ::tessera::detail::str("gemm (cuda): cuBLASLt found no algorithm for M=", M, " N=", N,
-                                 " K=", K, " lda=", lda, " ldb=", ldb, " ldc=", ldc, " A/B ",
-                                 dtype_name<TAB>(), ", C ", dtype_name<TC>(), ", alignments ", al_a,
-                                 "/", al_b, "/", al_c, " bytes"),
+          ::tessera::detail::str(
+              fp8 ? "fp8 gemm (cuda)" : "gemm (cuda)", ": cuBLASLt found no algorithm for M=",
+              lt.n, " N=", lt.m, " K=", lt.k, " lda=", lt.b.ld, " ldb=", lt.a.ld, " ldc=", lt.c.ld,
+              " A ", lt_dtype_name(lt.b.type), ", B ", lt_dtype_name(lt.a.type), ", C ",
+              lt_dtype_name(lt.c.type), ", alignments ", al_a, "/", al_b, "/", al_c, " bytes",
+              fp8 ? " (FP8 matmuls need an sm_89 or sm_90 GPU)" : "", amax ? ", with amax" : ""),
           static_cast<int>(CUBLAS_STATUS_NOT_SUPPORTED));
     p->algo = result.algo;
     return p;

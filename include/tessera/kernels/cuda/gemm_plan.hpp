@@ -17,6 +17,7 @@
 /// Source: the cuBLASLt documentation (cublasLtMatmul: D = alpha op(A) op(B)
 /// + beta C, column-major; cublasLtMatrixLayoutCreate(type, rows, cols, ld)).
 
+#include <compare>
 #include <cstdint>
 #include <type_traits>
 
@@ -25,20 +26,48 @@
 
 namespace tessera::kernels::cuda {
 
-/// Element types of a cuBLASLt layout (CUDA_R_32F, CUDA_R_16BF, CUDA_R_16F).
-enum class lt_dtype { f32, bf16, f16 };
+/// Element types of a cuBLASLt layout (CUDA_R_32F, CUDA_R_16BF, CUDA_R_16F,
+/// CUDA_R_8F_E4M3, CUDA_R_8F_E5M2).
+enum class lt_dtype { f32, bf16, f16, e4m3, e5m2 };
 
-/// The lt_dtype of T in {float, bf16, fp16}.
+/// The lt_dtype of T in {float, bf16, fp16, fp8_e4m3, fp8_e5m2}.
 template <class T>
 constexpr lt_dtype lt_dtype_of() {
   if constexpr (std::is_same_v<T, bf16>)
     return lt_dtype::bf16;
   else if constexpr (std::is_same_v<T, fp16>)
     return lt_dtype::f16;
+  else if constexpr (std::is_same_v<T, fp8_e4m3>)
+    return lt_dtype::e4m3;
+  else if constexpr (std::is_same_v<T, fp8_e5m2>)
+    return lt_dtype::e5m2;
   else {
-    static_assert(std::is_same_v<T, float>, "cuBLASLt GEMM types: bf16, fp16 or float");
+    static_assert(std::is_same_v<T, float>,
+                  "cuBLASLt GEMM types: bf16, fp16, float, fp8_e4m3 or fp8_e5m2");
     return lt_dtype::f32;
   }
+}
+
+/// Bytes of one element of `t`.
+constexpr std::int64_t lt_dtype_bytes(lt_dtype t) {
+  return t == lt_dtype::f32 ? 4 : (t == lt_dtype::e4m3 || t == lt_dtype::e5m2) ? 1 : 2;
+}
+
+/// The name of `t` in messages.
+constexpr const char* lt_dtype_name(lt_dtype t) {
+  switch (t) {
+    case lt_dtype::bf16:
+      return "bf16";
+    case lt_dtype::f16:
+      return "fp16";
+    case lt_dtype::e4m3:
+      return "fp8_e4m3";
+    case lt_dtype::e5m2:
+      return "fp8_e5m2";
+    case lt_dtype::f32:
+      break;
+  }
+  return "float";
 }
 
 /// A column-major matrix as cublasLtMatrixLayoutCreate takes it: `rows` x
@@ -48,7 +77,7 @@ struct lt_layout {
   std::int64_t rows = 0;
   std::int64_t cols = 0;
   std::int64_t ld = 0;
-  constexpr bool operator==(const lt_layout&) const = default;
+  constexpr auto operator<=>(const lt_layout&) const = default;
 };
 
 /// One cublasLtMatmul, column-major: D(m,n) = alpha op(A)(m,k) op(B)(k,n) +
@@ -61,7 +90,7 @@ struct lt_matmul {
   bool trans_b = false;  ///< CUBLASLT_MATMUL_DESC_TRANSB
   std::int64_t m = 0, n = 0, k = 0;
   lt_layout a, b, c;  ///< cuBLASLt's A, B, and C = D
-  constexpr bool operator==(const lt_matmul&) const = default;
+  constexpr auto operator<=>(const lt_matmul&) const = default;
 };
 
 /// The cuBLASLt matmul computing the row-major C(M,N) = alpha op(A)(M,K)
@@ -71,7 +100,8 @@ struct lt_matmul {
 /// kernels::gemm for bad sizes, and for K < 1 (cuBLASLt has no k = 0 matmul).
 inline lt_matmul row_major_matmul(transpose ta, transpose tb, std::int64_t M, std::int64_t N,
                                   std::int64_t K, std::int64_t lda, std::int64_t ldb,
-                                  std::int64_t ldc, lt_dtype ab, lt_dtype c_type) {
+                                  std::int64_t ldc, lt_dtype a_type, lt_dtype b_type,
+                                  lt_dtype c_type) {
   kernels::detail::check_gemm_args(ta, tb, M, N, K, lda, ldb, ldc);
   TESSERA_THROW_IF(K < 1, config_error, "gemm (cuda): K=", K,
                    " must be >= 1 (cuBLASLt has no k = 0 matmul)");
@@ -83,11 +113,55 @@ inline lt_matmul row_major_matmul(transpose ta, transpose tb, std::int64_t M, st
   p.n = M;
   p.k = K;
   // Our B stored row-major K x N (N x K when transposed) is column-major N x K (K x N).
-  p.a = {ab, b_t ? K : N, b_t ? N : K, ldb};
+  p.a = {b_type, b_t ? K : N, b_t ? N : K, ldb};
   // Our A stored row-major M x K (K x M) is column-major K x M (M x K).
-  p.b = {ab, a_t ? M : K, a_t ? K : M, lda};
+  p.b = {a_type, a_t ? M : K, a_t ? K : M, lda};
   p.c = {c_type, N, M, ldc};
   return p;
+}
+
+/// row_major_matmul with A and B of one type `ab`.
+inline lt_matmul row_major_matmul(transpose ta, transpose tb, std::int64_t M, std::int64_t N,
+                                  std::int64_t K, std::int64_t lda, std::int64_t ldb,
+                                  std::int64_t ldc, lt_dtype ab, lt_dtype c_type) {
+  return row_major_matmul(ta, tb, M, N, K, lda, ldb, ldc, ab, ab, c_type);
+}
+
+/// The cuBLASLt FP8 matmul computing the row-major C(M,N) = alpha A(M,K)
+/// B(N,K)^T + beta C, A and B FP8 (lda, ldb >= K), the form of a linear
+/// layer's forward (C = x W^T). cuBLASLt's FP8 matmuls take only the "TN"
+/// layout (its A transposed, its B not), which is exactly this product
+/// under the row-major mapping (file comment); the two backward products
+/// are put in this form by transposed FP8 copies of their operands
+/// (Transformer Engine's cast-transpose). The dequantisation scales
+/// (CUBLASLT_MATMUL_DESC_A/B_SCALE_POINTER) multiply alpha at run time and
+/// are not part of the descriptor.
+/// Refused with config_error (besides row_major_matmul's refusals):
+/// - A or B not E4M3 or E5M2, or both E5M2 (cuBLASLt has no E5M2 x E5M2);
+/// - C not bf16, fp16 or float;
+/// - K, lda or ldb not a multiple of 16, or ldc * sizeof(C) not a multiple
+///   of 16 (FP8 matmuls need 16-byte aligned rows).
+/// Source: the cuBLASLt documentation, cublasLtMatmul, "FP8 requirements".
+inline lt_matmul row_major_fp8_matmul(std::int64_t M, std::int64_t N, std::int64_t K,
+                                      std::int64_t lda, std::int64_t ldb, std::int64_t ldc,
+                                      lt_dtype a_type, lt_dtype b_type, lt_dtype c_type) {
+  auto fp8 = [](lt_dtype t) { return t == lt_dtype::e4m3 || t == lt_dtype::e5m2; };
+  TESSERA_THROW_IF(!fp8(a_type) || !fp8(b_type), config_error, "fp8 gemm (cuda): operands ",
+                   lt_dtype_name(a_type), " x ", lt_dtype_name(b_type),
+                   " must be fp8_e4m3 or fp8_e5m2");
+  TESSERA_THROW_IF(a_type == lt_dtype::e5m2 && b_type == lt_dtype::e5m2, config_error,
+                   "fp8 gemm (cuda): fp8_e5m2 x fp8_e5m2 has no cuBLASLt matmul (one operand "
+                   "must be fp8_e4m3)");
+  TESSERA_THROW_IF(fp8(c_type), config_error, "fp8 gemm (cuda): output ", lt_dtype_name(c_type),
+                   " must be bf16, fp16 or float");
+  TESSERA_THROW_IF(K % 16 != 0 || lda % 16 != 0 || ldb % 16 != 0, config_error,
+                   "fp8 gemm (cuda): K=", K, " lda=", lda, " ldb=", ldb,
+                   " must be multiples of 16 (cuBLASLt's FP8 matmul needs 16-byte aligned rows)");
+  TESSERA_THROW_IF(ldc * lt_dtype_bytes(c_type) % 16 != 0, config_error, "fp8 gemm (cuda): ldc=",
+                   ldc, " of ", lt_dtype_name(c_type),
+                   " is not 16-byte aligned (a multiple of ", 16 / lt_dtype_bytes(c_type), ")");
+  return row_major_matmul(transpose::no, transpose::yes, M, N, K, lda, ldb, ldc, a_type, b_type,
+                          c_type);
 }
 
 }  // namespace tessera::kernels::cuda

@@ -22,8 +22,6 @@
 /// common/recipe/__init__.py (DelayedScaling: amax_history_len,
 /// amax_compute_algo, margin) and pytorch/fp8.py (the scale update).
 
-#include <math.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -34,6 +32,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tessera/core/error.hpp"
+#include "tessera/core/fp8_scale.hpp"
 #include "tessera/core/numeric.hpp"
 
 namespace tessera::precision {
@@ -114,20 +113,10 @@ inline float fp8_backward_max(const fp8_recipe& r) {
   return r.format == fp8_format::hybrid ? fp8_e5m2::max_finite : fp8_e4m3::max_finite;
 }
 
-/// The larger of two amaxes, NaN if either is NaN (an overflowed use must
-/// not look finite once reduced).
-TESSERA_HOST_DEVICE inline float fp8_amax_max(float a, float b) {
-  return isnan(a) || isnan(b) ? NAN : (a > b ? a : b);
-}
-
-/// s = fp8_max / amax / 2^margin, or `previous` where amax is 0 or not
-/// finite (file comment). float arithmetic, as the device computes it.
-TESSERA_HOST_DEVICE inline float fp8_scale_of(float amax, float fp8_max, int margin,
-                                              float previous) {
-  if (!(amax > 0.0f) || !isfinite(amax)) return previous;
-  const float s = fp8_max / amax / ldexpf(1.0f, margin);
-  return isfinite(s) ? s : previous;
-}
+/// The amax maximum and the scale's formula (core/fp8_scale.hpp, shared
+/// with the kernels), under the names the recipes have used.
+using ::tessera::fp8_amax_max;
+using ::tessera::fp8_scale_of;
 
 /// One tensor's scale under a recipe: `scale()` is what it is cast with
 /// now; `record(amax)` after each use (delayed: the amax joins the history

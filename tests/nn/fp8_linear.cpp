@@ -98,6 +98,12 @@ void check_close(const std::vector<T>& got, const std::vector<double>& want,
   CHECK(bad == 0);
 }
 
+// A float of a state's scalars (host memory here: the state's own).
+float scalar(const nn::fp8_linear_state& st, kernels::fp8_role r, nn::fp8_slot w) {
+  return st.scalars()[nn::fp8_linear_state::slot(r, w)];
+}
+constexpr auto X = kernels::fp8_role::x;
+
 comm::comm_options quick() {
   comm::comm_options o;
   o.timeout = std::chrono::seconds(20);
@@ -120,6 +126,7 @@ void check_layer(fp8_scaling scaling, fp8_format format) {
   if (scaling == fp8_scaling::delayed) {  // a previous step's amaxes: scales not 1
     const float prev[3] = {2e-3f, 700.0f, 3e-6f};
     st.record_step(prev);
+    st.write_scalars(st.scalars());
   }
   const float sx0 = st.x.scale(), sw0 = st.w.scale(), sdy0 = st.dy.scale();
   const bool e5m2 = format == fp8_format::hybrid;
@@ -172,27 +179,34 @@ void check_layer(fp8_scaling scaling, fp8_format format) {
     CHECK(st.x.scale() == sx0);
     CHECK(st.w.scale() == sw0);
     CHECK(st.dy.scale() == sdy0);
-    CHECK(st.amax_x == static_cast<float>(amax_of(x)));
-    CHECK(st.amax_w == static_cast<float>(amax_of(w)));
-    CHECK(st.amax_dy == static_cast<float>(amax_of(dy)));
     float a[3];
-    st.step_amaxes(a);
+    nn::fp8_linear_state::step_amaxes(st.scalars(), a);
+    CHECK(a[0] == static_cast<float>(amax_of(x)));
+    CHECK(a[1] == static_cast<float>(amax_of(w)));
+    CHECK(a[2] == static_cast<float>(amax_of(dy)));
     st.record_step(a);  // the next step's scales follow the history's max
+    st.write_scalars(st.scalars());
     CHECK(st.x.scale() == precision::fp8_scale_of(std::max(a[0], 2e-3f), 448.0f, 0, sx0));
-    CHECK(st.amax_x == 0.0f);
+    CHECK(scalar(st, X, nn::fp8_slot::scale) == st.x.scale());
+    CHECK(scalar(st, X, nn::fp8_slot::step_amax) == 0.0f);
   } else {
+    // The kernels set the scales in the scalars; the host objects take them for a checkpoint.
+    CHECK(st.x.scale() == sx0);
+    st.read_current_scales(st.scalars());
     CHECK(st.x.scale() == sx);
     CHECK(st.w.scale() == sw);
     CHECK(st.dy.scale() == sdy);
   }
+  // The last cast's inverse scale is what the GEMM multiplied by.
+  CHECK(scalar(st, X, nn::fp8_slot::inverse) == 1.0f / scalar(st, X, nn::fp8_slot::scale));
   // An evaluation forward (observe off) reads the scales and moves nothing.
-  const float ax = st.amax_x, scx = st.x.scale();
+  const float ax = scalar(st, X, nn::fp8_slot::step_amax), scx = scalar(st, X, nn::fp8_slot::scale);
   st.observe = false;
   std::vector<bf16> y2(M * N);
   f.forward(ctx, y2.data(), Xv{w.data(), std::min(M, N), K}, seg.data());
   st.observe = true;
-  CHECK(st.amax_x == ax);
-  CHECK(st.x.scale() == scx);
+  CHECK(scalar(st, X, nn::fp8_slot::step_amax) == ax);
+  CHECK(scalar(st, X, nn::fp8_slot::scale) == scx);
 }
 
 }  // namespace
@@ -250,6 +264,8 @@ TEST_CASE("FP8 current scaling on tp 2 casts with the one-rank scales", "[nn][fp
         nn::fp8_linear<nn::row_parallel_linear, decltype(layers)> fr(rl, layers, row);
         std::vector<bf16> yr(M * N);
         fr.forward(ctx, yr.data(), feature_sharded<const bf16>{xr.data(), M, Kr}, wr.data());
+        col.read_current_scales(col.scalars());
+        row.read_current_scales(row.scalars());
         std::lock_guard<std::mutex> lock(mu);
         INFO("rank " << c.rank());
         CHECK(col.x.scale() == sx);

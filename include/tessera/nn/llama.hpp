@@ -192,6 +192,12 @@ class llama {
       fp8_.reserve(static_cast<std::size_t>((st.last_block - st.first_block) * block_linears));
       for (std::int64_t i = 0; i < (st.last_block - st.first_block) * block_linears; ++i)
         fp8_.emplace_back(opt_.fp8);
+      // Their scalars in this context's memory, where the FP8 kernels use them.
+      fp8_scalars_ = kernels::make_tensor<float>(
+          ctx, static_cast<std::int64_t>(fp8_.size()) * fp8_linear_scalars);
+      for (std::size_t i = 0; i < fp8_.size(); ++i)
+        fp8_[i].attach(fp8_scalars_.data() + static_cast<std::ptrdiff_t>(i) * fp8_linear_scalars);
+      fp8_write_scales();
     }
     for (int l = 0; l < static_cast<int>(L); ++l)
       blocks_.emplace_back(cfg_, layout_, l, global_segment_begin(l), layers, fp8_states(l));
@@ -747,12 +753,35 @@ class llama {
     if (fp8_.empty() || l < opt_.stage.first_block || l >= opt_.stage.last_block) return nullptr;
     return &fp8_[static_cast<std::size_t>((l - opt_.stage.first_block) * block_linears)];
   }
+  /// The FP8 states' scalars (fp8_linear_scalars per state, fp8_linear_states
+  /// order) copied from the context's memory (waits for the context's
+  /// queued work). Empty without FP8.
+  std::vector<float> fp8_scalars_to_host() const {
+    std::vector<float> h(static_cast<std::size_t>(fp8_scalars_.numel()));
+    if (!h.empty()) ctx_->to_host(h.data(), fp8_scalars_.data(), h.size() * sizeof(float));
+    return h;
+  }
+  /// Writes every FP8 state's scalars from its host scales
+  /// (fp8_linear_state::write_scalars: the scales, zero amaxes) into the
+  /// context's memory: after the host scales change (a recorded step, a
+  /// restore) and to clear a skipped step's amaxes.
+  void fp8_write_scales() {
+    if (fp8_.empty()) return;
+    std::vector<float> h(fp8_.size() * fp8_linear_scalars);
+    for (std::size_t i = 0; i < fp8_.size(); ++i) fp8_[i].write_scalars(h.data() + i * fp8_linear_scalars);
+    ctx_->from_host(fp8_scalars_.data(), h.data(), h.size() * sizeof(float));
+  }
   /// The stage's FP8 states by global linear name ("blocks.3.attn.wq":
-  /// fp8_linear_state::state()), for a checkpoint's run state; an empty
-  /// object without FP8.
+  /// fp8_linear_state::state(), current scaling's scales as the kernels
+  /// left them), for a checkpoint's run state; an empty object without FP8.
   nlohmann::json fp8_state() const {
     nlohmann::json j = nlohmann::json::object();
-    for (std::size_t i = 0; i < fp8_.size(); ++i) j[fp8_name(i)] = fp8_[i].state();
+    const std::vector<float> h = fp8_scalars_to_host();
+    for (std::size_t i = 0; i < fp8_.size(); ++i) {
+      fp8_linear_state s = fp8_[i];
+      s.read_current_scales(h.data() + i * fp8_linear_scalars);
+      j[fp8_name(i)] = s.state();
+    }
     return j;
   }
   /// Restores the stage's FP8 states from `j` (as fp8_state() wrote, any
@@ -768,6 +797,7 @@ class llama {
         throw io_error(::tessera::detail::str(n, ": ", e.what()));
       }
     }
+    fp8_write_scales();
   }
 
  private:
@@ -935,6 +965,7 @@ class llama {
   // FP8 policies: block_linears states per block of the stage, block
   // first_block's first (the blocks point into it: built once, never resized).
   std::vector<fp8_linear_state> fp8_;
+  tensor<float, Backend> fp8_scalars_;  // their scalars, fp8_linear_scalars each (context memory)
 };
 
 }  // namespace tessera::nn

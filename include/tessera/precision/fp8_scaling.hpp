@@ -138,6 +138,18 @@ class fp8_scale {
   float inverse() const { return 1.0f / scale_; }
   /// The recipe this scale follows.
   const fp8_recipe& recipe() const { return r_; }
+  /// The largest finite value of the tensor's format (448 or 57344).
+  float fp8_max() const { return max_; }
+
+  /// Takes `s` as the scale: what a kernel computed from the tensor's amax
+  /// in the context's memory under current scaling (fp8_scale_of there),
+  /// brought back to be kept in a checkpoint. Throws config_error unless s
+  /// is finite > 0.
+  void assign(float s) {
+    TESSERA_THROW_IF(!(s > 0) || !std::isfinite(s), config_error, "FP8 scale ", s,
+                     " must be finite > 0");
+    scale_ = s;
+  }
 
   /// current: the scale from this tensor's own amax, before the cast.
   void set_current(float amax) { scale_ = fp8_scale_of(amax, max_, r_.margin, scale_); }

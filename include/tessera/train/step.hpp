@@ -42,6 +42,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <vector>
 
 #include "tessera/core/error.hpp"
@@ -49,6 +50,7 @@
 #include "tessera/data/device_loader.hpp"
 #include "tessera/data/sampler.hpp"
 #include "tessera/data/token_file.hpp"
+#include "tessera/nn/fp8_linear.hpp"
 #include "tessera/optim/clip.hpp"
 #include "tessera/parallel/executor.hpp"
 #include "tessera/parallel/layout.hpp"
@@ -201,31 +203,39 @@ class step_runner {
                                     static_cast<std::uint64_t>(cfg_.accum_steps()), 0);
   }
   // Delayed FP8 scaling: the step amaxes (x, W, dy) of every linear of the
-  // chunks, reduced with max over dp and tp in one collective (every rank
-  // of those groups holds the same chunks), then recorded; a skipped step's
-  // are cleared (every rank skips alike: no collective then).
+  // chunks, brought to the host (one copy per chunk), reduced with max over
+  // dp and tp in one collective (every rank of those groups holds the same
+  // chunks; float values as doubles: exact), recorded into the histories,
+  // and the new scales written back; a skipped step's amaxes are cleared
+  // (every rank skips alike: no collective then).
   void record_fp8_amaxes(bool skipped) {
     if (cfg_.fp8.scaling != precision::fp8_scaling::delayed) return;
     if (skipped) {
-      for (int c = 0; c < chunks_->size(); ++c)
-        for (auto& st : chunks_->model(c).fp8_linear_states()) st.discard_step();
+      for (int c = 0; c < chunks_->size(); ++c) chunks_->model(c).fp8_write_scales();
       return;
     }
-    std::vector<float> a;
-    for (int c = 0; c < chunks_->size(); ++c)
-      for (const auto& st : chunks_->model(c).fp8_linear_states()) {
-        a.resize(a.size() + 3);
-        st.step_amaxes(a.data() + a.size() - 3);
+    std::vector<double> a;
+    for (int c = 0; c < chunks_->size(); ++c) {
+      const std::vector<float> h = chunks_->model(c).fp8_scalars_to_host();
+      for (std::size_t i = 0; i < h.size(); i += nn::fp8_linear_scalars) {
+        float m[3];
+        nn::fp8_linear_state::step_amaxes(h.data() + i, m);
+        a.insert(a.end(), m, m + 3);
       }
+    }
     if (a.empty()) return;  // a stage without blocks (the same on its dp and tp ranks)
-    mesh_->reduce(a.data(), a.size(), {parallel::axis::dp, parallel::axis::tp},
+    mesh_->reduce(*ctx_, std::span<double>(a), {parallel::axis::dp, parallel::axis::tp},
                   comm::reduce_op::max);
     std::size_t i = 0;
-    for (int c = 0; c < chunks_->size(); ++c)
+    for (int c = 0; c < chunks_->size(); ++c) {
       for (auto& st : chunks_->model(c).fp8_linear_states()) {
-        st.record_step(a.data() + i);
+        const float m[3] = {static_cast<float>(a[i]), static_cast<float>(a[i + 1]),
+                            static_cast<float>(a[i + 2])};
+        st.record_step(m);
         i += 3;
       }
+      chunks_->model(c).fp8_write_scales();
+    }
   }
   // The feed of the executor: micro-batch a of this step from the loader.
   nn::micro_batch<Param> next_micro_batch(std::int64_t a) {

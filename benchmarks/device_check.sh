@@ -313,6 +313,7 @@ embedding_local_ids (vocab slice)|tests/kernels/emulated_embedding.cpp|test_cuda
 casts float <-> bf16|tests/kernels/emulated_elementwise.cpp|test_cuda_kernels
 residual_add, count_nonfinite|tests/kernels/emulated_elementwise.cpp|test_cuda_cross_entropy
 grad_sum_squares, clip_coefficient|tests/kernels/emulated_grad_norm.cpp|test_cuda_kernels; clip: test_cuda_llama
+fp8 amax, scale, cast, cast-transpose|tests/kernels/emulated_fp8.cpp|none yet (no tests/cuda FP8 test)
 adamw_step, sgd_step|tests/kernels/emulated_optimizer.cpp|test_cuda_kernels (adamw), test_cuda_llama
 rope forward, backward|tests/kernels/emulated_rope.cpp|test_cuda_kernels
 cross-entropy row kernels (+ vocab-par.)|tests/kernels/emulated_cross_entropy.cpp|test_cuda_cross_entropy

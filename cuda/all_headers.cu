@@ -26,6 +26,7 @@
 #include <tessera/kernels/cuda/adamw.cuh>
 #include <tessera/kernels/cuda/elementwise.cuh>
 #include <tessera/kernels/cuda/embedding.cuh>
+#include <tessera/kernels/cuda/fp8.cuh>
 #include <tessera/kernels/cuda/gemm.cuh>
 #include <tessera/kernels/cuda/grad_norm.cuh>
 #include <tessera/kernels/cuda/rmsnorm.cuh>

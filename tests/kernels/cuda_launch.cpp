@@ -25,7 +25,9 @@ TEST_CASE("cuda launch: every 7B configuration is within the hardware limits",
       kc::elementwise_config(params_7b, 1), kc::grad_norm_partial_config(params_7b),
       kc::embedding_forward_config(N, H),   kc::embedding_backward_config(N, V, H),
       kc::embedding_local_ids_config(N),    kc::grad_norm_final_config(),
-      kc::clip_coefficient_config(),
+      kc::clip_coefficient_config(),        kc::fp8_amax_partial_config(N * F),
+      kc::fp8_amax_final_config(),          kc::fp8_update_scale_config(),
+      kc::fp8_transpose_config(N, F),
   };
   for (const auto& c : all) {
     CHECK(c.valid());
@@ -86,6 +88,31 @@ TEST_CASE("cuda launch: the gradient-norm partition depends on n only", "[kernel
   CHECK(c.scratch_bytes == 0);
 }
 
+TEST_CASE("cuda launch: the FP8 amax partition and the cast-transpose tiles",
+          "[kernels][cuda_launch]") {
+  // The amax of the FFN activation (N, F): 1024 partial maxima, 4 KiB of scratch.
+  const auto a = kc::fp8_amax_partial_config(N * F);
+  CHECK(a.grid_x == kc::fp8_amax_max_blocks);
+  CHECK(kc::fp8_amax_scratch_bytes(N * F) == 1024 * sizeof(float));
+  CHECK(kc::fp8_amax_partial_config(2049).grid_x == 2);
+  CHECK(kc::fp8_amax_final_config().grid_x == 1);
+  CHECK(kc::fp8_amax_final_config().smem == kc::fp8_amax_smem_bound);
+  CHECK(kc::fp8_update_scale_config().block == 1);
+  CHECK_THROWS_AS(kc::fp8_amax_partial_config(-1), tessera::config_error);
+  // x (N, H) and (N, F) transposed: one block per 32 x 32 tile, column
+  // tiles in x, row tiles in y, the tile's floats (padded) in shared memory.
+  const auto t = kc::fp8_transpose_config(N, H);
+  CHECK(t.grid_x == H / 32);
+  CHECK(t.grid_y == N / 32);
+  CHECK(t.smem == 32 * 33 * sizeof(float));
+  CHECK(kc::fp8_transpose_config(33, 65).grid_x == 3);
+  CHECK(kc::fp8_transpose_config(33, 65).grid_y == 2);
+  // Beyond 65535 row tiles the blocks loop over the rest.
+  CHECK(kc::fp8_transpose_config(std::int64_t(1) << 22, 8).grid_y == kc::launch_limits::max_grid_y);
+  CHECK(kc::fp8_transpose_config(0, 0).valid());
+  CHECK_THROWS_AS(kc::fp8_transpose_config(-1, 4), tessera::config_error);
+}
+
 TEST_CASE("cuda launch: embedding backward owns disjoint vocabulary rows",
           "[kernels][cuda_launch]") {
   const auto e = kc::embedding_backward_config(N, V, H);
@@ -111,7 +138,7 @@ TEST_CASE("cuda launch: RoPE over the 7B attention shapes", "[kernels][cuda_laun
   // q and k of one 7B layer: B 1, T 4096, 32 heads of 128; 64 pairs a head.
   constexpr std::int64_t B = 1, T = 4096, nh = 32, hd = 128;
   constexpr std::int64_t pairs = B * T * nh * hd / 2;  // 8388608
-  const auto b = kc::rope_config(B, T, nh, hd, 8);   // bf16: 8 pairs an item
+  const auto b = kc::rope_config(B, T, nh, hd, 8);     // bf16: 8 pairs an item
   CHECK(b.valid());
   CHECK(b.block == kc::rope_threads);
   CHECK(b.grid_x == pairs / (256 * 8));  // 4096 blocks, one item a thread

@@ -86,9 +86,11 @@ inline void fp8_update_scale(const host_context& ctx, float* scale, const float*
 
 /// q[i] = F8(float(x[i]) * scale), rounded to nearest even, a finite value
 /// saturated to +-F8::max_finite: the scaled cast. A non-finite x[i] stays
-/// non-finite (NaN; an infinity is E5M2's infinity or E4M3's NaN), so an
-/// overflow upstream is never cast into a finite value. `scale` a finite
-/// float > 0. q must not alias x. Throws config_error for n < 0 or a bad scale.
+/// non-finite (NaN with its sign; an infinity is E5M2's infinity or E4M3's
+/// NaN), so an overflow upstream is never cast into a finite value. The
+/// GPU's cast gives the same bytes (kernels::detail::fp8_scaled_cast).
+/// `scale` a finite float > 0. q must not alias x. Throws config_error for
+/// n < 0 or a bad scale.
 template <class F8, class T>
 void fp8_quantize(const host_context& ctx, F8* q, const T* x, std::int64_t n, float scale) {
   (void)ctx;

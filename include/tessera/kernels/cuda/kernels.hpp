@@ -255,6 +255,65 @@ template <class G>
 void rope_backward(G* d_dx, const float* d_cos, const float* d_sin, std::int64_t B, std::int64_t T_,
                    std::int64_t nh, std::int64_t hd, cudaStream_t stream);
 
+// ---- FP8 scaled casts (kernels/cuda/fp8.cuh) -------------------------------------------------
+
+/// *d_amax = fp8_amax_max(*d_amax, max |x[i]| over [0, n)), as the host
+/// kernels::fp8_amax_accumulate: the tensor's amax folded into a running one.
+/// - `d_x` (n) of T in {float, bf16, fp16}; `d_amax` one float on the device.
+/// - NaN if any x[i] (or *d_amax) is NaN, +inf if any is infinite; exact, so
+///   the same bits as the host in any order. n = 0 launches nothing.
+/// - `d_scratch`: at least fp8_amax_scratch_bytes(n) bytes (the partial maxima).
+/// - Throws config_error for n < 0, a null d_amax or a scratch buffer too small.
+/// Source: Micikevicius et al. 2022, "FP8 Formats for Deep Learning", section 4.
+template <class T>
+void fp8_amax_accumulate(float* d_amax, const T* d_x, std::int64_t n, void* d_scratch,
+                         std::size_t scratch_bytes, cudaStream_t stream);
+
+/// *d_scale = fp8_scale_of(*d_amax, fp8_max, margin, *d_scale) on the device
+/// (core/fp8_scale.hpp; one thread, no host sync): fp8_max / amax / 2^margin,
+/// or the scale as it was where the amax is 0 or not finite. How current
+/// scaling sets the scale of the cast that follows from the tensor's amax.
+/// Throws config_error for a null pointer, fp8_max not finite > 0 or margin
+/// outside [0, 64]. Source: Transformer Engine's _default_sf_compute.
+TESSERA_CUDA_ENTRY void fp8_update_scale(float* d_scale, const float* d_amax, float fp8_max,
+                                         int margin, cudaStream_t stream);
+
+/// The scaled cast, as the host kernels::fp8_quantize (the same bytes):
+/// q[i] = F8(float(x[i]) * *d_scale), rounded to nearest even, saturating
+/// to +-F8::max_finite for a finite x[i]; a non-finite x[i] is cast as it
+/// is: NaN stays NaN with its sign, +-inf becomes E5M2's +-inf or E4M3's
+/// NaN (kernels::detail::fp8_scaled_cast). When `d_inv_scale` is not null,
+/// *d_inv_scale = 1.0f / *d_scale, written once (cuBLASLt's FP8 GEMM reads
+/// it through its A/B scale pointer).
+/// - `d_x` (n) of T in {float, bf16, fp16}, `d_q` (n) of F8 in {fp8_e4m3,
+///   fp8_e5m2}; `d_scale`, `d_inv_scale` one float each. d_q must not alias
+///   d_x; d_inv_scale must not alias d_scale.
+/// - The scale is read on the device and not checked (that would need a host
+///   sync): a scale s that is not finite > 0 casts all the same, a finite x
+///   to F8(x * s) saturated: s = +-0 gives +-0, a negative s flips the
+///   signs, NaN gives NaN, +inf gives +-max for a nonzero x and NaN for a
+///   zero; a non-finite x is cast as it is; *d_inv_scale = 1 / s (+-inf for
+///   +-0). The host overloads refuse such a scale (config_error).
+/// - 16-byte loads when d_x and d_q are aligned for them.
+/// - Throws config_error for n < 0 or a null d_scale.
+/// Sources: Micikevicius et al. 2022; the OCP 8-bit floating point
+/// specification (saturating conversion).
+template <class F8, class T>
+void fp8_quantize(F8* d_q, float* d_inv_scale, const T* d_x, std::int64_t n, const float* d_scale,
+                  cudaStream_t stream);
+
+/// The cast with a transpose (Transformer Engine's cast_transpose), as the
+/// host kernels::fp8_quantize_transposed: `d_x` (rows, cols) row-major of T,
+/// `d_qt` (cols, rows) row-major of F8, qt[j * rows + i] = the scaled cast of
+/// x[i * cols + j]. cuBLASLt's FP8 GEMMs take only the TN layout, so the
+/// backward GEMMs need these transposed copies. Tiles of 32 x 32 through
+/// shared memory, coalesced on both sides. The scale as fp8_quantize (not
+/// checked). Throws config_error for rows or cols < 0, rows * cols past 64
+/// bits, or a null d_scale.
+template <class F8, class T>
+void fp8_quantize_transposed(F8* d_qt, const T* d_x, std::int64_t rows, std::int64_t cols,
+                             const float* d_scale, cudaStream_t stream);
+
 // ---- the instantiations cuda/kernels.cu provides ---------------------------------------------
 
 // clang-format off
@@ -401,6 +460,25 @@ void rope_backward(G* d_dx, const float* d_cos, const float* d_sin, std::int64_t
                             std::int64_t, cudaStream_t);
 // clang-format on
 
+// The instantiations cuda/kernels_fp8.cu provides (a TU of its own: the FP8
+// casts compile quickly, and a change to them recompiles only that).
+// clang-format off
+#define TESSERA_CUDA_FP8_INSTANTIATIONS(X)                                                          \
+  TESSERA_CUDA_FP8_INPUT_INSTANTIATIONS(X, float)                                                   \
+  TESSERA_CUDA_FP8_INPUT_INSTANTIATIONS(X, bf16)                                                    \
+  TESSERA_CUDA_FP8_INPUT_INSTANTIATIONS(X, fp16)
+#define TESSERA_CUDA_FP8_INPUT_INSTANTIATIONS(X, T)                                                 \
+  X void fp8_amax_accumulate<T>(float*, const T*, std::int64_t, void*, std::size_t, cudaStream_t); \
+  X void fp8_quantize<fp8_e4m3, T>(fp8_e4m3*, float*, const T*, std::int64_t, const float*,        \
+                                   cudaStream_t);                                                   \
+  X void fp8_quantize<fp8_e5m2, T>(fp8_e5m2*, float*, const T*, std::int64_t, const float*,        \
+                                   cudaStream_t);                                                   \
+  X void fp8_quantize_transposed<fp8_e4m3, T>(fp8_e4m3*, const T*, std::int64_t, std::int64_t,     \
+                                              const float*, cudaStream_t);                          \
+  X void fp8_quantize_transposed<fp8_e5m2, T>(fp8_e5m2*, const T*, std::int64_t, std::int64_t,     \
+                                              const float*, cudaStream_t);
+// clang-format on
+
 // Precompiled (a host compiler, or TESSERA_CUDA_PRECOMPILED_KERNELS): the
 // instantiations above are tessera::cuda_kernels', never this translation
 // unit's. Header-only (nvcc): none; the definitions follow.
@@ -408,6 +486,7 @@ void rope_backward(G* d_dx, const float* d_cos, const float* d_sin, std::int64_t
 TESSERA_CUDA_KERNEL_INSTANTIATIONS(extern template)
 TESSERA_CUDA_ELEMENTWISE_MODEL_INSTANTIATIONS(extern template)
 TESSERA_CUDA_WEIGHT_INIT_INSTANTIATIONS(extern template)
+TESSERA_CUDA_FP8_INSTANTIATIONS(extern template)
 #endif
 
 }  // namespace tessera::kernels::cuda
@@ -416,6 +495,7 @@ TESSERA_CUDA_WEIGHT_INIT_INSTANTIATIONS(extern template)
 #include "tessera/kernels/cuda/adamw.cuh"
 #include "tessera/kernels/cuda/elementwise.cuh"
 #include "tessera/kernels/cuda/embedding.cuh"
+#include "tessera/kernels/cuda/fp8.cuh"
 #include "tessera/kernels/cuda/grad_norm.cuh"
 #include "tessera/kernels/cuda/rmsnorm.cuh"
 #include "tessera/kernels/cuda/rope.cuh"

@@ -173,6 +173,75 @@ constexpr launch_config clip_coefficient_config() {
   return c;
 }
 
+// ---- FP8 scaled casts ---------------------------------------------------------------------------
+
+/// Threads per block of the FP8 amax reduction and the transposed cast (the
+/// cast itself is element-wise: elementwise_config).
+inline constexpr int fp8_threads = 256;
+/// Partial maxima (blocks of the amax's stage 1): fixed by n, never by the device.
+inline constexpr std::int64_t fp8_amax_max_blocks = 1024;
+/// Bound on an amax kernel's shared_storage (a CUB BlockReduce of floats).
+inline constexpr std::size_t fp8_amax_smem_bound = 256;
+/// The transposed cast's tile: 32 x 32 elements through shared memory, as
+/// float (32 rows of 33, the pad keeps the column reads off one bank).
+inline constexpr int fp8_transpose_tile = 32;
+inline constexpr std::size_t fp8_transpose_smem_bound =
+    sizeof(float) * fp8_transpose_tile * (fp8_transpose_tile + 1);
+
+/// fp8_amax_accumulate, stage 1: min(ceil(n / (256 * 8)), 1024) blocks each
+/// take the maximum of a grid-stride share and write one partial (scratch:
+/// 4 bytes a block); stage 2 (fp8_amax_final_config, one block) folds the
+/// partials into the amax. A maximum is exact, so the result does not
+/// depend on the partition; it is fixed by n all the same.
+constexpr launch_config fp8_amax_partial_config(std::int64_t n) {
+  if (n < 0) throw config_error("fp8_amax_accumulate (cuda): negative n");
+  launch_config c;
+  c.block = fp8_threads;
+  c.grid_x = std::clamp<std::int64_t>(detail::ceil_div(n, std::int64_t(fp8_threads) * 8), 1,
+                                      fp8_amax_max_blocks);
+  c.smem = fp8_amax_smem_bound;
+  c.scratch_bytes = static_cast<std::size_t>(c.grid_x) * sizeof(float);
+  return c;
+}
+
+/// Device scratch bytes fp8_amax_accumulate needs for n elements.
+constexpr std::size_t fp8_amax_scratch_bytes(std::int64_t n) {
+  return fp8_amax_partial_config(n).scratch_bytes;
+}
+
+/// fp8_amax_accumulate, stage 2: one block folds the stage-1 partials into
+/// the one float of the amax.
+constexpr launch_config fp8_amax_final_config() {
+  launch_config c;
+  c.block = fp8_threads;
+  c.smem = fp8_amax_smem_bound;
+  return c;
+}
+
+/// fp8_update_scale: one thread reads the amax and writes the scale.
+constexpr launch_config fp8_update_scale_config() {
+  launch_config c;
+  c.block = 1;
+  return c;
+}
+
+/// fp8_quantize_transposed on x (rows, cols): one block of 256 threads (32
+/// columns x 8 rows) per 32 x 32 tile, grid (column tiles, row tiles); tiles
+/// beyond the grid limits are taken by grid-stride loops. Throws
+/// config_error for rows or cols < 0.
+constexpr launch_config fp8_transpose_config(std::int64_t rows, std::int64_t cols) {
+  if (rows < 0 || cols < 0)
+    throw config_error("fp8_quantize_transposed (cuda): need rows >= 0 and cols >= 0");
+  launch_config c;
+  c.block = fp8_threads;
+  c.grid_x = std::clamp<std::int64_t>(detail::ceil_div(cols, fp8_transpose_tile), 1,
+                                      launch_limits::max_grid_x);
+  c.grid_y = std::clamp<std::int64_t>(detail::ceil_div(rows, fp8_transpose_tile), 1,
+                                      launch_limits::max_grid_y);
+  c.smem = fp8_transpose_smem_bound;
+  return c;
+}
+
 // ---- embedding --------------------------------------------------------------------------------
 
 /// Threads per block of the embedding kernels.

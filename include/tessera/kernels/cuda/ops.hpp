@@ -234,6 +234,49 @@ void weight_init(const cuda_context& ctx, std::span<const weight_init_tensor> te
                            ctx.stream());
 }
 
+// ---- FP8 scaled casts -------------------------------------------------------------------------
+
+/// *amax (one float, device) = fp8_amax_max(*amax, max |x[i]|) over x (n)
+/// of T in {float, bf16, fp16}: NaN kept, exact (the host's bits); n = 0
+/// leaves it. Scratch: cuda::fp8_amax_scratch_bytes(n).
+template <class T>
+void fp8_amax_accumulate(const cuda_context& ctx, float* amax, const T* x, std::int64_t n) {
+  static_assert(std::is_same_v<T, float> || is_half_v<T>,
+                "fp8_amax_accumulate (cuda): x is float32, bf16 or fp16 on the GPU");
+  auto s = ctx.scratch(cuda::fp8_amax_scratch_bytes(n));
+  cuda::fp8_amax_accumulate<T>(amax, x, n, s.data(), s.bytes(), ctx.stream());
+}
+
+/// *scale = fp8_scale_of(*amax, fp8_max, margin, *scale), both floats on
+/// the device, by one device thread (no host sync).
+inline void fp8_update_scale(const cuda_context& ctx, float* scale, const float* amax,
+                             float fp8_max, int margin) {
+  cuda::fp8_update_scale(scale, amax, fp8_max, margin, ctx.stream());
+}
+
+/// q (n) of F8 = the scaled cast of x (n) of T in {float, bf16, fp16} by
+/// *scale (device memory, not checked: kernels/cuda/kernels.hpp says what a
+/// scale that is not finite > 0 gives); *inv_scale = 1 / *scale when not null.
+template <class F8, class T>
+void fp8_quantize(const cuda_context& ctx, F8* q, float* inv_scale, const T* x, std::int64_t n,
+                  const float* scale) {
+  static_assert(is_fp8_v<F8>, "fp8_quantize (cuda): F8 must be fp8_e4m3 or fp8_e5m2");
+  static_assert(std::is_same_v<T, float> || is_half_v<T>,
+                "fp8_quantize (cuda): x is float32, bf16 or fp16 on the GPU");
+  cuda::fp8_quantize<F8, T>(q, inv_scale, x, n, scale, ctx.stream());
+}
+
+/// qt (cols, rows) of F8 = the scaled cast of x (rows, cols) transposed
+/// (Transformer Engine's cast_transpose), the scale as fp8_quantize.
+template <class F8, class T>
+void fp8_quantize_transposed(const cuda_context& ctx, F8* qt, const T* x, std::int64_t rows,
+                             std::int64_t cols, const float* scale) {
+  static_assert(is_fp8_v<F8>, "fp8_quantize_transposed (cuda): F8 must be fp8_e4m3 or fp8_e5m2");
+  static_assert(std::is_same_v<T, float> || is_half_v<T>,
+                "fp8_quantize_transposed (cuda): x is float32, bf16 or fp16 on the GPU");
+  cuda::fp8_quantize_transposed<F8, T>(qt, x, rows, cols, scale, ctx.stream());
+}
+
 // ---- attention (flash attention, bf16 or fp16) ---------------------------------------------
 
 /// Throws config_error, naming the values and the limit, when the flash

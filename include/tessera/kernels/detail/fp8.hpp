@@ -25,17 +25,20 @@ TESSERA_HOST_DEVICE inline float fp8_abs(float v) {
   return ::tessera::detail::bits_float(::tessera::detail::float_bits(v) & 0x7fffffffu);
 }
 
-/// F8(float(x) * scale), rounded to nearest even: saturating to
-/// +-F8::max_finite for a finite x, non-saturating for a non-finite x, so
-/// NaN stays NaN and an infinity becomes E5M2's infinity or E4M3's NaN (an
-/// overflow upstream is never cast into a finite value). float(x) is exact
-/// for float, bf16 and fp16 and rounds a double once.
+/// F8(float(x) * scale), rounded to nearest even and saturating to
+/// +-F8::max_finite, for a finite x; a non-finite x is cast as it is,
+/// unscaled and unsaturated: NaN stays NaN with its sign, +-inf becomes
+/// E5M2's +-inf or E4M3's NaN (an overflow upstream is never cast into a
+/// finite value). For a scale that is finite > 0 that is F8(x * scale)
+/// exactly; not multiplying keeps a NaN's sign where a GPU's multiply would
+/// return its canonical NaN, so host and device give the same byte. float(x)
+/// is exact for float, bf16 and fp16 and rounds a double once.
 /// Sources: the OCP 8-bit floating point specification, rev 1.0
 /// (saturating conversion); Micikevicius et al. 2022, section 4.
 template <class F8, class T>
 TESSERA_HOST_DEVICE inline F8 fp8_scaled_cast(T x, float scale) {
   const float v = to<float>(x);
-  return F8(v * scale, fp8_finite(v) ? fp8_saturation::finite : fp8_saturation::none);
+  return fp8_finite(v) ? F8(v * scale, fp8_saturation::finite) : F8(v, fp8_saturation::none);
 }
 
 // ---- argument checks (host code; config_error naming `who` and the value) --------------------

@@ -1,8 +1,8 @@
 // Compiles the one code path's CUDA instantiations (g++ with the CUDA
 // headers, warnings as errors), so CI checks them on a machine without a
 // GPU: the model, the optimizers and the trainer on one GPU for both bf16
-// policies and fp16_mixed, the data-parallel trainer over NCCL under every ZeRO stage, and
-// the tensor-parallel model and trainer over NCCL (dp x tp).
+// policies, fp16_mixed and fp8_mixed, the data-parallel trainer over NCCL under every ZeRO
+// stage, and the tensor-parallel model and trainer over NCCL (dp x tp), fp8_mixed's too.
 // Nothing here runs; the GPU tests (tests/cuda/) run them.
 #include <tessera/comm/nccl.hpp>
 #include <tessera/cuda.hpp>
@@ -13,6 +13,7 @@ namespace tessera {
 template class nn::llama<precision::bf16_mixed, cuda>;
 template class nn::llama<precision::bf16_mixed_bf16_grads, cuda>;
 template class nn::llama<precision::fp16_mixed, cuda>;
+template class nn::llama<precision::fp8_mixed, cuda>;
 template class optim::adamw_optimizer<bf16, float, float, kernels::cuda_context>;
 template class optim::sgd_optimizer<bf16, float, float, kernels::cuda_context>;
 template class optim::adamw_optimizer<fp16, float, float, kernels::cuda_context>;
@@ -23,6 +24,9 @@ template class train::trainer<precision::bf16_mixed_bf16_grads, cuda>;
 template class train::trainer<precision::bf16_mixed_bf16_grads, cuda, optim::sgd>;
 template class train::trainer<precision::fp16_mixed, cuda>;
 template class train::trainer<precision::fp16_mixed, cuda, optim::sgd>;
+template class train::trainer<precision::fp8_mixed, cuda>;
+template class train::trainer<precision::fp8_mixed, cuda, optim::adamw, parallel::zero<1>,
+                              comm::nccl_communicator>;
 template class train::trainer<precision::bf16_mixed, cuda, optim::adamw, parallel::zero<0>,
                               comm::nccl_communicator>;
 template class train::trainer<precision::bf16_mixed, cuda, optim::adamw, parallel::zero<1>,
@@ -37,6 +41,9 @@ template class train::trainer<precision::bf16_mixed_bf16_grads, cuda, optim::sgd
 using nccl_tp = nn::tensor_parallel_layers<comm::nccl_communicator>;
 template class nn::llama<precision::bf16_mixed, cuda, nccl_tp>;
 template class nn::llama<precision::bf16_mixed_bf16_grads, cuda, nccl_tp>;
+template class nn::llama<precision::fp8_mixed, cuda, nccl_tp>;
+template class train::trainer<precision::fp8_mixed, cuda, optim::adamw, parallel::zero<0>,
+                              comm::nccl_communicator, nccl_tp>;
 template class train::trainer<precision::bf16_mixed, cuda, optim::adamw, parallel::zero<0>,
                               comm::nccl_communicator, nccl_tp>;
 template class train::trainer<precision::bf16_mixed_bf16_grads, cuda, optim::adamw,

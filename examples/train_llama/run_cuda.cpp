@@ -59,6 +59,8 @@ template int dispatch_job<cuda, precision::bf16_mixed_bf16_grads>(job&,
                                                                   created_paths&);
 template int dispatch_job<cuda, precision::fp16_mixed>(job&, const std::filesystem::path&,
                                                        created_paths&);
+template int dispatch_job<cuda, precision::fp8_mixed>(job&, const std::filesystem::path&,
+                                                      created_paths&);
 
 }  // namespace tessera::train
 #endif
@@ -75,6 +77,8 @@ int run_cuda(train::job& o, const std::filesystem::path& tok, created_paths& cre
     return train::dispatch_job<cuda, precision::bf16_mixed>(o, tok, created);
   if (o.precision == "fp16" || o.precision == "fp16_mixed")
     return train::dispatch_job<cuda, precision::fp16_mixed>(o, tok, created);
+  if (o.precision == "fp8" || o.precision == "fp8_mixed")
+    return train::dispatch_job<cuda, precision::fp8_mixed>(o, tok, created);
   throw config_error("--precision " + o.precision +
                      ": the cuda backend trains 16-bit weights (bf16_mixed_bf16_grads, the "
                      "default, bf16 or fp16); fp32, fp8 and fp64 run on the host");

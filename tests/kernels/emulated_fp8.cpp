@@ -203,7 +203,8 @@ void quantize_case(std::int64_t n, int xo, int qo, float s, std::uint64_t seed) 
 
 /// fp8_quantize_transposed of x (rows, cols) on the emulator, qt poisoned
 /// with `poison`; `grid` overrides the launch's grid (x, y) to run the
-/// body over fewer blocks than tiles (0: the launch function's).
+/// body over fewer blocks than tiles (0: the launch function's). The
+/// inverse scale it writes must be 1 / s.
 template <class F8, class T>
 std::vector<F8> emulated_transposed(const std::vector<T>& x, std::int64_t rows, std::int64_t cols,
                                     float s, unsigned char poison, std::uint64_t seed,
@@ -212,21 +213,25 @@ std::vector<F8> emulated_transposed(const std::vector<T>& x, std::int64_t rows, 
   std::vector<F8> qt(x.size());
   std::memset(qt.data(), poison, qt.size());
   const std::vector<float> scale(1, s);
+  std::vector<float> inv(1, NAN);
   em.input(x);
   em.output(qt);
   em.input(scale);
+  em.output(inv);
   strings launched;
   const emulator_launcher launch{&em, std::int64_t(1) << 24, &launched};
   if (grid_x == 0) {
-    kc::fp8_quantize_transposed_launch(launch, qt.data(), x.data(), rows, cols, scale.data());
+    kc::fp8_quantize_transposed_launch(launch, qt.data(), inv.data(), x.data(), rows, cols,
+                                       scale.data());
   } else {
     kc::launch_config c = kc::fp8_transpose_config(rows, cols);
     c.grid_x = grid_x;
     c.grid_y = grid_y;
-    launch.template run<kc::detail::fp8_quantize_transposed_body<F8, T>>(c, qt.data(), x.data(),
-                                                                         rows, cols, scale.data());
+    launch.template run<kc::detail::fp8_quantize_transposed_body<F8, T>>(
+        c, qt.data(), inv.data(), x.data(), rows, cols, scale.data());
   }
-  CHECK(launched == (rows * cols == 0 ? strings{} : strings{"fp8_quantize_transposed"}));
+  CHECK(launched == strings{"fp8_quantize_transposed"});  // an empty x still writes the inverse
+  CHECK(inv[0] == 1.0f / s);
   return qt;
 }
 
@@ -239,7 +244,7 @@ void transposed_case(std::int64_t rows, std::int64_t cols, std::uint64_t seed,
   auto x = wide_values<T>(rows * cols, rng);
   plant_specials(x, 0, rows * cols);
   std::vector<F8> want(x.size());
-  hk::fp8_quantize_transposed(ctx, want.data(), x.data(), rows, cols, &scale_np2);
+  hk::fp8_quantize_transposed(ctx, want.data(), nullptr, x.data(), rows, cols, &scale_np2);
   for (const unsigned char poison : {0x7f, 0x80})
     CHECK(same_bytes(
         emulated_transposed<F8>(x, rows, cols, scale_np2, poison, seed + poison, grid_x, grid_y),
@@ -436,13 +441,13 @@ TEST_CASE("emulated cuda fp8_quantize_transposed equals the host's transposed ca
   std::vector<fp8_e4m3> qt(4);
   const emulator_launcher launch{&em, std::int64_t(1) << 24, &launched};
   CHECK_THROWS_WITH(
-      kc::fp8_quantize_transposed_launch(launch, qt.data(), x.data(), 2, -2, &scale_np2),
+      kc::fp8_quantize_transposed_launch(launch, qt.data(), nullptr, x.data(), 2, -2, &scale_np2),
       Catch::Contains("rows=2 and cols=-2 must be >= 0"));
   CHECK_THROWS_WITH(
-      kc::fp8_quantize_transposed_launch(launch, qt.data(), x.data(), std::int64_t(1) << 40,
+      kc::fp8_quantize_transposed_launch(launch, qt.data(), nullptr, x.data(), std::int64_t(1) << 40,
                                          std::int64_t(1) << 30, &scale_np2),
       Catch::Contains("overflow a 64-bit size"));
-  CHECK_THROWS_WITH(kc::fp8_quantize_transposed_launch(launch, qt.data(), x.data(), 2, 2,
+  CHECK_THROWS_WITH(kc::fp8_quantize_transposed_launch(launch, qt.data(), nullptr, x.data(), 2, 2,
                                                        static_cast<const float*>(nullptr)),
                     Catch::Contains("d_scale is null"));
   CHECK(launched.empty());

@@ -174,7 +174,9 @@ TEMPLATE_TEST_CASE("fp8_quantize_transposed is the transpose of fp8_quantize", "
     std::vector<F8> q(x.size()), qt(x.size());
     kernels::fp8_quantize(ctx, q.data(), x.data(), rows * cols, scale);
     std::memset(qt.data(), 0x7f, qt.size());  // NaN in both formats: unwritten shows
-    kernels::fp8_quantize_transposed(ctx, qt.data(), x.data(), rows, cols, &scale);
+    float inv = NAN;
+    kernels::fp8_quantize_transposed(ctx, qt.data(), &inv, x.data(), rows, cols, &scale);
+    CHECK(inv == 1.0f / scale);
     std::int64_t wrong = 0;
     for (std::int64_t i = 0; i < rows; ++i)
       for (std::int64_t j = 0; j < cols; ++j)
@@ -185,15 +187,15 @@ TEMPLATE_TEST_CASE("fp8_quantize_transposed is the transpose of fp8_quantize", "
   std::vector<F8> qt(4);
   const std::vector<float> x(4, 1.0f);
   const float zero = 0.0f;
-  REQUIRE_THROWS_WITH(kernels::fp8_quantize_transposed(ctx, qt.data(), x.data(), -1, 4, &scale),
+  REQUIRE_THROWS_WITH(kernels::fp8_quantize_transposed(ctx, qt.data(), nullptr, x.data(), -1, 4, &scale),
                       Catch::Contains("rows=-1 and cols=4 must be >= 0"));
   REQUIRE_THROWS_WITH(
-      kernels::fp8_quantize_transposed(ctx, qt.data(), x.data(), std::int64_t(1) << 32,
+      kernels::fp8_quantize_transposed(ctx, qt.data(), nullptr, x.data(), std::int64_t(1) << 32,
                                        std::int64_t(1) << 32, &scale),
       Catch::Contains("overflow a 64-bit size"));
-  REQUIRE_THROWS_WITH(kernels::fp8_quantize_transposed(ctx, qt.data(), x.data(), 2, 2, &zero),
+  REQUIRE_THROWS_WITH(kernels::fp8_quantize_transposed(ctx, qt.data(), nullptr, x.data(), 2, 2, &zero),
                       Catch::Contains("scale 0 must be a finite value > 0"));
-  REQUIRE_THROWS_WITH(kernels::fp8_quantize_transposed(ctx, qt.data(), x.data(), 2, 2, nullptr),
+  REQUIRE_THROWS_WITH(kernels::fp8_quantize_transposed(ctx, qt.data(), nullptr, x.data(), 2, 2, nullptr),
                       Catch::Contains("scale is null"));
 }
 

@@ -123,13 +123,14 @@ void fp8_quantize(const host_context& ctx, F8* q, float* inv_scale, const T* x, 
 /// cols) row-major of T, qt (cols, rows) row-major of F8 with
 /// qt[j * rows + i] = F8(float(x[i * cols + j]) * *scale), the scaled cast
 /// of fp8_quantize. cuBLASLt's FP8 GEMMs take only the TN layout, so the
-/// backward GEMMs need such transposed FP8 copies of x and dy. qt must not
-/// alias x. Throws config_error for rows or cols < 0, rows * cols past
+/// backward GEMMs need such transposed FP8 copies of x and dy. When
+/// inv_scale is not null, *inv_scale = 1.0f / *scale (as fp8_quantize).
+/// qt must not alias x. Throws config_error for rows or cols < 0, rows * cols past
 /// 64 bits, a null scale, or a scale not finite > 0 (checked here, where
 /// its value is on the host).
 template <class F8, class T>
-void fp8_quantize_transposed(const host_context& ctx, F8* qt, const T* x, std::int64_t rows,
-                             std::int64_t cols, const float* scale) {
+void fp8_quantize_transposed(const host_context& ctx, F8* qt, float* inv_scale, const T* x,
+                             std::int64_t rows, std::int64_t cols, const float* scale) {
   (void)ctx;
   static_assert(is_fp8_v<F8>, "fp8_quantize_transposed: F8 must be fp8_e4m3 or fp8_e5m2");
   detail::check_fp8_matrix("fp8_quantize_transposed", rows, cols);
@@ -147,6 +148,7 @@ void fp8_quantize_transposed(const host_context& ctx, F8* qt, const T* x, std::i
       for (std::int64_t i = i0; i < i1; ++i)
         qt[j * rows + i] = detail::fp8_scaled_cast<F8>(x[i * cols + j], s);
   }
+  if (inv_scale != nullptr) *inv_scale = 1.0f / s;
 }
 
 /// out[i] = float(q[i]) * inverse_scale in float, then rounded to T (for

@@ -189,6 +189,15 @@ class llama {
     }
     if constexpr (precision::fp8_linear<P>) {  // the stage's blocks' FP8 states, never moved
       opt_.fp8.validate();
+      if constexpr (!Ctx::host_accessible) {  // cuBLASLt's FP8 matmuls: 16-byte rows
+        const std::int64_t tp = layers.size();
+        for (auto [what, n] : {std::pair<const char*, std::int64_t>{"dim", cfg_.dim},
+                               {"query features / tp", cfg_.n_heads * cfg_.head_dim() / tp},
+                               {"key/value features / tp", std::max(cfg_.head_dim(), cfg_.kv_dim() / tp)},
+                               {"ffn_dim / tp", cfg_.ffn_dim / tp}})
+          TESSERA_THROW_IF(n % 16 != 0, config_error, P::name, " on the GPU: ", what, " = ", n,
+                           " must be a multiple of 16 (cuBLASLt's FP8 matmuls need 16-byte rows)");
+      }
       fp8_.reserve(static_cast<std::size_t>((st.last_block - st.first_block) * block_linears));
       for (std::int64_t i = 0; i < (st.last_block - st.first_block) * block_linears; ++i)
         fp8_.emplace_back(opt_.fp8);
@@ -880,13 +889,18 @@ class llama {
     (void)shape(mb, sequence_parallel_);
   }
   // The blocks' shape of a micro-batch, sequence-parallel if `sp`. Throws
-  // config_error for B or T < 1, T > max_seq, or (sp) T not divisible by tp.
+  // config_error for B or T < 1, T > max_seq, (sp) T not divisible by tp,
+  // or, for FP8 GEMMs on the GPU, B T not a multiple of 16.
   block_shape shape(const micro_batch<Param>& mb, bool sp) const {
     TESSERA_THROW_IF(mb.B < 1, config_error, "micro-batch B=", mb.B, " must be >= 1");
     TESSERA_THROW_IF(mb.T < 1, config_error, "sequence length T=", mb.T, " must be >= 1");
     TESSERA_THROW_IF(mb.T > cfg_.max_seq, config_error, "sequence length T=", mb.T,
                      " exceeds the model's max_seq=", cfg_.max_seq);
     if (sp) check_sequence_parallel(mb.T, layers_.size());
+    if constexpr (precision::fp8_linear<P> && !Ctx::host_accessible)
+      TESSERA_THROW_IF(mb.B * mb.T % 16 != 0, config_error, P::name, " on the GPU: ",
+                       mb.B * mb.T, " tokens per micro-batch (B=", mb.B, " x T=", mb.T,
+                       ") must be a multiple of 16 (cuBLASLt's FP8 matmuls need 16-byte rows)");
     return {mb.B, mb.T, sp};
   }
 

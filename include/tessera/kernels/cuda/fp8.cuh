@@ -154,7 +154,8 @@ struct fp8_quantize_body {
 /// 32 x 32 tile at a time (file comment): thread (tx, ty) = (tid % 32,
 /// tid / 32) reads x[i0 + ty + 8r][j0 + tx] and writes qt[j0 + ty + 8r][i0 + tx]
 /// for r = 0..3. Tile (row tile, column tile) = (block y, block x), plus
-/// multiples of the grid beyond its limits.
+/// multiples of the grid beyond its limits. Thread 0 of block (0, 0) writes
+/// *inv_scale = 1 / *scale when inv_scale is not null.
 template <class F8, class T>
 struct fp8_quantize_transposed_body {
   static constexpr int threads = fp8_threads;
@@ -171,9 +172,10 @@ struct fp8_quantize_transposed_body {
 
   template <class Ops>
   static TESSERA_BLOCK_FN void run(const block_index& b, shared_storage<Ops>& sm, F8* qt,
-                                   const T* x, std::int64_t rows, std::int64_t cols,
-                                   const float* scale) {
+                                   float* inv_scale, const T* x, std::int64_t rows,
+                                   std::int64_t cols, const float* scale) {
     const float s = Ops::ld(scale);
+    if (inv_scale != nullptr && b.x == 0 && b.y == 0 && b.tid == 0) Ops::st(inv_scale, 1.0f / s);
     const int tx = b.tid % tile, ty = b.tid / tile;
     const std::int64_t tiles_r = (rows + tile - 1) / tile, tiles_c = (cols + tile - 1) / tile;
     TESSERA_NO_UNROLL
@@ -267,10 +269,12 @@ void fp8_quantize_launch(const Launcher& launch, F8* d_q, float* d_inv_scale, co
 }
 
 /// fp8_quantize_transposed (kernels.hpp) on `launch`: fp8_transpose_config's
-/// tiles; an empty x launches nothing.
+/// tiles; an empty x launches one block for the inverse scale, or nothing
+/// without one.
 template <class Launcher, class F8, class T>
-void fp8_quantize_transposed_launch(const Launcher& launch, F8* d_qt, const T* d_x,
-                                    std::int64_t rows, std::int64_t cols, const float* d_scale) {
+void fp8_quantize_transposed_launch(const Launcher& launch, F8* d_qt, float* d_inv_scale,
+                                    const T* d_x, std::int64_t rows, std::int64_t cols,
+                                    const float* d_scale) {
   static_assert(is_fp8_v<F8>,
                 "tessera::kernels::cuda::fp8_quantize_transposed: F8 must be fp8_e4m3 or fp8_e5m2");
   static_assert(detail::fp8_input_v<T>,
@@ -278,10 +282,11 @@ void fp8_quantize_transposed_launch(const Launcher& launch, F8* d_qt, const T* d
   constexpr const char* who = "fp8_quantize_transposed (cuda)";
   kernels::detail::check_fp8_matrix(who, rows, cols);
   kernels::detail::check_fp8_pointer(who, "d_scale", d_scale);
-  const launch_config c = fp8_transpose_config(rows, cols);
-  if (rows == 0 || cols == 0) return;
-  launch.template run<detail::fp8_quantize_transposed_body<F8, T>>(c, d_qt, d_x, rows, cols,
-                                                                   d_scale);
+  const bool empty = rows == 0 || cols == 0;
+  if (empty && d_inv_scale == nullptr) return;
+  const launch_config c = empty ? fp8_transpose_config(1, 1) : fp8_transpose_config(rows, cols);
+  launch.template run<detail::fp8_quantize_transposed_body<F8, T>>(c, d_qt, d_inv_scale, d_x,
+                                                                   rows, cols, d_scale);
 }
 
 #if defined(__CUDACC__)
@@ -299,9 +304,10 @@ void fp8_quantize(F8* d_q, float* d_inv_scale, const T* d_x, std::int64_t n, con
 }
 
 template <class F8, class T>
-void fp8_quantize_transposed(F8* d_qt, const T* d_x, std::int64_t rows, std::int64_t cols,
-                             const float* d_scale, cudaStream_t stream) {
-  fp8_quantize_transposed_launch(device_launcher{stream}, d_qt, d_x, rows, cols, d_scale);
+void fp8_quantize_transposed(F8* d_qt, float* d_inv_scale, const T* d_x, std::int64_t rows,
+                             std::int64_t cols, const float* d_scale, cudaStream_t stream) {
+  fp8_quantize_transposed_launch(device_launcher{stream}, d_qt, d_inv_scale, d_x, rows, cols,
+                                 d_scale);
 }
 
 #if TESSERA_CUDA_DEFINES_ENTRIES  // header-only, or cuda/kernels_fp8.cu (kernels/cuda/linkage.hpp)

@@ -307,12 +307,12 @@ void fp8_quantize(F8* d_q, float* d_inv_scale, const T* d_x, std::int64_t n, con
 /// `d_qt` (cols, rows) row-major of F8, qt[j * rows + i] = the scaled cast of
 /// x[i * cols + j]. cuBLASLt's FP8 GEMMs take only the TN layout, so the
 /// backward GEMMs need these transposed copies. Tiles of 32 x 32 through
-/// shared memory, coalesced on both sides. The scale as fp8_quantize (not
-/// checked). Throws config_error for rows or cols < 0, rows * cols past 64
+/// shared memory, coalesced on both sides. The scale and `d_inv_scale` as
+/// fp8_quantize (not checked). Throws config_error for rows or cols < 0, rows * cols past 64
 /// bits, or a null d_scale.
 template <class F8, class T>
-void fp8_quantize_transposed(F8* d_qt, const T* d_x, std::int64_t rows, std::int64_t cols,
-                             const float* d_scale, cudaStream_t stream);
+void fp8_quantize_transposed(F8* d_qt, float* d_inv_scale, const T* d_x, std::int64_t rows,
+                             std::int64_t cols, const float* d_scale, cudaStream_t stream);
 
 // ---- the instantiations cuda/kernels.cu provides ---------------------------------------------
 
@@ -473,10 +473,10 @@ void fp8_quantize_transposed(F8* d_qt, const T* d_x, std::int64_t rows, std::int
                                    cudaStream_t);                                                   \
   X void fp8_quantize<fp8_e5m2, T>(fp8_e5m2*, float*, const T*, std::int64_t, const float*,        \
                                    cudaStream_t);                                                   \
-  X void fp8_quantize_transposed<fp8_e4m3, T>(fp8_e4m3*, const T*, std::int64_t, std::int64_t,     \
-                                              const float*, cudaStream_t);                          \
-  X void fp8_quantize_transposed<fp8_e5m2, T>(fp8_e5m2*, const T*, std::int64_t, std::int64_t,     \
-                                              const float*, cudaStream_t);
+  X void fp8_quantize_transposed<fp8_e4m3, T>(fp8_e4m3*, float*, const T*, std::int64_t,          \
+                                              std::int64_t, const float*, cudaStream_t);            \
+  X void fp8_quantize_transposed<fp8_e5m2, T>(fp8_e5m2*, float*, const T*, std::int64_t,          \
+                                              std::int64_t, const float*, cudaStream_t);
 // clang-format on
 
 // Precompiled (a host compiler, or TESSERA_CUDA_PRECOMPILED_KERNELS): the

@@ -43,6 +43,7 @@
 #include "tessera/kernels/cuda/kernels.hpp"
 #include "tessera/kernels/cuda/launch.hpp"
 #include "tessera/kernels/detail/adamw.hpp"
+#include "tessera/kernels/fp8_operand.hpp"
 #include "tessera/kernels/detail/sgd.hpp"
 
 namespace tessera::kernels {
@@ -267,14 +268,78 @@ void fp8_quantize(const cuda_context& ctx, F8* q, float* inv_scale, const T* x, 
 }
 
 /// qt (cols, rows) of F8 = the scaled cast of x (rows, cols) transposed
-/// (Transformer Engine's cast_transpose), the scale as fp8_quantize.
+/// (Transformer Engine's cast_transpose), the scale and inv_scale as fp8_quantize.
 template <class F8, class T>
-void fp8_quantize_transposed(const cuda_context& ctx, F8* qt, const T* x, std::int64_t rows,
-                             std::int64_t cols, const float* scale) {
+void fp8_quantize_transposed(const cuda_context& ctx, F8* qt, float* inv_scale, const T* x,
+                             std::int64_t rows, std::int64_t cols, const float* scale) {
   static_assert(is_fp8_v<F8>, "fp8_quantize_transposed (cuda): F8 must be fp8_e4m3 or fp8_e5m2");
   static_assert(std::is_same_v<T, float> || is_half_v<T>,
                 "fp8_quantize_transposed (cuda): x is float32, bf16 or fp16 on the GPU");
-  cuda::fp8_quantize_transposed<F8, T>(qt, x, rows, cols, scale, ctx.stream());
+  cuda::fp8_quantize_transposed<F8, T>(qt, inv_scale, x, rows, cols, scale, ctx.stream());
+}
+
+/// kernels::fp8_gemm (kernels/fp8_gemm.hpp) on the GPU: row-major C(M,N) =
+/// â(op(A)) b̂(op(B)) + beta C, each operand cast to FP8 with its scale into
+/// scratch of the context's allocator (for the GEMM's duration), transposed
+/// on the way (the cast-transpose kernel) where cuBLASLt's FP8 layout needs
+/// it: op(A) as M x K and op(B) as N x K (row_major_fp8_matmul), then
+/// cuBLASLt's FP8 matmul with the operands' inverse scales as its scale
+/// pointers (cublaslt_context::gemm_fp8). The casts write *a.inverse and
+/// *b.inverse. Equals the host's to float32 summation order.
+/// TA, TB in {float, bf16, fp16}; TC in {float, bf16, fp16}.
+/// Throws config_error as the host's, and where K or an operand's row
+/// (K) is not a multiple of 16 (cuBLASLt's FP8 alignment); cuda_error
+/// where cuBLASLt has no FP8 matmul (a GPU before sm_89).
+template <class TC, class TA, class TB>
+void fp8_gemm(const cuda_context& ctx, transpose ta, transpose tb, std::int64_t M, std::int64_t N,
+              std::int64_t K, const TA* A, std::int64_t lda, const fp8_operand& a, const TB* B,
+              std::int64_t ldb, const fp8_operand& b, float beta, TC* C, std::int64_t ldc) {
+  static_assert((std::is_same_v<TA, float> || is_half_v<TA>) &&
+                    (std::is_same_v<TB, float> || is_half_v<TB>),
+                "fp8_gemm (cuda): operands are float32, bf16 or fp16 before their FP8 cast");
+  static_assert(std::is_same_v<TC, float> || is_half_v<TC>,
+                "fp8_gemm (cuda): C is float32, bf16 or fp16");
+  kernels::detail::check_gemm_args(ta, tb, M, N, K, lda, ldb, ldc);
+  const std::int64_t a_row = ta == transpose::no ? K : M, b_row = tb == transpose::no ? N : K;
+  TESSERA_THROW_IF(lda != a_row || ldb != b_row, config_error, "fp8_gemm (cuda): lda=", lda,
+                   " ldb=", ldb, " must be the rows' lengths ", a_row, " and ", b_row,
+                   " (an FP8 operand is cast whole)");
+  TESSERA_THROW_IF(a.scale == nullptr || a.inverse == nullptr || b.scale == nullptr ||
+                       b.inverse == nullptr,
+                   config_error, "fp8_gemm (cuda): an operand has no scale or inverse-scale pointer");
+  if (M == 0 || N == 0) return;
+  auto qa = ctx.scratch(static_cast<std::size_t>(M * K));
+  auto qb = ctx.scratch(static_cast<std::size_t>(N * K));
+  // x stored row-major `rows` x `cols` cast into q, transposed when `flip`
+  // (q then `cols` x `rows`): the (M or N) x K layout the matmul reads.
+  auto cast = [&]<class F8, class T>(F8* q, const T* x, const fp8_operand& o, bool flip,
+                                     std::int64_t rows, std::int64_t cols) {
+    if (flip)
+      fp8_quantize_transposed<F8>(ctx, q, o.inverse, x, rows, cols, o.scale);
+    else
+      fp8_quantize<F8>(ctx, q, o.inverse, x, rows * cols, o.scale);
+  };
+  // op(A) (M x K): A stored M x K, or K x M (ta) and transposed.
+  // op(B)^T (N x K): B stored N x K (tb), or K x N and transposed.
+  auto run = [&]<class FA, class FB>(FA* qa8, FB* qb8) {
+    cast(qa8, A, a, ta == transpose::yes, ta == transpose::yes ? K : M,
+         ta == transpose::yes ? M : K);
+    cast(qb8, B, b, tb == transpose::no, tb == transpose::no ? K : N,
+         tb == transpose::no ? N : K);
+    ctx.blas().gemm_fp8(M, N, K, static_cast<const FA*>(qa8), K, a.inverse,
+                        static_cast<const FB*>(qb8), K, b.inverse, beta, C, ldc, ctx.stream());
+  };
+  auto* pa = qa.data();
+  auto* pb = qb.data();
+  if (a.e5m2 && b.e5m2)
+    throw config_error("fp8_gemm (cuda): both operands are E5M2 (cuBLASLt has no E5M2 x E5M2 "
+                       "matmul; gradients are E5M2, weights and inputs E4M3)");
+  if (a.e5m2)
+    run(reinterpret_cast<fp8_e5m2*>(pa), reinterpret_cast<fp8_e4m3*>(pb));
+  else if (b.e5m2)
+    run(reinterpret_cast<fp8_e4m3*>(pa), reinterpret_cast<fp8_e5m2*>(pb));
+  else
+    run(reinterpret_cast<fp8_e4m3*>(pa), reinterpret_cast<fp8_e4m3*>(pb));
 }
 
 // ---- attention (flash attention, bf16 or fp16) ---------------------------------------------

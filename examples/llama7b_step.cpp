@@ -28,6 +28,11 @@
 // first, then step time, tokens/s, MFU and HFU (HFU adds the recomputed
 // forward) against the datasheet's rate, and the allocator's peak against the plan.
 // --checkpointing full works on the host too (HFU then exceeds MFU).
+// --precision fp16 trains under the dynamic loss scale on either backend;
+// --precision fp8 (the blocks' linear layers as FP8 GEMMs, delayed scaling)
+// on the host only, where it also prints the planned FP8 state and operand
+// copies (plan/fp8.hpp) beside what the model holds after the steps;
+// --backend cuda refuses it (the CUDA FP8 linear is not built yet).
 // --json FILE writes the figures (benchmarks/device_check.sh reads them);
 // --memory-log FILE the device allocator's event log, which
 // scripts/plot_memory.py plots against the plan.
@@ -38,6 +43,7 @@
 //   build/host/examples/llama7b_step                                  # llama2_7b, 1 layer, T 256, 2 steps
 //   build/host/examples/llama7b_step --layers 1 --seq 256 --steps 2
 //   build/host/examples/llama7b_step --precision bf16 --layers 2 --seq 512 --micro-batch 2
+//   build/host/examples/llama7b_step --precision fp8 --layers 1 --seq 64 --steps 1
 //   build/host/examples/llama7b_step --preset llama3_8b --layers 1 --seq 128 --steps 1
 //   build/host/examples/llama7b_step --layers 1 --seq 32 --steps 1 --warmup-steps 0   # the ctest
 // clang-format on
@@ -79,6 +85,7 @@
 #include "tessera/nn/llama_config.hpp"
 #include "tessera/plan/memory.hpp"
 #include "tessera/plan/step.hpp"
+#include "tessera/precision/policy.hpp"
 #include "tessera/train/trainer.hpp"
 #if defined(TESSERA_EXAMPLE_CUDA)
 #include "tessera/cuda.hpp"
@@ -92,7 +99,7 @@ namespace {
 struct options {
   std::string backend = "host";
   std::string preset = "llama2_7b";
-  std::string precision = "";  // host: fp32, cuda: bf16_mixed_bf16_grads
+  std::string precision = "";  // host: fp32, cuda: bf16_mixed_bf16_grads; bf16, fp16, fp8 short
   std::int64_t layers = 0;     // host: 1, cuda: all of the preset's
   std::int64_t seq = 0;        // host: 256, cuda: 4096
   std::int64_t micro_batch = 1;
@@ -276,11 +283,15 @@ int run(const options& o, const nn::llama_config& full, const nn::llama_config& 
   ao.seq = T;
   ao.model.ce_chunk = o.ce_chunk;
   ao.model.checkpointing = ck;
+  ao.model.fp8 = cfg.fp8;  // fp8_mixed: the recipe the trainer gives the model
   ao.threads = kernels::detail::attention_max_threads();
   ao.backend = gpu ? plan::backend_kind::cuda : plan::backend_kind::host;
   const auto mp =
       plan::plan_memory(mc, plan::dtype_sizes::of<P>(), plan::optimizer_spec::adamw(), {0, 1}, ao);
   const auto fp = plan::plan_flops(mc, B, T);
+  // What the run's resource holds: on the host the FP8 state and operand
+  // copies are heap memory outside it, so they are compared apart.
+  const std::uint64_t fp8_outside = gpu ? 0 : mp.fp8.total();
   check_json_path(o.json);
   check_json_path(o.memory_log);
   std::string device = "host";
@@ -336,6 +347,13 @@ int run(const options& o, const nn::llama_config& full, const nn::llama_config& 
       gpu ? detail::str("; margin ", gib(device_bytes - static_cast<double>(mp.total())), " GiB")
                 .c_str()
           : "");
+  if constexpr (precision::fp8_linear<P>)
+    std::printf(
+        "llama7b_step: planned FP8 (in the persistent bytes): state %llu B (%lld blocks x %d "
+        "linears, %s scaling, amax history %lld), operand copies %llu B (%.3f GiB)\n",
+        (unsigned long long)mp.fp8.state, (long long)mp.fp8.blocks, nn::block_linears,
+        precision::to_string(cfg.fp8.scaling), (long long)cfg.fp8.history,
+        (unsigned long long)mp.fp8.operands, gib(static_cast<double>(mp.fp8.operands)));
   std::fflush(stdout);
 
   using Ctx = kernels::context_t<Backend>;
@@ -360,9 +378,9 @@ int run(const options& o, const nn::llama_config& full, const nn::llama_config& 
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t_build).count();
   std::printf(
       "llama7b_step: built and initialised in %.1f s; %.3f GiB allocated (planned "
-      "persistent %.3f GiB)\n",
+      "persistent %.3f GiB%s)\n",
       build_s, gib(static_cast<double>(mr.stats().allocated - base)),
-      gib(static_cast<double>(mp.persistent())));
+      gib(static_cast<double>(mp.persistent() - fp8_outside)), fp8_outside > 0 ? ", less FP8" : "");
   std::fflush(stdout);
 
   const auto run = timed_steps(tr, o, V, base);
@@ -377,7 +395,7 @@ int run(const options& o, const nn::llama_config& full, const nn::llama_config& 
   const double n_matmul = (fpt - 6.0 * L * H * static_cast<double>(T)) / 6.0;
   const double mfu = fpt * tokens / mean / peak, mfu_best = fpt * tokens / best / peak;
   const double hfu = (fpt + rpt) * tokens / mean / peak;
-  const double planned = static_cast<double>(mp.total());
+  const double planned = static_cast<double>(mp.total() - fp8_outside);
   std::printf(
       "llama7b_step: check passed: first step's loss %.4f, ln(V) = %.4f (|diff| %.4f <= 1)\n",
       first_loss, ln_v, std::abs(first_loss - ln_v));
@@ -401,10 +419,25 @@ int run(const options& o, const nn::llama_config& full, const nn::llama_config& 
   std::printf("\n");
   std::printf(
       "llama7b_step: peak memory measured %.3f GiB (%zu B, the run's allocator during a "
-      "step), planned %.3f GiB (%llu B, plan_memory dp 1, zero 0): measured/planned "
+      "step), planned %.3f GiB (%llu B, plan_memory dp 1, zero 0%s): measured/planned "
       "%.4f\n",
-      gib(static_cast<double>(mem_peak)), mem_peak, gib(planned), (unsigned long long)mp.total(),
+      gib(static_cast<double>(mem_peak)), mem_peak, gib(planned),
+      (unsigned long long)(mp.total() - fp8_outside), fp8_outside > 0 ? ", less FP8" : "",
       static_cast<double>(mem_peak) / planned);
+  if constexpr (precision::fp8_linear<P>) {
+    if constexpr (!gpu) {
+      // The model's FP8 states: per operand a scale, a step amax and its history.
+      std::uint64_t held = 0;
+      for (const nn::fp8_linear_state& st : tr.model().fp8_linear_states())
+        for (const precision::fp8_scale* sc : {&st.x, &st.w, &st.dy})
+          held += sizeof(float) * (2 + sc->state()["amax_history"].size());
+      std::printf(
+          "llama7b_step: FP8 outside the resource: state %llu B held by the model (planned "
+          "%llu B), operand copies %zu B (nn::fp8_workspace_bytes; planned %llu B)\n",
+          (unsigned long long)held, (unsigned long long)mp.fp8.state, nn::fp8_workspace_bytes(),
+          (unsigned long long)mp.fp8.operands);
+    }
+  }
   if (mp.activations.host_gemm_workspace > 0)
     std::printf(
         "llama7b_step: the bf16 GEMM conversion buffers (%.3f GiB) live outside the "
@@ -465,8 +498,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--preset", o.preset, "llama2_7b or llama3_8b")->capture_default_str();
   app.add_option("--precision", o.precision,
-                 "fp32, bf16 (bf16_mixed) or bf16_mixed_bf16_grads; default fp32 on the host, "
-                 "bf16_mixed_bf16_grads on cuda");
+                 "fp32, bf16 (bf16_mixed), bf16_mixed_bf16_grads, fp16 (fp16_mixed) or fp8 "
+                 "(fp8_mixed, the host only); default fp32 on the host, bf16_mixed_bf16_grads "
+                 "on cuda");
   app.add_option("--layers", o.layers,
                  "blocks to build, 1 to the preset's layers; default 1 on the host, all on cuda");
   app.add_option(
@@ -505,6 +539,7 @@ int main(int argc, char** argv) {
                      o.backend, "' (valid: host, cuda)");
     const bool gpu = o.backend == "cuda";
     if (o.precision.empty()) o.precision = gpu ? "bf16_mixed_bf16_grads" : "fp32";
+    o.precision = precision::policy_name(o.precision);
     if (o.checkpointing.empty()) o.checkpointing = gpu ? "full" : "none";
     if (gpu && app.count("--ce-chunk") == 0) o.ce_chunk = 1024;
     (void)nn::parse_checkpointing(o.checkpointing);
@@ -519,10 +554,11 @@ int main(int argc, char** argv) {
                      "unknown preset '", o.preset, "' (valid: llama2_7b, llama3_8b)");
     const nn::llama_config full = nn::llama_config::from_name(o.preset);
     if (o.layers == 0) o.layers = gpu ? full.n_layers : 1;
-    TESSERA_THROW_IF(o.precision != "fp32" && o.precision != "bf16" &&
-                         o.precision != "bf16_mixed" && o.precision != "bf16_mixed_bf16_grads",
+    TESSERA_THROW_IF(o.precision != "fp32" && o.precision != "bf16_mixed" &&
+                         o.precision != "bf16_mixed_bf16_grads" && o.precision != "fp16_mixed" &&
+                         o.precision != "fp8_mixed",
                      config_error, "unknown precision '", o.precision,
-                     "' (valid: fp32, bf16, bf16_mixed_bf16_grads)");
+                     "' (valid: fp32, bf16, bf16_mixed_bf16_grads, fp16, fp8)");
     TESSERA_THROW_IF(o.layers < 1 || o.layers > full.n_layers, config_error, "--layers ", o.layers,
                      " must be in [1, ", full.n_layers, "] (preset '", full.name, "')");
     TESSERA_THROW_IF(o.seq < 1 || o.seq > full.max_seq, config_error, "--seq ", o.seq,
@@ -536,10 +572,13 @@ int main(int argc, char** argv) {
     mc.n_layers = o.layers;
     const bool bf16g = o.precision == "bf16_mixed_bf16_grads";
     if (gpu) {
+      TESSERA_THROW_IF(o.precision == "fp32" || o.precision == "fp8_mixed", config_error,
+                       "--precision ", o.precision,
+                       ": the cuda backend trains 16-bit weights (bf16, bf16_mixed_bf16_grads, "
+                       "fp16); fp32 and fp8 run on the host");
 #if defined(TESSERA_EXAMPLE_CUDA)
-      TESSERA_THROW_IF(o.precision == "fp32", config_error,
-                       "--precision fp32: the cuda backend trains bf16 weights (bf16, "
-                       "bf16_mixed_bf16_grads)");
+      if (o.precision == "fp16_mixed")
+        return run<precision::fp16_mixed, tessera::cuda>(o, full, mc);
       return bf16g ? run<precision::bf16_mixed_bf16_grads, tessera::cuda>(o, full, mc)
                    : run<precision::bf16_mixed, tessera::cuda>(o, full, mc);
 #else
@@ -552,6 +591,8 @@ int main(int argc, char** argv) {
                      "--memory-log: the host backend has no device allocator log (--backend cuda)");
     if (o.precision == "fp32") return run<precision::fp32, host>(o, full, mc);
     if (bf16g) return run<precision::bf16_mixed_bf16_grads, host>(o, full, mc);
+    if (o.precision == "fp16_mixed") return run<precision::fp16_mixed, host>(o, full, mc);
+    if (o.precision == "fp8_mixed") return run<precision::fp8_mixed, host>(o, full, mc);
     return run<precision::bf16_mixed, host>(o, full, mc);
   } catch (const config_error& e) {
     std::fprintf(stderr, "llama7b_step: error: %s\n", e.what());

@@ -13,7 +13,12 @@
 // --gpu-step prints the one-GPU step of the same trainer instead
 // (plan/cuda_step.hpp: the CUDA kernels' scratch and the cuBLASLt workspace,
 // bf16 activation gradients and full activation checkpointing by default).
-// --checkpointing and --optimizer apply to both. --pp P (with --schedule,
+// --checkpointing and --optimizer apply to both. Under --precision fp8_mixed
+// each plan adds the FP8 linear layers' state (scales, step amaxes and,
+// with --fp8-scaling delayed, amax histories of --fp8-amax-history floats)
+// and operand copies (plan/fp8.hpp): on the host the float copies
+// nn::fp8_linear makes, with --gpu-step the one-byte buffers and device
+// scales the CUDA FP8 linear allocates. --pp P (with --schedule,
 // --virtual-stages, --micro-batches, --stage-blocks) prints the pipeline
 // plan instead (plan/pipeline.hpp): per pipeline rank its blocks,
 // parameters, model state (and, --zero 2 and 3, the gradient buckets of
@@ -27,6 +32,8 @@
 //   build/host/examples/plan --seed004
 //   build/host/examples/plan --preset llama3_8b --zero 1 --json
 //   build/host/examples/plan --gpu-step --preset llama2_7b --seq 4096 --micro-batch 1   # one H200
+//   build/host/examples/plan --preset llama2_7b --precision fp8_mixed --dp 8 --zero 1 --seq 4096
+//   build/host/examples/plan --gpu-step --preset llama2_7b --precision fp8_mixed --seq 4096
 //   build/host/examples/plan --preset llama2_7b --precision bf16_mixed --dp 2 --zero 1 --pp 4 --schedule zb1 --micro-batches 8 --seq 4096
 // clang-format on
 //
@@ -49,18 +56,14 @@
 #include "tessera/plan/memory.hpp"
 #include "tessera/plan/pipeline.hpp"
 #include "tessera/plan/step.hpp"
+#include "tessera/precision/fp8_scaling.hpp"
+#include "tessera/precision/policy.hpp"
 
 using namespace tessera;
 
 namespace {
 
-// The policy a --precision names: "bf16", "fp16" and "fp8" are short for the mixed policies.
-std::string policy_name(const std::string& p) {
-  return p == "bf16"   ? "bf16_mixed"
-         : p == "fp16" ? "fp16_mixed"
-         : p == "fp8"  ? "fp8_mixed"
-                       : p;
-}
+using precision::policy_name;  // "bf16", "fp16" and "fp8" are short for the mixed policies
 
 struct options {
   std::string preset = "llama2_7b";
@@ -88,7 +91,19 @@ struct options {
   int virtual_stages = 1;                  // model chunks per pipeline rank (interleaved)
   std::vector<std::int64_t> stage_blocks;  // blocks of each virtual stage (empty: by FLOPs)
   bool schedule_given = false;
+  std::string fp8_scaling = "delayed";                              // fp8_mixed: delayed or current
+  std::int64_t fp8_amax_history = precision::fp8_recipe{}.history;  // delayed: floats per history
 };
+
+// The FP8 recipe of --fp8-scaling and --fp8-amax-history (fp8_mixed); the
+// planner counts the histories it keeps. Throws config_error as the recipe.
+precision::fp8_recipe fp8_recipe_of(const options& o) {
+  precision::fp8_recipe r;
+  r.scaling = precision::parse_fp8_scaling(o.fp8_scaling);
+  r.history = o.fp8_amax_history;
+  r.validate();
+  return r;
+}
 
 // Sizes the planners take: at least 1, and at most 2^31 - 1 tokens per
 // micro-batch (token ids and counts are int32 on the device, and the byte
@@ -127,6 +142,7 @@ int print_gpu_step(const options& o) {
   co.optimizer = o.optimizer;
   if (o.ce_chunk_given) co.ce_chunk = o.ce_chunk;
   const plan::memory_plan p = plan::plan_cuda_step(cfg, co);
+  const bool fp8 = p.dtypes.fp8_linear;
   const double mem = o.memory_gib * plan::gib;
   const double margin = mem - static_cast<double>(p.total());
   if (o.json) {
@@ -147,6 +163,11 @@ int print_gpu_step(const options& o) {
       co.precision.c_str(), o.optimizer.c_str(), cfg.name.c_str(), (long long)cfg.num_params(),
       (long long)o.micro_batch, (long long)o.seq, (long long)o.micro_batches,
       o.checkpointing.c_str(), (long long)o.checkpoint_layers, (long long)co.ce_chunk);
+  if (fp8)
+    std::printf(
+        "(fp8_mixed on the GPU: bf16 weights and activations, float32 activation gradients, "
+        "and what the CUDA FP8 linear allocates, plan::fp8_operand_bytes and "
+        "fp8_device_state_bytes; trainer<fp8_mixed, cuda> is not built yet)\n");
   std::printf("%s", p.to_table().c_str());
   std::printf("\nMemory: %.2f GiB (%.2f GB) of %.2f GiB: %s, margin %.2f GiB\n",
               static_cast<double>(p.total()) / plan::gib, static_cast<double>(p.total()) / 1e9,
@@ -213,6 +234,7 @@ int print_pipeline(const options& o) {
   p.act.sequence_parallel = o.sequence_parallel;
   p.act.model.ce_chunk = o.ce_chunk;
   p.act.model.checkpointing = {nn::parse_checkpointing(o.checkpointing), o.checkpoint_layers};
+  p.act.model.fp8 = fp8_recipe_of(o);
   const plan::pipeline_plan pl =
       plan::plan_pipeline(cfg, d, plan::optimizer_spec::from_name(o.optimizer), sh, p);
   // Whether it fits --memory-gib: the stage of the largest peak.
@@ -280,6 +302,8 @@ int print_pipeline(const options& o) {
                         {"p2p_bytes_per_step", st.p2p_bytes},
                         {"sends_per_step", st.sends},
                         {"busy", st.busy},
+                        {"fp8_state", st.fp8.state},
+                        {"fp8_operands", st.fp8.operands},
                         {"peak", st.peak()}});
     }
     j["stages"] = stages;
@@ -295,21 +319,24 @@ int print_pipeline(const options& o) {
       o.checkpointing.c_str());
   // ZeRO-2/3 add a column: the gradient buckets of the accumulation window;
   // ZeRO-3 another: the segments a rank's engine holds gathered at once.
-  const bool z2 = o.zero >= 2, z3 = o.zero >= 3;
-  std::printf("  %-5s %-16s %14s %10s%s%s %6s %10s %12s\n", "stage", "blocks", "params",
-              "state GiB", z2 ? "  bucket GiB" : "", z3 ? "  gath. GiB" : "", "held", "act GiB",
-              "p2p MB/step");
+  // FP8 policies another: the FP8 state and operand copies of the stage's blocks.
+  const bool z2 = o.zero >= 2, z3 = o.zero >= 3, f8 = d.fp8_linear;
+  std::printf("  %-5s %-16s %14s %10s%s%s%s %6s %10s %12s\n", "stage", "blocks", "params",
+              "state GiB", z2 ? "  bucket GiB" : "", z3 ? "  gath. GiB" : "", f8 ? "  fp8 GiB" : "",
+              "held", "act GiB", "p2p MB/step");
   for (const auto& st : pl.stages) {
-    char buckets[16] = "", gathered[16] = "";
+    char buckets[16] = "", gathered[16] = "", fp8[16] = "";
     if (z2)
       std::snprintf(buckets, sizeof buckets, " %11.3f",
                     static_cast<double>(st.reduce_staging) / plan::gib);
     if (z3)
       std::snprintf(gathered, sizeof gathered, " %10.3f",
                     static_cast<double>(st.gathered) / plan::gib);
-    std::printf("  %-5d %-16s %14lld %10.3f%s%s %6lld %10.3f %12.1f\n", st.stage,
+    if (f8)
+      std::snprintf(fp8, sizeof fp8, " %8.3f", static_cast<double>(st.fp8.total()) / plan::gib);
+    std::printf("  %-5d %-16s %14lld %10.3f%s%s%s %6lld %10.3f %12.1f\n", st.stage,
                 blocks(st).c_str(), static_cast<long long>(st.params),
-                static_cast<double>(st.model_state()) / plan::gib, buckets, gathered,
+                static_cast<double>(st.model_state()) / plan::gib, buckets, gathered, fp8,
                 static_cast<long long>(st.peak_in_flight),
                 static_cast<double>(st.peak_activation_bytes) / plan::gib,
                 static_cast<double>(st.p2p_bytes) / 1e6);
@@ -322,6 +349,14 @@ int print_pipeline(const options& o) {
              "gath.: the ZeRO-3 segments gathered at once at most, inside a forward or backward"
       : z2 ? "; bucket: the gradient buffers of the accumulation window"
            : "");
+  if (f8)
+    std::printf(
+        "  (fp8: the FP8 state of the stage's blocks, %s scaling%s, and the float copies of "
+        "the largest FP8 operands, per rank; in the peak)\n",
+        precision::to_string(p.act.model.fp8.scaling),
+        p.act.model.fp8.scaling == precision::fp8_scaling::delayed
+            ? tessera::detail::str(", amax history ", p.act.model.fp8.history).c_str()
+            : "");
   std::printf(
       "Pipeline bubble: %.2f%% simulated (stage costs proportional to their FLOPs, "
       "no communication cost), %.2f%% closed form %s\n",
@@ -332,10 +367,11 @@ int print_pipeline(const options& o) {
                  ? "(K-1)/(3M+K-1)"
                  : "(K-1)/(M+K-1)"));
   std::printf("Memory: the largest stage's peak %.2f GiB (%.2f GB) of %.2f GiB: %s, margin %.2f "
-              "GiB (model state, gathered segments, gradient buckets and activations each at "
+              "GiB (model state, gathered segments, gradient buckets%s and activations each at "
               "their most; no workspaces inside an action)\n",
               static_cast<double>(peak) / plan::gib, static_cast<double>(peak) / 1e9,
-              o.memory_gib, fits ? "fits" : "DOES NOT FIT", margin / plan::gib);
+              o.memory_gib, fits ? "fits" : "DOES NOT FIT", margin / plan::gib,
+              f8 ? ", FP8 state and operand copies" : "");
   return fits ? 0 : 1;
 }
 
@@ -380,6 +416,7 @@ int run(const options& o) {
   ao.sequence_parallel = o.sequence_parallel;
   ao.model.ce_chunk = o.ce_chunk;
   ao.model.checkpointing = {nn::parse_checkpointing(o.checkpointing), o.checkpoint_layers};
+  ao.model.fp8 = fp8_recipe_of(o);
   TESSERA_THROW_IF(o.ce_chunk < 1, config_error, "ce-chunk=", o.ce_chunk, " must be >= 1");
   TESSERA_THROW_IF(o.seq < 1, config_error, "sequence length T=", o.seq, " must be >= 1");
   auto dr = d;
@@ -486,8 +523,15 @@ int main(int argc, char** argv) {
   CLI::App app{"plan: per-rank memory, FLOPs and communication of a Llama training step"};
   app.add_option("--preset", o.preset, "tiny, small, llama2_7b, llama3_8b")->capture_default_str();
   app.add_option("--precision", o.precision,
-                 "fp32, fp64, bf16_mixed, bf16_mixed_bf16_grads, fp16_mixed (or fp16), fp8_mixed (or fp8), seed004 "
-                 "(--gpu-step: bf16_mixed_bf16_grads)")
+                 "fp32, fp64, bf16_mixed (or bf16), bf16_mixed_bf16_grads, fp16_mixed (or fp16), "
+                 "fp8_mixed (or fp8), seed004 (--gpu-step: bf16_mixed_bf16_grads, bf16_mixed, "
+                 "fp16_mixed or fp8_mixed; default bf16_mixed_bf16_grads)")
+      ->capture_default_str();
+  app.add_option("--fp8-scaling", o.fp8_scaling,
+                 "fp8_mixed: delayed (amax histories) or current scaling")
+      ->capture_default_str();
+  app.add_option("--fp8-amax-history", o.fp8_amax_history,
+                 "fp8_mixed, delayed scaling: amaxes each scale keeps (floats per history)")
       ->capture_default_str();
   app.add_option("--dp", o.dp, "data-parallel ranks")->capture_default_str();
   app.add_option("--tp", o.tp, "tensor-parallel ranks (per-rank bytes are one tp rank's)")
@@ -561,6 +605,11 @@ int main(int argc, char** argv) {
     if (o.seed004) return print_seed004();
     if (o.checkpointing.empty()) o.checkpointing = o.gpu_step ? "full" : "none";
     if (o.gpu_step && app.count("--precision") == 0) o.precision = "bf16_mixed_bf16_grads";
+    for (const char* f : {"--fp8-scaling", "--fp8-amax-history"})
+      TESSERA_THROW_IF(app.count(f) > 0 && policy_name(o.precision) != "fp8_mixed", config_error, f,
+                       " sets the FP8 recipe: it needs --precision fp8_mixed (--precision ",
+                       o.precision, " has no FP8 GEMMs)");
+    (void)fp8_recipe_of(o);
     TESSERA_THROW_IF(o.checkpoint_layers < 1, config_error,
                      "checkpoint-layers=", o.checkpoint_layers, " must be >= 1");
     TESSERA_THROW_IF(o.tp < 1 || o.tp > 64, config_error, "tp=", o.tp,

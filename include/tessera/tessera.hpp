@@ -69,6 +69,7 @@
 #include "tessera/parallel/zero.hpp"
 #include "tessera/plan/activations.hpp"
 #include "tessera/plan/cuda_step.hpp"
+#include "tessera/plan/fp8.hpp"
 #include "tessera/plan/host_memory.hpp"
 #include "tessera/plan/memory.hpp"
 #include "tessera/plan/pipeline.hpp"

@@ -1,8 +1,10 @@
 // Tests plan/cuda_step.hpp on the host: the one-GPU step's state is 18
 // bytes per parameter, activations follow the checkpointing policy and the
-// activation-gradient type, and the full llama2_7b step at T 4096,
-// micro-batch 1 fits one 141 GB H200. (tests/cuda/llama.cpp holds the
-// plan to the device allocator's bytes.)
+// activation-gradient type, fp16_mixed plans as bf16_mixed_bf16_grads and
+// fp8_mixed as bf16_mixed plus the CUDA FP8 linear's buffers and scales,
+// and the full llama2_7b step at T 4096, micro-batch 1 fits one 141 GB
+// H200. (tests/cuda/llama.cpp holds the plan to the device allocator's
+// bytes.)
 #include <catch2/catch.hpp>
 
 #include <tessera/kernels/detail/adamw.hpp>
@@ -78,6 +80,60 @@ TEST_CASE("plan_cuda_step: float32 activation gradients cost their bytes", "[pla
         static_cast<std::uint64_t>(N * c.dim * 2));
   CHECK(f32g.activations.peak > bf16g.activations.peak);
   CHECK(f32g.state.model_state() == bf16g.state.model_state());
+}
+
+TEST_CASE("plan_cuda_step: fp16_mixed plans as bf16_mixed_bf16_grads", "[plan]") {
+  // 16-bit weights, activations and activation gradients, 2 bytes each, and
+  // float32 gradients, master weights and moments: the same bytes.
+  static_assert(sizeof(precision::fp16_mixed::param_type) == 2 &&
+                sizeof(precision::fp16_mixed::act_grad_type) == 2);
+  for (const auto& c : {nn::llama_config::small(), nn::llama_config::llama2_7b()}) {
+    INFO(c.name);
+    plan::cuda_step_options o;
+    o.seq = 256;
+    o.micro_batch = 2;
+    const auto bf = plan::plan_cuda_step(c, o);
+    o.precision = "fp16_mixed";
+    const auto fp = plan::plan_cuda_step(c, o);
+    CHECK(fp.rows() == bf.rows());
+    CHECK(fp.total() == bf.total());
+    CHECK(fp.fp8.total() == 0);
+  }
+}
+
+TEST_CASE("plan_cuda_step: fp8_mixed adds the CUDA FP8 linear's buffers to bf16_mixed", "[plan]") {
+  // fp8_mixed stores its policy's types, bf16_mixed's: bf16 weights and
+  // activations, float32 activation gradients.
+  static_assert(std::is_same_v<precision::fp8_mixed::param_type, bf16> &&
+                std::is_same_v<precision::fp8_mixed::act_grad_type, float>);
+  for (const auto& c : {nn::llama_config::llama2_7b(), nn::llama_config::llama3_8b()}) {
+    INFO(c.name);
+    plan::cuda_step_options o;
+    o.seq = 4096;
+    o.precision = "bf16_mixed";
+    const auto bf = plan::plan_cuda_step(c, o);
+    o.precision = "fp8_mixed";
+    const auto p = plan::plan_cuda_step(c, o);
+    const auto n = static_cast<std::uint64_t>(nn::make_llama_layout(c).total());
+    CHECK(p.state.weights == 2 * n);
+    CHECK(p.state.model_state() == bf.state.model_state());
+    CHECK(p.activations.peak == bf.activations.peak);
+    // Independently of the layout: M = 4096 tokens; for both presets the
+    // largest input is w_down's (M, F), weight a SwiGLU one (F, H), output
+    // gradient gate's or up's (M, F) (F > H >= the query and key/value
+    // widths). One byte each, and as many again for the transposes.
+    const std::uint64_t M = 4096, H = static_cast<std::uint64_t>(c.dim),
+                        F = static_cast<std::uint64_t>(c.ffn_dim),
+                        L = static_cast<std::uint64_t>(c.n_layers);
+    CHECK(p.fp8.operands == 2 * (M * F + F * H + M * F));
+    // Nine device floats per linear (scale, inverse, step amax of x, W, dy).
+    CHECK(p.fp8.state == L * 7 * 9 * 4);
+    CHECK(p.fp8.blocks == c.n_layers);
+    CHECK(p.total() == bf.total() + p.fp8.operands + p.fp8.state);
+    CHECK(p.persistent() == bf.persistent() + p.fp8.operands + p.fp8.state);
+    CHECK(p.to_table().find("fp8 operand copies") != std::string::npos);
+    CHECK(p.to_json()["fp8"]["operands"].get<std::uint64_t>() == p.fp8.operands);
+  }
 }
 
 TEST_CASE("plan_cuda_step: the full llama2_7b step fits one 141 GB H200", "[plan]") {

@@ -16,7 +16,14 @@
 /// (master) + 4 + 4 (moments) = 18 bytes. The seed's 16 bytes per parameter
 /// (seeds/004) keep the gradient in 16 bits; float32 gradients are what the
 /// weight-gradient GEMMs accumulate into (beta = 1) across layers and
-/// micro-batches without bf16 rounding at each addition.
+/// micro-batches without bf16 rounding at each addition. fp16_mixed counts
+/// as bf16_mixed_bf16_grads does (16-bit weights, activations and
+/// activation gradients, 2 bytes each). fp8_mixed stores its policy's
+/// types, those of bf16_mixed (bf16 weights and activations, float32
+/// activation gradients), and adds what the CUDA FP8 linear allocates
+/// (plan/fp8.hpp: fp8_operand_bytes, fp8_device_state_bytes); the CUDA
+/// FP8 path is planned before it is built (trainer<fp8_mixed, cuda> does
+/// not compile yet).
 
 #include <cstdint>
 #include <string>
@@ -37,7 +44,8 @@ struct cuda_step_options {
   nn::checkpoint_policy checkpointing{nn::activation_checkpointing::full, 1};
   std::int64_t ce_chunk = 1024;  ///< token rows per LM-head/cross-entropy chunk
   /// The precision policy's name (dtype_sizes::from_name): bf16_mixed_bf16_grads
-  /// (bf16 activation gradients, the GPU's default) or bf16_mixed.
+  /// (bf16 activation gradients, the GPU's default), bf16_mixed, fp16_mixed
+  /// or fp8_mixed.
   std::string precision = "bf16_mixed_bf16_grads";
   std::string optimizer = "adamw";  ///< adamw or sgd
   /// cuBLASLt workspace (kernels::cuda_context_options, 32 MiB).
@@ -48,7 +56,9 @@ struct cuda_step_options {
 /// (dp 1, zero<0>) for `c` at `o`. Throws config_error for an invalid
 /// config, B or ce_chunk < 1, T < 0 or T > max_seq, an unknown precision
 /// or optimizer, or a policy the GPU cannot run (fp32 and fp64: the CUDA
-/// attention and cross-entropy kernels are bf16).
+/// attention and cross-entropy kernels take 16-bit operands). Under
+/// fp8_mixed the plan's fp8 holds the CUDA FP8 linear's device bytes
+/// (plan_fp8 with backend cuda).
 inline memory_plan plan_cuda_step(const nn::llama_config& c, const cuda_step_options& o) {
   c.validate();
   TESSERA_THROW_IF(o.micro_batch < 1, config_error, "micro-batch B=", o.micro_batch,
@@ -61,7 +71,7 @@ inline memory_plan plan_cuda_step(const nn::llama_config& c, const cuda_step_opt
   const dtype_sizes d = dtype_sizes::from_name(o.precision);
   TESSERA_THROW_IF(d.param != 2, config_error, "precision ", o.precision,
                    ": the GPU trains 16-bit weights and activations (bf16_mixed, "
-                   "bf16_mixed_bf16_grads or fp16_mixed)");
+                   "bf16_mixed_bf16_grads, fp16_mixed or fp8_mixed)");
   activation_options a;
   a.micro_batch = o.micro_batch;
   a.seq = o.seq;

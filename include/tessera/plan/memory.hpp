@@ -12,7 +12,8 @@
 ///
 /// The model state is planned in plan/state.hpp (two accountings: what the
 /// engine allocates, and the ZeRO paper's formula), one micro-batch's
-/// activations in plan/activations.hpp; memory_plan adds them up.
+/// activations in plan/activations.hpp, an FP8 policy's operand copies and
+/// scales in plan/fp8.hpp; memory_plan adds them up.
 ///
 /// All figures are bytes unless a name says otherwise; GiB = 2^30 bytes.
 
@@ -25,6 +26,7 @@
 #include "tessera/core/error.hpp"
 #include "tessera/kernels/cuda/launch.hpp"
 #include "tessera/plan/activations.hpp"
+#include "tessera/plan/fp8.hpp"
 #include "tessera/plan/state.hpp"
 
 namespace tessera::plan {
@@ -42,9 +44,15 @@ struct memory_plan {
   std::uint64_t context = 0;
   /// cuda: the gradient norm kernel's scratch (after the backward); 0 on the host.
   std::uint64_t norm_scratch = 0;
+  /// An FP8 policy's operand copies and scales of every block (plan_fp8;
+  /// zero otherwise): grow-only, so held between steps from the first on.
+  /// On the host they are heap memory outside the memory resource (the
+  /// resource's figures are the rest of total()).
+  fp8_plan fp8{};
 
-  /// Everything allocated between steps: the state, the trainer's and the context's buffers.
-  std::uint64_t persistent() const { return state.persistent() + trainer + context; }
+  /// Everything allocated between steps: the state, the trainer's and the
+  /// context's buffers, and the FP8 operand copies and scales.
+  std::uint64_t persistent() const { return state.persistent() + trainer + context + fp8.total(); }
   /// Predicted per-rank peak: the persistent bytes plus the larger of
   /// backward's (gathered units + reduction staging + activation peak) and
   /// the step's update all-gather or norm scratch (which run after the
@@ -54,26 +62,56 @@ struct memory_plan {
                                     state.update_gather, norm_scratch});
   }
 
-  /// Rows (label, bytes) in table order: the persistent state, the transients, then the totals.
+  /// Rows (label, bytes) in table order: the persistent state, the
+  /// transients, then the totals. Under an FP8 policy "fp8 state" and
+  /// "fp8 operand copies" come before "persistent".
   std::vector<std::pair<std::string, std::uint64_t>> rows() const {
-    return {{"weights", state.weights},
-            {"parameter shard", state.param_shard},
-            {"gradients", state.grads},
-            {"reduction buffers", state.reduce_buffers},
-            {"master weights", state.master},
-            {"optimizer state", state.optimizer},
-            {"optimizer segments", state.segment_table},
-            {"rope tables", state.rope_tables},
-            {"trainer buffers", trainer},
-            {"context (cuBLASLt)", context},
-            {"persistent", persistent()},
-            {"zero-3 gathered", state.gathered},
-            {"reduction staging", state.reduce_staging},
-            {"update all-gather", state.update_gather},
-            {"activations (saved)", activations.saved},
-            {"logits workspace", activations.logits_workspace},
-            {"activation peak", activations.peak},
-            {"total", total()}};
+    std::vector<std::pair<std::string, std::uint64_t>> r = {
+        {"weights", state.weights},
+        {"parameter shard", state.param_shard},
+        {"gradients", state.grads},
+        {"reduction buffers", state.reduce_buffers},
+        {"master weights", state.master},
+        {"optimizer state", state.optimizer},
+        {"optimizer segments", state.segment_table},
+        {"rope tables", state.rope_tables},
+        {"trainer buffers", trainer},
+        {"context (cuBLASLt)", context}};
+    if (dtypes.fp8_linear) {
+      r.push_back({"fp8 state", fp8.state});
+      r.push_back({"fp8 operand copies", fp8.operands});
+    }
+    r.insert(r.end(), {{"persistent", persistent()},
+                       {"zero-3 gathered", state.gathered},
+                       {"reduction staging", state.reduce_staging},
+                       {"update all-gather", state.update_gather},
+                       {"activations (saved)", activations.saved},
+                       {"logits workspace", activations.logits_workspace},
+                       {"activation peak", activations.peak},
+                       {"total", total()}});
+    return r;
+  }
+  /// Under an FP8 policy, one line (no newline) saying what the two FP8
+  /// rows count on this plan's backend; empty otherwise.
+  std::string fp8_note() const {
+    if (!dtypes.fp8_linear) return {};
+    const auto& e = fp8.largest;
+    if (fp8.backend == backend_kind::host)
+      return tessera::detail::str(
+          "(fp8: ", fp8.blocks, " blocks x ", nn::block_linears, " linears, ",
+          precision::to_string(fp8.recipe.scaling), " scaling",
+          fp8.recipe.scaling == precision::fp8_scaling::delayed
+              ? tessera::detail::str(", amax history ", fp8.recipe.history)
+              : std::string(),
+          ": a float scale and step amax per x, W, dy",
+          fp8.recipe.scaling == precision::fp8_scaling::delayed ? " and their histories" : "",
+          "; float copies of the largest x (", e.x, "), W (", e.w, ") and dy (", e.dy,
+          " elements); heap, outside the memory resource)");
+    return tessera::detail::str("(fp8: ", fp8.blocks, " blocks x ", nn::block_linears,
+                                " linears x ", fp8_device_floats_per_linear,
+                                " device floats; one-byte x (", e.x, "), W (", e.w, "), dy (", e.dy,
+                                " elements) at their largest and their transposes "
+                                "(plan::fp8_operand_bytes); the amax histories stay on the host)");
   }
   /// Fixed-width text table: item, bytes, GiB; then the 34sbh comparison line.
   std::string to_table() const {
@@ -99,6 +137,7 @@ struct memory_plan {
                   static_cast<double>(activations.backward_temporaries) / gib,
                   static_cast<double>(activations.korthikanti_34sbh) / gib);
     s += line;
+    if (dtypes.fp8_linear) s += "  " + fp8_note() + "\n";
     return s;
   }
   /// Every field, in bytes, as JSON.
@@ -139,14 +178,25 @@ struct memory_plan {
                         {"peak", activations.peak},
                         {"host_gemm_workspace", activations.host_gemm_workspace},
                         {"korthikanti_34sbh", activations.korthikanti_34sbh}};
+    if (dtypes.fp8_linear)
+      j["fp8"] = {{"backend", fp8.backend == backend_kind::host ? "host" : "cuda"},
+                  {"recipe", fp8.recipe.to_json()},
+                  {"blocks", fp8.blocks},
+                  {"state", fp8.state},
+                  {"operands", fp8.operands},
+                  {"largest_operand_elems",
+                   {{"x", fp8.largest.x}, {"w", fp8.largest.w}, {"dy", fp8.largest.dy}}},
+                  {"total", fp8.total()}};
     j["total"] = total();
     return j;
   }
 };
 
-/// Plans model state (under `mode`; default: what the engine allocates) and
-/// one micro-batch's activations for `c`. Throws config_error for an
-/// invalid config, sharding or micro-batch shape.
+/// Plans model state (under `mode`; default: what the engine allocates),
+/// one micro-batch's activations and, under an FP8 policy (d.fp8_linear),
+/// the FP8 operand copies and scales of every block (plan_fp8 on tp rank
+/// sh.tp_rank, recipe a.model.fp8) for `c`. Throws config_error for an
+/// invalid config, sharding, micro-batch shape or FP8 recipe.
 inline memory_plan plan_memory(const nn::llama_config& c, const dtype_sizes& d,
                                const optimizer_spec& o, const sharding& sh,
                                const activation_options& a, accounting mode = accounting::engine) {
@@ -158,6 +208,7 @@ inline memory_plan plan_memory(const nn::llama_config& c, const dtype_sizes& d,
     const std::int64_t n = sh.zero >= 1 ? m.state.shard_elems : m.state.flat_elems;
     m.norm_scratch = kernels::cuda::grad_sum_squares_scratch_bytes(n);
   }
+  m.fp8 = plan_fp8(c, d, a, {sh.tp, sh.tp_rank}, c.n_layers);
   return m;
 }
 

@@ -68,6 +68,12 @@
 /// embedding's lookup counts nothing), so it includes the idle time of an
 /// unbalanced partition. A full backward costs B + W.
 ///
+/// Under an FP8 policy (dtype_sizes::fp8_linear) each rank holds the FP8
+/// state of its chunks' blocks and, once one of them has run, the FP8
+/// operand copies (`fp8`, plan_fp8 over the rank's blocks: the copies are
+/// per thread, shared by the rank's chunks); in peak(), not in
+/// model_state().
+///
 /// Tensor parallelism (activation_options::tp, sharding::tp and tp_rank):
 /// parameters are the tp rank's (nn::make_llama_layout(c, {tp, tp_rank}):
 /// its block shards, the embedding, norms and LM head whole), records the
@@ -95,6 +101,7 @@
 #include "tessera/parallel/pipeline_sim.hpp"
 #include "tessera/parallel/schedule.hpp"
 #include "tessera/plan/activations.hpp"
+#include "tessera/plan/fp8.hpp"
 #include "tessera/plan/state.hpp"
 
 namespace tessera::plan {
@@ -104,7 +111,8 @@ namespace tessera::plan {
 /// of the K V virtual stages (empty: balanced by FLOPs,
 /// parallel::partition_stages) and the micro-batch's shape and options
 /// (act.micro_batch = B, act.seq = T (0: max_seq), act.model.checkpointing,
-/// act.tp, act.sequence_parallel; act.micro_batches is not read: M is).
+/// act.model.fp8 under an FP8 policy, act.tp, act.sequence_parallel;
+/// act.micro_batches is not read: M is).
 struct pipeline_options {
   int pp = 1;                                                    ///< K
   int virtual_stages = 1;                                        ///< V
@@ -171,17 +179,20 @@ struct pipeline_stage_plan {
   std::uint64_t p2p_bytes = 0;            ///< bytes this rank sends per step (send_forward/backward)
   std::int64_t sends = 0;                 ///< messages it sends per step
   double busy = 0;                        ///< simulated compute time (FLOPs per token units)
+  /// An FP8 policy's state and operand copies for the rank's blocks
+  /// (plan_fp8; zero otherwise).
+  fp8_plan fp8{};
 
   /// weights + grads + master + optimizer: what stays allocated between
   /// steps (ZeRO's model-state formula; the gathered segments are not in it).
   std::uint64_t model_state() const { return weights + grads + master + optimizer; }
-  /// model_state() + gathered + reduce_staging + peak_activation_bytes: the
-  /// rank's peak as this plan counts it, each part at its most (the
-  /// gathered segments live inside an action, the activation peak is taken
-  /// between actions, so the two need not coincide); no workspaces inside
-  /// an action.
+  /// model_state() + gathered + reduce_staging + peak_activation_bytes +
+  /// fp8.total(): the rank's peak as this plan counts it, each part at its
+  /// most (the gathered segments live inside an action, the activation
+  /// peak is taken between actions, so the two need not coincide); no
+  /// workspaces inside an action.
   std::uint64_t peak() const {
-    return model_state() + gathered + reduce_staging + peak_activation_bytes;
+    return model_state() + gathered + reduce_staging + peak_activation_bytes + fp8.total();
   }
 };
 
@@ -377,7 +388,8 @@ inline std::int64_t gathered_params(const nn::param_layout& layout,
 /// V}, L); a stage_blocks list as parallel::partition_stages takes it; a
 /// valid sharding, prefetch <= 1 under zero 3 (the engine prefetches one
 /// segment or none); act.tp == sh.tp, nn::check_tensor_parallel
-/// and, with sequence parallelism, nn::check_sequence_parallel.
+/// and, with sequence parallelism, nn::check_sequence_parallel; under an
+/// FP8 policy a valid recipe (act.model.fp8).
 inline pipeline_plan plan_pipeline(const nn::llama_config& c, const dtype_sizes& d,
                                    const optimizer_spec& o, const sharding& sh,
                                    const pipeline_options& p) {
@@ -467,6 +479,10 @@ inline pipeline_plan plan_pipeline(const nn::llama_config& c, const dtype_sizes&
       st.chunks.push_back(cp);
     }
     st.peak_in_flight = parallel::peak_in_flight(list);
+    std::int64_t blocks = 0;
+    for (const pipeline_chunk_plan& cp : st.chunks)
+      blocks += cp.range.last_block - cp.range.first_block;
+    st.fp8 = plan_fp8(c, d, a, {sh.tp, sh.tp_rank}, blocks);
     // The two walks of the file comment.
     std::int64_t records = 0, held = 0;
     const int last = K * V - 1;

@@ -64,8 +64,12 @@ struct dtype_sizes {
   std::size_t reduce = 4;
   std::size_t act_grad = 4;  ///< activation gradients (act_grad_type)
   std::size_t rope = 4;      ///< RoPE tables (rope_type)
+  /// The blocks' linear layers run FP8 GEMMs (precision::fp8_linear<P>):
+  /// their operand copies and scales are planned in plan/fp8.hpp.
+  bool fp8_linear = false;
 
-  /// Sizes of policy `P` (exact: sizeof of each type, master_copy as optim::adamw decides it).
+  /// Sizes of policy `P` (exact: sizeof of each type, master_copy as
+  /// optim::adamw decides it, fp8_linear as precision::fp8_linear<P>).
   template <precision::policy P>
   static dtype_sizes of() {
     return {P::name,
@@ -76,7 +80,8 @@ struct dtype_sizes {
             !std::is_same_v<typename P::param_type, typename P::master_type>,
             sizeof(parallel::reduce_type_t<P>),
             sizeof(typename P::act_grad_type),
-            sizeof(typename P::rope_type)};
+            sizeof(typename P::rope_type),
+            precision::fp8_linear<P>};
   }
   /// seeds/004's "mixed precision Adam": 2-byte weights, 2-byte gradients,
   /// 12 bytes of float32 optimizer state (master weights, two moments): 16
@@ -94,9 +99,8 @@ struct dtype_sizes {
     if (n == "bf16_mixed") return of<precision::bf16_mixed>();
     if (n == "bf16_mixed_bf16_grads") return of<precision::bf16_mixed_bf16_grads>();
     if (n == "fp16_mixed") return of<precision::fp16_mixed>();
-    // fp8_mixed stores as bf16_mixed; its FP8 casts go through float
-    // copies of one GEMM's operands at a time (nn::fp8_workspace_bytes),
-    // not counted here.
+    // fp8_mixed stores as bf16_mixed; its FP8 operand copies and scales
+    // are planned in plan/fp8.hpp (fp8_linear).
     if (n == "fp8_mixed") return of<precision::fp8_mixed>();
     if (n == "seed004") return seed004();
     throw config_error("unknown precision '" + n +

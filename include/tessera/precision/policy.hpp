@@ -20,6 +20,7 @@
 /// true for fp8_mixed.
 
 #include <concepts>
+#include <string>
 #include <string_view>
 #include <type_traits>
 
@@ -160,6 +161,17 @@ inline constexpr bool fp8_linear = [] {
   else
     return false;
 }();
+
+/// The policy a command line's precision name stands for: the short names
+/// "bf16", "fp16" and "fp8" give "bf16_mixed", "fp16_mixed" and
+/// "fp8_mixed"; any other name is returned as it is (the caller checks it
+/// where it looks it up).
+inline std::string policy_name(std::string_view name) {
+  if (name == "bf16") return bf16_mixed::name;
+  if (name == "fp16") return fp16_mixed::name;
+  if (name == "fp8") return fp8_mixed::name;
+  return std::string(name);
+}
 
 static_assert(policy<fp32> && policy<fp64> && policy<bf16_mixed> && policy<bf16_mixed_bf16_grads> &&
               policy<fp16_mixed> && policy<fp8_mixed>);

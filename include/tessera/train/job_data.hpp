@@ -234,9 +234,9 @@ inline bool prepare_job(job& j, created_paths& created, job_session& s) {
 /// memory this machine's ranks share (plan::check_host_fit): first its
 /// model state (weights, gradients, master weights, optimizer state under
 /// this --zero and --tp: the planner's persistent bytes), then one step
-/// (the state, the activation peak of a micro-batch and the loader's
-/// buffers). `d`: the precision's dtype sizes. Throws config_error naming
-/// the settings and the limit.
+/// (the state, the activation peak of a micro-batch, the loader's buffers
+/// and, under fp8, the FP8 state and operand copies). `d`: the precision's
+/// dtype sizes. Throws config_error naming the settings and the limit.
 inline void check_host_memory(const job& j, const plan::dtype_sizes& d) {
   const std::uint64_t avail = plan::available_host_memory();
   if (avail == 0) return;
@@ -255,6 +255,7 @@ inline void check_host_memory(const job& j, const plan::dtype_sizes& d) {
   a.seq = rc.seq;
   a.model.ce_chunk = rc.ce_chunk;
   a.model.checkpointing = rc.checkpointing;
+  a.model.fp8 = rc.fp8;  // fp8: the histories the FP8 scales keep (plan/fp8.hpp)
   a.micro_batches = rc.accum_steps();
   a.tp = j.tp;
   a.sequence_parallel = rc.sequence_parallel;

@@ -30,9 +30,9 @@
 // --checkpointing full works on the host too (HFU then exceeds MFU).
 // --precision fp16 trains under the dynamic loss scale on either backend;
 // --precision fp8 (the blocks' linear layers as FP8 GEMMs, delayed scaling)
-// on the host only, where it also prints the planned FP8 state and operand
-// copies (plan/fp8.hpp) beside what the model holds after the steps;
-// --backend cuda refuses it (the CUDA FP8 linear is not built yet).
+// on either backend (cuBLASLt's FP8 matmul on a GPU with FP8 tensor
+// cores); on the host it also prints the planned FP8 state and operand
+// copies (plan/fp8.hpp) beside what the model holds after the steps.
 // --json FILE writes the figures (benchmarks/device_check.sh reads them);
 // --memory-log FILE the device allocator's event log, which
 // scripts/plot_memory.py plots against the plan.
@@ -291,7 +291,7 @@ int run(const options& o, const nn::llama_config& full, const nn::llama_config& 
   const auto fp = plan::plan_flops(mc, B, T);
   // What the run's resource holds: on the host the FP8 state and operand
   // copies are heap memory outside it, so they are compared apart.
-  const std::uint64_t fp8_outside = gpu ? 0 : mp.fp8.total();
+  const std::uint64_t fp8_outside = mp.fp8.outside_resource();
   check_json_path(o.json);
   check_json_path(o.memory_log);
   std::string device = "host";
@@ -349,9 +349,10 @@ int run(const options& o, const nn::llama_config& full, const nn::llama_config& 
           : "");
   if constexpr (precision::fp8_linear<P>)
     std::printf(
-        "llama7b_step: planned FP8 (in the persistent bytes): state %llu B (%lld blocks x %d "
+        "llama7b_step: planned FP8: scalars %llu B, state %llu B (%lld blocks x %d "
         "linears, %s scaling, amax history %lld), operand copies %llu B (%.3f GiB)\n",
-        (unsigned long long)mp.fp8.state, (long long)mp.fp8.blocks, nn::block_linears,
+        (unsigned long long)mp.fp8.scalars, (unsigned long long)mp.fp8.state,
+        (long long)mp.fp8.blocks, nn::block_linears,
         precision::to_string(cfg.fp8.scaling), (long long)cfg.fp8.history,
         (unsigned long long)mp.fp8.operands, gib(static_cast<double>(mp.fp8.operands)));
   std::fflush(stdout);
@@ -426,11 +427,14 @@ int run(const options& o, const nn::llama_config& full, const nn::llama_config& 
       static_cast<double>(mem_peak) / planned);
   if constexpr (precision::fp8_linear<P>) {
     if constexpr (!gpu) {
-      // The model's FP8 states: per operand a scale, a step amax and its history.
+      // The model's FP8 states: per operand a scale and its history, and
+      // each state's own scalars.
       std::uint64_t held = 0;
-      for (const nn::fp8_linear_state& st : tr.model().fp8_linear_states())
+      for (const nn::fp8_linear_state& st : tr.model().fp8_linear_states()) {
+        held += sizeof(float) * nn::fp8_linear_scalars;
         for (const precision::fp8_scale* sc : {&st.x, &st.w, &st.dy})
-          held += sizeof(float) * (2 + sc->state()["amax_history"].size());
+          held += sizeof(float) * (1 + sc->state()["amax_history"].size());
+      }
       std::printf(
           "llama7b_step: FP8 outside the resource: state %llu B held by the model (planned "
           "%llu B), operand copies %zu B (nn::fp8_workspace_bytes; planned %llu B)\n",
@@ -499,7 +503,7 @@ int main(int argc, char** argv) {
   app.add_option("--preset", o.preset, "llama2_7b or llama3_8b")->capture_default_str();
   app.add_option("--precision", o.precision,
                  "fp32, bf16 (bf16_mixed), bf16_mixed_bf16_grads, fp16 (fp16_mixed) or fp8 "
-                 "(fp8_mixed, the host only); default fp32 on the host, bf16_mixed_bf16_grads "
+                 "(fp8_mixed); default fp32 on the host, bf16_mixed_bf16_grads "
                  "on cuda");
   app.add_option("--layers", o.layers,
                  "blocks to build, 1 to the preset's layers; default 1 on the host, all on cuda");
@@ -572,13 +576,13 @@ int main(int argc, char** argv) {
     mc.n_layers = o.layers;
     const bool bf16g = o.precision == "bf16_mixed_bf16_grads";
     if (gpu) {
-      TESSERA_THROW_IF(o.precision == "fp32" || o.precision == "fp8_mixed", config_error,
-                       "--precision ", o.precision,
+      TESSERA_THROW_IF(o.precision == "fp32", config_error, "--precision ", o.precision,
                        ": the cuda backend trains 16-bit weights (bf16, bf16_mixed_bf16_grads, "
-                       "fp16); fp32 and fp8 run on the host");
+                       "fp16) and fp8; fp32 runs on the host");
 #if defined(TESSERA_EXAMPLE_CUDA)
       if (o.precision == "fp16_mixed")
         return run<precision::fp16_mixed, tessera::cuda>(o, full, mc);
+      if (o.precision == "fp8_mixed") return run<precision::fp8_mixed, tessera::cuda>(o, full, mc);
       return bf16g ? run<precision::bf16_mixed_bf16_grads, tessera::cuda>(o, full, mc)
                    : run<precision::bf16_mixed, tessera::cuda>(o, full, mc);
 #else

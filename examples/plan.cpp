@@ -166,8 +166,8 @@ int print_gpu_step(const options& o) {
   if (fp8)
     std::printf(
         "(fp8_mixed on the GPU: bf16 weights and activations, float32 activation gradients, "
-        "and what the CUDA FP8 linear allocates, plan::fp8_operand_bytes and "
-        "fp8_device_state_bytes; trainer<fp8_mixed, cuda> is not built yet)\n");
+        "the FP8 scalars (plan::fp8_scalar_bytes) and one GEMM's FP8 operand copies "
+        "(plan::fp8_operand_bytes))\n");
   std::printf("%s", p.to_table().c_str());
   std::printf("\nMemory: %.2f GiB (%.2f GB) of %.2f GiB: %s, margin %.2f GiB\n",
               static_cast<double>(p.total()) / plan::gib, static_cast<double>(p.total()) / 1e9,
@@ -302,6 +302,7 @@ int print_pipeline(const options& o) {
                         {"p2p_bytes_per_step", st.p2p_bytes},
                         {"sends_per_step", st.sends},
                         {"busy", st.busy},
+                        {"fp8_scalars", st.fp8.scalars},
                         {"fp8_state", st.fp8.state},
                         {"fp8_operands", st.fp8.operands},
                         {"peak", st.peak()}});

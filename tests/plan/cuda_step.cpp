@@ -119,18 +119,20 @@ TEST_CASE("plan_cuda_step: fp8_mixed adds the CUDA FP8 linear's buffers to bf16_
     CHECK(p.state.model_state() == bf.state.model_state());
     CHECK(p.activations.peak == bf.activations.peak);
     // Independently of the layout: M = 4096 tokens; for both presets the
-    // largest input is w_down's (M, F), weight a SwiGLU one (F, H), output
-    // gradient gate's or up's (M, F) (F > H >= the query and key/value
-    // widths). One byte each, and as many again for the transposes.
+    // largest GEMM's operands are a SwiGLU gate or up layer's backward to
+    // its input, dy (M, F) and W (F, H) (F > H >= the query and key/value
+    // widths, and M = 4096 >= H): one byte each, one GEMM at a time.
     const std::uint64_t M = 4096, H = static_cast<std::uint64_t>(c.dim),
                         F = static_cast<std::uint64_t>(c.ffn_dim),
                         L = static_cast<std::uint64_t>(c.n_layers);
-    CHECK(p.fp8.operands == 2 * (M * F + F * H + M * F));
-    // Nine device floats per linear (scale, inverse, step amax of x, W, dy).
-    CHECK(p.fp8.state == L * 7 * 9 * 4);
+    CHECK(p.fp8.operands == M * F + F * H);
+    // Fifteen device floats per linear (scale, inverse, step amax, amax,
+    // evaluation scale of x, W, dy); the histories are host memory.
+    CHECK(p.fp8.scalars == L * 7 * 15 * 4);
+    CHECK(p.fp8.state == 0);
     CHECK(p.fp8.blocks == c.n_layers);
-    CHECK(p.total() == bf.total() + p.fp8.operands + p.fp8.state);
-    CHECK(p.persistent() == bf.persistent() + p.fp8.operands + p.fp8.state);
+    CHECK(p.persistent() == bf.persistent() + p.fp8.scalars);
+    CHECK(p.total() == bf.total() + p.fp8.scalars + p.fp8.operands);
     CHECK(p.to_table().find("fp8 operand copies") != std::string::npos);
     CHECK(p.to_json()["fp8"]["operands"].get<std::uint64_t>() == p.fp8.operands);
   }

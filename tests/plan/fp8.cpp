@@ -35,13 +35,14 @@ using L = nn::tensor_parallel_layers<Comm>;
 
 namespace {
 
-// Bytes the FP8 states of a model hold: per operand (x, W, dy) its float
-// scale, its float step amax and its amax history (fp8_scale::state()).
+// Bytes the FP8 states of a model hold on the host: per operand (x, W, dy)
+// its float scale and its amax history (fp8_scale::state()), and the
+// state's own scalars.
 std::uint64_t state_bytes(std::span<const nn::fp8_linear_state> states) {
   std::uint64_t b = 0;
   for (const nn::fp8_linear_state& st : states) {
     b += sizeof st.x.scale() + sizeof st.w.scale() + sizeof st.dy.scale();
-    b += sizeof st.amax_x + sizeof st.amax_w + sizeof st.amax_dy;
+    b += sizeof(*st.scalars()) * nn::fp8_linear_scalars;
     for (const precision::fp8_scale* s : {&st.x, &st.w, &st.dy})
       b += sizeof(float) * s->state()["amax_history"].size();
   }
@@ -53,6 +54,7 @@ struct figures {
   std::size_t before = 0;    // nn::fp8_workspace_bytes() before the first step
   std::size_t operands = 0;  // nn::fp8_workspace_bytes() after it
   std::uint64_t state = 0;   // state_bytes of the rank's model
+  std::uint64_t scalars = 0;  // bytes of the model's scalars in its memory resource
   std::int64_t blocks = 0;   // blocks the rank's model holds
   plan::fp8_plan planned{};  // plan_memory's (or plan_pipeline's stage's) fp8
 };
@@ -90,6 +92,7 @@ figures measure(Trainer& tr) {
   tr.train_step();
   f.operands = nn::fp8_workspace_bytes();
   f.state = state_bytes(tr.model().fp8_linear_states());
+  f.scalars = sizeof(float) * tr.model().fp8_scalars_to_host().size();
   f.blocks = static_cast<std::int64_t>(tr.model().fp8_linear_states().size()) / nn::block_linears;
   return f;
 }
@@ -98,7 +101,8 @@ void check(const figures& f) {
   CHECK(f.before == 0);
   CHECK(f.operands > 0);
   CHECK(f.planned.operands == f.operands);  // every byte of x̂, Ŵ, d̂y
-  CHECK(f.planned.state == f.state);        // every scale, step amax and history
+  CHECK(f.planned.state == f.state);        // every scale and history, the own scalars
+  CHECK(f.planned.scalars == f.scalars);    // the scalars the kernels use
   CHECK(f.planned.blocks == f.blocks);
 }
 
@@ -203,7 +207,8 @@ TEST_CASE("planned FP8 figures of each pipeline stage equal the stage's on pp 2"
     CHECK(got[k].blocks > 0);
     CHECK(pl.stages[k].peak() ==
           pl.stages[k].model_state() + pl.stages[k].gathered + pl.stages[k].reduce_staging +
-              pl.stages[k].peak_activation_bytes + got[k].operands + got[k].state);
+              pl.stages[k].peak_activation_bytes + got[k].operands + got[k].state +
+              got[k].scalars);
     blocks += got[k].blocks;
   }
   CHECK(blocks == c.n_layers);
@@ -222,9 +227,9 @@ TEST_CASE("the FP8 state rule counts what nn::fp8_linear_state holds", "[plan][f
       CHECK(plan::fp8_state_bytes(blocks, r) == state_bytes(states));
       CHECK(plan::fp8_state_bytes(0, r) == 0);
     }
-  // The GPU keeps nine floats per linear on the device: scale, inverse and
-  // step amax of x, W and dy.
-  CHECK(plan::fp8_device_state_bytes(2) == 2 * 7 * 9 * sizeof(float));
+  // Fifteen floats per linear in the context's memory (scale, inverse, step
+  // amax, amax and evaluation scale of x, W and dy), on either backend.
+  CHECK(plan::fp8_scalar_bytes(2) == 2 * 7 * 15 * sizeof(float));
   CHECK_THROWS_AS(plan::fp8_state_bytes(-1, {}), config_error);
   precision::fp8_recipe bad;
   bad.history = 0;
@@ -243,7 +248,10 @@ TEST_CASE("FP8 operand rules: the host's float copies, the GPU's bytes and trans
   CHECK(e.w == F * H);
   CHECK(e.dy == M * F);
   CHECK(plan::fp8_host_operand_bytes(c, M) == 4 * static_cast<std::uint64_t>(3 * M * F));
-  CHECK(plan::fp8_operand_bytes(c, M) == 2 * static_cast<std::uint64_t>(3 * M * F));
+  // The GPU: one GEMM's one-byte copies at a time, the largest a gate or up
+  // layer's backward to its input, dy (M, F) and W (F, H).
+  CHECK(e.gemm == M * F + F * H);
+  CHECK(plan::fp8_operand_bytes(c, M) == static_cast<std::uint64_t>(M * F + F * H));
   // tp 4 shards F to 2752 < H: the column-parallel layers' (M, H) inputs
   // are the largest x, the row-parallel layers' (M, H) outputs the largest
   // dy; a SwiGLU shard (F/4, H) still the largest weight.
@@ -252,6 +260,7 @@ TEST_CASE("FP8 operand rules: the host's float copies, the GPU's bytes and trans
   CHECK(e4.x == M * H);
   CHECK(e4.w == F / 4 * H);
   CHECK(e4.dy == M * H);
+  CHECK(e4.gemm == M * H + F / 4 * H);  // M = H: gate's forward, down's backward to its input
   CHECK_THROWS_AS(plan::fp8_largest_operands(c, 0), config_error);
   CHECK_THROWS_WITH(plan::fp8_largest_operands(c, M, {3, 0}), Catch::Contains("tp=3"));
   // A policy without FP8 plans nothing.

@@ -214,6 +214,11 @@ struct fp8_linear_state {
 /// all-reduce of one float per sharded operand, in the context's memory).
 /// Throws config_error as the FP8 kernels do (on the GPU: the token count
 /// and features must be multiples of 16, as cuBLASLt's FP8 matmul needs).
+///
+/// The kernels are called unqualified, found through the context's
+/// namespace (argument-dependent lookup) where the call is instantiated, so
+/// the cuda_context overloads (kernels/cuda/ops.hpp) need not be declared
+/// before this header.
 template <class Layer, class Layers>
 class fp8_linear {
  public:
@@ -228,7 +233,7 @@ class fp8_linear {
     const kernels::fp8_operand ox = prepare(ctx, x.data, M * K, kernels::fp8_role::x);
     const kernels::fp8_operand ow = prepare(ctx, seg + layer_.offset, N * K, kernels::fp8_role::w);
     const kernels::linear_gemm g = kernels::linear_forward_gemm(M, N, K);
-    kernels::fp8_gemm(ctx, g.ta, g.tb, g.M, g.N, g.K, x.data, g.lda, ox, seg + layer_.offset, g.ldb,
+    fp8_gemm(ctx, g.ta, g.tb, g.M, g.N, g.K, x.data, g.lda, ox, seg + layer_.offset, g.ldb,
                       ow, g.beta, y, g.ldc);
     return {y, M, N};
   }
@@ -241,7 +246,7 @@ class fp8_linear {
     const kernels::fp8_operand ody = prepare(ctx, dy.data, M * N, kernels::fp8_role::dy);
     const kernels::fp8_operand ow = prepare(ctx, seg + layer_.offset, N * K, kernels::fp8_role::w);
     const kernels::linear_gemm g = kernels::linear_backward_input_gemm(M, N, K, accumulate);
-    kernels::fp8_gemm(ctx, g.ta, g.tb, g.M, g.N, g.K, dy.data, g.lda, ody, seg + layer_.offset,
+    fp8_gemm(ctx, g.ta, g.tb, g.M, g.N, g.K, dy.data, g.lda, ody, seg + layer_.offset,
                       g.ldb, ow, g.beta, dx, g.ldc);
     return {dx, M, K};
   }
@@ -253,7 +258,7 @@ class fp8_linear {
     const kernels::fp8_operand ody = prepare(ctx, dy.data, M * N, kernels::fp8_role::dy);
     const kernels::fp8_operand ox = prepare(ctx, x.data, M * K, kernels::fp8_role::x);
     const kernels::linear_gemm g = kernels::linear_backward_weight_gemm(M, N, K);
-    kernels::fp8_gemm(ctx, g.ta, g.tb, g.M, g.N, g.K, dy.data, g.lda, ody, x.data, g.ldb, ox,
+    fp8_gemm(ctx, g.ta, g.tb, g.M, g.N, g.K, dy.data, g.lda, ody, x.data, g.ldb, ox,
                       g.beta, seg_grads + layer_.offset, g.ldc);
   }
 
@@ -284,18 +289,18 @@ class fp8_linear {
     o.scale = at(fp8_slot::scale);
     if (r.scaling == precision::fp8_scaling::current) {
       kernels::zero_elements(ctx, at(fp8_slot::amax), 1);
-      kernels::fp8_amax_accumulate(ctx, at(fp8_slot::amax), a, n);
+      fp8_amax_accumulate(ctx, at(fp8_slot::amax), a, n);
       if (sharded(role)) layers_.all_reduce_values(at(fp8_slot::amax), 1, true);
       float* s = at(fp8_slot::scale);
       if (!st_.observe) {  // this use's scale, the stored one kept
         kernels::copy_elements(ctx, at(fp8_slot::eval_scale), s, 1);
         s = at(fp8_slot::eval_scale);
       }
-      kernels::fp8_update_scale(ctx, s, at(fp8_slot::amax), st_.scale_of(role).fp8_max(),
+      fp8_update_scale(ctx, s, at(fp8_slot::amax), st_.scale_of(role).fp8_max(),
                                 r.margin);
       o.scale = s;
     } else if (st_.observe) {
-      kernels::fp8_amax_accumulate(ctx, at(fp8_slot::step_amax), a, n);
+      fp8_amax_accumulate(ctx, at(fp8_slot::step_amax), a, n);
     }
     return o;
   }

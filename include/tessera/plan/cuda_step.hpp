@@ -20,10 +20,9 @@
 /// as bf16_mixed_bf16_grads does (16-bit weights, activations and
 /// activation gradients, 2 bytes each). fp8_mixed stores its policy's
 /// types, those of bf16_mixed (bf16 weights and activations, float32
-/// activation gradients), and adds what the CUDA FP8 linear allocates
-/// (plan/fp8.hpp: fp8_operand_bytes, fp8_device_state_bytes); the CUDA
-/// FP8 path is planned before it is built (trainer<fp8_mixed, cuda> does
-/// not compile yet).
+/// activation gradients), and adds what kernels::fp8_gemm on the GPU
+/// allocates (plan/fp8.hpp: the scalars, fp8_scalar_bytes, persistent; one
+/// GEMM's FP8 operand copies, fp8_operand_bytes, a transient).
 
 #include <cstdint>
 #include <string>

@@ -6,21 +6,27 @@
 /// (nn::block_linear), on either backend. plan_memory and plan_pipeline add
 /// them to their plans (memory_plan::fp8, pipeline_stage_plan::fp8).
 ///
-/// Host (nn/fp8_linear.hpp): each FP8 GEMM casts its two operands into
-/// grow-only per-thread float buffers, x̂ (M x K), Ŵ (N x K) and d̂y
-/// (M x N), one buffer per kind, so once a rank's thread has run a training
-/// forward and backward nn::fp8_workspace_bytes() is 4 (max M K + max N K
-/// + max M N) bytes, the maxima over the block's linears
-/// (fp8_host_operand_bytes). Each linear's nn::fp8_linear_state keeps, for
-/// each operand (x, W, dy), a float scale, a float step amax and, under
-/// delayed scaling, an amax history of recipe.history floats
+/// Both backends (nn/fp8_linear.hpp): each linear's scales, inverse scales
+/// and amaxes, nn::fp8_linear_scalars floats, in the context's memory (one
+/// tensor of the model, from its memory resource: fp8_scalar_bytes).
+///
+/// Host: each FP8 GEMM casts its two operands into grow-only per-thread
+/// float buffers, x̂ (M x K), Ŵ (N x K) and d̂y (M x N), one buffer per
+/// kind, so once a rank's thread has run a training forward and backward
+/// nn::fp8_workspace_bytes() is 4 (max M K + max N K + max M N) bytes, the
+/// maxima over the block's linears (fp8_host_operand_bytes). Each linear's
+/// nn::fp8_linear_state keeps, for each operand (x, W, dy), a float scale
+/// and, under delayed scaling, an amax history of recipe.history floats,
+/// and scalars of its own it does not use once the model attaches it
 /// (fp8_state_bytes). Both live in the process heap, outside the memory
 /// resource the model allocates from.
 ///
-/// GPU (the CUDA FP8 linear, written to this rule): one-byte FP8 copies of
-/// x, W and dy and their transposes in the device's caching allocator
-/// (fp8_operand_bytes), and per linear nine device floats
-/// (fp8_device_state_bytes); the amax histories stay in host memory.
+/// GPU (kernels::fp8_gemm on a cuda_context): each GEMM casts its two
+/// operands to one-byte FP8 copies (transposed where cuBLASLt's layout
+/// needs it) in scratch of the device's caching allocator, freed when the
+/// GEMM is queued: at most the largest GEMM's two copies at a time
+/// (fp8_operand_bytes), a transient. The amax histories stay in host
+/// memory.
 ///
 /// M is the token rows of one micro-batch as every linear sees them: B T,
 /// under sequence parallelism too (a column-parallel layer's input is the
@@ -52,6 +58,10 @@ struct fp8_operand_elems {
   std::int64_t x = 0;   ///< max over the linears of M K (the input)
   std::int64_t w = 0;   ///< max of N K (the weight)
   std::int64_t dy = 0;  ///< max of M N (the output gradient)
+  /// max over the linears and their three products (forward x, W;
+  /// backward to the input dy, W; backward to the weight dy, x) of the
+  /// two operands' elements: one GEMM's operands.
+  std::int64_t gemm = 0;
   /// x + w + dy.
   std::int64_t total() const { return x + w + dy; }
 };
@@ -73,6 +83,7 @@ inline fp8_operand_elems fp8_largest_operands(const nn::llama_config& c, std::in
     e.x = std::max(e.x, tokens * K);
     e.w = std::max(e.w, N * K);
     e.dy = std::max(e.dy, tokens * N);
+    e.gemm = std::max({e.gemm, tokens * K + N * K, tokens * N + N * K, tokens * N + tokens * K});
   }
   return e;
 }
@@ -89,52 +100,46 @@ inline std::uint64_t fp8_host_operand_bytes(const nn::llama_config& c, std::int6
   return sizeof(float) * static_cast<std::uint64_t>(fp8_largest_operands(c, tokens, t).total());
 }
 
-/// Device bytes of the FP8 operand buffers of the CUDA FP8 linear: the
-/// rule that implementation allocates to (hold it to this function). Per
-/// GPU, six grow-only one-byte buffers in the device's caching allocator,
-/// each sized to its largest use over the block's linear layers: the FP8
-/// casts of x (M K), W (N K) and dy (M N), E4M3 or E5M2 alike, and their
-/// transposed copies xT (M K), WT (N K) and dyT (M N), which the backward's
-/// GEMMs need because cuBLASLt's FP8 matmul takes only the TN layout
-/// (Transformer Engine's cast-transpose makes them the same way):
-/// 2 (max M K + max N K + max M N) bytes. Throws as fp8_largest_operands.
-/// Source: NVIDIA cuBLASLt documentation, cublasLtMatmul's FP8 layout
-/// requirements; Transformer Engine's common/transpose/cast_transpose.
+/// Device bytes of the FP8 operand copies on a GPU (kernels::fp8_gemm on a
+/// cuda_context): one-byte copies of one GEMM's two operands, E4M3 or E5M2
+/// alike, transposed or not, as scratch of the caching allocator for the
+/// GEMM's duration, so at most the largest GEMM's: max over the block's
+/// linears of M K + N K (forward), M N + N K (backward to the input) and
+/// M N + M K (backward to the weight). A transient. Throws as
+/// fp8_largest_operands. Source: the cuBLASLt documentation (FP8 matmuls
+/// take FP8 operands in the TN layout); kernels/cuda/ops.hpp.
 inline std::uint64_t fp8_operand_bytes(const nn::llama_config& c, std::int64_t tokens,
                                        nn::tp_rank t = {}) {
   static_assert(sizeof(fp8_e4m3) == 1 && sizeof(fp8_e5m2) == 1);
-  return 2 * sizeof(fp8_e4m3) *
-         static_cast<std::uint64_t>(fp8_largest_operands(c, tokens, t).total());
+  return sizeof(fp8_e4m3) * static_cast<std::uint64_t>(fp8_largest_operands(c, tokens, t).gemm);
 }
 
-/// Floats per linear layer the CUDA FP8 linear keeps on the device: the
-/// scale, the inverse scale and the step amax of each of x, W and dy.
-inline constexpr std::int64_t fp8_device_floats_per_linear = 9;
-
-/// Device bytes of the FP8 scales of `blocks` transformer blocks on a GPU
-/// (what the CUDA FP8 linear allocates besides fp8_operand_bytes):
-/// fp8_device_floats_per_linear floats for each of the 7 linears of a
-/// block, in the device's caching allocator. The amax histories stay in
-/// host memory (fp8_state_bytes counts them there). Throws config_error
+/// Bytes of the FP8 scalars of `blocks` transformer blocks in the context's
+/// memory, on either backend: nn::fp8_linear_scalars floats (the scale,
+/// inverse scale and amaxes of x, W and dy) for each of the 7 linears of a
+/// block, one tensor from the model's memory resource. Throws config_error
 /// for blocks < 0.
-inline std::uint64_t fp8_device_state_bytes(std::int64_t blocks) {
+inline std::uint64_t fp8_scalar_bytes(std::int64_t blocks) {
   TESSERA_THROW_IF(blocks < 0, config_error, "FP8 state: blocks=", blocks, " must be >= 0");
   return sizeof(float) *
-         static_cast<std::uint64_t>(blocks * nn::block_linears * fp8_device_floats_per_linear);
+         static_cast<std::uint64_t>(blocks * nn::block_linears * nn::fp8_linear_scalars);
 }
 
 /// Host bytes of the FP8 state of `blocks` transformer blocks under recipe
-/// `r`: one nn::fp8_linear_state per linear (7 per block), holding for each
-/// operand (x, W, dy) a float scale, a float step amax and, under delayed
-/// scaling, an amax history of r.history floats: 3 (2 + history) floats per
-/// linear under delayed scaling, 3 x 2 under current. The states' floats
-/// and history vectors, not the objects' fixed members (the recipe copies,
-/// the ring index). Throws config_error for blocks < 0 or as r.validate().
+/// `r`, outside the memory resource: one nn::fp8_linear_state per linear
+/// (7 per block), holding for each operand (x, W, dy) a float scale and,
+/// under delayed scaling, an amax history of r.history floats, and
+/// nn::fp8_linear_scalars floats of its own: 3 (1 + history) + 15 floats
+/// per linear under delayed scaling, 3 + 15 under current. The states'
+/// floats and history vectors, not the objects' fixed members (the recipe
+/// copies, the ring index). Throws config_error for blocks < 0 or as
+/// r.validate().
 inline std::uint64_t fp8_state_bytes(std::int64_t blocks, const precision::fp8_recipe& r) {
   TESSERA_THROW_IF(blocks < 0, config_error, "FP8 state: blocks=", blocks, " must be >= 0");
   r.validate();
   const std::int64_t history = r.scaling == precision::fp8_scaling::delayed ? r.history : 0;
-  return sizeof(float) * static_cast<std::uint64_t>(blocks * nn::block_linears * 3 * (2 + history));
+  return sizeof(float) * static_cast<std::uint64_t>(blocks * nn::block_linears *
+                                                    (3 * (1 + history) + nn::fp8_linear_scalars));
 }
 
 /// The FP8 bytes of one rank (plan_fp8): zero under a policy without FP8.
@@ -143,16 +148,32 @@ struct fp8_plan {
   precision::fp8_recipe recipe{};             ///< the scales' recipe (host: the histories' length)
   std::int64_t blocks = 0;                    ///< transformer blocks the rank holds
   fp8_operand_elems largest{};                ///< the largest operands, elements (0 without blocks)
-  /// host: fp8_state_bytes (scales, step amaxes, amax histories; heap,
-  /// outside the memory resource); cuda: fp8_device_state_bytes (device
-  /// scales; the histories are host memory, not counted here).
+  /// fp8_scalar_bytes: the scalars in the context's memory (the model's
+  /// memory resource, host or device), persistent.
+  std::uint64_t scalars = 0;
+  /// host: fp8_state_bytes (scales, amax histories, the states' own
+  /// scalars; heap, outside the memory resource); cuda: 0 (that state is
+  /// host memory, not the GPU's).
   std::uint64_t state = 0;
   /// host: fp8_host_operand_bytes (float copies, thread-local heap, outside
-  /// the memory resource); cuda: fp8_operand_bytes (one-byte copies and
-  /// their transposes, caching allocator). 0 without blocks.
+  /// the memory resource, held from the first step); cuda:
+  /// fp8_operand_bytes (one GEMM's one-byte copies, caching-allocator
+  /// scratch: a transient). 0 without blocks.
   std::uint64_t operands = 0;
-  /// state + operands.
-  std::uint64_t total() const { return state + operands; }
+  /// What stays allocated between steps: scalars + state, and on the host
+  /// the grow-only operand copies.
+  std::uint64_t persistent() const {
+    return scalars + state + (backend == backend_kind::host ? operands : 0);
+  }
+  /// What a step adds while it runs: the GPU's operand copies.
+  std::uint64_t transient() const { return backend == backend_kind::host ? 0 : operands; }
+  /// The part outside the model's memory resource (the host's heap):
+  /// state + operands on the host, 0 on a GPU.
+  std::uint64_t outside_resource() const {
+    return backend == backend_kind::host ? state + operands : 0;
+  }
+  /// persistent() + transient().
+  std::uint64_t total() const { return persistent() + transient(); }
 };
 
 /// The FP8 bytes of a rank that holds `blocks` transformer blocks of `c`
@@ -177,7 +198,8 @@ inline fp8_plan plan_fp8(const nn::llama_config& c, const dtype_sizes& d,
   p.recipe.validate();
   p.blocks = blocks;
   const bool host = a.backend == backend_kind::host;
-  p.state = host ? fp8_state_bytes(blocks, p.recipe) : fp8_device_state_bytes(blocks);
+  p.scalars = fp8_scalar_bytes(blocks);
+  p.state = host ? fp8_state_bytes(blocks, p.recipe) : 0;
   if (blocks == 0) return p;
   const std::int64_t M = a.micro_batch * T;
   p.largest = fp8_largest_operands(c, M, t);

@@ -44,22 +44,28 @@ struct memory_plan {
   std::uint64_t context = 0;
   /// cuda: the gradient norm kernel's scratch (after the backward); 0 on the host.
   std::uint64_t norm_scratch = 0;
-  /// An FP8 policy's operand copies and scales of every block (plan_fp8;
-  /// zero otherwise): grow-only, so held between steps from the first on.
-  /// On the host they are heap memory outside the memory resource (the
-  /// resource's figures are the rest of total()).
+  /// An FP8 policy's scalars, state and operand copies of every block
+  /// (plan_fp8; zero otherwise). The scalars are in the memory resource; on
+  /// the host the state and the grow-only operand copies are heap memory
+  /// outside it (fp8_plan::outside_resource), on a GPU the operand copies
+  /// are one GEMM's scratch (fp8_plan::transient).
   fp8_plan fp8{};
 
   /// Everything allocated between steps: the state, the trainer's and the
-  /// context's buffers, and the FP8 operand copies and scales.
-  std::uint64_t persistent() const { return state.persistent() + trainer + context + fp8.total(); }
+  /// context's buffers, and the FP8 scalars (and the host's FP8 state and copies).
+  std::uint64_t persistent() const {
+    return state.persistent() + trainer + context + fp8.persistent();
+  }
   /// Predicted per-rank peak: the persistent bytes plus the larger of
   /// backward's (gathered units + reduction staging + activation peak) and
   /// the step's update all-gather or norm scratch (which run after the
-  /// activations are freed).
+  /// activations are freed), plus a GPU's FP8 operand copies (one GEMM's:
+  /// counted as if at the peak, an upper bound).
   std::uint64_t total() const {
-    return persistent() + std::max({state.gathered + state.reduce_staging + activations.peak,
-                                    state.update_gather, norm_scratch});
+    return persistent() +
+           std::max({state.gathered + state.reduce_staging + activations.peak,
+                     state.update_gather, norm_scratch}) +
+           fp8.transient();
   }
 
   /// Rows (label, bytes) in table order: the persistent state, the
@@ -78,8 +84,11 @@ struct memory_plan {
         {"trainer buffers", trainer},
         {"context (cuBLASLt)", context}};
     if (dtypes.fp8_linear) {
-      r.push_back({"fp8 state", fp8.state});
-      r.push_back({"fp8 operand copies", fp8.operands});
+      r.push_back({"fp8 scalars", fp8.scalars});
+      if (fp8.backend == backend_kind::host) {
+        r.push_back({"fp8 state", fp8.state});
+        r.push_back({"fp8 operand copies", fp8.operands});
+      }
     }
     r.insert(r.end(), {{"persistent", persistent()},
                        {"zero-3 gathered", state.gathered},
@@ -87,8 +96,10 @@ struct memory_plan {
                        {"update all-gather", state.update_gather},
                        {"activations (saved)", activations.saved},
                        {"logits workspace", activations.logits_workspace},
-                       {"activation peak", activations.peak},
-                       {"total", total()}});
+                       {"activation peak", activations.peak}});
+    if (dtypes.fp8_linear && fp8.backend != backend_kind::host)
+      r.push_back({"fp8 operand copies", fp8.operands});
+    r.push_back({"total", total()});
     return r;
   }
   /// Under an FP8 policy, one line (no newline) saying what the two FP8
@@ -103,14 +114,14 @@ struct memory_plan {
           fp8.recipe.scaling == precision::fp8_scaling::delayed
               ? tessera::detail::str(", amax history ", fp8.recipe.history)
               : std::string(),
-          ": a float scale and step amax per x, W, dy",
-          fp8.recipe.scaling == precision::fp8_scaling::delayed ? " and their histories" : "",
-          "; float copies of the largest x (", e.x, "), W (", e.w, ") and dy (", e.dy,
-          " elements); heap, outside the memory resource)");
+          ": ", nn::fp8_linear_scalars, " scalars each in the memory resource; a scale per x, W, dy",
+          fp8.recipe.scaling == precision::fp8_scaling::delayed ? " and its history" : "",
+          " and float copies of the largest x (", e.x, "), W (", e.w, ") and dy (", e.dy,
+          " elements) in the heap, outside it)");
     return tessera::detail::str("(fp8: ", fp8.blocks, " blocks x ", nn::block_linears,
-                                " linears x ", fp8_device_floats_per_linear,
-                                " device floats; one-byte x (", e.x, "), W (", e.w, "), dy (", e.dy,
-                                " elements) at their largest and their transposes "
+                                " linears x ", nn::fp8_linear_scalars,
+                                " device floats; one GEMM's one-byte operand copies at the "
+                                "largest, ", e.gemm, " elements, while it runs "
                                 "(plan::fp8_operand_bytes); the amax histories stay on the host)");
   }
   /// Fixed-width text table: item, bytes, GiB; then the 34sbh comparison line.

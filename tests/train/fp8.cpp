@@ -4,7 +4,9 @@
 //     under delayed and current scaling (the scales agree: the sharded
 //     operands' amaxes are reduced with max over tp);
 //   - dp 2 under delayed scaling trains as one rank does, its replicas'
-//     scales bit for bit equal (the step amaxes reduced over dp);
+//     scales bit for bit equal (the step amaxes reduced over dp); ZeRO-1,
+//     2 and 3 give ZeRO-0's losses and scales bit for bit (ZeRO-3 casts
+//     the gathered weight);
 //   - a resume through a checkpoint folder continues bit for bit with the
 //     scales and amax histories restored, and a pp 2 checkpoint (each
 //     stage holding half the blocks) holds every block's state and loads
@@ -184,6 +186,57 @@ TEST_CASE("fp8_mixed on dp 2 under delayed scaling trains as one rank, replicas 
       REQUIRE(h.size() == 4);
       CHECK(h[1] == d[1]);  // oldest first: [0] unused, [1] step 1
     }
+}
+
+namespace {
+
+// dp 2 under ZeRO stage Z, delayed scaling: both ranks' records.
+template <int Z>
+std::vector<run_record> dp2_zero(const data::token_file& f, std::int64_t steps, std::int64_t M) {
+  std::vector<run_record> got(2);
+  comm::local_world::run(
+      2,
+      [&](Comm& world) {
+        omp_set_num_threads(1);
+        auto g = comm::make_groups(world, comm::device_mesh(2, 1, 1));
+        pp_suite::layout l;
+        l.dp = 2;
+        l.micro_batches = M;
+        train::trainer<P8, host, optim::adamw, parallel::zero<Z>, Comm, L> tr(
+            pp_suite::model(), fp8_config(l, steps, precision::fp8_scaling::delayed), f,
+            parallel::layout{g.dp, L{&g.tp}, g.pp});
+        got[static_cast<std::size_t>(world.rank())] = record(tr, steps);
+      },
+      slow());
+  return got;
+}
+
+}  // namespace
+
+TEST_CASE("fp8_mixed under ZeRO-1, 2 and 3 trains as ZeRO-0 does",
+          "[train][fp8][dp][zero]") {
+  // Under ZeRO-3 each layer casts the gathered weight (the whole bf16 tensor,
+  // bit-equal to the replicated one), so its amax and scale are the
+  // replicated weight's; the two-rank gradient sums are a + b in either
+  // order. So every stage gives ZeRO-0's losses and FP8 states bit for bit,
+  // and its gradient norms to float64 rounding (ZeRO-3 sums the squares of
+  // each rank's shard first, another order).
+  trainer_suite::temp_file corpus{trainer_suite::make_corpus("fp8_zero", 0)};
+  data::token_file f(corpus.path);
+  constexpr std::int64_t steps = 3, M = 2;
+  const std::vector<run_record> z0 = dp2_zero<0>(f, steps, M);
+  auto same = [&](const std::vector<run_record>& z, int stage) {
+    INFO("ZeRO-" << stage);
+    for (std::size_t r = 0; r < 2; ++r) {
+      CHECK(z[r].loss == z0[r].loss);
+      for (std::size_t k = 0; k < z0[r].grad_norm.size(); ++k)
+        CHECK(z[r].grad_norm[k] == Approx(z0[r].grad_norm[k]).epsilon(1e-14));
+      CHECK(z[r].fp8 == z0[r].fp8);
+    }
+  };
+  same(dp2_zero<1>(f, steps, M), 1);
+  same(dp2_zero<2>(f, steps, M), 2);
+  same(dp2_zero<3>(f, steps, M), 3);
 }
 
 TEST_CASE("an fp8_mixed resume continues bit for bit with its scales and histories",

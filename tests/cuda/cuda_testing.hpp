@@ -33,6 +33,11 @@ tensor<T, cuda> poisoned_device(std::size_t n) {
   TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
   return d;
 }
+/// True on a GPU with FP8 tensor cores (sm_89 and later), where cuBLASLt has
+/// FP8 matmuls and precision::fp8_mixed trains.
+inline bool has_fp8_tensor_cores() {
+  return cuda::compute_capability(cuda::current_device()) >= 89;
+}
 /// Copies a device tensor back.
 template <class T>
 std::vector<T> to_host(const tensor<T, cuda>& d) {

@@ -27,14 +27,6 @@ namespace {
 
 const hk::host_context hctx{};
 
-bool has_fp8_tensor_cores() {
-  int dev = 0, major = 0, minor = 0;
-  TESSERA_CUDA_CHECK(cudaGetDevice(&dev));
-  TESSERA_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-  TESSERA_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
-  return major * 10 + minor >= 89;
-}
-
 // Values over several binades, with NaN, +-inf and values past E5M2's range planted.
 template <class T>
 std::vector<T> fp8_inputs(std::size_t n, std::mt19937_64& rng) {
@@ -65,14 +57,30 @@ void check_casts(std::int64_t rows, std::int64_t cols, std::uint64_t seed) {
   hk::cuda_context ctx;
   auto dx = to_device(x);
 
-  // amax: NaN wins; accumulated into a running value.
+  // amax: +inf with the planted NaN and infinities; accumulated into a
+  // running value.
   float amax_h = 0.5f;
   hk::fp8_amax_accumulate(hctx, &amax_h, x.data(), n);
   auto d_amax = to_device(std::vector<float>{0.5f});
   hk::fp8_amax_accumulate(ctx, d_amax.data(), dx.data(), n);
   ctx.synchronize();
-  const float amax_d = to_host(d_amax)[0];
-  CHECK((std::isnan(amax_h) ? std::isnan(amax_d) : amax_d == amax_h));
+  CHECK(to_host(d_amax)[0] == amax_h);
+  // A finite amax: the values after the planted ones, the largest last (in
+  // the last block's share).
+  if (n > 20) {
+    std::vector<T> y(x.begin() + 10, x.end());
+    float m = 0;
+    for (const T& v : y) m = std::max(m, std::fabs(tessera::to<float>(v)));
+    y.back() = tessera::to<T>(-2.0f * m);
+    float fa_h = 0.0f;
+    hk::fp8_amax_accumulate(hctx, &fa_h, y.data(), static_cast<std::int64_t>(y.size()));
+    auto dy = to_device(y);
+    auto d_fa2 = to_device(std::vector<float>{0.0f});
+    hk::fp8_amax_accumulate(ctx, d_fa2.data(), dy.data(), static_cast<std::int64_t>(y.size()));
+    ctx.synchronize();
+    REQUIRE(std::isfinite(fa_h));
+    CHECK(to_host(d_fa2)[0] == fa_h);
+  }
 
   // The scale from a finite amax (the inputs without their planted specials).
   float scale_h = 1.0f;
@@ -115,8 +123,8 @@ void check_products(std::int64_t M, std::int64_t N, std::int64_t K, bool hybrid,
   const auto w = random_vector<bf16>(static_cast<std::size_t>(N * K), rng, -0.05, 0.05);
   const auto dy = random_vector<GA>(static_cast<std::size_t>(M * N), rng, -1e-3, 1e-3);
   // Scales (x, W, dy) that are not powers of two; inverses written by the casts.
-  std::vector<float> sc = {0.9f * 448 / 2, 0.7f * 448 / 0.05f,
-                           (hybrid ? 57344.0f : 448.0f) * 0.3f / 1e-3f, 0, 0, 0};
+  std::vector<float> sc = {
+      0.9f * 448 / 2, 0.7f * 448 / 0.05f, (hybrid ? 57344.0f : 448.0f) * 0.3f / 1e-3f, 0, 0, 0};
   hk::cuda_context ctx;
   auto d_sc = to_device(sc);
   auto op = [&](float* base, int i, bool e5m2) {
@@ -144,18 +152,19 @@ void check_products(std::int64_t M, std::int64_t N, std::int64_t K, bool hybrid,
                op(hs, 1, false), f.beta, y_h.data(), f.ldc);
   hk::fp8_gemm(ctx, f.ta, f.tb, f.M, f.N, f.K, d_x.data(), f.lda, op(ds, 0, false), d_w.data(),
                f.ldb, op(ds, 1, false), f.beta, d_y.data(), f.ldc);
-  hk::fp8_gemm(hctx, bi.ta, bi.tb, bi.M, bi.N, bi.K, dy.data(), bi.lda, op(hs, 2, hybrid),
-               w.data(), bi.ldb, op(hs, 1, false), bi.beta, dx_h.data(), bi.ldc);
+  hk::fp8_gemm(hctx, bi.ta, bi.tb, bi.M, bi.N, bi.K, dy.data(), bi.lda, op(hs, 2, hybrid), w.data(),
+               bi.ldb, op(hs, 1, false), bi.beta, dx_h.data(), bi.ldc);
   hk::fp8_gemm(ctx, bi.ta, bi.tb, bi.M, bi.N, bi.K, d_dy.data(), bi.lda, op(ds, 2, hybrid),
                d_w.data(), bi.ldb, op(ds, 1, false), bi.beta, d_dx.data(), bi.ldc);
-  hk::fp8_gemm(hctx, bw.ta, bw.tb, bw.M, bw.N, bw.K, dy.data(), bw.lda, op(hs, 2, hybrid),
-               x.data(), bw.ldb, op(hs, 0, false), bw.beta, dw_h.data(), bw.ldc);
+  hk::fp8_gemm(hctx, bw.ta, bw.tb, bw.M, bw.N, bw.K, dy.data(), bw.lda, op(hs, 2, hybrid), x.data(),
+               bw.ldb, op(hs, 0, false), bw.beta, dw_h.data(), bw.ldc);
   hk::fp8_gemm(ctx, bw.ta, bw.tb, bw.M, bw.N, bw.K, d_dy.data(), bw.lda, op(ds, 2, hybrid),
                d_x.data(), bw.ldb, op(ds, 0, false), bw.beta, d_dw.data(), bw.ldc);
   ctx.synchronize();
   // The inverse scales the casts wrote.
   const auto inv = to_host(d_sc);
-  for (int i = 0; i < 3; ++i) CHECK(inv[static_cast<std::size_t>(3 + i)] == sc[static_cast<std::size_t>(3 + i)]);
+  for (int i = 0; i < 3; ++i)
+    CHECK(inv[static_cast<std::size_t>(3 + i)] == sc[static_cast<std::size_t>(3 + i)]);
   // float32 sums of exact products in two orders: K 2^-24 of the magnitude
   // bounds the difference (4x for the BLAS's blocking); a 16-bit output may
   // land on the neighbouring value.

@@ -142,17 +142,6 @@ TEST_CASE("cuda linear layer: forward, input gradient, weight gradient accumulat
 
 namespace {
 
-// True on a GPU with FP8 tensor cores (sm_89 and later); the FP8 tests
-// below say so and pass nothing on an older one (an sm_80 build runs them on
-// an A100, where cuBLASLt has no FP8 matmul: the refusal is checked instead).
-bool has_fp8_tensor_cores() {
-  int dev = 0, major = 0, minor = 0;
-  TESSERA_CUDA_CHECK(cudaGetDevice(&dev));
-  TESSERA_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-  TESSERA_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
-  return major * 10 + minor >= 89;
-}
-
 // FP8 copies of random bf16 values at `scale` (the host kernel's scaled
 // cast), and their dequantised values in float64: q * (1/scale) in float, as
 // the GPU multiplies.
@@ -221,7 +210,8 @@ void check_fp8_gemm(std::int64_t M, std::int64_t N, std::int64_t K, std::mt19937
   CHECK(gemm_error(to_host(d_y), N, want, sc, M, N, bf16_tol) <= 1.0);
   double amax = 0;
   for (double v : want) amax = std::max(amax, std::abs(v));
-  CHECK(std::abs(double(to_host(d_amax)[0]) - amax) <= 1e-5 * amax);
+  // cuBLASLt may take the amax before or after D's rounding to bf16.
+  CHECK(std::abs(double(to_host(d_amax)[0]) - amax) <= std::ldexp(1.0, -8) * amax);
 
   // float output accumulating (the weight gradient's contract), twice.
   const auto c0 = random_vector<float>(static_cast<std::size_t>(M * N), rng);

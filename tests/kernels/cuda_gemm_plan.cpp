@@ -351,6 +351,8 @@ void check_fp8_product(const char* what, std::int64_t M, std::int64_t N, std::in
     double d = interpret(p, inv, qb.data(), qa.data(), beta, as_double(c[at_rc]), col, r);
     if (tessera::is_half_v<TC>) d = as_double(tessera::to<TC>(d));
     const double w = as_double(want[at_rc]);
+    // Relative to |w|, floored at 1e-3 (the outputs are O(0.1..10): an
+    // output near zero is judged on its absolute error).
     worst = std::max(worst, std::abs(d - w) / (std::abs(w) + 1e-3));
   }
   CHECK(worst < (tessera::is_half_v<TC> ? 2 * tol_of<TC> : f32_tol));

@@ -175,10 +175,11 @@ void check_layer(fp8_scaling scaling, fp8_format format) {
   f.backward_input(ctx, dx2.data(), dyv, seg.data(), true);
   for (std::size_t i = 0; i < dx.size(); ++i) REQUIRE(dx2[i] == Approx(2.0 * dx[i]).margin(1e-30));
   if (scaling == fp8_scaling::delayed) {
-    // The scales did not move within the step; the step amaxes are the operands'.
-    CHECK(st.x.scale() == sx0);
-    CHECK(st.w.scale() == sw0);
-    CHECK(st.dy.scale() == sdy0);
+    // The scales the kernels cast with did not move within the step; the
+    // step amaxes are the operands'.
+    CHECK(scalar(st, X, nn::fp8_slot::scale) == sx0);
+    CHECK(scalar(st, kernels::fp8_role::w, nn::fp8_slot::scale) == sw0);
+    CHECK(scalar(st, kernels::fp8_role::dy, nn::fp8_slot::scale) == sdy0);
     float a[3];
     nn::fp8_linear_state::step_amaxes(st.scalars(), a);
     CHECK(a[0] == static_cast<float>(amax_of(x)));
@@ -191,7 +192,9 @@ void check_layer(fp8_scaling scaling, fp8_format format) {
     CHECK(scalar(st, X, nn::fp8_slot::step_amax) == 0.0f);
   } else {
     // The kernels set the scales in the scalars; the host objects take them for a checkpoint.
-    CHECK(st.x.scale() == sx0);
+    CHECK(scalar(st, X, nn::fp8_slot::scale) == sx);
+    CHECK(scalar(st, kernels::fp8_role::w, nn::fp8_slot::scale) == sw);
+    CHECK(scalar(st, kernels::fp8_role::dy, nn::fp8_slot::scale) == sdy);
     st.read_current_scales(st.scalars());
     CHECK(st.x.scale() == sx);
     CHECK(st.w.scale() == sw);

@@ -5,7 +5,9 @@
 //     key/value heads and sequence parallelism), plan_memory's FP8 operand
 //     copies equal nn::fp8_workspace_bytes() on every rank, and its FP8
 //     state the bytes of the model's fp8_linear_states (each operand's
-//     scale, step amax and amax history), under delayed and current scaling;
+//     scale and amax history, and each state's own scalars), and its FP8
+//     scalars the model's scalars in its memory resource, under delayed and
+//     current scaling;
 //   - on pp 2, plan_pipeline's per-stage figures equal each stage's;
 //   - the state rule counts what nn::fp8_linear_state holds, for any
 //     recipe; a policy without FP8 plans nothing; bad sizes are refused.

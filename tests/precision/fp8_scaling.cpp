@@ -94,8 +94,8 @@ TEST_CASE("the FP8 scale's state survives a JSON round trip", "[precision][fp8]"
     b.record(x);
     CHECK(a.scale() == b.scale());
   }
-  // An overflowed use's amax (infinity or NaN) is written as JSON's null
-  // and read back as NaN: the scales move on alike.
+  // An overflowed use's amax (+inf) is written as JSON's null and read back
+  // as +inf: the states and scales stay equal.
   a.record(INFINITY);
   b.record(INFINITY);
   fp8_scale d(r, 448.0f);

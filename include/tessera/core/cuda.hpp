@@ -351,6 +351,14 @@ struct cuda {
     TESSERA_CUDA_CHECK(cudaGetDevice(&d));
     return d;
   }
+  /// The compute capability of `device` as 10 major + minor (90 for an
+  /// H100, 80 for an A100). Throws cuda_error.
+  static int compute_capability(int device) {
+    int major = 0, minor = 0;
+    TESSERA_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    TESSERA_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+    return 10 * major + minor;
+  }
 
   /// The process-wide caching allocator of device `device` (created on first
   /// use, never destroyed: it outlives static tensors). Throws config_error

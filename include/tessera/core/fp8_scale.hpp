@@ -15,10 +15,13 @@
 
 namespace tessera {
 
-/// The larger of two amaxes, NaN if either is NaN (an overflowed use must
-/// not look finite once reduced; fmaxf would drop the NaN).
+/// The larger of two amaxes. An amax lies in [0, +inf]: a tensor holding
+/// a NaN or an infinity has amax +inf, and a NaN on either side counts as
+/// +inf here, so an overflowed use never looks finite once reduced, and
+/// every maximum is exact and NaN-free in any order and under any
+/// communicator's max-reduce (which need not keep a NaN; fmaxf drops it).
 TESSERA_HOST_DEVICE inline float fp8_amax_max(float a, float b) {
-  return isnan(a) || isnan(b) ? NAN : (a > b ? a : b);
+  return isnan(a) || isnan(b) ? INFINITY : (a > b ? a : b);
 }
 
 /// s = fp8_max / amax / 2^margin, or `previous` where amax is 0 or not

@@ -34,8 +34,8 @@
 
 namespace tessera::kernels {
 
-/// max |x[i]| over [0, n) as a float (0 for n = 0); NaN if any x[i] is NaN,
-/// +inf if any is infinite. Exact (a maximum rounds nothing), so any order
+/// max |x[i]| over [0, n) as a float (0 for n = 0); +inf if any x[i] is
+/// NaN or infinite (core/fp8_scale.hpp: an amax lies in [0, +inf]). Exact (a maximum rounds nothing), so any order
 /// gives the same bits. Throws config_error for n < 0.
 template <class T>
 float fp8_amax(const host_context& ctx, const T* x, std::int64_t n) {
@@ -48,13 +48,13 @@ float fp8_amax(const host_context& ctx, const T* x, std::int64_t n) {
     nan |= std::isnan(a);
     m = a > m ? a : m;
   }
-  return nan ? NAN : m;
+  return nan ? INFINITY : m;
 }
 
 /// *amax = fp8_amax_max(*amax, max |x[i]| over [0, n)): the tensor's amax
 /// folded into a running one (several buffers of one tensor, or the amax of
-/// a use recorded into what a delayed scale reads). NaN if any x[i] is NaN
-/// or *amax is NaN; exact, so any order gives the same bits (the GPU's
+/// a use recorded into what a delayed scale reads). +inf if any x[i] is
+/// NaN or infinite (fp8_amax_max); exact, so any order gives the same bits (the GPU's
 /// too). n = 0 leaves *amax as it is. `amax`: one float; x of T in {float,
 /// double, bf16, fp16}. Throws config_error for n < 0 or a null amax.
 /// Source: Micikevicius et al. 2022, section 4 (per-tensor amax).

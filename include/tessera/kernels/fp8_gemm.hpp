@@ -53,8 +53,6 @@ inline float* fp8_operand_copy(fp8_role r, std::size_t n) {
 template <class T>
 const float* fp8_cast_copy(const host_context& ctx, const T* a, std::int64_t n,
                            const fp8_operand& o) {
-  TESSERA_THROW_IF(o.scale == nullptr || o.inverse == nullptr, config_error,
-                   "fp8_gemm: an operand has no scale or inverse-scale pointer");
   float* out = fp8_operand_copy(o.role, static_cast<std::size_t>(n));
   if (o.e5m2)
     fp8_round_trip<fp8_e5m2>(ctx, out, a, n, *o.scale);
@@ -85,18 +83,14 @@ inline void fp8_release_workspace() {
 /// K x M (lda == M); likewise B (ldb == N, or K with tb); ldc >= N.
 /// TA, TB in {float, bf16, fp16}; TC in {float, bf16, fp16}. Writes
 /// *a.inverse and *b.inverse. beta == 0 does not read C.
-/// Throws config_error for bad sizes (kernels::gemm's rules), operands that
-/// are not contiguous (lda or ldb other than the row length), a missing
-/// scale pointer, or a scale that is not finite > 0.
+/// Throws config_error as detail::check_fp8_gemm_args (kernels::gemm's size
+/// rules, K >= 1, contiguous operands, scale pointers, two roles, not both
+/// E5M2), or for a scale that is not finite > 0.
 template <class TC, class TA, class TB>
 void fp8_gemm(const host_context& ctx, transpose ta, transpose tb, std::int64_t M, std::int64_t N,
               std::int64_t K, const TA* A, std::int64_t lda, const fp8_operand& a, const TB* B,
               std::int64_t ldb, const fp8_operand& b, float beta, TC* C, std::int64_t ldc) {
-  detail::check_gemm_args(ta, tb, M, N, K, lda, ldb, ldc);
-  const std::int64_t a_row = ta == transpose::no ? K : M, b_row = tb == transpose::no ? N : K;
-  TESSERA_THROW_IF(lda != a_row || ldb != b_row, config_error, "fp8_gemm: lda=", lda, " ldb=", ldb,
-                   " must be the rows' lengths ", a_row, " and ", b_row,
-                   " (an FP8 operand is cast whole)");
+  detail::check_fp8_gemm_args("fp8_gemm", ta, tb, M, N, K, lda, ldb, ldc, a, b);
   const float* ah = detail::fp8_cast_copy(ctx, A, M * K, a);
   const float* bh = detail::fp8_cast_copy(ctx, B, N * K, b);
   gemm_mixed<float, float, TC>(ta, tb, M, N, K, 1.0f, ah, lda, bh, ldb, beta, C, ldc);

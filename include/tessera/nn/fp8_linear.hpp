@@ -22,13 +22,13 @@
 ///   delayed  every use casts with the operand's scale as it stood at the
 ///            start of the optimizer step, computes the operand's local
 ///            amax and max-accumulates it into the linear's step amax
-///            (`fp8_linear_state::amax_*`); after the step the trainer
+///            (fp8_slot::step_amax); after the step the trainer
 ///            reduces the step amaxes of every linear with max over the
 ///            dp and tp groups and records them (fp8_linear_state::
 ///            record_step), so every replica keeps the same scales
 ///            (Transformer Engine's DelayedScaling).
 ///   current  every use sets the operand's scale from its own amax
-///            (fp8_scale::set_current; torchao's tensorwise scaling); the
+///            (kernels::fp8_update_scale; torchao's tensorwise scaling); the
 ///            amax of an operand sharded over tp (a row-parallel layer's
 ///            x, a column-parallel layer's dy, every weight shard) is
 ///            reduced with max over the tp group first, so tp ranks cast
@@ -144,12 +144,16 @@ struct fp8_linear_state {
   /// Uses `p` (fp8_linear_scalars floats of the context's memory, holding
   /// what write_scalars wrote) from now on.
   void attach(float* p) { attached_ = p; }
+  /// Whether attach gave it scalars (a GPU's kernels need them: its own
+  /// are host memory).
+  bool attached() const { return attached_ != nullptr; }
 
   /// The scalars as the host scales give them (fp8_linear_scalars floats of
   /// host memory): each operand's scale, its inverse, zero amaxes. The
   /// model copies them to its context after each change of the host scales.
   void write_scalars(float* h) const {
-    for (kernels::fp8_role r : {kernels::fp8_role::x, kernels::fp8_role::w, kernels::fp8_role::dy}) {
+    for (kernels::fp8_role r :
+         {kernels::fp8_role::x, kernels::fp8_role::w, kernels::fp8_role::dy}) {
       const precision::fp8_scale& s = scale_of(r);
       h[slot(r, fp8_slot::scale)] = s.scale();
       h[slot(r, fp8_slot::inverse)] = s.inverse();
@@ -233,8 +237,8 @@ class fp8_linear {
     const kernels::fp8_operand ox = prepare(ctx, x.data, M * K, kernels::fp8_role::x);
     const kernels::fp8_operand ow = prepare(ctx, seg + layer_.offset, N * K, kernels::fp8_role::w);
     const kernels::linear_gemm g = kernels::linear_forward_gemm(M, N, K);
-    fp8_gemm(ctx, g.ta, g.tb, g.M, g.N, g.K, x.data, g.lda, ox, seg + layer_.offset, g.ldb,
-                      ow, g.beta, y, g.ldc);
+    fp8_gemm(ctx, g.ta, g.tb, g.M, g.N, g.K, x.data, g.lda, ox, seg + layer_.offset, g.ldb, ow,
+             g.beta, y, g.ldc);
     return {y, M, N};
   }
   /// dx = d̂y Ŵ, (M, in_features) of the activation-gradient type, written
@@ -246,8 +250,8 @@ class fp8_linear {
     const kernels::fp8_operand ody = prepare(ctx, dy.data, M * N, kernels::fp8_role::dy);
     const kernels::fp8_operand ow = prepare(ctx, seg + layer_.offset, N * K, kernels::fp8_role::w);
     const kernels::linear_gemm g = kernels::linear_backward_input_gemm(M, N, K, accumulate);
-    fp8_gemm(ctx, g.ta, g.tb, g.M, g.N, g.K, dy.data, g.lda, ody, seg + layer_.offset,
-                      g.ldb, ow, g.beta, dx, g.ldc);
+    fp8_gemm(ctx, g.ta, g.tb, g.M, g.N, g.K, dy.data, g.lda, ody, seg + layer_.offset, g.ldb, ow,
+             g.beta, dx, g.ldc);
     return {dx, M, K};
   }
   /// dW (out_features, in_features) += d̂y^T x̂ at `seg_grads` + offset (float32).
@@ -258,8 +262,8 @@ class fp8_linear {
     const kernels::fp8_operand ody = prepare(ctx, dy.data, M * N, kernels::fp8_role::dy);
     const kernels::fp8_operand ox = prepare(ctx, x.data, M * K, kernels::fp8_role::x);
     const kernels::linear_gemm g = kernels::linear_backward_weight_gemm(M, N, K);
-    fp8_gemm(ctx, g.ta, g.tb, g.M, g.N, g.K, dy.data, g.lda, ody, x.data, g.ldb, ox,
-                      g.beta, seg_grads + layer_.offset, g.ldc);
+    fp8_gemm(ctx, g.ta, g.tb, g.M, g.N, g.K, dy.data, g.lda, ody, x.data, g.ldb, ox, g.beta,
+             seg_grads + layer_.offset, g.ldc);
   }
 
  private:
@@ -280,6 +284,10 @@ class fp8_linear {
   kernels::fp8_operand prepare(const Ctx& ctx, const T* a, std::int64_t n,
                                kernels::fp8_role role) const {
     const precision::fp8_recipe& r = st_.recipe();
+    if constexpr (!Ctx::host_accessible)
+      TESSERA_THROW_IF(!st_.attached(), config_error,
+                       "fp8_linear: an FP8 state not attached to scalars in the context's memory "
+                       "(nn::llama attaches its states; a state's own scalars are host memory)");
     float* sc = st_.scalars();
     auto at = [&](fp8_slot w) { return sc + fp8_linear_state::slot(role, w); };
     kernels::fp8_operand o;
@@ -296,8 +304,7 @@ class fp8_linear {
         kernels::copy_elements(ctx, at(fp8_slot::eval_scale), s, 1);
         s = at(fp8_slot::eval_scale);
       }
-      fp8_update_scale(ctx, s, at(fp8_slot::amax), st_.scale_of(role).fp8_max(),
-                                r.margin);
+      fp8_update_scale(ctx, s, at(fp8_slot::amax), st_.scale_of(role).fp8_max(), r.margin);
       o.scale = s;
     } else if (st_.observe) {
       fp8_amax_accumulate(ctx, at(fp8_slot::step_amax), a, n);

@@ -189,11 +189,14 @@ class llama {
     }
     if constexpr (precision::fp8_linear<P>) {  // the stage's blocks' FP8 states, never moved
       opt_.fp8.validate();
-      if constexpr (!Ctx::host_accessible) {  // cuBLASLt's FP8 matmuls: 16-byte rows
-        const std::int64_t tp = layers.size();
+      if constexpr (!Ctx::host_accessible) {  // cuBLASLt's FP8 matmuls: sm_89+, 16-byte rows
+        const int device = Backend::current_device(), cc = Backend::compute_capability(device);
+        TESSERA_THROW_IF(cc < 89, config_error, P::name, " on the GPU: device ", device,
+                         " is sm_", cc, "; FP8 matmuls need sm_89 or later (Ada, Hopper)");
+        const std::int64_t tp = layers.size(), hd = cfg_.head_dim();
         for (auto [what, n] : {std::pair<const char*, std::int64_t>{"dim", cfg_.dim},
-                               {"query features / tp", cfg_.n_heads * cfg_.head_dim() / tp},
-                               {"key/value features / tp", std::max(cfg_.head_dim(), cfg_.kv_dim() / tp)},
+                               {"query features / tp", cfg_.n_heads * hd / tp},
+                               {"key/value features / tp", std::max(hd, cfg_.kv_dim() / tp)},
                                {"ffn_dim / tp", cfg_.ffn_dim / tp}})
           TESSERA_THROW_IF(n % 16 != 0, config_error, P::name, " on the GPU: ", what, " = ", n,
                            " must be a multiple of 16 (cuBLASLt's FP8 matmuls need 16-byte rows)");
@@ -777,7 +780,8 @@ class llama {
   void fp8_write_scales() {
     if (fp8_.empty()) return;
     std::vector<float> h(fp8_.size() * fp8_linear_scalars);
-    for (std::size_t i = 0; i < fp8_.size(); ++i) fp8_[i].write_scalars(h.data() + i * fp8_linear_scalars);
+    for (std::size_t i = 0; i < fp8_.size(); ++i)
+      fp8_[i].write_scalars(h.data() + i * fp8_linear_scalars);
     ctx_->from_host(fp8_scalars_.data(), h.data(), h.size() * sizeof(float));
   }
   /// The stage's FP8 states by global linear name ("blocks.3.attn.wq":

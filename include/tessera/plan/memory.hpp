@@ -69,8 +69,10 @@ struct memory_plan {
   }
 
   /// Rows (label, bytes) in table order: the persistent state, the
-  /// transients, then the totals. Under an FP8 policy "fp8 state" and
-  /// "fp8 operand copies" come before "persistent".
+  /// transients, then the totals. Under an FP8 policy "fp8 scalars" (and on
+  /// the host "fp8 state" and "fp8 operand copies") come before
+  /// "persistent"; on a GPU "fp8 operand copies" comes after "activation
+  /// peak", with the transients.
   std::vector<std::pair<std::string, std::uint64_t>> rows() const {
     std::vector<std::pair<std::string, std::uint64_t>> r = {
         {"weights", state.weights},
@@ -114,7 +116,8 @@ struct memory_plan {
           fp8.recipe.scaling == precision::fp8_scaling::delayed
               ? tessera::detail::str(", amax history ", fp8.recipe.history)
               : std::string(),
-          ": ", nn::fp8_linear_scalars, " scalars each in the memory resource; a scale per x, W, dy",
+          ": ", nn::fp8_linear_scalars,
+          " scalars each in the memory resource; a scale per x, W, dy",
           fp8.recipe.scaling == precision::fp8_scaling::delayed ? " and its history" : "",
           " and float copies of the largest x (", e.x, "), W (", e.w, ") and dy (", e.dy,
           " elements) in the heap, outside it)");
@@ -193,10 +196,14 @@ struct memory_plan {
       j["fp8"] = {{"backend", fp8.backend == backend_kind::host ? "host" : "cuda"},
                   {"recipe", fp8.recipe.to_json()},
                   {"blocks", fp8.blocks},
+                  {"scalars", fp8.scalars},
                   {"state", fp8.state},
                   {"operands", fp8.operands},
                   {"largest_operand_elems",
-                   {{"x", fp8.largest.x}, {"w", fp8.largest.w}, {"dy", fp8.largest.dy}}},
+                   {{"x", fp8.largest.x},
+                    {"w", fp8.largest.w},
+                    {"dy", fp8.largest.dy},
+                    {"gemm", fp8.largest.gemm}}},
                   {"total", fp8.total()}};
     j["total"] = total();
     return j;

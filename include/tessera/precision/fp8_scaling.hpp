@@ -120,8 +120,10 @@ using ::tessera::fp8_scale_of;
 
 /// One tensor's scale under a recipe: `scale()` is what it is cast with
 /// now; `record(amax)` after each use (delayed: the amax joins the history
-/// and the scale follows it; current: the caller sets the scale from the
-/// tensor's own amax before the use with `set_current`). Every rank that
+/// and the scale follows it; current: the scale follows the tensor's own
+/// amax before each use: `set_current` on the host, or fp8_update_scale in
+/// the context's memory and `assign` to bring it back, as
+/// nn::fp8_linear_state does). Every rank that
 /// holds a piece of a tensor records the amax reduced over the tensor's
 /// group (tp), so the ranks keep equal scales. Not thread-safe.
 class fp8_scale {
@@ -176,17 +178,18 @@ class fp8_scale {
     return {{"scale", scale_}, {"amax_history", h}};
   }
   /// Restores what state() wrote (an amax written as null, as JSON writes
-  /// NaN and infinity, is read as NaN). Throws io_error for a malformed
+  /// an infinity, is read as +inf). Throws io_error for a malformed
   /// state (a history of another length than the recipe's, a scale not
   /// finite > 0).
   void restore(const nlohmann::json& s) {
     try {
       const float scale = s.at("scale").get<float>();
-      // JSON has no NaN or infinity: an overflowed use's amax is written
-      // as null, read back as NaN (either keeps the scale while it is in
-      // the history, so the scales move on alike).
+      // JSON has no infinity: an overflowed use's amax (+inf; an amax is
+      // never NaN, fp8_amax_max) is written as null and read back as +inf,
+      // so the scales move on alike.
       std::vector<float> h;
-      for (const auto& a : s.at("amax_history")) h.push_back(a.is_null() ? NAN : a.get<float>());
+      for (const auto& a : s.at("amax_history"))
+        h.push_back(a.is_null() ? INFINITY : a.get<float>());
       TESSERA_THROW_IF(!(scale > 0) || !std::isfinite(scale) || h.size() != history_.size(),
                        io_error, "FP8 scale state with scale ", scale, " and an amax history of ",
                        h.size(), " (this recipe keeps ", history_.size(),

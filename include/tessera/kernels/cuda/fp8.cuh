@@ -15,7 +15,7 @@
 ///   maximum of a grid-stride share (16-byte loads when x is aligned) and
 ///   write one partial; stage 2, one block folds the partials into *amax.
 ///   A maximum rounds nothing, so any partition and order give the same
-///   bits; NaN is carried explicitly (fp8_amax_max: fmaxf would drop it).
+///   bits; a NaN counts as +inf (fp8_amax_max: fmaxf would drop it).
 /// - the cast: element-wise (elementwise_config), 16-byte loads of x and
 ///   stores of 4 or 8 FP8 bytes when both pointers are aligned.
 /// - the transposed cast: Transformer Engine's cast_transpose as a plain
@@ -50,14 +50,14 @@ namespace detail {
 template <class T>
 inline constexpr bool fp8_input_v = std::is_same_v<T, float> || is_half_v<T>;
 
-/// Block-reduction operator: the larger of two amaxes, NaN kept.
+/// Block-reduction operator: the larger of two amaxes (fp8_amax_max: NaN as +inf).
 struct fp8_amax_op {
   TESSERA_BLOCK_FN float operator()(float a, float b) const {
     return ::tessera::fp8_amax_max(a, b);
   }
 };
 
-/// partial[block] = the NaN-keeping maximum of |x[i]| over the block's
+/// partial[block] = the maximum of |x[i]| (fp8_amax_max: +inf for NaN) over the block's
 /// grid-stride share of [0, n) (0 for an empty share); V elements per access.
 template <class T, int V>
 struct fp8_amax_partial_body {

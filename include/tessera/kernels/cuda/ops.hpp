@@ -43,8 +43,8 @@
 #include "tessera/kernels/cuda/kernels.hpp"
 #include "tessera/kernels/cuda/launch.hpp"
 #include "tessera/kernels/detail/adamw.hpp"
-#include "tessera/kernels/fp8_operand.hpp"
 #include "tessera/kernels/detail/sgd.hpp"
+#include "tessera/kernels/fp8_operand.hpp"
 
 namespace tessera::kernels {
 
@@ -287,9 +287,10 @@ void fp8_quantize_transposed(const cuda_context& ctx, F8* qt, float* inv_scale, 
 /// pointers (cublaslt_context::gemm_fp8). The casts write *a.inverse and
 /// *b.inverse. Equals the host's to float32 summation order.
 /// TA, TB in {float, bf16, fp16}; TC in {float, bf16, fp16}.
-/// Throws config_error as the host's, and where K or an operand's row
-/// (K) is not a multiple of 16 (cuBLASLt's FP8 alignment); cuda_error
-/// where cuBLASLt has no FP8 matmul (a GPU before sm_89).
+/// Throws config_error as the host's (detail::check_fp8_gemm_args), and as
+/// row_major_fp8_matmul (K a multiple of 16, ldc 16-byte aligned); cuda_error
+/// where cuBLASLt has no FP8 matmul (a GPU before sm_89). M or N = 0 writes
+/// the inverse scales and multiplies nothing.
 template <class TC, class TA, class TB>
 void fp8_gemm(const cuda_context& ctx, transpose ta, transpose tb, std::int64_t M, std::int64_t N,
               std::int64_t K, const TA* A, std::int64_t lda, const fp8_operand& a, const TB* B,
@@ -299,15 +300,8 @@ void fp8_gemm(const cuda_context& ctx, transpose ta, transpose tb, std::int64_t 
                 "fp8_gemm (cuda): operands are float32, bf16 or fp16 before their FP8 cast");
   static_assert(std::is_same_v<TC, float> || is_half_v<TC>,
                 "fp8_gemm (cuda): C is float32, bf16 or fp16");
-  kernels::detail::check_gemm_args(ta, tb, M, N, K, lda, ldb, ldc);
-  const std::int64_t a_row = ta == transpose::no ? K : M, b_row = tb == transpose::no ? N : K;
-  TESSERA_THROW_IF(lda != a_row || ldb != b_row, config_error, "fp8_gemm (cuda): lda=", lda,
-                   " ldb=", ldb, " must be the rows' lengths ", a_row, " and ", b_row,
-                   " (an FP8 operand is cast whole)");
-  TESSERA_THROW_IF(a.scale == nullptr || a.inverse == nullptr || b.scale == nullptr ||
-                       b.inverse == nullptr,
-                   config_error, "fp8_gemm (cuda): an operand has no scale or inverse-scale pointer");
-  if (M == 0 || N == 0) return;
+  kernels::detail::check_fp8_gemm_args("fp8_gemm (cuda)", ta, tb, M, N, K, lda, ldb, ldc, a,
+                                       b);
   auto qa = ctx.scratch(static_cast<std::size_t>(M * K));
   auto qb = ctx.scratch(static_cast<std::size_t>(N * K));
   // x stored row-major `rows` x `cols` cast into q, transposed when `flip`
@@ -324,16 +318,13 @@ void fp8_gemm(const cuda_context& ctx, transpose ta, transpose tb, std::int64_t 
   auto run = [&]<class FA, class FB>(FA* qa8, FB* qb8) {
     cast(qa8, A, a, ta == transpose::yes, ta == transpose::yes ? K : M,
          ta == transpose::yes ? M : K);
-    cast(qb8, B, b, tb == transpose::no, tb == transpose::no ? K : N,
-         tb == transpose::no ? N : K);
+    cast(qb8, B, b, tb == transpose::no, tb == transpose::no ? K : N, tb == transpose::no ? N : K);
+    if (M == 0 || N == 0) return;  // the casts wrote the inverse scales
     ctx.blas().gemm_fp8(M, N, K, static_cast<const FA*>(qa8), K, a.inverse,
                         static_cast<const FB*>(qb8), K, b.inverse, beta, C, ldc, ctx.stream());
   };
   auto* pa = qa.data();
   auto* pb = qb.data();
-  if (a.e5m2 && b.e5m2)
-    throw config_error("fp8_gemm (cuda): both operands are E5M2 (cuBLASLt has no E5M2 x E5M2 "
-                       "matmul; gradients are E5M2, weights and inputs E4M3)");
   if (a.e5m2)
     run(reinterpret_cast<fp8_e5m2*>(pa), reinterpret_cast<fp8_e4m3*>(pb));
   else if (b.e5m2)

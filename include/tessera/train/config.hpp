@@ -105,7 +105,11 @@ struct train_config {
     fp8.validate();
     schedule().validate();
   }
-  optim::warmup_cosine schedule() const { return {lr, lr * min_lr_ratio, warmup, steps}; }
+  /// The learning-rate schedule of the run: from `lr` (after `warmup`
+  /// steps) to lr x min_lr_ratio at `steps`.
+  optim::lr_schedule schedule() const {
+    return {optim::lr_schedule_kind::cosine, lr, lr * min_lr_ratio, warmup, steps, {}};
+  }
 
   /// The hyper-parameters of optimizer policy O: a policy's own
   /// `static typename O::config config_from(const train_config&)` when it

@@ -300,6 +300,17 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", o.cfg.warmup, "linear warmup steps")
       ->capture_default_str()
       ->check(R(std::int64_t{0}, big));
+  app.add_option("--lr-schedule", o.lr_schedule,
+                 "the decay after the warmup: cosine, wsd (warmup-stable-decay), linear, "
+                 "constant or inverse_sqrt")
+      ->capture_default_str();
+  app.add_option("--wsd-decay-fraction", o.cfg.wsd.decay_fraction,
+                 "wsd: the last fraction of the steps decays to lr x --min-lr-ratio")
+      ->capture_default_str()
+      ->check(finite_number);
+  app.add_option("--wsd-cooldown", o.wsd_cooldown,
+                 "wsd: the decay's shape, linear or sqrt (1-sqrt)")
+      ->capture_default_str();
   app.add_option("--weight-decay", o.cfg.adamw.weight_decay,
                  "weight decay (AdamW: decoupled; sgd: L2 added to the gradient)")
       ->capture_default_str()

@@ -1,5 +1,5 @@
 // Tests include/tessera/optim/adamw.hpp (the optim::adamw policy and
-// adamw_optimizer on the host context), schedule.hpp and clip.hpp, and the
+// adamw_optimizer on the host context) and clip.hpp, and the
 // gradient-norm kernels of kernels/optimizer.hpp, against formulas computed
 // by hand (torch.optim.AdamW's update) in long double.
 #include <catch2/catch.hpp>
@@ -16,7 +16,6 @@
 #include "tessera/nn/llama_layout.hpp"
 #include "tessera/optim/adamw.hpp"
 #include "tessera/optim/clip.hpp"
-#include "tessera/optim/schedule.hpp"
 
 namespace test_optim_adamw {
 
@@ -306,17 +305,6 @@ TEST_CASE("weight decay excludes norms and 1-D parameters by membership", "[opti
     INFO(e.name);
     CHECK(p[e.offset] == (e.decay ? 1.0 - 0.1 * 0.5 : 1.0));
   }
-}
-
-TEST_CASE("warmup-cosine schedule", "[optim]") {
-  optim::warmup_cosine s{1e-3, 1e-4, 10, 110};
-  CHECK(s(0) == Approx(1e-4));
-  CHECK(s(9) == Approx(1e-3));
-  CHECK(s(10) == Approx(1e-3));
-  CHECK(s(60) == Approx(1e-4 + 0.5 * 9e-4));
-  CHECK(s(110) == Approx(1e-4));
-  CHECK(s(500) == Approx(1e-4));
-  CHECK_THROWS_AS((optim::warmup_cosine{1e-4, 1e-3, 1, 2}.validate()), config_error);
 }
 
 TEST_CASE("grad_sum_squares sums 4096-element blocks in order, then the blocks in order",

@@ -178,6 +178,18 @@ expect "a key given twice in a --config file" "'steps' is given twice (lines 1 a
 expect "--nesterov with adamw" "--nesterov sets SGD's momentum: it needs --optimizer sgd" "$train" "${common[@]}" --nesterov
 expect "--schedule without --pp" "--schedule gpipe orders a pipeline's stages: it needs --pp > 1" "$train" "${common[@]}" --schedule gpipe
 expect "a negative --baseline" "--baseline -1 must be > 0" "$train" "${common[@]}" --baseline -1
+# The learning-rate schedule: its names, wsd's flags only with wsd, the
+# limits of each schedule, and a resume under another schedule.
+expect "unknown lr schedule" "unknown lr schedule 'step' (valid: cosine, wsd, linear, constant, inverse_sqrt)" "$train" "${common[@]}" --lr-schedule step
+expect "--wsd-decay-fraction without wsd" "--wsd-decay-fraction shapes wsd's decay: it needs --lr-schedule wsd (--lr-schedule cosine has none)" "$train" "${common[@]}" --wsd-decay-fraction 0.2
+expect "--wsd-cooldown without wsd" "--wsd-cooldown shapes wsd's decay: it needs --lr-schedule wsd (--lr-schedule linear has none)" "$train" "${common[@]}" --lr-schedule linear --wsd-cooldown sqrt
+expect "unknown wsd cooldown" "unknown WSD cooldown 'cosine' (valid: linear, sqrt)" "$train" "${common[@]}" --lr-schedule wsd --wsd-cooldown cosine
+expect "wsd decay fraction above 1" "--wsd-decay-fraction 1.5 must be in (0, 1]" "$train" "${common[@]}" --lr-schedule wsd --wsd-decay-fraction 1.5
+expect "--min-lr-ratio with constant" "--min-lr-ratio sets the lr that cosine, linear and wsd decay to: --lr-schedule constant never reaches it" "$train" "${common[@]}" --lr-schedule constant --min-lr-ratio 0.2
+expect "wsd decay inside the warmup" "wsd's decay of 5 steps (decay_fraction=0.5 of total=10) would start at step 5, inside the warmup of 9 steps" "$train" --out "$work/out" --no-baseline --sample-bytes 0 --steps 10 --warmup 9 --lr-schedule wsd --wsd-decay-fraction 0.5
+expect "inverse_sqrt without warmup" "inverse_sqrt decays as max_lr sqrt(warmup / (step + 1)): it needs warmup >= 1 (warmup=0)" "$train" "${common[@]}" --lr-schedule inverse_sqrt --warmup 0
+"$train" --out "$work/wsd" --no-baseline --sample-bytes 0 --steps 2 --preset tiny --seq 16 --micro-batch 2 --global-batch 2 --eval-windows 1 --lr-schedule wsd > /dev/null 2>&1
+expect "a resume under another schedule" 'schedule={"cooldown":"linear","decay_fraction":0.1,"min_lr_ratio":0.1,"name":"wsd"} in the checkpoint, {"min_lr_ratio":0.1,"name":"cosine"} in this run' "$train" --resume "$work/wsd" --lr-schedule cosine --steps 3
 expect "a negative --trace-step" "--trace-step: Value -1 not in range" "$train" "${common[@]}" --trace-step -1
 # Subword token files (Hugging Face tokenizers): each decodes through its
 # own <name>.tokenizer.json, also beside another tokenizer's files in one

@@ -132,6 +132,40 @@ TEST_CASE("check_job refuses what the settings alone rule out, naming the option
   j = {};
   j.sample_only = true;
   CHECK(refusal(j) == "--sample-only samples from a checkpoint: it needs --resume DIR");
+  // The learning-rate schedule: its names, and wsd's flags only with wsd.
+  j = {};
+  j.lr_schedule = "step";
+  CHECK(refusal(j) ==
+        "unknown lr schedule 'step' (valid: cosine, wsd, linear, constant, inverse_sqrt)");
+  j = {};
+  j.given.insert("--wsd-decay-fraction");
+  CHECK(refusal(j) ==
+        "--wsd-decay-fraction shapes wsd's decay: it needs --lr-schedule wsd "
+        "(--lr-schedule cosine has none)");
+  j = {};
+  j.lr_schedule = "linear";
+  j.wsd_cooldown = "sqrt";
+  j.given.insert("--wsd-cooldown");
+  CHECK(refusal(j) ==
+        "--wsd-cooldown shapes wsd's decay: it needs --lr-schedule wsd "
+        "(--lr-schedule linear has none)");
+  j.lr_schedule = "wsd";
+  CHECK(refusal(j) == "accepted");
+  j.wsd_cooldown = "cosine";
+  CHECK(refusal(j) == "unknown WSD cooldown 'cosine' (valid: linear, sqrt)");
+  j = {};
+  j.lr_schedule = "wsd";
+  j.cfg.wsd.decay_fraction = 0;
+  j.given.insert("--wsd-decay-fraction");
+  CHECK(refusal(j) == "--wsd-decay-fraction 0 must be in (0, 1]");
+  j = {};
+  j.lr_schedule = "constant";
+  j.given.insert("--min-lr-ratio");
+  CHECK(refusal(j) ==
+        "--min-lr-ratio sets the lr that cosine, linear and wsd decay to: "
+        "--lr-schedule constant never reaches it");
+  j.lr_schedule = "linear";
+  CHECK(refusal(j) == "accepted");
 }
 
 TEST_CASE("model_config and run_config are the job's settings", "[train][job]") {
@@ -160,6 +194,15 @@ TEST_CASE("model_config and run_config are the job's settings", "[train][job]") 
   CHECK(c.pipeline == parallel::schedule_kind::zero_bubble_h1);
   CHECK(c.checkpointing.every == 2);
   CHECK(c.init_from_hf == "some/folder");
+  CHECK(c.lr_schedule == optim::lr_schedule_kind::cosine);  // the default: today's run
+  CHECK(c.wsd == optim::wsd_options{});
+  j.lr_schedule = "wsd";
+  j.wsd_cooldown = "sqrt";
+  j.cfg.wsd.decay_fraction = 0.2;
+  c = train::run_config(j);
+  CHECK(c.lr_schedule == optim::lr_schedule_kind::wsd);
+  CHECK(c.wsd == optim::wsd_options{0.2, optim::wsd_cooldown::sqrt});
+  CHECK(c.schedule().kind == optim::lr_schedule_kind::wsd);
   j.resume = "runs/x";  // a resume loads its own weights
   CHECK(train::run_config(j).init_from_hf.empty());
   j.bucket_mb = 2.5;

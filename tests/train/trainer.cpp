@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -133,6 +134,119 @@ TEST_CASE("a run resumed from a checkpoint continues exactly", "[train][checkpoi
     train::trainer<precision::bf16_mixed> v(model(), shorter, f);
     CHECK_THROWS_WITH(v.load_checkpoint(ck), Catch::Contains("has step 3, not in [0, steps=2]"));
   }
+  fs::remove(ck);
+}
+
+TEST_CASE("each lr schedule resumes exactly, and a checkpoint refuses another schedule",
+          "[train][checkpoint][schedule]") {
+  temp_file corpus{make_corpus("schedules")};
+  data::token_file f(corpus.path);
+  const auto ck =
+      fs::temp_directory_path() / ("tessera_test_schedules_" + std::to_string(::getpid()) + ".bin");
+  using optim::lr_schedule_kind;
+  using optim::wsd_cooldown;
+  // 8 steps, 2 of warmup, lr 3e-3 to 3e-4; wsd decays over the last
+  // round(0.5 x 8) = 4 steps, [4, 8). Each run is saved after step 4 and
+  // resumed at step 5, inside wsd's decay window.
+  static constexpr double hi = 3e-3, lo = 3e-4;
+  struct kind_case {
+    const char* name;
+    lr_schedule_kind kind;
+    optim::wsd_options wsd;
+    double (*closed_form)(std::int64_t);  // the lr of step s in [2, 8), from the formula
+  };
+  const kind_case cases[] = {
+      {"wsd, linear cooldown",
+       lr_schedule_kind::wsd,
+       {0.5, wsd_cooldown::linear},
+       [](std::int64_t s) { return s < 4 ? hi : lo + (hi - lo) * (1 - (s - 4) / 4.0); }},
+      {"wsd, 1-sqrt cooldown",
+       lr_schedule_kind::wsd,
+       {0.5, wsd_cooldown::sqrt},
+       [](std::int64_t s) { return s < 4 ? hi : lo + (hi - lo) * (1 - std::sqrt((s - 4) / 4.0)); }},
+      {"linear",
+       lr_schedule_kind::linear,
+       {},
+       [](std::int64_t s) { return lo + (hi - lo) * (8 - s) / 6.0; }},
+      {"inverse_sqrt",
+       lr_schedule_kind::inverse_sqrt,
+       {},
+       [](std::int64_t s) { return hi * std::sqrt(2.0 / static_cast<double>(s + 1)); }},
+  };
+  const auto config_of = [&](const kind_case& k) {
+    auto c = tcfg();
+    c.steps = 8;
+    c.lr = hi;
+    c.min_lr_ratio = 0.1;
+    c.lr_schedule = k.kind;
+    c.wsd = k.wsd;
+    return c;
+  };
+  for (const kind_case& k : cases) {
+    INFO(k.name);
+    const train::train_config c = config_of(k);
+    std::vector<train::step_metrics> whole;
+    {
+      train::trainer<precision::fp32> t(model(), c, f);
+      for (int s = 0; s < 8; ++s) {
+        whole.push_back(t.train_step());
+        if (s == 4) t.save_checkpoint(ck);
+      }
+    }
+    // The trainer steps with the schedule it was given (a few roundings
+    // from the formula: 1e-14 relative).
+    for (std::int64_t s = 2; s < 8; ++s)
+      CHECK(whole[static_cast<std::size_t>(s)].lr ==
+            Approx(k.closed_form(s)).epsilon(1e-14).margin(0));
+    train::trainer<precision::fp32> r(model(), c, f);
+    r.load_checkpoint(ck);
+    REQUIRE(r.step() == 5);
+    for (std::size_t s = 5; s < 8; ++s) {
+      const auto m = r.train_step();
+      CHECK(m.lr == whole[s].lr);  // bit for bit
+      CHECK(m.loss == whole[s].loss);
+    }
+  }
+  // A checkpoint of wsd (linear cooldown, 0.5) is refused by a run of
+  // another schedule, cooldown or fraction, the two schedules named.
+  const kind_case& wsd = cases[0];
+  {
+    train::trainer<precision::fp32> t(model(), config_of(wsd), f);
+    t.save_checkpoint(ck);
+  }
+  auto cosine = config_of(wsd);
+  cosine.lr_schedule = lr_schedule_kind::cosine;
+  cosine.wsd = {};
+  train::trainer<precision::fp32> a(model(), cosine, f);
+  CHECK_THROWS_WITH(
+      a.load_checkpoint(ck),
+      Catch::Contains("schedule={\"cooldown\":\"linear\",\"decay_fraction\":0.5,\"min_lr_ratio\":"
+                      "0.1,\"name\":\"wsd\"} in the checkpoint, "
+                      "{\"min_lr_ratio\":0.1,\"name\":\"cosine\"} in this run"));
+  auto sqrt_cooldown = config_of(wsd);
+  sqrt_cooldown.wsd.cooldown = wsd_cooldown::sqrt;
+  train::trainer<precision::fp32> b(model(), sqrt_cooldown, f);
+  CHECK_THROWS_WITH(b.load_checkpoint(ck), Catch::Contains("\"cooldown\":\"sqrt\""));
+  auto fraction = config_of(wsd);
+  fraction.wsd.decay_fraction = 0.25;
+  train::trainer<precision::fp32> d(model(), fraction, f);
+  CHECK_THROWS_WITH(d.load_checkpoint(ck), Catch::Contains("\"decay_fraction\":0.25"));
+  // More steps than planned: wsd's decay window moves to the new end
+  // (round(0.5 x 16) = 8 steps, [8, 16)), so step 5, decaying in the
+  // planned run, is back at the peak.
+  {
+    train::trainer<precision::fp32> t(model(), config_of(wsd), f);
+    for (int s = 0; s < 5; ++s) t.train_step();
+    t.save_checkpoint(ck);
+  }
+  auto longer = config_of(wsd);
+  longer.steps = 16;
+  train::trainer<precision::fp32> u(model(), longer, f);
+  u.load_checkpoint(ck);
+  REQUIRE(u.step() == 5);
+  CHECK(config_of(wsd).schedule()(5) < hi);
+  CHECK(u.train_step().lr == hi);
+  CHECK(u.train_step().lr == hi);
   fs::remove(ck);
 }
 

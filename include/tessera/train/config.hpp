@@ -44,6 +44,12 @@ struct train_config {
   double lr = 1e-3;                 ///< peak learning rate
   double min_lr_ratio = 0.1;        ///< final lr = lr * min_lr_ratio
   std::int64_t warmup = 50;         ///< warmup steps
+  /// The decay after the warmup (optim/schedule.hpp): cosine (the default),
+  /// wsd, linear, constant or inverse_sqrt, over `steps`.
+  optim::lr_schedule_kind lr_schedule = optim::lr_schedule_kind::cosine;
+  /// wsd's decay fraction and cooldown; the other schedules refuse settings
+  /// other than the defaults.
+  optim::wsd_options wsd{};
   double grad_clip = 1.0;           ///< max global gradient norm (<= 0: off)
   optim::adamw_config adamw{};      ///< AdamW's betas, eps, weight decay (optim::adamw)
   optim::sgd_config sgd{};          ///< SGD's momentum, Nesterov, weight decay (optim::sgd)
@@ -105,7 +111,11 @@ struct train_config {
     fp8.validate();
     schedule().validate();
   }
-  optim::warmup_cosine schedule() const { return {lr, lr * min_lr_ratio, warmup, steps}; }
+  /// The learning-rate schedule of the run: `lr_schedule` from `lr` (after
+  /// `warmup` steps) to lr x min_lr_ratio at `steps`.
+  optim::lr_schedule schedule() const {
+    return {lr_schedule, lr, lr * min_lr_ratio, warmup, steps, wsd};
+  }
 
   /// The hyper-parameters of optimizer policy O: a policy's own
   /// `static typename O::config config_from(const train_config&)` when it

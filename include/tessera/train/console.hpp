@@ -106,9 +106,10 @@ class console_log : public observer {
     }
     line(
         "G=%lld sequences/step = dp %d x %lld micro-batches x B=%lld, T=%lld, %lld steps, lr "
-        "%.1e, warmup %lld, checkpointing %s",
+        "%.1e, %s, checkpointing %s",
         ll(cfg.global_batch), s.dp, ll(s.accum_steps), ll(cfg.micro_batch), ll(cfg.seq),
-        ll(cfg.steps), cfg.lr, ll(cfg.warmup), nn::to_string(cfg.checkpointing.mode));
+        ll(cfg.steps), cfg.lr, cfg.schedule().describe().c_str(),
+        nn::to_string(cfg.checkpointing.mode));
     line("MFU against %s", kernels::describe_peak(s.options->peak).c_str());
     if (s.options->baseline)
       line("4-gram Kneser-Ney baseline on val: %.4f nats/byte", *s.options->baseline);
@@ -116,10 +117,8 @@ class console_log : public observer {
       line("weights from the Hugging Face Llama %s", cfg.init_from_hf.c_str());
     if (s.step > 0) line("resumed from step %lld", ll(s.step));
     if (o_.planned_steps > 0 && o_.planned_steps != cfg.steps)
-      line(
-          "the schedule now runs to step %lld (the checkpoint's run planned %lld): warmup %lld, "
-          "cosine decay to step %lld",
-          ll(cfg.steps), ll(o_.planned_steps), ll(cfg.warmup), ll(cfg.steps));
+      line("the schedule now runs to step %lld (the checkpoint's run planned %lld): %s",
+           ll(cfg.steps), ll(o_.planned_steps), cfg.schedule().describe().c_str());
     std::fflush(stdout);
   }
 

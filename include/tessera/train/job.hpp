@@ -55,6 +55,10 @@ struct job {
   /// --fp8-amax-history and --fp8-margin set cfg.fp8 directly.
   std::string fp8_scaling = "delayed", fp8_format = "hybrid";
   std::string optimizer = "adamw";  ///< adamw or sgd
+  /// The lr schedule (--lr-schedule cosine|wsd|linear|constant|inverse_sqrt)
+  /// and wsd's cooldown (--wsd-cooldown linear|sqrt); --wsd-decay-fraction
+  /// sets cfg.wsd.decay_fraction directly. run_config parses them.
+  std::string lr_schedule = "cosine", wsd_cooldown = "linear";
   std::string checkpointing;        ///< none or full; empty: the backend's
   std::string preset = "small";     ///< nn::llama_config::from_name
   std::string data, data_format = "auto", out = "runs/main", resume, tokenizer, prompt = "The ";
@@ -113,13 +117,16 @@ inline nn::llama_config model_config(const job& j) {
   return mc;
 }
 
-/// The trainer's train_config: the job's, with the degrees, the schedule and
-/// the activation checkpointing. Throws config_error for an unknown name.
+/// The trainer's train_config: the job's, with the degrees, the pipeline
+/// and learning-rate schedules and the activation checkpointing. Throws
+/// config_error for an unknown name.
 inline train_config run_config(const job& j) {
   train_config c = j.cfg;
   c.dp = j.dp;
   c.tp = j.tp;
   c.pipeline = parallel::parse_schedule_kind(j.schedule);
+  c.lr_schedule = optim::parse_lr_schedule_kind(j.lr_schedule);
+  c.wsd.cooldown = optim::parse_wsd_cooldown(j.wsd_cooldown);
   c.checkpointing = {nn::parse_checkpointing(j.checkpointing), j.checkpoint_layers};
   if (j.resume.empty()) c.init_from_hf = j.init_from_hf;  // a resume loads its own weights
   return c;
@@ -205,6 +212,19 @@ inline void check_job(job& j) {
   c.fp8.scaling = precision::parse_fp8_scaling(j.fp8_scaling);
   c.fp8.format = precision::parse_fp8_format(j.fp8_format);
   c.fp8.validate();
+  const auto schedule = optim::parse_lr_schedule_kind(j.lr_schedule);
+  (void)optim::parse_wsd_cooldown(j.wsd_cooldown);
+  for (const char* f : {"--wsd-decay-fraction", "--wsd-cooldown"})
+    TESSERA_THROW_IF(given(f) && schedule != optim::lr_schedule_kind::wsd, config_error, f,
+                     " shapes wsd's decay: it needs --lr-schedule wsd (--lr-schedule ",
+                     j.lr_schedule, " has none)");
+  TESSERA_THROW_IF(given("--min-lr-ratio") && (schedule == optim::lr_schedule_kind::constant ||
+                                               schedule == optim::lr_schedule_kind::inverse_sqrt),
+                   config_error,
+                   "--min-lr-ratio sets the lr that cosine, linear and wsd decay to: --lr-schedule ",
+                   j.lr_schedule, " never reaches it");
+  TESSERA_THROW_IF(!(c.wsd.decay_fraction > 0 && c.wsd.decay_fraction <= 1), config_error,
+                   "--wsd-decay-fraction ", c.wsd.decay_fraction, " must be in (0, 1]");
   TESSERA_THROW_IF(j.optimizer != "adamw" && j.optimizer != "sgd", config_error,
                    "unknown optimizer '", j.optimizer, "' (valid: adamw, sgd)");
   for (const char* f : {"--nesterov", "--momentum"})

@@ -79,6 +79,16 @@ nlohmann::json optimizer_config_json(const OptConfig& opt) {
   }
 }
 
+/// The learning-rate schedule as checkpoint metadata: its name and the
+/// parameters that are not recorded beside it (lr, warmup and steps are):
+/// {"name": "cosine", "min_lr_ratio": 0.1}; wsd adds "decay_fraction" and
+/// "cooldown". A resume compares it whole: another schedule is refused.
+inline nlohmann::json schedule_metadata(const train_config& cfg) {
+  nlohmann::json j{{"name", optim::to_string(cfg.lr_schedule)}, {"min_lr_ratio", cfg.min_lr_ratio}};
+  if (cfg.lr_schedule == optim::lr_schedule_kind::wsd) j.update(cfg.wsd.to_json());
+  return j;
+}
+
 /// The checkpoint metadata of a run at `step` (every trainer writes this).
 /// `optimizer` names the policy and `opt` is its config; `sharding` the
 /// ZeRO strategy's name, `dp` the data-parallel degree; `flat_elements`
@@ -98,7 +108,7 @@ nlohmann::json run_metadata(const nn::llama_config& c, const train_config& cfg,
           {"data_position", {{"step", step}, {"sampler", "window_start(seed, step, g)"}}},
           {"schedule_position", step},
           {"rng", {{"seed", cfg.seed}, {"generator", "mix64 counter (stateless)"}}},
-          {"schedule", {{"name", "warmup_cosine"}, {"min_lr_ratio", cfg.min_lr_ratio}}},
+          {"schedule", schedule_metadata(cfg)},
           {"grad_clip", cfg.grad_clip},
           {"ce_chunk", cfg.ce_chunk},
           {"global_batch", cfg.global_batch},
@@ -119,7 +129,9 @@ nlohmann::json run_metadata(const nn::llama_config& c, const train_config& cfg,
 /// present and equal, the
 /// tensor-parallel degree and the pipeline layout checked first. A run may
 /// plan more steps than the checkpoint's (`steps`, at least its step): the
-/// learning-rate schedule then decays over the new total. Throws
+/// learning-rate schedule then decays over the new total (cosine and
+/// linear stretch; wsd's decay window moves to the new total's last
+/// steps: optim/schedule.hpp). Throws
 /// config_error listing every differing field with both values in one
 /// message, and io_error if the step is not an integer in [0, steps].
 /// Returns the checkpoint's step.
@@ -156,6 +168,11 @@ inline std::int64_t check_resume_metadata(const std::filesystem::path& path, nlo
                    "' records its corpus by the fingerprint of an older tessera (a 64-bit hash "
                    "of sampled tokens; now SHA-256 over every token), so its corpus cannot be "
                    "verified: resume it with the tessera that wrote it, or start a new run");
+  // Checkpoints of tessera before the choice of schedules recorded the one
+  // it had as {"name": "warmup_cosine", "min_lr_ratio": r}: that is cosine's.
+  if (meta.contains("schedule") && meta["schedule"].is_object() &&
+      meta["schedule"].value("name", nlohmann::json()) == "warmup_cosine")
+    meta["schedule"]["name"] = "cosine";
   std::string diff;
   for (const auto& [k, v] : mine.items()) {
     if (k == "step" || k == "data_position" || k == "schedule_position" || k == "steps" ||

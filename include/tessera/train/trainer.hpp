@@ -146,7 +146,7 @@ class trainer {
         cfg_(with_schedule(cfg)),
         data_(&data),
         schedule_(make_schedule_policy(cfg_)),
-        sched_(cfg_.schedule()) {
+        lr_schedule_(cfg_.schedule()) {
     ctx_->apply_threads();
     validate<S, P>(model_cfg, cfg_, data, mesh_, dpo);
     // A device pipeline group works on the context's stream, after the
@@ -220,7 +220,7 @@ class trainer {
     ctx_->apply_threads();
     memory_resource& mr = ctx_->resource();
     mr.reset_peak();
-    step_metrics m = steps_->run(step_, sched_(step_));
+    step_metrics m = steps_->run(step_, lr_schedule_(step_));
     ++step_;
     m.step = step_;
     m.tokens = cfg_.global_batch * cfg_.seq;
@@ -440,7 +440,7 @@ class trainer {
   std::unique_ptr<chunks_type> chunks_;
   std::unique_ptr<step_runner<chunks_type>> steps_;
   std::optional<data::val_windows> val_;
-  optim::warmup_cosine sched_;
+  optim::lr_schedule lr_schedule_;  // the learning rate of each step
   std::int64_t step_ = 0;
   double peak_flops_ = 0, blas_flops_ = 0;
 };

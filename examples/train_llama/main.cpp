@@ -205,7 +205,8 @@ int main(int argc, char** argv) {
                  "command line override it");
   using R = CLI::Range;
   const std::int64_t big = 1000000000000;
-  app.add_option("--preset", o.preset, "model preset: tiny, small, llama2_7b, llama3_8b")
+  app.add_option("--preset", o.preset,
+                 "model preset: tiny, small, llama2_7b, llama3_8b, llama3_1_8b")
       ->capture_default_str();
   app.add_option("--dim", o.dim, "override the preset's model dimension H")
       ->check(R(std::int64_t{1}, std::int64_t{1048576}));

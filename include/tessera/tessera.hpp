@@ -50,6 +50,7 @@
 #include "tessera/nn/lm_head.hpp"
 #include "tessera/nn/param_layout.hpp"
 #include "tessera/nn/record_pool.hpp"
+#include "tessera/nn/rope_scaling.hpp"
 #include "tessera/nn/segment_hooks.hpp"
 #include "tessera/nn/tensor_parallel.hpp"
 #include "tessera/nn/transformer_block.hpp"

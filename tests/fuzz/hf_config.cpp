@@ -33,7 +33,8 @@ const std::filesystem::path& model_dir() {
 bool same(const tessera::nn::llama_config& a, const tessera::nn::llama_config& b) {
   return a.dim == b.dim && a.n_layers == b.n_layers && a.n_heads == b.n_heads &&
          a.n_kv_heads == b.n_kv_heads && a.ffn_dim == b.ffn_dim && a.vocab == b.vocab &&
-         a.max_seq == b.max_seq && a.rope_theta == b.rope_theta && a.norm_eps == b.norm_eps;
+         a.max_seq == b.max_seq && a.rope_theta == b.rope_theta && a.norm_eps == b.norm_eps &&
+         a.rope_scaling == b.rope_scaling;
 }
 
 }  // namespace

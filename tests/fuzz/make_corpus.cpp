@@ -233,7 +233,7 @@ void hf_configs(const fs::path& d, const fs::path& fixtures) {
                              {"tie_word_embeddings", true},
                              {"torch_dtype", "bfloat16"}};
   put(d / "tiny_v4.json", v4.dump(2));
-  for (const char* f : {"fp32", "bf16_tied_sharded"}) {
+  for (const char* f : {"fp32", "bf16_tied_sharded", "llama3_rope_fp64"}) {
     const fs::path p = fixtures / f / "config.json";
     if (fs::exists(p))
       fs::copy_file(p, d / (std::string(f) + ".json"), fs::copy_options::overwrite_existing);
@@ -245,6 +245,13 @@ void hf_configs(const fs::path& d, const fs::path& fixtures) {
       R"({"model_type":"llama","hidden_size":16,"intermediate_size":8,"num_hidden_layers":1,)"
       R"("num_attention_heads":2,"vocab_size":16,"max_position_embeddings":8,)"
       R"("rope_scaling":{"rope_type":"llama3","factor":8.0}})");
+  nlohmann::json v4_llama3 = v4;  // Llama 3.1's rope_scaling, as nn::hf_config_json writes it
+  v4_llama3["rope_scaling"] = {{"factor", 8.0},
+                               {"high_freq_factor", 4.0},
+                               {"low_freq_factor", 1.0},
+                               {"original_max_position_embeddings", 16},
+                               {"rope_type", "llama3"}};
+  put(d / "tiny_v4_llama3.json", v4_llama3.dump(2));
   put(d / "deep.json", std::string(20, '[') + std::string(20, ']'));
 }
 

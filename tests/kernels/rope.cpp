@@ -8,6 +8,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -43,6 +44,39 @@ TEST_CASE("rope_table is accurate at long positions", "[kernels][rope]") {
     CHECK(s[0] == 0.0f);
     CHECK(c[8191 * half] == static_cast<float>(std::cos(8191.0)));
   }
+}
+
+TEST_CASE("rope_table from inverse frequencies: theta's give the theta tables bit for bit",
+          "[kernels][rope]") {
+  const std::int64_t T = 300, hd = 16, half = hd / 2;
+  std::vector<double> f(half);
+  for (std::int64_t i = 0; i < half; ++i) f[i] = kernels::detail::rope_inv_freq(i, hd, 500000.0);
+  for (int pass = 0; pass < 2; ++pass) {
+    std::vector<double> c1(T * half), s1(T * half), c2(T * half, -7.0), s2(T * half, -7.0);
+    rope_table(c1.data(), s1.data(), T, hd, 500000.0);
+    rope_table(c2.data(), s2.data(), T, hd, f.data());
+    CHECK(c1 == c2);
+    CHECK(s1 == s2);
+    std::vector<float> c3(T * half), s3(T * half), c4(T * half), s4(T * half);
+    rope_table(c3.data(), s3.data(), T, hd, 500000.0);
+    rope_table(c4.data(), s4.data(), T, hd, f.data());
+    CHECK(c3 == c4);
+    CHECK(s3 == s4);
+  }
+  // Any frequencies: cos and sin of t f_i, in double.
+  const std::vector<double> g = {1.0, 0.25, 3e-3, 1e-6};
+  std::vector<double> c(T * 4), s(T * 4);
+  rope_table(c.data(), s.data(), T, 8, g.data());
+  for (std::int64_t t : {0, 1, 299})
+    for (int i = 0; i < 4; ++i) {
+      CHECK(c[t * 4 + i] == std::cos(static_cast<double>(t) * g[i]));
+      CHECK(s[t * 4 + i] == std::sin(static_cast<double>(t) * g[i]));
+    }
+  std::vector<double> bad = {1.0, 0.0};
+  CHECK_THROWS_WITH(rope_table(c.data(), s.data(), 4, 4, bad.data()),
+                    Catch::Contains("inverse frequency 1 is 0, not finite and positive"));
+  bad[1] = std::numeric_limits<double>::quiet_NaN();
+  CHECK_THROWS_AS(rope_table(c.data(), s.data(), 4, 4, bad.data()), config_error);
 }
 
 TEST_CASE("rope_table rejects odd head dims and bad theta", "[kernels][rope]") {

@@ -198,6 +198,43 @@ TEST_CASE("RoPE tables of an fp64 model are float64 (precision::fp64::rope_type)
   CHECK(worst < 1e-11);
 }
 
+TEST_CASE("RoPE tables of a llama3-scaled model hold the scaled frequencies", "[nn][rope]") {
+  // hd 16 (dim 64 over 4 heads), theta 5e5, factor 32, original context 64:
+  // f_0 kept, f_1 blended, f_2.. divided by 32 (tests/nn/rope_scaling.cpp).
+  auto c = tiny_cfg();
+  c.dim = 64;
+  c.max_seq = 256;
+  c.rope_theta = 500000.0;
+  c.rope_scaling = nn::llama3_rope_scaling{32.0, 1.0, 4.0, 64};
+  const std::vector<double> f = c.rope_inv_freqs();
+  const std::int64_t hd = c.head_dim(), half = hd / 2;
+  REQUIRE(hd == 16);
+  CHECK(f[0] == 1.0);
+  CHECK(f[5] == std::pow(500000.0, -10.0 / 16) / 32);
+  nn::llama<precision::fp64> m64(c);
+  nn::llama<precision::bf16_mixed> m16(c);
+  double worst64 = 0, worst32 = 0;
+  for (std::int64_t t :
+       {std::int64_t{1}, std::int64_t{63}, std::int64_t{64}, std::int64_t{200}, std::int64_t{255}})
+    for (std::int64_t i = 0; i < half; ++i) {
+      const long double ang = static_cast<long double>(t) * f[static_cast<std::size_t>(i)];
+      const std::int64_t k = t * half + i;
+      worst64 = std::max(worst64, (double)std::fabs(m64.rope_cos()[k] - std::cos(ang)));
+      worst64 = std::max(worst64, (double)std::fabs(m64.rope_sin()[k] - std::sin(ang)));
+      worst32 = std::max(worst32, (double)std::fabs(m16.rope_cos()[k] - std::cos(ang)));
+      worst32 = std::max(worst32, (double)std::fabs(m16.rope_sin()[k] - std::sin(ang)));
+    }
+  INFO("worst error: float64 tables " << worst64 << ", float32 tables " << worst32);
+  CHECK(worst64 < 1e-13);  // cos/sin of a double angle below 256 rad: a few ulps
+  CHECK(worst32 < 1e-7);   // one rounding to float32: 2^-25 ~ 3e-8
+  // The unscaled model's tables differ past position 0 (f_2 is 32x faster).
+  auto plain = c;
+  plain.rope_scaling.reset();
+  nn::llama<precision::fp64> p64(plain);
+  CHECK(std::fabs(p64.rope_cos()[200 * half + 2] - m64.rope_cos()[200 * half + 2]) > 0.1);
+  CHECK(p64.rope_cos()[200 * half + 0] == m64.rope_cos()[200 * half + 0]);  // f_0 is kept
+}
+
 TEST_CASE("forward frees what backward consumed; record bytes follow the formula", "[nn][memory]") {
   host_memory_resource mr;
   const kernels::host_context ctx{&mr};

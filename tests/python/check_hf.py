@@ -17,7 +17,14 @@
                                  embeddings, shards), each with expect.json:
                                  a fixed sequence, transformers' float32
                                  logits at each position and the mean
-                                 next-token loss (for hf_interop import)
+                                 next-token loss (for hf_interop import);
+                                 and DIR/llama3_rope_fp64, a Llama
+                                 3.2-shaped model with rope_type "llama3"
+                                 (factor 32, original context 64) in float64,
+                                 whose expect.json holds transformers'
+                                 float64 logits over 128 positions
+                                 (make_llama3_rope), its float64 inverse
+                                 frequencies, and its float32 logits
 
 Exit status 0 when everything agrees, 1 when something differs, 2 on bad
 input, 77 when numpy or safetensors is missing (the check is skipped).
@@ -60,14 +67,52 @@ def rmsnorm(x, w, eps):
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
 
 
+def rope_config(cfg):
+    """(theta, rope scaling dict or None) of a config.json, in either of
+    transformers' spellings: rope_theta and rope_scaling (< 5), or
+    rope_parameters (5 on)."""
+    params = cfg.get("rope_parameters") or {}
+    theta = params.get("rope_theta", cfg.get("rope_theta", 10000.0))
+    scaling = cfg.get("rope_scaling") or params
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind == "default":
+        return theta, None
+    if kind != "llama3":
+        raise SystemExit(f"check_hf: rope_type {kind!r} is not checked here")
+    return theta, scaling
+
+
+def numpy_llama3_inv_freq(inv_freq, s):
+    """Llama 3.1's frequency scaling, written from Meta's description
+    (llama-models' apply_scaling): wavelengths 2 pi / f shorter than
+    L / high_freq_factor are kept, longer than L / low_freq_factor divided
+    by factor, and those between blended linearly in L / wavelength."""
+    L = s["original_max_position_embeddings"]
+    lo, hi, factor = s["low_freq_factor"], s["high_freq_factor"], s["factor"]
+    out = []
+    for f in inv_freq:
+        w = 2 * np.pi / f
+        if w < L / hi:
+            out.append(f)
+        elif w > L / lo:
+            out.append(f / factor)
+        else:
+            a = (L / w - lo) / (hi - lo)
+            out.append((1 - a) * f / factor + a * f)
+    return np.array(out)
+
+
 def numpy_llama_logits(cfg, W, ids):
     """LlamaForCausalLM's forward pass in float64: (T, V) logits."""
     H, nh = cfg["hidden_size"], cfg["num_attention_heads"]
     nkv = cfg.get("num_key_value_heads", nh)
     hd = H // nh
-    eps, theta = cfg.get("rms_norm_eps", 1e-6), cfg.get("rope_theta", 10000.0)
+    eps = cfg.get("rms_norm_eps", 1e-6)
+    theta, scaling = rope_config(cfg)
     T = len(ids)
     inv_freq = theta ** (-np.arange(0, hd, 2, dtype=np.float64) / hd)
+    if scaling is not None:
+        inv_freq = numpy_llama3_inv_freq(inv_freq, scaling)
     ang = np.outer(np.arange(T, dtype=np.float64), inv_freq)
     cos = np.concatenate([np.cos(ang)] * 2, axis=-1)[:, None, :]
     sin = np.concatenate([np.sin(ang)] * 2, axis=-1)[:, None, :]
@@ -172,6 +217,124 @@ def make(d):
 
     save("fp32", torch.float32, False, "5GB")
     save("bf16_tied_sharded", torch.bfloat16, True, "8KB")
+    return make_llama3_rope(os.path.join(d, "llama3_rope_fp64"))
+
+
+def transformers_llama3_inv_freq_float64(config):
+    """transformers' _compute_llama3_parameters evaluated in float64: its
+    module's `torch` is swapped, for the call, for one whose torch.float
+    names float64, so its own expressions run on float64 base frequencies
+    (they are float32 otherwise)."""
+    import torch
+    import transformers.modeling_rope_utils as mru
+
+    class Float64Torch:
+        float = torch.float64
+
+        def __getattr__(self, name):
+            return getattr(torch, name)
+
+    saved = mru.torch
+    mru.torch = Float64Torch()
+    try:
+        inv_freq, _ = mru._compute_llama3_parameters(config, None)
+    finally:
+        mru.torch = saved
+    if inv_freq.dtype != torch.float64:
+        raise SystemExit("check_hf: this transformers computes the llama3 frequencies in "
+                         f"{inv_freq.dtype}, not float64")
+    return inv_freq
+
+
+def lift_float32_islands(model, inv_freq):
+    """LlamaForCausalLM computes two things in float32 whatever the model's
+    dtype: LlamaRMSNorm (it casts the input to float32) and
+    LlamaRotaryEmbedding (its angles t * inv_freq, from float32 inverse
+    frequencies). For a float64 reference, the same formulas in float64:
+    x * rsqrt(mean(x^2) + eps) * weight, and cos/sin of t * inv_freq with
+    transformers' own llama3 frequencies computed in float64."""
+    import torch
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+    rot = model.model.rotary_emb
+    rot.inv_freq = inv_freq
+
+    def rope(x, position_ids):
+        freqs = position_ids[..., None].to(torch.float64) * rot.inv_freq.to(torch.float64)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return ((emb.cos() * rot.attention_scaling).to(x.dtype),
+                (emb.sin() * rot.attention_scaling).to(x.dtype))
+
+    rot.forward = rope
+    for mod in model.modules():
+        if isinstance(mod, LlamaRMSNorm):
+            def norm(h, mod=mod):
+                return mod.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) +
+                                                     mod.variance_epsilon))
+            mod.forward = norm
+
+
+def make_llama3_rope(out):
+    """A Llama 3.2-shaped model (grouped-query, rope_theta 500000, llama3
+    RoPE scaling with factor 32, low/high frequency factors 1 and 4) at a
+    small size: hd 16, so its 8 frequencies fall in all three bands of the
+    scaling for an original context of 64 (wavelengths 6.3 < 16: kept; 32.4
+    in [16, 64]: blended; 167 and longer: divided by 32). Saved in float64
+    by save_pretrained; expect.json holds the 128 tokens (positions 64 to
+    127 lie past original_max_position_embeddings), transformers' float64
+    logits (lift_float32_islands) and their loss, the float64 inverse
+    frequencies, and under "float32" the logits and loss of the folder
+    loaded as it stands in float32."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(3202)
+    scaling = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+    cfg = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=1, vocab_size=32,
+                      max_position_embeddings=256, rms_norm_eps=1e-5, rope_theta=500000.0,
+                      rope_scaling=scaling, tie_word_embeddings=False, initializer_range=0.1,
+                      attn_implementation="sdpa")
+    m = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for n, p in m.named_parameters():
+            if "norm" in n:
+                p.copy_(1 + 0.3 * torch.randn_like(p))
+    m = m.to(torch.float64)
+    m.save_pretrained(out, safe_serialization=True)
+    g = torch.Generator().manual_seed(64)
+    ids = torch.randint(0, 32, (128,), generator=g)
+    m64 = LlamaForCausalLM.from_pretrained(out, dtype=torch.float64,
+                                           attn_implementation="sdpa").eval()
+    inv_freq = transformers_llama3_inv_freq_float64(m64.config)
+    lift_float32_islands(m64, inv_freq)
+    m32 = LlamaForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    with torch.no_grad():
+        r64 = m64(ids[None], labels=ids[None])
+        r32 = m32(ids[None], labels=ids[None])
+    # The float64 reference against the independent NumPy forward pass of
+    # the same files (numpy_llama_logits): 1e-12 of the largest logit.
+    with open(os.path.join(out, "config.json")) as f:
+        saved_cfg = json.load(f)
+    _, W = load_folder(out)
+    ref = numpy_llama_logits(saved_cfg, W, ids.numpy())
+    got = r64.logits[0].numpy()
+    err = float(np.max(np.abs(ref - got))) / float(np.max(np.abs(ref)))
+    print(f"check_hf: llama3 float64 reference vs the NumPy forward pass: {err:.2e}")
+    if err > 1e-12:
+        raise SystemExit("check_hf: transformers' float64 logits differ from NumPy's")
+    # The loss of the float64 logits (transformers' loss_function casts
+    # the logits to float32 first).
+    with open(os.path.join(out, "expect.json"), "w") as f:
+        json.dump({"tokens": ids.tolist(),
+                   "logits": [[float(x) for x in row] for row in r64.logits[0].tolist()],
+                   "loss": mean_loss(got, ids.numpy()),
+                   "inv_freq": [float(x) for x in inv_freq.tolist()],
+                   "float32": {
+                       "logits": [[float(f"{x:.9g}") for x in row]
+                                  for row in r32.logits[0].tolist()],
+                       "loss": float(r32.loss)}}, f)
+    print(f"check_hf: saved {out} (float64, llama3 RoPE scaling, "
+          f"{saved_cfg.get('transformers_version')})")
     return True
 
 

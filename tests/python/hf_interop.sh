@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
 # Hugging Face interop, both directions (ctest hf_interop):
-#   1. tessera exports a trained grouped-query Llama; tests/python/check_hf.py
-#      reads the files with the `safetensors` package and holds an
-#      independent float64 NumPy forward pass (and, where transformers is
-#      installed, LlamaForCausalLM) to tessera's logits and loss at 1e-5;
+#   1. tessera exports a trained grouped-query Llama, and one with Llama
+#      3.1's RoPE scaling; tests/python/check_hf.py reads the files with the
+#      `safetensors` package and holds an independent float64 NumPy forward
+#      pass (and, where transformers is installed, LlamaForCausalLM) to
+#      tessera's logits and loss at 1e-5;
 #   2. tessera imports models saved by transformers' save_pretrained (float32
 #      in one file; bfloat16 with tied embeddings in 9 shards) and gives
-#      transformers' logits and loss at 1e-5: freshly saved where
-#      transformers is installed, else the copies in tests/python/fixtures/
-#      (saved the same way by `check_hf.py make tests/python/fixtures`).
+#      transformers' logits and loss at 1e-5, and a Llama 3.2-shaped float64
+#      model with rope_type "llama3" (llama3_rope_fp64) whose logits at 128
+#      positions, 64 of them past original_max_position_embeddings, equal
+#      transformers' float64 ones to 1e-12 (and its float32 ones to 1e-6):
+#      freshly saved where transformers is installed, else the copies in
+#      tests/python/fixtures/ (saved the same way by `check_hf.py make
+#      tests/python/fixtures`).
 #   3. a NumPy .npy array saved by numpy.save reads as the same ids;
 #   4. where Hugging Face tokenizers is installed: scripts/tokenizer.py
 #      trains a byte-level BPE on a part of the bundled corpus, and tessera's
@@ -27,6 +32,8 @@ python3 -c "import numpy, safetensors" 2>/dev/null || {
 }
 "$bin" export "$tmp/export"
 python3 "$here/check_hf.py" check-export "$tmp/export"
+"$bin" export-llama3 "$tmp/export_llama3"
+python3 "$here/check_hf.py" check-export "$tmp/export_llama3"
 if python3 -c "import torch, transformers" 2>/dev/null; then
   python3 "$here/check_hf.py" make "$tmp/saved" 2>/dev/null
   from="$tmp/saved"
@@ -36,6 +43,7 @@ else
 fi
 "$bin" import "$from/fp32"
 "$bin" import "$from/bf16_tied_sharded"
+"$bin" import "$from/llama3_rope_fp64"
 
 python3 - "$tmp/a.npy" "$tmp/a.ids" <<'PY'
 import sys, numpy as np

@@ -2,7 +2,8 @@
 // restored through train::save_checkpoint / load_checkpoint continue bit for
 // bit; the shard files of a tp and pp layout are named by position; a
 // strategy that shards the optimizer state is refused before any work; a
-// file of other settings is refused naming the field.
+// file of other settings is refused naming the field, a model of another
+// RoPE scaling among them.
 #include <catch2/catch.hpp>
 
 #include <unistd.h>
@@ -53,6 +54,42 @@ TEST_CASE("the chunks of a rank save and load, and the run continues bit for bit
   REQUIRE_THROWS_WITH(
       train::save_checkpoint<parallel::zero<1>>(a.all_chunks(), a.layout(), ck, a.metadata(), 1),
       Contains("cannot hold") && Contains("checkpoint folder"));
+  std::error_code ec;
+  fs::remove(ck, ec);
+}
+
+TEST_CASE("a checkpoint of another RoPE scaling is refused; its metadata reads back",
+          "[train][checkpoint][rope]") {
+  trainer_suite::temp_file corpus{trainer_suite::make_corpus("rope_ckpt", 0)};
+  const data::token_file f(corpus.path);
+  const fs::path ck =
+      fs::temp_directory_path() / ("tessera_rope_" + std::to_string(::getpid()) + ".bin");
+  nn::llama_config scaled = trainer_suite::model();
+  scaled.rope_scaling = nn::llama3_rope_scaling{8.0, 1.0, 4.0, 8};
+  // The metadata carries the scaling and reads back; an unscaled model's
+  // has no key for it (what tessera wrote before scaling existed).
+  CHECK(train::model_metadata(scaled)["rope_scaling"]["factor"] == 8.0);
+  CHECK(train::model_config_from_metadata(train::model_metadata(scaled), "m").rope_scaling ==
+        scaled.rope_scaling);
+  CHECK(!train::model_metadata(trainer_suite::model()).contains("rope_scaling"));
+  CHECK(!train::model_config_from_metadata(train::model_metadata(trainer_suite::model()), "m")
+             .rope_scaling);
+
+  train::trainer<precision::fp64> a(scaled, trainer_suite::config(1), f);
+  a.train_step();
+  train::save_checkpoint<parallel::zero<0>>(a.all_chunks(), a.layout(), ck, a.metadata(), a.step());
+  train::trainer<precision::fp64> b(scaled, trainer_suite::config(1), f);
+  CHECK(train::load_checkpoint<parallel::zero<0>>(b.all_chunks(), b.layout(), ck, b.metadata(),
+                                                  4) == 1);
+  for (const auto& other : {std::optional<nn::llama3_rope_scaling>{},
+                            std::optional{nn::llama3_rope_scaling{32.0, 1.0, 4.0, 8}}}) {
+    nn::llama_config m = scaled;
+    m.rope_scaling = other;
+    train::trainer<precision::fp64> c(m, trainer_suite::config(1), f);
+    REQUIRE_THROWS_WITH(
+        train::load_checkpoint<parallel::zero<0>>(c.all_chunks(), c.layout(), ck, c.metadata(), 4),
+        Contains("model={") && Contains("\"rope_scaling\":{\"factor\":8.0,"));
+  }
   std::error_code ec;
   fs::remove(ck, ec);
 }

@@ -260,6 +260,80 @@ TEST_CASE("hf export: transformers' names and config.json, read back bit for bit
       test_options());
 }
 
+TEST_CASE("hf export and import of Llama 3.1's RoPE scaling, in both transformers spellings",
+          "[train][hf][rope]") {
+  trainer_suite::temp_file corpus{trainer_suite::make_corpus("hfrope", 0)};
+  data::token_file f(corpus.path);
+  temp_dir tmp;
+  // hd 4: f_0 = 1 (wavelength 6.3, blended between 8/4 and 8/1) and f_1 =
+  // 0.01 (wavelength 628: divided); the 16-token windows pass position 8.
+  nn::llama_config c = model4();
+  c.rope_scaling = nn::llama3_rope_scaling{8.0, 1.0, 4.0, 8};
+  train::trainer<precision::fp64> tr(c, config(2), f);
+  tr.train_step();
+  tr.export_hf(tmp / "scaled");
+  nlohmann::json j;
+  {
+    std::ifstream in(tmp / "scaled" / "config.json");
+    j = nlohmann::json::parse(in);
+  }
+  // As Meta's Llama 3.1 folders hold it (transformers 4.43 on, and 5).
+  CHECK(j["rope_theta"] == c.rope_theta);
+  CHECK(j["rope_scaling"] == nlohmann::json{{"factor", 8.0},
+                                            {"high_freq_factor", 4.0},
+                                            {"low_freq_factor", 1.0},
+                                            {"original_max_position_embeddings", 8},
+                                            {"rope_type", "llama3"}});
+  CHECK(!j.contains("rope_parameters"));
+  CHECK(nn::llama_config_from_hf_folder(tmp / "scaled").rope_scaling == c.rope_scaling);
+
+  // Started from the export: the same bits and the same loss.
+  train::train_config cfg = config(2);
+  cfg.init_from_hf = (tmp / "scaled").string();
+  {
+    train::trainer<precision::fp64> again(c, cfg, f);
+    CHECK(max_rel_diff(params_of(again), params_of(tr)) == 0);
+    CHECK(again.evaluate() == tr.evaluate());
+  }
+  // A model without the scaling (or with another) is refused, naming it.
+  REQUIRE_THROWS_WITH(train::trainer<precision::fp64>(model4(), cfg, f),
+                      Contains("rope_scaling=none vs rope_scaling=llama3(factor=8,"));
+  // transformers 5's spelling, rope_parameters with rope_theta inside, and
+  // the "type" key of transformers before 4.43: the same config.
+  int spelling = 0;
+  auto same_config = [&](const std::function<void(nlohmann::json&)>& e) {
+    const fs::path d = tmp / ("spelling" + std::to_string(spelling++));
+    fs::copy(tmp / "scaled", d);
+    edit_config(d, e);
+    const nn::llama_config h = nn::llama_config_from_hf_folder(d);
+    CHECK(h.rope_scaling == c.rope_scaling);
+    CHECK(h.rope_theta == c.rope_theta);
+    CHECK(nn::hf_checkpoint(d).config().rope_inv_freqs() == c.rope_inv_freqs());
+  };
+  same_config([&](auto& k) {
+    k["rope_parameters"] = k["rope_scaling"];
+    k["rope_parameters"]["rope_theta"] = k["rope_theta"];
+    k.erase("rope_scaling");
+    k.erase("rope_theta");
+  });
+  same_config([&](auto& k) {  // both, agreeing
+    k["rope_parameters"] = k["rope_scaling"];
+    k["rope_parameters"]["rope_theta"] = k["rope_theta"];
+  });
+  same_config([&](auto& k) {
+    k["rope_scaling"]["type"] = "llama3";
+    k["rope_scaling"].erase("rope_type");
+  });
+  // An unscaled config.json still says null, and reads as none.
+  train::trainer<precision::fp64> plain(model4(), config(2), f);
+  plain.export_hf(tmp / "plain");
+  {
+    std::ifstream in(tmp / "plain" / "config.json");
+    CHECK(nlohmann::json::parse(in)["rope_scaling"].is_null());
+  }
+  CHECK(!nn::llama_config_from_hf_folder(tmp / "plain").rope_scaling);
+}
+
 TEST_CASE("hf export: dp x tp x pp meshes write one rank's tensors; sharded files",
           "[train][hf][tp][pp]") {
   trainer_suite::temp_file corpus{trainer_suite::make_corpus("hfmesh", 0)};
@@ -460,13 +534,63 @@ TEST_CASE("hf import refuses what tessera's Llama cannot express, naming key and
       [](auto& j) {
         j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 2.0}};
       },
-      "rope_scaling={\"factor\":2.0,\"rope_type\":\"linear\"}: tessera's RoPE has no scaling");
+      "rope_scaling={\"factor\":2.0,\"rope_type\":\"linear\"}: rope_type \"linear\" is not "
+      "implemented: tessera's RoPE has \"default\" and \"llama3\"");
   cfg_edit(
       [](auto& j) {
         j["rope_parameters"] = {{"rope_type", "yarn"}, {"rope_theta", 1e4}};
       },
-      "rope_parameters={\"rope_theta\":10000.0,\"rope_type\":\"yarn\"}: tessera's RoPE "
-      "has no scaling");
+      "rope_parameters={\"rope_theta\":10000.0,\"rope_type\":\"yarn\"}: rope_type \"yarn\" is "
+      "not implemented");
+  cfg_edit(
+      [](auto& j) {
+        j["rope_scaling"] = {{"type", "dynamic"}, {"factor", 2.0}};
+      },
+      "rope_type \"dynamic\" is not implemented");
+  cfg_edit(
+      [](auto& j) {
+        j["rope_scaling"] = {{"factor", 2.0}};
+      },
+      "rope_scaling={\"factor\":2.0}: needs a rope_type");
+  nlohmann::json llama3 = {{"rope_type", "llama3"},
+                           {"factor", 8.0},
+                           {"low_freq_factor", 1.0},
+                           {"high_freq_factor", 4.0},
+                           {"original_max_position_embeddings", 8}};
+  // config.json's rope_scaling as llama3 with one key changed (null: removed).
+  auto llama3_with = [&](const char* key, const nlohmann::json& v) {
+    return [=](nlohmann::json& j) {
+      j["rope_scaling"] = llama3;
+      if (v.is_null())
+        j["rope_scaling"].erase(key);
+      else
+        j["rope_scaling"][key] = v;
+    };
+  };
+  cfg_edit(llama3_with("factor", 0.5),
+           "\"rope_type\":\"llama3\"}: rope scaling factor=0.5 must be finite and >= 1");
+  cfg_edit(llama3_with("high_freq_factor", 1),
+           "high_freq_factor=1 must be finite and > low_freq_factor=1");
+  cfg_edit(llama3_with("low_freq_factor", nullptr),
+           "rope_type \"llama3\" needs a number low_freq_factor");
+  cfg_edit(llama3_with("factor", "8"), "rope_type \"llama3\" needs a number factor");
+  cfg_edit(llama3_with("original_max_position_embeddings", 8.5),
+           "needs a positive integer original_max_position_embeddings");
+  cfg_edit(llama3_with("partial_rotary_factor", 0.5), "partial_rotary_factor must be 1");
+  cfg_edit(
+      [&](auto& j) {
+        j["rope_scaling"] = llama3;
+        j["rope_parameters"] = llama3;
+        j["rope_parameters"]["factor"] = 32.0;
+      },
+      "gives the scaling llama3(factor=8, low_freq_factor=1, high_freq_factor=4, "
+      "original_max_position_embeddings=8) but rope_parameters gives llama3(factor=32,");
+  cfg_edit(
+      [&](auto& j) {
+        j["rope_scaling"] = {{"rope_type", "default"}};
+        j["rope_parameters"] = llama3;
+      },
+      "gives the scaling none but rope_parameters gives llama3(factor=8,");
   cfg_edit([](auto& j) { j["rope_theta"] = -1.0; }, "rope_theta=-1.0: needs a positive rope_theta");
   cfg_edit([](auto& j) { j["attention_bias"] = true; }, "attention_bias=true");
   cfg_edit([](auto& j) { j["mlp_bias"] = true; }, "mlp_bias=true");

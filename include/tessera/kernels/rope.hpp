@@ -7,13 +7,15 @@
 /// is written in place (`rope_backward` overwrites dx with dL/dx).
 ///
 /// Layout: x is (B, T, nh, hd), row-major; in head vector x[b,t,h,:] the pair
-/// i is (x[i], x[i + hd/2]) rotated by angle t * theta^(-2i/hd). The position
-/// of token t is t. Tables are (T, hd/2) of the precision policy's rope_type
+/// i is (x[i], x[i + hd/2]) rotated by angle t * f_i, f_i = theta^(-2i/hd)
+/// (or a scaled set of inverse frequencies, nn/rope_scaling.hpp). The
+/// position of token t is t. Tables are (T, hd/2) of the precision policy's rope_type
 /// (float32, or float64 for the float64 policy).
 
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
+#include <vector>
 
 #include "tessera/core/error.hpp"
 #include "tessera/core/numeric.hpp"
@@ -32,33 +34,52 @@ inline void check_rope_sizes(const char* who, std::int64_t B, std::int64_t T, st
 }
 }  // namespace detail
 
-/// Fills the RoPE tables cos(t * f_i), sin(t * f_i), f_i = theta^(-2i/hd),
-/// for t in [0, T), i in [0, hd/2).
+/// Fills the RoPE tables cos(t * f_i), sin(t * f_i) for t in [0, T), i in
+/// [0, hd/2), from the inverse frequencies f_i given.
 /// - `cos`, `sin`: (T, hd/2) of R in {float, double}, written (=).
+/// - `inv_freq`: (hd/2) inverse frequencies in radians per position, double
+///   (detail::rope_inv_freq's theta^(-2i/hd), or a scaled set such as Llama
+///   3's: nn/rope_scaling.hpp).
 /// - Angles and their cos/sin are computed in double and rounded once to
 ///   R, so float tables are accurate to 2^-24 even at position 8191 and
 ///   beyond (Hugging Face's float32 angle t * inv_freq is not).
-/// - Host memory (the tables are made once, then copied to a device).
-/// - theta: the RoPE base (Llama 2: 10000, Llama 3: 500000).
-/// - Throws config_error for T < 0, hd odd or <= 0, or theta <= 0.
+/// - Host memory (the tables are made once, then copied to a device: both
+///   backends read the same tables).
+/// - Throws config_error for T < 0, hd odd or <= 0, or an inverse frequency
+///   that is not finite and positive (naming i and the value).
 /// Source: Su et al., "RoFormer", 2021, eq. 15 (theta_i = 10000^(-2(i-1)/d)).
 template <class R>
-void rope_table(R* cos, R* sin, std::int64_t T, std::int64_t hd, double theta) {
+void rope_table(R* cos, R* sin, std::int64_t T, std::int64_t hd, const double* inv_freq) {
   static_assert(std::is_same_v<R, float> || std::is_same_v<R, double>,
                 "tessera::kernels::rope_table: tables are float or double");
   detail::check_rope_sizes("rope_table", 0, T, 0, hd);
-  TESSERA_THROW_IF(!(theta > 0), config_error, "rope_table: theta=", theta, " must be > 0");
   const std::int64_t half = hd / 2;
+  for (std::int64_t i = 0; i < half; ++i)
+    TESSERA_THROW_IF(!(inv_freq[i] > 0 && std::isfinite(inv_freq[i])), config_error,
+                     "rope_table: inverse frequency ", i, " is ", inv_freq[i],
+                     ", not finite and positive");
 #pragma omp parallel for schedule(static)
   for (std::int64_t t = 0; t < T; ++t) {
     for (std::int64_t i = 0; i < half; ++i) {
-      const double inv_freq =
-          std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(hd));
-      const double angle = static_cast<double>(t) * inv_freq;
+      const double angle = static_cast<double>(t) * inv_freq[i];
       cos[t * half + i] = static_cast<R>(std::cos(angle));
       sin[t * half + i] = static_cast<R>(std::sin(angle));
     }
   }
+}
+
+/// The unscaled tables: rope_table with f_i = theta^(-2i/hd)
+/// (detail::rope_inv_freq).
+/// - theta: the RoPE base (Llama 2: 10000, Llama 3: 500000).
+/// - Throws config_error for T < 0, hd odd or <= 0, or theta <= 0.
+template <class R>
+void rope_table(R* cos, R* sin, std::int64_t T, std::int64_t hd, double theta) {
+  detail::check_rope_sizes("rope_table", 0, T, 0, hd);
+  TESSERA_THROW_IF(!(theta > 0), config_error, "rope_table: theta=", theta, " must be > 0");
+  std::vector<double> inv_freq(static_cast<std::size_t>(hd / 2));
+  for (std::int64_t i = 0; i < hd / 2; ++i)
+    inv_freq[static_cast<std::size_t>(i)] = detail::rope_inv_freq(i, hd, theta);
+  rope_table(cos, sin, T, hd, inv_freq.data());
 }
 
 /// Applies RoPE in place: for each (b, t, h), pair i of x[b,t,h,:] becomes

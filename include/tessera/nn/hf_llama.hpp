@@ -18,6 +18,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -75,9 +76,76 @@ inline std::string hf_safetensors_dtype(const std::string& torch_dtype) {
                      "' is not one of float32, bfloat16, float16, float64");
 }
 
+/// config.json's rope_scaling for `s`: null without scaling, else
+/// {"factor", "high_freq_factor", "low_freq_factor",
+/// "original_max_position_embeddings", "rope_type": "llama3"}, as Meta's
+/// Llama 3.1 and 3.2 folders hold it (transformers 4.43 on reads it, and 5
+/// moves it into rope_parameters beside the top-level rope_theta).
+inline nlohmann::json hf_rope_scaling_json(const std::optional<llama3_rope_scaling>& s) {
+  if (!s) return nullptr;
+  return {{"factor", s->factor},
+          {"high_freq_factor", s->high_freq_factor},
+          {"low_freq_factor", s->low_freq_factor},
+          {"original_max_position_embeddings", s->original_max_position_embeddings},
+          {"rope_type", "llama3"}};
+}
+
+/// The RoPE scaling of config.json's object `o` (its key `key`:
+/// "rope_scaling" or "rope_parameters"), read from `where`: none for
+/// rope_type "default" (or, in rope_parameters, no rope_type), the
+/// parameters for "llama3" (rope_type may be spelled "type", as
+/// transformers before 4.43 wrote it and still reads it). Throws
+/// config_error naming `key`, its value and why for another rope_type (named),
+/// a rope_scaling without one, a missing or non-numeric parameter, an
+/// original_max_position_embeddings that is not a positive integer, a
+/// partial_rotary_factor other than 1, and as llama3_rope_scaling::validate.
+inline std::optional<llama3_rope_scaling> hf_rope_scaling(const nlohmann::json& o,
+                                                          const std::string& key,
+                                                          const std::string& where) {
+  auto fail = [&](const std::string& why) {
+    throw config_error(where + ": " + key + "=" + o.dump() + ": " + why);
+  };
+  if (!o.is_object()) fail("needs an object");
+  const char* tk = o.contains("rope_type") ? "rope_type" : o.contains("type") ? "type" : nullptr;
+  if (tk == nullptr) {
+    if (key == "rope_parameters") return std::nullopt;  // transformers' default type
+    fail("needs a rope_type (\"default\" or \"llama3\")");
+  }
+  if (!o[tk].is_string()) fail(std::string(tk) + " is not a string");
+  const std::string type = o[tk].get<std::string>();
+  if (type == "default") return std::nullopt;
+  if (type != "llama3")
+    fail("rope_type \"" + type +
+         "\" is not implemented: tessera's RoPE has \"default\" and \"llama3\" (Llama 3.1's "
+         "frequency scaling)");
+  auto number = [&](const char* k) {
+    if (!o.contains(k) || !o[k].is_number())
+      fail(std::string("rope_type \"llama3\" needs a number ") + k);
+    return o[k].get<double>();
+  };
+  llama3_rope_scaling r;
+  r.factor = number("factor");
+  r.low_freq_factor = number("low_freq_factor");
+  r.high_freq_factor = number("high_freq_factor");
+  const char* ok = "original_max_position_embeddings";
+  if (!o.contains(ok) || !o[ok].is_number_integer() || o[ok].get<std::int64_t>() < 1)
+    fail("rope_type \"llama3\" needs a positive integer original_max_position_embeddings");
+  r.original_max_position_embeddings = o[ok].get<std::int64_t>();
+  if (o.contains("partial_rotary_factor") &&
+      !(o["partial_rotary_factor"].is_number() && o["partial_rotary_factor"].get<double>() == 1.0))
+    fail("partial_rotary_factor must be 1: tessera's RoPE rotates every dimension of a head");
+  try {
+    r.validate();
+  } catch (const config_error& e) {
+    fail(e.what());
+  }
+  return r;
+}
+
 /// config.json of LlamaForCausalLM for a model of config `c` whose tensors
 /// are stored as `torch_dtype` (float32, bfloat16, float16 or float64):
-/// untied embeddings, no biases, no rope scaling, SiLU. The dtype is
+/// untied embeddings, no biases, SiLU, rope_theta and rope_scaling
+/// (hf_rope_scaling_json: null, or the llama3 parameters). The dtype is
 /// written as both torch_dtype (transformers < 5) and dtype (5 on).
 inline nlohmann::json hf_config_json(const llama_config& c, const std::string& torch_dtype) {
   (void)hf_safetensors_dtype(torch_dtype);
@@ -93,7 +161,7 @@ inline nlohmann::json hf_config_json(const llama_config& c, const std::string& t
           {"max_position_embeddings", c.max_seq},
           {"rms_norm_eps", c.norm_eps},
           {"rope_theta", c.rope_theta},
-          {"rope_scaling", nullptr},
+          {"rope_scaling", hf_rope_scaling_json(c.rope_scaling)},
           {"hidden_act", "silu"},
           {"attention_bias", false},
           {"attention_dropout", 0.0},
@@ -117,12 +185,15 @@ inline constexpr double hf_max_params = 281474976710656.0;
 /// `where`, named in errors), named `name`. Reads hidden_size,
 /// intermediate_size, num_hidden_layers, num_attention_heads,
 /// num_key_value_heads (default: the attention heads), vocab_size,
-/// max_position_embeddings, rms_norm_eps (default 1e-6) and rope_theta
+/// max_position_embeddings, rms_norm_eps (default 1e-6), rope_theta
 /// (default 10000, transformers' defaults; top-level as transformers < 5
-/// writes it, or inside rope_parameters as 5 does). Throws config_error naming the
-/// key and the value for what tessera's Llama cannot express: another
-/// model_type, attention or MLP biases, a rope_scaling or a rope_type
-/// other than "default", an activation
+/// writes it, or inside rope_parameters as 5 does) and the RoPE scaling
+/// (hf_rope_scaling: rope_type "default" or "llama3", from rope_scaling as
+/// transformers < 5 writes it or rope_parameters as 5 does). Throws
+/// config_error naming the key and the value for what tessera's Llama
+/// cannot express: another model_type, attention or MLP biases, a rope_type
+/// other than "default" and "llama3" (named), rope_scaling and
+/// rope_parameters that give different scalings, an activation
 /// other than silu, pretraining_tp > 1, attention dropout, a head_dim
 /// other than hidden_size / heads, a missing size, sizes of more than
 /// hf_max_params parameters; and as llama_config::validate.
@@ -161,15 +232,17 @@ inline llama_config llama_config_from_hf(const nlohmann::json& j, const std::str
   } else {
     c.norm_eps = 1e-6;
   }
-  // RoPE: transformers < 5 writes rope_theta and rope_scaling, 5 and later
-  // rope_parameters {"rope_type", "rope_theta", ...}; only the default
-  // (unscaled) type is tessera's.
+  // RoPE: transformers < 5 writes rope_theta and rope_scaling ({"rope_type":
+  // "llama3", "factor", ...} or null), 5 and later rope_parameters
+  // {"rope_type", "rope_theta", ...}. The default (unscaled) type and
+  // "llama3" are tessera's.
   const nlohmann::json* rope = &j;
-  if (j.contains("rope_parameters") && !j["rope_parameters"].is_null()) {
+  std::optional<llama3_rope_scaling> scaling;
+  const bool has_parameters = j.contains("rope_parameters") && !j["rope_parameters"].is_null();
+  if (has_parameters) {
     rope = &j["rope_parameters"];
     if (!rope->is_object()) fail("rope_parameters", "needs an object");
-    if (rope->contains("rope_type") && (*rope)["rope_type"] != "default")
-      fail("rope_parameters", "tessera's RoPE has no scaling (rope_type \"default\" only)");
+    scaling = hf_rope_scaling(*rope, "rope_parameters", where);
   }
   if (!rope->contains("rope_theta")) rope = &j;  // rope_parameters without it: the top level's
   if (rope->contains("rope_theta")) {
@@ -177,10 +250,16 @@ inline llama_config llama_config_from_hf(const nlohmann::json& j, const std::str
       fail(rope == &j ? "rope_theta" : "rope_parameters", "needs a positive rope_theta");
     c.rope_theta = (*rope)["rope_theta"].get<double>();
   }
-  if (j.contains("rope_scaling") && !j["rope_scaling"].is_null() &&
-      !(j["rope_scaling"].is_object() && j["rope_scaling"].contains("rope_type") &&
-        j["rope_scaling"]["rope_type"] == "default"))
-    fail("rope_scaling", "tessera's RoPE has no scaling (plain theta^(-2i/hd) frequencies)");
+  if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
+    // Given both, transformers 5 takes rope_scaling's: tessera refuses two
+    // that differ rather than pick one.
+    const auto s = hf_rope_scaling(j["rope_scaling"], "rope_scaling", where);
+    if (has_parameters && s != scaling)
+      fail("rope_scaling", "gives the scaling " + to_string(s) + " but rope_parameters gives " +
+                               to_string(scaling));
+    scaling = s;
+  }
+  c.rope_scaling = scaling;
   flag_off("attention_bias", "attention biases");
   flag_off("mlp_bias", "MLP biases");
   if (j.contains("hidden_act") && j["hidden_act"] != "silu")
@@ -244,8 +323,9 @@ class hf_checkpoint {
   /// with save_pretrained(..., safe_serialization=True)), config_error as
   /// llama_config_from_hf, and config_error naming the tensor for a
   /// missing tensor, an unexpected one (rotary_emb.inv_freq buffers are
-  /// ignored: tessera derives them from rope_theta), a shape that disagrees
-  /// with config.json, or a dtype that is not F32, F16, BF16 or F64. With
+  /// ignored: tessera derives them from rope_theta and the rope scaling), a
+  /// shape that disagrees with config.json, or a dtype that is not F32, F16,
+  /// BF16 or F64. With
   /// tie_word_embeddings true the LM head is read from the embedding, as
   /// transformers ties them (a stored lm_head.weight is ignored; tessera
   /// then trains the two untied). model.safetensors is read when present,
@@ -439,6 +519,7 @@ inline std::shared_ptr<const hf_checkpoint> open_hf_for(const llama_config& c,
   cmp("max_seq", c.max_seq, "max_position_embeddings", h.max_seq);
   cmp("norm_eps", c.norm_eps, "rms_norm_eps", h.norm_eps);
   cmp("rope_theta", c.rope_theta, "rope_theta", h.rope_theta);
+  cmp("rope_scaling", to_string(c.rope_scaling), "rope_scaling", to_string(h.rope_scaling));
   TESSERA_THROW_IF(!diff.empty(), config_error, "model '", c.name,
                    "' differs from the Hugging Face checkpoint '", dir, "': ", diff,
                    " (take the model config from its config.json: nn::llama_config_from_hf)");

@@ -249,7 +249,10 @@ class llama {
     reset_segment_grads();
     const std::int64_t half = cfg_.head_dim() / 2, n = cfg_.max_seq * half;
     std::vector<Rope> cos(static_cast<std::size_t>(n)), sin(cos.size());
-    kernels::rope_table(cos.data(), sin.data(), cfg_.max_seq, cfg_.head_dim(), cfg_.rope_theta);
+    // The frequencies (theta's, scaled by cfg_.rope_scaling) and the tables
+    // in double on the host, rounded once to Rope; both backends read them.
+    const std::vector<double> inv_freq = cfg_.rope_inv_freqs();
+    kernels::rope_table(cos.data(), sin.data(), cfg_.max_seq, cfg_.head_dim(), inv_freq.data());
     rope_cos_ = kernels::make_tensor<Rope>(ctx, n);
     rope_sin_ = kernels::make_tensor<Rope>(ctx, n);
     ctx.from_host(rope_cos_.data(), cos.data(), cos.size() * sizeof(Rope));

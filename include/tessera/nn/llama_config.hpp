@@ -6,11 +6,13 @@
 /// hd = H / nh, F = ffn_dim, V = vocab.
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "tessera/core/checked.hpp"
 #include "tessera/core/error.hpp"
+#include "tessera/nn/rope_scaling.hpp"
 
 namespace tessera::nn {
 
@@ -26,12 +28,21 @@ struct llama_config {
   std::int64_t max_seq = 0;     ///< longest sequence the RoPE tables cover
   double rope_theta = 10000.0;  ///< RoPE base
   double norm_eps = 1e-5;       ///< RMSNorm epsilon
+  /// Llama 3.1's frequency scaling (rope_type "llama3", nn/rope_scaling.hpp);
+  /// none: the plain theta^(-2i/hd) frequencies.
+  std::optional<llama3_rope_scaling> rope_scaling = std::nullopt;
 
   std::int64_t head_dim() const { return n_heads > 0 ? dim / n_heads : 0; }
   std::int64_t kv_dim() const { return n_kv_heads * head_dim(); }
+  /// The hd/2 inverse frequencies of the RoPE tables, in double
+  /// (nn::rope_inv_freqs of hd, rope_theta and rope_scaling).
+  std::vector<double> rope_inv_freqs() const {
+    return nn::rope_inv_freqs(head_dim(), rope_theta, rope_scaling);
+  }
 
   /// Throws config_error naming the values if a size is not positive, nh does
-  /// not divide H, nkv does not divide nh, or hd is odd (RoPE pairs dims).
+  /// not divide H, nkv does not divide nh, hd is odd (RoPE pairs dims), or
+  /// the rope scaling is not valid (llama3_rope_scaling::validate).
   void validate() const {
     auto pos = [&](std::int64_t v, const char* what) {
       TESSERA_THROW_IF(v <= 0, config_error, what, "=", v, " must be >= 1 (model '", name, "')");
@@ -51,6 +62,13 @@ struct llama_config {
                      " must be even for RoPE (dim=", dim, ", n_heads=", n_heads, ")");
     TESSERA_THROW_IF(rope_theta <= 1.0, config_error, "rope_theta=", rope_theta, " must be > 1");
     TESSERA_THROW_IF(!(norm_eps > 0), config_error, "norm_eps=", norm_eps, " must be > 0");
+    if (rope_scaling) {
+      try {
+        rope_scaling->validate();
+      } catch (const config_error& e) {
+        throw config_error(detail::str(e.what(), " (model '", name, "')"));
+      }
+    }
     // Every size the model allocates fits 64 bits: a parameter count past
     // 2^63 would wrap into a small, wrong one.
     try {
@@ -99,9 +117,21 @@ struct llama_config {
   static llama_config llama3_8b() {
     return {"llama3_8b", 4096, 32, 32, 8, 14336, 128256, 8192, 500000.0, 1e-5};
   }
+  /// Llama 3.1 8B (Meta 2024; meta-llama/Llama-3.1-8B's config.json): Llama 3
+  /// 8B's sizes with 128K positions by llama3 RoPE scaling (factor 8,
+  /// low/high frequency factors 1 and 4, original context 8192), untied
+  /// embeddings. (Llama 3.2 1B and 3B tie the embedding and the LM head,
+  /// which tessera's Llama does not: they have no preset.)
+  static llama_config llama3_1_8b() {
+    llama_config c = llama3_8b();
+    c.name = "llama3_1_8b";
+    c.max_seq = 131072;
+    c.rope_scaling = llama3_rope_scaling{8.0, 1.0, 4.0, 8192};
+    return c;
+  }
   /// Names accepted by from_name().
   static std::vector<std::string> preset_names() {
-    return {"tiny", "small", "llama2_7b", "llama3_8b"};
+    return {"tiny", "small", "llama2_7b", "llama3_8b", "llama3_1_8b"};
   }
   /// Looks up a preset; throws config_error listing the valid names.
   static llama_config from_name(const std::string& n) {
@@ -109,7 +139,9 @@ struct llama_config {
     if (n == "small") return small();
     if (n == "llama2_7b") return llama2_7b();
     if (n == "llama3_8b") return llama3_8b();
-    throw config_error("unknown preset '" + n + "' (valid: tiny, small, llama2_7b, llama3_8b)");
+    if (n == "llama3_1_8b") return llama3_1_8b();
+    throw config_error("unknown preset '" + n +
+                       "' (valid: tiny, small, llama2_7b, llama3_8b, llama3_1_8b)");
   }
 };
 

@@ -14,26 +14,39 @@
 #include <nlohmann/json.hpp>
 
 #include "tessera/core/error.hpp"
-#include "tessera/data/sampler.hpp"
 #include "tessera/data/fingerprint.hpp"
+#include "tessera/data/sampler.hpp"
 #include "tessera/data/token_file.hpp"
+#include "tessera/nn/hf_llama.hpp"
 #include "tessera/nn/llama_config.hpp"
 #include "tessera/train/config.hpp"
 
 namespace tessera::train {
 
-/// The model's sizes as checkpoint metadata.
+/// The model's sizes as checkpoint metadata. A RoPE scaling is written as
+/// "rope_scaling" in config.json's form (nn::hf_rope_scaling_json); a model
+/// without one has no such key, so the metadata of an unscaled model is what
+/// tessera wrote before scaling existed, and a resume with another scaling
+/// (or none) differs in "model" and is refused (check_resume_metadata).
 inline nlohmann::json model_metadata(const nn::llama_config& c) {
-  return {{"name", c.name},         {"dim", c.dim},         {"n_layers", c.n_layers},
-          {"n_heads", c.n_heads},   {"n_kv_heads", c.n_kv_heads}, {"ffn_dim", c.ffn_dim},
-          {"vocab", c.vocab},       {"max_seq", c.max_seq}, {"rope_theta", c.rope_theta},
-          {"norm_eps", c.norm_eps}};
+  nlohmann::json m = {{"name", c.name},
+                      {"dim", c.dim},
+                      {"n_layers", c.n_layers},
+                      {"n_heads", c.n_heads},
+                      {"n_kv_heads", c.n_kv_heads},
+                      {"ffn_dim", c.ffn_dim},
+                      {"vocab", c.vocab},
+                      {"max_seq", c.max_seq},
+                      {"rope_theta", c.rope_theta},
+                      {"norm_eps", c.norm_eps}};
+  if (c.rope_scaling) m["rope_scaling"] = nn::hf_rope_scaling_json(c.rope_scaling);
+  return m;
 }
 
 /// The model config that model_metadata wrote (`m`, read from `where`,
-/// named in errors). Throws io_error naming `where` and the key for a
-/// missing key or one of another type, config_error as
-/// llama_config::validate.
+/// named in errors; no "rope_scaling", or null: none). Throws io_error
+/// naming `where` and the key for a missing key or one of another type,
+/// config_error as nn::hf_rope_scaling and llama_config::validate.
 inline nn::llama_config model_config_from_metadata(const nlohmann::json& m,
                                                    const std::string& where) {
   nn::llama_config c;
@@ -51,6 +64,8 @@ inline nn::llama_config model_config_from_metadata(const nlohmann::json& m,
   } catch (const nlohmann::json::exception& e) {
     throw io_error("'" + where + "': its model settings are malformed: " + e.what());
   }
+  if (m.contains("rope_scaling") && !m["rope_scaling"].is_null())
+    c.rope_scaling = nn::hf_rope_scaling(m["rope_scaling"], "rope_scaling", "'" + where + "'");
   c.validate();
   return c;
 }

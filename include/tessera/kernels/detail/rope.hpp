@@ -9,9 +9,20 @@
 /// Source: Su et al., "RoFormer", 2021, eq. 34; the half-split pairing of
 /// Hugging Face's LlamaRotaryEmbedding / rotate_half.
 
+#include <cmath>
+#include <cstdint>
+
 #include "tessera/core/config.hpp"
 
 namespace tessera::kernels::detail {
+
+/// The unscaled RoPE inverse frequency of pair i of a head of hd dims,
+/// theta^(-2i/hd), in double (host; the tables are built on the host). The
+/// one definition that rope_table and nn's scaled frequencies
+/// (nn/rope_scaling.hpp) both start from.
+inline double rope_inv_freq(std::int64_t i, std::int64_t hd, double theta) {
+  return std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(hd));
+}
 
 template <class A>
 TESSERA_HOST_DEVICE inline void rope_rotate(A x1, A x2, A c, A s, A& y1, A& y2) {

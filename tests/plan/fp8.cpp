@@ -26,7 +26,7 @@
 #include <tessera/plan/memory.hpp>
 #include <tessera/plan/pipeline.hpp>
 
-#include "pp_suite.hpp"
+#include "../train/pp_suite.hpp"
 
 namespace test_plan_fp8 {
 

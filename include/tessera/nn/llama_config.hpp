@@ -31,6 +31,12 @@ struct llama_config {
   /// Llama 3.1's frequency scaling (rope_type "llama3", nn/rope_scaling.hpp);
   /// none: the plain theta^(-2i/hd) frequencies.
   std::optional<llama3_rope_scaling> rope_scaling = std::nullopt;
+  /// The LM head is the embedding (Hugging Face's tie_word_embeddings; Llama
+  /// 3.2 1B and 3B, GPT-2): one (V, H) parameter, read by the embedding's
+  /// lookup and by the head's logits = x wte^T, its gradient the sum of both
+  /// uses. The layout then has no "lm_head" tensor (nn/llama_layout.hpp;
+  /// under a pipeline the last stage holds a copy kept equal to it).
+  bool tie_word_embeddings = false;
 
   std::int64_t head_dim() const { return n_heads > 0 ? dim / n_heads : 0; }
   std::int64_t kv_dim() const { return n_kv_heads * head_dim(); }
@@ -94,8 +100,11 @@ struct llama_config {
   std::int64_t block_params() const {
     return 2 * dim + dim * dim + 2 * kv_dim() * dim + dim * dim + 3 * dim * ffn_dim;
   }
-  /// All parameters: embedding (V, H), L blocks, final norm (H), LM head (V, H) (untied).
-  std::int64_t num_params() const { return 2 * vocab * dim + n_layers * block_params() + dim; }
+  /// All parameters: embedding (V, H), L blocks, final norm (H), and the LM
+  /// head (V, H) unless tied to the embedding (counted once then).
+  std::int64_t num_params() const {
+    return (tie_word_embeddings ? 1 : 2) * vocab * dim + n_layers * block_params() + dim;
+  }
 
   /// Test preset: small enough for float64 finite differences, with GQA.
   static llama_config tiny() {

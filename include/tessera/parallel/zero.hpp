@@ -382,10 +382,18 @@ class data_parallel final : public nn::segment_hooks {
     // backward later, other passes between: no prefetch.
     if (backward_follows_ && s == model_->last_segment() && has_head()) grads_.open(s);
     if (params_) params_->before_forward(s, backward_next_ && has_head());
+    // Tied embeddings on a stage holding both: the head reads the
+    // embedding's parameters and adds to its gradients (segment -1), which
+    // are gathered and opened for it too.
+    if (at_tied_head(s)) {
+      if (backward_follows_) grads_.open(-1);
+      if (params_) params_->hold(-1);
+    }
     grads_.poll();
   }
   void after_forward(int s) override {
     if (params_) params_->release(s);
+    if (params_ && at_tied_head(s)) params_->release(-1);
     grads_.poll();
   }
   void before_backward(int s) override {
@@ -406,6 +414,7 @@ class data_parallel final : public nn::segment_hooks {
   }
   void after_backward(int s) override {
     if (params_) params_->release(s);
+    if (params_ && at_tied_head(s)) params_->release(-1);
     grads_.backward_done(s);  // polls every reduction issued so far, the new one included
   }
 
@@ -435,6 +444,10 @@ class data_parallel final : public nn::segment_hooks {
       return std::nullopt;
   }
   bool has_head() const { return model_->options().stage.head; }
+  // Segment s is the head, and it reads the embedding (tied, both held).
+  bool at_tied_head(int s) const {
+    return s == model_->last_segment() && has_head() && model_->head_reads_embedding();
+  }
 
   // Where the optimizer's elements are: its state is the flat buffer
   // (zero<0>) or this rank's chunks in bucket order (shard_offset); each

@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -160,12 +161,38 @@ void check_mesh(Comm& world, const reference& ref, const data::token_file& f, co
     // The parameters carry every step's update: AdamW's m / sqrt(v) turns
     // each step's gradient rounding into parameter rounding, which adds up
     // over the steps (float32 under tp reached 1.4e-5 after five).
+    // Tied embeddings under a pipeline: the first stage's embedding and
+    // the last stage's copy (the chunks' shared_tied_range) hold the same
+    // bits after the steps, gathered over the pp group (other stages send
+    // zeros).
+    const std::int64_t tied_n = l.tied && l.pp > 1 ? tr.model(0).layout().at("embedding").numel : 0;
+    std::vector<double> tied(static_cast<std::size_t>(tied_n), 0.0);
     for (int c = 0; c < tr.chunks(); ++c) {
       std::vector<typename P::param_type> full(static_cast<std::size_t>(tr.model(c).flat_size()));
       tr.engine(c).full_params(full.data());
       check_chunk(tr.model(c), full.data(), ref.params, ref.layout,
                   tol * static_cast<double>(steps),
                   tessera::detail::str(where(), " chunk ", c, " parameters"));
+      const nn::param_range r = tr.model(c).shared_tied_range();
+      if (tied_n > 0 && r.end > r.begin) {
+        check(r.end - r.begin == tied_n, where(), ": the tied range holds ", r.end - r.begin);
+        for (std::int64_t j = 0; j < tied_n; ++j)
+          tied[static_cast<std::size_t>(j)] =
+              tessera::to<double>(full[static_cast<std::size_t>(r.begin + j)]);
+      }
+    }
+    if (tied_n > 0) {
+      std::vector<double> all(tied.size() * static_cast<std::size_t>(l.pp));
+      g.pp.all_gather(tied.data(), all.data(), tied.size());
+      const double* last = all.data() + (l.pp - 1) * tied.size();
+      std::int64_t differ = 0, nonzero = 0;
+      for (std::size_t j = 0; j < tied.size(); ++j) {
+        differ += std::memcmp(&all[j], &last[j], sizeof(double)) != 0;
+        nonzero += all[j] != 0;
+      }
+      check(differ == 0 && nonzero > tied_n / 2, where(),
+            ": the last stage's tied copy differs from the first stage's embedding in ", differ,
+            " of ", tied_n, " elements (", nonzero, " nonzero)");
     }
   };
   if (l.tp > 1) {

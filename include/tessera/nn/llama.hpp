@@ -332,6 +332,18 @@ class llama {
     return cfg_.tie_word_embeddings && opt_.stage.head && !opt_.stage.embedding;
   }
 
+  /// The elements (offsets from flat_begin()) of the tied tensor another
+  /// pipeline stage holds too, whose gradient must be summed with that
+  /// stage's before the norm and the update: the embedding on a stage with
+  /// the embedding but not the head, its copy ("lm_head") on a stage with
+  /// the head but not the embedding. Empty (begin == end) for untied
+  /// embeddings and for a stage holding both.
+  param_range shared_tied_range() const {
+    if (!cfg_.tie_word_embeddings || opt_.stage.embedding == opt_.stage.head) return {};
+    const param_entry& e = layout_.at(opt_.stage.embedding ? "embedding" : "lm_head");
+    return {e.offset - lo_, e.offset - lo_ + e.numel, e.decay};
+  }
+
   /// The tensor-parallel degree of the layer family (1: dense).
   int tp_size() const { return layers_.size(); }
   /// Whether training and evaluation shard the norm and residual regions

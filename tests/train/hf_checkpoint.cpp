@@ -321,6 +321,31 @@ TEST_CASE("hf export and import of tied embeddings: tie_word_embeddings, no lm_h
   // An untied model from a tied folder (or back) is refused, naming the key.
   REQUIRE_THROWS_WITH((train::trainer<precision::fp64>(model4(), cfg, f)),
                       Contains("tie_word_embeddings=false vs tie_word_embeddings=true"));
+  // Meshes: pipelines whose last stage holds the copy export the tensor
+  // once, as one rank does; started from the folder, a (1, 2, 2) mesh
+  // computes one rank's first loss.
+  train::trainer<precision::fp64> one(tied, config(3), f);
+  for (int s = 0; s < 3; ++s) one.train_step();
+  one.export_hf(tmp / "one");
+  const auto want1 = read_all(tmp / "one");
+  run_mesh<parallel::zero<1>>(f, 1, 2, 2, 3, tmp / "m122", nn::hf_default_shard_bytes, "", tied);
+  run_mesh<parallel::zero<3>>(f, 2, 1, 2, 3, tmp / "m212", 1, "", tied);
+  for (const char* m : {"m122", "m212"}) {
+    INFO(m);
+    CHECK(max_rel_diff(read_all(tmp / m), want1) <= 1e-10);
+    std::ifstream ix_in(tmp / m / "model.safetensors.index.json");
+    REQUIRE(ix_in);
+    const auto ix = nlohmann::json::parse(ix_in);
+    CHECK(ix["weight_map"].size() == 38);
+    CHECK(!ix["weight_map"].contains("lm_head.weight"));
+  }
+  train::train_config c1 = config(1);
+  c1.init_from_hf = (tmp / "one").string();
+  train::trainer<precision::fp64> from(tied, c1, f);
+  const double l1 = from.train_step().loss;
+  const double lm = run_mesh<parallel::zero<1>>(
+      f, 1, 2, 2, 1, tmp / "unused", nn::hf_default_shard_bytes, (tmp / "one").string(), tied);
+  CHECK(std::fabs(lm - l1) <= 1e-10 * l1);
 }
 
 TEST_CASE("hf export and import of Llama 3.1's RoPE scaling, in both transformers spellings",

@@ -522,7 +522,8 @@ int run(const options& o) {
 int main(int argc, char** argv) {
   options o;
   CLI::App app{"plan: per-rank memory, FLOPs and communication of a Llama training step"};
-  app.add_option("--preset", o.preset, "tiny, small, llama2_7b, llama3_8b, llama3_1_8b")
+  app.add_option("--preset", o.preset,
+                 "tiny, small, llama2_7b, llama3_8b, llama3_1_8b, llama3_2_1b, llama3_2_3b")
       ->capture_default_str();
   app.add_option("--precision", o.precision,
                  "fp32, fp64, bf16_mixed (or bf16), bf16_mixed_bf16_grads, fp16_mixed (or fp16), "

@@ -206,7 +206,8 @@ int main(int argc, char** argv) {
   using R = CLI::Range;
   const std::int64_t big = 1000000000000;
   app.add_option("--preset", o.preset,
-                 "model preset: tiny, small, llama2_7b, llama3_8b, llama3_1_8b")
+                 "model preset: tiny, small, llama2_7b, llama3_8b, llama3_1_8b, llama3_2_1b, "
+                 "llama3_2_3b")
       ->capture_default_str();
   app.add_option("--dim", o.dim, "override the preset's model dimension H")
       ->check(R(std::int64_t{1}, std::int64_t{1048576}));
@@ -218,6 +219,9 @@ int main(int argc, char** argv) {
       ->check(R(std::int64_t{1}, std::int64_t{65536}));
   app.add_option("--ffn", o.ffn, "override the preset's SwiGLU dimension F")
       ->check(R(std::int64_t{1}, std::int64_t{16777216}));
+  app.add_flag("--tie-embeddings", o.tie_embeddings,
+               "tie the LM head to the embedding (one V x H matrix, as Llama 3.2 1B/3B, whose "
+               "presets are tied); --tie-embeddings=false unties a tied preset");
   app.add_option("--data-format", o.data_format,
                  "auto (text for .txt, .text and .md files, a token file otherwise: tessera's, "
                  "llm.c's .bin, NumPy's .npy), text, or tokens")

@@ -45,6 +45,24 @@ TEST_CASE("config.json sizes whose parameter count passes 2^48 are refused", "[n
                         Contains("vocab_size=4398046511104 describe") && Contains("(2^48)"));
 }
 
+TEST_CASE("config.json's tie_word_embeddings: true ties, false, null or absent do not",
+          "[nn][hf][tied]") {
+  nlohmann::json j = small_config();
+  CHECK(!nn::llama_config_from_hf(j, "config.json").tie_word_embeddings);  // LlamaConfig's default
+  j["tie_word_embeddings"] = nullptr;
+  CHECK(!nn::llama_config_from_hf(j, "config.json").tie_word_embeddings);
+  j["tie_word_embeddings"] = false;
+  CHECK(!nn::llama_config_from_hf(j, "config.json").tie_word_embeddings);
+  j["tie_word_embeddings"] = true;
+  const nn::llama_config c = nn::llama_config_from_hf(j, "config.json");
+  CHECK(c.tie_word_embeddings);
+  CHECK(c.num_params() == 32 * 16 + 2 * c.block_params() + 16);  // the (V, H) matrix once
+  CHECK(nn::hf_config_json(c, "float32")["tie_word_embeddings"] == true);
+  j["tie_word_embeddings"] = "yes";
+  CHECK_THROWS_WITH(nn::llama_config_from_hf(j, "config.json"),
+                    Contains("tie_word_embeddings=\"yes\": needs true or false"));
+}
+
 TEST_CASE("more layers in config.json than the files hold tensors: refused before the layout",
           "[nn][hf]") {
   const fs::path d = fs::temp_directory_path() / ("tessera_hf_llama_" + std::to_string(::getpid()));

@@ -231,8 +231,38 @@ TEST_CASE("presets: llama3_1_8b carries Llama 3.1's scaling, the others none", "
   CHECK((c.dim == l3.dim && c.n_layers == l3.n_layers && c.n_heads == l3.n_heads &&
          c.n_kv_heads == l3.n_kv_heads && c.ffn_dim == l3.ffn_dim && c.vocab == l3.vocab));
   for (const auto& n : nn::llama_config::preset_names())
-    if (n != "llama3_1_8b") CHECK(!nn::llama_config::from_name(n).rope_scaling);
-  CHECK_THROWS_WITH(nn::llama_config::from_name("llama3_2_1b"), Contains("llama3_1_8b"));
+    if (!n.starts_with("llama3_1") && !n.starts_with("llama3_2"))
+      CHECK(!nn::llama_config::from_name(n).rope_scaling);
+  CHECK_THROWS_WITH(nn::llama_config::from_name("llama3_2_2b"), Contains("llama3_2_3b"));
+}
+
+TEST_CASE("presets: Llama 3.2 1B and 3B as their config.json, tied, scaled by 32",
+          "[nn][rope][tied]") {
+  // meta-llama/Llama-3.2-1B and -3B: vocab 128256, F 8192, nkv 8, theta
+  // 5e5, 131072 positions, rope_scaling llama3 factor 32, low/high 1 and
+  // 4, original 8192, tie_word_embeddings true.
+  for (const char* n : {"llama3_2_1b", "llama3_2_3b"}) {
+    const nn::llama_config c = nn::llama_config::from_name(n);
+    INFO(n);
+    CHECK(c.name == n);
+    CHECK(c.tie_word_embeddings);
+    CHECK(c.vocab == 128256);
+    CHECK(c.ffn_dim == 8192);
+    CHECK(c.n_kv_heads == 8);
+    CHECK(c.max_seq == 131072);
+    CHECK(c.rope_theta == 500000.0);
+    CHECK(c.norm_eps == 1e-5);
+    REQUIRE(c.rope_scaling);
+    CHECK(*c.rope_scaling == llama3_rope_scaling{32.0, 1.0, 4.0, 8192});
+    CHECK_NOTHROW(c.validate());
+  }
+  const auto a = nn::llama_config::llama3_2_1b(), b = nn::llama_config::llama3_2_3b();
+  CHECK((a.dim == 2048 && a.n_layers == 16 && a.n_heads == 32 && a.head_dim() == 64));
+  CHECK((b.dim == 3072 && b.n_layers == 28 && b.n_heads == 24 && b.head_dim() == 128));
+  // Published sizes: 1,235,814,400 and 3,212,749,824 parameters (the
+  // embedding counted once).
+  CHECK(a.num_params() == 1235814400);
+  CHECK(b.num_params() == 3212749824);
 }
 
 }  // namespace test_nn_rope_scaling

@@ -24,7 +24,14 @@
                                  whose expect.json holds transformers'
                                  float64 logits over 128 positions
                                  (make_llama3_rope), its float64 inverse
-                                 frequencies, and its float32 logits
+                                 frequencies, and its float32 logits; and
+                                 DIR/llama3_2_tied_fp64, the same with tied
+                                 embeddings (tie_word_embeddings, as Llama
+                                 3.2 1B and 3B: no lm_head.weight saved)
+
+A tied export (tie_word_embeddings true in config.json) must hold no
+lm_head.weight, and transformers must build it tied: its LM head is the
+embedding's tensor.
 
 Exit status 0 when everything agrees, 1 when something differs, 2 on bad
 input, 77 when numpy or safetensors is missing (the check is skipped).
@@ -168,8 +175,13 @@ def check_export(d):
     ids = np.array(exp["tokens"])
     want = np.array(exp["logits"], dtype=np.float64)
     cfg, W = load_folder(d)
+    tied = bool(cfg.get("tie_word_embeddings", False))
+    ok = True
+    if tied and "lm_head.weight" in W:
+        print("check_hf: config.json ties the embeddings but the folder holds lm_head.weight")
+        ok = False
     ok = compare("NumPy float64 forward of the safetensors", numpy_llama_logits(cfg, W, ids),
-                 want, mean_loss(numpy_llama_logits(cfg, W, ids), ids), exp["loss"])
+                 want, mean_loss(numpy_llama_logits(cfg, W, ids), ids), exp["loss"]) and ok
     try:
         import torch
         from transformers import LlamaForCausalLM
@@ -182,6 +194,11 @@ def check_export(d):
     got = out.logits[0].double().numpy()
     ok = compare("transformers LlamaForCausalLM (float32)", got, want, float(out.loss),
                  exp["loss"]) and ok
+    if tied:  # transformers built one matrix: the head is the embedding
+        same = m.lm_head.weight.data_ptr() == m.model.embed_tokens.weight.data_ptr()
+        print(f"check_hf: tie_word_embeddings {m.config.tie_word_embeddings}, LM head "
+              f"{'is' if same else 'IS NOT'} the embedding's tensor in transformers")
+        ok = ok and same and bool(m.config.tie_word_embeddings)
     return ok
 
 
@@ -217,7 +234,8 @@ def make(d):
 
     save("fp32", torch.float32, False, "5GB")
     save("bf16_tied_sharded", torch.bfloat16, True, "8KB")
-    return make_llama3_rope(os.path.join(d, "llama3_rope_fp64"))
+    ok = make_llama3_rope(os.path.join(d, "llama3_rope_fp64"))
+    return make_llama3_rope(os.path.join(d, "llama3_2_tied_fp64"), tied=True) and ok
 
 
 def transformers_llama3_inv_freq_float64(config):
@@ -273,7 +291,7 @@ def lift_float32_islands(model, inv_freq):
             mod.forward = norm
 
 
-def make_llama3_rope(out):
+def make_llama3_rope(out, tied=False):
     """A Llama 3.2-shaped model (grouped-query, rope_theta 500000, llama3
     RoPE scaling with factor 32, low/high frequency factors 1 and 4) at a
     small size: hd 16, so its 8 frequencies fall in all three bands of the
@@ -283,16 +301,17 @@ def make_llama3_rope(out):
     127 lie past original_max_position_embeddings), transformers' float64
     logits (lift_float32_islands) and their loss, the float64 inverse
     frequencies, and under "float32" the logits and loss of the folder
-    loaded as it stands in float32."""
+    loaded as it stands in float32. `tied`: tie_word_embeddings, as Llama
+    3.2 1B and 3B (another seed: other weights)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
-    torch.manual_seed(3202)
+    torch.manual_seed(3212 if tied else 3202)
     scaling = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
                "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
     cfg = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                       num_attention_heads=2, num_key_value_heads=1, vocab_size=32,
                       max_position_embeddings=256, rms_norm_eps=1e-5, rope_theta=500000.0,
-                      rope_scaling=scaling, tie_word_embeddings=False, initializer_range=0.1,
+                      rope_scaling=scaling, tie_word_embeddings=tied, initializer_range=0.1,
                       attn_implementation="sdpa")
     m = LlamaForCausalLM(cfg).eval()
     with torch.no_grad():
@@ -301,6 +320,8 @@ def make_llama3_rope(out):
                 p.copy_(1 + 0.3 * torch.randn_like(p))
     m = m.to(torch.float64)
     m.save_pretrained(out, safe_serialization=True)
+    if tied and m.lm_head.weight.data_ptr() != m.model.embed_tokens.weight.data_ptr():
+        raise SystemExit("check_hf: transformers did not tie the LM head to the embedding")
     g = torch.Generator().manual_seed(64)
     ids = torch.randint(0, 32, (128,), generator=g)
     m64 = LlamaForCausalLM.from_pretrained(out, dtype=torch.float64,
@@ -333,7 +354,7 @@ def make_llama3_rope(out):
                        "logits": [[float(f"{x:.9g}") for x in row]
                                   for row in r32.logits[0].tolist()],
                        "loss": float(r32.loss)}}, f)
-    print(f"check_hf: saved {out} (float64, llama3 RoPE scaling, "
+    print(f"check_hf: saved {out} (float64, llama3 RoPE scaling, tied {tied}, "
           f"{saved_cfg.get('transformers_version')})")
     return True
 

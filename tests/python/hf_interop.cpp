@@ -10,6 +10,12 @@
 //   hf_interop export-llama3 DIR
 //                             the same with Llama 3.1's RoPE scaling (factor
 //                             8, original context 16) and 48 positions
+//   hf_interop train-export SRC DIR
+//                             the same from the weights of the Hugging Face
+//                             folder SRC (its config.json's model: tied
+//                             embeddings for llama3_2_tied_fp64), 96
+//                             positions; the export of a tied model holds
+//                             no lm_head.weight
 //   hf_interop import DIR     reads the Hugging Face folder DIR (saved by
 //                             transformers) into tessera's Llama
 //                             (llama_options::weights) and holds the logits
@@ -131,6 +137,54 @@ logit_error compare_logits(const std::vector<Row>& got, const nlohmann::json& wa
   return e;
 }
 
+// Trains model `c` (from the Hugging Face folder `init_from_hf` unless
+// empty) for a few steps of AdamW on random tokens, so the norm gains move
+// off 1, exports it to `dir` and writes dir/tessera_expect.json: `positions`
+// fixed tokens, tessera's float32 logits at each and the mean loss.
+int export_trained(const nn::llama_config& c, const std::string& init_from_hf, const fs::path& dir,
+                   std::int64_t positions) {
+  const fs::path tok = fs::temp_directory_path() /
+                       ("tessera_hf_interop_" + std::to_string(::getpid()) + ".tok");
+  std::vector<std::uint32_t> text;
+  std::uint64_t s = 7;
+  for (int i = 0; i < 20000; ++i) {
+    s = mix64(s);
+    text.push_back(c.vocab >= 123
+                       ? static_cast<std::uint32_t>(97 + s % 26)
+                       : static_cast<std::uint32_t>(s % static_cast<std::uint64_t>(c.vocab)));
+  }
+  data::write_token_file(tok, text, static_cast<std::uint64_t>(c.vocab));
+  train::train_config cfg;
+  cfg.steps = 5;
+  cfg.global_batch = 4;
+  cfg.micro_batch = 4;
+  cfg.seq = 32;
+  cfg.lr = 1e-2;
+  cfg.warmup = 1;
+  cfg.eval_windows = 4;
+  cfg.init_from_hf = init_from_hf;
+  double loss = 0;
+  std::vector<std::vector<float>> logits;
+  const std::vector<std::int32_t> ids = fixed_sequence(positions, c.vocab);
+  {
+    data::token_file f(tok);
+    train::trainer<precision::fp32> tr(c, cfg, f);
+    for (int i = 0; i < cfg.steps; ++i) tr.train_step();
+    tr.export_hf(dir);
+    evaluate(tr.model(), ids, logits, loss);
+  }
+  fs::remove(tok);
+  tessera::write_json_file(dir / "tessera_expect.json",
+                           {{"tokens", ids}, {"logits", logits}, {"loss", loss}});
+  std::printf(
+      "hf_interop: exported a %lld-layer GQA Llama (%lld/%lld heads, RoPE scaling %s%s%s%s) "
+      "to %s\n",
+      (long long)c.n_layers, (long long)c.n_heads, (long long)c.n_kv_heads,
+      nn::to_string(c.rope_scaling).c_str(), c.tie_word_embeddings ? ", tied embeddings" : "",
+      init_from_hf.empty() ? "" : ", trained from ", init_from_hf.c_str(), dir.c_str());
+  return 0;
+}
+
 int do_export(const fs::path& dir, bool llama3) {
   nn::llama_config c;
   c.name = "interop";
@@ -146,43 +200,7 @@ int do_export(const fs::path& dir, bool llama3) {
   // Llama 3.1's scaling with an original context of 16: head dim 16 puts
   // one frequency in each of the kept and blended bands, six divided.
   if (llama3) c.rope_scaling = nn::llama3_rope_scaling{8.0, 1.0, 4.0, 16};
-  // A few steps of AdamW on random bytes, so the norm gains are not 1.
-  const fs::path tok = fs::temp_directory_path() /
-                       ("tessera_hf_interop_" + std::to_string(::getpid()) + ".tok");
-  std::vector<std::uint32_t> text;
-  std::uint64_t s = 7;
-  for (int i = 0; i < 20000; ++i) {
-    s = mix64(s);
-    text.push_back(static_cast<std::uint32_t>(97 + s % 26));
-  }
-  data::write_token_file(tok, text, 256);
-  train::train_config cfg;
-  cfg.steps = 5;
-  cfg.global_batch = 4;
-  cfg.micro_batch = 4;
-  cfg.seq = 32;
-  cfg.lr = 1e-2;
-  cfg.warmup = 1;
-  cfg.eval_windows = 4;
-  double loss = 0;
-  std::vector<std::vector<float>> logits;
-  const std::vector<std::int32_t> ids = fixed_sequence(llama3 ? 48 : 24, c.vocab);
-  {
-    data::token_file f(tok);
-    train::trainer<precision::fp32> tr(c, cfg, f);
-    for (int i = 0; i < cfg.steps; ++i) tr.train_step();
-    tr.export_hf(dir);
-    evaluate(tr.model(), ids, logits, loss);
-  }
-  fs::remove(tok);
-  tessera::write_json_file(dir / "tessera_expect.json",
-                      {{"tokens", ids}, {"logits", logits}, {"loss", loss}});
-  std::printf(
-      "hf_interop: exported a %lld-layer GQA Llama (%lld/%lld heads, RoPE scaling %s) to "
-      "%s\n",
-      (long long)c.n_layers, (long long)c.n_heads, (long long)c.n_kv_heads,
-      nn::to_string(c.rope_scaling).c_str(), dir.c_str());
-  return 0;
+  return export_trained(c, "", dir, llama3 ? 48 : 24);
 }
 
 // Holds the float32 model of `ck` against transformers' float32 `want`
@@ -311,12 +329,14 @@ int main(int argc, char** argv) {
     const std::string mode = argc >= 2 ? argv[1] : "";
     if (mode == "export" && argc == 3) return do_export(argv[2], false);
     if (mode == "export-llama3" && argc == 3) return do_export(argv[2], true);
+    if (mode == "train-export" && argc == 4)
+      return export_trained(nn::llama_config_from_hf_folder(argv[2]), argv[2], argv[3], 96);
     if (mode == "import" && argc == 3) return do_import(argv[2]);
     if (mode == "decode" && argc == 5) return do_decode(argv[2], argv[3], argv[4]);
     if (mode == "ids" && argc == 3) return do_ids(argv[2]);
     std::fprintf(stderr,
-                 "usage: hf_interop export DIR | export-llama3 DIR | import DIR | decode TOK "
-                 "TOKENIZER OUT | ids FILE\n");
+                 "usage: hf_interop export DIR | export-llama3 DIR | train-export SRC DIR | "
+                 "import DIR | decode TOK TOKENIZER OUT | ids FILE\n");
     return 2;
   } catch (const config_error& e) {
     std::fprintf(stderr, "hf_interop: error: %s\n", e.what());

@@ -10,10 +10,14 @@
 #      transformers' logits and loss at 1e-5, and a Llama 3.2-shaped float64
 #      model with rope_type "llama3" (llama3_rope_fp64) whose logits at 128
 #      positions, 64 of them past original_max_position_embeddings, equal
-#      transformers' float64 ones to 1e-12 (and its float32 ones to 1e-6):
-#      freshly saved where transformers is installed, else the copies in
-#      tests/python/fixtures/ (saved the same way by `check_hf.py make
-#      tests/python/fixtures`).
+#      transformers' float64 ones to 1e-12 (and its float32 ones to 1e-6),
+#      and the same with tied embeddings as Llama 3.2 1B and 3B
+#      (llama3_2_tied_fp64: no lm_head.weight), which tessera then trains a
+#      few steps from and exports tied (tie_word_embeddings, no
+#      lm_head.weight), check_hf.py holding the export to tessera's logits
+#      and checking transformers builds it tied: freshly saved where
+#      transformers is installed, else the copies in tests/python/fixtures/
+#      (saved the same way by `check_hf.py make tests/python/fixtures`).
 #   3. a NumPy .npy array saved by numpy.save reads as the same ids;
 #   4. where Hugging Face tokenizers is installed: scripts/tokenizer.py
 #      trains a byte-level BPE on a part of the bundled corpus, and tessera's
@@ -44,6 +48,9 @@ fi
 "$bin" import "$from/fp32"
 "$bin" import "$from/bf16_tied_sharded"
 "$bin" import "$from/llama3_rope_fp64"
+"$bin" import "$from/llama3_2_tied_fp64"
+"$bin" train-export "$from/llama3_2_tied_fp64" "$tmp/export_tied"
+python3 "$here/check_hf.py" check-export "$tmp/export_tied"
 
 python3 - "$tmp/a.npy" "$tmp/a.ids" <<'PY'
 import sys, numpy as np

@@ -5,7 +5,8 @@
 // export (one rank and a tp x pp mesh) holds its weights and computes one
 // rank's loss; the bf16 export rounds each parameter once; every
 // checkpoint tessera's Llama cannot express is refused naming the key and
-// the value. (The files against transformers and an independent NumPy
+// the value; a tied model exports tie_word_embeddings and no lm_head.weight,
+// and a tied folder's lm_head.weight loads only as the embedding's bytes. (The files against transformers and an independent NumPy
 // forward pass: tests/python/check_hf.py.)
 #include <catch2/catch.hpp>
 
@@ -121,6 +122,36 @@ void rewrite(const fs::path& file, const std::vector<std::string>& drop,
   for (std::size_t i = 0; i < entries.size(); ++i) entries[i].data = keep[i].data();
   for (const auto& [name, v] : add)
     entries.push_back({name, "F32", {static_cast<std::int64_t>(v.size())}, v.data(), v.size() * 4});
+  data::write_safetensors(file, entries);
+}
+
+// Rewrites `file` with tensor `to` (replaced if present) a copy of tensor
+// `from`: its dtype, shape and bytes, the last byte's lowest bit flipped
+// when `flip`.
+void copy_tensor(const fs::path& file, const std::string& from, const std::string& to, bool flip) {
+  std::vector<unsigned char> bytes;
+  data::safetensors_entry e;
+  {
+    data::safetensors_file f(file);
+    const data::safetensors_tensor* t = f.find(from);
+    REQUIRE(t != nullptr);
+    bytes.assign(t->data, t->data + t->bytes);
+    e = {to, t->dtype, t->shape, nullptr, t->bytes};
+  }
+  if (flip) bytes.back() ^= 1;
+  std::vector<std::vector<unsigned char>> keep;
+  std::vector<data::safetensors_entry> entries;
+  {
+    data::safetensors_file f(file);
+    for (const auto& [name, t] : f.tensors()) {
+      if (name == to) continue;
+      keep.emplace_back(t.data, t.data + t.bytes);
+      entries.push_back({name, t.dtype, t.shape, nullptr, t.bytes});
+    }
+  }
+  for (std::size_t i = 0; i < entries.size(); ++i) entries[i].data = keep[i].data();
+  e.data = bytes.data();
+  entries.push_back(e);
   data::write_safetensors(file, entries);
 }
 
@@ -258,6 +289,63 @@ TEST_CASE("hf export: transformers' names and config.json, read back bit for bit
             throw std::runtime_error("zero<3> element " + std::to_string(i) + " differs");
       },
       test_options());
+}
+
+TEST_CASE("hf export and import of tied embeddings: tie_word_embeddings, no lm_head.weight",
+          "[train][hf][tied]") {
+  trainer_suite::temp_file corpus{trainer_suite::make_corpus("hftied", 0)};
+  data::token_file f(corpus.path);
+  temp_dir tmp;
+  auto tied = model4();
+  tied.tie_word_embeddings = true;
+  train::trainer<precision::fp64> tr(tied, config(2), f);
+  tr.train_step();
+  tr.train_step();
+  tr.export_hf(tmp.dir);
+  std::ifstream in(tmp / "config.json");
+  const auto j = nlohmann::json::parse(in);
+  CHECK(j["tie_word_embeddings"] == true);
+  data::safetensors_file st(tmp / "model.safetensors");
+  CHECK(st.tensors().size() == 1 + 9 * 4 + 1);
+  CHECK(st.find("lm_head.weight") == nullptr);
+  CHECK(st.find("model.embed_tokens.weight") != nullptr);
+  const auto want = params_of(tr);
+  CHECK(max_rel_diff(read_all(tmp.dir), want) == 0);
+  CHECK(nn::llama_config_from_hf_folder(tmp.dir).tie_word_embeddings);
+  // Started from the export: the same bits, the same evaluation and steps.
+  train::train_config cfg = config(2);
+  cfg.init_from_hf = tmp.dir.string();
+  train::trainer<precision::fp64> again(tied, cfg, f);
+  CHECK(max_rel_diff(params_of(again), want) == 0);
+  CHECK(again.evaluate() == tr.evaluate());
+  // An untied model from a tied folder (or back) is refused, naming the key.
+  REQUIRE_THROWS_WITH((train::trainer<precision::fp64>(model4(), cfg, f)),
+                      Contains("tie_word_embeddings=false vs tie_word_embeddings=true"));
+  // Meshes: pipelines whose last stage holds the copy export the tensor
+  // once, as one rank does; started from the folder, a (1, 2, 2) mesh
+  // computes one rank's first loss.
+  train::trainer<precision::fp64> one(tied, config(3), f);
+  for (int s = 0; s < 3; ++s) one.train_step();
+  one.export_hf(tmp / "one");
+  const auto want1 = read_all(tmp / "one");
+  run_mesh<parallel::zero<1>>(f, 1, 2, 2, 3, tmp / "m122", nn::hf_default_shard_bytes, "", tied);
+  run_mesh<parallel::zero<3>>(f, 2, 1, 2, 3, tmp / "m212", 1, "", tied);
+  for (const char* m : {"m122", "m212"}) {
+    INFO(m);
+    CHECK(max_rel_diff(read_all(tmp / m), want1) <= 1e-10);
+    std::ifstream ix_in(tmp / m / "model.safetensors.index.json");
+    REQUIRE(ix_in);
+    const auto ix = nlohmann::json::parse(ix_in);
+    CHECK(ix["weight_map"].size() == 38);
+    CHECK(!ix["weight_map"].contains("lm_head.weight"));
+  }
+  train::train_config c1 = config(1);
+  c1.init_from_hf = (tmp / "one").string();
+  train::trainer<precision::fp64> from(tied, c1, f);
+  const double l1 = from.train_step().loss;
+  const double lm = run_mesh<parallel::zero<1>>(
+      f, 1, 2, 2, 1, tmp / "unused", nn::hf_default_shard_bytes, (tmp / "one").string(), tied);
+  CHECK(std::fabs(lm - l1) <= 1e-10 * l1);
 }
 
 TEST_CASE("hf export and import of Llama 3.1's RoPE scaling, in both transformers spellings",
@@ -624,14 +712,26 @@ TEST_CASE("hf import refuses what tessera's Llama cannot express, naming key and
             {{"model.layers.0.self_attn.rotary_emb.inv_freq", std::vector<float>(4)}});
     nn::hf_checkpoint ck(d);
     CHECK(ck.tied());
-    // A tied folder that also stores lm_head.weight: transformers ties it
-    // to the embedding, and so does tessera.
-    rewrite(d / "model.safetensors", {}, {{"lm_head.weight", std::vector<float>(256 * 16, 9.0f)}});
+    CHECK(ck.config().tie_word_embeddings);  // a tied model: one (V, H) tensor
+    CHECK_THROWS(nn::make_llama_layout(ck.config()).at("lm_head"));
+    // A tied folder that also stores lm_head.weight: the embedding's bytes
+    // (what save_pretrained writes of tied weights) load, the head reading
+    // the embedding; another matrix is refused, naming it (transformers
+    // would drop it silently and use the embedding).
+    copy_tensor(d / "model.safetensors", "model.embed_tokens.weight", "lm_head.weight", false);
     std::vector<double> a(256 * 16), b(256 * 16);
     nn::hf_checkpoint ck2(d);
     ck2.tensor("lm_head").read(0, 256 * 16, a.data());
     ck.tensor("embedding").read(0, 256 * 16, b.data());
     CHECK(a == b);
+    const std::string differs =
+        "config.json ties the embeddings (tie_word_embeddings: true) but the tensor "
+        "'lm_head.weight' differs from 'model.embed_tokens.weight' (";
+    copy_tensor(d / "model.safetensors", "model.embed_tokens.weight", "lm_head.weight", true);
+    refused(d, differs + "F32 [256,16] vs F32 [256,16], other values)");
+    rewrite(d / "model.safetensors", {"lm_head.weight"},
+            {{"lm_head.weight", std::vector<float>(256 * 16, 9.0f)}});
+    refused(d, differs + "F32 [4096] vs F32 [256,16])");
   }
   {
     const fs::path d = copy();

@@ -166,6 +166,13 @@ TEST_CASE("check_job refuses what the settings alone rule out, naming the option
         "--lr-schedule constant never reaches it");
   j.lr_schedule = "linear";
   CHECK(refusal(j) == "accepted");
+  // A Hugging Face folder's config.json says whether it is tied.
+  j = {};
+  j.init_from_hf = "some/folder";
+  j.given.insert("--tie-embeddings");
+  CHECK(refusal(j) ==
+        "--tie-embeddings cannot be given with --init-from-hf: the model's sizes are its "
+        "config.json's");
 }
 
 TEST_CASE("model_config and run_config are the job's settings", "[train][job]") {
@@ -182,6 +189,19 @@ TEST_CASE("model_config and run_config are the job's settings", "[train][job]") 
   CHECK(m.vocab == 300);  // the data's, unless --vocab
   j.vocab = 512;
   CHECK(train::model_config(j).vocab == 512);
+  // --tie-embeddings overrides the preset's choice only when given.
+  CHECK(!train::model_config(j).tie_word_embeddings);
+  j.tie_embeddings = true;
+  CHECK(!train::model_config(j).tie_word_embeddings);
+  j.given.insert("--tie-embeddings");
+  CHECK(train::model_config(j).tie_word_embeddings);
+  {
+    train::job t;
+    t.preset = "llama3_2_1b";
+    CHECK(train::model_config(t).tie_word_embeddings);
+    t.given.insert("--tie-embeddings");  // --tie-embeddings=false
+    CHECK(!train::model_config(t).tie_word_embeddings);
+  }
   j.dp = 2;
   j.tp = 2;
   j.schedule = "zb1";

@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -30,10 +31,11 @@ using namespace tessera;
 using zero_suite::check;
 
 /// The tiny preset with `layers` blocks (4: pp 4, or pp 2 with 2 virtual
-/// stages; 8: pp 4 with 2).
-inline nn::llama_config model(std::int64_t layers = 4) {
+/// stages; 8: pp 4 with 2), its embeddings tied if `tied`.
+inline nn::llama_config model(std::int64_t layers = 4, bool tied = false) {
   auto c = trainer_suite::model();
   c.n_layers = layers;
+  c.tie_word_embeddings = tied;
   return c;
 }
 
@@ -45,10 +47,12 @@ struct layout {
   std::int64_t micro_batches = 8;  ///< M per step and dp rank
   bool sequence_parallel = false;
   std::int64_t layers = 4;  ///< the model's blocks (pp_suite::model)
+  bool tied = false;        ///< tied embeddings (llama_config::tie_word_embeddings)
   std::string name() const {
     return tessera::detail::str("(dp, tp, pp) = (", dp, ", ", tp, ", ", pp, ") ",
                                 parallel::to_string(schedule), " V ", virtual_stages, " M ",
-                                micro_batches, sequence_parallel ? " sp" : "", " L ", layers);
+                                micro_batches, sequence_parallel ? " sp" : "", " L ", layers,
+                                tied ? " tied" : "");
   }
 };
 
@@ -72,23 +76,23 @@ using tp_suite::reference;
 
 template <class P>
 reference single_rank(const data::token_file& f, std::int64_t steps, std::int64_t G,
-                      std::int64_t layers = 4) {
+                      std::int64_t layers = 4, bool tied = false) {
   layout one;
   one.micro_batches = G;
-  train::trainer<P> tr(model(layers), config(one, steps), f);
+  train::trainer<P> tr(model(layers, tied), config(one, steps), f);
   return tp_suite::record_run(tr, steps);
 }
 
 /// `values` (a chunk's flat buffer, from flat_begin) against the reference
 /// `want` (the single-rank layout): every tensor of the chunk within `tol`
-/// of its largest entry, tp padding exactly 0.
+/// of its largest entry (a tied copy against its tensor), tp padding exactly 0.
 template <class M, class T>
 void check_chunk(const M& model, const T* values, const std::vector<double>& want,
                  const nn::param_layout& ref_layout, double tol, const std::string& what) {
   const std::int64_t lo = model.flat_begin(), hi = lo + model.flat_size();
   for (const auto& e : model.layout().entries()) {
     if (e.offset < lo || e.offset >= hi) continue;
-    const auto& r = ref_layout.at(e.name);
+    const auto& r = ref_layout.at(e.tied.empty() ? e.name : e.tied);
     double worst = 0, scale = 0;
     for (std::int64_t j = 0; j < e.numel; ++j) {
       const double a = tessera::to<double>(values[e.offset - lo + j]);
@@ -137,12 +141,14 @@ void check_mesh(Comm& world, const reference& ref, const data::token_file& f, co
       // Every gathered segment (zero<3>) is freed within the step, so none
       // carries parameters of before the update into the next one; and a
       // chunk holds at most two at once (the one in use, the one prefetched)
-      // under every schedule, B of a split backward included.
+      // under every schedule, B of a split backward included; three when
+      // the head reads the tied embedding's segment beside its own.
       for (int c = 0; c < tr.chunks(); ++c) {
+        const std::size_t most = tr.model(c).head_reads_embedding() ? 3 : 2;
         check(tr.engine(c).segments_held() == 0, where(), " step ", s + 1, " chunk ", c, ": ",
               tr.engine(c).segments_held(), " gathered segments held after the step");
-        check(tr.engine(c).max_segments_held() <= 2, where(), " step ", s + 1, " chunk ", c, ": ",
-              tr.engine(c).max_segments_held(), " gathered segments held at once");
+        check(tr.engine(c).max_segments_held() <= most, where(), " step ", s + 1, " chunk ", c,
+              ": ", tr.engine(c).max_segments_held(), " gathered segments held at once");
       }
       if (s >= grad_steps) continue;
       for (int c = 0; c < tr.chunks(); ++c) {
@@ -155,21 +161,47 @@ void check_mesh(Comm& world, const reference& ref, const data::token_file& f, co
     // The parameters carry every step's update: AdamW's m / sqrt(v) turns
     // each step's gradient rounding into parameter rounding, which adds up
     // over the steps (float32 under tp reached 1.4e-5 after five).
+    // Tied embeddings under a pipeline: the first stage's embedding and
+    // the last stage's copy (the chunks' shared_tied_range) hold the same
+    // bits after the steps, gathered over the pp group (other stages send
+    // zeros).
+    const std::int64_t tied_n = l.tied && l.pp > 1 ? tr.model(0).layout().at("embedding").numel : 0;
+    std::vector<double> tied(static_cast<std::size_t>(tied_n), 0.0);
     for (int c = 0; c < tr.chunks(); ++c) {
       std::vector<typename P::param_type> full(static_cast<std::size_t>(tr.model(c).flat_size()));
       tr.engine(c).full_params(full.data());
       check_chunk(tr.model(c), full.data(), ref.params, ref.layout,
                   tol * static_cast<double>(steps),
                   tessera::detail::str(where(), " chunk ", c, " parameters"));
+      const nn::param_range r = tr.model(c).shared_tied_range();
+      if (tied_n > 0 && r.end > r.begin) {
+        check(r.end - r.begin == tied_n, where(), ": the tied range holds ", r.end - r.begin);
+        for (std::int64_t j = 0; j < tied_n; ++j)
+          tied[static_cast<std::size_t>(j)] =
+              tessera::to<double>(full[static_cast<std::size_t>(r.begin + j)]);
+      }
+    }
+    if (tied_n > 0) {
+      std::vector<double> all(tied.size() * static_cast<std::size_t>(l.pp));
+      g.pp.all_gather(tied.data(), all.data(), tied.size());
+      const double* last = all.data() + (l.pp - 1) * tied.size();
+      std::int64_t differ = 0, nonzero = 0;
+      for (std::size_t j = 0; j < tied.size(); ++j) {
+        differ += std::memcmp(&all[j], &last[j], sizeof(double)) != 0;
+        nonzero += all[j] != 0;
+      }
+      check(differ == 0 && nonzero > tied_n / 2, where(),
+            ": the last stage's tied copy differs from the first stage's embedding in ", differ,
+            " of ", tied_n, " elements (", nonzero, " nonzero)");
     }
   };
   if (l.tp > 1) {
     train::trainer<P, host, optim::adamw, S, Comm, tp_layers> tr(
-        model(l.layers), cfg, f, parallel::layout{g.dp, tp_layers{&g.tp}, g.pp});
+        model(l.layers, l.tied), cfg, f, parallel::layout{g.dp, tp_layers{&g.tp}, g.pp});
     body(tr);
   } else {
     train::trainer<P, host, optim::adamw, S, Comm> tr(
-        model(l.layers), cfg, f, parallel::layout{g.dp, nn::dense_layers{}, g.pp});
+        model(l.layers, l.tied), cfg, f, parallel::layout{g.dp, nn::dense_layers{}, g.pp});
     body(tr);
   }
 }

@@ -55,9 +55,10 @@ using parallel::schedule_kind;
 /// Global batch (sequences per step), steps in all, the step A saves at, blocks.
 constexpr std::int64_t G = 8, steps = 5, saved_at = 2, layers = 8;
 
-/// pp_suite's model with 8 blocks and as many key/value heads as query heads (4).
-inline nn::llama_config model() {
-  auto c = pp_suite::model(layers);
+/// pp_suite's model with 8 blocks and as many key/value heads as query heads (4),
+/// its embeddings tied if `tied`.
+inline nn::llama_config model(bool tied = false) {
+  auto c = pp_suite::model(layers, tied);
   c.n_kv_heads = c.n_heads;
   return c;
 }
@@ -71,7 +72,7 @@ struct mesh_run {
 };
 
 inline mesh_run mesh(int dp, int tp, int pp, int zero, schedule_kind s = schedule_kind::one_f_one_b,
-                     int V = 1, bool sp = false) {
+                     int V = 1, bool sp = false, bool tied = false) {
   mesh_run m;
   m.l.dp = dp;
   m.l.tp = tp;
@@ -81,6 +82,7 @@ inline mesh_run mesh(int dp, int tp, int pp, int zero, schedule_kind s = schedul
   m.l.micro_batches = G / dp;
   m.l.sequence_parallel = sp;
   m.l.layers = layers;
+  m.l.tied = tied;
   m.zero = zero;
   return m;
 }
@@ -132,12 +134,12 @@ inline std::vector<std::pair<mesh_run, mesh_run>> master_pairs() {
           {mesh(1, 1, 2, 0), mesh(4, 1, 1, 2)}};
 }
 
-/// The uninterrupted single-rank run of `model()` (tp_suite's record).
-inline pp_suite::reference single_rank(const data::token_file& f) {
+/// The uninterrupted single-rank run of `model(tied)` (tp_suite's record).
+inline pp_suite::reference single_rank(const data::token_file& f, bool tied = false) {
   pp_suite::layout one;
   one.micro_batches = G;
   one.layers = layers;
-  train::trainer<P> tr(model(), pp_suite::config(one, steps), f);
+  train::trainer<P> tr(model(tied), pp_suite::config(one, steps), f);
   return tp_suite::record_run(tr, steps);
 }
 
@@ -156,7 +158,8 @@ continued run_mesh(Comm& world, const mesh_run& m, const data::token_file& f, co
   continued out;
   auto g = comm::make_groups(world, comm::device_mesh(m.l.dp, m.l.tp, m.l.pp));
   train::trainer<Prec, host, optim::adamw, S, Comm, layers_t> tr(
-      model(), pp_suite::config(m.l, steps), f, parallel::layout{g.dp, layers_t{&g.tp}, g.pp});
+      model(m.l.tied), pp_suite::config(m.l, steps), f,
+      parallel::layout{g.dp, layers_t{&g.tp}, g.pp});
   if (!from.empty()) tr.load_checkpoint(from);
   if (!resaved.empty()) tr.save_checkpoint(resaved);
   while (tr.step() < until) {

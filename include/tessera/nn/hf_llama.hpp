@@ -144,9 +144,10 @@ inline std::optional<llama3_rope_scaling> hf_rope_scaling(const nlohmann::json& 
 
 /// config.json of LlamaForCausalLM for a model of config `c` whose tensors
 /// are stored as `torch_dtype` (float32, bfloat16, float16 or float64):
-/// untied embeddings, no biases, SiLU, rope_theta and rope_scaling
-/// (hf_rope_scaling_json: null, or the llama3 parameters). The dtype is
-/// written as both torch_dtype (transformers < 5) and dtype (5 on).
+/// tie_word_embeddings as c's (tied: the folder holds no lm_head.weight),
+/// no biases, SiLU, rope_theta and rope_scaling (hf_rope_scaling_json:
+/// null, or the llama3 parameters). The dtype is written as both
+/// torch_dtype (transformers < 5) and dtype (5 on).
 inline nlohmann::json hf_config_json(const llama_config& c, const std::string& torch_dtype) {
   (void)hf_safetensors_dtype(torch_dtype);
   return {{"architectures", {"LlamaForCausalLM"}},
@@ -167,7 +168,7 @@ inline nlohmann::json hf_config_json(const llama_config& c, const std::string& t
           {"attention_dropout", 0.0},
           {"mlp_bias", false},
           {"pretraining_tp", 1},
-          {"tie_word_embeddings", false},
+          {"tie_word_embeddings", c.tie_word_embeddings},
           {"initializer_range", 0.02},
           {"use_cache", true},
           {"bos_token_id", nullptr},  // a byte or subword model of tessera's has no special ids
@@ -185,7 +186,8 @@ inline constexpr double hf_max_params = 281474976710656.0;
 /// `where`, named in errors), named `name`. Reads hidden_size,
 /// intermediate_size, num_hidden_layers, num_attention_heads,
 /// num_key_value_heads (default: the attention heads), vocab_size,
-/// max_position_embeddings, rms_norm_eps (default 1e-6), rope_theta
+/// max_position_embeddings, tie_word_embeddings (default false, as
+/// transformers' LlamaConfig), rms_norm_eps (default 1e-6), rope_theta
 /// (default 10000, transformers' defaults; top-level as transformers < 5
 /// writes it, or inside rope_parameters as 5 does) and the RoPE scaling
 /// (hf_rope_scaling: rope_type "default" or "llama3", from rope_scaling as
@@ -226,6 +228,10 @@ inline llama_config llama_config_from_hf(const nlohmann::json& j, const std::str
                      : c.n_heads;
   c.vocab = size("vocab_size");
   c.max_seq = size("max_position_embeddings");
+  if (j.contains("tie_word_embeddings") && !j["tie_word_embeddings"].is_null()) {
+    if (!j["tie_word_embeddings"].is_boolean()) fail("tie_word_embeddings", "needs true or false");
+    c.tie_word_embeddings = j["tie_word_embeddings"].get<bool>();
+  }
   if (j.contains("rms_norm_eps")) {
     if (!j["rms_norm_eps"].is_number()) fail("rms_norm_eps", "needs a number");
     c.norm_eps = j["rms_norm_eps"].get<double>();
@@ -280,7 +286,7 @@ inline llama_config llama_config_from_hf(const nlohmann::json& j, const std::str
   const double H = static_cast<double>(c.dim), F = static_cast<double>(c.ffn_dim),
                KV = static_cast<double>(c.kv_dim());
   const double params =
-      2 * static_cast<double>(c.vocab) * H + H +
+      (c.tie_word_embeddings ? 1 : 2) * static_cast<double>(c.vocab) * H + H +
       static_cast<double>(c.n_layers) * (2 * H + 2 * H * H + 2 * KV * H + 3 * H * F);
   TESSERA_THROW_IF(params > hf_max_params, config_error, where, ": hidden_size=", c.dim,
                    ", intermediate_size=", c.ffn_dim, ", num_hidden_layers=", c.n_layers,
@@ -326,9 +332,12 @@ class hf_checkpoint {
   /// ignored: tessera derives them from rope_theta and the rope scaling), a
   /// shape that disagrees with config.json, or a dtype that is not F32, F16,
   /// BF16 or F64. With
-  /// tie_word_embeddings true the LM head is read from the embedding, as
-  /// transformers ties them (a stored lm_head.weight is ignored; tessera
-  /// then trains the two untied). model.safetensors is read when present,
+  /// tie_word_embeddings true the model is tied (config().tie_word_embeddings):
+  /// its one (V, H) tensor is model.embed_tokens.weight, which the LM head
+  /// reads, as transformers ties them; a stored lm_head.weight must then
+  /// equal it bit for bit (dtype, shape and bytes: what save_pretrained
+  /// writes of tied weights), else it is refused, naming it (transformers
+  /// would silently use the embedding instead). model.safetensors is read when present,
   /// else the shards of model.safetensors.index.json (transformers' order).
   explicit hf_checkpoint(const std::filesystem::path& dir) : dir_(dir) {
     const std::filesystem::path cj = dir / "config.json";
@@ -341,7 +350,7 @@ class hf_checkpoint {
       throw io_error("'" + cj.string() + "' is not JSON: " + e.what());
     }
     cfg_ = llama_config_from_hf(json_, cj.string(), folder_name(dir));
-    tied_ = json_.contains("tie_word_embeddings") && json_["tie_word_embeddings"] == true;
+    tied_ = cfg_.tie_word_embeddings;
     for (const char* k : {"torch_dtype", "dtype"})  // transformers < 5, and 5 on
       if (json_.contains(k) && json_[k].is_string()) torch_dtype_ = json_[k].get<std::string>();
     open_files();
@@ -358,7 +367,7 @@ class hf_checkpoint {
   const nlohmann::json& config_json() const { return json_; }
   /// config.json's torch_dtype ("" when absent).
   const std::string& torch_dtype() const { return torch_dtype_; }
-  /// Whether lm_head is read from the embedding (tie_word_embeddings).
+  /// Whether the embeddings are tied (config().tie_word_embeddings).
   bool tied() const { return tied_; }
 
   /// The checkpoint as a tensor_reader of tessera names (for
@@ -369,7 +378,8 @@ class hf_checkpoint {
       tensor(name).read(first, n, out);
     };
   }
-  /// The safetensors tensor holding tessera parameter `name`. Throws
+  /// The safetensors tensor holding tessera parameter `name` (of a tied
+  /// folder, "lm_head" names the embedding's, which the head reads). Throws
   /// config_error for a name the checkpoint does not hold.
   const data::safetensors_tensor& tensor(const std::string& name) const {
     auto it = by_name_.find(name);
@@ -456,13 +466,10 @@ class hf_checkpoint {
       check("final_norm");
       if (!tied_ && !hf_.contains("lm_head.weight")) throw missing("lm_head.weight", true);
     }
-    const param_layout layout = make_llama_layout(cfg_);
+    const param_layout layout = make_llama_layout(cfg_);  // tied: no lm_head
     std::set<std::string> used;
     for (const auto& e : layout.entries()) {
-      std::string hn = hf_tensor_name(e.name);
-      // Tied: the head is the embedding, as transformers ties it (a stored
-      // lm_head.weight is not read).
-      if (e.name == "lm_head" && tied_) hn = "model.embed_tokens.weight";
+      const std::string hn = hf_tensor_name(e.name);
       auto it = hf_.find(hn);
       if (it == hf_.end()) throw missing(hn, e.name == "lm_head");
       const data::safetensors_tensor& t = *it->second;
@@ -478,10 +485,29 @@ class hf_checkpoint {
       by_name_[e.name] = &t;
       used.insert(hn);
     }
+    if (tied_) {
+      const data::safetensors_tensor& emb = *by_name_.at("embedding");
+      by_name_["lm_head"] = &emb;  // the head reads the embedding
+      // A stored head of a tied model is the embedding's copy, as
+      // save_pretrained writes tied weights, or it is another model.
+      if (auto it = hf_.find("lm_head.weight"); it != hf_.end()) {
+        const data::safetensors_tensor& h = *it->second;
+        const bool same = h.dtype == emb.dtype && h.shape == emb.shape && h.bytes == emb.bytes &&
+                          std::memcmp(h.data, emb.data, h.bytes) == 0;
+        TESSERA_THROW_IF(!same, config_error, where,
+                         ": config.json ties the embeddings (tie_word_embeddings: true) but the "
+                         "tensor 'lm_head.weight' differs from 'model.embed_tokens.weight' (",
+                         h.dtype, " ", nlohmann::json(h.shape).dump(), " vs ", emb.dtype, " ",
+                         nlohmann::json(emb.shape).dump(),
+                         h.dtype == emb.dtype && h.shape == emb.shape ? ", other values" : "",
+                         "): a tied model has one such matrix; set tie_word_embeddings to false "
+                         "to load the two apart, or drop lm_head.weight");
+        used.insert("lm_head.weight");
+      }
+    }
     for (const auto& [hn, t] : hf_) {
       (void)t;
       if (used.contains(hn) || hn.ends_with(".rotary_emb.inv_freq")) continue;
-      if (hn == "lm_head.weight" && tied_) continue;  // tied: the embedding is read
       throw config_error(where + " has a tensor tessera's Llama cannot hold: '" + hn + "'" +
                          (hn.ends_with(".bias") ? " (biases)" : ""));
     }
@@ -520,6 +546,9 @@ inline std::shared_ptr<const hf_checkpoint> open_hf_for(const llama_config& c,
   cmp("norm_eps", c.norm_eps, "rms_norm_eps", h.norm_eps);
   cmp("rope_theta", c.rope_theta, "rope_theta", h.rope_theta);
   cmp("rope_scaling", to_string(c.rope_scaling), "rope_scaling", to_string(h.rope_scaling));
+  auto tf = [](bool b) { return std::string(b ? "true" : "false"); };
+  cmp("tie_word_embeddings", tf(c.tie_word_embeddings), "tie_word_embeddings",
+      tf(h.tie_word_embeddings));
   TESSERA_THROW_IF(!diff.empty(), config_error, "model '", c.name,
                    "' differs from the Hugging Face checkpoint '", dir, "': ", diff,
                    " (take the model config from its config.json: nn::llama_config_from_hf)");

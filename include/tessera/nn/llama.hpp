@@ -19,7 +19,12 @@
 /// pipeline schedule requires.
 ///
 /// Model: embedding -> L blocks -> head (final rmsnorm + LM head fused with
-/// cross-entropy, chunked over tokens). In training, the head's forward
+/// cross-entropy, chunked over tokens). With tied embeddings
+/// (llama_config::tie_word_embeddings) the LM head reads the embedding's
+/// (V, H) weights and its weight gradient accumulates into the
+/// embedding's, so the gradient is the sum of both uses; a pipeline's last
+/// stage, which does not hold the embedding, holds a copy ("lm_head",
+/// param_entry::tied) that the trainer keeps equal to it. In training, the head's forward
 /// runs its backward too (the chunked LM head computes its gradient as it
 /// goes, nn/lm_head.hpp), so a training forward already writes the loss,
 /// the head's gradients, and the gradient the blocks' backward starts from.
@@ -135,7 +140,9 @@ class llama {
   llama(llama_config cfg, llama_options opt, const Ctx& ctx, Layers layers)
       : cfg_(std::move(cfg)),
         opt_(opt),
-        layout_(make_llama_layout(cfg_, {layers.size(), layers.rank()})),
+        layout_(make_llama_layout(
+            cfg_, {layers.size(), layers.rank()},
+            opt.stage.head && !opt.stage.embedding ? tied_head::copy : tied_head::embedding)),
         ctx_(&ctx),
         layers_(layers) {
     TESSERA_THROW_IF(opt_.ce_chunk < 1, config_error, "ce_chunk=", opt_.ce_chunk, " must be >= 1");
@@ -227,11 +234,17 @@ class llama {
       const std::int64_t s0 = global_segment_begin(static_cast<int>(L));
       if constexpr (Layers::tensor_parallel)
         head_ = head_type(cfg_.vocab, cfg_.dim, cfg_.norm_eps, layout_.at("final_norm").offset - s0,
-                          layout_.at("lm_head").offset - s0, opt_.ce_chunk, opt_.ignore_index,
-                          layers, v_begin, Vl);
+                          opt_.ce_chunk, opt_.ignore_index, layers, v_begin, Vl);
       else
         head_ = head_type(cfg_.vocab, cfg_.dim, cfg_.norm_eps, layout_.at("final_norm").offset - s0,
-                          layout_.at("lm_head").offset - s0, opt_.ce_chunk, opt_.ignore_index);
+                          opt_.ce_chunk, opt_.ignore_index);
+      // The LM head's weights: its own tensor (untied, or the last stage's
+      // tied copy), or the embedding (tied, both on this stage), which the
+      // embedding's and the head's vocabulary split alike.
+      if (head_reads_embedding())
+        head_weights_ = {-1, emb.offset - global_segment_begin(-1)};
+      else
+        head_weights_ = {static_cast<int>(L), layout_.at("lm_head").offset - s0};
     }
     if (!opt_.external_params) {
       params_ = kernels::make_tensor<Param>(ctx, flat_size());
@@ -303,6 +316,34 @@ class llama {
     return r;
   }
 
+  /// Whether the LM head reads the embedding's weights and adds its
+  /// gradient to the embedding's (tied embeddings on a stage holding both:
+  /// the head's forward then reads and writes segment -1 too, so a strategy
+  /// holding segments apart must have segment -1's parameters and gradients
+  /// in place while the head runs).
+  bool head_reads_embedding() const {
+    return cfg_.tie_word_embeddings && opt_.stage.embedding && opt_.stage.head;
+  }
+  /// Whether this stage holds a copy of the tied embedding for its head
+  /// (tied embeddings, the head without the embedding: the last stage of a
+  /// pipeline): "lm_head" with param_entry::tied = "embedding", whose
+  /// gradient must be summed with the first stage's before the update.
+  bool holds_tied_copy() const {
+    return cfg_.tie_word_embeddings && opt_.stage.head && !opt_.stage.embedding;
+  }
+
+  /// The elements (offsets from flat_begin()) of the tied tensor another
+  /// pipeline stage holds too, whose gradient must be summed with that
+  /// stage's before the norm and the update: the embedding on a stage with
+  /// the embedding but not the head, its copy ("lm_head") on a stage with
+  /// the head but not the embedding. Empty (begin == end) for untied
+  /// embeddings and for a stage holding both.
+  param_range shared_tied_range() const {
+    if (!cfg_.tie_word_embeddings || opt_.stage.embedding == opt_.stage.head) return {};
+    const param_entry& e = layout_.at(opt_.stage.embedding ? "embedding" : "lm_head");
+    return {e.offset - lo_, e.offset - lo_ + e.numel, e.decay};
+  }
+
   /// The tensor-parallel degree of the layer family (1: dense).
   int tp_size() const { return layers_.size(); }
   /// Whether training and evaluation shard the norm and residual regions
@@ -328,11 +369,13 @@ class llama {
   /// tp shard (a key/value shard replicated over tp/nkv ranks on its first
   /// replica only), and the tensors every tp rank holds whole (the norm
   /// gains: the same gradient on each) on tp rank 0 only. Padding is never
-  /// in a range. On one rank: every tensor.
+  /// in a range. A tied copy (the last pipeline stage's "lm_head", its
+  /// gradient the embedding's) is in none: the first stage counts it. On
+  /// one rank: every tensor.
   std::vector<param_range> norm_ranges() const {
     std::vector<param_range> r;
     for (const auto& e : layout_.entries())
-      if (e.offset >= lo_ && e.offset < hi_ &&
+      if (e.offset >= lo_ && e.offset < hi_ && e.tied.empty() &&
           (e.shard_dim >= 0 ? e.replica == 0 : layers_.rank() == 0))
         r.push_back({e.offset - lo_, e.offset - lo_ + e.numel, e.decay});
     return r;
@@ -546,8 +589,9 @@ class llama {
     TESSERA_NVTX_RANGE("lm head + cross-entropy");
     const int L = static_cast<int>(cfg_.n_layers);
     hook(&segment_hooks::before_forward, L);
-    head_.forward(ctx, x.data(), mb.targets, N, segment_params_checked(L), segment_grads_checked(L),
-                  grad_scale, d_loss, r.head, s.sequence_parallel);
+    head_.forward(ctx, x.data(), mb.targets, N, segment_params_checked(L), head_weights(),
+                  segment_grads_checked(L), head_weight_grads(), grad_scale, d_loss, r.head,
+                  s.sequence_parallel);
     x.release();
     hook(&segment_hooks::after_backward, L);
     r.filled = true;
@@ -656,8 +700,8 @@ class llama {
     tensor<Param, Backend> x = forward_no_record(mb, s);
     const int L = static_cast<int>(cfg_.n_layers);
     hook(&segment_hooks::before_forward, L);
-    head_.forward_loss(ctx, x.data(), mb.targets, s.N(), segment_params_checked(L), d_loss,
-                       s.sequence_parallel);
+    head_.forward_loss(ctx, x.data(), mb.targets, s.N(), segment_params_checked(L), head_weights(),
+                       d_loss, s.sequence_parallel);
     hook(&segment_hooks::after_forward, L);
   }
 
@@ -683,7 +727,8 @@ class llama {
     tensor<Param, Backend> x = forward_no_record(mb, s);
     const int L = static_cast<int>(cfg_.n_layers);
     hook(&segment_hooks::before_forward, L);
-    head_.logits(*ctx_, d_logits, x.data() + (mb.T - 1) * cfg_.dim, segment_params_checked(L));
+    head_.logits(*ctx_, d_logits, x.data() + (mb.T - 1) * cfg_.dim, segment_params_checked(L),
+                 head_weights());
     hook(&segment_hooks::after_forward, L);
   }
 
@@ -724,7 +769,8 @@ class llama {
     const int L = static_cast<int>(cfg_.n_layers);
     hook(&segment_hooks::before_forward, L);
     tensor<float, Backend> logits = kernels::make_tensor<float>(ctx, cfg_.vocab);
-    head_.logits(ctx, logits.data(), x.data() + (T - 1) * cfg_.dim, segment_params_checked(L));
+    head_.logits(ctx, logits.data(), x.data() + (T - 1) * cfg_.dim, segment_params_checked(L),
+                 head_weights());
     hook(&segment_hooks::after_forward, L);
     ctx.to_host(h_logits, logits.data(), static_cast<std::size_t>(cfg_.vocab) * sizeof(float));
   }
@@ -878,6 +924,13 @@ class llama {
     TESSERA_THROW_IF(g == nullptr, error, "segment ", s, " has no gradients set");
     return g;
   }
+  // The LM head's (Vl, H) weights and their gradient (head_weights_).
+  const Param* head_weights() const {
+    return segment_params_checked(head_weights_.segment) + head_weights_.offset;
+  }
+  Grad* head_weight_grads() const {
+    return segment_grads_checked(head_weights_.segment) + head_weights_.offset;
+  }
   Grad* block_grads(int l) const {
     Grad* g = segment_grads(l);
     TESSERA_THROW_IF(g == nullptr, error, "segment ", l, " (block ", l, ") has no gradients set");
@@ -983,6 +1036,12 @@ class llama {
   embed_type embed_;
   std::vector<block_type> blocks_;  // every block of the model (only the stage's run)
   head_type head_;
+  // Where the LM head's weights are: segment L's "lm_head", or with tied
+  // embeddings on a stage holding both, segment -1's "embedding".
+  struct {
+    int segment = 0;
+    std::int64_t offset = 0;  // from the segment's first element
+  } head_weights_;
   // FP8 policies: block_linears states per block of the stage, block
   // first_block's first (the blocks point into it: built once, never resized).
   std::vector<fp8_linear_state> fp8_;

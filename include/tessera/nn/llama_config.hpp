@@ -31,6 +31,12 @@ struct llama_config {
   /// Llama 3.1's frequency scaling (rope_type "llama3", nn/rope_scaling.hpp);
   /// none: the plain theta^(-2i/hd) frequencies.
   std::optional<llama3_rope_scaling> rope_scaling = std::nullopt;
+  /// The LM head is the embedding (Hugging Face's tie_word_embeddings; Llama
+  /// 3.2 1B and 3B, GPT-2): one (V, H) parameter, read by the embedding's
+  /// lookup and by the head's logits = x wte^T, its gradient the sum of both
+  /// uses. The layout then has no "lm_head" tensor (nn/llama_layout.hpp;
+  /// under a pipeline the last stage holds a copy kept equal to it).
+  bool tie_word_embeddings = false;
 
   std::int64_t head_dim() const { return n_heads > 0 ? dim / n_heads : 0; }
   std::int64_t kv_dim() const { return n_kv_heads * head_dim(); }
@@ -94,8 +100,11 @@ struct llama_config {
   std::int64_t block_params() const {
     return 2 * dim + dim * dim + 2 * kv_dim() * dim + dim * dim + 3 * dim * ffn_dim;
   }
-  /// All parameters: embedding (V, H), L blocks, final norm (H), LM head (V, H) (untied).
-  std::int64_t num_params() const { return 2 * vocab * dim + n_layers * block_params() + dim; }
+  /// All parameters: embedding (V, H), L blocks, final norm (H), and the LM
+  /// head (V, H) unless tied to the embedding (counted once then).
+  std::int64_t num_params() const {
+    return (tie_word_embeddings ? 1 : 2) * vocab * dim + n_layers * block_params() + dim;
+  }
 
   /// Test preset: small enough for float64 finite differences, with GQA.
   static llama_config tiny() {
@@ -120,8 +129,7 @@ struct llama_config {
   /// Llama 3.1 8B (Meta 2024; meta-llama/Llama-3.1-8B's config.json): Llama 3
   /// 8B's sizes with 128K positions by llama3 RoPE scaling (factor 8,
   /// low/high frequency factors 1 and 4, original context 8192), untied
-  /// embeddings. (Llama 3.2 1B and 3B tie the embedding and the LM head,
-  /// which tessera's Llama does not: they have no preset.)
+  /// embeddings.
   static llama_config llama3_1_8b() {
     llama_config c = llama3_8b();
     c.name = "llama3_1_8b";
@@ -129,9 +137,30 @@ struct llama_config {
     c.rope_scaling = llama3_rope_scaling{8.0, 1.0, 4.0, 8192};
     return c;
   }
+  /// Llama 3.2 1B (Meta 2024; meta-llama/Llama-3.2-1B's config.json): H
+  /// 2048, L 16, nh 32, nkv 8 (hd 64), F 8192, V 128256, theta 5e5, 128K
+  /// positions by llama3 RoPE scaling (factor 32, low/high frequency
+  /// factors 1 and 4, original context 8192), tied embeddings; 1.24B
+  /// parameters.
+  static llama_config llama3_2_1b() {
+    llama_config c{"llama3_2_1b", 2048, 16, 32, 8, 8192, 128256, 131072, 500000.0, 1e-5};
+    c.rope_scaling = llama3_rope_scaling{32.0, 1.0, 4.0, 8192};
+    c.tie_word_embeddings = true;
+    return c;
+  }
+  /// Llama 3.2 3B (meta-llama/Llama-3.2-3B's config.json): Llama 3.2 1B's
+  /// with H 3072, L 28, nh 24 (hd 128); 3.21B parameters.
+  static llama_config llama3_2_3b() {
+    llama_config c = llama3_2_1b();
+    c.name = "llama3_2_3b";
+    c.dim = 3072;
+    c.n_layers = 28;
+    c.n_heads = 24;
+    return c;
+  }
   /// Names accepted by from_name().
   static std::vector<std::string> preset_names() {
-    return {"tiny", "small", "llama2_7b", "llama3_8b", "llama3_1_8b"};
+    return {"tiny", "small", "llama2_7b", "llama3_8b", "llama3_1_8b", "llama3_2_1b", "llama3_2_3b"};
   }
   /// Looks up a preset; throws config_error listing the valid names.
   static llama_config from_name(const std::string& n) {
@@ -140,8 +169,11 @@ struct llama_config {
     if (n == "llama2_7b") return llama2_7b();
     if (n == "llama3_8b") return llama3_8b();
     if (n == "llama3_1_8b") return llama3_1_8b();
+    if (n == "llama3_2_1b") return llama3_2_1b();
+    if (n == "llama3_2_3b") return llama3_2_3b();
     throw config_error("unknown preset '" + n +
-                       "' (valid: tiny, small, llama2_7b, llama3_8b, llama3_1_8b)");
+                       "' (valid: tiny, small, llama2_7b, llama3_8b, llama3_1_8b, llama3_2_1b, "
+                       "llama3_2_3b)");
   }
 };
 

@@ -65,6 +65,19 @@ inline int kv_replicas(const llama_config& c, int tp) {
   return tp > c.n_kv_heads ? static_cast<int>(tp / c.n_kv_heads) : 1;
 }
 
+/// Where the LM head of a model with tied embeddings
+/// (llama_config::tie_word_embeddings) reads its (V, H) weights.
+enum class tied_head : std::uint8_t {
+  /// The embedding itself: a model (or pipeline stage) holding both; the
+  /// layout has no "lm_head" tensor.
+  embedding,
+  /// A copy in the head's segment, "lm_head" with param_entry::tied =
+  /// "embedding": the last stage of a pipeline, whose first stage holds the
+  /// embedding (Megatron-LM's word embeddings for the head). The copy is
+  /// last in the layout, so every other tensor keeps its offset.
+  copy,
+};
+
 /// Builds the parameter layout of a config: embedding, blocks (attn_norm, wq,
 /// wk, wv, wo, mlp_norm, w_gate, w_up, w_down), final norm, LM head. With
 /// tensor parallelism (`t.size` > 1) it is rank `t.rank`'s: wq, wk, wv,
@@ -74,9 +87,13 @@ inline int kv_replicas(const llama_config& c, int tp) {
 /// head rank r's query heads use, head r / (tp/nkv), replicated on tp/nkv
 /// ranks); the embedding and the LM head hold their rows of the
 /// vocabulary padded to a multiple of tp (ceil(V/tp) each, the padding
-/// last); the norms are whole on every rank. Throws config_error as
-/// check_tensor_parallel.
-inline param_layout make_llama_layout(const llama_config& c, tp_rank t = {}) {
+/// last); the norms are whole on every rank. With tied embeddings
+/// (c.tie_word_embeddings) there is no LM head tensor, unless `head` is
+/// tied_head::copy: then "lm_head" is the embedding's copy (same shape and
+/// vocabulary split, param_entry::tied = "embedding"); `head` is unused for
+/// untied embeddings. Throws config_error as check_tensor_parallel.
+inline param_layout make_llama_layout(const llama_config& c, tp_rank t = {},
+                                      tied_head head = tied_head::embedding) {
   c.validate();
   check_tensor_parallel(c, t.size);
   TESSERA_THROW_IF(t.rank < 0 || t.rank >= t.size, config_error, "tensor parallelism: rank ",
@@ -121,7 +138,12 @@ inline param_layout make_llama_layout(const llama_config& c, tp_rank t = {}) {
     cols(b + "mlp.w_down", H, F, l);
   }
   p.add("final_norm", {H}, false, -1);
-  vocab("lm_head");
+  if (!c.tie_word_embeddings) {
+    vocab("lm_head");
+  } else if (head == tied_head::copy) {
+    vocab("lm_head");
+    p.tied_copy("lm_head", "embedding");
+  }
   return p;
 }
 
@@ -132,7 +154,8 @@ inline param_layout make_llama_layout(const llama_config& c, tp_rank t = {}) {
 /// shard holds its slice of the same draw), norm gains 1, alignment
 /// padding 0. Each tensor draws
 /// from its own seeded stream, so any range (a ZeRO shard, one tensor on
-/// one thread) gets the same values as the whole buffer.
+/// one thread) gets the same values as the whole buffer; a tied copy
+/// (param_entry::tied) draws its tensor's stream, so it starts equal to it.
 /// Precondition: 0 <= lo <= hi <= layout.total(); out holds hi - lo elements.
 template <class Param>
 void init_llama_weights_range(const llama_config& c, const param_layout& layout,
@@ -146,11 +169,12 @@ void init_llama_weights_range(const llama_config& c, const param_layout& layout,
     ++idx;
     const std::int64_t b = std::max(lo, e.offset), en = std::min(hi, e.offset + e.numel);
     if (b >= en) continue;
+    const std::uint64_t draw = e.tied.empty() ? idx : layout.draw_index(e.tied);
     if (e.shp.rank == 1) {
       for (std::int64_t i = b; i < en; ++i) out[i - lo] = to<Param>(1.0);
       continue;
     }
-    rng r(mix64(seed) ^ mix64(idx * 0x9e3779b97f4a7c15ull));
+    rng r(mix64(seed) ^ mix64(draw * 0x9e3779b97f4a7c15ull));
     const bool is_out = e.name.ends_with("attn.wo") || e.name.ends_with("mlp.w_down");
     const double s = is_out ? std0 * out_scale : std0;
     // The whole tensor's stream, drawn in its row-major order: a shard
@@ -198,7 +222,8 @@ inline std::vector<kernels::weight_init_tensor> llama_weight_init_tensors(
       const bool is_out = e.name.ends_with("attn.wo") || e.name.ends_with("mlp.w_down");
       t.kind = kernels::weight_init_kind::normal;
       t.scale = is_out ? std0 * out_scale : std0;
-      t.start = rng_start(mix64(seed) ^ mix64(idx * 0x9e3779b97f4a7c15ull));
+      const std::uint64_t draw = e.tied.empty() ? idx : layout.draw_index(e.tied);
+      t.start = rng_start(mix64(seed) ^ mix64(draw * 0x9e3779b97f4a7c15ull));
       t.cols = e.shp[1];
       t.full_cols = e.full[1];
       t.shard_dim = e.shard_dim;
@@ -219,7 +244,8 @@ using tensor_reader =
 /// Elements [lo, hi) of `layout`'s flat buffer read from `read` instead of
 /// drawn: out[i - lo] for i in [lo, hi), each tensor-parallel shard the
 /// slice of the whole tensor it holds, vocabulary padding rows and
-/// alignment padding 0. Reads in runs of consecutive elements of the whole
+/// alignment padding 0; a tied copy (param_entry::tied) reads its tensor
+/// ("embedding"). Reads in runs of consecutive elements of the whole
 /// tensor (a row shard's block, a column shard's row pieces).
 /// Precondition: 0 <= lo <= hi <= layout.total(); out holds hi - lo elements.
 template <class Param>
@@ -238,7 +264,7 @@ void load_llama_weights_range(const param_layout& layout, const tensor_reader& r
       if (e.shard_dim == 1) n = std::min(n, e.shp[1] - j % e.shp[1]);
       n = std::min(n, whole - first);
       run.resize(static_cast<std::size_t>(n));
-      read(e.name, first, n, run.data());
+      read(e.tied.empty() ? e.name : e.tied, first, n, run.data());  // a copy reads its tensor
       for (std::int64_t k = 0; k < n; ++k) out[e.offset + j + k - lo] = to<Param>(run[k]);
       j += n;
     }

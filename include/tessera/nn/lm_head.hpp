@@ -37,8 +37,11 @@ struct head_record {
   tensor<typename P::act_grad_type, Backend> dx;
 };
 
-/// Final norm (H gains at `norm_offset`) and LM head (V x H at
-/// `lm_offset`), offsets in the head's segment. With a tensor-parallel
+/// Final norm (H gains at `norm_offset` of the head's segment) and LM head
+/// (V x H weights, passed to each call: the head segment's own tensor, or
+/// the embedding's when the embeddings are tied, llama_config::
+/// tie_word_embeddings, whose gradient then accumulates into the
+/// embedding's). With a tensor-parallel
 /// `Layers` family the LM head is vocabulary-parallel: this rank holds Vl
 /// rows from v_begin of the vocabulary padded to a multiple of tp, the
 /// cross-entropy combines the slices' row maxima, sums of exponentials and
@@ -56,30 +59,38 @@ class lm_head {
   using record = head_record<P, Backend>;
 
   lm_head() = default;
-  lm_head(std::int64_t V, std::int64_t H, double eps, std::int64_t norm_offset,
-          std::int64_t lm_offset, std::int64_t chunk, std::int32_t ignore_index)
-      : V_(V), H_(H), eps_(eps), norm_(norm_offset), lm_(lm_offset), chunk_(chunk),
-        ignore_(ignore_index), Vl_(V) {}
-  /// Vocabulary-parallel: this rank's Vl rows from v_begin, over `layers`' group.
-  lm_head(std::int64_t V, std::int64_t H, double eps, std::int64_t norm_offset,
-          std::int64_t lm_offset, std::int64_t chunk, std::int32_t ignore_index, Layers layers,
-          std::int64_t v_begin, std::int64_t Vl)
-      : V_(V), H_(H), eps_(eps), norm_(norm_offset), lm_(lm_offset), chunk_(chunk),
-        ignore_(ignore_index), layers_(layers), v_begin_(v_begin), Vl_(Vl) {}
+  lm_head(std::int64_t V, std::int64_t H, double eps, std::int64_t norm_offset, std::int64_t chunk,
+          std::int32_t ignore_index)
+      : V_(V), H_(H), eps_(eps), norm_(norm_offset), chunk_(chunk), ignore_(ignore_index), Vl_(V) {}
+  /// Vocabulary-parallel: this rank's Vl rows from v_begin, over `layers`'
+  /// group (a tied head: the embedding's rows, which split the same way).
+  lm_head(std::int64_t V, std::int64_t H, double eps, std::int64_t norm_offset, std::int64_t chunk,
+          std::int32_t ignore_index, Layers layers, std::int64_t v_begin, std::int64_t Vl)
+      : V_(V),
+        H_(H),
+        eps_(eps),
+        norm_(norm_offset),
+        chunk_(chunk),
+        ignore_(ignore_index),
+        layers_(layers),
+        v_begin_(v_begin),
+        Vl_(Vl) {}
 
   /// Training forward (and the head's backward, fused): from `x` (N, H),
   /// the last block's output, and `targets` (N) (ignore_index: not
   /// scored), writes *d_loss = the sum of token losses, accumulates the
-  /// final norm's and the LM head's gradients into `g` (the segment's first
-  /// gradient element) and leaves d(loss)/dx (N, H) in r.dx. `p`: the
-  /// segment's first parameter. `x` is not kept. With `sequence_parallel`
+  /// final norm's gradient into `g` (the segment's first gradient element)
+  /// and the LM head's into `gw` ((Vl, H), beside `w`: the weights' own
+  /// gradient, the embedding's when tied) and leaves d(loss)/dx (N, H) in
+  /// r.dx. `p`: the segment's first parameter; `w`: the (Vl, H) LM head
+  /// weights. `x` is not kept. With `sequence_parallel`
   /// (a tensor-parallel family) x and r.dx hold this rank's N/tp token
   /// rows: the normed rows are all-gathered before the LM head, its input
   /// gradient reduce-scattered, the final norm's gain gradient summed over
   /// the group. Throws config_error (host) for a target outside [0, V).
   void forward(const Ctx& ctx, const Param* x, const std::int32_t* targets, std::int64_t N,
-               const Param* p, Grad* g, Acc grad_scale, double* d_loss, record& r,
-               bool sequence_parallel = false) const {
+               const Param* p, const Param* w, Grad* g, Grad* gw, Acc grad_scale, double* d_loss,
+               record& r, bool sequence_parallel = false) const {
     const std::int64_t R = rows(N, sequence_parallel);
     tensor<Acc, Backend> rstd = kernels::make_tensor<Acc>(ctx, R);
     tensor<Param, Backend> xn = kernels::make_tensor<Param>(ctx, R * H_);
@@ -88,9 +99,8 @@ class lm_head {
     const Param* in = gather(ctx, xn, R, N, sequence_parallel, all);
     tensor<ActGrad, Backend> dxn = kernels::make_tensor<ActGrad>(ctx, N * H_);
     if constexpr (Layers::tensor_parallel) {
-      lm_head_cross_entropy_vocab_parallel(ctx, d_loss, in, p + lm_, targets, N, V_, v_begin_,
-                                           Vl_, H_, ignore_, grad_scale, dxn.data(), g + lm_,
-                                           chunk_, reducer());
+      lm_head_cross_entropy_vocab_parallel(ctx, d_loss, in, w, targets, N, V_, v_begin_, Vl_, H_,
+                                           ignore_, grad_scale, dxn.data(), gw, chunk_, reducer());
       all.release();
       if (sequence_parallel) {
         // dxn, a partial sum of every row, reduce-scattered to this rank's rows
@@ -106,8 +116,8 @@ class lm_head {
       }
       layers_.all_reduce(partial_sum<ActGrad>{dxn.data(), N, H_});
     } else {
-      lm_head_cross_entropy(ctx, d_loss, xn.data(), p + lm_, targets, N, V_, H_, ignore_,
-                            grad_scale, dxn.data(), g + lm_, chunk_);
+      lm_head_cross_entropy(ctx, d_loss, xn.data(), w, targets, N, V_, H_, ignore_, grad_scale,
+                            dxn.data(), gw, chunk_);
     }
     r.dx = kernels::make_tensor<ActGrad>(ctx, N * H_);
     rmsnorm_backward(ctx, r.dx.data(), g + norm_, dxn.data(), x, p + norm_, rstd.data(), N, H_,
@@ -116,7 +126,8 @@ class lm_head {
   /// Evaluation: *d_loss = the sum of token losses; no gradient, nothing
   /// kept. With `sequence_parallel`, x holds this rank's N/tp rows.
   void forward_loss(const Ctx& ctx, const Param* x, const std::int32_t* targets, std::int64_t N,
-                    const Param* p, double* d_loss, bool sequence_parallel = false) const {
+                    const Param* p, const Param* w, double* d_loss,
+                    bool sequence_parallel = false) const {
     const std::int64_t R = rows(N, sequence_parallel);
     tensor<Acc, Backend> rstd = kernels::make_tensor<Acc>(ctx, R);
     tensor<Param, Backend> xn = kernels::make_tensor<Param>(ctx, R * H_);
@@ -124,17 +135,17 @@ class lm_head {
     tensor<Param, Backend> all;
     const Param* in = gather(ctx, xn, R, N, sequence_parallel, all);
     if constexpr (Layers::tensor_parallel)
-      lm_head_cross_entropy_vocab_parallel(ctx, d_loss, in, p + lm_, targets, N, V_, v_begin_,
-                                           Vl_, H_, ignore_, Acc(0),
-                                           static_cast<ActGrad*>(nullptr),
+      lm_head_cross_entropy_vocab_parallel(ctx, d_loss, in, w, targets, N, V_, v_begin_, Vl_, H_,
+                                           ignore_, Acc(0), static_cast<ActGrad*>(nullptr),
                                            static_cast<Grad*>(nullptr), chunk_, reducer());
     else
-      lm_head_cross_entropy(ctx, d_loss, in, p + lm_, targets, N, V_, H_, ignore_, Acc(0),
+      lm_head_cross_entropy(ctx, d_loss, in, w, targets, N, V_, H_, ignore_, Acc(0),
                             static_cast<ActGrad*>(nullptr), static_cast<Grad*>(nullptr), chunk_);
   }
   /// The V float32 logits after row `x_row` (H), for generation, into
-  /// `d_logits` (context memory).
-  void logits(const Ctx& ctx, float* d_logits, const Param* x_row, const Param* p) const {
+  /// `d_logits` (context memory); `p` the segment, `w` the LM head weights.
+  void logits(const Ctx& ctx, float* d_logits, const Param* x_row, const Param* p,
+              const Param* w) const {
     tensor<Acc, Backend> rstd = kernels::make_tensor<Acc>(ctx, 1);
     tensor<Param, Backend> xn = kernels::make_tensor<Param>(ctx, H_);
     rmsnorm_forward(ctx, xn.data(), rstd.data(), x_row, p + norm_, 1, H_, eps_);
@@ -144,11 +155,11 @@ class lm_head {
       const std::int64_t n = Vl_ * layers_.size();
       tensor<float, Backend> all = kernels::make_tensor<float>(ctx, n);
       kernels::zero_elements(ctx, all.data(), n);
-      lm_head_logits(ctx, all.data() + v_begin_, xn.data(), p + lm_, H_, Vl_);
+      lm_head_logits(ctx, all.data() + v_begin_, xn.data(), w, H_, Vl_);
       layers_.all_reduce_values(all.data(), static_cast<std::size_t>(n), false);
       kernels::copy_elements(ctx, d_logits, all.data(), V_);
     } else {
-      lm_head_logits(ctx, d_logits, xn.data(), p + lm_, H_, V_);
+      lm_head_logits(ctx, d_logits, xn.data(), w, H_, V_);
     }
   }
 
@@ -191,7 +202,7 @@ class lm_head {
 
   std::int64_t V_ = 0, H_ = 0;
   double eps_ = 1e-5;
-  std::int64_t norm_ = 0, lm_ = 0, chunk_ = 256;
+  std::int64_t norm_ = 0, chunk_ = 256;
   std::int32_t ignore_ = -100;
   Layers layers_{};
   std::int64_t v_begin_ = 0, Vl_ = 0;  // this rank's rows of the (padded) vocabulary

@@ -57,6 +57,13 @@ struct param_entry {
   /// shard on its replica 0 only. 1 and 0 for an unreplicated shard.
   int replicas = 1;
   int replica = 0;
+  /// Tied weights: the global name of the tensor this entry is a copy of
+  /// ("embedding" for the LM head of a model with tied embeddings on the
+  /// last pipeline stage), "" for a tensor of its own. A copy holds the same
+  /// values as that tensor (the same initial draw, the same summed gradient,
+  /// the same update); checkpoints store that tensor once, under its name,
+  /// and the global gradient norm counts it once (not the copy).
+  std::string tied;
   /// The element of the whole tensor (row-major over `full`) that local
   /// element j (row-major over `shp`) holds; full.numel() or more for a
   /// padding row. Precondition: 0 <= j < numel.
@@ -108,6 +115,30 @@ public:
     total_ = e.offset + e.numel;
     entries_.push_back(e);
     return entries_.back();
+  }
+  /// Marks the entry `name` as a copy of the tensor `of` (param_entry::tied):
+  /// the same shape, shard and decay as `of`'s. Throws tessera::error if
+  /// either is absent, config_error if they differ or `of` is itself a copy.
+  void tied_copy(const std::string& name, const std::string& of) {
+    const param_entry& o = at(of);
+    param_entry* e = nullptr;
+    for (auto& x : entries_)
+      if (x.name == name) e = &x;
+    TESSERA_THROW_IF(e == nullptr, error, "no parameter named '", name, "'");
+    TESSERA_THROW_IF(!o.tied.empty() || !(e->shp == o.shp) || !(e->full == o.full) ||
+                         e->shard_dim != o.shard_dim || e->shard_begin != o.shard_begin ||
+                         e->decay != o.decay,
+                     config_error, "parameter '", name, "' cannot be a copy of '", of,
+                     "': another shape, shard or decay, or '", of, "' is itself a copy");
+    e->tied = of;
+  }
+  /// The 1-based position of the tensor `name` in the layout: the stream a
+  /// seeded initialisation draws it from (a tied copy draws its tensor's).
+  /// Throws tessera::error if absent.
+  std::uint64_t draw_index(const std::string& name) const {
+    for (std::size_t i = 0; i < entries_.size(); ++i)
+      if (entries_[i].name == name) return i + 1;
+    throw error("no parameter named '" + name + "'");
   }
   /// Elements of the flat buffer (including alignment padding).
   std::int64_t total() const { return total_; }

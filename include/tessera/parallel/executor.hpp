@@ -21,7 +21,10 @@
 ///   recv_forward m     recv of the chunk's input from the previous one
 ///   send_backward m    isend of the input gradient to the previous virtual stage
 ///   recv_backward m    recv of the output gradient from the next one
-///   reduce_gradients   every engine's finish_gradients(); every send completed
+///   reduce_gradients   every engine's finish_gradients(); every send completed;
+///                      tied embeddings under a pipeline: the tied tensor's gradient
+///                      summed over the embedding group (set_tied_group; the engines'
+///                      sum_tied_gradient, on the first and the last stage)
 ///   clip               the norm squared over every chunk, summed over the mesh
 ///                      (layout::reduce over dp, tp, pp); clip_coefficient(ctx,
 ///                      d_clip, d_sum_squares, max_norm)
@@ -415,6 +418,8 @@ class executor {
       case action_kind::reduce_gradients:
         for (auto& ch : chunks_) ch.engine->finish_gradients();
         wait_sends();
+        if (tied_group_ != nullptr)
+          for (auto& ch : chunks_) ch.engine->sum_tied_gradient(*tied_group_);
         break;
       case action_kind::clip: {
         for (std::size_t i = 0; i < chunks_.size(); ++i)
@@ -430,6 +435,14 @@ class executor {
   }
 
  public:
+  /// Tied embeddings under a pipeline (pp > 1): `g` is this rank's group of
+  /// the embedding group split (not owned; nullptr: none), over which the
+  /// reduce_gradients action sums the tied tensor's gradient of the chunks
+  /// sharing it (the first stage's embedding, the last stage's copy: the
+  /// two ranks of one group; the other stages' chunks share none and send
+  /// nothing). Set before run(), on every rank alike.
+  void set_tied_group(comm_type* g) { tied_group_ = g; }
+
   /// The (B, T) of every micro-batch of the steps run() will run: the
   /// stages without the embedding receive (rows, H) hidden states of it.
   /// Needed before run() when K > 1.
@@ -578,6 +591,7 @@ class executor {
   std::vector<timed_action> timeline_;
   std::int64_t mb_B_ = 0, mb_T_ = 0;
   bool tracing_ = false;
+  comm_type* tied_group_ = nullptr;  // the embedding group (tied embeddings, pp > 1)
 };
 
 }  // namespace tessera::parallel

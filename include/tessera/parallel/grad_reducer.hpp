@@ -60,6 +60,7 @@
 #include <optional>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "tessera/comm/communicator.hpp"
@@ -296,6 +297,9 @@ class gradient_reducer {
     else
       return staging_.data() + b.staging_offset + plan_->rank() * b.chunk;
   }
+  Reduce* reduced_chunk(const bucket& b) {
+    return const_cast<Reduce*>(std::as_const(*this).reduced_chunk(b));
+  }
   /// The reduced-gradient shard (zero<2,3>; shard_size() elements), else null.
   const Reduce* shard() const { return shard_.data(); }
   /// Whether the model accumulates into the padded buffer (in place).
@@ -322,6 +326,51 @@ class gradient_reducer {
         comm_->all_gather(reduced_chunk(b), all.data(), static_cast<std::size_t>(b.chunk));
         copy_or_cast(out + b.begin, all.data(), b.numel());
       }
+    }
+  }
+
+  /// After finish(): calls f(v, n) on the reduced gradient of flat
+  /// elements [lo, hi) (the model's flat buffer), n = hi - lo values of the
+  /// reduce type in the context's memory, whole on every rank, which f
+  /// rewrites in place; what f leaves is written back where the norm and
+  /// the optimizer read it (the model's buffer, the padded buffer, this
+  /// rank's chunk). Under a reduce-scatter the bucket is first all-gathered
+  /// over dp (collective over dp). Precondition: [lo, hi) lies in one
+  /// bucket (one tensor: buckets never split a segment).
+  template <class F>
+  void update_reduced(std::int64_t lo, std::int64_t hi, F&& f) {
+    const std::int64_t n = hi - lo;
+    if (n <= 0) return;
+    if (local_) {
+      if constexpr (std::is_same_v<Grad, Reduce>) {
+        f(model_->grads() + lo, n);
+      } else {
+        tensor<Reduce, Backend> v = kernels::make_tensor<Reduce>(*ctx_, n);
+        copy_or_cast(v.data(), model_->grads() + lo, n);
+        f(v.data(), n);
+        copy_or_cast(model_->grads() + lo, v.data(), n);
+      }
+      return;
+    }
+    std::size_t k = 0;  // the bucket holding lo (buckets run from the head down)
+    while (k < plan_->size() && !(plan_->buckets()[k].begin <= lo && lo < plan_->buckets()[k].end))
+      ++k;
+    TESSERA_EXPECTS(k < plan_->size() && hi <= plan_->buckets()[k].end,
+                    "update_reduced: the range spans buckets");
+    const bucket& b = plan_->buckets()[k];
+    if constexpr (S::collective == bucket_collective::all_reduce) {
+      Reduce* v = staging_.data() + b.staging_offset + (lo - b.begin);
+      f(v, n);
+      if (!in_place_) copy_or_cast(model_->grads() + lo, v, n);
+    } else {
+      tensor<Reduce, Backend> all = kernels::make_tensor<Reduce>(*ctx_, b.padded);
+      comm_->all_gather(reduced_chunk(b), all.data(), static_cast<std::size_t>(b.chunk));
+      f(all.data() + (lo - b.begin), n);
+      const auto [a, e] = plan_->owned(k);
+      const std::int64_t x0 = std::max(a, lo), x1 = std::min(e, hi);
+      if (x0 < x1)
+        kernels::copy_elements(*ctx_, reduced_chunk(b) + (x0 - a), all.data() + (x0 - b.begin),
+                               x1 - x0);
     }
   }
 

@@ -118,6 +118,10 @@ class param_gatherer {
     acquire(s);
     if (prefetch_ && previous_next && s - 1 >= model_->first_segment()) issue(s - 1);
   }
+  /// Segment s gathered and pointed at, with no prefetch: another segment's
+  /// module reads it (the LM head of tied embeddings reads the embedding's
+  /// segment -1 beside its own). Release it with release(s).
+  void hold(int s) { acquire(s); }
   /// After segment s's forward or backward (or its B): its gathered copy freed once
   /// the context's later work is ordered after its gather (a prefetch never
   /// used included), which the host then waits for (comm_error).

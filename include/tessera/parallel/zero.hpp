@@ -325,7 +325,9 @@ class data_parallel final : public nn::segment_hooks {
   /// communication.
   void local_grad_norm_squared(double* d_out, bool accumulate) {
     TESSERA_NVTX_RANGE("zero: grad_norm_squared");
-    if (model_->tp_size() > 1) {
+    // A tied copy (the last pipeline stage's) is not counted: the stage
+    // holding the embedding counts the tensor (nn::llama::norm_ranges).
+    if (model_->tp_size() > 1 || model_->holds_tied_copy()) {
       tp_local_norm_squared(d_out, accumulate);
       return;
     }
@@ -344,6 +346,26 @@ class data_parallel final : public nn::segment_hooks {
   void reduce_grad_norm_squared(double* d_out) {
     if (!grads_.local()) comm_->all_reduce(d_out, 1, comm::reduce_op::sum);
     if (model_->tp_size() > 1) model_->tp_all_reduce_sum(d_out);
+  }
+
+  /// Tied embeddings under a pipeline: after finish_gradients(), the
+  /// reduced gradient of the tied tensor this stage shares with another
+  /// (nn::llama::shared_tied_range: the first stage's embedding, the last
+  /// stage's copy) summed over `group`, the embedding group of those two
+  /// ranks (the same dp and tp coordinates; Megatron-LM's embedding group),
+  /// in place: both then hold the same sum, and update the two copies
+  /// alike. Under zero<1..3> the tensor's bucket is all-gathered over dp
+  /// first (each stage's shards cut the tensor differently) and this rank's
+  /// chunk written back. Collective over dp and `group`, whose buffers are
+  /// the model's backend memory; nothing for a stage sharing no tensor.
+  template <comm::communicator G>
+  void sum_tied_gradient(G& group) {
+    const nn::param_range r = model_->shared_tied_range();
+    if (r.begin == r.end) return;
+    TESSERA_NVTX_RANGE("zero: sum the tied embedding's gradient");
+    grads_.update_reduced(r.begin, r.end, [&](Reduce* v, std::int64_t n) {
+      group.all_reduce(v, static_cast<std::size_t>(n), comm::reduce_op::sum);
+    });
   }
 
   /// The optimizer on the owned elements with the clip coefficient `*d_clip`
@@ -382,10 +404,18 @@ class data_parallel final : public nn::segment_hooks {
     // backward later, other passes between: no prefetch.
     if (backward_follows_ && s == model_->last_segment() && has_head()) grads_.open(s);
     if (params_) params_->before_forward(s, backward_next_ && has_head());
+    // Tied embeddings on a stage holding both: the head reads the
+    // embedding's parameters and adds to its gradients (segment -1), which
+    // are gathered and opened for it too.
+    if (at_tied_head(s)) {
+      if (backward_follows_) grads_.open(-1);
+      if (params_) params_->hold(-1);
+    }
     grads_.poll();
   }
   void after_forward(int s) override {
     if (params_) params_->release(s);
+    if (params_ && at_tied_head(s)) params_->release(-1);
     grads_.poll();
   }
   void before_backward(int s) override {
@@ -406,6 +436,7 @@ class data_parallel final : public nn::segment_hooks {
   }
   void after_backward(int s) override {
     if (params_) params_->release(s);
+    if (params_ && at_tied_head(s)) params_->release(-1);
     grads_.backward_done(s);  // polls every reduction issued so far, the new one included
   }
 
@@ -435,6 +466,10 @@ class data_parallel final : public nn::segment_hooks {
       return std::nullopt;
   }
   bool has_head() const { return model_->options().stage.head; }
+  // Segment s is the head, and it reads the embedding (tied, both held).
+  bool at_tied_head(int s) const {
+    return s == model_->last_segment() && has_head() && model_->head_reads_embedding();
+  }
 
   // Where the optimizer's elements are: its state is the flat buffer
   // (zero<0>) or this rank's chunks in bucket order (shard_offset); each

@@ -76,7 +76,8 @@
 ///
 /// Tensor parallelism (activation_options::tp, sharding::tp and tp_rank):
 /// parameters are the tp rank's (nn::make_llama_layout(c, {tp, tp_rank}):
-/// its block shards, the embedding, norms and LM head whole), records the
+/// its block shards, the embedding, norms and LM head whole; with tied
+/// embeddings the last stage's copy of the embedding), records the
 /// rank's heads and SwiGLU columns, and under sequence parallelism the
 /// residual stream, the norms and the stage boundaries hold N/tp rows.
 ///
@@ -420,6 +421,11 @@ inline pipeline_plan plan_pipeline(const nn::llama_config& c, const dtype_sizes&
   const nn::block_bytes bb = detail::pipeline_block_bytes(c, d, a.tp, a.sequence_parallel);
   const nn::param_layout layout = nn::make_llama_layout(c, {sh.tp, sh.tp_rank});
   const auto segs = llama_segments(c, {sh.tp, sh.tp_rank});
+  // Tied embeddings: the last stage (the head without the embedding) holds
+  // the embedding's copy for its head, counted there too (nn::tied_head).
+  const nn::param_layout copy_layout =
+      nn::make_llama_layout(c, {sh.tp, sh.tp_rank}, nn::tied_head::copy);
+  const auto copy_segs = llama_segments(c, {sh.tp, sh.tp_rank}, nn::tied_head::copy);
   const double fb = parallel::block_flops_per_token(c, T), fh = parallel::head_flops_per_token(c);
   const auto ceil_dp = [&](std::int64_t n) { return u((n + sh.dp - 1) / sh.dp); };
 
@@ -442,10 +448,12 @@ inline pipeline_plan plan_pipeline(const nn::llama_config& c, const dtype_sizes&
       cp.chunk = ch;
       cp.virtual_stage = ch * K + k;
       cp.range = ranges[static_cast<std::size_t>(cp.virtual_stage)];
-      cp.params = detail::stage_params(layout, segs, cp.range, L);
+      const bool copy = cp.range.head && !cp.range.embedding;
+      const nn::param_layout& lay = copy ? copy_layout : layout;
+      const auto& sg = copy ? copy_segs : segs;
+      cp.params = detail::stage_params(lay, sg, cp.range, L);
       if (sh.zero >= 3)
-        cp.gathered =
-            u(detail::gathered_params(layout, segs, cp.range, L, sh.prefetch > 0)) * d.param;
+        cp.gathered = u(detail::gathered_params(lay, sg, cp.range, L, sh.prefetch > 0)) * d.param;
       std::uint64_t saved = 0, pending = 0;
       for (std::int64_t l = cp.range.first_block; l < cp.range.last_block; ++l) {
         saved += u(a.model.checkpointing.recomputes(l) ? bb.input(N) : bb.record(N));

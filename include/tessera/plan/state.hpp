@@ -189,10 +189,12 @@ struct sharding {
 /// the blocks, L the head (final norm + LM head), each from its first tensor
 /// to the next segment's first tensor (alignment padding included): the
 /// boundaries nn::llama::segment_begin/segment_end compute, which
-/// parallel::data_parallel hands to its bucket_plan.
-inline std::vector<parallel::segment_range> llama_segments(const nn::llama_config& c,
-                                                           nn::tp_rank t = {}) {
-  const nn::param_layout layout = nn::make_llama_layout(c, t);
+/// parallel::data_parallel hands to its bucket_plan. `head`: the layout's
+/// (nn::tied_head::copy for the last stage of a pipeline with tied
+/// embeddings, whose head segment holds the embedding's copy).
+inline std::vector<parallel::segment_range> llama_segments(
+    const nn::llama_config& c, nn::tp_rank t = {}, nn::tied_head head = nn::tied_head::embedding) {
+  const nn::param_layout layout = nn::make_llama_layout(c, t, head);
   std::vector<std::int64_t> b{0};
   for (std::int64_t l = 0; l < c.n_layers; ++l)
     b.push_back(layout.at("blocks." + std::to_string(l) + ".attn_norm").offset);

@@ -18,7 +18,10 @@
 /// and a tensor replicated over the tp group (norm gains) or whose shard
 /// several tp ranks hold (key/value heads when tp > nkv) is written by one
 /// of them only (tp rank 0, replica 0). Every pipeline stage writes its own
-/// tensors.
+/// tensors. A tied copy (the last stage's "lm_head" of tied embeddings,
+/// nn::param_entry::tied) is stored once, as its tensor ("embedding", which
+/// the first stage writes): it is never written, and a load fills it from
+/// that tensor (its parameters and optimizer state are the embedding's).
 
 #include <algorithm>
 #include <cstdint>
@@ -107,6 +110,8 @@ std::vector<state_region> state_regions(Engine& engine, bool writing, int tp_ran
   for (const nn::param_entry& e : model.layout().entries()) {
     if (e.offset < lo || e.offset >= lo + F) continue;  // another stage's
     if (writing && (e.shard_dim < 0 ? tp_rank != 0 : e.replica != 0)) continue;
+    if (writing && !e.tied.empty()) continue;  // a tied copy: its tensor is written where it lives
+    const std::string& name = e.tied.empty() ? e.name : e.tied;
     const index_box box = global_box(e);
     const std::int64_t n = box.numel(), first = e.offset - lo;
     if (n == 0) continue;
@@ -117,7 +122,7 @@ std::vector<state_region> state_regions(Engine& engine, bool writing, int tp_ran
         const std::int64_t a = std::max(r.lo, first), b = std::min(r.hi, first + n);
         if (a >= b) continue;
         const std::int64_t at = state_order ? r.state + (a - r.lo) : a;
-        out.push_back({e.name, role, dtype, box, a - first, b - first, base + at});
+        out.push_back({name, role, dtype, box, a - first, b - first, base + at});
       }
     };
     add(param_owned, "param", dtype_name<Param>(), params, S::shards_parameters);

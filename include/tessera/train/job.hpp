@@ -67,6 +67,9 @@ struct job {
   train_config cfg;                  ///< steps, batch, lr, pp, ... (train/config.hpp)
   std::int64_t checkpoint_layers = 1, checkpoint_every = 200, sample_bytes = 300, trace_step = 0;
   std::optional<std::int64_t> dim, layers, heads, kv_heads, ffn, vocab;  ///< preset overrides
+  /// --tie-embeddings (or --tie-embeddings=false), when given: the preset's
+  /// embedding and LM head tied (untied); llama3_2_1b and 3b are tied already.
+  bool tie_embeddings = false;
   std::optional<double> baseline;  ///< nats per byte printed beside val loss
   bool no_baseline = false, sample_only = false;
   int dp = 1, tp = 1, zero = 0;
@@ -99,7 +102,7 @@ struct job {
 };
 
 /// The model's sizes: the config.json of --init-from-hf, or the preset with
-/// the --dim/--layers/... overrides; the vocabulary follows the data
+/// the --dim/--layers/... and --tie-embeddings overrides; the vocabulary follows the data
 /// (job::data_vocab, once bound) unless --vocab sets it. Throws
 /// config_error for an unknown preset or an unreadable config.json.
 inline nn::llama_config model_config(const job& j) {
@@ -110,6 +113,7 @@ inline nn::llama_config model_config(const job& j) {
   if (j.heads) mc.n_heads = *j.heads;
   if (j.kv_heads) mc.n_kv_heads = *j.kv_heads;
   if (j.ffn) mc.ffn_dim = *j.ffn;
+  if (j.was_given("--tie-embeddings")) mc.tie_word_embeddings = j.tie_embeddings;
   if (j.vocab)
     mc.vocab = *j.vocab;
   else if (j.data_vocab > 0)
@@ -249,8 +253,8 @@ inline void check_job(job& j) {
                    " x pp=", c.pp, " = ", j.dp * j.tp * c.pp, " ranks exceeds the limit of 1024");
   if (c.sequence_parallel) nn::check_sequence_parallel(c.seq, j.tp);
   if (!j.init_from_hf.empty())
-    for (const char* f :
-         {"--preset", "--dim", "--layers", "--heads", "--kv-heads", "--ffn", "--vocab"})
+    for (const char* f : {"--preset", "--dim", "--layers", "--heads", "--kv-heads", "--ffn",
+                          "--vocab", "--tie-embeddings"})
       TESSERA_THROW_IF(
           given(f), config_error, f,
           " cannot be given with --init-from-hf: the model's sizes are its config.json's");

@@ -28,6 +28,9 @@ namespace tessera::train {
 /// without one has no such key, so the metadata of an unscaled model is what
 /// tessera wrote before scaling existed, and a resume with another scaling
 /// (or none) differs in "model" and is refused (check_resume_metadata).
+/// Tied embeddings likewise add "tie_word_embeddings": true (untied, no
+/// key): a tied checkpoint holds no "lm_head", and a resume with the other
+/// choice is refused.
 inline nlohmann::json model_metadata(const nn::llama_config& c) {
   nlohmann::json m = {{"name", c.name},
                       {"dim", c.dim},
@@ -40,11 +43,13 @@ inline nlohmann::json model_metadata(const nn::llama_config& c) {
                       {"rope_theta", c.rope_theta},
                       {"norm_eps", c.norm_eps}};
   if (c.rope_scaling) m["rope_scaling"] = nn::hf_rope_scaling_json(c.rope_scaling);
+  if (c.tie_word_embeddings) m["tie_word_embeddings"] = true;
   return m;
 }
 
 /// The model config that model_metadata wrote (`m`, read from `where`,
-/// named in errors; no "rope_scaling", or null: none). Throws io_error
+/// named in errors; no "rope_scaling", or null: none; no
+/// "tie_word_embeddings": untied). Throws io_error
 /// naming `where` and the key for a missing key or one of another type,
 /// config_error as nn::hf_rope_scaling and llama_config::validate.
 inline nn::llama_config model_config_from_metadata(const nlohmann::json& m,
@@ -61,6 +66,8 @@ inline nn::llama_config model_config_from_metadata(const nlohmann::json& m,
     c.max_seq = m.at("max_seq").get<std::int64_t>();
     c.rope_theta = m.at("rope_theta").get<double>();
     c.norm_eps = m.at("norm_eps").get<double>();
+    if (m.contains("tie_word_embeddings"))
+      c.tie_word_embeddings = m.at("tie_word_embeddings").get<bool>();
   } catch (const nlohmann::json::exception& e) {
     throw io_error("'" + where + "': its model settings are malformed: " + e.what());
   }

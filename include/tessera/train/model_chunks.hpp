@@ -13,6 +13,13 @@
 /// its shard under zero<3>) or read from a Hugging Face folder's reader
 /// (`weights`). Each engine runs over the dp group (`dp`); the tp group is
 /// the layer family's (layout.layers(), with cfg.sequence_parallel).
+///
+/// Tied embeddings under a pipeline (pp > 1): the first stage holds the
+/// embedding, the last stage a copy for its head (nn::tied_head::copy),
+/// drawn (or read) alike; their gradients are summed over the embedding
+/// group, split here from the pp group once: the first and the last stage
+/// of each (dp, tp) position (color 0), the stages between apart (color 1),
+/// as Megatron-LM's embedding group.
 
 #include <cstdint>
 #include <memory>
@@ -74,6 +81,13 @@ class model_chunks {
       engines_.push_back(
           std::make_unique<engine_type>(m, dp, cfg.template optimizer_config<O>(), cfg.seed, dpo));
     }
+    if (model_cfg.tie_word_embeddings && K_ > 1) {  // a collective of the pp group
+      C& pp = *mesh.pp_group();
+      const bool ends = stage_ == 0 || stage_ == K_ - 1;
+      tied_group_ = std::make_unique<C>(pp.split(ends ? 0 : 1, stage_));
+      if constexpr (requires(C & g) { g.set_stream(ctx.stream()); })
+        tied_group_->set_stream(ctx.stream());
+    }
   }
   model_chunks(const model_chunks&) = delete;
   model_chunks& operator=(const model_chunks&) = delete;
@@ -96,6 +110,10 @@ class model_chunks {
   int rank_of_stage(int v) const { return v % K_; }
   /// Whether this rank holds the head (the last virtual stage: the losses).
   bool holds_head() const { return models_.back()->options().stage.head; }
+  /// The embedding group of this rank (tied embeddings, pp > 1: the first
+  /// and the last stage of its (dp, tp) position; the stages between, a
+  /// group of their own that sums nothing), nullptr otherwise.
+  C* tied_group() const { return tied_group_.get(); }
   /// The elements of every chunk's flat buffer on this rank.
   std::int64_t flat_elements() const {
     std::int64_t n = 0;
@@ -108,6 +126,7 @@ class model_chunks {
   int stage_, K_;
   std::vector<std::unique_ptr<model_type>> models_;
   std::vector<std::unique_ptr<engine_type>> engines_;
+  std::unique_ptr<C> tied_group_;  // tied embeddings, pp > 1 (split from the pp group)
 };
 
 }  // namespace tessera::train

@@ -122,6 +122,7 @@ class step_runner {
     executor_ =
         std::make_unique<executor_type>(std::move(ch), mesh, chunks.size(), std::move(capacity));
     executor_->set_micro_batch(cfg.micro_batch, cfg.seq);
+    executor_->set_tied_group(chunks.tied_group());
     loader_.prefetch(0, first_micro_batch());
   }
 

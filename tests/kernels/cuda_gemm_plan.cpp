@@ -410,9 +410,10 @@ void check_fp8_layer(std::int64_t M, std::int64_t N, std::int64_t K, std::uint64
 TEST_CASE("cuda gemm plans: the FP8 matmuls of a linear layer equal the host FP8 reference",
           "[kernels][cuda_gemm_plan]") {
   std::mt19937_64 rng(88);
-  // A 7B attention projection's shape on a few tokens, and a small odd one
-  // (multiples of 16, as FP8 matmuls need).
-  check_fp8_layer<tessera::fp8_e5m2>(32, 4096, 4096, rng(), rng);  // hybrid: E5M2 gradients
+  // A wide layer on a few tokens, and small odd ones (multiples of 16, as
+  // FP8 matmuls need); the descriptors depend on the sizes only through the
+  // layouts, which the 7B shapes above check for the bf16 matmuls.
+  check_fp8_layer<tessera::fp8_e5m2>(32, 1024, 2048, rng(), rng);  // hybrid: E5M2 gradients
   check_fp8_layer<tessera::fp8_e4m3>(48, 80, 112, rng(), rng);     // E4M3 everywhere
   check_fp8_layer<tessera::fp8_e5m2>(16, 176, 32, rng(), rng);
 }

@@ -136,18 +136,37 @@ inline constexpr std::int64_t grad_norm_max_blocks = 1024;
 /// Bound on a sum-of-squares kernel's shared_storage (CUB BlockReduce of doubles).
 inline constexpr std::size_t grad_norm_smem_bound = 512;
 
+namespace detail {
+/// Stage 1 of a two-stage reduction over n elements: min(ceil(n / (threads
+/// 8)), max_blocks) blocks of `threads`, each writing one partial of
+/// `partial_bytes` into the scratch; the count depends on n only. Throws
+/// config_error naming `who` for n < 0.
+constexpr launch_config partial_reduction_config(const char* who, std::int64_t n, int threads,
+                                                 std::int64_t max_blocks, std::size_t smem,
+                                                 std::size_t partial_bytes) {
+  if (n < 0) throw config_error(who);
+  launch_config c;
+  c.block = threads;
+  c.grid_x = std::clamp<std::int64_t>(ceil_div(n, std::int64_t(threads) * 8), 1, max_blocks);
+  c.smem = smem;
+  c.scratch_bytes = static_cast<std::size_t>(c.grid_x) * partial_bytes;
+  return c;
+}
+/// One block of one thread (a scalar computed on the device, no host sync).
+constexpr launch_config one_thread_config() {
+  launch_config c;
+  c.block = 1;
+  return c;
+}
+}  // namespace detail
+
 /// Stage 1: min(ceil(n / (256 * 8)), 1024) blocks each reduce a grid-stride
 /// share in float64 and write one partial (scratch: 8 bytes a block); stage 2
 /// (one block) adds the partials in a fixed tree. Deterministic for a given n.
 constexpr launch_config grad_norm_partial_config(std::int64_t n) {
-  if (n < 0) throw config_error("grad_sum_squares (cuda): negative n");
-  launch_config c;
-  c.block = grad_norm_threads;
-  c.grid_x = std::clamp<std::int64_t>(detail::ceil_div(n, std::int64_t(grad_norm_threads) * 8), 1,
-                                      grad_norm_max_blocks);
-  c.smem = grad_norm_smem_bound;
-  c.scratch_bytes = static_cast<std::size_t>(c.grid_x) * sizeof(double);
-  return c;
+  return detail::partial_reduction_config("grad_sum_squares (cuda): negative n", n,
+                                          grad_norm_threads, grad_norm_max_blocks,
+                                          grad_norm_smem_bound, sizeof(double));
 }
 
 /// Device scratch bytes grad_sum_squares needs for n elements.
@@ -168,9 +187,7 @@ constexpr launch_config grad_norm_final_config() {
 /// The clip coefficient: one thread reads the sum of squares and writes the
 /// coefficient (on the device, so the step needs no host sync).
 constexpr launch_config clip_coefficient_config() {
-  launch_config c;
-  c.block = 1;
-  return c;
+  return detail::one_thread_config();
 }
 
 // ---- FP8 scaled casts ---------------------------------------------------------------------------
@@ -194,14 +211,9 @@ inline constexpr std::size_t fp8_transpose_smem_bound =
 /// partials into the amax. A maximum is exact, so the result does not
 /// depend on the partition; it is fixed by n all the same.
 constexpr launch_config fp8_amax_partial_config(std::int64_t n) {
-  if (n < 0) throw config_error("fp8_amax_accumulate (cuda): negative n");
-  launch_config c;
-  c.block = fp8_threads;
-  c.grid_x = std::clamp<std::int64_t>(detail::ceil_div(n, std::int64_t(fp8_threads) * 8), 1,
-                                      fp8_amax_max_blocks);
-  c.smem = fp8_amax_smem_bound;
-  c.scratch_bytes = static_cast<std::size_t>(c.grid_x) * sizeof(float);
-  return c;
+  return detail::partial_reduction_config("fp8_amax_accumulate (cuda): negative n", n,
+                                          fp8_threads, fp8_amax_max_blocks, fp8_amax_smem_bound,
+                                          sizeof(float));
 }
 
 /// Device scratch bytes fp8_amax_accumulate needs for n elements.
@@ -220,9 +232,7 @@ constexpr launch_config fp8_amax_final_config() {
 
 /// fp8_update_scale: one thread reads the amax and writes the scale.
 constexpr launch_config fp8_update_scale_config() {
-  launch_config c;
-  c.block = 1;
-  return c;
+  return detail::one_thread_config();
 }
 
 /// fp8_quantize_transposed on x (rows, cols): one block of 256 threads (32

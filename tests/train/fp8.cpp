@@ -143,51 +143,6 @@ TEST_CASE("fp8_mixed on tp 2, with and without sequence parallelism, trains as o
   }
 }
 
-TEST_CASE("fp8_mixed on dp 2 under delayed scaling trains as one rank, replicas equal",
-          "[train][fp8][dp]") {
-  trainer_suite::temp_file corpus{trainer_suite::make_corpus("fp8_dp", 0)};
-  data::token_file f(corpus.path);
-  constexpr std::int64_t steps = 3, M = 4;
-  const run_record ref = single_rank(f, steps, precision::fp8_scaling::delayed, 2 * M);
-  std::vector<run_record> got(2);
-  comm::local_world::run(
-      2,
-      [&](Comm& world) {
-        omp_set_num_threads(1);
-        auto g = comm::make_groups(world, comm::device_mesh(2, 1, 1));
-        pp_suite::layout l;
-        l.dp = 2;
-        l.micro_batches = M;
-        train::trainer<P8, host, optim::adamw, parallel::zero<0>, Comm, L> tr(
-            pp_suite::model(), fp8_config(l, steps, precision::fp8_scaling::delayed), f,
-            parallel::layout{g.dp, L{&g.tp}, g.pp});
-        got[static_cast<std::size_t>(world.rank())] = record(tr, steps);
-      },
-      slow());
-  // The first step's scales are 1 on both layouts and its amaxes are the
-  // maxima over the same micro-batches: its loss is the one-rank loss up to
-  // the loss sum's order; later steps differ by the dp gradient sum's
-  // rounding only (float32, 1e-6), through the FP8 casts. (Measured with
-  // one OpenMP thread: the same bits, losses and scales.)
-  CHECK(got[0].loss[0] == Approx(ref.loss[0]).epsilon(1e-6));
-  for (std::size_t s = 0; s < static_cast<std::size_t>(steps); ++s) {
-    INFO("step " << s + 1);
-    CHECK(got[0].loss[s] == Approx(ref.loss[s]).epsilon(2e-4));
-    CHECK(got[0].grad_norm[s] == Approx(ref.grad_norm[s]).epsilon(2e-2));
-  }
-  CHECK(got[0].fp8 == got[1].fp8);  // bit for bit: the step amaxes reduced over dp
-  CHECK(scale_rel(got[0].fp8_1, ref.fp8_1) <= 1e-2);
-  CHECK(scale_rel(got[0].fp8, ref.fp8) <= 0.3);
-  // After step 1 the histories hold the one-rank amaxes of step 1 exactly.
-  for (const auto& [name, lin] : ref.fp8.items())
-    for (const char* op : {"x", "w", "dy"}) {
-      INFO(name << " " << op);
-      const auto h = lin[op]["amax_history"], d = got[0].fp8[name][op]["amax_history"];
-      REQUIRE(h.size() == 4);
-      CHECK(h[1] == d[1]);  // oldest first: [0] unused, [1] step 1
-    }
-}
-
 namespace {
 
 // dp 2 under ZeRO stage Z, delayed scaling: both ranks' records.
@@ -212,6 +167,37 @@ std::vector<run_record> dp2_zero(const data::token_file& f, std::int64_t steps, 
 }
 
 }  // namespace
+
+TEST_CASE("fp8_mixed on dp 2 under delayed scaling trains as one rank, replicas equal",
+          "[train][fp8][dp]") {
+  trainer_suite::temp_file corpus{trainer_suite::make_corpus("fp8_dp", 0)};
+  data::token_file f(corpus.path);
+  constexpr std::int64_t steps = 3, M = 4;
+  const run_record ref = single_rank(f, steps, precision::fp8_scaling::delayed, 2 * M);
+  const std::vector<run_record> got = dp2_zero<0>(f, steps, M);
+  // The first step's scales are 1 on both layouts and its amaxes are the
+  // maxima over the same micro-batches: its loss is the one-rank loss up to
+  // the loss sum's order; later steps differ by the dp gradient sum's
+  // rounding only (float32, 1e-6), through the FP8 casts. (Measured with
+  // one OpenMP thread: the same bits, losses and scales.)
+  CHECK(got[0].loss[0] == Approx(ref.loss[0]).epsilon(1e-6));
+  for (std::size_t s = 0; s < static_cast<std::size_t>(steps); ++s) {
+    INFO("step " << s + 1);
+    CHECK(got[0].loss[s] == Approx(ref.loss[s]).epsilon(2e-4));
+    CHECK(got[0].grad_norm[s] == Approx(ref.grad_norm[s]).epsilon(2e-2));
+  }
+  CHECK(got[0].fp8 == got[1].fp8);  // bit for bit: the step amaxes reduced over dp
+  CHECK(scale_rel(got[0].fp8_1, ref.fp8_1) <= 1e-2);
+  CHECK(scale_rel(got[0].fp8, ref.fp8) <= 0.3);
+  // After step 1 the histories hold the one-rank amaxes of step 1 exactly.
+  for (const auto& [name, lin] : ref.fp8.items())
+    for (const char* op : {"x", "w", "dy"}) {
+      INFO(name << " " << op);
+      const auto h = lin[op]["amax_history"], d = got[0].fp8[name][op]["amax_history"];
+      REQUIRE(h.size() == 4);
+      CHECK(h[1] == d[1]);  // oldest first: [0] unused, [1] step 1
+    }
+}
 
 TEST_CASE("fp8_mixed under ZeRO-1, 2 and 3 trains as ZeRO-0 does",
           "[train][fp8][dp][zero]") {

@@ -94,6 +94,10 @@ class sim_model {
   }
   std::vector<nn::param_range> norm_ranges() const { return param_ranges(); }
   int tp_size() const { return 1; }
+  // Untied: the head reads only its own segment, and no stage holds a copy
+  // of the embedding (nn::llama's tied-embedding queries).
+  bool head_reads_embedding() const { return false; }
+  bool holds_tied_copy() const { return false; }
   void tp_all_reduce_sum(double*) {}
   void set_segment_params(int s, const Param* p) { seg_params_[seg(s)] = p; }
   const Param* segment_params(int s) const { return seg_params_[seg(s)]; }

@@ -1,10 +1,12 @@
-// The optimizer's CUDA kernels (include/tessera/kernels/cuda/adamw.cuh:
-// adamw and sgd over a flat buffer with a segment table), their own bodies
+// The optimizer's CUDA kernels (include/tessera/kernels/cuda/adamw.cuh and
+// lion.cuh: adamw, sgd and lion over a flat buffer with a segment table),
+// their own bodies
 // run by the block emulator (tests/support/cuda_emulator.hpp) through the
 // launch functions the GPU path calls, against the host kernels
-// (kernels::adamw_step and sgd_step, include/tessera/kernels/optimizer.hpp)
-// and the host optimizers that call them (optim::adamw_optimizer,
-// optim::sgd_optimizer) over several steps.
+// (kernels::adamw_step, sgd_step and lion_step,
+// include/tessera/kernels/optimizer.hpp) and the host optimizers that call
+// them (optim::adamw_optimizer, optim::sgd_optimizer, optim::lion_optimizer)
+// over several steps.
 //
 // Inputs: fresh random state and gradients; the state of elements in no
 // segment and the parameters each segment writes start as NaN, the other
@@ -23,8 +25,8 @@
 // finite, +inf and NaN (a skipped step: nothing written).
 //
 // Bit for bit everywhere (memcmp of the parameters, master weights and
-// state): the update of an element is kernels::detail::adamw_update or
-// sgd_update on the same float32 inputs and step parameters on both sides,
+// state): the update of an element is kernels::detail::adamw_update,
+// sgd_update or lion_update on the same float32 inputs and step parameters on both sides,
 // element-wise with no reduction, and both are compiled by the same host
 // compiler without FMA contraction (tests/kernels builds with
 // -ffp-contract=off: tests/CMakeLists.txt), so every operation rounds alike. (A GPU contracts a * b
@@ -39,10 +41,12 @@
 #include <vector>
 
 #include <tessera/kernels/cuda/adamw.cuh>
+#include <tessera/kernels/cuda/lion.cuh>
 #include <tessera/kernels/optimizer.hpp>
 #include <tessera/nn/llama_config.hpp>
 #include <tessera/nn/llama_layout.hpp>
 #include <tessera/optim/adamw.hpp>
+#include <tessera/optim/lion.hpp>
 #include <tessera/optim/sgd.hpp>
 
 #include "../support/cuda_emulator.hpp"
@@ -239,6 +243,13 @@ hk::detail::sgd_step_params<float> sgd_params(const optim::sgd_config& c, double
           static_cast<float>(c.weight_decay), static_cast<float>(grad_scale), c.nesterov};
 }
 
+/// The Lion parameters, as lion_optimizer::update builds them.
+hk::detail::lion_step_params<float> lion_params(const optim::lion_config& c, double lr,
+                                                double grad_scale) {
+  return {static_cast<float>(lr), static_cast<float>(c.beta1), static_cast<float>(c.beta2),
+          static_cast<float>(c.weight_decay), static_cast<float>(grad_scale)};
+}
+
 /// Registers a case's buffers with the emulator: gradients, segments and
 /// the scale are inputs, the rest outputs.
 template <class Param, class Grad>
@@ -337,6 +348,38 @@ void sgd_case(const problem& p, const optim::sgd_config& cfg, const device_scale
   check_step(emu, host, before, cov, scale.skips);
 }
 
+template <class Param, class Grad>
+void lion_case(const problem& p, const optim::lion_config& cfg, const device_scale& scale,
+               std::uint64_t seed) {
+  INFO(p.name << ": lion beta1 " << cfg.beta1 << " beta2 " << cfg.beta2 << " wd "
+              << cfg.weight_decay << ", " << tessera::dtype_name<Param>() << " params, "
+              << tessera::dtype_name<Grad>() << " grads, device scale " << scale.name);
+  std::mt19937_64 rng(seed);
+  const coverage cov(p);
+  buffers<Param, Grad> before = initial<Param, Grad>(p, cov, 1, rng);
+  // Some exact zeros of the gradient and the momentum: sign(0) = 0 on both.
+  for (std::size_t i = 0; i < before.grads.size(); i += 97) before.grads[i] = Grad(0.0f);
+  for (std::size_t i = 0; i < before.s1.size(); i += 89)
+    if (!std::isnan(before.s1[i])) before.s1[i] = 0.f;
+  const auto step = lion_params(cfg, 1e-2, 0.7);
+  const float* d_scale = scale.ptr();
+  const int ns = static_cast<int>(p.segs.size());
+
+  buffers<Param, Grad> host = before;
+  hk::lion_step(ctx, host.params.data(), host.master_ptr(), host.s1.data(), host.grads.data(), p.n,
+                p.segs.data(), ns, step, d_scale);
+
+  buffers<Param, Grad> emu = before;
+  cuda_emulator em(seed);
+  register_buffers(em, emu, p, scale.value);
+  std::vector<std::string> launched;
+  kc::lion_step_launch(emulator_launcher{&em, std::int64_t(1) << 24, &launched}, emu.params.data(),
+                       emu.master_ptr(), emu.s1.data(), static_cast<const Grad*>(emu.grads.data()),
+                       p.n, p.segs.data(), ns, step, d_scale);
+  CHECK(launched == std::vector<std::string>{"lion"});
+  check_step(emu, host, before, cov, scale.skips);
+}
+
 /// A few steps of the host optimizer `O` (adamw_optimizer or sgd_optimizer
 /// over host memory, shifted owned ranges) against the emulated kernel
 /// given the step parameters `params_of(t, grad_scale)` the optimizer
@@ -429,6 +472,13 @@ struct host_sgd : optim::sgd_optimizer<Param, Grad, float, hk::host_context> {
 };
 
 template <class Param, class Grad>
+struct host_lion : optim::lion_optimizer<Param, Grad, float, hk::host_context> {
+  using config_type = optim::lion_config;
+  using optim::lion_optimizer<Param, Grad, float, hk::host_context>::lion_optimizer;
+  const float* state(int) const { return this->exp_avg(); }
+};
+
+template <class Param, class Grad>
 void adamw_optimizer_case() {
   INFO("adamw_optimizer, " << tessera::dtype_name<Param>() << " params, "
                            << tessera::dtype_name<Grad>() << " grads");
@@ -459,6 +509,26 @@ void sgd_optimizer_case(const optim::sgd_config& cfg) {
                             static_cast<int>(p.segs.size()), s, d_clip);
       },
       [&](std::int64_t, double scale) { return sgd_params(cfg, 1e-2, scale); });
+}
+
+template <class Param, class Grad>
+void lion_optimizer_case(const optim::lion_config& cfg) {
+  INFO("lion_optimizer wd " << cfg.weight_decay << ", " << tessera::dtype_name<Param>()
+                            << " params, " << tessera::dtype_name<Grad>() << " grads");
+  optimizer_steps<Param, Grad, host_lion<Param, Grad>>(
+      cfg, 1,
+      [](const emulator_launcher& l, buffers<Param, Grad>& b, const problem& p,
+         const hk::detail::lion_step_params<float>& s, const float* d_clip) {
+        kc::lion_step_launch(l, b.params.data(), b.master_ptr(), b.s1.data(),
+                             static_cast<const Grad*>(b.grads.data()), p.n, p.segs.data(),
+                             static_cast<int>(p.segs.size()), s, d_clip);
+      },
+      [&](std::int64_t, double scale) { return lion_params(cfg, 1e-2, scale); });
+}
+
+/// Lion with and without weight decay, the paper's betas and others.
+std::vector<optim::lion_config> lion_configs() {
+  return {{0.9, 0.99, 0.1}, {0.95, 0.98, 0.0}};
 }
 
 std::vector<optim::sgd_config> sgd_configs() {
@@ -504,7 +574,23 @@ TEST_CASE("emulated cuda sgd equals the host sgd_step bit for bit",
       }
 }
 
-TEST_CASE("emulated cuda adamw and sgd follow the host optimizers over steps and a skip",
+TEST_CASE("emulated cuda lion equals the host lion_step bit for bit",
+          "[kernels][emulated][optimizer]") {
+  std::uint64_t seed = 3000;
+  for (const problem& p : {ragged(), block_edges(), one_element(), llama2_7b_table(true)})
+    for (const optim::lion_config& cfg : lion_configs())
+      for (const device_scale& scale : device_scales()) {
+        lion_case<float, float>(p, cfg, scale, seed++);
+        lion_case<bf16, float>(p, cfg, scale, seed++);
+        lion_case<bf16, bf16>(p, cfg, scale, seed++);
+        if (p.segs.size() < 100) {  // fp16 off the 7B table, for time, as SGD's
+          lion_case<fp16, float>(p, cfg, scale, seed++);
+          lion_case<fp16, fp16>(p, cfg, scale, seed++);
+        }
+      }
+}
+
+TEST_CASE("emulated cuda adamw, sgd and lion follow the host optimizers over steps and a skip",
           "[kernels][emulated][optimizer]") {
   adamw_optimizer_case<float, float>();
   adamw_optimizer_case<bf16, float>();
@@ -517,6 +603,13 @@ TEST_CASE("emulated cuda adamw and sgd follow the host optimizers over steps and
     sgd_optimizer_case<bf16, bf16>(cfg);
     sgd_optimizer_case<fp16, float>(cfg);
     sgd_optimizer_case<fp16, fp16>(cfg);
+  }
+  for (const optim::lion_config& cfg : lion_configs()) {
+    lion_optimizer_case<float, float>(cfg);
+    lion_optimizer_case<bf16, float>(cfg);
+    lion_optimizer_case<bf16, bf16>(cfg);
+    lion_optimizer_case<fp16, float>(cfg);
+    lion_optimizer_case<fp16, fp16>(cfg);
   }
 }
 
@@ -545,6 +638,9 @@ TEST_CASE("emulated cuda optimizer launches: no work, bad arguments, a segment p
   kc::sgd_step_launch(l, b.params.data(), b.master.data(), b.s1.data(),
                       static_cast<const float*>(b.grads.data()), 0, p.segs.data(), ns, sstep,
                       nullptr);
+  kc::lion_step_launch(l, b.params.data(), b.master.data(), b.s1.data(),
+                       static_cast<const float*>(b.grads.data()), p.n, p.segs.data(), 0,
+                       lion_params(optim::lion_config{}, 1e-3, 1.0), nullptr);
   CHECK(launched.empty());
   CHECK(same_bits(b.params, before.params));
   CHECK(same_bits(b.s1, before.s1));
@@ -572,6 +668,11 @@ TEST_CASE("emulated cuda optimizer launches: no work, bad arguments, a segment p
                                       static_cast<const float*>(b.grads.data()), p.n, p.segs.data(),
                                       -1, sstep, nullptr),
                   config_error);
+  CHECK_THROWS_WITH(
+      kc::lion_step_launch(l, b.params.data(), static_cast<float*>(nullptr), b.s1.data(),
+                           static_cast<const float*>(b.grads.data()), p.n, p.segs.data(), ns,
+                           lion_params(optim::lion_config{}, 1e-3, 1.0), nullptr),
+      Catch::Contains("lion_step (cuda)") && Catch::Contains("need float32 master weights"));
   CHECK(launched.empty());
 
   // A segment whose parameters lie past the buffer: the emulator stops the

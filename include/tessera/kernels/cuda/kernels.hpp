@@ -32,6 +32,7 @@
 #include "tessera/core/numeric.hpp"
 #include "tessera/kernels/cuda/linkage.hpp"
 #include "tessera/kernels/detail/adamw.hpp"
+#include "tessera/kernels/detail/lion.hpp"
 #include "tessera/kernels/detail/sgd.hpp"
 #include "tessera/kernels/detail/weight_init.hpp"
 
@@ -229,6 +230,20 @@ void sgd_step(Param* d_params, float* d_master, float* d_buf, const Grad* d_grad
               const kernels::detail::sgd_step_params<float>& step, const float* d_grad_scale,
               cudaStream_t stream);
 
+// ---- Lion (kernels/cuda/lion.cuh) -----------------------------------------------------------
+
+/// One Lion step over a flat buffer in one launch, as the host
+/// kernels::lion_step: per element kernels::detail::lion_update on the
+/// float32 master weight (or the float parameter itself), the parameter
+/// written back rounded in the same pass. `d_m` is the momentum
+/// ("exp_avg"); the rest as adamw_step (segments, the clip coefficient's
+/// skip rule, throws). Source: Chen et al. 2023, Algorithm 1.
+template <class Param, class Grad>
+void lion_step(Param* d_params, float* d_master, float* d_m, const Grad* d_grads, std::int64_t n,
+               const optimizer_segment* d_segments, int num_segments,
+               const kernels::detail::lion_step_params<float>& step, const float* d_grad_scale,
+               cudaStream_t stream);
+
 // ---- RoPE (kernels/cuda/rope.cuh) ------------------------------------------------------------
 
 /// RoPE forward in place, as the host kernels::rope_forward (rotate-half
@@ -378,6 +393,18 @@ void fp8_quantize_transposed(F8* d_qt, float* d_inv_scale, const T* d_x, std::in
                               const optimizer_segment*, int,                                            \
                               const kernels::detail::sgd_step_params<float>&, const float*,        \
                               cudaStream_t);                                                        \
+  X void lion_step<float, float>(float*, float*, float*, const float*, std::int64_t,                \
+                                 const optimizer_segment*, int,                                     \
+                                 const kernels::detail::lion_step_params<float>&, const float*,    \
+                                 cudaStream_t);                                                     \
+  X void lion_step<bf16, float>(bf16*, float*, float*, const float*, std::int64_t,                  \
+                                const optimizer_segment*, int,                                      \
+                                const kernels::detail::lion_step_params<float>&, const float*,     \
+                                cudaStream_t);                                                      \
+  X void lion_step<bf16, bf16>(bf16*, float*, float*, const bf16*, std::int64_t,                    \
+                               const optimizer_segment*, int,                                       \
+                               const kernels::detail::lion_step_params<float>&, const float*,      \
+                               cudaStream_t);                                                       \
   X void rope_forward<float>(float*, const float*, const float*, std::int64_t, std::int64_t,      \
                              std::int64_t, std::int64_t, cudaStream_t);                             \
   X void rope_forward<bf16>(bf16*, const float*, const float*, std::int64_t, std::int64_t,        \
@@ -430,6 +457,14 @@ void fp8_quantize_transposed(F8* d_qt, float* d_inv_scale, const T* d_x, std::in
                               const optimizer_segment*, int,                                        \
                               const kernels::detail::sgd_step_params<float>&, const float*,        \
                               cudaStream_t);                                                        \
+  X void lion_step<fp16, float>(fp16*, float*, float*, const float*, std::int64_t,                  \
+                                const optimizer_segment*, int,                                      \
+                                const kernels::detail::lion_step_params<float>&, const float*,     \
+                                cudaStream_t);                                                      \
+  X void lion_step<fp16, fp16>(fp16*, float*, float*, const fp16*, std::int64_t,                    \
+                               const optimizer_segment*, int,                                       \
+                               const kernels::detail::lion_step_params<float>&, const float*,      \
+                               cudaStream_t);                                                       \
   X void rope_forward<fp16>(fp16*, const float*, const float*, std::int64_t, std::int64_t,        \
                             std::int64_t, std::int64_t, cudaStream_t);                              \
   X void rope_backward<fp16>(fp16*, const float*, const float*, std::int64_t, std::int64_t,       \
@@ -497,6 +532,7 @@ TESSERA_CUDA_FP8_INSTANTIATIONS(extern template)
 #include "tessera/kernels/cuda/embedding.cuh"
 #include "tessera/kernels/cuda/fp8.cuh"
 #include "tessera/kernels/cuda/grad_norm.cuh"
+#include "tessera/kernels/cuda/lion.cuh"
 #include "tessera/kernels/cuda/rmsnorm.cuh"
 #include "tessera/kernels/cuda/rope.cuh"
 #include "tessera/kernels/cuda/swiglu.cuh"

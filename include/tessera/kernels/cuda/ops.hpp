@@ -43,6 +43,7 @@
 #include "tessera/kernels/cuda/kernels.hpp"
 #include "tessera/kernels/cuda/launch.hpp"
 #include "tessera/kernels/detail/adamw.hpp"
+#include "tessera/kernels/detail/lion.hpp"
 #include "tessera/kernels/detail/sgd.hpp"
 #include "tessera/kernels/fp8_operand.hpp"
 
@@ -548,6 +549,16 @@ void sgd_step(const cuda_context& ctx, Param* params, M* master, M* buf, const G
   static_assert(std::is_same_v<M, float>, "sgd_step (cuda): the master type is float32");
   cuda::sgd_step<Param, Grad>(params, master, buf, grads, n, segments, num_segments, step,
                               grad_scale, ctx.stream());
+}
+
+/// One Lion step (the momentum `m`) as adamw_step.
+template <class Param, class Grad, class M>
+void lion_step(const cuda_context& ctx, Param* params, M* master, M* m, const Grad* grads,
+               std::int64_t n, const optimizer_segment* segments, int num_segments,
+               detail::lion_step_params<M> step, const M* grad_scale) {
+  static_assert(std::is_same_v<M, float>, "lion_step (cuda): the master type is float32");
+  cuda::lion_step<Param, Grad>(params, master, m, grads, n, segments, num_segments, step,
+                               grad_scale, ctx.stream());
 }
 
 }  // namespace tessera::kernels

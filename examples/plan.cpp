@@ -84,7 +84,7 @@ struct options {
   bool gpu_step = false;               // the one-GPU step instead
   std::string checkpointing;           // none or full; default: none, full with --gpu-step
   std::int64_t checkpoint_layers = 1;  // with full: every k-th block recomputes
-  std::string optimizer = "adamw";     // adamw or sgd
+  std::string optimizer = "adamw";     // adamw, sgd or lion
   bool ce_chunk_given = false;
   int pp = 1;                              // pipeline ranks (--pp > 1: the pipeline plan)
   std::string schedule = "1f1b";           // gpipe, 1f1b, interleaved, zb1
@@ -576,7 +576,7 @@ int main(int argc, char** argv) {
   app.add_option("--checkpoint-layers", o.checkpoint_layers,
                  "with --checkpointing full: every k-th block recomputes")
       ->capture_default_str();
-  app.add_option("--optimizer", o.optimizer, "adamw or sgd")
+  app.add_option("--optimizer", o.optimizer, "adamw, sgd or lion")
       ->capture_default_str()
       ->capture_default_str();
   app.add_option("--pp", o.pp, "pipeline ranks (> 1: print the pipeline plan)")

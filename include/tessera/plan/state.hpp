@@ -111,10 +111,11 @@ struct dtype_sizes {
 
 /// Optimizer state shape: `moments` tensors of master_type per parameter
 /// (AdamW: first and second moments, Loshchilov & Hutter 2019; SGD: the
-/// momentum buffer), plus the master copy when dtype_sizes::master_copy,
-/// plus the segment table of the optimizer kernels (40 bytes per tensor, or
-/// piece of a tensor, of the flat buffer the optimizer updates). Matches
-/// optim::adamw_optimizer's and optim::sgd_optimizer's state_bytes().
+/// momentum buffer; Lion: its momentum, Chen et al. 2023), plus the master
+/// copy when dtype_sizes::master_copy, plus the segment table of the
+/// optimizer kernels (40 bytes per tensor, or piece of a tensor, of the
+/// flat buffer the optimizer updates). Matches optim::adamw_optimizer's,
+/// optim::sgd_optimizer's and optim::lion_optimizer's state_bytes().
 struct optimizer_spec {
   std::string name = "adamw";  ///< for tables
   int moments = 2;             ///< state tensors per parameter besides the master copy
@@ -122,11 +123,14 @@ struct optimizer_spec {
   static optimizer_spec adamw() { return {"adamw", 2}; }
   /// SGD with momentum: one buffer.
   static optimizer_spec sgd() { return {"sgd", 1}; }
-  /// Looks up "adamw" or "sgd"; throws config_error listing them.
+  /// Lion: one momentum buffer.
+  static optimizer_spec lion() { return {"lion", 1}; }
+  /// Looks up "adamw", "sgd" or "lion"; throws config_error listing them.
   static optimizer_spec from_name(const std::string& n) {
     if (n == "adamw") return adamw();
     if (n == "sgd") return sgd();
-    throw config_error("unknown optimizer '" + n + "' (valid: adamw, sgd)");
+    if (n == "lion") return lion();
+    throw config_error("unknown optimizer '" + n + "' (valid: adamw, sgd, lion)");
   }
 };
 

@@ -15,6 +15,7 @@
 #include "tessera/nn/checkpointing.hpp"
 #include "tessera/nn/llama_config.hpp"
 #include "tessera/optim/adamw.hpp"
+#include "tessera/optim/lion.hpp"
 #include "tessera/optim/schedule.hpp"
 #include "tessera/optim/sgd.hpp"
 #include "tessera/parallel/pipeline_schedule.hpp"
@@ -53,6 +54,7 @@ struct train_config {
   double grad_clip = 1.0;           ///< max global gradient norm (<= 0: off)
   optim::adamw_config adamw{};      ///< AdamW's betas, eps, weight decay (optim::adamw)
   optim::sgd_config sgd{};          ///< SGD's momentum, Nesterov, weight decay (optim::sgd)
+  optim::lion_config lion{};        ///< Lion's betas and weight decay (optim::lion)
   /// The loss scale of a loss-scaled precision (precision::fp16_mixed):
   /// dynamic from 2^16 by default (precision/loss_scaler.hpp). Other
   /// policies train unscaled and refuse settings other than the defaults.
@@ -106,6 +108,7 @@ struct train_config {
                      " must be below steps=", steps);
     adamw.validate();
     sgd.validate();
+    lion.validate();
     checkpointing.validate();
     loss_scale.validate();
     fp8.validate();
@@ -119,9 +122,9 @@ struct train_config {
 
   /// The hyper-parameters of optimizer policy O: a policy's own
   /// `static typename O::config config_from(const train_config&)` when it
-  /// has one (an optimizer of the user's), else `adamw` or `sgd` for those
-  /// policies' configs. Another policy without config_from fails to compile
-  /// with a message saying so.
+  /// has one (an optimizer of the user's), else `adamw`, `sgd` or `lion`
+  /// for those policies' configs. Another policy without config_from fails
+  /// to compile with a message saying so.
   template <class O>
   typename O::config optimizer_config() const {
     if constexpr (requires(const train_config& c) {
@@ -130,10 +133,12 @@ struct train_config {
       return O::config_from(*this);
     else if constexpr (std::is_same_v<typename O::config, optim::adamw_config>)
       return adamw;
+    else if constexpr (std::is_same_v<typename O::config, optim::lion_config>)
+      return lion;
     else {
       static_assert(std::is_same_v<typename O::config, optim::sgd_config>,
-                    "train_config holds the configs of optim::adamw and optim::sgd; another "
-                    "optimizer policy gives its own: static typename O::config "
+                    "train_config holds the configs of optim::adamw, optim::sgd and optim::lion; "
+                    "another optimizer policy gives its own: static typename O::config "
                     "config_from(const tessera::train::train_config&)");
       return sgd;
     }

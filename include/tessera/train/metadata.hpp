@@ -63,6 +63,9 @@ inline nlohmann::json optimizer_metadata(const optim::adamw_config& a) {
 inline nlohmann::json optimizer_metadata(const optim::sgd_config& s) {
   return {{"momentum", s.momentum}, {"nesterov", s.nesterov}, {"weight_decay", s.weight_decay}};
 }
+inline nlohmann::json optimizer_metadata(const optim::lion_config& l) {
+  return {{"beta1", l.beta1}, {"beta2", l.beta2}, {"weight_decay", l.weight_decay}};
+}
 
 /// The hyper-parameters of another optimizer's config: its
 /// optimizer_metadata overload (found by argument-dependent lookup) or its

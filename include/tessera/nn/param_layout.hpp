@@ -16,22 +16,37 @@
 namespace tessera::nn {
 
 /// Elements [begin, end) of the flat parameter buffer, all of one parameter
-/// tensor (or of its part inside a shard), and whether weight decay applies.
+/// tensor (or of its part inside a shard), whether weight decay applies, and
+/// the tensor's shape as its elements lie (row-major; this rank's shard of
+/// it under tensor parallelism): a matrix of rows x cols (dims 2), a vector
+/// of 1 x cols (dims 1), or not known (dims 0). Optimizers whose state is
+/// per tensor read the shape (optim::adafactor factors a matrix's second
+/// moment into its row and column statistics); a range smaller than
+/// rows x cols is a piece of its tensor.
 struct param_range {
   std::int64_t begin = 0;
   std::int64_t end = 0;
   bool decay = true;
+  int dims = 0;
+  std::int64_t rows = 0, cols = 0;
   std::int64_t size() const { return end - begin; }
+  /// Whether the range holds its whole tensor (false when the shape is not known).
+  bool whole() const { return dims > 0 && size() == rows * cols; }
 };
 
 /// Intersects `ranges` with the shard [lo, hi) of the flat buffer (ZeRO
-/// partitions by offset ranges, DESIGN.md principle 4). Empty pieces are dropped.
+/// partitions by offset ranges, DESIGN.md principle 4). Empty pieces are
+/// dropped; a piece keeps its tensor's shape.
 inline std::vector<param_range> clip_ranges(const std::vector<param_range>& ranges,
                                             std::int64_t lo, std::int64_t hi) {
   std::vector<param_range> out;
   for (const auto& r : ranges) {
     std::int64_t b = std::max(r.begin, lo), e = std::min(r.end, hi);
-    if (b < e) out.push_back({b, e, r.decay});
+    if (b >= e) continue;
+    param_range piece = r;
+    piece.begin = b;
+    piece.end = e;
+    out.push_back(piece);
   }
   return out;
 }
@@ -57,6 +72,15 @@ struct param_entry {
   /// shard on its replica 0 only. 1 and 0 for an unreplicated shard.
   int replicas = 1;
   int replica = 0;
+  /// The range of the flat buffer this tensor covers, with its decay flag
+  /// and its (local) shape.
+  [[nodiscard]] param_range range() const {
+    param_range r{offset, offset + numel, decay};
+    r.dims = shp.rank >= 2 ? 2 : 1;
+    r.rows = shp.rank >= 2 ? numel / shp[shp.rank - 1] : 1;
+    r.cols = shp.rank >= 2 ? shp[shp.rank - 1] : numel;
+    return r;
+  }
   /// The element of the whole tensor (row-major over `full`) that local
   /// element j (row-major over `shp`) holds; full.numel() or more for a
   /// padding row. Precondition: 0 <= j < numel.
@@ -127,7 +151,7 @@ public:
   /// Decay-flagged ranges for the optimizer, in flat-buffer offsets.
   std::vector<param_range> ranges() const {
     std::vector<param_range> r;
-    for (const auto& e : entries_) r.push_back({e.offset, e.offset + e.numel, e.decay});
+    for (const auto& e : entries_) r.push_back(e.range());
     return r;
   }
 

@@ -23,6 +23,7 @@
 #include <tessera/kernels/cuda/context.hpp>
 #include <tessera/kernels/cuda/ops.hpp>
 #include <tessera/plan/cuda_step.hpp>
+#include <tessera/kernels/cuda/adafactor.cuh>
 #include <tessera/kernels/cuda/adamw.cuh>
 #include <tessera/kernels/cuda/elementwise.cuh>
 #include <tessera/kernels/cuda/embedding.cuh>

@@ -6,6 +6,7 @@
 // unless it defines TESSERA_CUDA_PRECOMPILED_KERNELS: kernels/cuda/linkage.hpp.)
 #define TESSERA_CUDA_KERNELS_INSTANTIATING 1
 
+#include "tessera/kernels/cuda/adafactor.cuh"
 #include "tessera/kernels/cuda/adamw.cuh"
 #include "tessera/kernels/cuda/elementwise.cuh"
 #include "tessera/kernels/cuda/embedding.cuh"

@@ -53,6 +53,7 @@
 #include "tessera/nn/segment_hooks.hpp"
 #include "tessera/nn/tensor_parallel.hpp"
 #include "tessera/nn/transformer_block.hpp"
+#include "tessera/optim/adafactor.hpp"
 #include "tessera/optim/adamw.hpp"
 #include "tessera/optim/clip.hpp"
 #include "tessera/optim/lion.hpp"

@@ -40,11 +40,14 @@
 #include <string>
 #include <vector>
 
+#include <tessera/kernels/adafactor.hpp>
+#include <tessera/kernels/cuda/adafactor.cuh>
 #include <tessera/kernels/cuda/adamw.cuh>
 #include <tessera/kernels/cuda/lion.cuh>
 #include <tessera/kernels/optimizer.hpp>
 #include <tessera/nn/llama_config.hpp>
 #include <tessera/nn/llama_layout.hpp>
+#include <tessera/optim/adafactor.hpp>
 #include <tessera/optim/adamw.hpp>
 #include <tessera/optim/lion.hpp>
 #include <tessera/optim/sgd.hpp>
@@ -676,14 +679,299 @@ TEST_CASE("emulated cuda optimizer launches: no work, bad arguments, a segment p
   CHECK(launched.empty());
 
   // A segment whose parameters lie past the buffer: the emulator stops the
-  // body at the first access outside every buffer, naming the kernel.
+  // body at the first access outside every buffer, naming the kernel. Far
+  // past it (2^36 elements): just past it may be another registered buffer,
+  // wherever the heap placed them.
   std::vector<segment> bad = p.segs;
-  bad.back().param_shift = p.params_size;
+  bad.back().param_shift = std::int64_t(1) << 36;
   em.input(bad);
   CHECK_THROWS_WITH(kc::adamw_step_launch(l, b.params.data(), b.master.data(), b.s1.data(),
                                           b.s2.data(), static_cast<const float*>(b.grads.data()),
                                           p.n, bad.data(), ns, step, nullptr),
                     Catch::Contains("adamw block") && Catch::Contains("outside every buffer"));
+}
+
+// ---- Adafactor (kernels/cuda/adafactor.cuh) -----------------------------------------------------
+//
+// The six kernels against the host kernels::adafactor_step, through the
+// host optimizer (optim::adafactor_optimizer builds the tensor table and
+// the step parameters) over several steps: to float rounding, not bit for
+// bit. The per-element arithmetic is the same functions on both sides, but
+// a row's and a tensor's sums are float64 in another order (256 threads
+// then CUB's block tree, against element by element on the host), so a
+// stored row statistic, mean or clip divisor may differ in its last float
+// bit and what is computed from it by a few float ulps; 1e-6. (Measured:
+// no difference at all on these tables: float64 sums of a few thousand
+// float squares are exact or round to the same float.) Parameters of 16 bits round from master
+// weights that may differ so: one unit of their last place (tol_of). Exact: a skipped step writes
+// nothing on either side, elements in no tensor keep their bits, every element of a tensor is
+// written.
+
+namespace {
+
+/// A table of whole tensors over n optimizer elements, with the shifts of
+/// their parameters and gradients, and the sizes of those buffers.
+struct adafactor_problem {
+  std::string name;
+  std::int64_t n = 0, params_size = 0, grads_size = 0;
+  std::vector<optim::owned_range> ranges;
+};
+
+adafactor_problem adafactor_table(std::string name, const std::vector<optim::owned_range>& rs,
+                                  std::int64_t n) {
+  adafactor_problem p{std::move(name), n, n, n, rs};
+  for (const auto& r : rs) {
+    REQUIRE(r.begin + r.param_shift >= 0);
+    REQUIRE(r.begin + r.grad_shift >= 0);
+    p.params_size = std::max(p.params_size, r.end + r.param_shift);
+    p.grads_size = std::max(p.grads_size, r.end + r.grad_shift);
+  }
+  p.params_size += 3;
+  p.grads_size += 3;
+  return p;
+}
+
+/// Matrices and vectors of every kind: a row longer than a block (300
+/// columns), more rows than a block (300 x 2), a vector of two reduction
+/// rows (5000), a 1 x 4 matrix, gaps between tensors, shifts of both signs.
+adafactor_problem adafactor_mixed() {
+  std::vector<optim::owned_range> r;
+  std::int64_t at = 0;
+  auto add = [&](std::int64_t rows, std::int64_t cols, int dims, bool decay, std::int64_t ps,
+                 std::int64_t gs, std::int64_t gap) {
+    at += gap;
+    r.push_back({at, at + rows * cols, decay, ps, gs, dims, rows, cols});
+    at += rows * cols;
+  };
+  add(6, 5, 2, true, 5, 0, 0);
+  add(1, 7, 1, false, 5, 3, 4);
+  add(3, 300, 2, true, 9, -20, 0);
+  add(1, 5000, 1, true, 0, 16, 11);
+  add(1, 4, 2, true, 40, 16, 0);
+  add(300, 2, 2, true, 40, 0, 1);
+  return adafactor_table("mixed", r, at + 3);
+}
+
+/// The tiny preset's tensors (embedding, norms, attention and MLP
+/// matrices, LM head) as one rank holds them.
+adafactor_problem adafactor_tiny() {
+  auto c = tessera::nn::llama_config::tiny();
+  c.vocab = 256;
+  const auto layout = tessera::nn::make_llama_layout(c);
+  return adafactor_table("tiny", optim::owned(layout.ranges()), layout.total());
+}
+
+/// adafactor_optimizer over host memory, its state by name.
+template <class Param, class Grad>
+using host_adafactor = optim::adafactor_optimizer<Param, Grad, float, hk::host_context>;
+
+/// Step t's parameters as adafactor_optimizer builds them.
+hk::detail::adafactor_step_params<float> adafactor_params(const optim::adafactor_config& c,
+                                                          double lr, double grad_scale,
+                                                          std::int64_t t) {
+  return {static_cast<float>(c.step_lr(lr, t)),
+          static_cast<float>(1.0 - std::pow(static_cast<double>(t), c.decay_rate)),
+          static_cast<float>(c.eps1),
+          static_cast<float>(c.eps2),
+          static_cast<float>(c.clip_threshold),
+          static_cast<float>(c.beta1),
+          static_cast<float>(c.weight_decay),
+          static_cast<float>(grad_scale),
+          c.beta1 > 0,
+          c.scale_parameter};
+}
+
+/// The emulated side's buffers: parameters, master weights, gradients,
+/// statistics, first moment, scalars and partial sums.
+template <class Param, class Grad>
+struct adafactor_buffers_of {
+  static constexpr bool has_master = !std::is_same_v<Param, float>;
+  std::vector<Param> params;
+  std::vector<float> master, stats, exp_avg, scalars;
+  std::vector<double> partial;
+  std::vector<Grad> grads;
+  float* master_ptr() { return has_master ? master.data() : nullptr; }
+  hk::adafactor_buffers<float> buffers() {
+    return {stats.data(), exp_avg.empty() ? nullptr : exp_avg.data(), scalars.data(),
+            partial.data()};
+  }
+};
+
+template <class Param, class Grad>
+void adafactor_case(const adafactor_problem& p, const optim::adafactor_config& cfg,
+                    std::uint64_t seed) {
+  INFO(p.name << ": adafactor beta1 " << cfg.beta1 << " d " << cfg.clip_threshold << " wd "
+              << cfg.weight_decay << (cfg.scale_parameter ? " scale_parameter" : "")
+              << (cfg.relative_step ? " relative_step" : "") << ", " << tessera::dtype_name<Param>()
+              << " params, " << tessera::dtype_name<Grad>() << " grads");
+  constexpr bool has_master = !std::is_same_v<Param, float>;
+  std::mt19937_64 rng(seed);
+  std::vector<char> covered(static_cast<std::size_t>(p.n), 0),
+      covered_params(static_cast<std::size_t>(p.params_size), 0);
+  for (const auto& r : p.ranges)
+    for (std::int64_t i = r.begin; i < r.end; ++i) {
+      covered[static_cast<std::size_t>(i)] = 1;
+      covered_params[static_cast<std::size_t>(i + r.param_shift)] = 1;
+    }
+  std::vector<Param> params =
+      random_vector<Param>(static_cast<std::size_t>(p.params_size), rng, -1, 1);
+  host_adafactor<Param, Grad> host(cfg, p.n, p.ranges, ctx);
+  host.init_master(params.data());
+  const auto& table = host.tensors();
+  const std::int64_t nstats =
+      table.back().stat + (table.back().factored != 0 ? table.back().rows + table.back().cols
+                                                      : table.back().end - table.back().begin);
+  const hk::adafactor_sizes sizes{
+      static_cast<int>(table.size()), table.back().row + table.back().rows,
+      table.back().col + (table.back().factored ? table.back().cols : 0), p.n};
+  adafactor_buffers_of<Param, Grad> emu;
+  emu.params = params;
+  if (has_master) {
+    emu.master.assign(static_cast<std::size_t>(p.n), 0.f);
+    for (const auto& r : p.ranges)
+      for (std::int64_t i = r.begin; i < r.end; ++i)
+        emu.master[static_cast<std::size_t>(i)] =
+            tessera::to<float>(params[static_cast<std::size_t>(i + r.param_shift)]);
+    // The parameters a step writes start as NaN: the step must write each.
+    for (std::size_t i = 0; i < emu.params.size(); ++i)
+      if (covered_params[i]) emu.params[i] = nan_value<Param>();
+  }
+  emu.stats.assign(static_cast<std::size_t>(nstats), 0.f);
+  if (cfg.beta1 > 0) emu.exp_avg.assign(static_cast<std::size_t>(p.n), 0.f);
+  emu.scalars.assign(3 * table.size(), 0.f);
+  emu.partial.assign(static_cast<std::size_t>(sizes.rows), 0.0);
+  const std::vector<hk::adafactor_tensor> d_table = table;
+
+  cuda_emulator em(seed);
+  std::vector<float> clip(1);
+  auto emulated_step = [&](std::int64_t t, double lr, double scale, const float* d_clip) {
+    em.clear_regions();
+    em.input(emu.grads);
+    em.input(d_table);
+    em.input(clip);
+    em.output(emu.params);
+    em.output(emu.master);
+    em.output(emu.stats);
+    em.output(emu.exp_avg);
+    em.output(emu.scalars);
+    em.output(emu.partial);
+    std::vector<std::string> launched;
+    kc::adafactor_step_launch(emulator_launcher{&em, std::int64_t(1) << 24, &launched},
+                              emu.params.data(), emu.master_ptr(),
+                              static_cast<const Grad*>(emu.grads.data()), d_table.data(), sizes,
+                              emu.buffers(), adafactor_params(cfg, lr, scale, t), d_clip);
+    const std::vector<std::string> want = {"adafactor_rows",        "adafactor_cols",
+                                           "adafactor_tensor_lr",   "adafactor_rows_u2",
+                                           "adafactor_tensor_clip", "adafactor_apply"};
+    CHECK(launched == want);
+  };
+  auto compare = [&](int t) {
+    INFO("after step " << t);
+    const std::vector<float> stats(host.statistics(), host.statistics() + nstats);
+    const double e_s = max_rel_error(emu.stats, stats);
+    double e_m = 0, e_w = 0;
+    if (cfg.beta1 > 0)
+      e_m = max_rel_error(emu.exp_avg, std::vector<float>(host.exp_avg(), host.exp_avg() + p.n));
+    if (has_master)
+      e_w = max_rel_error(emu.master, std::vector<float>(host.master(), host.master() + p.n));
+    const double e_p = max_rel_error(emu.params, params);
+    UNSCOPED_INFO("statistics " << e_s << " first moment " << e_m << " master " << e_w
+                                << " parameters " << e_p);
+    CHECK(e_s < 1e-6);
+    CHECK(e_m < 1e-6);
+    CHECK(e_w < 1e-6);
+    CHECK(e_p < (has_master ? tol_of<Param> : 1e-6));
+    // Parameters in no tensor keep their bits on both sides.
+    for (std::size_t i = 0; i < params.size(); ++i)
+      if (!covered_params[i]) REQUIRE(std::memcmp(&emu.params[i], &params[i], sizeof(Param)) == 0);
+  };
+  const double lr = 1e-2;
+  for (int t = 1; t <= 3; ++t) {
+    emu.grads = random_vector<Grad>(static_cast<std::size_t>(p.grads_size), rng, -1, 1);
+    for (std::size_t i = 0; i < emu.grads.size(); i += 53) emu.grads[i] = Grad(0.0f);
+    host.step(params.data(), emu.grads.data(), lr, 0.7);
+    emulated_step(t, lr, 0.7, nullptr);
+    compare(t);
+  }
+  // A NaN clip coefficient skips the step on both: nothing written.
+  emu.grads = random_vector<Grad>(static_cast<std::size_t>(p.grads_size), rng, -1, 1);
+  const auto before = emu;
+  clip[0] = nan_value<float>();
+  host.step(params.data(), emu.grads.data(), lr, clip.data());
+  host.skipped();
+  emulated_step(4, lr, 1.0, clip.data());
+  CHECK(same_bits(emu.params, before.params));
+  CHECK(same_bits(emu.master, before.master));
+  CHECK(same_bits(emu.stats, before.stats));
+  CHECK(same_bits(emu.exp_avg, before.exp_avg));
+  compare(3);
+  // Step 4 with the device coefficient.
+  clip[0] = 0.25f;
+  host.step(params.data(), emu.grads.data(), lr, clip.data());
+  emulated_step(4, lr, 1.0, clip.data());
+  compare(4);
+  CHECK(host.steps_taken() == 4);
+}
+
+std::vector<optim::adafactor_config> adafactor_configs() {
+  optim::adafactor_config plain, momentum, scaled;
+  momentum.beta1 = 0.9;
+  momentum.weight_decay = 0.1;
+  momentum.clip_threshold = 0.5;
+  scaled.scale_parameter = true;
+  scaled.relative_step = true;
+  return {plain, momentum, scaled};
+}
+
+}  // namespace
+
+TEST_CASE("emulated cuda adafactor follows the host adafactor_step to float rounding",
+          "[kernels][emulated][optimizer]") {
+  std::uint64_t seed = 5000;
+  const adafactor_problem mixed = adafactor_mixed(), tiny = adafactor_tiny();
+  for (const optim::adafactor_config& cfg : adafactor_configs()) {
+    adafactor_case<float, float>(mixed, cfg, seed++);
+    adafactor_case<bf16, float>(mixed, cfg, seed++);
+    adafactor_case<bf16, bf16>(mixed, cfg, seed++);
+    adafactor_case<fp16, float>(mixed, cfg, seed++);
+    adafactor_case<fp16, fp16>(mixed, cfg, seed++);
+    // The tiny model's 1000-odd rows, each a 256-thread block under the
+    // emulator: one type pair a configuration, for time.
+    adafactor_case<bf16, float>(tiny, cfg, seed++);
+  }
+  adafactor_case<float, float>(tiny, adafactor_configs()[1], seed++);
+}
+
+TEST_CASE("emulated cuda adafactor: no tensors, bad arguments", "[kernels][emulated][optimizer]") {
+  cuda_emulator em;
+  std::vector<std::string> launched;
+  const emulator_launcher l{&em, std::int64_t(1) << 24, &launched};
+  std::vector<float> params(8), master(8), stats(8), scalars(3);
+  std::vector<double> partial(2);
+  const std::vector<float> grads(8);
+  const hk::adafactor_buffers<float> b{stats.data(), nullptr, scalars.data(), partial.data()};
+  const auto step = adafactor_params(optim::adafactor_config{}, 1e-3, 1.0, 1);
+  kc::adafactor_step_launch(l, params.data(), static_cast<float*>(nullptr), grads.data(),
+                            static_cast<const hk::adafactor_tensor*>(nullptr),
+                            hk::adafactor_sizes{0, 0, 0, 8}, b, step, nullptr);
+  CHECK(launched.empty());
+  using tessera::config_error;
+  CHECK_THROWS_WITH(kc::adafactor_step_launch(l, params.data(), master.data(), grads.data(),
+                                              static_cast<const hk::adafactor_tensor*>(nullptr),
+                                              hk::adafactor_sizes{0, 0, 0, 8}, b, step, nullptr),
+                    Catch::Contains("adafactor_step (cuda)") && Catch::Contains("pass master"));
+  CHECK_THROWS_WITH(
+      kc::adafactor_step_launch(l, params.data(), static_cast<float*>(nullptr), grads.data(),
+                                static_cast<const hk::adafactor_tensor*>(nullptr),
+                                hk::adafactor_sizes{1, -1, 0, 8}, b, step, nullptr),
+      Catch::Contains("rows=-1"));
+  auto with_m = adafactor_params(optim::adafactor_config{0.9}, 1e-3, 1.0, 1);
+  CHECK_THROWS_WITH(
+      kc::adafactor_step_launch(l, params.data(), static_cast<float*>(nullptr), grads.data(),
+                                static_cast<const hk::adafactor_tensor*>(nullptr),
+                                hk::adafactor_sizes{0, 0, 0, 8}, b, with_m, nullptr),
+      Catch::Contains("exp_avg is null"));
+  CHECK(launched.empty());
 }
 
 }  // namespace test_kernels_emulated_optimizer

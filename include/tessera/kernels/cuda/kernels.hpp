@@ -31,6 +31,7 @@
 
 #include "tessera/core/numeric.hpp"
 #include "tessera/kernels/cuda/linkage.hpp"
+#include "tessera/kernels/detail/adafactor.hpp"
 #include "tessera/kernels/detail/adamw.hpp"
 #include "tessera/kernels/detail/lion.hpp"
 #include "tessera/kernels/detail/sgd.hpp"
@@ -244,6 +245,35 @@ void lion_step(Param* d_params, float* d_master, float* d_m, const Grad* d_grads
                const kernels::detail::lion_step_params<float>& step, const float* d_grad_scale,
                cudaStream_t stream);
 
+// ---- Adafactor (kernels/cuda/adafactor.cuh) -------------------------------------------------
+
+/// The tensor table, sizes and buffers of an Adafactor step (kernels/detail/adafactor.hpp).
+using adafactor_tensor = kernels::adafactor_tensor;
+using adafactor_sizes = kernels::adafactor_sizes;
+template <class M>
+using adafactor_buffers = kernels::adafactor_buffers<M>;
+
+/// One Adafactor step over a flat buffer, as the host kernels::adafactor_step
+/// (kernels/adafactor.hpp): six launches, each over every tensor of the
+/// table: the row statistics, the column statistics, each tensor's row mean
+/// and lr, each row's sum of u^2, each tensor's clip divisor, the update.
+/// - `d_params`, `d_master`, `d_grads`: as adamw_step's, at each tensor's
+///   shifts. Param in {float, bf16, fp16}, Grad in {float, bf16, fp16}.
+/// - `d_tensors` (device, sizes.tensors entries): whole tensors, sorted;
+///   `buf`: device statistics, first moment (null unless
+///   step.first_moment), 3 floats a tensor and one double a row.
+/// - A non-finite *d_grad_scale makes every launch return before writing.
+/// - Sums are float64 in fixed orders (not the host's: equal to float
+///   rounding); deterministic. Throws config_error as
+///   kernels::detail::check_adafactor_step.
+/// Source: Shazeer & Stern 2018, Algorithms 4 and 5 (transformers' Adafactor).
+template <class Param, class Grad>
+void adafactor_step(Param* d_params, float* d_master, const Grad* d_grads,
+                    const adafactor_tensor* d_tensors, const adafactor_sizes& sizes,
+                    const adafactor_buffers<float>& buf,
+                    const kernels::detail::adafactor_step_params<float>& step,
+                    const float* d_grad_scale, cudaStream_t stream);
+
 // ---- RoPE (kernels/cuda/rope.cuh) ------------------------------------------------------------
 
 /// RoPE forward in place, as the host kernels::rope_forward (rotate-half
@@ -405,6 +435,18 @@ void fp8_quantize_transposed(F8* d_qt, float* d_inv_scale, const T* d_x, std::in
                                const optimizer_segment*, int,                                       \
                                const kernels::detail::lion_step_params<float>&, const float*,      \
                                cudaStream_t);                                                       \
+  X void adafactor_step<float, float>(float*, float*, const float*, const adafactor_tensor*,     \
+                                     const adafactor_sizes&, const adafactor_buffers<float>&,       \
+                                     const kernels::detail::adafactor_step_params<float>&,          \
+                                     const float*, cudaStream_t);                                   \
+  X void adafactor_step<bf16, float>(bf16*, float*, const float*, const adafactor_tensor*,       \
+                                    const adafactor_sizes&, const adafactor_buffers<float>&,        \
+                                    const kernels::detail::adafactor_step_params<float>&,           \
+                                    const float*, cudaStream_t);                                    \
+  X void adafactor_step<bf16, bf16>(bf16*, float*, const bf16*, const adafactor_tensor*,         \
+                                   const adafactor_sizes&, const adafactor_buffers<float>&,         \
+                                   const kernels::detail::adafactor_step_params<float>&,            \
+                                   const float*, cudaStream_t);                                     \
   X void rope_forward<float>(float*, const float*, const float*, std::int64_t, std::int64_t,      \
                              std::int64_t, std::int64_t, cudaStream_t);                             \
   X void rope_forward<bf16>(bf16*, const float*, const float*, std::int64_t, std::int64_t,        \
@@ -465,6 +507,14 @@ void fp8_quantize_transposed(F8* d_qt, float* d_inv_scale, const T* d_x, std::in
                                const optimizer_segment*, int,                                       \
                                const kernels::detail::lion_step_params<float>&, const float*,      \
                                cudaStream_t);                                                       \
+  X void adafactor_step<fp16, float>(fp16*, float*, const float*, const adafactor_tensor*,       \
+                                    const adafactor_sizes&, const adafactor_buffers<float>&,        \
+                                    const kernels::detail::adafactor_step_params<float>&,           \
+                                    const float*, cudaStream_t);                                    \
+  X void adafactor_step<fp16, fp16>(fp16*, float*, const fp16*, const adafactor_tensor*,         \
+                                   const adafactor_sizes&, const adafactor_buffers<float>&,         \
+                                   const kernels::detail::adafactor_step_params<float>&,            \
+                                   const float*, cudaStream_t);                                     \
   X void rope_forward<fp16>(fp16*, const float*, const float*, std::int64_t, std::int64_t,        \
                             std::int64_t, std::int64_t, cudaStream_t);                              \
   X void rope_backward<fp16>(fp16*, const float*, const float*, std::int64_t, std::int64_t,       \
@@ -527,6 +577,7 @@ TESSERA_CUDA_FP8_INSTANTIATIONS(extern template)
 }  // namespace tessera::kernels::cuda
 
 #if TESSERA_CUDA_HEADER_ONLY_KERNELS
+#include "tessera/kernels/cuda/adafactor.cuh"
 #include "tessera/kernels/cuda/adamw.cuh"
 #include "tessera/kernels/cuda/elementwise.cuh"
 #include "tessera/kernels/cuda/embedding.cuh"

@@ -327,6 +327,15 @@ TEST_CASE("optimizer policies: one step on the GPU equals the host's within floa
   using DL = optim::lion_optimizer<bf16, float, float, kernels::cuda_context>;
   check(std::make_unique<HL>(optim::lion_config{0.9, 0.99, 0.1}, n, layout.ranges(), hctx),
         std::make_unique<DL>(optim::lion_config{0.9, 0.99, 0.1}, n, layout.ranges(), dctx), "lion");
+  // Adafactor: six kernels whose sums run in another order than the host's
+  // (float64 either way), the first moment and decay on.
+  using HF = optim::adafactor_optimizer<bf16, float, float, kernels::host_context>;
+  using DF = optim::adafactor_optimizer<bf16, float, float, kernels::cuda_context>;
+  optim::adafactor_config af;
+  af.beta1 = 0.9;
+  af.weight_decay = 0.1;
+  check(std::make_unique<HF>(af, n, layout.ranges(), hctx),
+        std::make_unique<DF>(af, n, layout.ranges(), dctx), "adafactor");
 }
 
 TEST_CASE("llama<P, cuda> refuses what the GPU kernels cannot run", "[cuda][llama]") {

@@ -1,10 +1,14 @@
 // The optimizer policies beyond AdamW and SGD through the trainer
-// (include/tessera/optim/lion.hpp): on a dp x tp x pp mesh of thread ranks
-// each computes the single-rank trajectory (tests/train/pp_suite.hpp: the
-// loss, the gradient norm and every gradient of every step, the parameters
-// after the last, float64 1e-10 relative); a run resumed from a checkpoint
-// (folder and single file) continues bit for bit; a run trains (the loss
-// falls); the planner counts the optimizer's state as it is allocated.
+// (include/tessera/optim/lion.hpp, adafactor.hpp): on a dp x tp x pp mesh
+// of thread ranks each computes the single-rank trajectory
+// (tests/train/pp_suite.hpp: the loss, the gradient norm and every gradient
+// of every step, the parameters after the last, float64 1e-10 relative) on
+// the layouts it supports (Lion: all; Adafactor: dp under ZeRO stage 0,
+// pp, and ZeRO 1-3 at dp 1; the ZeRO stages that split a tensor refused;
+// under tp what holds is tested on its own); a run resumed from a
+// checkpoint (folder and single file) continues bit for bit; a run trains
+// (the loss falls); the planner counts the optimizer's state as it is
+// allocated.
 #include <catch2/catch.hpp>
 
 #include <omp.h>
@@ -12,6 +16,7 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -213,6 +218,291 @@ TEST_CASE("lion: the planner counts the state the optimizer allocates", "[train]
       },
       test_options()));
   CHECK(plan::optimizer_spec::from_name("lion").moments == 1);
+}
+
+// Adafactor's statistics are of whole tensors, which every rank holds
+// under ZeRO stage 0 (the same gradients, so the same statistics) and every
+// pipeline stage for its own tensors; its sums run in the same order on
+// every layout (a row's, a column's, a tensor's over its own rows), so
+// only the gradients' rounding differs from one rank's.
+TEST_CASE(
+    "adafactor: dp 2 (zero<0>), pp 2 and ZeRO 1-3 at dp 1 equal one rank's trajectory "
+    "(float64)",
+    "[train][optim][adafactor][pp]") {
+  check_mesh<optim::adafactor, parallel::zero<0>>(mesh(2, 1, 1), 1e-10);
+  check_mesh<optim::adafactor, parallel::zero<0>>(mesh(1, 1, 2), 1e-10);
+  check_mesh<optim::adafactor, parallel::zero<0>>(mesh(1, 1, 2, schedule_kind::interleaved), 1e-10);
+  check_mesh<optim::adafactor, parallel::zero<0>>(mesh(2, 1, 2), 1e-10);
+  check_mesh<optim::adafactor, parallel::zero<1>>(mesh(1, 1, 2), 1e-10);
+  check_mesh<optim::adafactor, parallel::zero<3>>(mesh(1, 1, 1), 1e-10);
+}
+
+TEST_CASE("adafactor: a ZeRO stage that splits a tensor is refused on every rank, naming it",
+          "[train][optim][adafactor][errors]") {
+  trainer_suite::temp_file corpus{trainer_suite::make_corpus("adafactor_zero", 0)};
+  data::token_file f(corpus.path);
+  std::string msg[2];
+  REQUIRE_NOTHROW(local_world::run(
+      2,
+      [&](local_communicator& w) {
+        omp_set_num_threads(1);
+        train::train_config c = small_config(1);
+        c.dp = 2;
+        c.micro_batch = 1;
+        try {
+          train::trainer<precision::fp64, host, optim::adafactor, parallel::zero<1>,
+                         local_communicator>
+              t(trainer_suite::model(), c, f, parallel::layout{w});
+        } catch (const config_error& e) {
+          msg[w.rank()] = e.what();
+        }
+      },
+      test_options()));
+  for (const std::string& m : msg) {
+    INFO(m);
+    CHECK_THAT(m, Catch::Contains("optimizer adafactor keeps statistics of whole tensors") &&
+                      Catch::Contains("zero1 over dp=2 splits '") &&
+                      Catch::Contains("use ZeRO stage 0"));
+  }
+  CHECK(msg[0] == msg[1]);
+  CHECK_THROWS_WITH(
+      plan::plan_state(trainer_suite::model(), plan::dtype_sizes::of<precision::fp32>(),
+                       plan::optimizer_spec::adafactor(), {2, 4}),
+      Catch::Contains("ZeRO stage 2 over dp=4 would split"));
+}
+
+// Under tp each rank's shard of a split matrix is a matrix of its own
+// (optim/adafactor.hpp). What holds after one step from the same weights
+// (float64, no clipping): every rank's update is Adafactor over its own
+// layout's tensors applied to its own gradients (which equal one rank's
+// slices, pp_suite); so the vectors (norm gains, whole on every rank) and,
+// of a row-split matrix (wq), its row statistics equal one rank's, of a
+// column-split matrix (wo) its column statistics; and what does not: the
+// other statistics and the split matrices' updates differ from one rank's.
+TEST_CASE("adafactor under tp 2: each shard updates as a matrix of its own",
+          "[train][optim][adafactor][tp]") {
+  using P = precision::fp64;
+  trainer_suite::temp_file corpus{trainer_suite::make_corpus("adafactor_tp", 0)};
+  data::token_file f(corpus.path);
+  pp_suite::layout one_l = mesh(1, 1, 1), tp_l = mesh(1, 2, 1);
+  train::train_config c1 = pp_suite::config(one_l, 1), c2 = pp_suite::config(tp_l, 1);
+  c1.grad_clip = c2.grad_clip = 0;
+  c1.warmup = c2.warmup = 0;
+  c1.adafactor.weight_decay = c2.adafactor.weight_decay = 0.1;
+  train::trainer<P, host, optim::adafactor> one(pp_suite::model(), c1, f);
+  (void)one.train_step();
+  const nn::param_layout& L1 = one.model().layout();
+  auto single = [&](const std::string& name) {  // one rank's tensor after the step
+    const auto& e = L1.at(name);
+    return std::vector<double>(one.model().params() + e.offset,
+                               one.model().params() + e.offset + e.numel);
+  };
+  auto stats_of = [](auto& opt, const nn::param_entry& e) { return opt.statistics_of(e.offset); };
+  const auto q1 = stats_of(one.optimizer(), L1.at("blocks.0.attn.wq"));
+  const auto o1 = stats_of(one.optimizer(), L1.at("blocks.0.attn.wo"));
+  std::vector<std::string> failures;
+  std::mutex mu;
+  auto fail = [&](std::string m) {
+    std::lock_guard<std::mutex> lock(mu);
+    failures.push_back(std::move(m));
+  };
+  REQUIRE_NOTHROW(local_world::run(
+      2,
+      [&](local_communicator& world) {
+        omp_set_num_threads(1);
+        using layers = nn::tensor_parallel_layers<local_communicator>;
+        const comm::device_mesh dm(1, 2, 1);
+        auto g = comm::make_groups(world, dm);
+        train::trainer<P, host, optim::adafactor, parallel::zero<0>, local_communicator, layers> tr(
+            pp_suite::model(), c2, f, parallel::layout{g.dp, layers{&g.tp}, g.pp});
+        auto& m = tr.model();
+        const std::int64_t n = m.flat_size();
+        const std::vector<double> p0(m.params(), m.params() + n);
+        const double lr = c2.schedule()(0);
+        (void)tr.train_step();
+        // Adafactor over this rank's own layout, from its own weights and gradients.
+        const kernels::host_context ctx{};
+        optim::adafactor_optimizer<double, double, double, kernels::host_context> own(
+            c2.adafactor, n, m.param_ranges(), ctx);
+        std::vector<double> want = p0;
+        own.step(want.data(), m.grads(), lr);
+        const int r = world.rank();
+        for (const nn::param_entry& e : m.layout().entries()) {
+          double worst = 0, scale = 0, from_one = 0;
+          const std::vector<double> s1 = single(e.name);
+          for (std::int64_t j = 0; j < e.numel; ++j) {
+            const double got = m.params()[e.offset + j],
+                         w = want[static_cast<std::size_t>(e.offset + j)];
+            worst = std::max(worst, std::fabs(got - w));
+            scale = std::max(scale, std::fabs(w));
+            if (e.full_index(j) < e.full.numel())
+              from_one = std::max(from_one,
+                                  std::fabs(got - s1[static_cast<std::size_t>(e.full_index(j))]));
+          }
+          if (!(worst <= 1e-12 * scale))
+            fail(tessera::detail::str("rank ", r, " ", e.name,
+                                      ": differs from Adafactor of its own shard by ", worst));
+          const bool whole = e.shard_dim < 0;
+          if (whole && !(from_one <= 1e-12 * scale))
+            fail(tessera::detail::str("rank ", r, " ", e.name,
+                                      " (whole): differs from one rank's by ", from_one));
+          // (Not the embedding: every byte of the corpus is below 128, so
+          // its second vocabulary shard has no gradient, and the first
+          // shard's statistics are those of the whole matrix: R C / sum(R)
+          // loses nothing to the other shard's zero rows.)
+          if (!whole && e.name != "embedding" && !(from_one > 1e-9 * scale))
+            fail(tessera::detail::str("rank ", r, " ", e.name,
+                                      " (split): equals one rank's update (", from_one, ")"));
+        }
+        // The statistics the shard shares with the whole matrix, and those it does not.
+        auto compare = [&](const std::string& name, const auto& s1, int same_along) {
+          const nn::param_entry& e = m.layout().at(name);
+          const auto st = tr.optimizer().statistics_of(e.offset - m.flat_begin());
+          for (int a = 0; a < 2; ++a) {
+            const auto& mine = st[static_cast<std::size_t>(a)];
+            const auto& whole = s1[static_cast<std::size_t>(a)];
+            const std::int64_t off = a == same_along ? e.shard_begin : 0;
+            double worst = 0;
+            for (std::int64_t j = 0; j < mine.count; ++j)
+              worst = std::max(worst, std::fabs(mine.data[j] - whole.data[off + j]) /
+                                          std::fabs(whole.data[off + j]));
+            if (a == same_along && !(worst <= 1e-12))
+              fail(tessera::detail::str("rank ", r, " ", name, " ", mine.role,
+                                        " differs from one rank's by ", worst));
+            if (a != same_along && !(worst > 1e-9))
+              fail(tessera::detail::str("rank ", r, " ", name, " ", mine.role,
+                                        " equals one rank's"));
+          }
+        };
+        compare("blocks.0.attn.wq", q1, 0);  // row-split: whole rows
+        compare("blocks.0.attn.wo", o1, 1);  // column-split: whole columns
+      },
+      test_options()));
+  for (const auto& m : failures) UNSCOPED_INFO(m);
+  CHECK(failures.empty());
+}
+
+TEST_CASE("adafactor: a run resumed from a checkpoint continues bit for bit",
+          "[train][optim][adafactor]") {
+  trainer_suite::temp_file corpus{trainer_suite::make_corpus("adafactor_resume", 0)};
+  data::token_file f(corpus.path);
+  train::train_config c = small_config(6);
+  c.lr = 1e-2;
+  c.adafactor.beta1 = 0.9;
+  c.adafactor.weight_decay = 0.1;
+  const fs::path dir =
+      fs::temp_directory_path() / ("tessera_adafactor_resume_" + std::to_string(::getpid()));
+  const fs::path bin = dir.string() + ".bin";
+  struct cleanup {
+    fs::path a, b;
+    ~cleanup() {
+      std::error_code ec;
+      fs::remove_all(a, ec);
+      fs::remove(b, ec);
+    }
+  } clean{dir, bin};
+  using P = precision::bf16_mixed;  // master weights, first moment and statistics checkpointed
+  std::vector<double> full;
+  {
+    train::trainer<P, host, optim::adafactor> t(trainer_suite::model(), c, f);
+    for (int s = 0; s < 6; ++s) {
+      full.push_back(t.train_step().loss);
+      if (s == 2) {
+        t.save_checkpoint(dir);
+        t.save_checkpoint(bin);
+      }
+    }
+    CHECK(t.metadata()["optimizer"] == "adafactor");
+    CHECK(t.metadata()["adafactor"]["beta1"] == 0.9);
+  }
+  for (const fs::path& from : {dir, bin}) {
+    INFO("resumed from " << from);
+    train::trainer<P, host, optim::adafactor> r(trainer_suite::model(), c, f);
+    r.load_checkpoint(from);
+    REQUIRE(r.step() == 3);
+    for (int s = 3; s < 6; ++s) CHECK(r.train_step().loss == full[static_cast<std::size_t>(s)]);
+  }
+  // The folder: a matrix's row and column statistics as tensors of their
+  // own (one row a tp shard), a vector's as a role of the vector.
+  {
+    train::checkpoint_reader rd(dir);
+    const auto& tensors = rd.index().tensors;
+    const auto layout = nn::make_llama_layout(trainer_suite::model());
+    const auto& wq = layout.at("blocks.0.attn.wq");
+    CHECK(tensors.at("blocks.0.attn.wq").roles.count("exp_avg") == 1);
+    CHECK(tensors.at("blocks.0.attn.wq").roles.count("exp_avg_sq") == 0);
+    CHECK(tensors.at("blocks.0.attn.wq.exp_avg_sq_row").shape ==
+          std::vector<std::int64_t>{1, wq.shp[0]});
+    CHECK(tensors.at("blocks.0.attn.wq.exp_avg_sq_col").shape ==
+          std::vector<std::int64_t>{1, wq.shp[1]});
+    CHECK(tensors.at("blocks.0.attn_norm").roles.count("exp_avg_sq") == 1);
+    CHECK(tensors.count("blocks.0.attn_norm.exp_avg_sq_row") == 0);
+  }
+  // Without the first moment the state is the statistics alone.
+  c.adafactor.beta1 = 0;
+  train::trainer<P, host, optim::adafactor> u(trainer_suite::model(), c, f);
+  CHECK_THROWS_WITH(u.load_checkpoint(dir), Catch::Contains("beta1"));
+}
+
+TEST_CASE("adafactor: a small run trains", "[train][optim][adafactor]") {
+  trainer_suite::temp_file corpus{trainer_suite::make_corpus("adafactor_trains", 0)};
+  data::token_file f(corpus.path);
+  train::train_config c = small_config(30);
+  c.lr = 1e-2;
+  train::trainer<precision::fp32, host, optim::adafactor> t(trainer_suite::model(), c, f);
+  const double before = t.evaluate();
+  double first = 0, last = 0;
+  while (t.step() < c.steps) {
+    const auto m = t.train_step();
+    if (m.step == 1) first = m.loss;
+    last = m.loss;
+  }
+  UNSCOPED_INFO("adafactor: loss " << first << " -> " << last << ", validation " << before << " -> "
+                                   << t.evaluate());
+  CHECK(last < first - 1.0);
+  CHECK(t.evaluate() < before - 1.0);
+}
+
+TEST_CASE("adafactor: the planner counts the state the optimizer allocates, per tensor",
+          "[train][optim][adafactor]") {
+  trainer_suite::temp_file corpus{trainer_suite::make_corpus("adafactor_plan", 0)};
+  data::token_file f(corpus.path);
+  const auto mc = trainer_suite::model();
+  using P = precision::bf16_mixed;
+  const auto d = plan::dtype_sizes::of<P>();
+  for (const double beta1 : {0.0, 0.9}) {
+    INFO("beta1 " << beta1);
+    train::train_config c = small_config(1);
+    c.adafactor.beta1 = beta1;
+    train::trainer<P, host, optim::adafactor> t(mc, c, f);
+    const auto st = plan::plan_state(mc, d, plan::optimizer_spec::adafactor(beta1 > 0), {});
+    CHECK(st.master + st.optimizer + st.segment_table == t.optimizer().state_bytes());
+    // Far below AdamW's two moments: the statistics are O(rows + cols) a matrix.
+    const auto adamw = plan::plan_state(mc, d, plan::optimizer_spec::adamw(), {});
+    CHECK(st.optimizer < adamw.optimizer / (beta1 > 0 ? 1 : 2));
+  }
+  // Under tp 2, each rank's shards.
+  REQUIRE_NOTHROW(local_world::run(
+      2,
+      [&](local_communicator& world) {
+        omp_set_num_threads(1);
+        using layers = nn::tensor_parallel_layers<local_communicator>;
+        const comm::device_mesh dm(1, 2, 1);
+        auto g = comm::make_groups(world, dm);
+        train::train_config c = small_config(1);
+        c.tp = 2;
+        train::trainer<P, host, optim::adafactor, parallel::zero<0>, local_communicator, layers> t(
+            mc, c, f, parallel::layout{g.dp, layers{&g.tp}, g.pp});
+        plan::sharding sh;
+        sh.tp = 2;
+        sh.tp_rank = world.rank();
+        const auto st = plan::plan_state(mc, d, plan::optimizer_spec::adafactor(), sh);
+        zero_suite::check(
+            st.master + st.optimizer + st.segment_table == t.optimizer().state_bytes(), "tp rank ",
+            world.rank(), ": planned ", st.master + st.optimizer + st.segment_table, ", allocated ",
+            t.optimizer().state_bytes());
+      },
+      test_options()));
 }
 
 }  // namespace test_train_optimizers

@@ -231,7 +231,9 @@ TEST_CASE(
     "[train][optim][adafactor][pp]") {
   check_mesh<optim::adafactor, parallel::zero<0>>(mesh(2, 1, 1), 1e-10);
   check_mesh<optim::adafactor, parallel::zero<0>>(mesh(1, 1, 2), 1e-10);
-  check_mesh<optim::adafactor, parallel::zero<0>>(mesh(1, 1, 2, schedule_kind::interleaved), 1e-10);
+  pp_suite::layout v2 = mesh(1, 1, 2, schedule_kind::interleaved);
+  v2.virtual_stages = 2;  // two chunks a rank: an optimizer each
+  check_mesh<optim::adafactor, parallel::zero<0>>(v2, 1e-10);
   check_mesh<optim::adafactor, parallel::zero<0>>(mesh(2, 1, 2), 1e-10);
   check_mesh<optim::adafactor, parallel::zero<1>>(mesh(1, 1, 2), 1e-10);
   check_mesh<optim::adafactor, parallel::zero<3>>(mesh(1, 1, 1), 1e-10);
@@ -442,6 +444,33 @@ TEST_CASE("adafactor: a run resumed from a checkpoint continues bit for bit",
   c.adafactor.beta1 = 0;
   train::trainer<P, host, optim::adafactor> u(trainer_suite::model(), c, f);
   CHECK_THROWS_WITH(u.load_checkpoint(dir), Catch::Contains("beta1"));
+  // At tp 2 the split matrices' statistics would be per shard: refused on
+  // both ranks, naming the way on; the layout-free rest would load.
+  c.adafactor.beta1 = 0.9;
+  std::string msg[2];
+  REQUIRE_NOTHROW(local_world::run(
+      2,
+      [&](local_communicator& world) {
+        omp_set_num_threads(1);
+        using layers = nn::tensor_parallel_layers<local_communicator>;
+        const comm::device_mesh dm(1, 2, 1);
+        auto g = comm::make_groups(world, dm);
+        train::train_config c2 = c;
+        c2.tp = 2;
+        train::trainer<P, host, optim::adafactor, parallel::zero<0>, local_communicator, layers> t(
+            trainer_suite::model(), c2, f, parallel::layout{g.dp, layers{&g.tp}, g.pp});
+        try {
+          t.load_checkpoint(dir);
+        } catch (const std::exception& e) {
+          msg[world.rank()] = e.what();
+        }
+      },
+      test_options()));
+  for (const std::string& m : msg) {
+    INFO(m);
+    CHECK_THAT(m, Catch::Contains("for 1 tp shard(s) of its matrix; this run splits it into 2") &&
+                      Catch::Contains("resume at the tensor-parallel degree that wrote it"));
+  }
 }
 
 TEST_CASE("adafactor: a small run trains", "[train][optim][adafactor]") {

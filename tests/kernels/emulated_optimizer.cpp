@@ -1,6 +1,6 @@
 // The optimizer's CUDA kernels (include/tessera/kernels/cuda/adamw.cuh and
-// lion.cuh: adamw, sgd and lion over a flat buffer with a segment table),
-// their own bodies
+// lion.cuh: adamw, sgd and lion over a flat buffer with a segment table;
+// adafactor.cuh, its six kernels, in the section at the end), their own bodies
 // run by the block emulator (tests/support/cuda_emulator.hpp) through the
 // launch functions the GPU path calls, against the host kernels
 // (kernels::adamw_step, sgd_step and lion_step,

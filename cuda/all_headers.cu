@@ -23,11 +23,13 @@
 #include <tessera/kernels/cuda/context.hpp>
 #include <tessera/kernels/cuda/ops.hpp>
 #include <tessera/plan/cuda_step.hpp>
+#include <tessera/kernels/cuda/adafactor.cuh>
 #include <tessera/kernels/cuda/adamw.cuh>
 #include <tessera/kernels/cuda/elementwise.cuh>
 #include <tessera/kernels/cuda/embedding.cuh>
 #include <tessera/kernels/cuda/fp8.cuh>
 #include <tessera/kernels/cuda/gemm.cuh>
+#include <tessera/kernels/cuda/lion.cuh>
 #include <tessera/kernels/cuda/grad_norm.cuh>
 #include <tessera/kernels/cuda/rmsnorm.cuh>
 #include <tessera/kernels/cuda/rope.cuh>

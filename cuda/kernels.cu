@@ -6,10 +6,12 @@
 // unless it defines TESSERA_CUDA_PRECOMPILED_KERNELS: kernels/cuda/linkage.hpp.)
 #define TESSERA_CUDA_KERNELS_INSTANTIATING 1
 
+#include "tessera/kernels/cuda/adafactor.cuh"
 #include "tessera/kernels/cuda/adamw.cuh"
 #include "tessera/kernels/cuda/elementwise.cuh"
 #include "tessera/kernels/cuda/embedding.cuh"
 #include "tessera/kernels/cuda/grad_norm.cuh"
+#include "tessera/kernels/cuda/lion.cuh"
 #include "tessera/kernels/cuda/rmsnorm.cuh"
 #include "tessera/kernels/cuda/rope.cuh"
 #include "tessera/kernels/cuda/swiglu.cuh"

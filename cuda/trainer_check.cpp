@@ -18,10 +18,20 @@ template class optim::adamw_optimizer<bf16, float, float, kernels::cuda_context>
 template class optim::sgd_optimizer<bf16, float, float, kernels::cuda_context>;
 template class optim::adamw_optimizer<fp16, float, float, kernels::cuda_context>;
 template class optim::sgd_optimizer<fp16, float, float, kernels::cuda_context>;
+template class optim::lion_optimizer<bf16, float, float, kernels::cuda_context>;
+template class optim::lion_optimizer<bf16, bf16, float, kernels::cuda_context>;
+template class optim::lion_optimizer<fp16, float, float, kernels::cuda_context>;
+template class optim::adafactor_optimizer<bf16, float, float, kernels::cuda_context>;
+template class optim::adafactor_optimizer<bf16, bf16, float, kernels::cuda_context>;
+template class optim::adafactor_optimizer<fp16, float, float, kernels::cuda_context>;
 
 template class train::trainer<precision::bf16_mixed, cuda>;
 template class train::trainer<precision::bf16_mixed_bf16_grads, cuda>;
 template class train::trainer<precision::bf16_mixed_bf16_grads, cuda, optim::sgd>;
+template class train::trainer<precision::bf16_mixed_bf16_grads, cuda, optim::lion>;
+template class train::trainer<precision::bf16_mixed_bf16_grads, cuda, optim::adafactor>;
+template class train::trainer<precision::bf16_mixed, cuda, optim::adafactor, parallel::zero<0>,
+                              comm::nccl_communicator>;
 template class train::trainer<precision::fp16_mixed, cuda>;
 template class train::trainer<precision::fp16_mixed, cuda, optim::sgd>;
 template class train::trainer<precision::fp8_mixed, cuda>;

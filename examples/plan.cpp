@@ -84,7 +84,7 @@ struct options {
   bool gpu_step = false;               // the one-GPU step instead
   std::string checkpointing;           // none or full; default: none, full with --gpu-step
   std::int64_t checkpoint_layers = 1;  // with full: every k-th block recomputes
-  std::string optimizer = "adamw";     // adamw or sgd
+  std::string optimizer = "adamw";     // adamw, sgd, lion or adafactor
   bool ce_chunk_given = false;
   int pp = 1;                              // pipeline ranks (--pp > 1: the pipeline plan)
   std::string schedule = "1f1b";           // gpipe, 1f1b, interleaved, zb1
@@ -578,7 +578,8 @@ int main(int argc, char** argv) {
   app.add_option("--checkpoint-layers", o.checkpoint_layers,
                  "with --checkpointing full: every k-th block recomputes")
       ->capture_default_str();
-  app.add_option("--optimizer", o.optimizer, "adamw or sgd")
+  app.add_option("--optimizer", o.optimizer,
+                 "adamw, sgd, lion or adafactor (its statistics counted per tensor)")
       ->capture_default_str()
       ->capture_default_str();
   app.add_option("--pp", o.pp, "pipeline ranks (> 1: print the pipeline plan)")
@@ -626,6 +627,9 @@ int main(int argc, char** argv) {
     // A pipeline: without --zero its plan shards over dp as ZeRO-1 does
     // (--zero 3 counts the weight shards and the gathered segments too).
     if (o.pp > 1 && app.count("--zero") == 0) o.zero = 1;
+    // Adafactor's statistics are of whole tensors: without --zero it plans
+    // ZeRO stage 0 (a stage that splits tensors over dp > 1 is refused).
+    if (o.optimizer == "adafactor" && app.count("--zero") == 0) o.zero = 0;
     if (o.pp != 1) return print_pipeline(o);
     TESSERA_THROW_IF(
         o.schedule_given, config_error,

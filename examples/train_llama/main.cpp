@@ -10,6 +10,8 @@
 //   build/host/examples/train_llama --preset tiny --steps 50 --out runs/tiny
 //   build/host/examples/train_llama --resume runs/tiny    # continue exactly
 //   build/host/examples/train_llama --optimizer sgd --lr 0.05 --out runs/sgd
+//   build/host/examples/train_llama --optimizer lion --lr 3e-4 --weight-decay 1 --out runs/lion
+//   build/host/examples/train_llama --optimizer adafactor --out runs/adafactor
 //   build/host/examples/train_llama --checkpointing full --out runs/ckpt   # recompute blocks
 //   build/cuda/examples/train_llama --backend cuda --out runs/gpu          # one GPU
 //
@@ -282,11 +284,43 @@ int main(int argc, char** argv) {
                  "fp8: the scales are divided by 2^margin (headroom)")
       ->capture_default_str()
       ->check(R(0, 64));
-  app.add_option("--optimizer", o.optimizer, "adamw or sgd (with momentum)")->capture_default_str();
+  app.add_option("--optimizer", o.optimizer, "adamw, sgd (with momentum), lion or adafactor")
+      ->capture_default_str();
   app.add_option("--momentum", o.cfg.sgd.momentum, "sgd: momentum")
       ->capture_default_str()
       ->check(finite_number);
   app.add_flag("--nesterov", o.cfg.sgd.nesterov, "sgd: Nesterov momentum");
+  app.add_option("--lion-beta1", o.cfg.lion.beta1, "lion: the update's beta1")
+      ->capture_default_str()
+      ->check(finite_number);
+  app.add_option("--lion-beta2", o.cfg.lion.beta2, "lion: the momentum's beta2")
+      ->capture_default_str()
+      ->check(finite_number);
+  app.add_option("--adafactor-beta1", o.cfg.adafactor.beta1,
+                 "adafactor: the first moment's beta1 (0: none)")
+      ->capture_default_str()
+      ->check(finite_number);
+  app.add_option("--adafactor-clip-threshold", o.cfg.adafactor.clip_threshold,
+                 "adafactor: the update's RMS is clipped to this")
+      ->capture_default_str()
+      ->check(finite_number);
+  app.add_option("--adafactor-decay-rate", o.cfg.adafactor.decay_rate,
+                 "adafactor: beta2_t = 1 - t^rate")
+      ->capture_default_str()
+      ->check(finite_number);
+  app.add_option("--adafactor-eps1", o.cfg.adafactor.eps1, "adafactor: added to g^2")
+      ->capture_default_str()
+      ->check(finite_number);
+  app.add_option("--adafactor-eps2", o.cfg.adafactor.eps2,
+                 "adafactor: floor of the parameter scale")
+      ->capture_default_str()
+      ->check(finite_number);
+  app.add_flag("--adafactor-scale-parameter", o.cfg.adafactor.scale_parameter,
+               "adafactor: lr times each tensor's RMS");
+  app.add_flag("--adafactor-relative-step", o.cfg.adafactor.relative_step,
+               "adafactor: lr = min(1e-2, 1/sqrt(t)), not the schedule's");
+  app.add_flag("--adafactor-warmup-init", o.cfg.adafactor.warmup_init,
+               "adafactor: the relative step from 1e-6 t");
   app.add_option("--global-batch", o.cfg.global_batch, "G: sequences per optimizer step")
       ->capture_default_str()
       ->check(R(std::int64_t{1}, std::int64_t{1000000000}));
@@ -317,7 +351,8 @@ int main(int argc, char** argv) {
                  "wsd: the decay's shape, linear or sqrt (1-sqrt)")
       ->capture_default_str();
   app.add_option("--weight-decay", o.cfg.adamw.weight_decay,
-                 "weight decay (AdamW: decoupled; sgd: L2 added to the gradient)")
+                 "weight decay (AdamW, lion, adafactor: decoupled; sgd: L2 added to the "
+                 "gradient; all but AdamW: 0 unless given)")
       ->capture_default_str()
       ->check(finite_number);
   app.add_option("--grad-clip", o.cfg.grad_clip, "max global gradient norm (0: off)")

@@ -320,6 +320,22 @@ TEST_CASE("optimizer policies: one step on the GPU equals the host's within floa
   check(std::make_unique<HS>(optim::sgd_config{0.9, true, 0.01}, n, layout.ranges(), hctx),
         std::make_unique<DS>(optim::sgd_config{0.9, true, 0.01}, n, layout.ranges(), dctx),
         "sgd, Nesterov");
+  // Lion's sign: the GPU's contracted c = beta1 m + (1 - beta1) g could
+  // take the other sign only within rounding of 0, which these random
+  // gradients (m = 0 at the first step: c = 0.1 g) never reach.
+  using HL = optim::lion_optimizer<bf16, float, float, kernels::host_context>;
+  using DL = optim::lion_optimizer<bf16, float, float, kernels::cuda_context>;
+  check(std::make_unique<HL>(optim::lion_config{0.9, 0.99, 0.1}, n, layout.ranges(), hctx),
+        std::make_unique<DL>(optim::lion_config{0.9, 0.99, 0.1}, n, layout.ranges(), dctx), "lion");
+  // Adafactor: six kernels whose sums run in another order than the host's
+  // (float64 either way), the first moment and decay on.
+  using HF = optim::adafactor_optimizer<bf16, float, float, kernels::host_context>;
+  using DF = optim::adafactor_optimizer<bf16, float, float, kernels::cuda_context>;
+  optim::adafactor_config af;
+  af.beta1 = 0.9;
+  af.weight_decay = 0.1;
+  check(std::make_unique<HF>(af, n, layout.ranges(), hctx),
+        std::make_unique<DF>(af, n, layout.ranges(), dctx), "adafactor");
 }
 
 TEST_CASE("llama<P, cuda> refuses what the GPU kernels cannot run", "[cuda][llama]") {

@@ -1,10 +1,12 @@
-// The optimizer's CUDA kernels (include/tessera/kernels/cuda/adamw.cuh:
-// adamw and sgd over a flat buffer with a segment table), their own bodies
+// The optimizer's CUDA kernels (include/tessera/kernels/cuda/adamw.cuh and
+// lion.cuh: adamw, sgd and lion over a flat buffer with a segment table;
+// adafactor.cuh, its six kernels, in the section at the end), their own bodies
 // run by the block emulator (tests/support/cuda_emulator.hpp) through the
 // launch functions the GPU path calls, against the host kernels
-// (kernels::adamw_step and sgd_step, include/tessera/kernels/optimizer.hpp)
-// and the host optimizers that call them (optim::adamw_optimizer,
-// optim::sgd_optimizer) over several steps.
+// (kernels::adamw_step, sgd_step and lion_step,
+// include/tessera/kernels/optimizer.hpp) and the host optimizers that call
+// them (optim::adamw_optimizer, optim::sgd_optimizer, optim::lion_optimizer)
+// over several steps.
 //
 // Inputs: fresh random state and gradients; the state of elements in no
 // segment and the parameters each segment writes start as NaN, the other
@@ -23,8 +25,8 @@
 // finite, +inf and NaN (a skipped step: nothing written).
 //
 // Bit for bit everywhere (memcmp of the parameters, master weights and
-// state): the update of an element is kernels::detail::adamw_update or
-// sgd_update on the same float32 inputs and step parameters on both sides,
+// state): the update of an element is kernels::detail::adamw_update,
+// sgd_update or lion_update on the same float32 inputs and step parameters on both sides,
 // element-wise with no reduction, and both are compiled by the same host
 // compiler without FMA contraction (tests/kernels builds with
 // -ffp-contract=off: tests/CMakeLists.txt), so every operation rounds alike. (A GPU contracts a * b
@@ -38,11 +40,16 @@
 #include <string>
 #include <vector>
 
+#include <tessera/kernels/adafactor.hpp>
+#include <tessera/kernels/cuda/adafactor.cuh>
 #include <tessera/kernels/cuda/adamw.cuh>
+#include <tessera/kernels/cuda/lion.cuh>
 #include <tessera/kernels/optimizer.hpp>
 #include <tessera/nn/llama_config.hpp>
 #include <tessera/nn/llama_layout.hpp>
+#include <tessera/optim/adafactor.hpp>
 #include <tessera/optim/adamw.hpp>
+#include <tessera/optim/lion.hpp>
 #include <tessera/optim/sgd.hpp>
 
 #include "../support/cuda_emulator.hpp"
@@ -239,6 +246,13 @@ hk::detail::sgd_step_params<float> sgd_params(const optim::sgd_config& c, double
           static_cast<float>(c.weight_decay), static_cast<float>(grad_scale), c.nesterov};
 }
 
+/// The Lion parameters, as lion_optimizer::update builds them.
+hk::detail::lion_step_params<float> lion_params(const optim::lion_config& c, double lr,
+                                                double grad_scale) {
+  return {static_cast<float>(lr), static_cast<float>(c.beta1), static_cast<float>(c.beta2),
+          static_cast<float>(c.weight_decay), static_cast<float>(grad_scale)};
+}
+
 /// Registers a case's buffers with the emulator: gradients, segments and
 /// the scale are inputs, the rest outputs.
 template <class Param, class Grad>
@@ -337,6 +351,38 @@ void sgd_case(const problem& p, const optim::sgd_config& cfg, const device_scale
   check_step(emu, host, before, cov, scale.skips);
 }
 
+template <class Param, class Grad>
+void lion_case(const problem& p, const optim::lion_config& cfg, const device_scale& scale,
+               std::uint64_t seed) {
+  INFO(p.name << ": lion beta1 " << cfg.beta1 << " beta2 " << cfg.beta2 << " wd "
+              << cfg.weight_decay << ", " << tessera::dtype_name<Param>() << " params, "
+              << tessera::dtype_name<Grad>() << " grads, device scale " << scale.name);
+  std::mt19937_64 rng(seed);
+  const coverage cov(p);
+  buffers<Param, Grad> before = initial<Param, Grad>(p, cov, 1, rng);
+  // Some exact zeros of the gradient and the momentum: sign(0) = 0 on both.
+  for (std::size_t i = 0; i < before.grads.size(); i += 97) before.grads[i] = Grad(0.0f);
+  for (std::size_t i = 0; i < before.s1.size(); i += 89)
+    if (!std::isnan(before.s1[i])) before.s1[i] = 0.f;
+  const auto step = lion_params(cfg, 1e-2, 0.7);
+  const float* d_scale = scale.ptr();
+  const int ns = static_cast<int>(p.segs.size());
+
+  buffers<Param, Grad> host = before;
+  hk::lion_step(ctx, host.params.data(), host.master_ptr(), host.s1.data(), host.grads.data(), p.n,
+                p.segs.data(), ns, step, d_scale);
+
+  buffers<Param, Grad> emu = before;
+  cuda_emulator em(seed);
+  register_buffers(em, emu, p, scale.value);
+  std::vector<std::string> launched;
+  kc::lion_step_launch(emulator_launcher{&em, std::int64_t(1) << 24, &launched}, emu.params.data(),
+                       emu.master_ptr(), emu.s1.data(), static_cast<const Grad*>(emu.grads.data()),
+                       p.n, p.segs.data(), ns, step, d_scale);
+  CHECK(launched == std::vector<std::string>{"lion"});
+  check_step(emu, host, before, cov, scale.skips);
+}
+
 /// A few steps of the host optimizer `O` (adamw_optimizer or sgd_optimizer
 /// over host memory, shifted owned ranges) against the emulated kernel
 /// given the step parameters `params_of(t, grad_scale)` the optimizer
@@ -429,6 +475,13 @@ struct host_sgd : optim::sgd_optimizer<Param, Grad, float, hk::host_context> {
 };
 
 template <class Param, class Grad>
+struct host_lion : optim::lion_optimizer<Param, Grad, float, hk::host_context> {
+  using config_type = optim::lion_config;
+  using optim::lion_optimizer<Param, Grad, float, hk::host_context>::lion_optimizer;
+  const float* state(int) const { return this->exp_avg(); }
+};
+
+template <class Param, class Grad>
 void adamw_optimizer_case() {
   INFO("adamw_optimizer, " << tessera::dtype_name<Param>() << " params, "
                            << tessera::dtype_name<Grad>() << " grads");
@@ -459,6 +512,26 @@ void sgd_optimizer_case(const optim::sgd_config& cfg) {
                             static_cast<int>(p.segs.size()), s, d_clip);
       },
       [&](std::int64_t, double scale) { return sgd_params(cfg, 1e-2, scale); });
+}
+
+template <class Param, class Grad>
+void lion_optimizer_case(const optim::lion_config& cfg) {
+  INFO("lion_optimizer wd " << cfg.weight_decay << ", " << tessera::dtype_name<Param>()
+                            << " params, " << tessera::dtype_name<Grad>() << " grads");
+  optimizer_steps<Param, Grad, host_lion<Param, Grad>>(
+      cfg, 1,
+      [](const emulator_launcher& l, buffers<Param, Grad>& b, const problem& p,
+         const hk::detail::lion_step_params<float>& s, const float* d_clip) {
+        kc::lion_step_launch(l, b.params.data(), b.master_ptr(), b.s1.data(),
+                             static_cast<const Grad*>(b.grads.data()), p.n, p.segs.data(),
+                             static_cast<int>(p.segs.size()), s, d_clip);
+      },
+      [&](std::int64_t, double scale) { return lion_params(cfg, 1e-2, scale); });
+}
+
+/// Lion with and without weight decay, the paper's betas and others.
+std::vector<optim::lion_config> lion_configs() {
+  return {{0.9, 0.99, 0.1}, {0.95, 0.98, 0.0}};
 }
 
 std::vector<optim::sgd_config> sgd_configs() {
@@ -504,7 +577,23 @@ TEST_CASE("emulated cuda sgd equals the host sgd_step bit for bit",
       }
 }
 
-TEST_CASE("emulated cuda adamw and sgd follow the host optimizers over steps and a skip",
+TEST_CASE("emulated cuda lion equals the host lion_step bit for bit",
+          "[kernels][emulated][optimizer]") {
+  std::uint64_t seed = 3000;
+  for (const problem& p : {ragged(), block_edges(), one_element(), llama2_7b_table(true)})
+    for (const optim::lion_config& cfg : lion_configs())
+      for (const device_scale& scale : device_scales()) {
+        lion_case<float, float>(p, cfg, scale, seed++);
+        lion_case<bf16, float>(p, cfg, scale, seed++);
+        lion_case<bf16, bf16>(p, cfg, scale, seed++);
+        if (p.segs.size() < 100) {  // fp16 off the 7B table, for time, as SGD's
+          lion_case<fp16, float>(p, cfg, scale, seed++);
+          lion_case<fp16, fp16>(p, cfg, scale, seed++);
+        }
+      }
+}
+
+TEST_CASE("emulated cuda adamw, sgd and lion follow the host optimizers over steps and a skip",
           "[kernels][emulated][optimizer]") {
   adamw_optimizer_case<float, float>();
   adamw_optimizer_case<bf16, float>();
@@ -517,6 +606,13 @@ TEST_CASE("emulated cuda adamw and sgd follow the host optimizers over steps and
     sgd_optimizer_case<bf16, bf16>(cfg);
     sgd_optimizer_case<fp16, float>(cfg);
     sgd_optimizer_case<fp16, fp16>(cfg);
+  }
+  for (const optim::lion_config& cfg : lion_configs()) {
+    lion_optimizer_case<float, float>(cfg);
+    lion_optimizer_case<bf16, float>(cfg);
+    lion_optimizer_case<bf16, bf16>(cfg);
+    lion_optimizer_case<fp16, float>(cfg);
+    lion_optimizer_case<fp16, fp16>(cfg);
   }
 }
 
@@ -545,6 +641,9 @@ TEST_CASE("emulated cuda optimizer launches: no work, bad arguments, a segment p
   kc::sgd_step_launch(l, b.params.data(), b.master.data(), b.s1.data(),
                       static_cast<const float*>(b.grads.data()), 0, p.segs.data(), ns, sstep,
                       nullptr);
+  kc::lion_step_launch(l, b.params.data(), b.master.data(), b.s1.data(),
+                       static_cast<const float*>(b.grads.data()), p.n, p.segs.data(), 0,
+                       lion_params(optim::lion_config{}, 1e-3, 1.0), nullptr);
   CHECK(launched.empty());
   CHECK(same_bits(b.params, before.params));
   CHECK(same_bits(b.s1, before.s1));
@@ -572,17 +671,307 @@ TEST_CASE("emulated cuda optimizer launches: no work, bad arguments, a segment p
                                       static_cast<const float*>(b.grads.data()), p.n, p.segs.data(),
                                       -1, sstep, nullptr),
                   config_error);
+  CHECK_THROWS_WITH(
+      kc::lion_step_launch(l, b.params.data(), static_cast<float*>(nullptr), b.s1.data(),
+                           static_cast<const float*>(b.grads.data()), p.n, p.segs.data(), ns,
+                           lion_params(optim::lion_config{}, 1e-3, 1.0), nullptr),
+      Catch::Contains("lion_step (cuda)") && Catch::Contains("need float32 master weights"));
   CHECK(launched.empty());
 
   // A segment whose parameters lie past the buffer: the emulator stops the
-  // body at the first access outside every buffer, naming the kernel.
+  // body at the first access outside every buffer, naming the kernel. Far
+  // past it (2^36 elements): just past it may be another registered buffer,
+  // wherever the heap placed them.
   std::vector<segment> bad = p.segs;
-  bad.back().param_shift = p.params_size;
+  bad.back().param_shift = std::int64_t(1) << 36;
   em.input(bad);
   CHECK_THROWS_WITH(kc::adamw_step_launch(l, b.params.data(), b.master.data(), b.s1.data(),
                                           b.s2.data(), static_cast<const float*>(b.grads.data()),
                                           p.n, bad.data(), ns, step, nullptr),
                     Catch::Contains("adamw block") && Catch::Contains("outside every buffer"));
+}
+
+// ---- Adafactor (kernels/cuda/adafactor.cuh) -----------------------------------------------------
+//
+// The six kernels against the host kernels::adafactor_step, through the
+// host optimizer (optim::adafactor_optimizer builds the tensor table and
+// the step parameters) over several steps: to float rounding, not bit for
+// bit. The per-element arithmetic is the same functions on both sides, but
+// a row's and a tensor's sums are float64 in another order (256 threads
+// then CUB's block tree, against element by element on the host), so a
+// stored row statistic, mean or clip divisor may differ in its last float
+// bit and what is computed from it by a few float ulps; 1e-6. (Measured:
+// no difference at all on these tables: float64 sums of a few thousand
+// float squares are exact or round to the same float.) Parameters of 16 bits round from master
+// weights that may differ so: one unit of their last place (tol_of). Exact: a skipped step writes
+// nothing on either side, elements in no tensor keep their bits, every element of a tensor is
+// written.
+
+namespace {
+
+/// A table of whole tensors over n optimizer elements, with the shifts of
+/// their parameters and gradients, and the sizes of those buffers.
+struct adafactor_problem {
+  std::string name;
+  std::int64_t n = 0, params_size = 0, grads_size = 0;
+  std::vector<optim::owned_range> ranges;
+};
+
+adafactor_problem adafactor_table(std::string name, const std::vector<optim::owned_range>& rs,
+                                  std::int64_t n) {
+  adafactor_problem p{std::move(name), n, n, n, rs};
+  for (const auto& r : rs) {
+    REQUIRE(r.begin + r.param_shift >= 0);
+    REQUIRE(r.begin + r.grad_shift >= 0);
+    p.params_size = std::max(p.params_size, r.end + r.param_shift);
+    p.grads_size = std::max(p.grads_size, r.end + r.grad_shift);
+  }
+  p.params_size += 3;
+  p.grads_size += 3;
+  return p;
+}
+
+/// Matrices and vectors of every kind: a row longer than a block (300
+/// columns), more rows than a block (300 x 2), a vector of two reduction
+/// rows (5000), a 1 x 4 matrix, gaps between tensors, shifts of both signs.
+adafactor_problem adafactor_mixed() {
+  std::vector<optim::owned_range> r;
+  std::int64_t at = 0;
+  auto add = [&](std::int64_t rows, std::int64_t cols, int dims, bool decay, std::int64_t ps,
+                 std::int64_t gs, std::int64_t gap) {
+    at += gap;
+    r.push_back({at, at + rows * cols, decay, ps, gs, dims, rows, cols});
+    at += rows * cols;
+  };
+  add(6, 5, 2, true, 5, 0, 0);
+  add(1, 7, 1, false, 5, 3, 4);
+  add(3, 300, 2, true, 9, -20, 0);
+  add(1, 5000, 1, true, 0, 16, 11);
+  add(1, 4, 2, true, 40, 16, 0);
+  add(300, 2, 2, true, 40, 0, 1);
+  return adafactor_table("mixed", r, at + 3);
+}
+
+/// The tiny preset's tensors (embedding, norms, attention and MLP
+/// matrices, LM head) as one rank holds them.
+adafactor_problem adafactor_tiny() {
+  auto c = tessera::nn::llama_config::tiny();
+  c.vocab = 256;
+  const auto layout = tessera::nn::make_llama_layout(c);
+  return adafactor_table("tiny", optim::owned(layout.ranges()), layout.total());
+}
+
+/// adafactor_optimizer over host memory, its state by name.
+template <class Param, class Grad>
+using host_adafactor = optim::adafactor_optimizer<Param, Grad, float, hk::host_context>;
+
+/// Step t's parameters as adafactor_optimizer builds them.
+hk::detail::adafactor_step_params<float> adafactor_params(const optim::adafactor_config& c,
+                                                          double lr, double grad_scale,
+                                                          std::int64_t t) {
+  return {static_cast<float>(c.step_lr(lr, t)),
+          static_cast<float>(1.0 - std::pow(static_cast<double>(t), c.decay_rate)),
+          static_cast<float>(c.eps1),
+          static_cast<float>(c.eps2),
+          static_cast<float>(c.clip_threshold),
+          static_cast<float>(c.beta1),
+          static_cast<float>(c.weight_decay),
+          static_cast<float>(grad_scale),
+          c.beta1 > 0,
+          c.scale_parameter};
+}
+
+/// The emulated side's buffers: parameters, master weights, gradients,
+/// statistics, first moment, scalars and partial sums.
+template <class Param, class Grad>
+struct adafactor_buffers_of {
+  static constexpr bool has_master = !std::is_same_v<Param, float>;
+  std::vector<Param> params;
+  std::vector<float> master, stats, exp_avg, scalars;
+  std::vector<double> partial;
+  std::vector<Grad> grads;
+  float* master_ptr() { return has_master ? master.data() : nullptr; }
+  hk::adafactor_buffers<float> buffers() {
+    return {stats.data(), exp_avg.empty() ? nullptr : exp_avg.data(), scalars.data(),
+            partial.data()};
+  }
+};
+
+template <class Param, class Grad>
+void adafactor_case(const adafactor_problem& p, const optim::adafactor_config& cfg,
+                    std::uint64_t seed) {
+  INFO(p.name << ": adafactor beta1 " << cfg.beta1 << " d " << cfg.clip_threshold << " wd "
+              << cfg.weight_decay << (cfg.scale_parameter ? " scale_parameter" : "")
+              << (cfg.relative_step ? " relative_step" : "") << ", " << tessera::dtype_name<Param>()
+              << " params, " << tessera::dtype_name<Grad>() << " grads");
+  constexpr bool has_master = !std::is_same_v<Param, float>;
+  std::mt19937_64 rng(seed);
+  std::vector<char> covered(static_cast<std::size_t>(p.n), 0),
+      covered_params(static_cast<std::size_t>(p.params_size), 0);
+  for (const auto& r : p.ranges)
+    for (std::int64_t i = r.begin; i < r.end; ++i) {
+      covered[static_cast<std::size_t>(i)] = 1;
+      covered_params[static_cast<std::size_t>(i + r.param_shift)] = 1;
+    }
+  std::vector<Param> params =
+      random_vector<Param>(static_cast<std::size_t>(p.params_size), rng, -1, 1);
+  host_adafactor<Param, Grad> host(cfg, p.n, p.ranges, ctx);
+  host.init_master(params.data());
+  const auto& table = host.tensors();
+  const std::int64_t nstats =
+      table.back().stat + (table.back().factored != 0 ? table.back().rows + table.back().cols
+                                                      : table.back().end - table.back().begin);
+  const hk::adafactor_sizes sizes{
+      static_cast<int>(table.size()), table.back().row + table.back().rows,
+      table.back().col + (table.back().factored ? table.back().cols : 0), p.n};
+  adafactor_buffers_of<Param, Grad> emu;
+  emu.params = params;
+  if (has_master) {
+    emu.master.assign(static_cast<std::size_t>(p.n), 0.f);
+    for (const auto& r : p.ranges)
+      for (std::int64_t i = r.begin; i < r.end; ++i)
+        emu.master[static_cast<std::size_t>(i)] =
+            tessera::to<float>(params[static_cast<std::size_t>(i + r.param_shift)]);
+    // The parameters a step writes start as NaN: the step must write each.
+    for (std::size_t i = 0; i < emu.params.size(); ++i)
+      if (covered_params[i]) emu.params[i] = nan_value<Param>();
+  }
+  emu.stats.assign(static_cast<std::size_t>(nstats), 0.f);
+  if (cfg.beta1 > 0) emu.exp_avg.assign(static_cast<std::size_t>(p.n), 0.f);
+  emu.scalars.assign(3 * table.size(), 0.f);
+  emu.partial.assign(static_cast<std::size_t>(sizes.rows), 0.0);
+  const std::vector<hk::adafactor_tensor> d_table = table;
+
+  cuda_emulator em(seed);
+  std::vector<float> clip(1);
+  auto emulated_step = [&](std::int64_t t, double lr, double scale, const float* d_clip) {
+    em.clear_regions();
+    em.input(emu.grads);
+    em.input(d_table);
+    em.input(clip);
+    em.output(emu.params);
+    em.output(emu.master);
+    em.output(emu.stats);
+    em.output(emu.exp_avg);
+    em.output(emu.scalars);
+    em.output(emu.partial);
+    std::vector<std::string> launched;
+    kc::adafactor_step_launch(emulator_launcher{&em, std::int64_t(1) << 24, &launched},
+                              emu.params.data(), emu.master_ptr(),
+                              static_cast<const Grad*>(emu.grads.data()), d_table.data(), sizes,
+                              emu.buffers(), adafactor_params(cfg, lr, scale, t), d_clip);
+    const std::vector<std::string> want = {"adafactor_rows",        "adafactor_cols",
+                                           "adafactor_tensor_lr",   "adafactor_rows_u2",
+                                           "adafactor_tensor_clip", "adafactor_apply"};
+    CHECK(launched == want);
+  };
+  auto compare = [&](int t) {
+    INFO("after step " << t);
+    const std::vector<float> stats(host.statistics(), host.statistics() + nstats);
+    const double e_s = max_rel_error(emu.stats, stats);
+    double e_m = 0, e_w = 0;
+    if (cfg.beta1 > 0)
+      e_m = max_rel_error(emu.exp_avg, std::vector<float>(host.exp_avg(), host.exp_avg() + p.n));
+    if (has_master)
+      e_w = max_rel_error(emu.master, std::vector<float>(host.master(), host.master() + p.n));
+    const double e_p = max_rel_error(emu.params, params);
+    UNSCOPED_INFO("statistics " << e_s << " first moment " << e_m << " master " << e_w
+                                << " parameters " << e_p);
+    CHECK(e_s < 1e-6);
+    CHECK(e_m < 1e-6);
+    CHECK(e_w < 1e-6);
+    CHECK(e_p < (has_master ? tol_of<Param> : 1e-6));
+    // Parameters in no tensor keep their bits on both sides.
+    for (std::size_t i = 0; i < params.size(); ++i)
+      if (!covered_params[i]) REQUIRE(std::memcmp(&emu.params[i], &params[i], sizeof(Param)) == 0);
+  };
+  const double lr = 1e-2;
+  for (int t = 1; t <= 3; ++t) {
+    emu.grads = random_vector<Grad>(static_cast<std::size_t>(p.grads_size), rng, -1, 1);
+    for (std::size_t i = 0; i < emu.grads.size(); i += 53) emu.grads[i] = Grad(0.0f);
+    host.step(params.data(), emu.grads.data(), lr, 0.7);
+    emulated_step(t, lr, 0.7, nullptr);
+    compare(t);
+  }
+  // A NaN clip coefficient skips the step on both: nothing written.
+  emu.grads = random_vector<Grad>(static_cast<std::size_t>(p.grads_size), rng, -1, 1);
+  const auto before = emu;
+  clip[0] = nan_value<float>();
+  host.step(params.data(), emu.grads.data(), lr, clip.data());
+  host.skipped();
+  emulated_step(4, lr, 1.0, clip.data());
+  CHECK(same_bits(emu.params, before.params));
+  CHECK(same_bits(emu.master, before.master));
+  CHECK(same_bits(emu.stats, before.stats));
+  CHECK(same_bits(emu.exp_avg, before.exp_avg));
+  compare(3);
+  // Step 4 with the device coefficient.
+  clip[0] = 0.25f;
+  host.step(params.data(), emu.grads.data(), lr, clip.data());
+  emulated_step(4, lr, 1.0, clip.data());
+  compare(4);
+  CHECK(host.steps_taken() == 4);
+}
+
+std::vector<optim::adafactor_config> adafactor_configs() {
+  optim::adafactor_config plain, momentum, scaled;
+  momentum.beta1 = 0.9;
+  momentum.weight_decay = 0.1;
+  momentum.clip_threshold = 0.5;
+  scaled.scale_parameter = true;
+  scaled.relative_step = true;
+  return {plain, momentum, scaled};
+}
+
+}  // namespace
+
+TEST_CASE("emulated cuda adafactor follows the host adafactor_step to float rounding",
+          "[kernels][emulated][optimizer]") {
+  std::uint64_t seed = 5000;
+  const adafactor_problem mixed = adafactor_mixed(), tiny = adafactor_tiny();
+  for (const optim::adafactor_config& cfg : adafactor_configs()) {
+    adafactor_case<float, float>(mixed, cfg, seed++);
+    adafactor_case<bf16, float>(mixed, cfg, seed++);
+    adafactor_case<bf16, bf16>(mixed, cfg, seed++);
+    adafactor_case<fp16, float>(mixed, cfg, seed++);
+    adafactor_case<fp16, fp16>(mixed, cfg, seed++);
+    // The tiny model's 1000-odd rows, each a 256-thread block under the
+    // emulator: one type pair a configuration, for time.
+    adafactor_case<bf16, float>(tiny, cfg, seed++);
+  }
+  adafactor_case<float, float>(tiny, adafactor_configs()[1], seed++);
+}
+
+TEST_CASE("emulated cuda adafactor: no tensors, bad arguments", "[kernels][emulated][optimizer]") {
+  cuda_emulator em;
+  std::vector<std::string> launched;
+  const emulator_launcher l{&em, std::int64_t(1) << 24, &launched};
+  std::vector<float> params(8), master(8), stats(8), scalars(3);
+  std::vector<double> partial(2);
+  const std::vector<float> grads(8);
+  const hk::adafactor_buffers<float> b{stats.data(), nullptr, scalars.data(), partial.data()};
+  const auto step = adafactor_params(optim::adafactor_config{}, 1e-3, 1.0, 1);
+  kc::adafactor_step_launch(l, params.data(), static_cast<float*>(nullptr), grads.data(),
+                            static_cast<const hk::adafactor_tensor*>(nullptr),
+                            hk::adafactor_sizes{0, 0, 0, 8}, b, step, nullptr);
+  CHECK(launched.empty());
+  using tessera::config_error;
+  CHECK_THROWS_WITH(kc::adafactor_step_launch(l, params.data(), master.data(), grads.data(),
+                                              static_cast<const hk::adafactor_tensor*>(nullptr),
+                                              hk::adafactor_sizes{0, 0, 0, 8}, b, step, nullptr),
+                    Catch::Contains("adafactor_step (cuda)") && Catch::Contains("pass master"));
+  CHECK_THROWS_WITH(
+      kc::adafactor_step_launch(l, params.data(), static_cast<float*>(nullptr), grads.data(),
+                                static_cast<const hk::adafactor_tensor*>(nullptr),
+                                hk::adafactor_sizes{1, -1, 0, 8}, b, step, nullptr),
+      Catch::Contains("rows=-1"));
+  auto with_m = adafactor_params(optim::adafactor_config{0.9}, 1e-3, 1.0, 1);
+  CHECK_THROWS_WITH(
+      kc::adafactor_step_launch(l, params.data(), static_cast<float*>(nullptr), grads.data(),
+                                static_cast<const hk::adafactor_tensor*>(nullptr),
+                                hk::adafactor_sizes{0, 0, 0, 8}, b, with_m, nullptr),
+      Catch::Contains("exp_avg is null"));
+  CHECK(launched.empty());
 }
 
 }  // namespace test_kernels_emulated_optimizer

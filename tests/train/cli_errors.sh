@@ -179,6 +179,18 @@ expect "a newline in --out" "--out holds a control character" "$train" "${common
 printf 'steps = 3\nseq = 16\nsteps = 5\n' > "$work/dup.toml"
 expect "a key given twice in a --config file" "'steps' is given twice (lines 1 and 3)" "$train" --config "$work/dup.toml" "${common[@]}"
 expect "--nesterov with adamw" "--nesterov sets SGD's momentum: it needs --optimizer sgd" "$train" "${common[@]}" --nesterov
+# The optimizers: their names, and each one's hyper-parameters only with it.
+expect "unknown optimizer" "unknown optimizer 'adagrad' (valid: adamw, sgd, lion, adafactor)" "$train" "${common[@]}" --optimizer adagrad
+expect "--lion-beta1 with adamw" "--lion-beta1 sets Lion's betas: it needs --optimizer lion" "$train" "${common[@]}" --lion-beta1 0.95
+expect "--lion-beta2 with sgd" "--lion-beta2 sets Lion's betas: it needs --optimizer lion" "$train" "${common[@]}" --optimizer sgd --lion-beta2 0.98
+expect "--momentum with lion" "--momentum sets SGD's momentum: it needs --optimizer sgd" "$train" "${common[@]}" --optimizer lion --momentum 0.5
+expect "lion beta2 of 1" "beta2=1 must be in \[0, 1)" "$train" "${common[@]}" --optimizer lion --lion-beta2 1
+expect "--adafactor-beta1 with adamw" "--adafactor-beta1 sets Adafactor's update: it needs --optimizer adafactor" "$train" "${common[@]}" --adafactor-beta1 0.9
+expect "--adafactor-relative-step with lion" "--adafactor-relative-step sets Adafactor's update: it needs --optimizer adafactor" "$train" "${common[@]}" --optimizer lion --adafactor-relative-step
+expect "--lion-beta1 with adafactor" "--lion-beta1 sets Lion's betas: it needs --optimizer lion" "$train" "${common[@]}" --optimizer adafactor --lion-beta1 0.9
+expect "adafactor under a splitting ZeRO stage" "--optimizer adafactor keeps statistics of whole tensors, which --zero 1 over --dp 2 would split between ranks: use --zero 0" "$train" "${common[@]}" --optimizer adafactor --dp 2 --zero 1
+expect "adafactor decay rate of 0" "decay_rate=0 must be in \[-1, 0)" "$train" "${common[@]}" --optimizer adafactor --adafactor-decay-rate 0
+expect "adafactor warmup init without the relative step" "warmup_init shapes the relative step: it needs relative_step" "$train" "${common[@]}" --optimizer adafactor --adafactor-warmup-init
 expect "--schedule without --pp" "--schedule gpipe orders a pipeline's stages: it needs --pp > 1" "$train" "${common[@]}" --schedule gpipe
 expect "a negative --baseline" "--baseline -1 must be > 0" "$train" "${common[@]}" --baseline -1
 # The learning-rate schedule: its names, wsd's flags only with wsd, the

@@ -4,7 +4,8 @@
 // local_communicator (tests/train/pipeline.cpp) and mpi_communicator
 // (tests/mpi/pipeline.cpp). Bodies throw zero_suite::suite_failure.
 //
-// Every rank trains five AdamW steps with gradient accumulation (G = M dp
+// Every rank trains five AdamW steps (or another optimizer policy's, the
+// template argument O) with gradient accumulation (G = M dp
 // sequences, B = 1, so M micro-batches per step go through the pipeline)
 // on a tiny-shaped model of 4 layers, and is held against the single-rank
 // trainer: the loss and the gradient norm of every step, every gradient of
@@ -68,18 +69,20 @@ inline train::train_config config(const layout& l, std::int64_t steps) {
   t.virtual_stages = l.virtual_stages;
   t.sequence_parallel = l.sequence_parallel;
   t.adamw.eps = 1e-6;  // as tp_suite: no amplification of rounding by a tiny first update
+  // optim::lion's runs decay their matrices too.
+  t.lion.weight_decay = 0.1;
   return t;
 }
 
 /// The single-rank run every mesh is held against (tp_suite's record).
 using tp_suite::reference;
 
-template <class P>
+template <class P, class O = optim::adamw>
 reference single_rank(const data::token_file& f, std::int64_t steps, std::int64_t G,
                       std::int64_t layers = 4, bool tied = false) {
   layout one;
   one.micro_batches = G;
-  train::trainer<P> tr(model(layers, tied), config(one, steps), f);
+  train::trainer<P, host, O> tr(model(layers, tied), config(one, steps), f);
   return tp_suite::record_run(tr, steps);
 }
 
@@ -111,7 +114,7 @@ void check_chunk(const M& model, const T* values, const std::vector<double>& wan
 
 /// One rank of the mesh `l` on `world` (dp tp pp ranks): trains as the
 /// reference did and checks everything the file comment lists.
-template <class P, class S, class Comm>
+template <class P, class S, class O = optim::adamw, class Comm>
 void check_mesh(Comm& world, const reference& ref, const data::token_file& f, const layout& l,
                 double tol_) {
   // float32 under tp: the tp ranks' partial sums round in another order; on
@@ -196,11 +199,11 @@ void check_mesh(Comm& world, const reference& ref, const data::token_file& f, co
     }
   };
   if (l.tp > 1) {
-    train::trainer<P, host, optim::adamw, S, Comm, tp_layers> tr(
+    train::trainer<P, host, O, S, Comm, tp_layers> tr(
         model(l.layers, l.tied), cfg, f, parallel::layout{g.dp, tp_layers{&g.tp}, g.pp});
     body(tr);
   } else {
-    train::trainer<P, host, optim::adamw, S, Comm> tr(
+    train::trainer<P, host, O, S, Comm> tr(
         model(l.layers, l.tied), cfg, f, parallel::layout{g.dp, nn::dense_layers{}, g.pp});
     body(tr);
   }

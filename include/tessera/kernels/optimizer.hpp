@@ -1,8 +1,8 @@
 #pragma once
 /// \file kernels/optimizer.hpp
 /// The optimizer's kernels on the host: the global gradient sum of squares,
-/// the clip coefficient, and one AdamW or SGD step over a flat buffer (one
-/// multi-tensor pass). The CUDA overloads (kernels/cuda/ops.hpp) take the
+/// the clip coefficient, and one AdamW, SGD or Lion step over a flat buffer
+/// (one multi-tensor pass). The CUDA overloads (kernels/cuda/ops.hpp) take the
 /// same arguments in the same order, in device memory.
 ///
 /// Every scalar a step needs between these kernels (the sum of squares, the
@@ -22,6 +22,7 @@
 #include "tessera/kernels/context.hpp"
 #include "tessera/kernels/detail/adamw.hpp"
 #include "tessera/kernels/detail/clip.hpp"
+#include "tessera/kernels/detail/lion.hpp"
 #include "tessera/kernels/detail/sgd.hpp"
 
 namespace tessera::kernels {
@@ -199,6 +200,34 @@ void sgd_step(const host_context& ctx, Param* params, M* master, M* buf, const G
           params[p] = to<Param>(master[i]);
         } else {
           detail::sgd_update(params[p], buf[i], g, step, decay());
+        }
+      });
+}
+
+/// One Lion step over a flat buffer in one pass, as adamw_step with one
+/// state buffer `m` (the momentum, "exp_avg") instead of m and v:
+/// kernels::detail::lion_update per element. Same arguments, skip rule,
+/// determinism and throws as adamw_step.
+/// Source: Chen et al. 2023, "Symbolic Discovery of Optimization
+/// Algorithms", Algorithm 1.
+template <class Param, class Grad, class M>
+void lion_step(const host_context& ctx, Param* params, M* master, M* m, const Grad* grads,
+               std::int64_t n, const optimizer_segment* segments, int num_segments,
+               detail::lion_step_params<M> step, const M* grad_scale) {
+  (void)ctx;
+  detail::check_optimizer_step<Param, M>("lion_step", master, n, num_segments);
+  if (grad_scale) {
+    if (!std::isfinite(*grad_scale)) return;
+    step.grad_scale *= *grad_scale;
+  }
+  detail::for_each_optimizer_element(
+      segments, num_segments, [=](std::int64_t i, std::int64_t p, std::int64_t gi, auto decay) {
+        const M g = to<M>(grads[gi]);
+        if constexpr (!std::is_same_v<Param, M>) {
+          detail::lion_update(master[i], m[i], g, step, decay());
+          params[p] = to<Param>(master[i]);
+        } else {
+          detail::lion_update(params[p], m[i], g, step, decay());
         }
       });
 }

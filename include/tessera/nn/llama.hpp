@@ -311,8 +311,12 @@ class llama {
   std::vector<param_range> param_ranges() const {
     std::vector<param_range> r;
     for (const auto& e : layout_.entries())
-      if (e.offset >= lo_ && e.offset < hi_)
-        r.push_back({e.offset - lo_, e.offset - lo_ + e.numel, e.decay});
+      if (e.offset >= lo_ && e.offset < hi_) {
+        param_range x = e.range();
+        x.begin -= lo_;
+        x.end -= lo_;
+        r.push_back(x);
+      }
     return r;
   }
 

@@ -16,34 +16,49 @@
 namespace tessera::nn {
 
 /// Elements [begin, end) of the flat parameter buffer, all of one parameter
-/// tensor (or of its part inside a shard), and whether weight decay applies.
+/// tensor (or of its part inside a shard), whether weight decay applies, and
+/// the tensor's shape as its elements lie (row-major; this rank's shard of
+/// it under tensor parallelism): a matrix of rows x cols (dims 2), a vector
+/// of 1 x cols (dims 1), or not known (dims 0). Optimizers whose state is
+/// per tensor read the shape (optim::adafactor factors a matrix's second
+/// moment into its row and column statistics); a range smaller than
+/// rows x cols is a piece of its tensor.
 struct param_range {
   std::int64_t begin = 0;
   std::int64_t end = 0;
   bool decay = true;
+  int dims = 0;
+  std::int64_t rows = 0, cols = 0;
   std::int64_t size() const { return end - begin; }
+  /// Whether the range holds its whole tensor (false when the shape is not known).
+  bool whole() const { return dims > 0 && size() == rows * cols; }
 };
 
 /// Intersects `ranges` with the shard [lo, hi) of the flat buffer (ZeRO
-/// partitions by offset ranges, DESIGN.md principle 4). Empty pieces are dropped.
-inline std::vector<param_range> clip_ranges(const std::vector<param_range>& ranges,
-                                            std::int64_t lo, std::int64_t hi) {
+/// partitions by offset ranges, DESIGN.md principle 4). Empty pieces are
+/// dropped; a piece keeps its tensor's shape.
+inline std::vector<param_range> clip_ranges(const std::vector<param_range>& ranges, std::int64_t lo,
+                                            std::int64_t hi) {
   std::vector<param_range> out;
   for (const auto& r : ranges) {
     std::int64_t b = std::max(r.begin, lo), e = std::min(r.end, hi);
-    if (b < e) out.push_back({b, e, r.decay});
+    if (b >= e) continue;
+    param_range piece = r;
+    piece.begin = b;
+    piece.end = e;
+    out.push_back(piece);
   }
   return out;
 }
 
 /// One parameter tensor inside the flat buffer.
 struct param_entry {
-  std::string name;          ///< e.g. "blocks.3.attn.wq"
-  tessera::shape shp;        ///< its shape
-  std::int64_t offset = 0;   ///< first element in the flat buffer
-  std::int64_t numel = 0;    ///< elements
-  bool decay = true;         ///< weight decay applies (false for norms and 1-D tensors)
-  int block = -1;            ///< transformer block index, -1 outside the blocks
+  std::string name;         ///< e.g. "blocks.3.attn.wq"
+  tessera::shape shp;       ///< its shape
+  std::int64_t offset = 0;  ///< first element in the flat buffer
+  std::int64_t numel = 0;   ///< elements
+  bool decay = true;        ///< weight decay applies (false for norms and 1-D tensors)
+  int block = -1;           ///< transformer block index, -1 outside the blocks
   /// Under tensor parallelism the tensor may be this rank's shard of a
   /// larger one: `full` is the whole tensor's shape, `shard_dim` the
   /// dimension it is split along (0 rows, 1 columns; -1 whole: replicated
@@ -64,6 +79,15 @@ struct param_entry {
   /// the same update); checkpoints store that tensor once, under its name,
   /// and the global gradient norm counts it once (not the copy).
   std::string tied;
+  /// The range of the flat buffer this tensor covers, with its decay flag
+  /// and its (local) shape.
+  [[nodiscard]] param_range range() const {
+    param_range r{offset, offset + numel, decay};
+    r.dims = shp.rank >= 2 ? 2 : 1;
+    r.rows = shp.rank >= 2 ? numel / shp[shp.rank - 1] : 1;
+    r.cols = shp.rank >= 2 ? shp[shp.rank - 1] : numel;
+    return r;
+  }
   /// The element of the whole tensor (row-major over `full`) that local
   /// element j (row-major over `shp`) holds; full.numel() or more for a
   /// padding row. Precondition: 0 <= j < numel.
@@ -76,7 +100,7 @@ struct param_entry {
 
 /// Ordered list of parameters with offsets aligned to `align` elements.
 class param_layout {
-public:
+ public:
   /// Alignment of every tensor's first element, in elements (64 bytes of float32).
   static constexpr std::int64_t align = 16;
 
@@ -90,16 +114,15 @@ public:
                          tessera::shape full, int shard_dim, std::int64_t shard_begin) {
     TESSERA_THROW_IF(shard_dim < -1 || shard_dim > 1, config_error, "parameter '", name,
                      "': shard_dim=", shard_dim, " must be -1 (whole), 0 (rows) or 1 (columns)");
-    TESSERA_THROW_IF(shard_dim >= 0 && (s.rank != 2 || full.rank != 2), config_error,
-                     "parameter '", name, "': only matrices are sharded (rank ", s.rank, ")");
+    TESSERA_THROW_IF(shard_dim >= 0 && (s.rank != 2 || full.rank != 2), config_error, "parameter '",
+                     name, "': only matrices are sharded (rank ", s.rank, ")");
     // A row shard may run past the whole tensor's rows: padding (a
     // vocabulary padded to a multiple of tp).
-    TESSERA_THROW_IF(shard_dim >= 0 && (s[1 - shard_dim] != full[1 - shard_dim] ||
-                                        shard_begin < 0 ||
-                                        (shard_dim == 1 &&
-                                         shard_begin + s[shard_dim] > full[shard_dim])),
-                     config_error, "parameter '", name, "': a shard of ", s[0], " x ", s[1],
-                     " from ", shard_begin, " is not a slice of ", full[0], " x ", full[1]);
+    TESSERA_THROW_IF(
+        shard_dim >= 0 && (s[1 - shard_dim] != full[1 - shard_dim] || shard_begin < 0 ||
+                           (shard_dim == 1 && shard_begin + s[shard_dim] > full[shard_dim])),
+        config_error, "parameter '", name, "': a shard of ", s[0], " x ", s[1], " from ",
+        shard_begin, " is not a slice of ", full[0], " x ", full[1]);
     TESSERA_THROW_IF(shard_dim < 0 && !(s == full), config_error, "parameter '", name,
                      "': a whole tensor's shape must equal its full shape");
     param_entry e;
@@ -158,11 +181,11 @@ public:
   /// Decay-flagged ranges for the optimizer, in flat-buffer offsets.
   std::vector<param_range> ranges() const {
     std::vector<param_range> r;
-    for (const auto& e : entries_) r.push_back({e.offset, e.offset + e.numel, e.decay});
+    for (const auto& e : entries_) r.push_back(e.range());
     return r;
   }
 
-private:
+ private:
   std::vector<param_entry> entries_;
   std::int64_t total_ = 0;
 };

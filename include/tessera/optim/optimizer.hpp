@@ -85,21 +85,33 @@ consteval bool check_optimizer_policy() {
 /// and gradients are: element i's at params[i + param_shift] and
 /// grads[i + grad_shift] (kernels::optimizer_segment). Shifts are 0 where
 /// the state, the parameters and the gradients share one layout (a whole
-/// model's flat buffer on one rank).
+/// model's flat buffer on one rank). `dims`, `rows` and `cols` are the
+/// shape of the tensor the range is of (nn::param_range's), which
+/// optimizers with per-tensor state read (optim::adafactor).
 struct owned_range {
   std::int64_t begin = 0, end = 0;
   bool decay = true;
   std::int64_t param_shift = 0, grad_shift = 0;
+  int dims = 0;
+  std::int64_t rows = 0, cols = 0;
+  /// Whether the range holds its whole tensor (false when the shape is not known).
+  bool whole() const { return dims > 0 && end - begin == rows * cols; }
 };
 
 /// The owned ranges themselves (fused_optimizer takes either form).
 inline const std::vector<owned_range>& owned(const std::vector<owned_range>& ranges) {
   return ranges;
 }
+/// The owned_range of param_range `r` as elements [begin, end) of the
+/// optimizer's state, its parameters and gradients at the shifts given.
+inline owned_range owned(const param_range& r, std::int64_t begin, std::int64_t end,
+                         std::int64_t param_shift, std::int64_t grad_shift) {
+  return {begin, end, r.decay, param_shift, grad_shift, r.dims, r.rows, r.cols};
+}
 /// The owned_range of every param_range, shifts 0.
 inline std::vector<owned_range> owned(const std::vector<param_range>& ranges) {
   std::vector<owned_range> out;
-  for (const param_range& r : ranges) out.push_back({r.begin, r.end, r.decay, 0, 0});
+  for (const param_range& r : ranges) out.push_back(owned(r, r.begin, r.end, 0, 0));
   return out;
 }
 

@@ -168,8 +168,11 @@ class bucket_plan {
     for (std::size_t k = 0; k < buckets_.size(); ++k) {
       const auto [lo, hi] = owned(k);
       const std::int64_t base = buckets_[k].shard_offset - lo;
-      for (const auto& r : nn::clip_ranges(flat, lo, hi))
-        out.push_back({r.begin + base, r.end + base, r.decay});
+      for (nn::param_range r : nn::clip_ranges(flat, lo, hi)) {
+        r.begin += base;
+        r.end += base;
+        out.push_back(r);
+      }
     }
     return out;
   }

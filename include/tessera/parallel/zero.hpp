@@ -478,13 +478,14 @@ class data_parallel final : public nn::segment_hooks {
   // the padded buffer at the bucket's place or this rank's chunk of it,
   // the reduced-gradient shard).
   std::vector<optim::owned_range> owned_ranges() const {
+    check_whole_tensors();
     const std::vector<nn::param_range> flat = model_->param_ranges();
     std::vector<optim::owned_range> out;
     if constexpr (!S::shards_optimizer_state) {
       if (grads_.local() || !grads_.in_place()) return optim::owned(flat);
       for (const bucket& b : plan_.buckets())
         for (const nn::param_range& r : nn::clip_ranges(flat, b.begin, b.end))
-          out.push_back({r.begin, r.end, r.decay, 0, b.staging_offset - b.begin});
+          out.push_back(optim::owned(r, r.begin, r.end, 0, b.staging_offset - b.begin));
     } else {
       for (std::size_t k = 0; k < plan_.size(); ++k) {
         const bucket& b = plan_.buckets()[k];
@@ -496,12 +497,40 @@ class data_parallel final : public nn::segment_hooks {
                 ? b.staging_offset + plan_.rank() * b.chunk - b.shard_offset
                 : 0;
         for (const nn::param_range& r : nn::clip_ranges(flat, lo, hi))
-          out.push_back({r.begin + to_state, r.end + to_state, r.decay, param_shift, grad_shift});
+          out.push_back(
+              optim::owned(r, r.begin + to_state, r.end + to_state, param_shift, grad_shift));
       }
     }
     std::sort(out.begin(), out.end(),
               [](const auto& a, const auto& b) { return a.begin < b.begin; });
     return out;
+  }
+  // An optimizer whose state is per tensor (a policy with `whole_tensors`
+  // true: optim::adafactor) needs each tensor whole on one rank. Every
+  // rank's chunks are checked, so every rank refuses alike, naming the
+  // first tensor a chunk boundary splits.
+  void check_whole_tensors() const {
+    if constexpr (requires { O::whole_tensors; }) {
+      if constexpr (O::whole_tensors && S::shards_optimizer_state) {
+        const std::int64_t lo = model_->flat_begin(), hi = lo + model_->flat_size();
+        for (const nn::param_entry& e : model_->layout().entries()) {
+          if (e.offset < lo || e.offset >= hi) continue;
+          const std::int64_t a = e.offset - lo, b = a + e.numel;
+          for (std::size_t k = 0; k < plan_.size(); ++k)
+            for (int r = 0; r < plan_.dp(); ++r) {
+              const auto [clo, chi] = plan_.owned(k, r);
+              TESSERA_THROW_IF(
+                  clo < chi && std::max(a, clo) < std::min(b, chi) && (a < clo || b > chi),
+                  config_error, "optimizer ", O::name,
+                  " keeps statistics of whole tensors (a matrix's factored second "
+                  "moment, each tensor's update clipping), but ",
+                  S::name, " over dp=", plan_.dp(), " splits '", e.name,
+                  "' between ranks: use ZeRO stage 0 (its state is O(rows + cols) a "
+                  "matrix, kept whole on every rank)");
+            }
+        }
+      }
+    }
   }
   // The parameters the optimizer updates (element i's at param_shift from here).
   Param* param_base() { return params_ ? params_->shard() : model_->params(); }

@@ -357,6 +357,19 @@ inline std::int64_t segment_params(const nn::param_layout& layout,
   return n;
 }
 
+// The ranges (whole tensors, with their shapes) of the segments of `r`.
+inline std::vector<nn::param_range> stage_ranges(const nn::param_layout& layout,
+                                                 const std::vector<parallel::segment_range>& segs,
+                                                 const nn::stage_range& r, std::int64_t L) {
+  const auto [first, last] = stage_segments(r, L);
+  const std::int64_t lo = segs[static_cast<std::size_t>(first + 1)].begin,
+                     hi = segs[static_cast<std::size_t>(last + 1)].end;
+  std::vector<nn::param_range> out;
+  for (const auto& e : layout.entries())
+    if (e.offset >= lo && e.offset < hi) out.push_back(e.range());
+  return out;
+}
+
 // Real parameters of the segments of `r`.
 inline std::int64_t stage_params(const nn::param_layout& layout,
                                  const std::vector<parallel::segment_range>& segs,
@@ -405,6 +418,9 @@ inline pipeline_plan plan_pipeline(const nn::llama_config& c, const dtype_sizes&
                    " exceeds the model's max_seq=", c.max_seq);
   TESSERA_THROW_IF(sh.zero >= 3 && sh.prefetch > 1, config_error, "prefetch=", sh.prefetch,
                    ": parallel::data_parallel prefetches one segment or none (0 or 1)");
+  TESSERA_THROW_IF(o.factored && sh.zero >= 1 && sh.dp > 1, config_error, "optimizer ", o.name,
+                   " keeps statistics of whole tensors, which ZeRO stage ", sh.zero, " over dp=",
+                   sh.dp, " would split between ranks: plan it at ZeRO stage 0");
   TESSERA_THROW_IF(a.tp != sh.tp, config_error, "pipeline plan: activation tp=", a.tp,
                    " differs from the sharding's tp=", sh.tp);
   nn::check_tensor_parallel(c, a.tp);
@@ -484,6 +500,10 @@ inline pipeline_plan plan_pipeline(const nn::llama_config& c, const dtype_sizes&
       const std::uint64_t opt_elems = sh.zero >= 1 ? ceil_dp(cp.params) : u(cp.params);
       st.master += d.master_copy ? opt_elems * d.master : 0;
       st.optimizer += opt_elems * d.master * static_cast<std::uint64_t>(o.moments);
+      if (o.factored)  // Adafactor's statistics of the chunk's tensors, whole on every dp rank
+        st.optimizer +=
+            adafactor_state_bytes(detail::stage_ranges(layout, segs, cp.range, L), d.master)
+                .statistics;
       st.chunks.push_back(cp);
     }
     st.peak_in_flight = parallel::peak_in_flight(list);

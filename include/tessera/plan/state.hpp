@@ -38,6 +38,7 @@
 
 #include "tessera/comm/communicator.hpp"
 #include "tessera/core/error.hpp"
+#include "tessera/kernels/detail/adafactor.hpp"
 #include "tessera/nn/llama_config.hpp"
 #include "tessera/nn/llama_layout.hpp"
 #include "tessera/parallel/buckets.hpp"
@@ -111,24 +112,66 @@ struct dtype_sizes {
 
 /// Optimizer state shape: `moments` tensors of master_type per parameter
 /// (AdamW: first and second moments, Loshchilov & Hutter 2019; SGD: the
-/// momentum buffer), plus the master copy when dtype_sizes::master_copy,
-/// plus the segment table of the optimizer kernels (40 bytes per tensor, or
-/// piece of a tensor, of the flat buffer the optimizer updates). Matches
-/// optim::adamw_optimizer's and optim::sgd_optimizer's state_bytes().
+/// momentum buffer; Lion: its momentum, Chen et al. 2023; Adafactor: its
+/// optional first moment), plus the master copy when
+/// dtype_sizes::master_copy, plus the segment table of the optimizer
+/// kernels (40 bytes per tensor, or piece of a tensor, of the flat buffer
+/// the optimizer updates). `factored` (Adafactor, Shazeer & Stern 2018):
+/// per tensor, not per parameter, a matrix's rows + cols statistics and a
+/// vector's one an element, its 80-byte entry of the tensor table, 3
+/// master_type scalars and one double a row (adafactor_state_bytes).
+/// Matches the state_bytes() of optim::adamw_optimizer, sgd_optimizer,
+/// lion_optimizer and adafactor_optimizer.
 struct optimizer_spec {
   std::string name = "adamw";  ///< for tables
   int moments = 2;             ///< state tensors per parameter besides the master copy
+  bool factored = false;       ///< Adafactor's per-tensor statistics (above)
   /// AdamW: two moments.
   static optimizer_spec adamw() { return {"adamw", 2}; }
   /// SGD with momentum: one buffer.
   static optimizer_spec sgd() { return {"sgd", 1}; }
-  /// Looks up "adamw" or "sgd"; throws config_error listing them.
+  /// Lion: one momentum buffer.
+  static optimizer_spec lion() { return {"lion", 1}; }
+  /// Adafactor: its statistics per tensor, and the first moment when kept (beta1 > 0).
+  static optimizer_spec adafactor(bool first_moment = false) {
+    return {"adafactor", first_moment ? 1 : 0, true};
+  }
+  /// Looks up "adamw", "sgd", "lion" or "adafactor" (without a first
+  /// moment, the default); throws config_error listing them.
   static optimizer_spec from_name(const std::string& n) {
     if (n == "adamw") return adamw();
     if (n == "sgd") return sgd();
-    throw config_error("unknown optimizer '" + n + "' (valid: adamw, sgd)");
+    if (n == "lion") return lion();
+    if (n == "adafactor") return adafactor();
+    throw config_error("unknown optimizer '" + n + "' (valid: adamw, sgd, lion, adafactor)");
   }
 };
+
+/// Adafactor's per-tensor bytes over `ranges` (whole tensors with their
+/// shapes), as optim::adafactor_optimizer allocates them: `statistics`
+/// (rows + cols a matrix, one an element of a vector, of `master` bytes)
+/// with the scratch (3 master scalars a tensor, one double a row of the
+/// kernels' row numbering), and the tensor table (80 bytes a tensor).
+struct adafactor_bytes {
+  std::uint64_t statistics = 0, table = 0;
+};
+inline adafactor_bytes adafactor_state_bytes(const std::vector<nn::param_range>& ranges,
+                                             std::size_t master) {
+  std::uint64_t stats = 0, rows = 0;
+  for (const nn::param_range& r : ranges) {
+    if (r.dims >= 2) {
+      stats += static_cast<std::uint64_t>(r.rows + r.cols);
+      rows += static_cast<std::uint64_t>(r.rows);
+    } else {
+      const std::int64_t n = r.size(), w = std::min(n, kernels::adafactor_vector_row);
+      stats += static_cast<std::uint64_t>(n);
+      rows += static_cast<std::uint64_t>((n + w - 1) / w);
+    }
+  }
+  const auto tensors = static_cast<std::uint64_t>(ranges.size());
+  return {(stats + 3 * tensors) * master + rows * sizeof(double),
+          tensors * sizeof(kernels::adafactor_tensor)};
+}
 
 /// Bytes of the optimizer kernels' segment table (kernels::optimizer_segment).
 inline constexpr std::uint64_t optimizer_segment_bytes = 40;
@@ -332,8 +375,12 @@ inline state_plan plan_state(const nn::llama_config& c, const dtype_sizes& d,
   s.num_params = layout.num_params();
   s.flat_elems = layout.total();
   s.rope_tables = 2 * static_cast<std::uint64_t>(c.max_seq * (c.head_dim() / 2)) * d.rope;
+  TESSERA_THROW_IF(o.factored && sh.zero >= 1 && sh.dp > 1, config_error, "optimizer ", o.name,
+                   " keeps statistics of whole tensors, which ZeRO stage ", sh.zero,
+                   " over dp=", sh.dp, " would split between ranks: plan it at ZeRO stage 0");
   if (mode == accounting::ideal) {
     detail::fill_state_bytes(s, d, o, sh);
+    if (o.factored) s.optimizer += adafactor_state_bytes(layout.ranges(), d.master).statistics;
     for (const auto& g : segs) s.gather_unit_elems = std::max(s.gather_unit_elems, g.end - g.begin);
     if (sh.zero >= 3) {
       const auto unit = static_cast<std::uint64_t>(s.gather_unit_elems);
@@ -367,6 +414,11 @@ inline state_plan plan_state(const nn::llama_config& c, const dtype_sizes& d,
   const auto ranges = layout.ranges();
   s.segment_table =
       optimizer_segment_bytes * (sh.zero >= 1 ? bp.shard_ranges(ranges).size() : ranges.size());
+  if (o.factored) {
+    const adafactor_bytes a = adafactor_state_bytes(ranges, d.master);
+    s.optimizer += a.statistics;
+    s.segment_table += a.table;
+  }
   const auto& b = bp.buckets();
   if (sh.zero >= 2 && !sh.per_micro_batch) {
     // The window: every bucket's buffer held (padded, in the reduce type;
@@ -425,6 +477,8 @@ inline state_plan plan_state_ideal(const nn::llama_config& c, const dtype_sizes&
 inline state_plan plan_state(std::int64_t num_params, const dtype_sizes& d, const optimizer_spec& o,
                              const sharding& sh) {
   TESSERA_THROW_IF(num_params < 1, config_error, "num_params=", num_params, " must be >= 1");
+  TESSERA_THROW_IF(o.factored, config_error, "optimizer ", o.name,
+                   " keeps statistics per tensor: plan it from a llama_config, not a count");
   state_plan s;
   s.num_params = s.flat_elems = num_params;
   detail::fill_state_bytes(s, d, o, sh);

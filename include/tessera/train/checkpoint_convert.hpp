@@ -9,7 +9,8 @@
 ///   params (F elements of the precision's parameter type)
 ///   | t (int64, the optimizer's step count)
 ///   | each moment (n elements of the master type: AdamW's exp_avg and
-///     exp_avg_sq, SGD's momentum_buffer; element i is flat element i)
+///     exp_avg_sq, SGD's momentum_buffer, Lion's exp_avg; element i is
+///     flat element i)
 ///   | the master weights (n elements) when the parameter type is narrower.
 /// The run state (`run` of the metadata) is the file's metadata with the
 /// optimizer's step count and the layout added, as a folder's save does.
@@ -47,8 +48,8 @@ namespace tessera::train {
 ///
 /// Throws config_error for an existing `dst`; for a file of tp or pp > 1,
 /// a precision other than fp32, fp64, bf16_mixed and
-/// bf16_mixed_bf16_grads, or an optimizer other than adamw and sgd (each
-/// named); io_error as read_checkpoint (missing, truncated, corrupt), for
+/// bf16_mixed_bf16_grads, or an optimizer other than adamw, sgd and lion
+/// (each named); io_error as read_checkpoint (missing, truncated, corrupt), for
 /// a payload whose size does not match the model's, and naming the file
 /// that cannot be written.
 inline void convert_checkpoint_file(const std::filesystem::path& src,
@@ -94,9 +95,11 @@ inline void convert_checkpoint_file(const std::filesystem::path& src,
     roles = {"exp_avg", "exp_avg_sq"};
   else if (optimizer == "sgd")
     roles = {"momentum_buffer"};
+  else if (optimizer == "lion")
+    roles = {"exp_avg"};
   else
     throw config_error("checkpoint '" + where + "' has optimizer '" + optimizer +
-                       "', which convert does not know (adamw, sgd)");
+                       "', which convert does not know (adamw, sgd, lion)");
   if (param != master) roles.push_back("master");
 
   // The payload: F params, t, then each state buffer of n elements.

@@ -22,6 +22,16 @@
 /// nn::param_entry::tied) is stored once, as its tensor ("embedding", which
 /// the first stage writes): it is never written, and a load fills it from
 /// that tensor (its parameters and optimizer state are the embedding's).
+///
+/// An optimizer with statistics of whole tensors (optim::adafactor's
+/// statistics_of) adds them: a vector's one-an-element statistic as a role
+/// of the tensor ("exp_avg_sq"), a matrix's row and column statistics as
+/// tensors of their own, "<name>.exp_avg_sq_row" of shape (S, rows) and
+/// "<name>.exp_avg_sq_col" of shape (S, cols), row q the statistics of tp
+/// shard q of S (S = 1 for a whole matrix: a split matrix's shards are
+/// matrices of their own, so their statistics are per shard and a resume at
+/// another tp is refused for them). Written by the dp rank that writes the
+/// tensor's first element, held by every rank that holds the tensor.
 
 #include <algorithm>
 #include <cstdint>
@@ -44,6 +54,9 @@ struct state_region {
   index_box box;
   std::int64_t flat_begin = 0, flat_end = 0;
   void* data = nullptr;
+  /// The global shape of `tensor` when it is not a tensor of the model's
+  /// layout (an optimizer's per-tensor statistics); empty for the model's.
+  std::vector<std::int64_t> shape{};
   /// Bytes of the region.
   std::size_t bytes() const {
     return static_cast<std::size_t>(flat_end - flat_begin) * dtype_bytes_of(dtype);
@@ -67,6 +80,39 @@ inline index_box global_box(const nn::param_entry& e) {
   }
   return b;
 }
+
+namespace detail {
+
+/// The regions of optimizer `opt`'s statistics of layout entry `e`, stored
+/// as tensor `name` (e.name, or the tensor a tied copy is of; box `box`,
+/// its first element `first` of the model chunk's flat buffer) when
+/// one of `owned` ([lo, hi) of the flat buffer from state element `state`)
+/// holds that first element (file comment).
+template <class Optimizer, class Owned>
+void add_statistics(std::vector<state_region>& out, Optimizer& opt, const nn::param_entry& e,
+                    const std::string& name, const index_box& box, std::int64_t first,
+                    const std::vector<Owned>& owned, const char* dtype) {
+  for (const Owned& r : owned) {
+    if (first < r.lo || first >= r.hi) continue;
+    const int d = e.shard_dim;
+    const std::int64_t S = d < 0 ? 1 : (e.full[d] + e.shp[d] - 1) / e.shp[d];
+    const std::int64_t q = d < 0 ? 0 : e.shard_begin / e.shp[d];
+    for (const auto& st : opt.statistics_of(r.state + (first - r.lo))) {
+      if (st.along < 0) {
+        out.push_back({name, st.role, dtype, box, 0, box.numel(), st.data});
+        continue;
+      }
+      index_box b;
+      b.start = {q, 0};
+      b.shape = {1, st.count};
+      out.push_back({name + "." + st.role, st.role, dtype, b, 0, st.count, st.data,
+                     std::vector<std::int64_t>{S, st.count}});
+    }
+    return;
+  }
+}
+
+}  // namespace detail
 
 /// The regions of `engine`'s chunk (a parallel::data_parallel over an
 /// nn::llama or a stage of one) that this rank holds (`writing` false: what
@@ -127,6 +173,9 @@ std::vector<state_region> state_regions(Engine& engine, bool writing, int tp_ran
     };
     add(param_owned, "param", dtype_name<Param>(), params, S::shards_parameters);
     for (const auto& sb : buffers) add(state_owned, sb.role, dtype_name<Master>(), sb.data, true);
+    if constexpr (requires { engine.optimizer().statistics_of(std::int64_t{}); })
+      detail::add_statistics(out, engine.optimizer(), e, name, box, first, state_owned,
+                             dtype_name<Master>());
   }
   return out;
 }
@@ -141,8 +190,12 @@ void add_state_pieces(rank_file& file, std::map<std::string, stored_tensor>& ten
   const nn::param_layout& layout = engine.model().layout();
   for (const state_region& r : state_regions(engine, true, tp_rank)) {
     stored_tensor& t = tensors[r.tensor];
-    const nn::param_entry& e = layout.at(r.tensor);
-    t.shape.assign(e.full.dims.begin(), e.full.dims.begin() + e.full.rank);
+    if (!r.shape.empty()) {
+      t.shape = r.shape;
+    } else {
+      const nn::param_entry& e = layout.at(r.tensor);
+      t.shape.assign(e.full.dims.begin(), e.full.dims.begin() + e.full.rank);
+    }
     t.roles[r.role] = r.dtype;
     const char* src = static_cast<const char*>(r.data);
     file.add(
@@ -172,6 +225,12 @@ void load_state(checkpoint_reader& rd, Engine& engine, int tp_rank, std::int64_t
     TESSERA_THROW_IF(role->second != r.dtype, io_error, "checkpoint '", rd.folder().string(),
                      "' stores ", r.role, " of '", r.tensor, "' as ", role->second,
                      "; this run keeps it as ", r.dtype);
+    TESSERA_THROW_IF(!r.shape.empty() && t->second.shape != r.shape, io_error, "checkpoint '",
+                     rd.folder().string(), "' stores '", r.tensor, "' for ",
+                     t->second.shape.empty() ? 0 : t->second.shape[0],
+                     " tp shard(s) of its matrix; this run splits it into ", r.shape[0],
+                     ": an optimizer's statistics of a split matrix are per shard, so resume at "
+                     "the tensor-parallel degree that wrote it");
     host.resize(r.bytes());
     rd.read(r.tensor, r.role, r.box, r.flat_begin, r.flat_end, host.data());
     ctx.from_host(r.data, host.data(), host.size());

@@ -14,7 +14,9 @@
 #include "tessera/core/error.hpp"
 #include "tessera/nn/checkpointing.hpp"
 #include "tessera/nn/llama_config.hpp"
+#include "tessera/optim/adafactor.hpp"
 #include "tessera/optim/adamw.hpp"
+#include "tessera/optim/lion.hpp"
 #include "tessera/optim/schedule.hpp"
 #include "tessera/optim/sgd.hpp"
 #include "tessera/parallel/pipeline_schedule.hpp"
@@ -53,6 +55,10 @@ struct train_config {
   double grad_clip = 1.0;           ///< max global gradient norm (<= 0: off)
   optim::adamw_config adamw{};      ///< AdamW's betas, eps, weight decay (optim::adamw)
   optim::sgd_config sgd{};          ///< SGD's momentum, Nesterov, weight decay (optim::sgd)
+  optim::lion_config lion{};        ///< Lion's betas and weight decay (optim::lion)
+  /// Adafactor's clipping, decay rate, first moment, eps, weight decay
+  /// (optim::adafactor; the lr is the schedule's unless relative_step).
+  optim::adafactor_config adafactor{};
   /// The loss scale of a loss-scaled precision (precision::fp16_mixed):
   /// dynamic from 2^16 by default (precision/loss_scaler.hpp). Other
   /// policies train unscaled and refuse settings other than the defaults.
@@ -106,6 +112,8 @@ struct train_config {
                      " must be below steps=", steps);
     adamw.validate();
     sgd.validate();
+    lion.validate();
+    adafactor.validate();
     checkpointing.validate();
     loss_scale.validate();
     fp8.validate();
@@ -119,9 +127,9 @@ struct train_config {
 
   /// The hyper-parameters of optimizer policy O: a policy's own
   /// `static typename O::config config_from(const train_config&)` when it
-  /// has one (an optimizer of the user's), else `adamw` or `sgd` for those
-  /// policies' configs. Another policy without config_from fails to compile
-  /// with a message saying so.
+  /// has one (an optimizer of the user's), else `adamw`, `sgd`, `lion` or
+  /// `adafactor` for those policies' configs. Another policy without config_from fails
+  /// to compile with a message saying so.
   template <class O>
   typename O::config optimizer_config() const {
     if constexpr (requires(const train_config& c) {
@@ -130,10 +138,15 @@ struct train_config {
       return O::config_from(*this);
     else if constexpr (std::is_same_v<typename O::config, optim::adamw_config>)
       return adamw;
+    else if constexpr (std::is_same_v<typename O::config, optim::lion_config>)
+      return lion;
+    else if constexpr (std::is_same_v<typename O::config, optim::adafactor_config>)
+      return adafactor;
     else {
       static_assert(std::is_same_v<typename O::config, optim::sgd_config>,
-                    "train_config holds the configs of optim::adamw and optim::sgd; another "
-                    "optimizer policy gives its own: static typename O::config "
+                    "train_config holds the configs of optim::adamw, optim::sgd, optim::lion and "
+                    "optim::adafactor; "
+                    "another optimizer policy gives its own: static typename O::config "
                     "config_from(const tessera::train::train_config&)");
       return sgd;
     }

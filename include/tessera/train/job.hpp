@@ -54,7 +54,7 @@ struct job {
   /// --fp8-format hybrid|e4m3), parsed into cfg.fp8 by check_job;
   /// --fp8-amax-history and --fp8-margin set cfg.fp8 directly.
   std::string fp8_scaling = "delayed", fp8_format = "hybrid";
-  std::string optimizer = "adamw";  ///< adamw or sgd
+  std::string optimizer = "adamw";  ///< adamw, sgd, lion or adafactor
   /// The lr schedule (--lr-schedule cosine|wsd|linear|constant|inverse_sqrt)
   /// and wsd's cooldown (--wsd-cooldown linear|sqrt); --wsd-decay-fraction
   /// sets cfg.wsd.decay_fraction directly. run_config parses them.
@@ -154,7 +154,8 @@ inline comm::comm_options comm_options_of(const job& j) {
 /// Checks the settings that need nothing but the settings (the model, the
 /// run and the layout against the data are train::validate's, later), and
 /// fills in what follows from them: the backend's default precision and
-/// activation checkpointing, --comm auto, SGD's weight decay, `parallel`.
+/// activation checkpointing, --comm auto, SGD's, Lion's and Adafactor's
+/// weight decay, `parallel`.
 /// Reads --init-from-hf's config.json and tensor list. Throws config_error
 /// naming the option, its value and the limit.
 inline void check_job(job& j) {
@@ -229,12 +230,36 @@ inline void check_job(job& j) {
                    j.lr_schedule, " never reaches it");
   TESSERA_THROW_IF(!(c.wsd.decay_fraction > 0 && c.wsd.decay_fraction <= 1), config_error,
                    "--wsd-decay-fraction ", c.wsd.decay_fraction, " must be in (0, 1]");
-  TESSERA_THROW_IF(j.optimizer != "adamw" && j.optimizer != "sgd", config_error,
-                   "unknown optimizer '", j.optimizer, "' (valid: adamw, sgd)");
+  TESSERA_THROW_IF(j.optimizer != "adamw" && j.optimizer != "sgd" && j.optimizer != "lion" &&
+                       j.optimizer != "adafactor",
+                   config_error, "unknown optimizer '", j.optimizer,
+                   "' (valid: adamw, sgd, lion, adafactor)");
   for (const char* f : {"--nesterov", "--momentum"})
     TESSERA_THROW_IF(given(f) && j.optimizer != "sgd", config_error, f,
                      " sets SGD's momentum: it needs --optimizer sgd");
+  for (const char* f : {"--lion-beta1", "--lion-beta2"})
+    TESSERA_THROW_IF(given(f) && j.optimizer != "lion", config_error, f,
+                     " sets Lion's betas: it needs --optimizer lion");
+  for (const char* f : {"--adafactor-beta1", "--adafactor-clip-threshold", "--adafactor-decay-rate",
+                        "--adafactor-eps1", "--adafactor-eps2", "--adafactor-scale-parameter",
+                        "--adafactor-relative-step", "--adafactor-warmup-init"})
+    TESSERA_THROW_IF(given(f) && j.optimizer != "adafactor", config_error, f,
+                     " sets Adafactor's update: it needs --optimizer adafactor");
+  // --weight-decay is AdamW's field; SGD and Lion take it when given, else
+  // their own default (0, as PyTorch's SGD and lion-pytorch).
   if (j.optimizer == "sgd") c.sgd.weight_decay = given("--weight-decay") ? c.adamw.weight_decay : 0;
+  if (j.optimizer == "lion")
+    c.lion.weight_decay = given("--weight-decay") ? c.adamw.weight_decay : 0;
+  if (j.optimizer == "adafactor")
+    c.adafactor.weight_decay = given("--weight-decay") ? c.adamw.weight_decay : 0;
+  c.lion.validate();
+  c.adafactor.validate();
+  // Adafactor's statistics are of whole tensors: a ZeRO shard would split them.
+  TESSERA_THROW_IF(j.optimizer == "adafactor" && j.zero >= 1 && j.dp > 1, config_error,
+                   "--optimizer adafactor keeps statistics of whole tensors, which --zero ", j.zero,
+                   " over --dp ", j.dp,
+                   " would split between ranks: use --zero 0 (its state is O(rows + cols) a "
+                   "matrix)");
   (void)nn::parse_checkpointing(j.checkpointing);
   TESSERA_THROW_IF(j.checkpoint_layers < 1 || j.checkpoint_layers > 1000000, config_error,
                    "--checkpoint-layers ", j.checkpoint_layers, " must be in [1, 1000000]");

@@ -259,7 +259,9 @@ inline void check_host_memory(const job& j, const plan::dtype_sizes& d) {
   a.micro_batches = rc.accum_steps();
   a.tp = j.tp;
   a.sequence_parallel = rc.sequence_parallel;
-  const auto m = plan::plan_memory(mc, d, plan::optimizer_spec::from_name(j.optimizer), sh, a);
+  plan::optimizer_spec o = plan::optimizer_spec::from_name(j.optimizer);
+  if (o.factored && j.cfg.adafactor.beta1 > 0) o = plan::optimizer_spec::adafactor(true);
+  const auto m = plan::plan_memory(mc, d, o, sh, a);
   // Ranks on this machine: threads of this process, or mpirun's local size;
   // stages split the layers, so a pipeline's ranks hold one copy between them.
   const double here = j.comm == "mpi" || comm::launched_by_mpi()

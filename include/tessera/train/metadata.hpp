@@ -85,6 +85,20 @@ inline nlohmann::json optimizer_metadata(const optim::adamw_config& a) {
 inline nlohmann::json optimizer_metadata(const optim::sgd_config& s) {
   return {{"momentum", s.momentum}, {"nesterov", s.nesterov}, {"weight_decay", s.weight_decay}};
 }
+inline nlohmann::json optimizer_metadata(const optim::lion_config& l) {
+  return {{"beta1", l.beta1}, {"beta2", l.beta2}, {"weight_decay", l.weight_decay}};
+}
+inline nlohmann::json optimizer_metadata(const optim::adafactor_config& a) {
+  return {{"beta1", a.beta1},
+          {"clip_threshold", a.clip_threshold},
+          {"decay_rate", a.decay_rate},
+          {"eps1", a.eps1},
+          {"eps2", a.eps2},
+          {"weight_decay", a.weight_decay},
+          {"scale_parameter", a.scale_parameter},
+          {"relative_step", a.relative_step},
+          {"warmup_init", a.warmup_init}};
+}
 
 /// The hyper-parameters of another optimizer's config: its
 /// optimizer_metadata overload (found by argument-dependent lookup) or its

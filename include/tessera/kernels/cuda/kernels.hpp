@@ -31,7 +31,9 @@
 
 #include "tessera/core/numeric.hpp"
 #include "tessera/kernels/cuda/linkage.hpp"
+#include "tessera/kernels/detail/adafactor.hpp"
 #include "tessera/kernels/detail/adamw.hpp"
+#include "tessera/kernels/detail/lion.hpp"
 #include "tessera/kernels/detail/sgd.hpp"
 #include "tessera/kernels/detail/weight_init.hpp"
 
@@ -229,6 +231,49 @@ void sgd_step(Param* d_params, float* d_master, float* d_buf, const Grad* d_grad
               const kernels::detail::sgd_step_params<float>& step, const float* d_grad_scale,
               cudaStream_t stream);
 
+// ---- Lion (kernels/cuda/lion.cuh) -----------------------------------------------------------
+
+/// One Lion step over a flat buffer in one launch, as the host
+/// kernels::lion_step: per element kernels::detail::lion_update on the
+/// float32 master weight (or the float parameter itself), the parameter
+/// written back rounded in the same pass. `d_m` is the momentum
+/// ("exp_avg"); the rest as adamw_step (segments, the clip coefficient's
+/// skip rule, throws). Source: Chen et al. 2023, Algorithm 1.
+template <class Param, class Grad>
+void lion_step(Param* d_params, float* d_master, float* d_m, const Grad* d_grads, std::int64_t n,
+               const optimizer_segment* d_segments, int num_segments,
+               const kernels::detail::lion_step_params<float>& step, const float* d_grad_scale,
+               cudaStream_t stream);
+
+// ---- Adafactor (kernels/cuda/adafactor.cuh) -------------------------------------------------
+
+/// The tensor table, sizes and buffers of an Adafactor step (kernels/detail/adafactor.hpp).
+using adafactor_tensor = kernels::adafactor_tensor;
+using adafactor_sizes = kernels::adafactor_sizes;
+template <class M>
+using adafactor_buffers = kernels::adafactor_buffers<M>;
+
+/// One Adafactor step over a flat buffer, as the host kernels::adafactor_step
+/// (kernels/adafactor.hpp): six launches, each over every tensor of the
+/// table: the row statistics, the column statistics, each tensor's row mean
+/// and lr, each row's sum of u^2, each tensor's clip divisor, the update.
+/// - `d_params`, `d_master`, `d_grads`: as adamw_step's, at each tensor's
+///   shifts. Param in {float, bf16, fp16}, Grad in {float, bf16, fp16}.
+/// - `d_tensors` (device, sizes.tensors entries): whole tensors, sorted;
+///   `buf`: device statistics, first moment (null unless
+///   step.first_moment), 3 floats a tensor and one double a row.
+/// - A non-finite *d_grad_scale makes every launch return before writing.
+/// - Sums are float64 in fixed orders (not the host's: equal to float
+///   rounding); deterministic. Throws config_error as
+///   kernels::detail::check_adafactor_step.
+/// Source: Shazeer & Stern 2018, Algorithms 4 and 5 (transformers' Adafactor).
+template <class Param, class Grad>
+void adafactor_step(Param* d_params, float* d_master, const Grad* d_grads,
+                    const adafactor_tensor* d_tensors, const adafactor_sizes& sizes,
+                    const adafactor_buffers<float>& buf,
+                    const kernels::detail::adafactor_step_params<float>& step,
+                    const float* d_grad_scale, cudaStream_t stream);
+
 // ---- RoPE (kernels/cuda/rope.cuh) ------------------------------------------------------------
 
 /// RoPE forward in place, as the host kernels::rope_forward (rotate-half
@@ -378,6 +423,30 @@ void fp8_quantize_transposed(F8* d_qt, float* d_inv_scale, const T* d_x, std::in
                               const optimizer_segment*, int,                                            \
                               const kernels::detail::sgd_step_params<float>&, const float*,        \
                               cudaStream_t);                                                        \
+  X void lion_step<float, float>(float*, float*, float*, const float*, std::int64_t,                \
+                                 const optimizer_segment*, int,                                     \
+                                 const kernels::detail::lion_step_params<float>&, const float*,    \
+                                 cudaStream_t);                                                     \
+  X void lion_step<bf16, float>(bf16*, float*, float*, const float*, std::int64_t,                  \
+                                const optimizer_segment*, int,                                      \
+                                const kernels::detail::lion_step_params<float>&, const float*,     \
+                                cudaStream_t);                                                      \
+  X void lion_step<bf16, bf16>(bf16*, float*, float*, const bf16*, std::int64_t,                    \
+                               const optimizer_segment*, int,                                       \
+                               const kernels::detail::lion_step_params<float>&, const float*,      \
+                               cudaStream_t);                                                       \
+  X void adafactor_step<float, float>(float*, float*, const float*, const adafactor_tensor*,     \
+                                     const adafactor_sizes&, const adafactor_buffers<float>&,       \
+                                     const kernels::detail::adafactor_step_params<float>&,          \
+                                     const float*, cudaStream_t);                                   \
+  X void adafactor_step<bf16, float>(bf16*, float*, const float*, const adafactor_tensor*,       \
+                                    const adafactor_sizes&, const adafactor_buffers<float>&,        \
+                                    const kernels::detail::adafactor_step_params<float>&,           \
+                                    const float*, cudaStream_t);                                    \
+  X void adafactor_step<bf16, bf16>(bf16*, float*, const bf16*, const adafactor_tensor*,         \
+                                   const adafactor_sizes&, const adafactor_buffers<float>&,         \
+                                   const kernels::detail::adafactor_step_params<float>&,            \
+                                   const float*, cudaStream_t);                                     \
   X void rope_forward<float>(float*, const float*, const float*, std::int64_t, std::int64_t,      \
                              std::int64_t, std::int64_t, cudaStream_t);                             \
   X void rope_forward<bf16>(bf16*, const float*, const float*, std::int64_t, std::int64_t,        \
@@ -430,6 +499,22 @@ void fp8_quantize_transposed(F8* d_qt, float* d_inv_scale, const T* d_x, std::in
                               const optimizer_segment*, int,                                        \
                               const kernels::detail::sgd_step_params<float>&, const float*,        \
                               cudaStream_t);                                                        \
+  X void lion_step<fp16, float>(fp16*, float*, float*, const float*, std::int64_t,                  \
+                                const optimizer_segment*, int,                                      \
+                                const kernels::detail::lion_step_params<float>&, const float*,     \
+                                cudaStream_t);                                                      \
+  X void lion_step<fp16, fp16>(fp16*, float*, float*, const fp16*, std::int64_t,                    \
+                               const optimizer_segment*, int,                                       \
+                               const kernels::detail::lion_step_params<float>&, const float*,      \
+                               cudaStream_t);                                                       \
+  X void adafactor_step<fp16, float>(fp16*, float*, const float*, const adafactor_tensor*,       \
+                                    const adafactor_sizes&, const adafactor_buffers<float>&,        \
+                                    const kernels::detail::adafactor_step_params<float>&,           \
+                                    const float*, cudaStream_t);                                    \
+  X void adafactor_step<fp16, fp16>(fp16*, float*, const fp16*, const adafactor_tensor*,         \
+                                   const adafactor_sizes&, const adafactor_buffers<float>&,         \
+                                   const kernels::detail::adafactor_step_params<float>&,            \
+                                   const float*, cudaStream_t);                                     \
   X void rope_forward<fp16>(fp16*, const float*, const float*, std::int64_t, std::int64_t,        \
                             std::int64_t, std::int64_t, cudaStream_t);                              \
   X void rope_backward<fp16>(fp16*, const float*, const float*, std::int64_t, std::int64_t,       \
@@ -492,11 +577,13 @@ TESSERA_CUDA_FP8_INSTANTIATIONS(extern template)
 }  // namespace tessera::kernels::cuda
 
 #if TESSERA_CUDA_HEADER_ONLY_KERNELS
+#include "tessera/kernels/cuda/adafactor.cuh"
 #include "tessera/kernels/cuda/adamw.cuh"
 #include "tessera/kernels/cuda/elementwise.cuh"
 #include "tessera/kernels/cuda/embedding.cuh"
 #include "tessera/kernels/cuda/fp8.cuh"
 #include "tessera/kernels/cuda/grad_norm.cuh"
+#include "tessera/kernels/cuda/lion.cuh"
 #include "tessera/kernels/cuda/rmsnorm.cuh"
 #include "tessera/kernels/cuda/rope.cuh"
 #include "tessera/kernels/cuda/swiglu.cuh"

@@ -42,7 +42,9 @@
 #include "tessera/kernels/cuda/gemm.cuh"
 #include "tessera/kernels/cuda/kernels.hpp"
 #include "tessera/kernels/cuda/launch.hpp"
+#include "tessera/kernels/detail/adafactor.hpp"
 #include "tessera/kernels/detail/adamw.hpp"
+#include "tessera/kernels/detail/lion.hpp"
 #include "tessera/kernels/detail/sgd.hpp"
 #include "tessera/kernels/fp8_operand.hpp"
 
@@ -548,6 +550,28 @@ void sgd_step(const cuda_context& ctx, Param* params, M* master, M* buf, const G
   static_assert(std::is_same_v<M, float>, "sgd_step (cuda): the master type is float32");
   cuda::sgd_step<Param, Grad>(params, master, buf, grads, n, segments, num_segments, step,
                               grad_scale, ctx.stream());
+}
+
+/// One Adafactor step over the tensors of `tensors` (device memory), as
+/// the host kernels::adafactor_step (kernels/adafactor.hpp). float32 state.
+template <class Param, class Grad, class M>
+void adafactor_step(const cuda_context& ctx, Param* params, M* master, const Grad* grads,
+                    const adafactor_tensor* tensors, const adafactor_sizes& sizes,
+                    adafactor_buffers<M> buf, detail::adafactor_step_params<M> step,
+                    const M* grad_scale) {
+  static_assert(std::is_same_v<M, float>, "adafactor_step (cuda): the master type is float32");
+  cuda::adafactor_step<Param, Grad>(params, master, grads, tensors, sizes, buf, step, grad_scale,
+                                    ctx.stream());
+}
+
+/// One Lion step (the momentum `m`) as adamw_step.
+template <class Param, class Grad, class M>
+void lion_step(const cuda_context& ctx, Param* params, M* master, M* m, const Grad* grads,
+               std::int64_t n, const optimizer_segment* segments, int num_segments,
+               detail::lion_step_params<M> step, const M* grad_scale) {
+  static_assert(std::is_same_v<M, float>, "lion_step (cuda): the master type is float32");
+  cuda::lion_step<Param, Grad>(params, master, m, grads, n, segments, num_segments, step,
+                               grad_scale, ctx.stream());
 }
 
 }  // namespace tessera::kernels

@@ -571,6 +571,7 @@ class llama {
     const std::int64_t N = s.N();
     r.B = mb.B;
     r.T = mb.T;
+    r.doc_start = mb.doc_start;
     tensor<Param, Backend> x = embed_input(mb, &r.embedding, s);
     r.blocks.resize(static_cast<std::size_t>(opt_.stage.last_block - opt_.stage.first_block));
     if (!blocks_.empty()) {
@@ -605,7 +606,7 @@ class llama {
   // scatter left in the record for weight_grads).
   void backward_from(record& r, const ActGrad* grad_output, bool split) {
     const Ctx& ctx = *ctx_;
-    const block_shape s{r.B, r.T, sequence_parallel_};
+    const block_shape s{r.B, r.T, sequence_parallel_, r.doc_start};
     const std::int64_t N = s.N(), H = cfg_.dim, R = stream_rows(N);
     tensor<ActGrad, Backend> dres;
     if (opt_.stage.head) {
@@ -666,7 +667,7 @@ class llama {
   // embedding's scatter; each segment's after_backward once it is complete.
   void weight_grads(record& r) {
     const Ctx& ctx = *ctx_;
-    const block_shape s{r.B, r.T, sequence_parallel_};
+    const block_shape s{r.B, r.T, sequence_parallel_, r.doc_start};
     if (opt_.stage.last_block > opt_.stage.first_block) {
       typename block_type::workspace w =
           blocks_[static_cast<std::size_t>(opt_.stage.first_block)].make_weight_workspace(ctx, s);
@@ -965,7 +966,7 @@ class llama {
       TESSERA_THROW_IF(mb.B * mb.T % 16 != 0, config_error, P::name, " on the GPU: ",
                        mb.B * mb.T, " tokens per micro-batch (B=", mb.B, " x T=", mb.T,
                        ") must be a multiple of 16 (cuBLASLt's FP8 matmuls need 16-byte rows)");
-    return {mb.B, mb.T, sp};
+    return {mb.B, mb.T, sp, mb.doc_start};
   }
 
   // The stage input as (N, H) hidden states: the embedding of the ids (into

@@ -183,21 +183,25 @@ void linear_backward_weight(const cuda_context& ctx, G* dweight, const GA* dout,
 
 // ---- rope, swiglu, element-wise ---------------------------------------------------------------
 
-/// Rotates x (B, T, nh, hd) in place by the float32 tables (T, hd/2).
+/// Rotates x (B, T, nh, hd) in place by the float32 tables (T, hd/2), at
+/// the positions in the documents of doc_start (B, T) (device; null: t).
 template <class Storage, class R>
 void rope_forward(const cuda_context& ctx, Storage* x, const R* cos, const R* sin, std::int64_t B,
-                  std::int64_t T, std::int64_t nh, std::int64_t hd) {
+                  std::int64_t T, std::int64_t nh, std::int64_t hd,
+                  const std::int32_t* doc_start = nullptr) {
   static_assert(std::is_same_v<R, float>, "rope_forward (cuda): the tables are float32");
-  cuda::rope_forward<Storage>(x, cos, sin, B, T, nh, hd, ctx.stream());
+  cuda::rope_forward<Storage>(x, cos, sin, B, T, nh, hd, ctx.stream(), doc_start);
 }
 
-/// The inverse rotation of the gradient dx (B, T, nh, hd), in place.
+/// The inverse rotation of the gradient dx (B, T, nh, hd), in place, at
+/// rope_forward's positions.
 template <class G, class R>
 void rope_backward(const cuda_context& ctx, G* dx, const R* cos, const R* sin, std::int64_t B,
-                   std::int64_t T, std::int64_t nh, std::int64_t hd) {
+                   std::int64_t T, std::int64_t nh, std::int64_t hd,
+                   const std::int32_t* doc_start = nullptr) {
   static_assert(std::is_same_v<R, float>, "rope_backward (cuda): the tables are float32");
   detail::cuda_grad_check<G>();
-  cuda::rope_backward<G>(dx, cos, sin, B, T, nh, hd, ctx.stream());
+  cuda::rope_backward<G>(dx, cos, sin, B, T, nh, hd, ctx.stream(), doc_start);
 }
 
 /// out (n) = silu(gate) * up.

@@ -253,7 +253,8 @@ void attention_forward(const host_context& ctx, T* out, accum_t<T>* lse, const T
         for (std::int64_t d = 0; d < hd; ++d) o[d] *= alpha;
       }
       // O += P V, each row over its keys in order.
-      detail::attention_tile_rows_acc(Ot + r0 * hd, hd, Pt + r0 * ldk, ldk, Vt, rows, diag, nk, hd);
+      detail::attention_tile_rows_acc(Ot + r0 * hd, hd, Pt + r0 * ldk, ldk, Vt, rows, diag, nk,
+                                      hd);
     }
 
     T* ob = out + (b * S * nh + h) * hd;
@@ -359,8 +360,7 @@ void attention_backward(const host_context& ctx, G* dq, G* dk, G* dv, const G* d
     const T* vb = v + (b * S * nkv + g) * hd;
     for (std::int64_t h = g * group; h < (g + 1) * group; ++h) {
       A* dqb = dqa + (b * S * nh + h) * hd;
-      for (std::int64_t t = 0; t < S; ++t)
-        std::fill(dqb + t * qstride, dqb + t * qstride + hd, A(0));
+      for (std::int64_t t = 0; t < S; ++t) std::fill(dqb + t * qstride, dqb + t * qstride + hd, A(0));
     }
     for (std::int64_t ik = 0; ik < nkt; ++ik) {
       const std::int64_t s0 = ik * Bk, nk = std::min(s0 + Bk, S) - s0;
@@ -405,10 +405,10 @@ void attention_backward(const host_context& ctx, G* dq, G* dk, G* dv, const G* d
               p[c] = pc;
             }
           }
-          detail::attention_tile_cols_acc(dVt, Pt, ldk, dOt, rows, diag, nk, hd);  // dV += P^T dO
-          detail::attention_tile_cols_acc(dKt, dSt, ldk, Qt, rows, diag, nk, hd);  // dK += dS^T Q
-          detail::attention_tile_rows_acc(dqb + u0 * qstride, qstride, dSt, ldk, Kt, rows, diag, nk,
-                                          hd);  // dQ += dS K
+          detail::attention_tile_cols_acc(dVt, Pt, ldk, dOt, rows, diag, nk, hd);   // dV += P^T dO
+          detail::attention_tile_cols_acc(dKt, dSt, ldk, Qt, rows, diag, nk, hd);   // dK += dS^T Q
+          detail::attention_tile_rows_acc(dqb + u0 * qstride, qstride, dSt, ldk, Kt, rows, diag,
+                                          nk, hd);                                   // dQ += dS K
         }
       }
 

@@ -302,12 +302,13 @@ template <class TC, class TA, class TB>
 void fp8_gemm(const cuda_context& ctx, transpose ta, transpose tb, std::int64_t M, std::int64_t N,
               std::int64_t K, const TA* A, std::int64_t lda, const fp8_operand& a, const TB* B,
               std::int64_t ldb, const fp8_operand& b, float beta, TC* C, std::int64_t ldc) {
-  static_assert(
-      (std::is_same_v<TA, float> || is_half_v<TA>)&&(std::is_same_v<TB, float> || is_half_v<TB>),
-      "fp8_gemm (cuda): operands are float32, bf16 or fp16 before their FP8 cast");
+  static_assert((std::is_same_v<TA, float> || is_half_v<TA>) &&
+                    (std::is_same_v<TB, float> || is_half_v<TB>),
+                "fp8_gemm (cuda): operands are float32, bf16 or fp16 before their FP8 cast");
   static_assert(std::is_same_v<TC, float> || is_half_v<TC>,
                 "fp8_gemm (cuda): C is float32, bf16 or fp16");
-  kernels::detail::check_fp8_gemm_args("fp8_gemm (cuda)", ta, tb, M, N, K, lda, ldb, ldc, a, b);
+  kernels::detail::check_fp8_gemm_args("fp8_gemm (cuda)", ta, tb, M, N, K, lda, ldb, ldc, a,
+                                       b);
   auto qa = ctx.scratch(static_cast<std::size_t>(M * K));
   auto qb = ctx.scratch(static_cast<std::size_t>(N * K));
   // x stored row-major `rows` x `cols` cast into q, transposed when `flip`

@@ -453,13 +453,13 @@ void fp8_quantize_transposed(F8* d_qt, float* d_inv_scale, const T* d_x, std::in
                                    const kernels::detail::adafactor_step_params<float>&,            \
                                    const float*, cudaStream_t);                                     \
   X void rope_forward<float>(float*, const float*, const float*, std::int64_t, std::int64_t,      \
-                             std::int64_t, std::int64_t, cudaStream_t);                             \
+                             std::int64_t, std::int64_t, cudaStream_t, const std::int32_t*);       \
   X void rope_forward<bf16>(bf16*, const float*, const float*, std::int64_t, std::int64_t,        \
-                            std::int64_t, std::int64_t, cudaStream_t);                              \
+                            std::int64_t, std::int64_t, cudaStream_t, const std::int32_t*);        \
   X void rope_backward<float>(float*, const float*, const float*, std::int64_t, std::int64_t,     \
-                              std::int64_t, std::int64_t, cudaStream_t);                            \
+                              std::int64_t, std::int64_t, cudaStream_t, const std::int32_t*);      \
   X void rope_backward<bf16>(bf16*, const float*, const float*, std::int64_t, std::int64_t,       \
-                             std::int64_t, std::int64_t, cudaStream_t);                             \
+                             std::int64_t, std::int64_t, cudaStream_t, const std::int32_t*);       \
   TESSERA_CUDA_KERNEL_FP16_INSTANTIATIONS(X)
 // clang-format on
 
@@ -521,9 +521,9 @@ void fp8_quantize_transposed(F8* d_qt, float* d_inv_scale, const T* d_x, std::in
                                    const kernels::detail::adafactor_step_params<float>&,            \
                                    const float*, cudaStream_t);                                     \
   X void rope_forward<fp16>(fp16*, const float*, const float*, std::int64_t, std::int64_t,        \
-                            std::int64_t, std::int64_t, cudaStream_t);                              \
+                            std::int64_t, std::int64_t, cudaStream_t, const std::int32_t*);        \
   X void rope_backward<fp16>(fp16*, const float*, const float*, std::int64_t, std::int64_t,       \
-                             std::int64_t, std::int64_t, cudaStream_t);
+                             std::int64_t, std::int64_t, cudaStream_t, const std::int32_t*);
 // clang-format on
 
 // The instantiations cuda/kernels_cross_entropy.cu provides (a TU of its own:

@@ -87,6 +87,44 @@ TEST_CASE("trainer with a document mask: pp 2, tp 2 and (1, 2, 2) equal one rank
   check_mesh<P, parallel::zero<0>>(mesh(1, 2, 2), 1e-10);
 }
 
+TEST_CASE("trainer with a document mask: evaluation at pp 2 equals one rank's and sees the mask",
+          "[train][pp][document_mask]") {
+  using P = precision::fp64;
+  trainer_suite::temp_file corpus{trainer_suite::make_corpus("docmask_eval", 0)};
+  data::token_file f(corpus.path);
+  pp_suite::layout one = mesh(1, 1, 1);
+  one.document_separator = space;
+  train::trainer<P> ref(pp_suite::model(), pp_suite::config(one, 2), f);
+  (void)ref.train_step();
+  const double e_one = ref.evaluate();
+  auto cfg_plain = pp_suite::config(one, 2);
+  cfg_plain.document_separator.reset();
+  train::trainer<P> plain(pp_suite::model(), cfg_plain, f);
+  (void)plain.train_step();
+  CHECK(std::fabs(plain.evaluate() - e_one) > 1e-6 * e_one);  // the mask changes the loss
+  pp_suite::layout two = mesh(1, 1, 2);
+  two.document_separator = space;
+  double e_two = 0;
+  comm::comm_options o;
+  o.timeout = std::chrono::seconds(60);
+  local_world::run(
+      2,
+      [&](local_communicator& world) {
+        omp_set_num_threads(1);
+        const comm::device_mesh m(1, 1, 2);
+        auto g = comm::make_groups(world, m);
+        train::trainer<P, host, optim::adamw, parallel::zero<0>, local_communicator> tr(
+            pp_suite::model(), pp_suite::config(two, 2), f,
+            parallel::layout{g.dp, nn::dense_layers{}, g.pp});
+        (void)tr.train_step();
+        const double e = tr.evaluate();
+        if (world.rank() == 0) e_two = e;
+      },
+      o);
+  INFO("evaluation: one rank " << e_one << ", pp 2 " << e_two);
+  CHECK(std::fabs(e_two - e_one) <= 1e-12 * e_one);
+}
+
 TEST_CASE("trainer with a document mask: bad separators and resumes are refused",
           "[train][document_mask]") {
   trainer_suite::temp_file corpus{trainer_suite::make_corpus("docmask_bad", 0)};

@@ -581,10 +581,12 @@ TESSERA_ATTENTION_FN void attention_backward_kv_block(
       const std::int64_t row = (b * p.nh + h) * S + q0 + tid;
       sm.lse[buf][tid] = tid < valid ? Ops::ld_global_f32(p.lse + row) : INFINITY;
       sm.d[buf][tid] = tid < valid ? Ops::ld_global_f32(p.d + row) : 0.f;
-      sm.first[buf][tid] = tid < valid
-                               ? static_cast<std::int32_t>(kernels::detail::attention_first_key(
-                                     p.doc_start, b, S, q0 + tid))
-                               : static_cast<std::int32_t>(S);
+      // The query's first key relative to the block's, in [0, k_rows] (k_rows:
+      // none of the block's keys; also past S).
+      const std::int64_t f =
+          tid < valid ? kernels::detail::attention_first_key(p.doc_start, b, S, q0 + tid) - k0
+                      : tr::k_rows;
+      sm.first[buf][tid] = static_cast<std::int32_t>(f < 0 ? 0 : f > tr::k_rows ? tr::k_rows : f);
     }
   };
 
@@ -594,15 +596,21 @@ TESSERA_ATTENTION_FN void attention_backward_kv_block(
                                            kstride, tid);
   attention_load_tile<Ops, HD, tr::k_rows>(attention_smem_addr(smem, sm, sm.v), p.v + koff, k_valid,
                                            kstride, tid);
-  // The walk: heads g group .. (g + 1) group - 1, each over query tiles iq0 .. n_qt - 1,
+  // The walk: heads g group .. (g + 1) group - 1, each over query tiles iq0 .. iq_end - 1:
   // up to the last whose first row's document starts at or before the key tile's last key
   // (doc_start is nondecreasing: the later rows' documents start after it too).
-  const std::int64_t k_last = k0 + k_valid - 1;
+  int iq_end = iq0 + 1;
+  if (p.doc_start == nullptr)
+    iq_end = n_qt;
+  else
+    while (iq_end < n_qt && kernels::detail::attention_first_key(
+                                p.doc_start, b, S, std::int64_t(iq_end) * tr::q_rows) <
+                                k0 + k_valid)
+      ++iq_end;
   int h = g * group, iq = iq0;  // the tile being computed
   int h1 = h, iq1 = iq;         // the tile after it
   auto advance = [&](int& hh, int& ii) {
-    if (++ii == n_qt || kernels::detail::attention_first_key(
-                            p.doc_start, b, S, std::int64_t(ii) * tr::q_rows) > k_last) {
+    if (++ii == iq_end) {
       ii = iq0;
       ++hh;
     }
@@ -631,13 +639,13 @@ TESSERA_ATTENTION_FN void attention_backward_kv_block(
     iq = iq1;
     advance(h1, iq1);
     // Every query precedes every key, or every query's document starts after them.
-    if (!live || dq0 + tr::q_rows - 1 < 0 || sm.first[buf][0] > k0 + w0 + 15) continue;
+    if (!live || dq0 + tr::q_rows - 1 < 0 || sm.first[buf][0] > w0 + 15) continue;
 
     // The tile's queries in sub-tiles of tr::q_sub (fewer live registers at hd 128).
     const bool diagonal = dq0 < 15;
     // Some key of the warp precedes some query's document (sm.first is
     // nondecreasing, S past the end).
-    const bool document = p.doc_start != nullptr && k0 + w0 < sm.first[buf][tr::q_rows - 1];
+    const bool document = p.doc_start != nullptr && w0 < sm.first[buf][tr::q_rows - 1];
     TESSERA_ATTENTION_NO_UNROLL
     for (int qs0 = 0; qs0 < tr::q_rows; qs0 += tr::q_sub) {
       // Rows [qs0, qs0 + tr::q_sub) of the Q and dO tiles.
@@ -660,7 +668,7 @@ TESSERA_ATTENTION_FN void attention_backward_kv_block(
           const int qi = qs0 + 8 * n + c.col;
           float pr = kernels::detail::attention_prob(st[n][i] * p.scale, sm.lse[buf][qi]);
           if (diagonal && c.row > dq0 + qi) pr = 0.f;                     // key > query
-          if (document && k0 + w0 + c.row < sm.first[buf][qi]) pr = 0.f;  // before its document
+          if (document && w0 + c.row < sm.first[buf][qi]) pr = 0.f;  // before its document
           dpt[n][i] = kernels::detail::attention_dscore(pr, dpt[n][i], sm.d[buf][qi]);
           st[n][i] = pr;
         }

@@ -195,8 +195,8 @@ TEST_CASE("cuda flash attention with a document mask matches float64 attention p
       auto d_dq = poisoned_device<bf16>(nq);
       auto d_dk = poisoned_device<bf16>(nk);
       auto d_dv = poisoned_device<bf16>(nk);
-      kc::flash_attention_forward(d_out.data(), d_lse.data(), d_q.data(), d_k.data(), d_v.data(),
-                                  B, S, nh, nkv, hd, s, d_doc);
+      kc::flash_attention_forward(d_out.data(), d_lse.data(), d_q.data(), d_k.data(), d_v.data(), B,
+                                  S, nh, nkv, hd, s, d_doc);
       kc::flash_attention_backward(d_dq.data(), d_dk.data(), d_dv.data(), d_do.data(), d_q.data(),
                                    d_k.data(), d_v.data(), d_out.data(), d_lse.data(), B, S, nh,
                                    nkv, hd, scratch.data(), sb, s, d_doc);
@@ -217,8 +217,8 @@ TEST_CASE("cuda flash attention with a document mask matches float64 attention p
     CHECK(max_error(to_double(g.lse), lse_ref) < lse_tol);
     const auto outd = to_double(g.out), lsed = to_double(g.lse);
     hk::attention_backward<double, double>(hctx, dq_ref.data(), dk_ref.data(), dv_ref.data(),
-                                           dod.data(), qd.data(), kd.data(), vd.data(),
-                                           outd.data(), lsed.data(), B, S, nh, nkv, hd, mask);
+                                           dod.data(), qd.data(), kd.data(), vd.data(), outd.data(),
+                                           lsed.data(), B, S, nh, nkv, hd, mask);
     const double floor = rms_of(dod) * rms_of(vd) * rms_of(kd) / 256;
     CHECK(max_error(to_double(g.dq), dq_ref, floor) < grad_tol);
     CHECK(max_error(to_double(g.dk), dk_ref, floor) < grad_tol);

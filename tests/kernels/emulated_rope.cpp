@@ -86,7 +86,8 @@ void rope_case(const shape& s, std::uint64_t seed) {
 
   std::vector<T> y_want(x0.begin() + s.offset, x0.end()),
       dx_want(dy0.begin() + s.offset, dy0.end());
-  const std::vector<std::int32_t> ds = s.documents ? doc_starts(s.B, s.T) : std::vector<std::int32_t>{};
+  const std::vector<std::int32_t> ds =
+      s.documents ? doc_starts(s.B, s.T) : std::vector<std::int32_t>{};
   const std::int32_t* pds = s.documents ? ds.data() : nullptr;
   hk::rope_forward(ctx, y_want.data(), cos.data(), sin.data(), s.B, s.T, s.nh, s.hd, pds);
   hk::rope_backward(ctx, dx_want.data(), cos.data(), sin.data(), s.B, s.T, s.nh, s.hd, pds);

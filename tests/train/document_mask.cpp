@@ -151,12 +151,13 @@ TEST_CASE("trainer with a document mask: bad separators and resumes are refused"
     train::trainer<precision::fp32> tr(pp_suite::model(), cfg, f);
     CHECK_NOTHROW(tr.load_checkpoint(ck));
   }
-  for (const std::optional<std::int32_t> other : {std::optional<std::int32_t>{},
-                                                  std::optional<std::int32_t>{'\n'}}) {
+  for (const std::optional<std::int32_t> other :
+       {std::optional<std::int32_t>{}, std::optional<std::int32_t>{'\n'}}) {
     auto c2 = cfg;
     c2.document_separator = other;
     train::trainer<precision::fp32> tr(pp_suite::model(), c2, f);
-    CHECK_THROWS_WITH(tr.load_checkpoint(ck), Catch::Contains("document_mask=32 in the checkpoint"));
+    CHECK_THROWS_WITH(tr.load_checkpoint(ck),
+                      Catch::Contains("document_mask=32 in the checkpoint"));
   }
 }
 

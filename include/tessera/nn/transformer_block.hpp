@@ -546,8 +546,8 @@ class transformer_block {
     else
       lin(wo_, block_linear::wo).backward_weight(ctx, g, dy2, features(r.att, N, Hq_));
     attention_backward(ctx, w.dq.data(), w.dk.data(), w.dv.data(), datt.data, r.q.data(),
-                       r.k.data(), r.v.data(), r.att.data(), r.lse.data(), s.B, s.T, nh_, nkv_,
-                       hd_, kernels::attention_mask{s.doc_start});
+                       r.k.data(), r.v.data(), r.att.data(), r.lse.data(), s.B, s.T, nh_, nkv_, hd_,
+                       kernels::attention_mask{s.doc_start});
     rope_backward(ctx, w.dq.data(), cos, sin, s.B, s.T, nh_, hd_, s.doc_start);
     rope_backward(ctx, w.dk.data(), cos, sin, s.B, s.T, nkv_, hd_, s.doc_start);
     const feature_sharded<const ActGrad> dq = features(w.dq, N, Hq_), dk = features(w.dk, N, KV_),
@@ -626,8 +626,8 @@ class transformer_block {
     rope_forward(ctx, r.k.data(), cos, sin, s.B, s.T, nkv_, hd_, s.doc_start);
     r.att = kernels::make_tensor<Param>(ctx, N * Hq);
     r.lse = kernels::make_tensor<Acc>(ctx, s.B * nh_ * s.T);
-    attention_forward(ctx, r.att.data(), r.lse.data(), q.data, k.data, v.data, s.B, s.T, nh_,
-                      nkv_, hd_, kernels::attention_mask{s.doc_start});
+    attention_forward(ctx, r.att.data(), r.lse.data(), q.data, k.data, v.data, s.B, s.T, nh_, nkv_,
+                      hd_, kernels::attention_mask{s.doc_start});
     const partial_sum<Param> o_part = lin(wo_, block_linear::wo).forward(ctx, proj, features(r.att, N, Hq), p);
     r.x_mid = kernels::make_tensor<Param>(ctx, R * H);
     const rows_t<SP, Param> o = reduce<SP>(o_part, r.x_mid.data());

@@ -275,8 +275,8 @@ class step_runner {
   tensor<double, Backend> scalars_;    // (1 + A): sum of squares, then each micro-batch's loss
   tensor<Master, Backend> clip_;       // (1): the clip coefficient
   std::vector<std::int32_t> windows_;  // (B, T+1): the host's scored-token count
-  std::vector<std::int32_t> doc_host_;          // (A, B, T) document starts (packed documents)
-  tensor<std::int32_t, Backend> doc_;           // the same, in the context's memory
+  std::vector<std::int32_t> doc_host_;            // (A, B, T) document starts (packed documents)
+  tensor<std::int32_t, Backend> doc_;             // the same, in the context's memory
   std::optional<precision::loss_scaler> scaler_;  // loss_scaled<P> only
   std::int64_t step_ = 0;
 };

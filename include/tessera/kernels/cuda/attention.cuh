@@ -603,9 +603,9 @@ TESSERA_ATTENTION_FN void attention_backward_kv_block(
   if (p.doc_start == nullptr)
     iq_end = n_qt;
   else
-    while (iq_end < n_qt && kernels::detail::attention_first_key(
-                                p.doc_start, b, S, std::int64_t(iq_end) * tr::q_rows) <
-                                k0 + k_valid)
+    while (iq_end < n_qt &&
+           kernels::detail::attention_first_key(p.doc_start, b, S,
+                                                std::int64_t(iq_end) * tr::q_rows) < k0 + k_valid)
       ++iq_end;
   int h = g * group, iq = iq0;  // the tile being computed
   int h1 = h, iq1 = iq;         // the tile after it
@@ -667,7 +667,7 @@ TESSERA_ATTENTION_FN void attention_backward_kv_block(
           const auto c = c_coord(lane, i);
           const int qi = qs0 + 8 * n + c.col;
           float pr = kernels::detail::attention_prob(st[n][i] * p.scale, sm.lse[buf][qi]);
-          if (diagonal && c.row > dq0 + qi) pr = 0.f;                     // key > query
+          if (diagonal && c.row > dq0 + qi) pr = 0.f;                // key > query
           if (document && w0 + c.row < sm.first[buf][qi]) pr = 0.f;  // before its document
           dpt[n][i] = kernels::detail::attention_dscore(pr, dpt[n][i], sm.d[buf][qi]);
           st[n][i] = pr;

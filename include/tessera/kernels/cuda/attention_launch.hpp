@@ -169,7 +169,7 @@ struct attention_backward_kv_traits {
     std::uint16_t dout[2][q_rows * HD];
     float lse[2][q_rows];           // +inf past S
     float d[2][q_rows];             // 0 past S
-    std::int32_t first[2][q_rows];  // each query's first key (attention_mask) - the block's, in [0, k_rows]
+    std::int32_t first[2][q_rows];  // first key - the block's, in [0, k_rows]
   };
   static constexpr std::size_t smem_bytes = sizeof(shared_storage);
   static_assert(k_rows == 16 * attention_warps, "one 16-row mma slice of keys per warp");

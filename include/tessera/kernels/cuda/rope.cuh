@@ -112,8 +112,7 @@ struct rope_backward_body {
 /// odd or <= 0.
 template <class BodyV, class Body1, int V, class Launcher, class T>
 void rope_launch(const Launcher& launch, T* x, const float* cos, const float* sin, std::int64_t B,
-                 std::int64_t T_, std::int64_t nh, std::int64_t hd,
-                 const std::int32_t* doc_start) {
+                 std::int64_t T_, std::int64_t nh, std::int64_t hd, const std::int32_t* doc_start) {
   const std::int64_t half = hd / 2;
   const bool vec = half % V == 0 && all_aligned(V * sizeof(T), x);
   const launch_config c = rope_config(B, T_, nh, hd, vec ? V : 1);

@@ -35,6 +35,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -94,7 +95,8 @@ struct failures {
 template <precision::policy P, class S>
 void check_rank(const nn::llama_config& mc, const fs::path& tokens, local_communicator& c,
                 failures& fail,
-                parallel::grad_reduction reduction = parallel::grad_reduction::per_step) {
+                parallel::grad_reduction reduction = parallel::grad_reduction::per_step,
+                std::optional<std::int32_t> separator = std::nullopt) {
   host_memory_resource mr;  // this rank's own
   data::token_file f(tokens);
   train::train_config tc;
@@ -106,6 +108,7 @@ void check_rank(const nn::llama_config& mc, const fs::path& tokens, local_commun
   tc.warmup = 1;
   tc.lr = 1e-3;
   tc.eval_windows = 2;
+  tc.document_separator = separator;
   parallel::data_parallel_options dpo;
   dpo.bucket_bytes = bucket_bytes_for(mc);
   dpo.reduction = reduction;
@@ -122,10 +125,11 @@ void check_rank(const nn::llama_config& mc, const fs::path& tokens, local_commun
   ao.micro_batch = B;
   ao.seq = T;
   ao.micro_batches = A;
+  ao.document_mask = separator.has_value();
   const std::uint64_t token_buffer = plan::trainer_bytes(ao, T, d);
-  const std::string who =
-      tessera::detail::str(mc.name, " ", P::name, " ", S::name, " dp ", c.size(), " rank ",
-                           c.rank(), per_mb ? " per micro-batch" : "", ": ");
+  const std::string who = tessera::detail::str(
+      mc.name, " ", P::name, " ", S::name, " dp ", c.size(), " rank ", c.rank(),
+      per_mb ? " per micro-batch" : "", separator ? " document mask" : "", ": ");
 
   auto check_persistent = [&](const char* when) {
     const std::uint64_t got = mr.stats().allocated, want = st.persistent() + token_buffer;
@@ -209,6 +213,31 @@ TEST_CASE("per-rank persistent and communicated bytes equal the plan: small, fp3
 TEST_CASE("per-rank persistent and communicated bytes equal the plan: small, bf16_mixed",
           "[parallel][plan][memory]") {
   check_preset<precision::bf16_mixed>(nn::llama_config::small());
+}
+
+// Packed documents add the step's (A, B, T) document starts to the
+// trainer's buffers (plan::activation_options::document_mask).
+TEST_CASE("per-rank persistent bytes equal the plan with a document mask: tiny, fp32",
+          "[parallel][plan][memory]") {
+  corpus tokens("tiny_documents");
+  comm::comm_options o;
+  o.timeout = std::chrono::seconds(60);
+  failures fail;
+  for (int N = 1; N <= 2; ++N) {
+    INFO("dp " << N);
+    REQUIRE_NOTHROW(comm::local_world::run(
+        N,
+        [&](local_communicator& c) {
+          omp_set_num_threads(1);
+          const auto mc = nn::llama_config::tiny();
+          const auto per_step = parallel::grad_reduction::per_step;
+          check_rank<precision::fp32, parallel::zero<0>>(mc, tokens.path, c, fail, per_step, 3);
+          check_rank<precision::fp32, parallel::zero<3>>(mc, tokens.path, c, fail, per_step, 3);
+        },
+        o));
+  }
+  for (const auto& m : fail.msgs) FAIL_CHECK(m);
+  CHECK(fail.msgs.empty());
 }
 
 TEST_CASE("the test's buckets: several per rank, some holding two segments",

@@ -39,6 +39,9 @@ struct activation_options {
   /// on this CPU).
   bool host_bf16_gemm_native = kernels::detail::bf16_gemm_native();
   std::int64_t micro_batches = 1;  ///< A, micro-batches per step and rank (the step's loss scalars)
+  /// Packed documents (train_config::document_separator): the step's
+  /// (A, B, T) int32 document starts, in the context's memory.
+  bool document_mask = false;
   /// Tensor parallelism: each block's record and workspace hold this
   /// rank's heads and SwiGLU columns (nh/tp, nkv/tp, F/tp); the embedding
   /// and the head are whole.
@@ -58,15 +61,19 @@ struct activation_options {
 /// slots of 2 B T int32 inputs and targets; on the host the "pinned" and
 /// "device" buffers are both in the resource, on a GPU the pinned ones are
 /// page-locked host memory, outside the device allocator), the step's
-/// scalars ((1 + A) doubles: the norm and each micro-batch's loss) and the
-/// clip coefficient (one master_type). (Host values summed over the mesh
+/// scalars ((1 + A) doubles: the norm and each micro-batch's loss), the
+/// clip coefficient (one master_type) and, with a document mask, the
+/// step's (A, B, T) int32 document starts. (Host values summed over the mesh
 /// travel through a transient buffer of their own: parallel::layout::reduce.)
 inline std::uint64_t trainer_bytes(const activation_options& o, std::int64_t T,
                                    const dtype_sizes& d) {
   const auto N = static_cast<std::uint64_t>(o.micro_batch * T);
   const std::uint64_t slot = 2 * N * sizeof(std::int32_t);
   const std::uint64_t loader = (o.backend == backend_kind::host ? 4 : 2) * slot;
-  return loader + static_cast<std::uint64_t>(1 + o.micro_batches) * sizeof(double) + d.master;
+  const std::uint64_t documents =
+      o.document_mask ? static_cast<std::uint64_t>(o.micro_batches) * N * sizeof(std::int32_t) : 0;
+  return loader + static_cast<std::uint64_t>(1 + o.micro_batches) * sizeof(double) + d.master +
+         documents;
 }
 
 /// Activation bytes of one micro-batch's training forward and backward

@@ -78,7 +78,8 @@ inline void prepare_folders(job& j, created_paths& created, std::optional<run_fo
   TESSERA_THROW_IF(!writable(j.out), io_error, "output folder '", j.out, "' is not writable");
   const bool had_lock = std::filesystem::exists(fs::path(j.out) / run_lock_name);
   lock.emplace(j.out);
-  if (!had_lock) created.add(fs::path(j.out) / run_lock_name);  // removed with a refused run's folder
+  if (!had_lock)
+    created.add(fs::path(j.out) / run_lock_name);  // removed with a refused run's folder
   std::error_code ec;
   if (j.resume.empty() || !fs::equivalent(j.resume, j.out, ec))
     check_fresh_run(j.out, j.overwrite,
@@ -257,6 +258,7 @@ inline void check_host_memory(const job& j, const plan::dtype_sizes& d) {
   a.model.checkpointing = rc.checkpointing;
   a.model.fp8 = rc.fp8;  // fp8: the histories the FP8 scales keep (plan/fp8.hpp)
   a.micro_batches = rc.accum_steps();
+  a.document_mask = rc.document_separator.has_value();
   a.tp = j.tp;
   a.sequence_parallel = rc.sequence_parallel;
   plan::optimizer_spec o = plan::optimizer_spec::from_name(j.optimizer);

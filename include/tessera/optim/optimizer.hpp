@@ -94,6 +94,11 @@ struct owned_range {
   std::int64_t param_shift = 0, grad_shift = 0;
   int dims = 0;
   std::int64_t rows = 0, cols = 0;
+  /// nn::param_range's: a transformer block's weight matrix, and the whole
+  /// tensor a tensor-parallel shard is of (optim::muon reads them).
+  bool hidden = false;
+  int split = -1, shard = 0, replicas = 1;
+  std::int64_t full_rows = 0, full_cols = 0;
   /// Whether the range holds its whole tensor (false when the shape is not known).
   bool whole() const { return dims > 0 && end - begin == rows * cols; }
 };
@@ -106,7 +111,8 @@ inline const std::vector<owned_range>& owned(const std::vector<owned_range>& ran
 /// optimizer's state, its parameters and gradients at the shifts given.
 inline owned_range owned(const param_range& r, std::int64_t begin, std::int64_t end,
                          std::int64_t param_shift, std::int64_t grad_shift) {
-  return {begin, end, r.decay, param_shift, grad_shift, r.dims, r.rows, r.cols};
+  return {begin,  end,      r.decay, param_shift, grad_shift, r.dims,      r.rows,
+          r.cols, r.hidden, r.split, r.shard,     r.replicas, r.full_rows, r.full_cols};
 }
 /// The owned_range of every param_range, shifts 0.
 inline std::vector<owned_range> owned(const std::vector<param_range>& ranges) {

@@ -114,13 +114,11 @@ void muon_assemble(const host_context& ctx, M* wide, const M* gathered, const mu
   for (std::int64_t k = 0; k < n; ++k) wide[k] = gathered[detail::muon_wide_to_gathered(t, k)];
 }
 
-/// Scratch of muon_newton_schulz for a wide matrix of m x n: W's partner
-/// (m n), the Gram matrix and its polynomial (2 m m), and one double (the
-/// squared norm), in elements of M (the double rounded up).
+/// Scratch of muon_newton_schulz for a wide matrix of m x n, in elements
+/// of M (muon_ns_scratch_elements, kernels/detail/muon.hpp).
 template <class M>
-constexpr std::int64_t muon_ns_scratch(std::int64_t m, std::int64_t n) {
-  return m * n + 2 * m * m +
-         static_cast<std::int64_t>((sizeof(double) + sizeof(M) - 1) / sizeof(M));
+std::int64_t muon_ns_scratch(std::int64_t m, std::int64_t n) {
+  return muon_ns_scratch_elements(m, n, sizeof(M));
 }
 
 /// The quintic Newton-Schulz iteration on W (m x n row-major, m <= n, in

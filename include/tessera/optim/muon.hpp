@@ -122,15 +122,31 @@ struct muon_config {
   }
 };
 
-/// How a Muon optimizer reaches the other ranks of its tensor-parallel
-/// group: `size` ranks, and all_gather(in, out, n), which writes every
-/// rank's n Masters at `in` into out[r n, (r + 1) n) in rank order (the
-/// context's memory; collective over the group).
-template <class Master>
-struct muon_tp_group {
-  int size = 1;
-  std::function<void(const Master*, Master*, std::int64_t)> all_gather;
-};
+/// Whether Muon updates range `r` (nn::param_range or owned_range): a
+/// transformer block's weight matrix; AdamW updates every other tensor.
+template <class Range>
+bool muon_updates(const Range& r) {
+  return r.hidden && r.dims == 2;
+}
+/// The muon_matrix of range `r` (a whole tensor or its tp shard, with the
+/// whole shape) on a tp group of `tp` ranks: elements [r.begin, r.end),
+/// shifts 0, decay as r says.
+template <class Range>
+kernels::muon_matrix muon_matrix_of(const Range& r, int tp) {
+  kernels::muon_matrix t;
+  t.begin = r.begin;
+  t.end = r.end;
+  t.rows = r.rows;
+  t.cols = r.cols;
+  t.full_rows = r.split >= 0 ? r.full_rows : r.rows;
+  t.full_cols = r.split >= 0 ? r.full_cols : r.cols;
+  t.split = r.split;
+  t.shards = r.split >= 0 ? tp : 1;
+  t.shard = r.shard;
+  t.replicas = r.replicas;
+  t.decay = r.decay ? 1 : 0;
+  return t;
+}
 
 /// Muon over n elements of `Param` with gradients `Grad` and `Master`
 /// state, on context `Ctx` (not owned). Built over ranges that are each a
@@ -164,21 +180,12 @@ class muon_optimizer : public flat_optimizer<Param, Master, Ctx> {
       const bool decay = r.decay && cfg.weight_decay != 0.0;
       kernels::muon_segment s{r.begin, r.end, decay ? 1 : 0, 0, r.param_shift, r.grad_shift, 0};
       tensor_entry e{r.begin, r.end, false, 0};
-      if (r.hidden && r.dims == 2) {
+      if (muon_updates(r)) {
         s.muon = 1;
         e.muon = true;
-        kernels::muon_matrix t;
-        t.begin = r.begin;
-        t.end = r.end;
+        kernels::muon_matrix t = muon_matrix_of(r, 1);
         t.param_shift = r.param_shift;
         t.grad_shift = r.grad_shift;
-        t.rows = r.rows;
-        t.cols = r.cols;
-        t.full_rows = r.split >= 0 ? r.full_rows : r.rows;
-        t.full_cols = r.split >= 0 ? r.full_cols : r.cols;
-        t.split = r.split;
-        t.shard = r.shard;
-        t.replicas = r.replicas;
         t.decay = decay ? 1 : 0;
         matrices_.push_back(t);
       } else {
@@ -206,7 +213,7 @@ class muon_optimizer : public flat_optimizer<Param, Master, Ctx> {
   /// the gathered shards of the largest matrix. Required before the first
   /// step when a matrix is split; throws config_error if g.size < 1 or a
   /// gather function is missing for g.size > 1.
-  void gather_over(muon_tp_group<Master> g) {
+  void gather_over(tp_gather<Master> g) {
     TESSERA_THROW_IF(g.size < 1 || (g.size > 1 && !g.all_gather), config_error,
                      "muon: a tp group of size ", g.size, " needs an all_gather (size >= 1)");
     tp_ = std::move(g);
@@ -303,15 +310,12 @@ class muon_optimizer : public flat_optimizer<Param, Master, Ctx> {
     return {{"exp_avg", m, count, -1}, {"exp_avg_sq", v_.data() + it->v, count, -1}};
   }
 
-  /// Scratch elements a matrix needs on a tp group of `shards` ranks: its
-  /// shard (what is orthogonalised), the gathered shards (tp > 1), W, and
-  /// the iteration's (kernels::muon_ns_scratch).
+  /// Scratch elements a matrix needs on a tp group of `shards` ranks
+  /// (kernels::muon_scratch_elements).
   static std::int64_t scratch_of(const kernels::muon_matrix& t, int shards) {
     kernels::muon_matrix s = t;
     if (s.split >= 0) s.shards = shards;
-    const std::int64_t gathered = s.split >= 0 && shards > 1 ? s.gathered() : 0;
-    return s.local() + gathered + s.whole() +
-           kernels::muon_ns_scratch<Master>(s.wide_rows(), s.wide_cols());
+    return kernels::muon_scratch_elements(s, sizeof(Master));
   }
 
  private:
@@ -379,7 +383,7 @@ class muon_optimizer : public flat_optimizer<Param, Master, Ctx> {
   tensor<Master, Backend> v_;
   tensor<kernels::muon_segment, Backend> segments_;
   tensor<Master, Backend> scratch_;
-  muon_tp_group<Master> tp_;
+  tp_gather<Master> tp_;
 };
 
 /// The Muon policy: `trainer<P, B, optim::muon, ...>`. Each matrix is

@@ -22,6 +22,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <type_traits>
 #include <vector>
 
@@ -120,6 +121,17 @@ inline std::vector<owned_range> owned(const std::vector<param_range>& ranges) {
   for (const param_range& r : ranges) out.push_back(owned(r, r.begin, r.end, 0, 0));
   return out;
 }
+
+/// How an optimizer with state of whole matrices (optim::muon) reaches the
+/// other ranks of its tensor-parallel group: `size` ranks, and
+/// all_gather(in, out, n), which writes every rank's n Masters at `in` into
+/// out[r n, (r + 1) n) in rank order (the context's memory; collective over
+/// the group). parallel::data_parallel fills it from the model's tp group.
+template <class Master>
+struct tp_gather {
+  int size = 1;
+  std::function<void(const Master*, Master*, std::int64_t)> all_gather;
+};
 
 namespace detail {
 

@@ -418,9 +418,9 @@ inline pipeline_plan plan_pipeline(const nn::llama_config& c, const dtype_sizes&
                    " exceeds the model's max_seq=", c.max_seq);
   TESSERA_THROW_IF(sh.zero >= 3 && sh.prefetch > 1, config_error, "prefetch=", sh.prefetch,
                    ": parallel::data_parallel prefetches one segment or none (0 or 1)");
-  TESSERA_THROW_IF(o.factored && sh.zero >= 1 && sh.dp > 1, config_error, "optimizer ", o.name,
-                   " keeps statistics of whole tensors, which ZeRO stage ", sh.zero, " over dp=",
-                   sh.dp, " would split between ranks: plan it at ZeRO stage 0");
+  TESSERA_THROW_IF(o.whole_tensors() && sh.zero >= 1 && sh.dp > 1, config_error, "optimizer ",
+                   o.name, " keeps state of whole tensors, which ZeRO stage ", sh.zero,
+                   " over dp=", sh.dp, " would split between ranks: plan it at ZeRO stage 0");
   TESSERA_THROW_IF(a.tp != sh.tp, config_error, "pipeline plan: activation tp=", a.tp,
                    " differs from the sharding's tp=", sh.tp);
   nn::check_tensor_parallel(c, a.tp);
@@ -504,6 +504,10 @@ inline pipeline_plan plan_pipeline(const nn::llama_config& c, const dtype_sizes&
         st.optimizer +=
             adafactor_state_bytes(detail::stage_ranges(layout, segs, cp.range, L), d.master)
                 .statistics;
+      if (o.orthogonalised)  // Muon's AdamW second moment and scratch of the chunk's tensors
+        st.optimizer +=
+            muon_state_bytes(detail::stage_ranges(layout, segs, cp.range, L), d.master, sh.tp)
+                .state;
       st.chunks.push_back(cp);
     }
     st.peak_in_flight = parallel::peak_in_flight(list);

@@ -12,6 +12,7 @@
 /// torch.optim.Muon (torch/optim/_muon.py of PyTorch 2.9 and later:
 /// _single_tensor_muon, _zeropower_via_newtonschulz, _adjust_lr).
 
+#include <cstddef>
 #include <cstdint>
 
 #include "tessera/core/config.hpp"
@@ -68,6 +69,22 @@ struct muon_matrix {
   /// Elements every rank's shard gathered over the tp group take.
   TESSERA_HOST_DEVICE std::int64_t gathered() const { return local() * shards; }
 };
+
+/// Scratch elements of the Newton-Schulz iteration on a wide m x n matrix
+/// of `elem`-byte elements: W's partner (m n), the Gram matrix and its
+/// polynomial (2 m m), and one double (the squared norm) rounded up to
+/// whole elements.
+inline std::int64_t muon_ns_scratch_elements(std::int64_t m, std::int64_t n, std::size_t elem) {
+  return m * n + 2 * m * m + static_cast<std::int64_t>((sizeof(double) + elem - 1) / elem);
+}
+/// Scratch elements one step needs for matrix `t`: its shard (what is
+/// orthogonalised), the gathered shards (split over tp > 1), W, and the
+/// iteration's (muon_ns_scratch_elements).
+inline std::int64_t muon_scratch_elements(const muon_matrix& t, std::size_t elem) {
+  const std::int64_t gathered = t.split >= 0 && t.shards > 1 ? t.gathered() : 0;
+  return t.local() + gathered + t.whole() +
+         muon_ns_scratch_elements(t.wide_rows(), t.wide_cols(), elem);
+}
 
 }  // namespace tessera::kernels
 

@@ -301,7 +301,7 @@ TEST_CASE("Muon saves and loads bit for bit, skips a non-finite scale, refuses s
   // State bytes by hand: the momentum (n doubles), AdamW's second moment
   // (its elements), the two segment tables (40 and 48 bytes a tensor), the
   // scratch of the largest matrix (20 x 8: shard, W, W's partner, two 8 x 8
-  // Gram matrices, one double).
+  // Gram matrices, one double, 8-byte aligned already).
   const std::size_t scratch = (160 + 160 + 160 + 2 * 64 + 1) * sizeof(double);
   CHECK(a.scratch_bytes() == scratch);
   CHECK(a.state_bytes() == fixture_n * 8 + (2 * V * H + 2 * H) * 8 + 7 * 40 + 7 * 48 + scratch);

@@ -121,29 +121,22 @@ std::int64_t muon_ns_scratch(std::int64_t m, std::int64_t n) {
   return muon_ns_scratch_elements(m, n, sizeof(M));
 }
 
-/// The quintic Newton-Schulz iteration on W (m x n row-major, m <= n, in
-/// place): W /= max(||W||_F, eps) (the norm's square summed in float64 by
-/// grad_sum_squares), then `steps` times A = W W^T; B = b A + c A A;
-/// W = a W + B W, each product one kernels::gemm (the BLAS) in M.
+/// The quintic Newton-Schulz iteration proper on W (m x n row-major, m <=
+/// n, in place, already normalised): `steps` times A = W W^T; B = b A +
+/// c A A; W = a W + B W, each product one kernels::gemm (the BLAS) in M.
 /// `scratch` holds muon_ns_scratch<M>(m, n) elements. Throws config_error
 /// for m > n or a negative size. Source: torch/optim/_muon.py
-/// _zeropower_via_newtonschulz (there in bfloat16; here in M).
+/// _zeropower_via_newtonschulz's loop.
 template <class M>
-void muon_newton_schulz(const host_context& ctx, M* wide, std::int64_t m, std::int64_t n,
-                        M* scratch, double a, double b, double c, int steps, double eps) {
+void muon_ns_iterate(const host_context& ctx, M* wide, std::int64_t m, std::int64_t n, M* scratch,
+                     double a, double b, double c, int steps) {
+  (void)ctx;
   TESSERA_THROW_IF(m < 0 || m > n, config_error, "muon_newton_schulz: ", m, " x ", n,
                    " must be a wide matrix (0 <= rows <= cols)");
   if (m == 0) return;
   M* other = scratch;
   M* gram = other + m * n;
   M* poly = gram + m * m;
-  double* ss = reinterpret_cast<double*>(poly + m * m);
-  double sum = 0;
-  grad_sum_squares(ctx, &sum, wide, m * n);
-  *ss = sum;
-  const M d = static_cast<M>(std::max(std::sqrt(sum), eps));
-#pragma omp parallel for simd schedule(static)
-  for (std::int64_t k = 0; k < m * n; ++k) wide[k] = wide[k] / d;
   M* x = wide;
   M* y = other;
   using A = accum_t<M>;
@@ -157,6 +150,27 @@ void muon_newton_schulz(const host_context& ctx, M* wide, std::int64_t m, std::i
     std::swap(x, y);
   }
   if (x != wide) std::copy(x, x + m * n, wide);
+}
+
+/// The Newton-Schulz orthogonalisation of W (m x n row-major, m <= n, in
+/// place): W /= max(||W||_F, eps), the squared norm summed in float64 by
+/// grad_sum_squares and the divisor rounded to M, then muon_ns_iterate.
+/// `scratch` holds muon_ns_scratch<M>(m, n) elements. Throws config_error
+/// for m > n or a negative size. Source: torch/optim/_muon.py
+/// _zeropower_via_newtonschulz (there in bfloat16; here in M).
+template <class M>
+void muon_newton_schulz(const host_context& ctx, M* wide, std::int64_t m, std::int64_t n,
+                        M* scratch, double a, double b, double c, int steps, double eps) {
+  TESSERA_THROW_IF(m < 0 || m > n, config_error, "muon_newton_schulz: ", m, " x ", n,
+                   " must be a wide matrix (0 <= rows <= cols)");
+  if (m == 0) return;
+  double sum = 0;
+  grad_sum_squares(ctx, &sum, wide, m * n);
+  *muon_norm_slot(scratch + m * n + 2 * m * m) = sum;
+  const M d = static_cast<M>(std::max(std::sqrt(sum), eps));
+#pragma omp parallel for simd schedule(static)
+  for (std::int64_t k = 0; k < m * n; ++k) wide[k] = wide[k] / d;
+  muon_ns_iterate(ctx, wide, m, n, scratch, a, b, c, steps);
 }
 
 /// The update of this rank's shard of matrix `t` by the orthogonalised W

@@ -243,6 +243,8 @@ class muon_optimizer : public flat_optimizer<Param, Master, Ctx> {
   const muon_config& config() const { return cfg_; }
   /// The matrices Muon updates (host copy of the table).
   const std::vector<kernels::muon_matrix>& matrices() const { return matrices_; }
+  /// The segment table of the fused pass (host copy).
+  const std::vector<kernels::muon_segment>& muon_segments() const { return segs_; }
   /// The momentum of the matrices and AdamW's first moment of the other
   /// tensors (n elements, the context's memory).
   const Master* momentum() const { return this->moment(0); }

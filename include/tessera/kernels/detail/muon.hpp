@@ -72,10 +72,18 @@ struct muon_matrix {
 
 /// Scratch elements of the Newton-Schulz iteration on a wide m x n matrix
 /// of `elem`-byte elements: W's partner (m n), the Gram matrix and its
-/// polynomial (2 m m), and one double (the squared norm) rounded up to
-/// whole elements.
+/// polynomial (2 m m), and one double (the squared norm) with room to
+/// align it to 8 bytes (muon_norm_slot).
 inline std::int64_t muon_ns_scratch_elements(std::int64_t m, std::int64_t n, std::size_t elem) {
-  return m * n + 2 * m * m + static_cast<std::int64_t>((sizeof(double) + elem - 1) / elem);
+  const auto e = static_cast<std::int64_t>(elem);
+  const std::int64_t slot = (8 + e - 1) / e, pad = e < 8 ? 8 / e - 1 : 0;
+  return m * n + 2 * m * m + slot + pad;
+}
+/// The 8-byte aligned double of the scratch after `end` (muon_ns_scratch_elements).
+template <class M>
+TESSERA_HOST_DEVICE inline double* muon_norm_slot(M* end) {
+  const auto a = reinterpret_cast<std::uintptr_t>(end);
+  return reinterpret_cast<double*>((a + 7) / 8 * 8);
 }
 /// Scratch elements one step needs for matrix `t`: its shard (what is
 /// orthogonalised), the gathered shards (split over tp > 1), W, and the

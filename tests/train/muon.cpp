@@ -210,6 +210,55 @@ TEST_CASE("muon: a run resumed from a checkpoint continues bit for bit", "[train
                     Catch::Contains("muon") && Catch::Contains("adamw"));
 }
 
+// The momentum is stored by the boxes of the parameters (one element an
+// element), so a checkpoint written on one rank resumes at tp 2 and
+// continues one rank's trajectory (float64; the tp gradients' rounding).
+TEST_CASE("muon: a checkpoint written at tp 1 resumes at tp 2", "[train][optim][muon][tp]") {
+  using P = precision::fp64;
+  trainer_suite::temp_file corpus{trainer_suite::make_corpus("muon_retp", 0)};
+  data::token_file f(corpus.path);
+  train::train_config c = small_config(5);
+  c.lr = 2e-2;
+  const fs::path dir =
+      fs::temp_directory_path() / ("tessera_muon_retp_" + std::to_string(::getpid()));
+  struct cleanup {
+    fs::path a;
+    ~cleanup() {
+      std::error_code ec;
+      fs::remove_all(a, ec);
+    }
+  } clean{dir};
+  std::vector<double> full;
+  {
+    train::trainer<P, host, optim::muon> t(trainer_suite::model(), c, f);
+    for (int s = 0; s < 5; ++s) {
+      full.push_back(t.train_step().loss);
+      if (s == 1) t.save_checkpoint(dir);
+    }
+  }
+  double resumed[2][5] = {};
+  REQUIRE_NOTHROW(local_world::run(
+      2,
+      [&](local_communicator& world) {
+        omp_set_num_threads(1);
+        using layers = nn::tensor_parallel_layers<local_communicator>;
+        auto g = comm::make_groups(world, comm::device_mesh(1, 2, 1));
+        train::train_config c2 = c;
+        c2.tp = 2;
+        train::trainer<P, host, optim::muon, parallel::zero<0>, local_communicator, layers> t(
+            trainer_suite::model(), c2, f, parallel::layout{g.dp, layers{&g.tp}, g.pp});
+        t.load_checkpoint(dir);
+        for (int s = 2; s < 5; ++s) resumed[world.rank()][s] = t.train_step().loss;
+      },
+      test_options()));
+  for (int r = 0; r < 2; ++r)
+    for (int s = 2; s < 5; ++s) {
+      INFO("tp rank " << r << " step " << s);
+      CHECK(std::abs(resumed[r][s] - full[static_cast<std::size_t>(s)]) <=
+            1e-10 * full[static_cast<std::size_t>(s)]);
+    }
+}
+
 TEST_CASE("muon: a small run trains", "[train][optim][muon]") {
   trainer_suite::temp_file corpus{trainer_suite::make_corpus("muon_trains", 0)};
   data::token_file f(corpus.path);

@@ -34,6 +34,9 @@ template class train::trainer<precision::bf16_mixed_bf16_grads, cuda, optim::sgd
 template class train::trainer<precision::bf16_mixed_bf16_grads, cuda, optim::lion>;
 template class train::trainer<precision::bf16_mixed_bf16_grads, cuda, optim::adafactor>;
 template class train::trainer<precision::bf16_mixed, cuda, optim::muon>;
+// Muon under ZeRO over NCCL: the buckets' pieces of each matrix gathered over dp.
+template class train::trainer<precision::bf16_mixed, cuda, optim::muon, parallel::zero<1>,
+                              comm::nccl_communicator>;
 template class train::trainer<precision::bf16_mixed, cuda, optim::adafactor, parallel::zero<0>,
                               comm::nccl_communicator>;
 template class train::trainer<precision::fp16_mixed, cuda>;

@@ -160,7 +160,7 @@ void follow_host(const optim::muon_config& cfg, std::uint64_t seed) {
   const auto ranges = table();
   const std::int64_t n = ranges.back().end + 4;
   optim::muon_optimizer<Param, Grad, float, ctx_t> host(cfg, n, ranges, ctx);
-  optim::tp_gather<float> g;
+  optim::group_gather<float> g;
   g.size = 4;
   // The host's gather sees the same other ranks; wk's shard index is 1 of
   // 2 distinct shards (tp rank 2), wo's 2 of 4 (tp rank 2).

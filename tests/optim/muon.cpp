@@ -126,7 +126,6 @@ struct byte_writer {
 
 TEST_CASE("optim::muon is an optimizer policy with torch's defaults", "[optim][muon]") {
   STATIC_REQUIRE(optim::optimizer_policy<optim::muon>);
-  STATIC_REQUIRE(optim::muon::whole_tensors);
   STATIC_REQUIRE(std::is_same_v<optim::muon::state<bf16, float, float, ctx_t>,
                                 optim::muon_optimizer<bf16, float, float, ctx_t>>);
   const optim::muon_config d{};
@@ -297,7 +296,10 @@ TEST_CASE("Muon saves and loads bit for bit, skips a non-finite scale, refuses s
   REQUIRE(emb.size() == 2);
   CHECK(std::string(emb[0].role) == "exp_avg");
   CHECK(std::string(emb[1].role) == "exp_avg_sq");
-  CHECK_THROWS_WITH(a.statistics_of(3), Catch::Contains("no tensor begins at element 3"));
+  CHECK_THROWS_WITH(a.statistics_of(-1), Catch::Contains("no tensor holds element -1"));
+  // An element inside a tensor: its state from there on (a ZeRO piece's).
+  CHECK(a.statistics_of(ranges[2].begin + 5)[0].data ==
+        a.statistics_of(ranges[2].begin)[0].data + 5);
   // State bytes by hand: the momentum (n doubles), AdamW's second moment
   // (its elements), the two segment tables (40 and 48 bytes a tensor), the
   // scratch of the largest matrix (20 x 8: shard, W, W's partner, two 8 x 8
@@ -305,11 +307,19 @@ TEST_CASE("Muon saves and loads bit for bit, skips a non-finite scale, refuses s
   const std::size_t scratch = (160 + 160 + 160 + 2 * 64 + 1) * sizeof(double);
   CHECK(a.scratch_bytes() == scratch);
   CHECK(a.state_bytes() == fixture_n * 8 + (2 * V * H + 2 * H) * 8 + 7 * 40 + 7 * 48 + scratch);
-  // A piece of a matrix (a ZeRO chunk boundary inside it) is refused.
+  // A piece of a matrix (a ZeRO chunk boundary inside it) needs the dp
+  // group that gathers it whole before a step; a range beyond its tensor is refused.
   auto split = ranges;
   split[2].end -= 3;
-  CHECK_THROWS_WITH(muon_opt<double>(cfg, fixture_n, split, ctx),
-                    Catch::Contains("not a whole tensor") && Catch::Contains("use stage 0"));
+  muon_opt<double> piece(cfg, fixture_n, split, ctx);
+  std::vector<double> pp(muon_fixture::initial, muon_fixture::initial + fixture_n);
+  piece.init_master(pp.data());
+  CHECK_THROWS_WITH(piece.step(pp.data(), muon_fixture::grads, 0.02),
+                    Catch::Contains("piece of a matrix") && Catch::Contains("gather_pieces_over"));
+  auto beyond = ranges;
+  beyond[2].first = 5;
+  CHECK_THROWS_WITH(muon_opt<double>(cfg, fixture_n, beyond, ctx),
+                    Catch::Contains("not a tensor of a known shape or a piece of one"));
   // A matrix split over tp needs its group before a step.
   auto tp = ranges;
   tp[2].split = 0;

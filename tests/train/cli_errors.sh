@@ -198,7 +198,6 @@ expect "--muon-nesterov with sgd" "--muon-nesterov sets Muon's update: it needs 
 expect "--muon-ns-steps with adamw" "--muon-ns-steps sets Muon's update: it needs --optimizer muon" "$train" "${common[@]}" --muon-ns-steps 3
 expect "an unknown muon update scale" "unknown Muon update scale 'spectral' (valid: original, match_rms_adamw)" "$train" "${common[@]}" --optimizer muon --muon-adjust-lr spectral
 expect "muon momentum of 1" "muon momentum=1 must be in \[0, 1)" "$train" "${common[@]}" --optimizer muon --muon-momentum 1
-expect "muon under a splitting ZeRO stage" "--optimizer muon orthogonalises each weight matrix whole, which --zero 2 over --dp 2 would split between ranks: use --zero 0" "$train" "${common[@]}" --optimizer muon --dp 2 --zero 2
 expect "--schedule without --pp" "--schedule gpipe orders a pipeline's stages: it needs --pp > 1" "$train" "${common[@]}" --schedule gpipe
 expect "a negative --baseline" "--baseline -1 must be > 0" "$train" "${common[@]}" --baseline -1
 # The learning-rate schedule: its names, wsd's flags only with wsd, the

@@ -82,11 +82,11 @@ void muon_momentum_step(const host_context& ctx, Param* params, M* master, M* m,
   }
 }
 
-/// What matrix `t` orthogonalises, this rank's shard of it: out[j] =
-/// muon_nesterov(m[t.begin + j], grad * scale) for j < t.local(). `out`
-/// holds t.local() elements and must not alias m. A non-finite
-/// *grad_scale writes nothing. Source: torch/optim/_muon.py `update =
-/// grad.lerp(buf, momentum) if nesterov else buf`.
+/// What matrix `t` orthogonalises, the elements this optimizer owns of it:
+/// out[j] = muon_nesterov(m[t.begin + j], grad * scale) for j < t.owned()
+/// (element t.first + j of the shard). `out` holds t.owned() elements and
+/// must not alias m. A non-finite *grad_scale writes nothing. Source:
+/// torch/optim/_muon.py `update = grad.lerp(buf, momentum) if nesterov else buf`.
 template <class Grad, class M>
 void muon_nesterov(const host_context& ctx, M* out, const M* m, const Grad* grads,
                    const muon_matrix& t, detail::muon_step_params<M> step, const M* grad_scale) {
@@ -95,7 +95,7 @@ void muon_nesterov(const host_context& ctx, M* out, const M* m, const Grad* grad
     if (!std::isfinite(*grad_scale)) return;
     step.grad_scale *= *grad_scale;
   }
-  const std::int64_t n = t.local();
+  const std::int64_t n = t.owned();
   const M* mt = m + t.begin;
   const Grad* g = grads + t.begin + t.grad_shift;
 #pragma omp parallel for simd schedule(static)
@@ -173,8 +173,9 @@ void muon_newton_schulz(const host_context& ctx, M* wide, std::int64_t m, std::i
   muon_ns_iterate(ctx, wide, m, n, scratch, a, b, c, steps);
 }
 
-/// The update of this rank's shard of matrix `t` by the orthogonalised W
-/// (`wide`, as muon_assemble lays it out): p = p (1 - lr wd) - adjusted_lr
+/// The update of the elements this optimizer owns of matrix `t` (t.owned(),
+/// from element t.first of the shard) by the orthogonalised W (`wide`, as
+/// muon_assemble lays it out): p = p (1 - lr wd) - adjusted_lr
 /// o, on the master weight (then rounded into the parameter) or the
 /// parameter itself; decay only with t.decay. A non-finite *grad_scale
 /// writes nothing.
@@ -184,11 +185,11 @@ void muon_apply(const host_context& ctx, Param* params, M* master, const M* wide
   (void)ctx;
   if (grad_scale && !std::isfinite(*grad_scale)) return;
   const M f = t.decay != 0 ? decay_factor : M(1);
-  const std::int64_t n = t.local();
+  const std::int64_t n = t.owned();
 #pragma omp parallel for schedule(static)
   for (std::int64_t j = 0; j < n; ++j) {
     const std::int64_t i = t.begin + j;
-    const M o = wide[detail::muon_local_to_wide(t, j)];
+    const M o = wide[detail::muon_local_to_wide(t, t.first + j)];
     if constexpr (!std::is_same_v<Param, M>) {
       detail::muon_apply(master[i], o, f, adjusted_lr);
       params[i + t.param_shift] = to<Param>(master[i]);

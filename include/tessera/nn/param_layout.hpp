@@ -39,6 +39,9 @@ struct param_range {
   /// rows x cols when split is -1.
   int split = -1, shard = 0, replicas = 1;
   std::int64_t full_rows = 0, full_cols = 0;
+  /// The range's first element within its tensor (its tp shard), row-major:
+  /// 0 for a whole tensor, where a ZeRO chunk cuts it for a piece (clip_ranges).
+  std::int64_t first = 0;
   std::int64_t size() const { return end - begin; }
   /// Whether the range holds its whole tensor (false when the shape is not known).
   bool whole() const { return dims > 0 && size() == rows * cols; }
@@ -46,7 +49,7 @@ struct param_range {
 
 /// Intersects `ranges` with the shard [lo, hi) of the flat buffer (ZeRO
 /// partitions by offset ranges, DESIGN.md principle 4). Empty pieces are
-/// dropped; a piece keeps its tensor's shape.
+/// dropped; a piece keeps its tensor's shape and says where in it it starts (`first`).
 inline std::vector<param_range> clip_ranges(const std::vector<param_range>& ranges, std::int64_t lo,
                                             std::int64_t hi) {
   std::vector<param_range> out;
@@ -56,6 +59,7 @@ inline std::vector<param_range> clip_ranges(const std::vector<param_range>& rang
     param_range piece = r;
     piece.begin = b;
     piece.end = e;
+    piece.first = r.first + (b - r.begin);
     out.push_back(piece);
   }
   return out;

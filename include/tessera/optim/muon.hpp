@@ -26,15 +26,19 @@
 /// master weights when Param is narrower than Master, the segment and
 /// matrix tables, and the iteration's scratch (for the largest matrix:
 /// its shard, the gathered shards under tp, W and its partner, two Gram
-/// matrices). All allocated when the optimizer is built.
+/// matrices; under ZeRO over dp > 1 also the largest bucket holding a
+/// matrix). All allocated when the optimizer is built (the bucket when the
+/// engine gives the buckets).
 ///
-/// Each matrix is orthogonalised whole, so each range given must be a
-/// whole tensor (its tp shard): the policy says so (`whole_tensors`) and
-/// parallel::data_parallel refuses a ZeRO stage whose chunks would split
-/// one. Under tensor parallelism every rank of the tp group gathers the
-/// split momentum, runs the iteration on the whole matrix and keeps its
-/// own shard (Megatron-Core's tensor-parallel Muon calls this mode
-/// "duplicated"): the tp trajectory is one rank's.
+/// Each matrix is orthogonalised whole. Under tensor parallelism every
+/// rank of the tp group gathers the split momentum, runs the iteration on
+/// the whole matrix and keeps its own shard (Megatron-Core's tensor-parallel
+/// Muon calls this mode "duplicated"). Under a ZeRO stage over dp > 1, whose
+/// chunks may cut a matrix into pieces, each bucket holding a matrix has
+/// every rank's chunk of what is orthogonalised all-gathered over dp, and
+/// every rank owning a piece runs the iteration on the whole matrix and
+/// updates its piece (gather_pieces_over). Every layout computes one rank's
+/// update; parallel::data_parallel hands the optimizer both groups.
 ///
 /// Precision: the iteration runs in Master (float64 or float32 on the host,
 /// float32 on the GPU); torch.optim.Muon casts to bfloat16 for speed.
@@ -150,7 +154,7 @@ kernels::muon_matrix muon_matrix_of(const Range& r, int tp) {
 
 /// Muon over n elements of `Param` with gradients `Grad` and `Master`
 /// state, on context `Ctx` (not owned). Built over ranges that are each a
-/// whole tensor (or its tp shard) with its shape.
+/// tensor (or its tp shard) with its shape, or a ZeRO chunk's piece of one.
 template <class Param, class Grad, class Master, class Ctx>
 class muon_optimizer : public flat_optimizer<Param, Master, Ctx> {
   using base = flat_optimizer<Param, Master, Ctx>;
@@ -161,22 +165,24 @@ class muon_optimizer : public flat_optimizer<Param, Master, Ctx> {
   using base::has_master;
 
   /// Builds the optimizer for elements [0, n), `ranges` (owned_range or
-  /// param_range, sorted) each a whole tensor or tp shard of the shape it
-  /// states: a hidden matrix (param_range::hidden) is Muon's, any other
-  /// tensor AdamW's. Allocates all state and scratch from the context now
-  /// (zero). Throws config_error for bad hyper-parameters, n < 0, or a range
-  /// that is not a whole tensor inside [0, n) (naming it).
+  /// param_range, sorted) each a tensor, tp shard or piece of one (`first`)
+  /// of the shape it states: a hidden matrix (param_range::hidden) is
+  /// Muon's, any other tensor AdamW's. A piece of a matrix needs
+  /// gather_pieces_over before the first step. Allocates all state and
+  /// scratch from the context now (zero). Throws config_error for bad
+  /// hyper-parameters, n < 0, or a range of no known shape, beyond [0, n)
+  /// or beyond its tensor (naming it).
   template <class Range>
   muon_optimizer(muon_config cfg, std::int64_t n, const std::vector<Range>& ranges, const Ctx& ctx)
       : base(n, owned(ranges), (cfg.validate(), cfg.weight_decay != 0.0), ctx, 1), cfg_(cfg) {
     std::int64_t vpos = 0, scratch = 0;
     for (const owned_range& r : owned(ranges)) {
-      TESSERA_THROW_IF(!r.whole() || r.begin < 0 || r.end > n, config_error, "muon: elements [",
-                       r.begin, ", ", r.end, ") of its ", n,
-                       " are not a whole tensor of a known shape (dims=", r.dims, ", ", r.rows,
-                       " x ", r.cols,
-                       "): each matrix is orthogonalised whole (a ZeRO stage over dp > 1 "
-                       "splits them: use stage 0)");
+      TESSERA_THROW_IF(r.dims < 1 || r.begin < 0 || r.end > n || r.first < 0 ||
+                           r.first + (r.end - r.begin) > r.rows * r.cols,
+                       config_error, "muon: elements [", r.begin, ", ", r.end, ") of its ", n,
+                       " are not a tensor of a known shape or a piece of one (dims=", r.dims, ", ",
+                       r.rows, " x ", r.cols, ", from its element ", r.first, ")");
+      pieces_ = pieces_ || (muon_updates(r) && !r.whole());
       const bool decay = r.decay && cfg.weight_decay != 0.0;
       kernels::muon_segment s{r.begin, r.end, decay ? 1 : 0, 0, r.param_shift, r.grad_shift, 0};
       tensor_entry e{r.begin, r.end, false, 0};
@@ -184,6 +190,9 @@ class muon_optimizer : public flat_optimizer<Param, Master, Ctx> {
         s.muon = 1;
         e.muon = true;
         kernels::muon_matrix t = muon_matrix_of(r, 1);
+        t.begin = r.begin;
+        t.end = r.end;
+        t.first = r.first;
         t.param_shift = r.param_shift;
         t.grad_shift = r.grad_shift;
         t.decay = decay ? 1 : 0;
@@ -213,7 +222,7 @@ class muon_optimizer : public flat_optimizer<Param, Master, Ctx> {
   /// the gathered shards of the largest matrix. Required before the first
   /// step when a matrix is split; throws config_error if g.size < 1 or a
   /// gather function is missing for g.size > 1.
-  void gather_over(tp_gather<Master> g) {
+  void gather_over(group_gather<Master> g) {
     TESSERA_THROW_IF(g.size < 1 || (g.size > 1 && !g.all_gather), config_error,
                      "muon: a tp group of size ", g.size, " needs an all_gather (size >= 1)");
     tp_ = std::move(g);
@@ -223,6 +232,43 @@ class muon_optimizer : public flat_optimizer<Param, Master, Ctx> {
       scratch = std::max(scratch, scratch_of(t, tp_.size));
     }
     allocate_scratch(scratch);
+  }
+
+  /// Gathers the pieces of matrices a ZeRO stage splits between the dp
+  /// ranks through `dp` (its all_gather over the dp group, `rank` this
+  /// rank's index): per bucket holding a matrix (`buckets`, the engine's:
+  /// parallel::bucket_plan), every rank writes what it orthogonalises of
+  /// its chunk, the chunks are all-gathered into the whole bucket, and each
+  /// rank orthogonalises the matrices it owns a piece of, whole. The scratch
+  /// grows by the largest such bucket. Required before the first step when
+  /// a range is a piece of a matrix; throws config_error for a bad group or
+  /// a matrix piece in no bucket.
+  void gather_pieces_over(group_gather<Master> dp, int rank, std::vector<state_bucket> buckets) {
+    TESSERA_THROW_IF(dp.size < 1 || rank < 0 || rank >= dp.size || (dp.size > 1 && !dp.all_gather),
+                     config_error, "muon: a dp group of size ", dp.size, " and rank ", rank,
+                     " needs an all_gather (size >= 1, rank in [0, size))");
+    dp_ = std::move(dp);
+    dp_rank_ = rank;
+    zero_ = true;
+    buckets_ = std::move(buckets);
+    bucket_of_.assign(matrices_.size(), -1);
+    // Every bucket holding a matrix is gathered, whether this rank owns a
+    // piece of one there or not.
+    std::int64_t most = 0;
+    for (const state_bucket& u : buckets_)
+      if (u.matrices) most = std::max(most, u.chunk * dp_.size);
+    for (std::size_t k = 0; k < matrices_.size(); ++k) {
+      const kernels::muon_matrix& t = matrices_[k];
+      for (std::size_t b = 0; b < buckets_.size(); ++b) {
+        const state_bucket& u = buckets_[b];
+        if (t.begin >= u.state_begin && t.end <= u.state_begin + (u.hi - u.lo))
+          bucket_of_[k] = static_cast<int>(b);
+      }
+      TESSERA_THROW_IF(bucket_of_[k] < 0, config_error, "muon: the matrix piece at elements [",
+                       t.begin, ", ", t.end, ") lies in no bucket given");
+    }
+    bucket_elems_ = most;
+    allocate_scratch(scratch_elems_);
   }
 
   /// One step: the gradients scaled by `*d_clip` (one Master in the
@@ -289,7 +335,8 @@ class muon_optimizer : public flat_optimizer<Param, Master, Ctx> {
     return v;
   }
   /// The state of one tensor as a checkpoint stores it, one Master an
-  /// element of the tensor (`along` -1): a matrix's "momentum_buffer"
+  /// element of the tensor (`along` -2: split as the tensor is, a ZeRO
+  /// piece holding its part): a matrix's "momentum_buffer"
   /// (torch.optim.Muon's name), another tensor's "exp_avg" and "exp_avg_sq"
   /// (torch.optim.AdamW's).
   struct tensor_statistic {
@@ -298,18 +345,19 @@ class muon_optimizer : public flat_optimizer<Param, Master, Ctx> {
     std::int64_t count;
     int along;
   };
-  /// The state of the tensor whose first element is `state_begin`. Throws
-  /// tessera::error if no tensor begins there.
+  /// The state from element `state_begin` to the end of the range holding
+  /// it (a tensor, or this optimizer's piece of one). Throws tessera::error
+  /// if no range holds it.
   std::vector<tensor_statistic> statistics_of(std::int64_t state_begin) {
-    const auto it =
-        std::lower_bound(entries_.begin(), entries_.end(), state_begin,
-                         [](const tensor_entry& t, std::int64_t b) { return t.begin < b; });
-    TESSERA_THROW_IF(it == entries_.end() || it->begin != state_begin, error,
-                     "muon: no tensor begins at element ", state_begin);
-    Master* m = this->moment(0) + it->begin;
-    const std::int64_t count = it->end - it->begin;
-    if (it->muon) return {{"momentum_buffer", m, count, -1}};
-    return {{"exp_avg", m, count, -1}, {"exp_avg_sq", v_.data() + it->v, count, -1}};
+    auto it = std::upper_bound(entries_.begin(), entries_.end(), state_begin,
+                               [](std::int64_t b, const tensor_entry& t) { return b < t.begin; });
+    TESSERA_THROW_IF(it == entries_.begin() || (it - 1)->end <= state_begin, error,
+                     "muon: no tensor holds element ", state_begin);
+    --it;
+    const std::int64_t off = state_begin - it->begin, count = it->end - state_begin;
+    Master* m = this->moment(0) + state_begin;
+    if (it->muon) return {{"momentum_buffer", m, count, -2}};
+    return {{"exp_avg", m, count, -2}, {"exp_avg_sq", v_.data() + it->v + off, count, -2}};
   }
 
   /// Scratch elements a matrix needs on a tp group of `shards` ranks
@@ -327,14 +375,20 @@ class muon_optimizer : public flat_optimizer<Param, Master, Ctx> {
     std::int64_t v;  // AdamW's: its first element in v_
   };
 
+  // The matrices' scratch (`elems`) and, after it, the largest bucket's.
   void allocate_scratch(std::int64_t elems) {
-    scratch_ = kernels::make_tensor<Master>(this->ctx(), elems);
-    kernels::zero_elements(this->ctx(), scratch_.data(), elems);
+    scratch_elems_ = elems;
+    scratch_ = kernels::make_tensor<Master>(this->ctx(), elems + bucket_elems_);
+    kernels::zero_elements(this->ctx(), scratch_.data(), elems + bucket_elems_);
   }
 
   void launch(Param* params, const Grad* grads, double lr, double grad_scale,
               const Master* d_clip) {
     if (d_clip == nullptr && !std::isfinite(grad_scale)) return;  // skipped: not counted
+    TESSERA_THROW_IF(pieces_ && !zero_, error,
+                     "muon: a ZeRO chunk holds a piece of a matrix, and each matrix is "
+                     "orthogonalised whole: give the optimizer its dp group and buckets "
+                     "(gather_pieces_over) first");
     for (const kernels::muon_matrix& t : matrices_)
       TESSERA_THROW_IF(t.split >= 0 && tp_.size < 2, error, "muon: a matrix of ", t.full_rows,
                        " x ", t.full_cols,
@@ -361,19 +415,50 @@ class muon_optimizer : public flat_optimizer<Param, Master, Ctx> {
     muon_momentum_step(ctx, params, master, m, v_.data(), grads, this->size(), segments_.data(),
                        static_cast<int>(segs_.size()), s, d_clip);
     const Master decay = static_cast<Master>(1.0 - lr * c.weight_decay);
-    for (const kernels::muon_matrix& t : matrices_) {
-      Master* shard = scratch_.data();
+    // Matrix t's shard whole at `src` (this rank's tp shard): gathered over
+    // tp when split, laid out as W, orthogonalised, and this optimizer's
+    // elements of it updated.
+    auto orthogonalise = [&](const kernels::muon_matrix& t, const Master* src) {
+      Master* gathered = scratch_.data() + t.local();
       const bool gather = t.split >= 0 && t.shards > 1;
-      Master* gathered = shard + t.local();
       Master* wide = gathered + (gather ? t.gathered() : 0);
       Master* ns = wide + t.whole();
-      muon_nesterov(ctx, shard, m, grads, t, s, d_clip);
-      if (gather) tp_.all_gather(shard, gathered, t.local());
-      muon_assemble(ctx, wide, gather ? gathered : shard, t);
+      if (gather) {
+        tp_.all_gather(src, gathered, t.local());
+        src = gathered;
+      }
+      muon_assemble(ctx, wide, src, t);
       muon_newton_schulz(ctx, wide, t.wide_rows(), t.wide_cols(), ns, c.ns_a, c.ns_b, c.ns_c,
                          c.ns_steps, c.eps);
       muon_apply(ctx, params, master, static_cast<const Master*>(wide), t, decay,
                  static_cast<Master>(c.adjusted_lr(lr, t.full_rows, t.full_cols)), d_clip);
+    };
+    if (!zero_) {
+      for (const kernels::muon_matrix& t : matrices_) {
+        muon_nesterov(ctx, scratch_.data(), m, grads, t, s, d_clip);
+        orthogonalise(t, scratch_.data());
+      }
+      return;
+    }
+    // ZeRO: per bucket holding a matrix (every rank, whether it owns a
+    // piece of one or not), every rank's chunk of what is orthogonalised,
+    // all-gathered over dp into the whole bucket (flat order).
+    Master* bucket = scratch_.data() + scratch_elems_;
+    for (std::size_t b = 0; b < buckets_.size(); ++b) {
+      const state_bucket& u = buckets_[b];
+      if (!u.matrices) continue;
+      Master* mine = bucket + u.chunk * dp_rank_;
+      const std::int64_t to_flat = u.lo - u.state_begin;  // state element -> flat element
+      for (std::size_t k = 0; k < matrices_.size(); ++k)
+        if (bucket_of_[k] == static_cast<int>(b))
+          muon_nesterov(ctx, mine + (matrices_[k].begin + to_flat - u.lo), m, grads, matrices_[k],
+                        s, d_clip);
+      dp_.all_gather(mine, bucket, u.chunk);
+      for (std::size_t k = 0; k < matrices_.size(); ++k) {
+        const kernels::muon_matrix& t = matrices_[k];
+        if (bucket_of_[k] != static_cast<int>(b)) continue;
+        orthogonalise(t, bucket + (t.begin + to_flat - t.first - u.flat_begin));
+      }
     }
   }
 
@@ -385,18 +470,22 @@ class muon_optimizer : public flat_optimizer<Param, Master, Ctx> {
   tensor<Master, Backend> v_;
   tensor<kernels::muon_segment, Backend> segments_;
   tensor<Master, Backend> scratch_;
-  tp_gather<Master> tp_;
+  std::int64_t scratch_elems_ = 0, bucket_elems_ = 0;
+  group_gather<Master> tp_;
+  // ZeRO (gather_pieces_over): the dp group, the buckets, each matrix's bucket.
+  bool pieces_ = false, zero_ = false;
+  group_gather<Master> dp_;
+  int dp_rank_ = 0;
+  std::vector<state_bucket> buckets_;
+  std::vector<int> bucket_of_;
 };
 
 /// The Muon policy: `trainer<P, B, optim::muon, ...>`. Each matrix is
-/// orthogonalised whole (`whole_tensors`): parallel::data_parallel refuses
-/// a ZeRO stage whose shards split one, and gives the optimizer the tp
-/// group (gather_over) when the model is tensor-parallel.
+/// orthogonalised whole: parallel::data_parallel gives the optimizer the
+/// tp group (gather_over) when the model is tensor-parallel, and under a
+/// ZeRO stage over dp > 1 the dp group and the buckets (gather_pieces_over).
 struct muon {
   static constexpr const char* name = "muon";
-  static constexpr bool whole_tensors = true;
-  static constexpr const char* whole_tensors_why =
-      "orthogonalises each weight matrix whole (Newton-Schulz on its momentum)";
   using config = muon_config;
   template <class Param, class Grad, class Master, class Ctx>
   using state = muon_optimizer<Param, Grad, Master, Ctx>;

@@ -517,16 +517,38 @@ class data_parallel final : public nn::segment_hooks {
   }
   // An optimizer that orthogonalises whole matrices (optim::muon: it has
   // gather_over) reaches the other ranks of a tensor-parallel model through
-  // the model's tp group, which gathers a split matrix's shards.
+  // the model's tp group, which gathers a split matrix's shards; under a
+  // ZeRO stage over dp > 1 also the dp ranks, which gather the pieces of a
+  // matrix the stage's chunks split (gather_pieces_over), bucket by bucket.
   void give_tp_group() {
-    if constexpr (requires(optim::tp_gather<Master> g) { optimizer_.gather_over(g); }) {
-      if (model_->tp_size() < 2) return;
-      optim::tp_gather<Master> g;
-      g.size = model_->tp_size();
-      g.all_gather = [m = model_](const Master* in, Master* out, std::int64_t n) {
-        m->tp_all_gather(in, out, n);
-      };
-      optimizer_.gather_over(std::move(g));
+    if constexpr (requires(optim::group_gather<Master> g) { optimizer_.gather_over(g); }) {
+      if (model_->tp_size() > 1) {
+        optim::group_gather<Master> g;
+        g.size = model_->tp_size();
+        g.all_gather = [m = model_](const Master* in, Master* out, std::int64_t n) {
+          m->tp_all_gather(in, out, n);
+        };
+        optimizer_.gather_over(std::move(g));
+      }
+      if constexpr (S::shards_optimizer_state) {
+        if (plan_.dp() < 2) return;
+        const std::vector<nn::param_range> flat = model_->param_ranges();
+        std::vector<optim::state_bucket> buckets;
+        for (std::size_t k = 0; k < plan_.size(); ++k) {
+          const bucket& b = plan_.buckets()[k];
+          const auto [lo, hi] = plan_.owned(k);
+          optim::state_bucket u{b.begin, lo, hi, b.shard_offset, b.chunk, false};
+          for (const nn::param_range& r : flat)
+            u.matrices = u.matrices || (r.begin >= b.begin && r.end <= b.end && r.hidden);
+          buckets.push_back(u);
+        }
+        optim::group_gather<Master> g;
+        g.size = plan_.dp();
+        g.all_gather = [c = comm_](const Master* in, Master* out, std::int64_t n) {
+          detail::gather_chunks(*c, in, out, n).wait();
+        };
+        optimizer_.gather_pieces_over(std::move(g), plan_.rank(), std::move(buckets));
+      }
     }
   }
   // An optimizer whose state is per tensor (a policy with `whole_tensors`

@@ -129,7 +129,8 @@ struct optimizer_spec {
   bool factored = false;       ///< Adafactor's per-tensor statistics (above)
   /// Muon's per-tensor state (muon_state_bytes): AdamW's second moment of
   /// the tensors that are not a block's matrix, its segment table and the
-  /// Newton-Schulz scratch of the largest matrix; whole tensors, as factored.
+  /// Newton-Schulz scratch of the largest matrix (under ZeRO over dp > 1
+  /// with the largest bucket, which gathers the matrices' pieces whole).
   bool orthogonalised = false;
   /// AdamW: two moments.
   static optimizer_spec adamw() { return {"adamw", 2}; }
@@ -145,7 +146,7 @@ struct optimizer_spec {
   /// rest) and its per-tensor state.
   static optimizer_spec muon() { return {"muon", 1, false, true}; }
   /// Whether the state is of whole tensors (a ZeRO stage over dp > 1 would split them).
-  bool whole_tensors() const { return factored || orthogonalised; }
+  bool whole_tensors() const { return factored; }
   /// Looks up "adamw", "sgd", "lion", "adafactor" (without a first
   /// moment, the default) or "muon"; throws config_error listing them.
   static optimizer_spec from_name(const std::string& n) {
@@ -185,17 +186,19 @@ inline adafactor_bytes adafactor_state_bytes(const std::vector<nn::param_range>&
 }
 
 /// Muon's per-tensor bytes over `ranges` (whole tensors or tp shards with
-/// their shapes; a tp group of `tp` ranks), as optim::muon_optimizer
-/// allocates them: `state`, AdamW's second moment of every tensor that is
-/// not a block's matrix plus the scratch of the matrix needing the most
-/// (kernels::muon_scratch_elements: its shard, the gathered shards under
-/// tp, W, the iteration's), of `master` bytes; `table`, its segment table
-/// (48 bytes a tensor).
+/// their shapes, or a ZeRO shard's pieces of them; a tp group of `tp`
+/// ranks), as optim::muon_optimizer allocates them: `state`, AdamW's second
+/// moment of every range that is not of a block's matrix plus the scratch
+/// of the matrix needing the most (kernels::muon_scratch_elements: its
+/// shard, the gathered shards under tp, W, the iteration's) and
+/// `bucket_elems` (under ZeRO over dp > 1, the largest bucket holding a
+/// matrix, padded), of `master` bytes; `table`, its segment table (48 bytes
+/// a range).
 struct muon_bytes {
   std::uint64_t state = 0, table = 0;
 };
 inline muon_bytes muon_state_bytes(const std::vector<nn::param_range>& ranges, std::size_t master,
-                                   int tp) {
+                                   int tp, std::int64_t bucket_elems = 0) {
   std::uint64_t v = 0;
   std::int64_t scratch = 0;
   for (const nn::param_range& r : ranges) {
@@ -205,7 +208,7 @@ inline muon_bytes muon_state_bytes(const std::vector<nn::param_range>& ranges, s
     else
       v += static_cast<std::uint64_t>(r.size());
   }
-  return {(v + static_cast<std::uint64_t>(scratch)) * master,
+  return {(v + static_cast<std::uint64_t>(scratch + bucket_elems)) * master,
           static_cast<std::uint64_t>(ranges.size()) * sizeof(kernels::muon_segment)};
 }
 
@@ -457,7 +460,17 @@ inline state_plan plan_state(const nn::llama_config& c, const dtype_sizes& d,
     s.segment_table += a.table;
   }
   if (o.orthogonalised) {
-    const muon_bytes m = muon_state_bytes(ranges, d.master, sh.tp);
+    // Under ZeRO over dp > 1: this rank's pieces, and the largest bucket
+    // holding a matrix, gathered whole (optim::muon_optimizer::gather_pieces_over).
+    const bool pieces = sh.zero >= 1 && sh.dp > 1;
+    std::int64_t bucket_elems = 0;
+    if (pieces)
+      for (const auto& bk : bp.buckets())
+        for (const nn::param_range& r : ranges)
+          if (r.hidden && r.begin >= bk.begin && r.end <= bk.end)
+            bucket_elems = std::max(bucket_elems, bk.padded);
+    const muon_bytes m =
+        muon_state_bytes(pieces ? bp.shard_ranges(ranges) : ranges, d.master, sh.tp, bucket_elems);
     s.optimizer += m.state;
     s.segment_table += m.table;
   }

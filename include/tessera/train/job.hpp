@@ -266,10 +266,6 @@ inline void check_job(job& j) {
     c.muon.adamw_lr_ratio = given("--muon-adamw-lr") ? j.muon_adamw_lr / c.lr : 1.0;
     c.muon.validate();
   }
-  // Muon orthogonalises each matrix whole: a ZeRO shard would split them.
-  TESSERA_THROW_IF(j.optimizer == "muon" && j.zero >= 1 && j.dp > 1, config_error,
-                   "--optimizer muon orthogonalises each weight matrix whole, which --zero ",
-                   j.zero, " over --dp ", j.dp, " would split between ranks: use --zero 0");
   // --weight-decay is AdamW's field; SGD and Lion take it when given, else
   // their own default (0, as PyTorch's SGD and lion-pytorch).
   if (j.optimizer == "sgd") c.sgd.weight_decay = given("--weight-decay") ? c.adamw.weight_decay : 0;

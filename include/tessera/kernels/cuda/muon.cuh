@@ -124,7 +124,7 @@ struct muon_nesterov_body {
                                    const Grad* grads, muon_matrix t, muon_params s,
                                    const float* grad_scale) {
     if (!muon_scale<Ops>(grad_scale, s.grad_scale)) return;
-    const std::int64_t n = t.local(), stride = b.grid_x * b.threads;
+    const std::int64_t n = t.owned(), stride = b.grid_x * b.threads;
     for (std::int64_t j = b.x * b.threads + b.tid; j < n; j += stride) {
       const float g = to<float>(Ops::ld(grads + t.begin + t.grad_shift + j)) * s.grad_scale;
       Ops::st(out + j, kernels::detail::muon_nesterov(Ops::ld(m + t.begin + j), g, s));
@@ -183,10 +183,10 @@ struct muon_apply_body {
                                    float adjusted_lr, const float* grad_scale) {
     if (grad_scale && !isfinite(Ops::ld(grad_scale))) return;
     const float f = t.decay != 0 ? decay_factor : 1.0f;
-    const std::int64_t n = t.local(), stride = b.grid_x * b.threads;
+    const std::int64_t n = t.owned(), stride = b.grid_x * b.threads;
     for (std::int64_t j = b.x * b.threads + b.tid; j < n; j += stride) {
       const std::int64_t i = t.begin + j;
-      const float o = Ops::ld(wide + kernels::detail::muon_local_to_wide(t, j));
+      const float o = Ops::ld(wide + kernels::detail::muon_local_to_wide(t, t.first + j));
       update_parameter<Ops, Master>(params + i + t.param_shift, master, i, [&](float& p) {
         kernels::detail::muon_apply(p, o, f, adjusted_lr);
       });
@@ -217,8 +217,8 @@ void muon_nesterov_launch(const Launcher& launch, float* d_out, const float* d_m
                           const Grad* d_grads, const muon_matrix& t,
                           const kernels::detail::muon_step_params<float>& step,
                           const float* d_grad_scale) {
-  if (t.local() == 0) return;
-  launch.template run<detail::muon_nesterov_body<Grad>>(elementwise_config(t.local(), 1), d_out,
+  if (t.owned() == 0) return;
+  launch.template run<detail::muon_nesterov_body<Grad>>(elementwise_config(t.owned(), 1), d_out,
                                                         d_m, d_grads, t, step, d_grad_scale);
 }
 
@@ -247,9 +247,9 @@ void muon_apply_launch(const Launcher& launch, Param* d_params, float* d_master,
                        float adjusted_lr, const float* d_grad_scale) {
   constexpr bool has_master = !std::is_same_v<Param, float>;
   detail::check_optimizer_launch<Param>("muon_apply", 0, d_master);
-  if (t.local() == 0) return;
+  if (t.owned() == 0) return;
   launch.template run<detail::muon_apply_body<Param, has_master>>(
-      elementwise_config(t.local(), 1), d_params, d_master, d_wide, t, decay_factor, adjusted_lr,
+      elementwise_config(t.owned(), 1), d_params, d_master, d_wide, t, decay_factor, adjusted_lr,
       d_grad_scale);
 }
 

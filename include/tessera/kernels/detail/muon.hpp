@@ -37,7 +37,8 @@ struct muon_segment {
 static_assert(sizeof(muon_segment) == 48);
 
 /// One matrix Muon orthogonalises: elements [begin, end) of the optimizer
-/// (this rank's shard, `rows` x `cols` row-major; its parameters at
+/// are elements [first, first + end - begin) of this rank's shard (`rows` x
+/// `cols` row-major: all of it, or a ZeRO chunk's piece; its parameters at
 /// param_shift and gradients at grad_shift from there) of a whole matrix
 /// `full_rows` x `full_cols` (torch's param.shape: out x in features)
 /// split along `split` (-1 whole, 0 rows, 1 columns) over a tp group of
@@ -52,6 +53,7 @@ struct muon_matrix {
   std::int64_t param_shift = 0, grad_shift = 0;
   std::int64_t rows = 0, cols = 0;
   std::int64_t full_rows = 0, full_cols = 0;
+  std::int64_t first = 0;
   std::int32_t split = -1, shards = 1, shard = 0, replicas = 1, decay = 1;
   /// Whether W is the transpose of the matrix.
   TESSERA_HOST_DEVICE bool transposed() const { return full_rows > full_cols; }
@@ -64,6 +66,8 @@ struct muon_matrix {
   }
   /// Elements of this rank's shard.
   TESSERA_HOST_DEVICE std::int64_t local() const { return rows * cols; }
+  /// Elements of it this optimizer owns (the shard, or a ZeRO piece of it).
+  TESSERA_HOST_DEVICE std::int64_t owned() const { return end - begin; }
   /// Elements of the whole matrix.
   TESSERA_HOST_DEVICE std::int64_t whole() const { return full_rows * full_cols; }
   /// Elements every rank's shard gathered over the tp group take.

@@ -9,8 +9,11 @@
 /// Source: K. Jordan et al. 2024, "Muon: An optimizer for hidden layers in
 /// neural networks"; J. Liu et al. 2025, "Muon is Scalable for LLM
 /// Training" (the match_rms_adamw scale), in the arithmetic of
-/// torch.optim.Muon (torch/optim/_muon.py of PyTorch 2.9 and later:
-/// _single_tensor_muon, _zeropower_via_newtonschulz, _adjust_lr).
+/// torch.optim.Muon (torch/optim/_muon.py of PyTorch 2.9 and later; lines
+/// of the 2.15.0 file: the defaults, 25-29; _zeropower_via_newtonschulz,
+/// 32-71, its bfloat16 cast 56, transpose 57-58, clamped Frobenius norm 60,
+/// quintic step 62-67; _adjust_lr, 74-87; _single_tensor_muon, 319-352, the
+/// momentum lerp 344, Nesterov 345, decay 351, update 352).
 
 #include <cstddef>
 #include <cstdint>

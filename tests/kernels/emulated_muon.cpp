@@ -243,6 +243,60 @@ TEST_CASE("emulated cuda muon kernels follow the host muon_optimizer bit for bit
   follow_host<float, float>(plain, 4);
 }
 
+// A ZeRO piece of a matrix (muon_matrix::first): the Nesterov and update
+// kernels touch exactly the piece's elements, as the host's do.
+TEST_CASE("emulated cuda muon kernels on a ZeRO piece of a matrix equal the host's bit for bit",
+          "[kernels][emulated][optimizer][muon]") {
+  const ctx_t ctx{};
+  hk::muon_matrix t;
+  t.rows = t.full_rows = 20;  // tall: W is its transpose
+  t.cols = t.full_cols = 8;
+  t.first = 37;  // elements [37, 37 + 61) of the 160
+  t.begin = 5;
+  t.end = 5 + 61;
+  t.param_shift = 11;
+  t.grad_shift = -3;
+  std::mt19937_64 rng(9);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  auto random = [&](std::size_t n) {
+    std::vector<float> v(n);
+    for (auto& x : v) x = nd(rng);
+    return v;
+  };
+  const std::vector<float> m = random(80), g = random(80), wide = random(160);
+  const std::vector<float> p0 = random(90);
+  hk::detail::muon_step_params<float> s{};
+  s.momentum = 0.95f;
+  s.grad_scale = 0.5f;
+  s.nesterov = true;
+  std::vector<float> host_u(static_cast<std::size_t>(t.owned()), NAN), emu_u = host_u;
+  hk::muon_nesterov(ctx, host_u.data(), m.data(), g.data(), t, s,
+                    static_cast<const float*>(nullptr));
+  std::vector<float> host_p = p0, emu_p = p0;
+  hk::muon_apply(ctx, host_p.data(), static_cast<float*>(nullptr), wide.data(), t, 0.99f, 0.03f,
+                 static_cast<const float*>(nullptr));
+  cuda_emulator em(9);
+  em.input(m);
+  em.input(g);
+  em.input(wide);
+  em.output(emu_u);
+  em.output(emu_p);
+  std::vector<std::string> launched;
+  const emulator_launcher l{&em, std::int64_t(1) << 24, &launched};
+  kc::muon_nesterov_launch(l, emu_u.data(), m.data(), g.data(), t, s, nullptr);
+  kc::muon_apply_launch(l, emu_p.data(), static_cast<float*>(nullptr), wide.data(), t, 0.99f, 0.03f,
+                        nullptr);
+  CHECK(same_bits(emu_u.data(), host_u.data(), emu_u.size()));
+  CHECK(same_bits(emu_p.data(), host_p.data(), emu_p.size()));
+  // Only the piece's parameters moved: [begin + param_shift, end + param_shift).
+  for (std::size_t i = 0; i < p0.size(); ++i) {
+    const bool in = i >= 16 && i < 77;
+    INFO("parameter " << i);
+    CHECK((emu_p[i] != p0[i]) == in);
+  }
+  CHECK(launched == std::vector<std::string>{"muon_nesterov", "muon_apply"});
+}
+
 TEST_CASE("emulated cuda muon launches: no work and bad arguments",
           "[kernels][emulated][optimizer][muon]") {
   cuda_emulator em(7);

@@ -297,6 +297,7 @@ class muon_optimizer : public flat_optimizer<Param, Master, Ctx> {
   /// AdamW's second moment of the other tensors, in their order
   /// (adamw_elements() Masters, the context's memory).
   const Master* exp_avg_sq() const { return v_.data(); }
+  /// Elements AdamW updates (those of no block matrix, in this optimizer's ranges).
   std::int64_t adamw_elements() const { return v_elems_; }
 
   /// Bytes of state held: flat_optimizer's (the momentum, master weights,

@@ -504,10 +504,24 @@ inline pipeline_plan plan_pipeline(const nn::llama_config& c, const dtype_sizes&
         st.optimizer +=
             adafactor_state_bytes(detail::stage_ranges(layout, segs, cp.range, L), d.master)
                 .statistics;
-      if (o.orthogonalised)  // Muon's AdamW second moment and scratch of the chunk's tensors
+      if (o.orthogonalised) {  // Muon's AdamW second moment and scratch of the chunk's tensors
+        const muon_bytes mb =
+            muon_state_bytes(detail::stage_ranges(layout, segs, cp.range, L), d.master, sh.tp);
+        // Under ZeRO over dp > 1: this rank's share of the AdamW elements,
+        // and a bucket gathered whole, at least the chunk's largest block
+        // (buckets hold whole segments; this plan has no bucket padding).
+        const bool pieces = sh.zero >= 1 && sh.dp > 1;
+        std::int64_t block = 0;
+        if (pieces)
+          for (const auto& sgm : segs)
+            if (sgm.id >= static_cast<int>(cp.range.first_block) &&
+                sgm.id < static_cast<int>(cp.range.last_block))
+              block = std::max(block, sgm.end - sgm.begin);
         st.optimizer +=
-            muon_state_bytes(detail::stage_ranges(layout, segs, cp.range, L), d.master, sh.tp)
-                .state;
+            ((pieces ? ceil_dp(static_cast<std::int64_t>(mb.adamw_elems)) : mb.adamw_elems) +
+             mb.scratch_elems + u(block)) *
+            d.master;
+      }
       st.chunks.push_back(cp);
     }
     st.peak_in_flight = parallel::peak_in_flight(list);

@@ -196,6 +196,9 @@ inline adafactor_bytes adafactor_state_bytes(const std::vector<nn::param_range>&
 /// a range).
 struct muon_bytes {
   std::uint64_t state = 0, table = 0;
+  /// The parts of `state` in elements: AdamW's second moment, the scratch
+  /// of the largest matrix (without the bucket).
+  std::uint64_t adamw_elems = 0, scratch_elems = 0;
 };
 inline muon_bytes muon_state_bytes(const std::vector<nn::param_range>& ranges, std::size_t master,
                                    int tp, std::int64_t bucket_elems = 0) {
@@ -209,7 +212,8 @@ inline muon_bytes muon_state_bytes(const std::vector<nn::param_range>& ranges, s
       v += static_cast<std::uint64_t>(r.size());
   }
   return {(v + static_cast<std::uint64_t>(scratch + bucket_elems)) * master,
-          static_cast<std::uint64_t>(ranges.size()) * sizeof(kernels::muon_segment)};
+          static_cast<std::uint64_t>(ranges.size()) * sizeof(kernels::muon_segment), v,
+          static_cast<std::uint64_t>(scratch)};
 }
 
 /// Bytes of the optimizer kernels' segment table (kernels::optimizer_segment).

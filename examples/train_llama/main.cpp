@@ -224,6 +224,13 @@ int main(int argc, char** argv) {
   app.add_flag("--tie-embeddings", o.tie_embeddings,
                "tie the LM head to the embedding (one V x H matrix, as Llama 3.2 1B/3B, whose "
                "presets are tied); --tie-embeddings=false unties a tied preset");
+  app.add_flag("--document-mask", o.document_mask,
+               "packed documents: each token attends only within its document and RoPE counts "
+               "positions from the document's start (the separator ends its document)");
+  app.add_option("--document-separator", o.document_separator,
+                 "the token id that ends each document (--document-mask; default: the byte "
+                 "tokenizer's end-of-text, 3, for byte-level data)")
+      ->check(R(std::int64_t{0}, std::int64_t{2147483647}));
   app.add_option("--data-format", o.data_format,
                  "auto (text for .txt, .text and .md files, a token file otherwise: tessera's, "
                  "llm.c's .bin, NumPy's .npy), text, or tokens")

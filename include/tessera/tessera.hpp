@@ -20,6 +20,7 @@
 #include "tessera/core/random.hpp"
 #include "tessera/core/tensor.hpp"
 #include "tessera/data/device_loader.hpp"
+#include "tessera/data/documents.hpp"
 #include "tessera/data/fingerprint.hpp"
 #include "tessera/data/prepare.hpp"
 #include "tessera/data/safetensors.hpp"

@@ -146,6 +146,94 @@ TEST_CASE("cuda flash attention forward and backward match float64 attention",
       }
 }
 
+TEST_CASE("cuda flash attention with a document mask matches float64 attention per document",
+          "[cuda][attention][document_mask]") {
+  // Packed documents (doc_start, kernels::attention_mask): the host's float64
+  // attention with the same mask is the reference (it equals attention run
+  // on each document alone: tests/kernels/attention_document_mask.cpp).
+  // Documents crossing the 128-row query and 64/128-row key tiles, a row
+  // that starts with a one-token document, runs of length-1 documents, a
+  // last query tile whose document starts after key tile 0. A mask of one
+  // document per row (all zeros) gives the bits of no mask.
+  tessera::cuda::stream s;
+  const std::int64_t B = 2, S = 333, nh = 8, nkv = 2;
+  std::vector<std::int32_t> ds;
+  for (const auto& row : {std::vector<std::int64_t>{1, 70, 1, 1, 60, 67, 133},
+                          std::vector<std::int64_t>{130, 1, 1, 1, 200}}) {
+    std::int64_t start = 0;
+    for (std::int64_t len : row) {
+      ds.insert(ds.end(), static_cast<std::size_t>(len), static_cast<std::int32_t>(start));
+      start += len;
+    }
+  }
+  REQUIRE(ds.size() == static_cast<std::size_t>(B * S));
+  const std::vector<std::int32_t> zeros(ds.size(), 0);
+  auto d_ds = to_device(ds);
+  auto d_zeros = to_device(zeros);
+  std::uint64_t seed = 9300;
+  for (std::int64_t hd : {64, 128}) {
+    INFO("hd=" << hd);
+    std::mt19937_64 rng(++seed);
+    const auto nq = static_cast<std::size_t>(B * S * nh * hd);
+    const auto nk = static_cast<std::size_t>(B * S * nkv * hd);
+    const auto nl = static_cast<std::size_t>(B * nh * S);
+    const auto q = random_vector<bf16>(nq, rng, -2, 2);
+    const auto k = random_vector<bf16>(nk, rng, -2, 2);
+    const auto v = random_vector<bf16>(nk, rng);
+    const auto dout = random_vector<bf16>(nq, rng);
+    const auto qd = to_double(q), kd = to_double(k), vd = to_double(v), dod = to_double(dout);
+    auto d_q = to_device(q), d_k = to_device(k), d_v = to_device(v), d_do = to_device(dout);
+    const std::size_t sb = kc::flash_attention_backward_scratch_bytes(B, S, nh, nkv, hd);
+    struct result {
+      std::vector<bf16> out, dq, dk, dv;
+      std::vector<float> lse;
+    };
+    auto run = [&](const std::int32_t* d_doc) {
+      auto d_out = poisoned_device<bf16>(nq);
+      auto d_lse = poisoned_device<float>(nl);
+      auto scratch = poisoned_device<char>(sb);
+      auto d_dq = poisoned_device<bf16>(nq);
+      auto d_dk = poisoned_device<bf16>(nk);
+      auto d_dv = poisoned_device<bf16>(nk);
+      kc::flash_attention_forward(d_out.data(), d_lse.data(), d_q.data(), d_k.data(), d_v.data(), B,
+                                  S, nh, nkv, hd, s, d_doc);
+      kc::flash_attention_backward(d_dq.data(), d_dk.data(), d_dv.data(), d_do.data(), d_q.data(),
+                                   d_k.data(), d_v.data(), d_out.data(), d_lse.data(), B, S, nh,
+                                   nkv, hd, scratch.data(), sb, s, d_doc);
+      s.synchronize();
+      return result{to_host(d_out), to_host(d_dq), to_host(d_dk), to_host(d_dv), to_host(d_lse)};
+    };
+    const result g = run(d_ds.data());
+    CHECK(first_nan(g.out) == -1);
+    CHECK(first_nan(g.lse) == -1);
+    CHECK(first_nan(g.dq) == -1);
+    CHECK(first_nan(g.dk) == -1);
+    CHECK(first_nan(g.dv) == -1);
+    const hk::attention_mask mask{ds.data()};
+    std::vector<double> out_ref(nq), lse_ref(nl), dq_ref(nq), dk_ref(nk), dv_ref(nk);
+    hk::attention_forward<double>(hctx, out_ref.data(), lse_ref.data(), qd.data(), kd.data(),
+                                  vd.data(), B, S, nh, nkv, hd, mask);
+    CHECK(max_error(to_double(g.out), out_ref) < out_tol);
+    CHECK(max_error(to_double(g.lse), lse_ref) < lse_tol);
+    const auto outd = to_double(g.out), lsed = to_double(g.lse);
+    hk::attention_backward<double, double>(hctx, dq_ref.data(), dk_ref.data(), dv_ref.data(),
+                                           dod.data(), qd.data(), kd.data(), vd.data(), outd.data(),
+                                           lsed.data(), B, S, nh, nkv, hd, mask);
+    const double floor = rms_of(dod) * rms_of(vd) * rms_of(kd) / 256;
+    CHECK(max_error(to_double(g.dq), dq_ref, floor) < grad_tol);
+    CHECK(max_error(to_double(g.dk), dk_ref, floor) < grad_tol);
+    CHECK(max_error(to_double(g.dv), dv_ref) < grad_tol);
+
+    // One document per row: the unmasked kernels' bits.
+    const result plain = run(nullptr), one = run(d_zeros.data());
+    CHECK(same_bits(one.out, plain.out));
+    CHECK(same_bits(one.lse, plain.lse));
+    CHECK(same_bits(one.dq, plain.dq));
+    CHECK(same_bits(one.dk, plain.dk));
+    CHECK(same_bits(one.dv, plain.dv));
+  }
+}
+
 TEST_CASE("cuda flash attention refuses bad arguments before any launch", "[cuda][attention]") {
   tessera::cuda::stream s;
   const std::int64_t B = 1, S = 40, nh = 4, nkv = 2, hd = 64;

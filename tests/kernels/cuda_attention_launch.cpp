@@ -99,9 +99,10 @@ TEST_CASE("cuda attention launch: 7B shapes fit the grid and shared-memory limit
       CHECK(kv.grid_y == S7 / 128);          // 32 key tiles of 128
       CHECK(d.grid_x == B * S7 * nh7 / 16);  // 16 rows of hd 128 a block
       // Shared memory (hd 128): forward Q + 2 x (K, V) = 96 KiB; dK/dV K, V + 2 x (Q, dO)
-      // of 64 rows + lse, D = 129 KiB; dQ Q, dO + 2 x (K, V) = 128 KiB.
+      // of 64 rows + lse, D and the queries' first keys (document mask) = 129.5 KiB;
+      // dQ Q, dO + 2 x (K, V) = 128 KiB.
       CHECK(f.dynamic_smem == 96 * 1024);
-      CHECK(kv.dynamic_smem == 128 * 1024 + 1024);
+      CHECK(kv.dynamic_smem == 128 * 1024 + 1024 + 512);
       CHECK(q.dynamic_smem == 128 * 1024);
       CHECK(d.dynamic_smem == 0);
       // Scratch: D, B nh S float32 (512 KiB at B 1).
@@ -433,6 +434,7 @@ std::vector<double> doubles_of_bits(const std::vector<std::uint16_t>& b) {
 
 struct attn_case {
   std::int64_t B, S, nh, nkv, hd;
+  const std::int32_t* doc_start = nullptr;  // (B, S) document mask, or none
 };
 
 // Forward and backward of the kernels under the emulator.
@@ -475,8 +477,9 @@ emulated run_emulated(const attn_case& c, const std::vector<std::uint16_t>& q,
       }
   };
   // Forward: the entry point's checks and arguments (attention_forward_args).
-  const kc::detail::attention_forward_params fp = kc::detail::attention_forward_args(
-      r.out.data(), r.lse.data(), q.data(), k.data(), v.data(), c.B, c.S, c.nh, c.nkv, c.hd);
+  const kc::detail::attention_forward_params fp =
+      kc::detail::attention_forward_args(r.out.data(), r.lse.data(), q.data(), k.data(), v.data(),
+                                         c.B, c.S, c.nh, c.nkv, c.hd, c.doc_start);
   inputs();
   em.add_region(r.out.data(), nq * 2, true);
   em.add_region(r.lse.data(), nl * 4, true);
@@ -494,7 +497,7 @@ emulated run_emulated(const attn_case& c, const std::vector<std::uint16_t>& q,
   const auto& lse = lse_in ? *lse_in : r.lse;
   const kc::detail::attention_backward_params bp = kc::detail::attention_backward_args(
       r.dq.data(), r.dk.data(), r.dv.data(), dout.data(), q.data(), k.data(), v.data(), o.data(),
-      lse.data(), c.B, c.S, c.nh, c.nkv, c.hd, r.d.data(), r.d.size() * sizeof(float));
+      lse.data(), c.B, c.S, c.nh, c.nkv, c.hd, r.d.data(), r.d.size() * sizeof(float), c.doc_start);
   inputs();
   em.add_region(o.data(), nq * 2, false);
   em.add_region(lse.data(), nl * 4, false);
@@ -571,7 +574,7 @@ reference reference_of(const attn_case& c, const std::vector<double>& q,
   r.out.resize(q.size());
   r.lse.resize(static_cast<std::size_t>(c.B * c.nh * c.S));
   tessera::kernels::attention_forward<double>(ctx, r.out.data(), r.lse.data(), q.data(), k.data(),
-                                              v.data(), c.B, c.S, c.nh, c.nkv, c.hd);
+                                              v.data(), c.B, c.S, c.nh, c.nkv, c.hd, {c.doc_start});
   r.dq.resize(q.size());
   r.dk.resize(k.size());
   r.dv.resize(v.size());
@@ -579,7 +582,7 @@ reference reference_of(const attn_case& c, const std::vector<double>& q,
   const auto& l = lse_in ? *lse_in : r.lse;
   tessera::kernels::attention_backward<double, double>(
       ctx, r.dq.data(), r.dk.data(), r.dv.data(), dout.data(), q.data(), k.data(), v.data(),
-      o.data(), l.data(), c.B, c.S, c.nh, c.nkv, c.hd);
+      o.data(), l.data(), c.B, c.S, c.nh, c.nkv, c.hd, {c.doc_start});
   return r;
 }
 
@@ -629,7 +632,15 @@ void check_case(const attn_case& c, std::uint64_t seed, bool replay = false) {
   CHECK(first_nan(to_d(g.dk)) == -1);
   CHECK(first_nan(to_d(g.dv)) == -1);
   const double e_out = max_error(to_d(g.out), fwd.out);
-  const double e_lse = max_error(std::vector<double>(g.lse.begin(), g.lse.end()), fwd.lse);
+  // A query with nothing to attend to (document mask) has lse -inf on both
+  // sides; the finite ones are compared.
+  std::vector<double> g_lse(g.lse.begin(), g.lse.end()), want_lse = fwd.lse;
+  for (std::size_t i = 0; i < g_lse.size(); ++i)
+    if (std::isinf(want_lse[i])) {
+      CHECK(g_lse[i] == want_lse[i]);
+      g_lse[i] = want_lse[i] = 0;
+    }
+  const double e_lse = max_error(g_lse, want_lse);
   const double floor = rms_of(dod) * rms_of(vd) * rms_of(kd) / 256;
   const double e_dq = max_error(to_d(g.dq), ref.dq, floor);
   const double e_dk = max_error(to_d(g.dk), ref.dk, floor);
@@ -644,6 +655,19 @@ void check_case(const attn_case& c, std::uint64_t seed, bool replay = false) {
   CHECK(g.bank_conflicts == 0);
   CHECK(g.ldsm_phases > 0);
   CHECK(g.leftover_copies == 0);
+}
+
+// doc_start (B, S) of rows cut into documents of the given lengths.
+std::vector<std::int32_t> doc_starts(const std::vector<std::vector<std::int64_t>>& lengths) {
+  std::vector<std::int32_t> ds;
+  for (const auto& row : lengths) {
+    std::int64_t start = 0;
+    for (std::int64_t len : row) {
+      ds.insert(ds.end(), static_cast<std::size_t>(len), static_cast<std::int32_t>(start));
+      start += len;
+    }
+  }
+  return ds;
 }
 
 }  // namespace
@@ -667,6 +691,28 @@ TEST_CASE("cuda attention kernels for fp16 storage under the warp emulator match
   check_case<fp16, 64>({1, 200, 2, 1, 64}, 7202);
   check_case<fp16, 128>({1, 133, 2, 2, 128}, 7204);
   check_case<fp16, 32>({1, 70, 4, 1, 32}, 7205);
+}
+
+TEST_CASE("cuda attention kernels with a document mask under the warp emulator match float64",
+          "[kernels][cuda_attention][emulated][document_mask]") {
+  // The host kernel with the same mask is the reference (it equals attention
+  // per document: tests/kernels/attention_document_mask.cpp). Documents that
+  // cross the 128-row query tiles and the 64- and 128-row key tiles, a row
+  // that starts with a one-token document, runs of length-1 documents, and
+  // a last query tile whose document starts after key tile 0 (the dK/dV
+  // walk skips it).
+  const auto a = doc_starts({{1, 70, 1, 1, 60, 67}});
+  check_case<bf16, 64>({1, 200, 2, 1, 64, a.data()}, 7301, true);
+  const auto b = doc_starts({{1, 1, 15}, {5, 1, 11}});
+  check_case<bf16, 64>({2, 17, 4, 2, 64, b.data()}, 7302);
+  const auto c = doc_starts({{64, 1, 68}});
+  check_case<bf16, 128>({1, 133, 2, 2, 128, c.data()}, 7303);
+  check_case<fp16, 32>({1, 200, 4, 1, 32, a.data()}, 7304);
+  // Queries with nothing to attend to (doc_start past t, as a key block at
+  // an offset can give): rows 0..149 get out 0 and lse -inf, the first
+  // forward and dQ blocks no key tile at all; never NaN.
+  const std::vector<std::int32_t> late(200, 150);
+  check_case<bf16, 64>({1, 200, 2, 1, 64, late.data()}, 7305);
 }
 
 }  // namespace test_kernels_cuda_attention_launch

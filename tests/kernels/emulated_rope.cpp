@@ -48,14 +48,34 @@ struct shape {
   int offset = 0;               // elements before x (misaligned when odd)
   std::int64_t table_rows = 0;  // rows of the tables (0: T)
   double theta = 10000.0;
+  bool documents = false;  // packed documents: positions from doc_start
 };
+
+/// doc_start (B, T) of rows cut into documents of lengths 1, 3, 2, 5, 1, 4,
+/// ... in turn (the last one cut by the row's end).
+std::vector<std::int32_t> doc_starts(std::int64_t B, std::int64_t T) {
+  const std::int64_t lengths[] = {1, 3, 2, 5, 1, 4};
+  std::vector<std::int32_t> ds(static_cast<std::size_t>(B * T));
+  for (std::int64_t b = 0; b < B; ++b) {
+    std::int64_t start = 0, d = b;
+    for (std::int64_t t = 0; t < T; ++t) {
+      if (t - start == lengths[d % 6]) {
+        start = t;
+        ++d;
+      }
+      ds[static_cast<std::size_t>(b * T + t)] = static_cast<std::int32_t>(start);
+    }
+  }
+  return ds;
+}
 
 /// Forward and backward of one shape and type: the emulated kernels in
 /// place on x and dy against the host kernels on copies.
 template <class T>
 void rope_case(const shape& s, std::uint64_t seed) {
   INFO("B=" << s.B << " T=" << s.T << " nh=" << s.nh << " hd=" << s.hd << " offset=" << s.offset
-            << " table_rows=" << s.table_rows << " theta=" << s.theta);
+            << " table_rows=" << s.table_rows << " theta=" << s.theta
+            << " documents=" << s.documents);
   std::mt19937_64 rng(seed);
   const std::int64_t n = s.B * s.T * s.nh * s.hd, half = s.hd / 2;
   const std::int64_t rows = s.table_rows > 0 ? s.table_rows : s.T;
@@ -66,8 +86,17 @@ void rope_case(const shape& s, std::uint64_t seed) {
 
   std::vector<T> y_want(x0.begin() + s.offset, x0.end()),
       dx_want(dy0.begin() + s.offset, dy0.end());
-  hk::rope_forward(ctx, y_want.data(), cos.data(), sin.data(), s.B, s.T, s.nh, s.hd);
-  hk::rope_backward(ctx, dx_want.data(), cos.data(), sin.data(), s.B, s.T, s.nh, s.hd);
+  const std::vector<std::int32_t> ds =
+      s.documents ? doc_starts(s.B, s.T) : std::vector<std::int32_t>{};
+  const std::int32_t* pds = s.documents ? ds.data() : nullptr;
+  hk::rope_forward(ctx, y_want.data(), cos.data(), sin.data(), s.B, s.T, s.nh, s.hd, pds);
+  hk::rope_backward(ctx, dx_want.data(), cos.data(), sin.data(), s.B, s.T, s.nh, s.hd, pds);
+  if (s.documents)  // a document's first token is at position 0: not rotated (cos 1, sin 0)
+    for (std::int64_t bt = 0; bt < s.B * s.T; ++bt)
+      if (ds[static_cast<std::size_t>(bt)] == bt % s.T)
+        for (std::int64_t i = 0; i < s.nh * s.hd; ++i)
+          REQUIRE(same_bits(&y_want[static_cast<std::size_t>(bt * s.nh * s.hd + i)],
+                            &x0[static_cast<std::size_t>(s.offset + bt * s.nh * s.hd + i)], 1));
 
   cuda_emulator em(seed);
   auto x = x0, dy = dy0;
@@ -82,9 +111,9 @@ void rope_case(const shape& s, std::uint64_t seed) {
   strings launched;
   const emulator_launcher launch{&em, std::int64_t(1) << 24, &launched};
   kc::rope_forward_launch(launch, px, static_cast<const float*>(cos.data()),
-                          static_cast<const float*>(sin.data()), s.B, s.T, s.nh, s.hd);
+                          static_cast<const float*>(sin.data()), s.B, s.T, s.nh, s.hd, pds);
   kc::rope_backward_launch(launch, pdy, static_cast<const float*>(cos.data()),
-                           static_cast<const float*>(sin.data()), s.B, s.T, s.nh, s.hd);
+                           static_cast<const float*>(sin.data()), s.B, s.T, s.nh, s.hd, pds);
   CHECK(launched == (n == 0 ? strings{} : strings{"rope_forward", "rope_backward"}));
   // The variant: V pairs an item when hd/2 allows and x is 16-byte aligned
   // (the vectors' storage is), which the grid size shows.
@@ -116,6 +145,8 @@ TEST_CASE("emulated cuda rope forward and backward give the host's bits",
            shape{1, 3, 32, 128, 0, 0, 500000.0},  // 8B query heads
            shape{0, 4, 2, 8},                     // no pairs: no launch
            shape{3, 0, 2, 8},                     // no tokens: no launch
+           shape{2, 37, 4, 128, 0, 0, 10000.0, true},  // packed documents, vector items
+           shape{2, 11, 3, 6, 0, 0, 10000.0, true},    // packed documents, one pair an item
        }) {
     rope_case<float>(s, seed++);
     rope_case<bf16>(s, seed++);

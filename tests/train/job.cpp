@@ -166,6 +166,15 @@ TEST_CASE("check_job refuses what the settings alone rule out, naming the option
         "--lr-schedule constant never reaches it");
   j.lr_schedule = "linear";
   CHECK(refusal(j) == "accepted");
+  // Packed documents: the separator only with the mask.
+  j = {};
+  j.document_separator = 10;
+  j.given.insert("--document-separator");
+  CHECK(refusal(j) ==
+        "--document-separator names the separator of packed documents: it needs "
+        "--document-mask");
+  j.document_mask = true;
+  CHECK(refusal(j) == "accepted");
   // A Hugging Face folder's config.json says whether it is tied.
   j = {};
   j.init_from_hf = "some/folder";
@@ -173,6 +182,28 @@ TEST_CASE("check_job refuses what the settings alone rule out, naming the option
   CHECK(refusal(j) ==
         "--tie-embeddings cannot be given with --init-from-hf: the model's sizes are its "
         "config.json's");
+}
+
+TEST_CASE("run_config: the document separator of --document-mask", "[train][job]") {
+  train::job j;
+  j.checkpointing = "none";  // check_job's default, which run_config parses
+  CHECK_FALSE(train::run_config(j).document_separator);  // no mask by default
+  j.document_mask = true;
+  // Byte-level data: the byte tokenizer's end-of-text.
+  j.data_vocab = 256;
+  CHECK(train::run_config(j).document_separator == std::optional<std::int32_t>{3});
+  j.document_separator = 128001;
+  CHECK(train::run_config(j).document_separator == std::optional<std::int32_t>{128001});
+  // A subword tokenizer's EOS must be named.
+  j.document_separator.reset();
+  j.tokenizer = "tokenizer.json";
+  CHECK_THROWS_WITH(train::run_config(j), Catch::Contains("--document-mask needs "
+                                                          "--document-separator ID"));
+  j.tokenizer.clear();
+  j.data_vocab = 32000;
+  CHECK_THROWS_AS(train::run_config(j), config_error);
+  j.document_separator = -1;
+  CHECK_THROWS_WITH(train::run_config(j), Catch::Contains("--document-separator -1"));
 }
 
 TEST_CASE("model_config and run_config are the job's settings", "[train][job]") {

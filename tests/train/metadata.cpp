@@ -2,7 +2,8 @@
 // checkpoint records (its name and the parameters not recorded beside it),
 // and the resume check on it: another schedule is refused naming both, and
 // the record of a tessera before the choice of schedules
-// ({"name": "warmup_cosine", ...}) reads as cosine.
+// ({"name": "warmup_cosine", ...}) reads as cosine; the document mask a
+// checkpoint records, and the resume check on it.
 #include <catch2/catch.hpp>
 
 #include <string>
@@ -88,6 +89,32 @@ TEST_CASE("a resume refuses another schedule, naming both; an older cosine recor
         "checkpoint 'ck' was written with other settings: "
         "schedule={\"min_lr_ratio\":0.2,\"name\":\"cosine\"} in the checkpoint, "
         "{\"min_lr_ratio\":0.1,\"name\":\"cosine\"} in this run");
+}
+
+TEST_CASE("a resume refuses another document mask; a checkpoint without the record had none",
+          "[train][metadata][document_mask]") {
+  train::train_config plain, docs, other;
+  docs.document_separator = 3;
+  other.document_separator = 10;
+  CHECK(train::document_mask_metadata(plain) == json());
+  CHECK(train::document_mask_metadata(docs) == json(3));
+  auto with_mask = [](const train::train_config& c, std::int64_t step) {
+    json j = settings(c, step);
+    j["document_mask"] = train::document_mask_metadata(c);
+    return j;
+  };
+  CHECK(resume(with_mask(docs, 2), with_mask(docs, 0)) == "2");
+  CHECK(resume(with_mask(docs, 2), with_mask(plain, 0)) ==
+        "checkpoint 'ck' was written with other settings: document_mask=3 in the checkpoint, "
+        "null in this run");
+  CHECK(resume(with_mask(docs, 2), with_mask(other, 0)) ==
+        "checkpoint 'ck' was written with other settings: document_mask=3 in the checkpoint, "
+        "10 in this run");
+  // A checkpoint of a tessera before the document mask trained without one.
+  CHECK(resume(settings(plain, 2), with_mask(plain, 0)) == "2");
+  CHECK(resume(settings(plain, 2), with_mask(docs, 0)) ==
+        "checkpoint 'ck' was written with other settings: document_mask=null in the checkpoint, "
+        "3 in this run");
 }
 
 }  // namespace test_train_metadata

@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -49,11 +50,13 @@ struct layout {
   bool sequence_parallel = false;
   std::int64_t layers = 4;  ///< the model's blocks (pp_suite::model)
   bool tied = false;        ///< tied embeddings (llama_config::tie_word_embeddings)
+  /// Packed documents: the separator id (train_config::document_separator), or none.
+  std::optional<std::int32_t> document_separator{};
   std::string name() const {
     return tessera::detail::str("(dp, tp, pp) = (", dp, ", ", tp, ", ", pp, ") ",
                                 parallel::to_string(schedule), " V ", virtual_stages, " M ",
                                 micro_batches, sequence_parallel ? " sp" : "", " L ", layers,
-                                tied ? " tied" : "");
+                                tied ? " tied" : "", document_separator ? " documents" : "");
   }
 };
 
@@ -68,6 +71,7 @@ inline train::train_config config(const layout& l, std::int64_t steps) {
   t.pipeline = l.schedule;
   t.virtual_stages = l.virtual_stages;
   t.sequence_parallel = l.sequence_parallel;
+  t.document_separator = l.document_separator;
   t.adamw.eps = 1e-6;  // as tp_suite: no amplification of rounding by a tiny first update
   // optim::lion's runs decay their matrices too.
   t.lion.weight_decay = 0.1;
@@ -79,9 +83,11 @@ using tp_suite::reference;
 
 template <class P, class O = optim::adamw>
 reference single_rank(const data::token_file& f, std::int64_t steps, std::int64_t G,
-                      std::int64_t layers = 4, bool tied = false) {
+                      std::int64_t layers = 4, bool tied = false,
+                      std::optional<std::int32_t> document_separator = {}) {
   layout one;
   one.micro_batches = G;
+  one.document_separator = document_separator;
   train::trainer<P, host, O> tr(model(layers, tied), config(one, steps), f);
   return tp_suite::record_run(tr, steps);
 }

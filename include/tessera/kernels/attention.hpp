@@ -139,8 +139,11 @@ inline void attention_load_tile_transposed(A* dst, std::int64_t ld, const U* src
 
 }  // namespace detail
 
-/// Causal self-attention forward: out = softmax(q k^T / sqrt(hd) + causal mask) v,
-/// per batch row b and query head h, with key/value head h / (nh / nkv).
+/// Causal self-attention forward: out = softmax(q k^T / sqrt(hd) + mask) v,
+/// per batch row b and query head h, with key/value head h / (nh / nkv); the
+/// mask is causal, and with `mask.doc_start` also confined to each query's
+/// document (attention_mask: block-diagonal causal attention over packed
+/// documents).
 ///
 /// - `out` (B, S, nh, hd), T: written.
 /// - `lse` (B, nh, S), accum_t<T>: written; natural-log log-sum-exp of each row's
@@ -151,6 +154,11 @@ inline void attention_load_tile_transposed(A* dst, std::int64_t ld, const U* src
 ///   of accum_t<T>, allocated once per call from `ctx.mr`; no O(S^2) memory.
 ///   Tiles: `ctx.tiles`; the tile products are register-blocked
 ///   (detail/attention_host.hpp) without changing any summation order.
+/// - `mask`: attention_mask, host memory. Key tiles wholly before a query
+///   tile's first key are skipped; within a tile the masked scores get
+///   probability 0. A query with nothing to attend to gets out 0 and lse
+///   -inf. Without a document mask (the default) the results are the bits
+///   of plain causal attention.
 /// - Parallel over (b, h, query tile); deterministic, thread-count independent.
 /// - Aliasing: out and lse must not overlap the inputs.
 /// - Throws config_error (before any write) if a size is <= 0, nkv does not
@@ -158,8 +166,8 @@ inline void attention_load_tile_transposed(A* dst, std::int64_t ld, const U* src
 /// - Source: FlashAttention-2 (Dao 2023), Algorithm 1.
 template <class T>
 void attention_forward(const host_context& ctx, T* out, accum_t<T>* lse, const T* q, const T* k,
-                       const T* v, std::int64_t B, std::int64_t S, std::int64_t nh, std::int64_t nkv,
-                       std::int64_t hd) {
+                       const T* v, std::int64_t B, std::int64_t S, std::int64_t nh,
+                       std::int64_t nkv, std::int64_t hd, attention_mask mask = {}) {
   using A = accum_t<T>;
   const attention_tiles tiles = ctx.tiles;
   memory_resource& mr = ctx.resource();
@@ -208,8 +216,11 @@ void attention_forward(const host_context& ctx, T* out, accum_t<T>* lse, const T
     }
     std::fill(Ot, Ot + nq * hd, A(0));
 
-    // Key tiles that hold at least one key s <= t1 - 1.
-    for (std::int64_t k0 = 0; k0 < t1; k0 += Bk) {
+    // Key tiles that hold at least one key s <= t1 - 1 at or after the
+    // tile's first key (its first row's: doc_start is nondecreasing).
+    const std::int32_t* ds = mask.doc_start;
+    const std::int64_t first = std::max<std::int64_t>(0, detail::attention_first_key(ds, b, S, t0));
+    for (std::int64_t k0 = first / Bk * Bk; k0 < t1; k0 += Bk) {
       const std::int64_t nk = std::min(k0 + Bk, t1) - k0;
       detail::attention_load_tile_transposed(KT, ldk, kb + k0 * kstride, nk, kstride, hd);
       detail::attention_load_tile(Vt, vb + k0 * kstride, nk, kstride, hd);
@@ -218,20 +229,24 @@ void attention_forward(const host_context& ctx, T* out, accum_t<T>* lse, const T
       const std::int64_t rows = nq - r0;
       detail::attention_tile_scores(Pt + r0 * ldk, ldk, Qt + r0 * hd, KT, ldk, rows, nk, hd);
       for (std::int64_t r = r0; r < nq; ++r) {
+        // The row sees the tile's keys [lo, ne); those before lo get p = 0.
         const std::int64_t ne = detail::attention_row_keys(r - r0, diag, nk);
+        const std::int64_t lo =
+            std::clamp<std::int64_t>(detail::attention_first_key(ds, b, S, t0 + r) - k0, 0, ne);
         A* p = Pt + r * ldk;
         A mx = detail::attention_neg_inf<A>();
         TESSERA_SIMD_MAX(mx)
-        for (std::int64_t c = 0; c < ne; ++c) {
+        for (std::int64_t c = lo; c < ne; ++c) {
           p[c] *= scale;
           mx = std::max(mx, p[c]);
         }
         const A alpha = detail::online_softmax_rescale(m[r], mx);
         const A m_r = m[r];
+        for (std::int64_t c = 0; c < lo; ++c) p[c] = 0;
         TESSERA_SIMD
-        for (std::int64_t c = 0; c < ne; ++c) p[c] = detail::attention_prob(p[c], m_r);
+        for (std::int64_t c = lo; c < ne; ++c) p[c] = detail::attention_prob(p[c], m_r);
         A rowsum = 0;
-        for (std::int64_t c = 0; c < ne; ++c) rowsum += p[c];  // in order: not vectorised
+        for (std::int64_t c = lo; c < ne; ++c) rowsum += p[c];  // in order: not vectorised
         l[r] = l[r] * alpha + rowsum;
         A* o = Ot + r * hd;
         TESSERA_SIMD
@@ -245,7 +260,7 @@ void attention_forward(const host_context& ctx, T* out, accum_t<T>* lse, const T
     T* ob = out + (b * S * nh + h) * hd;
     A* lse_b = lse + (b * nh + h) * S;
     for (std::int64_t r = 0; r < nq; ++r) {
-      const A inv = A(1) / l[r];
+      const A inv = detail::attention_inv_sum(l[r]);  // 0 for a row that saw no key
       for (std::int64_t d = 0; d < hd; ++d)
         ob[(t0 + r) * qstride + d] = to<T>(Ot[r * hd + d] * inv);
       lse_b[t0 + r] = detail::attention_lse(m[r], l[r]);
@@ -275,15 +290,18 @@ void attention_forward(const host_context& ctx, T* out, accum_t<T>* lse, const T
 /// - Scratch from `ctx.mr`: D, B nh S elements of accum_t<T>; per OpenMP
 ///   thread attention_backward_tile_elements; with bf16 G, the float dQ
 ///   accumulator, B S nh hd elements. No O(S^2) memory.
+/// - `mask`: the attention_mask given to attention_forward. Query tiles
+///   wholly after a key tile's document ends are skipped; masked pairs get
+///   P = dS = 0. Without a document mask, the bits of plain causal attention.
 /// - Aliasing: the outputs must not overlap each other or the inputs.
 /// - Throws config_error (before any write) on the same conditions as
 ///   attention_forward; tessera::error if `mr` cannot allocate.
 /// - Source: FlashAttention-2 (Dao 2023), Algorithm 2.
 template <class T, class G>
 void attention_backward(const host_context& ctx, G* dq, G* dk, G* dv, const G* dout, const T* q,
-                        const T* k, const T* v, const T* out, const accum_t<T>* lse,
-                        std::int64_t B, std::int64_t S, std::int64_t nh, std::int64_t nkv,
-                        std::int64_t hd) {
+                        const T* k, const T* v, const T* out, const accum_t<T>* lse, std::int64_t B,
+                        std::int64_t S, std::int64_t nh, std::int64_t nkv, std::int64_t hd,
+                        attention_mask mask = {}) {
   using A = accum_t<T>;
   const attention_tiles tiles = ctx.tiles;
   memory_resource& mr = ctx.resource();
@@ -358,9 +376,12 @@ void attention_backward(const host_context& ctx, G* dq, G* dk, G* dv, const G* d
         A* dqb = dqa + (b * S * nh + h) * hd;
         const A* lse_b = lse + (b * nh + h) * S;
         const A* D_b = D + (b * nh + h) * S;
-        // Query tiles holding a row t >= s0; of each, the rows from t = u0 on.
+        // Query tiles holding a row t >= s0; of each, the rows from t = u0 on;
+        // none once the first row's document starts after the key tile
+        // (doc_start is nondecreasing: neither do the later rows' documents).
         for (std::int64_t iq = s0 / Bq; iq < nqt; ++iq) {
           const std::int64_t u0 = std::max(iq * Bq, s0), rows = std::min(iq * Bq + Bq, S) - u0;
+          if (detail::attention_first_key(mask.doc_start, b, S, u0) >= s0 + nk) break;
           const std::int64_t diag = u0 - s0;  // row i sees keys c <= i + diag
           detail::attention_load_tile(Qt, qb + u0 * qstride, rows, qstride, hd);
           detail::attention_load_tile(dOt, dob + u0 * qstride, rows, qstride, hd);
@@ -368,13 +389,17 @@ void attention_backward(const host_context& ctx, G* dq, G* dk, G* dv, const G* d
           detail::attention_tile_scores(dSt, ldk, dOt, VT, ldk, rows, nk, hd);  // dP = dO_t . v_s
           // Each row's probabilities (into P) and scaled score gradients
           // (into dS, over dP), vectorised.
+          // The keys [lo, ne) row i sees; P = dS = 0 before lo.
           for (std::int64_t i = 0; i < rows; ++i) {
             const std::int64_t ne = detail::attention_row_keys(i, diag, nk);
+            const std::int64_t lo = std::clamp<std::int64_t>(
+                detail::attention_first_key(mask.doc_start, b, S, u0 + i) - s0, 0, ne);
             const A lse_t = lse_b[u0 + i], D_t = D_b[u0 + i];
             A* p = Pt + i * ldk;
             A* ds = dSt + i * ldk;
+            for (std::int64_t c = 0; c < lo; ++c) p[c] = ds[c] = 0;
             TESSERA_SIMD
-            for (std::int64_t c = 0; c < ne; ++c) {
+            for (std::int64_t c = lo; c < ne; ++c) {
               const A pc = detail::attention_prob(scale * p[c], lse_t);
               ds[c] = scale * detail::attention_dscore(pc, ds[c], D_t);
               p[c] = pc;

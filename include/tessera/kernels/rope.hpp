@@ -88,18 +88,23 @@ void rope_table(R* cos, R* sin, std::int64_t T, std::int64_t hd, double theta) {
 ///   accum_t<Storage>, a bf16 result rounded once. `cos`, `sin` (at least
 ///   T rows of hd/2) of R from rope_table (a float table in a float64 model
 ///   caps its accuracy at float32's: the policy's rope_type decides).
+/// - `doc_start` (B, T) int32 or null: with packed documents (the document
+///   mask, kernels::attention_mask), token t of row b is rotated by its
+///   position in its document, t - doc_start[b * T + t], in [0, T); null:
+///   by t.
 /// - Throws config_error for a negative size or hd odd or <= 0.
 /// Source: Su et al. 2021, eq. 34, in the rotate-half pairing of Llama.
 template <class Storage, class R>
 void rope_forward(const host_context& ctx, Storage* x, const R* cos, const R* sin, std::int64_t B,
-                  std::int64_t T, std::int64_t nh, std::int64_t hd) {
+                  std::int64_t T, std::int64_t nh, std::int64_t hd,
+                  const std::int32_t* doc_start = nullptr) {
   using A = accum_t<Storage>;
   (void)ctx;
   detail::check_rope_sizes("rope_forward", B, T, nh, hd);
   const std::int64_t half = hd / 2;
 #pragma omp parallel for schedule(static)
   for (std::int64_t bt = 0; bt < B * T; ++bt) {
-    const std::int64_t t = bt % T;
+    const std::int64_t t = detail::rope_position(doc_start, bt, T);
     const R* c = cos + t * half;
     const R* s = sin + t * half;
     for (std::int64_t h = 0; h < nh; ++h) {
@@ -119,10 +124,12 @@ void rope_forward(const host_context& ctx, Storage* x, const R* cos, const R* si
 /// dL/dx on return (the transpose rotation: dx1 = dy1 cos + dy2 sin,
 /// dx2 = dy2 cos - dy1 sin). G in {float, double, bf16}, the
 /// activation-gradient type; arithmetic in accum_t<G> (a bf16 result
-/// rounded once). Same tables and throws as rope_forward.
+/// rounded once). Same tables, positions (`doc_start`) and throws as
+/// rope_forward.
 template <class G, class R>
 void rope_backward(const host_context& ctx, G* dx, const R* cos, const R* sin, std::int64_t B,
-                   std::int64_t T, std::int64_t nh, std::int64_t hd) {
+                   std::int64_t T, std::int64_t nh, std::int64_t hd,
+                   const std::int32_t* doc_start = nullptr) {
   using A = accum_t<G>;
   (void)ctx;
   static_assert(std::is_same_v<G, float> || std::is_same_v<G, double> || is_half_v<G>,
@@ -131,7 +138,7 @@ void rope_backward(const host_context& ctx, G* dx, const R* cos, const R* sin, s
   const std::int64_t half = hd / 2;
 #pragma omp parallel for schedule(static)
   for (std::int64_t bt = 0; bt < B * T; ++bt) {
-    const std::int64_t t = bt % T;
+    const std::int64_t t = detail::rope_position(doc_start, bt, T);
     const R* c = cos + t * half;
     const R* s = sin + t * half;
     for (std::int64_t h = 0; h < nh; ++h) {

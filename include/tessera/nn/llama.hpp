@@ -583,6 +583,7 @@ class llama {
     const std::int64_t N = s.N();
     r.B = mb.B;
     r.T = mb.T;
+    r.doc_start = mb.doc_start;
     tensor<Param, Backend> x = embed_input(mb, &r.embedding, s);
     r.blocks.resize(static_cast<std::size_t>(opt_.stage.last_block - opt_.stage.first_block));
     if (!blocks_.empty()) {
@@ -617,7 +618,7 @@ class llama {
   // scatter left in the record for weight_grads).
   void backward_from(record& r, const ActGrad* grad_output, bool split) {
     const Ctx& ctx = *ctx_;
-    const block_shape s{r.B, r.T, sequence_parallel_};
+    const block_shape s{r.B, r.T, sequence_parallel_, r.doc_start};
     const std::int64_t N = s.N(), H = cfg_.dim, R = stream_rows(N);
     tensor<ActGrad, Backend> dres;
     if (opt_.stage.head) {
@@ -678,7 +679,7 @@ class llama {
   // embedding's scatter; each segment's after_backward once it is complete.
   void weight_grads(record& r) {
     const Ctx& ctx = *ctx_;
-    const block_shape s{r.B, r.T, sequence_parallel_};
+    const block_shape s{r.B, r.T, sequence_parallel_, r.doc_start};
     if (opt_.stage.last_block > opt_.stage.first_block) {
       typename block_type::workspace w =
           blocks_[static_cast<std::size_t>(opt_.stage.first_block)].make_weight_workspace(ctx, s);
@@ -755,9 +756,11 @@ class llama {
   /// scored against window[b][t+1] unless that is ignore_index. Copies the
   /// inputs and targets into the context's memory, runs forward and
   /// backward, reads the loss back. Returns its sum and the scored count.
+  /// `h_doc_start` (B, T) int32 in host memory, or null: packed documents
+  /// (micro_batch::doc_start, e.g. from data::document_starts).
   loss_sum forward_backward(const std::int32_t* h_windows, std::int64_t B, std::int64_t T,
-                            Acc grad_scale) {
-    staged_batch b(*this, h_windows, B, T);
+                            Acc grad_scale, const std::int32_t* h_doc_start = nullptr) {
+    staged_batch b(*this, h_windows, B, T, h_doc_start);
     record r;
     forward(b.batch(), r, grad_scale, b.loss());
     backward(r);
@@ -765,8 +768,9 @@ class llama {
   }
   /// Forward only, windows in host memory (as forward_backward): the loss
   /// sum and the scored count; no gradient touched.
-  loss_sum forward_loss(const std::int32_t* h_windows, std::int64_t B, std::int64_t T) {
-    staged_batch b(*this, h_windows, B, T);
+  loss_sum forward_loss(const std::int32_t* h_windows, std::int64_t B, std::int64_t T,
+                        const std::int32_t* h_doc_start = nullptr) {
+    staged_batch b(*this, h_windows, B, T, h_doc_start);
     forward_loss(b.batch(), b.loss());
     return b.result();
   }
@@ -888,10 +892,12 @@ class llama {
   // Host windows staged into the context's memory for one call.
   struct staged_batch {
     tensor<std::int32_t, Backend> tok;  // (2N): inputs, then targets
+    tensor<std::int32_t, Backend> doc;  // (N): document starts, or empty
     tensor<double, Backend> d_loss;     // (1)
     const Ctx* ctx;
     std::int64_t B, T, scored = 0;
-    staged_batch(llama& m, const std::int32_t* h_windows, std::int64_t B_, std::int64_t T_)
+    staged_batch(llama& m, const std::int32_t* h_windows, std::int64_t B_, std::int64_t T_,
+                 const std::int32_t* h_doc_start = nullptr)
         : ctx(m.ctx_), B(B_), T(T_) {
       m.check_shapes(micro_batch<Param>{nullptr, nullptr, nullptr, B, T});
       const std::int64_t N = B * T;
@@ -905,9 +911,15 @@ class llama {
         }
       tok = kernels::make_tensor<std::int32_t>(*ctx, 2 * N);
       ctx->from_host(tok.data(), h.data(), h.size() * sizeof(std::int32_t));
+      if (h_doc_start != nullptr) {
+        doc = kernels::make_tensor<std::int32_t>(*ctx, N);
+        ctx->from_host(doc.data(), h_doc_start, static_cast<std::size_t>(N) * sizeof(std::int32_t));
+      }
       d_loss = kernels::make_tensor<double>(*ctx, 1);
     }
-    micro_batch<Param> batch() const { return {tok.data(), tok.data() + B * T, nullptr, B, T}; }
+    micro_batch<Param> batch() const {
+      return {tok.data(), tok.data() + B * T, nullptr, B, T, doc.empty() ? nullptr : doc.data()};
+    }
     double* loss() { return d_loss.data(); }
     loss_sum result() const {
       loss_sum r;
@@ -977,7 +989,7 @@ class llama {
       TESSERA_THROW_IF(mb.B * mb.T % 16 != 0, config_error, P::name, " on the GPU: ",
                        mb.B * mb.T, " tokens per micro-batch (B=", mb.B, " x T=", mb.T,
                        ") must be a multiple of 16 (cuBLASLt's FP8 matmuls need 16-byte rows)");
-    return {mb.B, mb.T, sp};
+    return {mb.B, mb.T, sp, mb.doc_start};
   }
 
   // The stage input as (N, H) hidden states: the embedding of the ids (into

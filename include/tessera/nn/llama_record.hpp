@@ -69,6 +69,9 @@ struct llama_record {
   /// stage: the gradient of the embedding's output, which W scatters.
   tensor<typename P::act_grad_type, Backend> grad_embedding;
   std::int64_t B = 0, T = 0;  ///< the micro-batch's rows and tokens per row (N = B T)
+  /// The micro-batch's (B, T) document starts (micro_batch::doc_start, not
+  /// owned: the caller keeps them until the backward), or null.
+  const std::int32_t* doc_start = nullptr;
   bool filled = false;        ///< between forward and backward (or B)
   bool weights_pending = false;  ///< between a split backward's B and W
 };
@@ -87,6 +90,12 @@ struct micro_batch {
   const std::int32_t* targets = nullptr;  ///< (B, T) target ids (stages with the head)
   const Param* hidden = nullptr;          ///< (B, T, H) stage input (stages without the embedding; this rank's N/tp rows under sequence parallelism)
   std::int64_t B = 0, T = 0;
+  /// (B, T) int32, or null: packed documents (every stage): the position
+  /// of the first token of each input token's document in its row
+  /// (data::document_starts); RoPE rotates by the position in the document
+  /// and attention stays inside it (kernels::attention_mask). It must stay
+  /// valid until the micro-batch's backward. Null: one document per row.
+  const std::int32_t* doc_start = nullptr;
 };
 
 }  // namespace tessera::nn

@@ -83,6 +83,11 @@ struct block_record {
 struct block_shape {
   std::int64_t B = 0, T = 0;
   bool sequence_parallel = false;
+  /// (B, T) int32 in the context's memory, or null: the first position of
+  /// each token's document when documents are packed into the rows (RoPE
+  /// rotates by the position in the document, attention stays inside it:
+  /// kernels::attention_mask); null: one document per row.
+  const std::int32_t* doc_start = nullptr;
   std::int64_t N() const { return B * T; }
 };
 
@@ -541,10 +546,10 @@ class transformer_block {
     else
       lin(wo_, block_linear::wo).backward_weight(ctx, g, dy2, features(r.att, N, Hq_));
     attention_backward(ctx, w.dq.data(), w.dk.data(), w.dv.data(), datt.data, r.q.data(),
-                       r.k.data(), r.v.data(), r.att.data(), r.lse.data(), s.B, s.T, nh_, nkv_,
-                       hd_);
-    rope_backward(ctx, w.dq.data(), cos, sin, s.B, s.T, nh_, hd_);
-    rope_backward(ctx, w.dk.data(), cos, sin, s.B, s.T, nkv_, hd_);
+                       r.k.data(), r.v.data(), r.att.data(), r.lse.data(), s.B, s.T, nh_, nkv_, hd_,
+                       kernels::attention_mask{s.doc_start});
+    rope_backward(ctx, w.dq.data(), cos, sin, s.B, s.T, nh_, hd_, s.doc_start);
+    rope_backward(ctx, w.dk.data(), cos, sin, s.B, s.T, nkv_, hd_, s.doc_start);
     const feature_sharded<const ActGrad> dq = features(w.dq, N, Hq_), dk = features(w.dk, N, KV_),
                                          dv = features(w.dv, N, KV_);
     lin(wq_, block_linear::wq).backward_input(ctx, w.dxn.data(), dq, p);
@@ -617,12 +622,12 @@ class transformer_block {
     const feature_sharded<const Param> q = lin(wq_, block_linear::wq).forward(ctx, r.q.data(), xn1, p),
                                        k = lin(wk_, block_linear::wk).forward(ctx, r.k.data(), xn1, p),
                                        v = lin(wv_, block_linear::wv).forward(ctx, r.v.data(), xn1, p);
-    rope_forward(ctx, r.q.data(), cos, sin, s.B, s.T, nh_, hd_);
-    rope_forward(ctx, r.k.data(), cos, sin, s.B, s.T, nkv_, hd_);
+    rope_forward(ctx, r.q.data(), cos, sin, s.B, s.T, nh_, hd_, s.doc_start);
+    rope_forward(ctx, r.k.data(), cos, sin, s.B, s.T, nkv_, hd_, s.doc_start);
     r.att = kernels::make_tensor<Param>(ctx, N * Hq);
     r.lse = kernels::make_tensor<Acc>(ctx, s.B * nh_ * s.T);
-    attention_forward(ctx, r.att.data(), r.lse.data(), q.data, k.data, v.data, s.B, s.T, nh_,
-                      nkv_, hd_);
+    attention_forward(ctx, r.att.data(), r.lse.data(), q.data, k.data, v.data, s.B, s.T, nh_, nkv_,
+                      hd_, kernels::attention_mask{s.doc_start});
     const partial_sum<Param> o_part = lin(wo_, block_linear::wo).forward(ctx, proj, features(r.att, N, Hq), p);
     r.x_mid = kernels::make_tensor<Param>(ctx, R * H);
     const rows_t<SP, Param> o = reduce<SP>(o_part, r.x_mid.data());

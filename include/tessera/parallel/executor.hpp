@@ -100,6 +100,11 @@ struct step_inputs {
   double inv_loss_scale = 1;  ///< 1 / the loss scale folded into grad_scale (unscaled at the clip)
   double* d_sum_squares = nullptr;  ///< (1) the global gradient sum of squares, written
   Master* d_clip = nullptr;         ///< (1) the clip coefficient, written
+  /// (micro-batches, B, T) int32 in the context's memory, or null: the
+  /// document starts of this rank's micro-batches (packed documents), which
+  /// every stage's forward gets as micro_batch::doc_start (a stage without
+  /// the embedding needs them as much as the first); null: none.
+  const std::int32_t* d_doc_start = nullptr;
 };
 
 namespace detail {
@@ -365,6 +370,7 @@ class executor {
           mb.T = mb_T_;
         }
         if (v < last_virtual_stage()) mb.targets = nullptr;
+        mb.doc_start = in.d_doc_start ? in.d_doc_start + a.micro_batch * mb_B_ * mb_T_ : nullptr;
         record& r = pools_[c].acquire(a.micro_batch);
         model.forward(mb, r, in.grad_scale, in.d_losses + a.micro_batch);
         inbox_.erase(k);

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -77,6 +78,15 @@ struct train_config {
   std::int64_t eval_windows = 256;  ///< validation windows per evaluation (0: all)
   std::uint64_t seed = 1337;        ///< weights and data order
   std::int64_t ce_chunk = 256;      ///< LM-head/cross-entropy chunk (token rows)
+  /// Packed documents: the separator token id (the tokenizer's EOS, or
+  /// another the user names) that ends each document of the token stream.
+  /// When set, every training window's tokens attend only within their
+  /// document and RoPE counts positions from each document's first token
+  /// (data/documents.hpp: the separator belongs to the document it ends);
+  /// the loss is unchanged. Unset (the default): windows attend across
+  /// documents, as before. Recorded in checkpoints: a resume under another
+  /// setting is refused.
+  std::optional<std::int32_t> document_separator{};
   nn::checkpoint_policy checkpointing{};  ///< activation checkpointing (none by default)
   /// A Hugging Face Llama folder (config.json, safetensors; nn::hf_checkpoint)
   /// whose weights the model starts from instead of drawing them from
@@ -111,6 +121,8 @@ struct train_config {
     TESSERA_THROW_IF(warmup < 0, config_error, "warmup=", warmup, " must be >= 0");
     TESSERA_THROW_IF(eval_every < 0, config_error, "eval_every=", eval_every, " must be >= 0");
     TESSERA_THROW_IF(ce_chunk < 1, config_error, "ce_chunk=", ce_chunk, " must be >= 1");
+    TESSERA_THROW_IF(document_separator && *document_separator < 0, config_error,
+                     "document separator id ", *document_separator, " must be >= 0");
     TESSERA_THROW_IF(!(min_lr_ratio >= 0 && min_lr_ratio <= 1), config_error,
                      "min_lr_ratio=", min_lr_ratio, " must be in [0, 1]");
     TESSERA_THROW_IF(warmup >= steps && steps > 1, config_error, "warmup=", warmup,

@@ -14,10 +14,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <vector>
 
 #include "tessera/core/tensor.hpp"
+#include "tessera/data/documents.hpp"
 #include "tessera/data/sampler.hpp"
 #include "tessera/nn/llama.hpp"
 #include "tessera/parallel/executor.hpp"
@@ -75,9 +77,11 @@ void run_forward_only(Chunks& chunks, const Layout& mesh, Batch&& batch, Last&& 
 // One (rows, T) batch of windows in host memory through every chunk of
 // this rank in virtual-stage order: the loss sum and scored count on the
 // rank of the last stage, zeros elsewhere (the caller sums over pp).
+// h_doc_start: (B, T) document starts in host memory (every stage's), or null.
 template <class Chunks, class Layout>
 nn::loss_sum pipeline_forward_loss(Chunks& chunks, const Layout& mesh,
-                                   const std::int32_t* h_windows, std::int64_t B, std::int64_t T) {
+                                   const std::int32_t* h_windows, std::int64_t B, std::int64_t T,
+                                   const std::int32_t* h_doc_start = nullptr) {
   using Param = typename Chunks::model_type::precision_type::param_type;
   const auto& ctx = chunks.model().context();
   const std::int64_t N = B * T;
@@ -92,6 +96,9 @@ nn::loss_sum pipeline_forward_loss(Chunks& chunks, const Layout& mesh,
     }
   auto tok = kernels::make_tensor<std::int32_t>(ctx, 2 * N);
   ctx.from_host(tok.data(), h.data(), h.size() * sizeof(std::int32_t));
+  auto doc = kernels::make_tensor<std::int32_t>(ctx, h_doc_start ? N : 0);
+  if (h_doc_start)
+    ctx.from_host(doc.data(), h_doc_start, static_cast<std::size_t>(N) * sizeof(std::int32_t));
   auto d_loss = kernels::make_tensor<double>(ctx, 1);
   nn::loss_sum r;
   run_forward_only(
@@ -100,7 +107,7 @@ nn::loss_sum pipeline_forward_loss(Chunks& chunks, const Layout& mesh,
         const int v = chunks.virtual_stage(c);
         return nn::micro_batch<Param>{v == 0 ? tok.data() : nullptr,
                                       v == chunks.last_virtual_stage() ? tok.data() + N : nullptr,
-                                      nullptr, B, T};
+                                      nullptr, B, T, h_doc_start ? doc.data() : nullptr};
       },
       [&](int c, const nn::micro_batch<Param>& mb) {
         chunks.model(c).forward_loss(mb, d_loss.data());
@@ -143,23 +150,31 @@ void pipeline_logits(Chunks& chunks, const Layout& mesh, const std::int32_t* h_i
 /// (batch j to dp rank j mod dp; a rank without a batch in the last round
 /// repeats batch 0 and discards it, so every rank runs the same forwards,
 /// which zero<3>'s gathers need), through the pipeline when mesh.pp() > 1.
-/// Sums the loss and the scored tokens over dp and pp. Collective over the
+/// Sums the loss and the scored tokens over dp and pp. With
+/// `document_separator`, the windows' documents attend only within
+/// themselves, as in training (data::document_starts). Collective over the
 /// mesh; the same value on every rank. NaN when no token is scored.
 template <class Chunks, class Layout>
 double evaluate(Chunks& chunks, const Layout& mesh, const data::val_windows& val, std::int64_t B,
-                std::int64_t T) {
+                std::int64_t T, std::optional<std::int32_t> document_separator = {}) {
   const auto& ctx = chunks.model().context();
   const std::int64_t dp = mesh.dp();
   std::vector<std::int32_t> buf(static_cast<std::size_t>(B * (T + 1)));
+  std::vector<std::int32_t> ds(document_separator ? static_cast<std::size_t>(B * T) : 0);
   double sum[2] = {0, 0};  // loss sum, scored
   const std::int64_t nb = val.batches(B), rounds = (nb + dp - 1) / dp;
   for (std::int64_t j = 0; j < rounds; ++j) {
     const std::int64_t k = j * dp + mesh.dp_rank();
     const std::int64_t rows = val.fill(k < nb ? k : 0, B, buf.data());
-    const nn::loss_sum r = mesh.pp() > 1
-                               ? detail::pipeline_forward_loss(chunks, mesh, buf.data(), rows, T)
-                               : (chunks.engine().begin_forward_only(),
-                                  chunks.model().forward_loss(buf.data(), rows, T));
+    const std::int32_t* pds = nullptr;
+    if (document_separator) {
+      data::document_starts(buf.data(), rows, T, *document_separator, ds.data());
+      pds = ds.data();
+    }
+    const nn::loss_sum r =
+        mesh.pp() > 1 ? detail::pipeline_forward_loss(chunks, mesh, buf.data(), rows, T, pds)
+                      : (chunks.engine().begin_forward_only(),
+                         chunks.model().forward_loss(buf.data(), rows, T, pds));
     if (k < nb) {
       sum[0] += r.sum;
       sum[1] += static_cast<double>(r.scored);

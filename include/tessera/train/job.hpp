@@ -28,6 +28,7 @@
 #include "tessera/comm/communicator.hpp"
 #include "tessera/comm/launch.hpp"
 #include "tessera/core/error.hpp"
+#include "tessera/data/tokenizer.hpp"
 #include "tessera/nn/checkpointing.hpp"
 #include "tessera/nn/hf_llama.hpp"
 #include "tessera/nn/llama_config.hpp"
@@ -76,6 +77,13 @@ struct job {
   /// --tie-embeddings (or --tie-embeddings=false), when given: the preset's
   /// embedding and LM head tied (untied); llama3_2_1b and 3b are tied already.
   bool tie_embeddings = false;
+  /// --document-mask: packed documents attend only within themselves, with
+  /// positions from each document's start (train_config::document_separator);
+  /// --document-separator ID names the separator (default: the byte
+  /// tokenizer's end-of-text for byte-level data; a tokenizer's EOS must be
+  /// named).
+  bool document_mask = false;
+  std::optional<std::int64_t> document_separator;
   std::optional<double> baseline;  ///< nats per byte printed beside val loss
   bool no_baseline = false, sample_only = false;
   int dp = 1, tp = 1, zero = 0;
@@ -127,9 +135,30 @@ inline nn::llama_config model_config(const job& j) {
   return mc;
 }
 
+/// The separator id of --document-mask: --document-separator, or for
+/// byte-level data (no tokenizer, a vocabulary of 256 or not yet bound) the
+/// byte tokenizer's end-of-text (data::byte_tokenizer::eot, 3). Throws
+/// config_error for an id outside [0, 2^31) or data with a tokenizer and no
+/// --document-separator (tessera does not read a tokenizer's EOS).
+inline std::int32_t document_separator_of(const job& j) {
+  if (j.document_separator) {
+    TESSERA_THROW_IF(*j.document_separator < 0 || *j.document_separator > 2147483647, config_error,
+                     "--document-separator ", *j.document_separator,
+                     " must be a token id in [0, 2^31)");
+    return static_cast<std::int32_t>(*j.document_separator);
+  }
+  TESSERA_THROW_IF(!j.tokenizer.empty() ||
+                       (j.data_vocab != 0 && j.data_vocab != data::byte_tokenizer::vocab_size),
+                   config_error, j.program,
+                   ": --document-mask needs --document-separator ID (the id of the tokenizer's "
+                   "EOS) for data that is not byte-level");
+  return static_cast<std::int32_t>(data::byte_tokenizer::eot);
+}
+
 /// The trainer's train_config: the job's, with the degrees, the pipeline
-/// and learning-rate schedules and the activation checkpointing. Throws
-/// config_error for an unknown name.
+/// and learning-rate schedules, the activation checkpointing and the
+/// document mask. Throws config_error for an unknown name, and as
+/// document_separator_of.
 inline train_config run_config(const job& j) {
   train_config c = j.cfg;
   c.dp = j.dp;
@@ -139,6 +168,7 @@ inline train_config run_config(const job& j) {
   c.wsd.cooldown = optim::parse_wsd_cooldown(j.wsd_cooldown);
   c.checkpointing = {nn::parse_checkpointing(j.checkpointing), j.checkpoint_layers};
   if (j.resume.empty()) c.init_from_hf = j.init_from_hf;  // a resume loads its own weights
+  if (j.document_mask) c.document_separator = document_separator_of(j);
   return c;
 }
 
@@ -223,6 +253,9 @@ inline void check_job(job& j) {
   c.fp8.scaling = precision::parse_fp8_scaling(j.fp8_scaling);
   c.fp8.format = precision::parse_fp8_format(j.fp8_format);
   c.fp8.validate();
+  TESSERA_THROW_IF(given("--document-separator") && !j.document_mask, config_error,
+                   "--document-separator names the separator of packed documents: it needs "
+                   "--document-mask");
   const auto schedule = optim::parse_lr_schedule_kind(j.lr_schedule);
   (void)optim::parse_wsd_cooldown(j.wsd_cooldown);
   for (const char* f : {"--wsd-decay-fraction", "--wsd-cooldown"})

@@ -48,6 +48,7 @@
 #include "tessera/core/error.hpp"
 #include "tessera/core/tensor.hpp"
 #include "tessera/data/device_loader.hpp"
+#include "tessera/data/documents.hpp"
 #include "tessera/data/sampler.hpp"
 #include "tessera/data/token_file.hpp"
 #include "tessera/nn/fp8_linear.hpp"
@@ -113,6 +114,14 @@ class step_runner {
         clip_(kernels::make_tensor<Master>(ctx, 1)),
         windows_(static_cast<std::size_t>(cfg.micro_batch * (cfg.seq + 1))) {
     if constexpr (precision::loss_scaled<P>) scaler_.emplace(cfg.loss_scale);
+    if (cfg.document_separator) {
+      const std::int64_t V = chunks.model().config().vocab;
+      TESSERA_THROW_IF(*cfg.document_separator >= V, config_error, "document separator id ",
+                       *cfg.document_separator, " is outside the vocabulary [0, ", V, ")");
+      const std::int64_t n = cfg.accum_steps() * cfg.micro_batch * cfg.seq;
+      doc_host_.resize(static_cast<std::size_t>(n));
+      doc_ = kernels::make_tensor<std::int32_t>(ctx, n);
+    }
     std::vector<typename executor_type::chunk> ch;
     std::vector<std::int64_t> capacity;
     for (int c = 0; c < chunks.size(); ++c) {
@@ -146,7 +155,13 @@ class step_runner {
       for (std::int64_t b = 0; b < B; ++b)
         for (std::int64_t t = 1; t <= T; ++t)
           scored += windows_[static_cast<std::size_t>(b * (T + 1) + t)] != ignore_index;
+      // Packed documents: the micro-batch's document starts, from the same windows.
+      if (cfg_.document_separator)
+        data::document_starts(windows_.data(), B, T, *cfg_.document_separator,
+                              doc_host_.data() + a * B * T);
     }
+    if (cfg_.document_separator)  // every stage's forward reads them (the previous step is done)
+      ctx_->from_host(doc_.data(), doc_host_.data(), doc_host_.size() * sizeof(std::int32_t));
     mesh_->reduce(*ctx_, std::span<double>(&scored, 1), parallel::axis::dp);
     TESSERA_THROW_IF(scored == 0, config_error, "step ", step,
                      " has no scored tokens on any rank (every target is ignore_index)");
@@ -159,6 +174,7 @@ class step_runner {
     in.max_norm = cfg_.grad_clip;
     in.d_sum_squares = scalars_.data();
     in.d_clip = clip_.data();
+    in.d_doc_start = cfg_.document_separator ? doc_.data() : nullptr;
     executor_->run(
         actions_, [&](std::int64_t a) { return next_micro_batch(a); }, in);
     // One read back: the norm, then the micro-batches' losses.
@@ -259,6 +275,8 @@ class step_runner {
   tensor<double, Backend> scalars_;    // (1 + A): sum of squares, then each micro-batch's loss
   tensor<Master, Backend> clip_;       // (1): the clip coefficient
   std::vector<std::int32_t> windows_;  // (B, T+1): the host's scored-token count
+  std::vector<std::int32_t> doc_host_;            // (A, B, T) document starts (packed documents)
+  tensor<std::int32_t, Backend> doc_;             // the same, in the context's memory
   std::optional<precision::loss_scaler> scaler_;  // loss_scaled<P> only
   std::int64_t step_ = 0;
 };

@@ -238,13 +238,17 @@ class trainer {
 
   /// Mean loss (nats per token) over the first `windows` fixed validation
   /// windows (-1: the configured eval_windows; 0: every window of the
-  /// split, the whole held-out range); train::evaluate. Collective.
+  /// split, the whole held-out range); train::evaluate, with the document
+  /// mask of training when train_config::document_separator is set. Collective.
   double evaluate(std::int64_t windows = -1) {
     TESSERA_NVTX_RANGE("evaluate");
     ctx_->apply_threads();
-    if (windows < 0) return train::evaluate(*chunks_, mesh_, *val_, cfg_.micro_batch, cfg_.seq);
+    if (windows < 0)
+      return train::evaluate(*chunks_, mesh_, *val_, cfg_.micro_batch, cfg_.seq,
+                             cfg_.document_separator);
     const data::val_windows val(*data_, data_->split().val, cfg_.seq, windows);
-    return train::evaluate(*chunks_, mesh_, val, cfg_.micro_batch, cfg_.seq);
+    return train::evaluate(*chunks_, mesh_, val, cfg_.micro_batch, cfg_.seq,
+                           cfg_.document_separator);
   }
 
   /// `n` tokens sampled after `prompt` at `temperature`, deterministic in

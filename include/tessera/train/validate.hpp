@@ -46,6 +46,7 @@ concept mesh_degrees = requires(const M& m) {
 /// train_config::validate); more than max_micro_batches micro-batches per
 /// step and rank; dp, tp or pp in `cfg` other than the mesh's;
 /// a sequence longer than max_seq; a corpus vocabulary beyond the model's;
+/// a document separator outside the model's vocabulary;
 /// one micro-batch's activation bytes beyond 64 bits; a pipeline the
 /// schedule cannot run (parallel::check_pipeline: micro-batch count,
 /// virtual stages, stages per layer) or whose message tags (3 K V) exceed
@@ -83,6 +84,9 @@ void validate(const nn::llama_config& c, const train_config& cfg, const data::to
                    " exceeds the model's max_seq=", c.max_seq, " (preset '", c.name, "')");
   TESSERA_THROW_IF(d.vocab() > static_cast<std::uint64_t>(c.vocab), config_error,
                    "token file vocabulary ", d.vocab(), " exceeds the model's vocab=", c.vocab);
+  TESSERA_THROW_IF(cfg.document_separator && *cfg.document_separator >= c.vocab, config_error,
+                   "document separator id ", *cfg.document_separator,
+                   " is outside the vocabulary [0, ", c.vocab, ")");
   // One micro-batch's activations (34 s b h per layer and the attention
   // scores, Korthikanti et al. 2022) in bytes fit 64 bits, so the planner
   // and the model's buffers cannot wrap.

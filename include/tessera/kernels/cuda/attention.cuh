@@ -66,11 +66,12 @@ namespace tessera::kernels::cuda::detail {
 
 /// Arguments of the forward kernel (the 16-bit storage type as raw bits).
 struct attention_forward_params {
-  std::uint16_t* out;      // (B, S, nh, hd)
-  float* lse;              // (B, nh, S)
-  const std::uint16_t* q;  // (B, S, nh, hd)
-  const std::uint16_t* k;  // (B, S, nkv, hd)
-  const std::uint16_t* v;  // (B, S, nkv, hd)
+  std::uint16_t* out;             // (B, S, nh, hd)
+  float* lse;                     // (B, nh, S)
+  const std::uint16_t* q;         // (B, S, nh, hd)
+  const std::uint16_t* k;         // (B, S, nkv, hd)
+  const std::uint16_t* v;         // (B, S, nkv, hd)
+  const std::int32_t* doc_start;  // (B, S) or null: kernels::attention_mask
   std::int64_t S;
   int nh;
   int nkv;
@@ -86,10 +87,11 @@ struct attention_backward_params {
   const std::uint16_t* q;
   const std::uint16_t* k;
   const std::uint16_t* v;
-  const std::uint16_t* out;  // (B, S, nh, hd)
-  const float* lse;          // (B, nh, S)
-  float* d;                  // (B, nh, S): rowsum(dout * out), the scratch
-  std::int64_t rows;         // B S nh
+  const std::uint16_t* out;       // (B, S, nh, hd)
+  const float* lse;               // (B, nh, S)
+  float* d;                       // (B, nh, S): rowsum(dout * out), the scratch
+  const std::int32_t* doc_start;  // (B, S) or null: kernels::attention_mask
+  std::int64_t rows;              // B S nh
   std::int64_t S;
   int nh;
   int nkv;
@@ -99,27 +101,29 @@ struct attention_backward_params {
 /// flash_attention_forward's checks (attention_check_args; 16-byte aligned
 /// 16-bit tensors, 4-byte aligned lse) and its kernel arguments, over the
 /// tensors' raw 16-bit (bf16 or fp16) bits: out, q (B, S, nh, hd), k, v (B, S, nkv, hd),
-/// lse (B, nh, S) float32. The entry point packs its arguments here, and
-/// the emulated test of the block bodies through the same function. Throws
-/// config_error naming the argument and the limit.
-inline attention_forward_params attention_forward_args(std::uint16_t* out, float* lse,
-                                                       const std::uint16_t* q,
-                                                       const std::uint16_t* k,
-                                                       const std::uint16_t* v, std::int64_t B,
-                                                       std::int64_t S, std::int64_t nh,
-                                                       std::int64_t nkv, std::int64_t hd) {
+/// lse (B, nh, S) float32, doc_start (B, S) int32 or null (the document
+/// mask, kernels::attention_mask; 4-byte aligned). The entry point packs its
+/// arguments here, and the emulated test of the block bodies through the
+/// same function. Throws config_error naming the argument and the limit.
+inline attention_forward_params attention_forward_args(
+    std::uint16_t* out, float* lse, const std::uint16_t* q, const std::uint16_t* k,
+    const std::uint16_t* v, std::int64_t B, std::int64_t S, std::int64_t nh, std::int64_t nkv,
+    std::int64_t hd, const std::int32_t* doc_start = nullptr) {
   constexpr const char* fn = "flash_attention_forward";
   attention_check_args(fn, B, S, nh, nkv, hd);
   for (const auto& [name, ptr] :
        {std::pair<const char*, const void*>{"d_out", out}, {"d_q", q}, {"d_k", k}, {"d_v", v}})
     attention_check_aligned(fn, name, ptr, 16);
   attention_check_aligned(fn, "d_lse", lse, sizeof(float));
+  if (doc_start != nullptr)  // null: no document mask
+    attention_check_aligned(fn, "d_doc_start", doc_start, sizeof(std::int32_t));
   attention_forward_params p{};
   p.out = out;
   p.lse = lse;
   p.q = q;
   p.k = k;
   p.v = v;
+  p.doc_start = doc_start;
   p.S = S;
   p.nh = static_cast<int>(nh);
   p.nkv = static_cast<int>(nkv);
@@ -131,13 +135,14 @@ inline attention_forward_params attention_forward_args(std::uint16_t* out, float
 /// scratch of attention_backward_d_config(...).scratch_bytes at least) and
 /// its kernel arguments, over raw 16-bit bits: dq, dout, out, q (B, S, nh,
 /// hd), dk, dv, k, v (B, S, nkv, hd), lse (B, nh, S) float32, scratch
-/// B nh S floats; shared with the emulated test
+/// B nh S floats, doc_start as the forward's; shared with the emulated test
 /// as the forward's. Throws config_error naming the argument and the limit.
 inline attention_backward_params attention_backward_args(
     std::uint16_t* dq, std::uint16_t* dk, std::uint16_t* dv, const std::uint16_t* dout,
     const std::uint16_t* q, const std::uint16_t* k, const std::uint16_t* v,
     const std::uint16_t* out, const float* lse, std::int64_t B, std::int64_t S, std::int64_t nh,
-    std::int64_t nkv, std::int64_t hd, void* scratch, std::size_t scratch_bytes) {
+    std::int64_t nkv, std::int64_t hd, void* scratch, std::size_t scratch_bytes,
+    const std::int32_t* doc_start = nullptr) {
   constexpr const char* fn = "flash_attention_backward";
   attention_check_args(fn, B, S, nh, nkv, hd);
   for (const auto& [name, ptr] : {std::pair<const char*, const void*>{"d_dq", dq},
@@ -151,6 +156,8 @@ inline attention_backward_params attention_backward_args(
     attention_check_aligned(fn, name, ptr, 16);
   attention_check_aligned(fn, "d_lse", lse, sizeof(float));
   attention_check_aligned(fn, "d_scratch", scratch, sizeof(float));
+  if (doc_start != nullptr)  // null: no document mask
+    attention_check_aligned(fn, "d_doc_start", doc_start, sizeof(std::int32_t));
   const launch_config cd = attention_backward_d_config(B, S, nh, nkv, hd);
   TESSERA_THROW_IF(scratch_bytes < cd.scratch_bytes, config_error, fn,
                    ": scratch_bytes=", scratch_bytes, " is below the ", cd.scratch_bytes,
@@ -166,6 +173,7 @@ inline attention_backward_params attention_backward_args(
   p.out = out;
   p.lse = lse;
   p.d = static_cast<float*>(scratch);
+  p.doc_start = doc_start;
   p.rows = B * S * nh;
   p.S = S;
   p.nh = static_cast<int>(nh);
@@ -201,6 +209,16 @@ TESSERA_ATTENTION_FN int attention_ldsm_base(mma_m16n8k16::coord c, int hd) {
 TESSERA_ATTENTION_FN int attention_valid_rows(std::int64_t row0, std::int64_t S, int rows) {
   const std::int64_t v = S - row0;
   return v <= 0 ? 0 : v >= rows ? rows : static_cast<int>(v);
+}
+
+/// Key tile (of k_rows keys) that holds the first key query row t < S of
+/// batch row b sees under the document mask doc_start (attention_mask), at
+/// least 0; 0 without a mask. Query tiles starting at t need no earlier tile
+/// (doc_start is nondecreasing).
+TESSERA_ATTENTION_FN int attention_first_tile(const std::int32_t* doc_start, std::int64_t b,
+                                              std::int64_t S, std::int64_t t, int k_rows) {
+  const std::int64_t f = kernels::detail::attention_first_key(doc_start, b, S, t);
+  return f <= 0 ? 0 : static_cast<int>(f / k_rows);
 }
 
 /// Copies a (Rows, HD) tile, row r at src + r * stride, into the swizzled
@@ -337,6 +355,9 @@ TESSERA_ATTENTION_FN void attention_forward_block(
   const std::int64_t q0 = std::int64_t(q_tile) * tr::q_rows;
   const std::int64_t q_end = q0 + tr::q_rows < S ? q0 + tr::q_rows : S;
   const int n_kt = static_cast<int>((q_end + tr::k_rows - 1) / tr::k_rows);  // keys < q_end
+  // Key tiles kt_first .. n_kt - 1: from the one holding the block's first
+  // key (its first row's; 0 without a document mask).
+  const int n_it = n_kt - attention_first_tile(p.doc_start, b, S, q0, tr::k_rows);
   const std::uint32_t smem = Ops::smem_addr(&sm);
 
   // Loads key tile kt (K and V) into buffer buf.
@@ -356,6 +377,17 @@ TESSERA_ATTENTION_FN void attention_forward_block(
   const std::int64_t w0 = q0 + 16 * warp;  // the warp's first query row
   const bool live = w0 < S;
   const float neg_inf = kernels::detail::attention_neg_inf<float>();
+  // First keys of the warp's first and last rows and of this lane's rows g, g + 8.
+  const std::int64_t w_last = w0 + 15 < S ? w0 + 15 : S - 1;
+  const std::int64_t wf0 =
+      kernels::detail::attention_first_key(p.doc_start, b, S, w0 < S ? w0 : S - 1);
+  const std::int64_t wf1 = kernels::detail::attention_first_key(p.doc_start, b, S, w_last);
+  std::int64_t lf[2];
+  TESSERA_ATTENTION_UNROLL
+  for (int r = 0; r < 2; ++r) {
+    const std::int64_t t = w0 + (lane >> 2) + 8 * r;
+    lf[r] = kernels::detail::attention_first_key(p.doc_start, b, S, t < S ? t : S - 1);
+  }
   float o[NO][4];
   attention_zero(o);
   float m[2] = {neg_inf, neg_inf};  // running max of rows g and g + 8 (g = lane / 4)
@@ -363,7 +395,7 @@ TESSERA_ATTENTION_FN void attention_forward_block(
   std::uint32_t qf[HD / 16][4];     // the warp's Q slice as A fragments
   const int kb_base = attention_ldsm_base(mma_m16n8k16::ldsm_b(lane, 0, 0), HD);
 
-  for (int it = 0; it < n_kt; ++it) {
+  for (int it = 0; it < n_it; ++it) {
     const int kt = n_kt - 1 - it, buf = it & 1;
     Ops::template cp_wait<0>();
     Ops::sync();  // tile kt has landed, and every warp is done with buffer buf ^ 1
@@ -375,12 +407,14 @@ TESSERA_ATTENTION_FN void attention_forward_block(
       for (int kk = 0; kk < HD / 16; ++kk)
         Ops::ldsm_x4(qf[kk], sq + 2 * attention_smem_step(a_base, kk));
     }
-    if (it + 1 < n_kt) {
+    if (it + 1 < n_it) {
       load_kv(kt - 1, buf ^ 1);
       Ops::cp_commit();
     }
     const std::int64_t k0 = std::int64_t(kt) * tr::k_rows;
-    if (!live || w0 + 15 < k0) continue;  // warp-uniform: every key of the tile is masked
+    // Warp-uniform: every key of the tile is masked (after the rows, or
+    // before their documents).
+    if (!live || w0 + 15 < k0 || wf0 > k0 + tr::k_rows - 1) continue;
 
     // S = Q K^T for the warp's 16 rows and the tile's 64 keys.
     const std::uint32_t sk = attention_smem_addr(s0, sm, sm.k[buf]);
@@ -397,8 +431,11 @@ TESSERA_ATTENTION_FN void attention_forward_block(
       }
     }
 
-    // Scale, causal mask (only on a tile that crosses the diagonal), row max.
+    // Scale, causal mask (only on a tile that crosses the diagonal),
+    // document mask (only on a tile that holds a key before a row's first),
+    // row max.
     const bool diagonal = k0 + tr::k_rows - 1 > w0;
+    const bool document = k0 < wf1;
     const int dk0 = static_cast<int>(k0 - w0);  // key - row = dk0 + 8 n + col - row
     float mx[2] = {neg_inf, neg_inf};
     TESSERA_ATTENTION_UNROLL
@@ -408,6 +445,7 @@ TESSERA_ATTENTION_FN void attention_forward_block(
         const auto c = c_coord(lane, i);
         float x = s[n][i] * p.scale;
         if (diagonal && dk0 + 8 * n + c.col > c.row) x = neg_inf;
+        if (document && k0 + 8 * n + c.col < lf[i >> 1]) x = neg_inf;
         s[n][i] = x;
         mx[i >> 1] = fmaxf(mx[i >> 1], x);
       }
@@ -442,14 +480,20 @@ TESSERA_ATTENTION_FN void attention_forward_block(
     attention_mma_pb<Ops, HD, NS>(o, s, attention_smem_addr(s0, sm, sm.v[buf]), lane);
   }
 
-  // l = sum over the quad; out = O / l; lse = m + log(l) (FA-2 Algorithm 1, lines 12-13).
+  if (n_it <= 0) {  // no key tile (every row before its document): Q's copy lands first
+    Ops::template cp_wait<0>();
+    Ops::sync();
+  }
+  // l = sum over the quad; out = O / l; lse = m + log(l) (FA-2 Algorithm 1, lines 12-13);
+  // a row that saw no key: out 0, lse -inf.
   TESSERA_ATTENTION_UNROLL
   for (int r = 0; r < 2; ++r) {
     l[r] += Ops::shfl_xor(l[r], 1);
     l[r] += Ops::shfl_xor(l[r], 2);
   }
   if (!live) return;
-  const float inv[2] = {l[0] > 0.f ? 1.f / l[0] : 0.f, l[1] > 0.f ? 1.f / l[1] : 0.f};
+  const float inv[2] = {kernels::detail::attention_inv_sum(l[0]),
+                        kernels::detail::attention_inv_sum(l[1])};
   TESSERA_ATTENTION_UNROLL
   for (int n = 0; n < NO; ++n) {
     TESSERA_ATTENTION_UNROLL
@@ -537,6 +581,12 @@ TESSERA_ATTENTION_FN void attention_backward_kv_block(
       const std::int64_t row = (b * p.nh + h) * S + q0 + tid;
       sm.lse[buf][tid] = tid < valid ? Ops::ld_global_f32(p.lse + row) : INFINITY;
       sm.d[buf][tid] = tid < valid ? Ops::ld_global_f32(p.d + row) : 0.f;
+      // The query's first key relative to the block's, in [0, k_rows] (k_rows:
+      // none of the block's keys; also past S).
+      const std::int64_t f =
+          tid < valid ? kernels::detail::attention_first_key(p.doc_start, b, S, q0 + tid) - k0
+                      : tr::k_rows;
+      sm.first[buf][tid] = static_cast<std::int32_t>(f < 0 ? 0 : f > tr::k_rows ? tr::k_rows : f);
     }
   };
 
@@ -546,11 +596,21 @@ TESSERA_ATTENTION_FN void attention_backward_kv_block(
                                            kstride, tid);
   attention_load_tile<Ops, HD, tr::k_rows>(attention_smem_addr(smem, sm, sm.v), p.v + koff, k_valid,
                                            kstride, tid);
-  // The walk: heads g group .. (g + 1) group - 1, each over query tiles iq0 .. n_qt - 1.
+  // The walk: heads g group .. (g + 1) group - 1, each over query tiles iq0 .. iq_end - 1:
+  // up to the last whose first row's document starts at or before the key tile's last key
+  // (doc_start is nondecreasing: the later rows' documents start after it too).
+  int iq_end = iq0 + 1;
+  if (p.doc_start == nullptr)
+    iq_end = n_qt;
+  else
+    while (iq_end < n_qt &&
+           kernels::detail::attention_first_key(p.doc_start, b, S,
+                                                std::int64_t(iq_end) * tr::q_rows) < k0 + k_valid)
+      ++iq_end;
   int h = g * group, iq = iq0;  // the tile being computed
   int h1 = h, iq1 = iq;         // the tile after it
   auto advance = [&](int& hh, int& ii) {
-    if (++ii == n_qt) {
+    if (++ii == iq_end) {
       ii = iq0;
       ++hh;
     }
@@ -578,10 +638,14 @@ TESSERA_ATTENTION_FN void attention_backward_kv_block(
     h = h1;
     iq = iq1;
     advance(h1, iq1);
-    if (!live || dq0 + tr::q_rows - 1 < 0) continue;  // every query precedes every key
+    // Every query precedes every key, or every query's document starts after them.
+    if (!live || dq0 + tr::q_rows - 1 < 0 || sm.first[buf][0] > w0 + 15) continue;
 
     // The tile's queries in sub-tiles of tr::q_sub (fewer live registers at hd 128).
     const bool diagonal = dq0 < 15;
+    // Some key of the warp precedes some query's document (sm.first is
+    // nondecreasing, S past the end).
+    const bool document = p.doc_start != nullptr && w0 < sm.first[buf][tr::q_rows - 1];
     TESSERA_ATTENTION_NO_UNROLL
     for (int qs0 = 0; qs0 < tr::q_rows; qs0 += tr::q_sub) {
       // Rows [qs0, qs0 + tr::q_sub) of the Q and dO tiles.
@@ -603,7 +667,8 @@ TESSERA_ATTENTION_FN void attention_backward_kv_block(
           const auto c = c_coord(lane, i);
           const int qi = qs0 + 8 * n + c.col;
           float pr = kernels::detail::attention_prob(st[n][i] * p.scale, sm.lse[buf][qi]);
-          if (diagonal && c.row > dq0 + qi) pr = 0.f;  // key > query
+          if (diagonal && c.row > dq0 + qi) pr = 0.f;                // key > query
+          if (document && w0 + c.row < sm.first[buf][qi]) pr = 0.f;  // before its document
           dpt[n][i] = kernels::detail::attention_dscore(pr, dpt[n][i], sm.d[buf][qi]);
           st[n][i] = pr;
         }
@@ -645,6 +710,7 @@ TESSERA_ATTENTION_FN void attention_backward_q_block(
   const std::uint16_t* vg = p.v + (b * S * p.nkv + g) * HD;
   const std::int64_t q_end = q0 + tr::q_rows < S ? q0 + tr::q_rows : S;
   const int n_kt = static_cast<int>((q_end + tr::k_rows - 1) / tr::k_rows);
+  const int n_it = n_kt - attention_first_tile(p.doc_start, b, S, q0, tr::k_rows);
   const std::uint32_t smem = Ops::smem_addr(&sm);
 
   auto load_kv = [&](int kt, int buf) {
@@ -666,28 +732,37 @@ TESSERA_ATTENTION_FN void attention_backward_q_block(
   const int w0 = 16 * warp;  // the warp's first row, from q0
   const bool live = w0 < q_valid;
   float lse[2], dd[2];  // of rows g and g + 8; +inf and 0 past S (P = 0, dS = 0)
+  std::int64_t lf[2];   // their first keys (document mask)
   TESSERA_ATTENTION_UNROLL
   for (int r = 0; r < 2; ++r) {
     const int t = w0 + (lane >> 2) + 8 * r;
     const std::int64_t row = (b * p.nh + h) * S + q0 + t;
     lse[r] = t < q_valid ? Ops::ld_global_f32(p.lse + row) : INFINITY;
     dd[r] = t < q_valid ? Ops::ld_global_f32(p.d + row) : 0.f;
+    lf[r] = kernels::detail::attention_first_key(p.doc_start, b, S, t < q_valid ? q0 + t : q0);
   }
+  // First keys of the warp's first and last rows.
+  const int w_last = w0 + 15 < q_valid ? w0 + 15 : q_valid - 1;
+  const std::int64_t wf0 =
+      kernels::detail::attention_first_key(p.doc_start, b, S, q0 + (live ? w0 : 0));
+  const std::int64_t wf1 =
+      kernels::detail::attention_first_key(p.doc_start, b, S, q0 + (live ? w_last : 0));
   float dq[NO][4];
   attention_zero(dq);
 
-  for (int it = 0; it < n_kt; ++it) {
+  for (int it = 0; it < n_it; ++it) {
     const int kt = n_kt - 1 - it, buf = it & 1;
     Ops::template cp_wait<0>();
     Ops::sync();
     const std::uint32_t s0 = Ops::opaque(smem);
-    if (it + 1 < n_kt) {
+    if (it + 1 < n_it) {
       load_kv(kt - 1, buf ^ 1);
       Ops::cp_commit();
     }
     // Keys k0 + [0, 64) against rows q0 + w0 + [0, 16): dk0 = k0 - q0 - w0.
-    const int dk0 = static_cast<int>(std::int64_t(kt) * tr::k_rows - q0) - w0;
-    if (!live || dk0 > 15) continue;
+    const std::int64_t k0 = std::int64_t(kt) * tr::k_rows;
+    const int dk0 = static_cast<int>(k0 - q0) - w0;
+    if (!live || dk0 > 15 || wf0 > k0 + tr::k_rows - 1) continue;
 
     // S = Q K^T, dP = dO V^T for the warp's 16 rows and the tile's 64 keys.
     float s[NS][4], dp[NS][4];
@@ -699,19 +774,25 @@ TESSERA_ATTENTION_FN void attention_backward_q_block(
     attention_mma_abt<Ops, HD, NS>(s, attention_smem_addr(s0, sm, sm.q), w0, sk, lane);
 
     const bool diagonal = dk0 + tr::k_rows - 1 > 0;
+    const bool document = k0 < wf1;  // some key precedes some row's document
     TESSERA_ATTENTION_UNROLL
     for (int n = 0; n < NS; ++n) {
       TESSERA_ATTENTION_UNROLL
       for (int i = 0; i < 4; ++i) {
         const auto c = c_coord(lane, i);
         float pr = kernels::detail::attention_prob(s[n][i] * p.scale, lse[i >> 1]);
-        if (diagonal && dk0 + 8 * n + c.col > c.row) pr = 0.f;  // key > row
+        if (diagonal && dk0 + 8 * n + c.col > c.row) pr = 0.f;      // key > row
+        if (document && k0 + 8 * n + c.col < lf[i >> 1]) pr = 0.f;  // before its document
         s[n][i] = kernels::detail::attention_dscore(pr, dp[n][i], dd[i >> 1]);
       }
     }
     attention_mma_pb<Ops, HD, NS>(dq, s, sk, lane);  // dQ += dS K
   }
 
+  if (n_it <= 0) {  // no key tile: Q's and dO's copies land before sm.q stages dq
+    Ops::template cp_wait<0>();
+    Ops::sync();
+  }
   if (!live) return;
   // The warp's rows of sm.q were read only by this warp.
   const int valid = q_valid - w0 < 16 ? q_valid - w0 : 16;
@@ -912,10 +993,11 @@ std::uint16_t* attention_bits(T* p) {
 template <class T>
 void flash_attention_forward_of(T* d_out, float* d_lse, const T* d_q, const T* d_k, const T* d_v,
                                 std::int64_t B, std::int64_t S, std::int64_t nh, std::int64_t nkv,
-                                std::int64_t hd, cudaStream_t stream) {
+                                std::int64_t hd, cudaStream_t stream,
+                                const std::int32_t* d_doc_start) {
   const attention_forward_params p =
       attention_forward_args(attention_bits(d_out), d_lse, attention_bits(d_q), attention_bits(d_k),
-                             attention_bits(d_v), B, S, nh, nkv, hd);
+                             attention_bits(d_v), B, S, nh, nkv, hd, d_doc_start);
   const launch_config c = attention_forward_config(B, S, nh, nkv, hd);
   switch (hd) {
     case 32:
@@ -936,11 +1018,11 @@ void flash_attention_backward_of(T* d_dq, T* d_dk, T* d_dv, const T* d_dout, con
                                  const T* d_k, const T* d_v, const T* d_out, const float* d_lse,
                                  std::int64_t B, std::int64_t S, std::int64_t nh, std::int64_t nkv,
                                  std::int64_t hd, void* d_scratch, std::size_t scratch_bytes,
-                                 cudaStream_t stream) {
+                                 cudaStream_t stream, const std::int32_t* d_doc_start) {
   const attention_backward_params p = attention_backward_args(
       attention_bits(d_dq), attention_bits(d_dk), attention_bits(d_dv), attention_bits(d_dout),
       attention_bits(d_q), attention_bits(d_k), attention_bits(d_v), attention_bits(d_out), d_lse,
-      B, S, nh, nkv, hd, d_scratch, scratch_bytes);
+      B, S, nh, nkv, hd, d_scratch, scratch_bytes, d_doc_start);
   const launch_config cd = attention_backward_d_config(B, S, nh, nkv, hd);
   const launch_config ckv = attention_backward_kv_config(B, S, nh, nkv, hd);
   const launch_config cq = attention_backward_q_config(B, S, nh, nkv, hd);
@@ -962,37 +1044,37 @@ void flash_attention_backward_of(T* d_dq, T* d_dk, T* d_dv, const T* d_dout, con
 TESSERA_CUDA_ENTRY void flash_attention_forward(bf16* d_out, float* d_lse, const bf16* d_q,
                                                 const bf16* d_k, const bf16* d_v, std::int64_t B,
                                                 std::int64_t S, std::int64_t nh, std::int64_t nkv,
-                                                std::int64_t hd, cudaStream_t stream) {
-  detail::flash_attention_forward_of(d_out, d_lse, d_q, d_k, d_v, B, S, nh, nkv, hd, stream);
+                                                std::int64_t hd, cudaStream_t stream,
+                                                const std::int32_t* d_doc_start) {
+  detail::flash_attention_forward_of(d_out, d_lse, d_q, d_k, d_v, B, S, nh, nkv, hd, stream,
+                                     d_doc_start);
 }
 
-TESSERA_CUDA_ENTRY void flash_attention_backward(bf16* d_dq, bf16* d_dk, bf16* d_dv,
-                                                 const bf16* d_dout, const bf16* d_q,
-                                                 const bf16* d_k, const bf16* d_v,
-                                                 const bf16* d_out, const float* d_lse,
-                                                 std::int64_t B, std::int64_t S, std::int64_t nh,
-                                                 std::int64_t nkv, std::int64_t hd, void* d_scratch,
-                                                 std::size_t scratch_bytes, cudaStream_t stream) {
+TESSERA_CUDA_ENTRY void flash_attention_backward(
+    bf16* d_dq, bf16* d_dk, bf16* d_dv, const bf16* d_dout, const bf16* d_q, const bf16* d_k,
+    const bf16* d_v, const bf16* d_out, const float* d_lse, std::int64_t B, std::int64_t S,
+    std::int64_t nh, std::int64_t nkv, std::int64_t hd, void* d_scratch, std::size_t scratch_bytes,
+    cudaStream_t stream, const std::int32_t* d_doc_start) {
   detail::flash_attention_backward_of(d_dq, d_dk, d_dv, d_dout, d_q, d_k, d_v, d_out, d_lse, B, S,
-                                      nh, nkv, hd, d_scratch, scratch_bytes, stream);
+                                      nh, nkv, hd, d_scratch, scratch_bytes, stream, d_doc_start);
 }
 
 TESSERA_CUDA_ENTRY void flash_attention_forward(fp16* d_out, float* d_lse, const fp16* d_q,
                                                 const fp16* d_k, const fp16* d_v, std::int64_t B,
                                                 std::int64_t S, std::int64_t nh, std::int64_t nkv,
-                                                std::int64_t hd, cudaStream_t stream) {
-  detail::flash_attention_forward_of(d_out, d_lse, d_q, d_k, d_v, B, S, nh, nkv, hd, stream);
+                                                std::int64_t hd, cudaStream_t stream,
+                                                const std::int32_t* d_doc_start) {
+  detail::flash_attention_forward_of(d_out, d_lse, d_q, d_k, d_v, B, S, nh, nkv, hd, stream,
+                                     d_doc_start);
 }
 
-TESSERA_CUDA_ENTRY void flash_attention_backward(fp16* d_dq, fp16* d_dk, fp16* d_dv,
-                                                 const fp16* d_dout, const fp16* d_q,
-                                                 const fp16* d_k, const fp16* d_v,
-                                                 const fp16* d_out, const float* d_lse,
-                                                 std::int64_t B, std::int64_t S, std::int64_t nh,
-                                                 std::int64_t nkv, std::int64_t hd, void* d_scratch,
-                                                 std::size_t scratch_bytes, cudaStream_t stream) {
+TESSERA_CUDA_ENTRY void flash_attention_backward(
+    fp16* d_dq, fp16* d_dk, fp16* d_dv, const fp16* d_dout, const fp16* d_q, const fp16* d_k,
+    const fp16* d_v, const fp16* d_out, const float* d_lse, std::int64_t B, std::int64_t S,
+    std::int64_t nh, std::int64_t nkv, std::int64_t hd, void* d_scratch, std::size_t scratch_bytes,
+    cudaStream_t stream, const std::int32_t* d_doc_start) {
   detail::flash_attention_backward_of(d_dq, d_dk, d_dv, d_dout, d_q, d_k, d_v, d_out, d_lse, B, S,
-                                      nh, nkv, hd, d_scratch, scratch_bytes, stream);
+                                      nh, nkv, hd, d_scratch, scratch_bytes, stream, d_doc_start);
 }
 
 }  // namespace tessera::kernels::cuda

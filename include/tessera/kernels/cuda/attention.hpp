@@ -47,16 +47,22 @@
 
 namespace tessera::kernels::cuda {
 
-/// Causal attention forward: out = softmax(q k^T / sqrt(hd) + causal mask) v,
-/// per (b, query head h), with key/value head h / (nh / nkv).
+/// Causal attention forward: out = softmax(q k^T / sqrt(hd) + mask) v,
+/// per (b, query head h), with key/value head h / (nh / nkv); the mask is
+/// causal, and with `d_doc_start` also confined to each query's document.
 /// - `d_q` (B, S, nh, hd), `d_k`, `d_v` (B, S, nkv, hd) T; `d_out`
 ///   (B, S, nh, hd) T, written; `d_lse` (B, nh, S) float32, written
 ///   (natural log; what flash_attention_backward needs besides q, k, v, out).
 /// - Sizes: B, S, nh, nkv >= 1, nkv divides nh, hd in {32, 64, 128} (the 7B
 ///   models use 128), S <= attention_max_S (8388480). Any S: the last tile is
 ///   masked, no padding needed.
-/// - Pointers: device memory; the 16-bit ones aligned to 16 bytes, lse to 4.
-///   Outputs must not overlap the inputs.
+/// - `d_doc_start` (B, S) int32, device memory, or null: the document mask
+///   (kernels::attention_mask: query t sees keys doc_start[t] .. t;
+///   nondecreasing in t). Key tiles wholly before a warp's documents are
+///   skipped; a query with nothing to attend to gets out 0 and lse -inf.
+///   Null: plain causal attention, the same bits as before it existed.
+/// - Pointers: device memory; the 16-bit ones aligned to 16 bytes, lse and
+///   doc_start to 4. Outputs must not overlap the inputs.
 /// - One launch on `stream`, grid (B nh, ceil(S / 128)) of 256 threads, 96 KiB
 ///   of dynamic shared memory at hd 128 (attention_forward_config); no host
 ///   synchronisation, no scratch.
@@ -66,11 +72,13 @@ namespace tessera::kernels::cuda {
 TESSERA_CUDA_ENTRY void flash_attention_forward(bf16* d_out, float* d_lse, const bf16* d_q,
                                                 const bf16* d_k, const bf16* d_v, std::int64_t B,
                                                 std::int64_t S, std::int64_t nh, std::int64_t nkv,
-                                                std::int64_t hd, cudaStream_t stream);
+                                                std::int64_t hd, cudaStream_t stream,
+                                                const std::int32_t* d_doc_start = nullptr);
 TESSERA_CUDA_ENTRY void flash_attention_forward(fp16* d_out, float* d_lse, const fp16* d_q,
                                                 const fp16* d_k, const fp16* d_v, std::int64_t B,
                                                 std::int64_t S, std::int64_t nh, std::int64_t nkv,
-                                                std::int64_t hd, cudaStream_t stream);
+                                                std::int64_t hd, cudaStream_t stream,
+                                                const std::int32_t* d_doc_start = nullptr);
 
 /// Bytes of device scratch flash_attention_backward needs: D = rowsum(dout * out),
 /// B nh S float32 (512 KiB at B 1, S 4096, nh 32). Throws config_error for
@@ -87,7 +95,7 @@ inline std::size_t flash_attention_backward_scratch_bytes(std::int64_t B, std::i
 /// - `d_dq` (B, S, nh, hd), `d_dk`, `d_dv` (B, S, nkv, hd) T: written (`=`);
 ///   dk and dv sum over the nh / nkv query heads sharing a key/value head.
 /// - `d_dout` (B, S, nh, hd) T: dLoss/dout. `d_q`, `d_k`, `d_v`, `d_out`,
-///   `d_lse`: as given to and returned by flash_attention_forward.
+///   `d_lse`, `d_doc_start`: as given to and returned by flash_attention_forward.
 /// - `d_scratch`: at least flash_attention_backward_scratch_bytes(...) bytes
 ///   of device memory, 4-byte aligned, overwritten (D).
 /// - Sizes and alignment as flash_attention_forward. The outputs must not
@@ -102,20 +110,16 @@ inline std::size_t flash_attention_backward_scratch_bytes(std::int64_t B, std::i
 ///   null or misaligned pointer, or `scratch_bytes` below the requirement
 ///   (naming both); cuda_error if a launch fails.
 /// - Source: FlashAttention-2 (Dao 2023), Algorithm 2.
-TESSERA_CUDA_ENTRY void flash_attention_backward(bf16* d_dq, bf16* d_dk, bf16* d_dv,
-                                                 const bf16* d_dout, const bf16* d_q,
-                                                 const bf16* d_k, const bf16* d_v,
-                                                 const bf16* d_out, const float* d_lse,
-                                                 std::int64_t B, std::int64_t S, std::int64_t nh,
-                                                 std::int64_t nkv, std::int64_t hd, void* d_scratch,
-                                                 std::size_t scratch_bytes, cudaStream_t stream);
-TESSERA_CUDA_ENTRY void flash_attention_backward(fp16* d_dq, fp16* d_dk, fp16* d_dv,
-                                                 const fp16* d_dout, const fp16* d_q,
-                                                 const fp16* d_k, const fp16* d_v,
-                                                 const fp16* d_out, const float* d_lse,
-                                                 std::int64_t B, std::int64_t S, std::int64_t nh,
-                                                 std::int64_t nkv, std::int64_t hd, void* d_scratch,
-                                                 std::size_t scratch_bytes, cudaStream_t stream);
+TESSERA_CUDA_ENTRY void flash_attention_backward(
+    bf16* d_dq, bf16* d_dk, bf16* d_dv, const bf16* d_dout, const bf16* d_q, const bf16* d_k,
+    const bf16* d_v, const bf16* d_out, const float* d_lse, std::int64_t B, std::int64_t S,
+    std::int64_t nh, std::int64_t nkv, std::int64_t hd, void* d_scratch, std::size_t scratch_bytes,
+    cudaStream_t stream, const std::int32_t* d_doc_start = nullptr);
+TESSERA_CUDA_ENTRY void flash_attention_backward(
+    fp16* d_dq, fp16* d_dk, fp16* d_dv, const fp16* d_dout, const fp16* d_q, const fp16* d_k,
+    const fp16* d_v, const fp16* d_out, const float* d_lse, std::int64_t B, std::int64_t S,
+    std::int64_t nh, std::int64_t nkv, std::int64_t hd, void* d_scratch, std::size_t scratch_bytes,
+    cudaStream_t stream, const std::int32_t* d_doc_start = nullptr);
 
 /// FLOPs of the causal forward, counting a multiply-add as 2 and the causal
 /// square once (half of S^2, the convention of the FlashAttention papers):

@@ -167,8 +167,9 @@ struct attention_backward_kv_traits {
     std::uint16_t v[k_rows * HD];  // reused to stage dv
     std::uint16_t q[2][q_rows * HD];
     std::uint16_t dout[2][q_rows * HD];
-    float lse[2][q_rows];  // +inf past S
-    float d[2][q_rows];    // 0 past S
+    float lse[2][q_rows];           // +inf past S
+    float d[2][q_rows];             // 0 past S
+    std::int32_t first[2][q_rows];  // first key - the block's, in [0, k_rows]
   };
   static constexpr std::size_t smem_bytes = sizeof(shared_storage);
   static_assert(k_rows == 16 * attention_warps, "one 16-row mma slice of keys per warp");
@@ -300,7 +301,7 @@ constexpr launch_config attention_backward_d_config(std::int64_t B, std::int64_t
 /// Backward dK, dV: grid (B nkv, ceil(S / 128)), 256 threads; block (x, y)
 /// takes (b, g) = (x / nkv, x % nkv) and key tile y (the first key tiles see
 /// the most queries and start first). Dynamic shared memory
-/// attention_backward_kv_traits<hd>::smem_bytes (129 KiB at hd 128).
+/// attention_backward_kv_traits<hd>::smem_bytes (129.5 KiB at hd 128).
 constexpr launch_config attention_backward_kv_config(std::int64_t B, std::int64_t S,
                                                      std::int64_t nh, std::int64_t nkv,
                                                      std::int64_t hd) {

@@ -323,22 +323,27 @@ void adafactor_step(Param* d_params, float* d_master, const Grad* d_grads,
 ///   float32 (kernels::detail::rope_rotate), a 16-bit result rounded once.
 /// - `d_cos`, `d_sin`: (at least T rows of hd/2) float32 tables from the host
 ///   kernels::rope_table, copied to the device.
+/// - `d_doc_start` (B, T) int32, device, or null: with packed documents token
+///   t is rotated by t - doc_start[b T + t], its position in its document
+///   (kernels::attention_mask); null: by t.
 /// - 16-byte accesses when hd/2 is a multiple of 16 / sizeof(T) and `d_x` is
 ///   aligned; launch configuration rope_config (launch.hpp).
 /// - Throws config_error for a negative size or hd odd or <= 0.
 /// Source: Su et al., "RoFormer", 2021, eq. 34, in the rotate-half pairing of Llama.
 template <class T>
 void rope_forward(T* d_x, const float* d_cos, const float* d_sin, std::int64_t B, std::int64_t T_,
-                  std::int64_t nh, std::int64_t hd, cudaStream_t stream);
+                  std::int64_t nh, std::int64_t hd, cudaStream_t stream,
+                  const std::int32_t* d_doc_start = nullptr);
 
 /// RoPE backward in place, as the host kernels::rope_backward: `d_dx` holds
 /// dL/dy on entry and dL/dx on return (the transpose rotation
 /// dx1 = dy1 cos + dy2 sin, dx2 = dy2 cos - dy1 sin, rope_rotate_transpose).
 /// G in {float, bf16, fp16}, arithmetic in float32, a 16-bit result rounded once.
-/// Same tables, layout and throws as rope_forward.
+/// Same tables, positions, layout and throws as rope_forward.
 template <class G>
 void rope_backward(G* d_dx, const float* d_cos, const float* d_sin, std::int64_t B, std::int64_t T_,
-                   std::int64_t nh, std::int64_t hd, cudaStream_t stream);
+                   std::int64_t nh, std::int64_t hd, cudaStream_t stream,
+                   const std::int32_t* d_doc_start = nullptr);
 
 // ---- FP8 scaled casts (kernels/cuda/fp8.cuh) -------------------------------------------------
 
@@ -512,13 +517,13 @@ void fp8_quantize_transposed(F8* d_qt, float* d_inv_scale, const T* d_x, std::in
                                    const kernels::detail::adafactor_step_params<float>&,            \
                                    const float*, cudaStream_t);                                     \
   X void rope_forward<float>(float*, const float*, const float*, std::int64_t, std::int64_t,      \
-                             std::int64_t, std::int64_t, cudaStream_t);                             \
+                             std::int64_t, std::int64_t, cudaStream_t, const std::int32_t*);       \
   X void rope_forward<bf16>(bf16*, const float*, const float*, std::int64_t, std::int64_t,        \
-                            std::int64_t, std::int64_t, cudaStream_t);                              \
+                            std::int64_t, std::int64_t, cudaStream_t, const std::int32_t*);        \
   X void rope_backward<float>(float*, const float*, const float*, std::int64_t, std::int64_t,     \
-                              std::int64_t, std::int64_t, cudaStream_t);                            \
+                              std::int64_t, std::int64_t, cudaStream_t, const std::int32_t*);      \
   X void rope_backward<bf16>(bf16*, const float*, const float*, std::int64_t, std::int64_t,       \
-                             std::int64_t, std::int64_t, cudaStream_t);                             \
+                             std::int64_t, std::int64_t, cudaStream_t, const std::int32_t*);       \
   TESSERA_CUDA_KERNEL_FP16_INSTANTIATIONS(X)
 // clang-format on
 
@@ -593,9 +598,9 @@ void fp8_quantize_transposed(F8* d_qt, float* d_inv_scale, const T* d_x, std::in
                                    const kernels::detail::adafactor_step_params<float>&,            \
                                    const float*, cudaStream_t);                                     \
   X void rope_forward<fp16>(fp16*, const float*, const float*, std::int64_t, std::int64_t,        \
-                            std::int64_t, std::int64_t, cudaStream_t);                              \
+                            std::int64_t, std::int64_t, cudaStream_t, const std::int32_t*);        \
   X void rope_backward<fp16>(fp16*, const float*, const float*, std::int64_t, std::int64_t,       \
-                             std::int64_t, std::int64_t, cudaStream_t);
+                             std::int64_t, std::int64_t, cudaStream_t, const std::int32_t*);
 // clang-format on
 
 // The instantiations cuda/kernels_cross_entropy.cu provides (a TU of its own:

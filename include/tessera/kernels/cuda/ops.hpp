@@ -45,6 +45,7 @@
 #include "tessera/kernels/cuda/launch.hpp"
 #include "tessera/kernels/detail/adafactor.hpp"
 #include "tessera/kernels/detail/adamw.hpp"
+#include "tessera/kernels/detail/attention.hpp"
 #include "tessera/kernels/detail/lion.hpp"
 #include "tessera/kernels/detail/muon.hpp"
 #include "tessera/kernels/detail/sgd.hpp"
@@ -184,21 +185,25 @@ void linear_backward_weight(const cuda_context& ctx, G* dweight, const GA* dout,
 
 // ---- rope, swiglu, element-wise ---------------------------------------------------------------
 
-/// Rotates x (B, T, nh, hd) in place by the float32 tables (T, hd/2).
+/// Rotates x (B, T, nh, hd) in place by the float32 tables (T, hd/2), at
+/// the positions in the documents of doc_start (B, T) (device; null: t).
 template <class Storage, class R>
 void rope_forward(const cuda_context& ctx, Storage* x, const R* cos, const R* sin, std::int64_t B,
-                  std::int64_t T, std::int64_t nh, std::int64_t hd) {
+                  std::int64_t T, std::int64_t nh, std::int64_t hd,
+                  const std::int32_t* doc_start = nullptr) {
   static_assert(std::is_same_v<R, float>, "rope_forward (cuda): the tables are float32");
-  cuda::rope_forward<Storage>(x, cos, sin, B, T, nh, hd, ctx.stream());
+  cuda::rope_forward<Storage>(x, cos, sin, B, T, nh, hd, ctx.stream(), doc_start);
 }
 
-/// The inverse rotation of the gradient dx (B, T, nh, hd), in place.
+/// The inverse rotation of the gradient dx (B, T, nh, hd), in place, at
+/// rope_forward's positions.
 template <class G, class R>
 void rope_backward(const cuda_context& ctx, G* dx, const R* cos, const R* sin, std::int64_t B,
-                   std::int64_t T, std::int64_t nh, std::int64_t hd) {
+                   std::int64_t T, std::int64_t nh, std::int64_t hd,
+                   const std::int32_t* doc_start = nullptr) {
   static_assert(std::is_same_v<R, float>, "rope_backward (cuda): the tables are float32");
   detail::cuda_grad_check<G>();
-  cuda::rope_backward<G>(dx, cos, sin, B, T, nh, hd, ctx.stream());
+  cuda::rope_backward<G>(dx, cos, sin, B, T, nh, hd, ctx.stream(), doc_start);
 }
 
 /// out (n) = silu(gate) * up.
@@ -349,29 +354,32 @@ inline void attention_check_shape(const cuda_context&, std::int64_t S, std::int6
 }
 
 /// Causal flash attention: out (B, S, nh, hd) and lse (B, nh, S) float32 from
-/// q (B, S, nh, hd), k, v (B, S, nkv, hd), bf16 or fp16. Throws config_error as
+/// q (B, S, nh, hd), k, v (B, S, nkv, hd), bf16 or fp16, under `mask`
+/// (attention_mask; doc_start in device memory). Throws config_error as
 /// attention_check_shape.
 template <class T>
 void attention_forward(const cuda_context& ctx, T* out, float* lse, const T* q, const T* k,
                        const T* v, std::int64_t B, std::int64_t S, std::int64_t nh,
-                       std::int64_t nkv, std::int64_t hd) {
+                       std::int64_t nkv, std::int64_t hd, attention_mask mask = {}) {
   detail::cuda_storage_check<T>();
-  cuda::flash_attention_forward(out, lse, q, k, v, B, S, nh, nkv, hd, ctx.stream());
+  cuda::flash_attention_forward(out, lse, q, k, v, B, S, nh, nkv, hd, ctx.stream(), mask.doc_start);
 }
 
 /// dq, dk, dv (=, not +=) from dout and the forward's out and lse; float32
 /// gradients go through scratch of the storage type T. Scratch:
-/// cuda::flash_attention_backward_scratch_bytes. Throws as attention_forward.
+/// cuda::flash_attention_backward_scratch_bytes. `mask`: attention_forward's.
+/// Throws as attention_forward.
 template <class T, class G>
 void attention_backward(const cuda_context& ctx, G* dq, G* dk, G* dv, const G* dout, const T* q,
                         const T* k, const T* v, const T* out, const float* lse, std::int64_t B,
-                        std::int64_t S, std::int64_t nh, std::int64_t nkv, std::int64_t hd) {
+                        std::int64_t S, std::int64_t nh, std::int64_t nkv, std::int64_t hd,
+                        attention_mask mask = {}) {
   detail::cuda_storage_check<T>();
   detail::cuda_grad_check<G>();
   auto s = ctx.scratch(cuda::flash_attention_backward_scratch_bytes(B, S, nh, nkv, hd));
   if constexpr (std::is_same_v<G, T>) {
     cuda::flash_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, B, S, nh, nkv, hd, s.data(),
-                                   s.bytes(), ctx.stream());
+                                   s.bytes(), ctx.stream(), mask.doc_start);
   } else {
     // float32 gradients: T in and out of the kernel, widened after.
     const std::int64_t nq = B * S * nh * hd, nk = B * S * nkv * hd;
@@ -381,7 +389,7 @@ void attention_backward(const cuda_context& ctx, G* dq, G* dk, G* dv, const G* d
     T* gq = reinterpret_cast<T*>(g.data());
     T *gk = gq + nq, *gv = gk + nk;
     cuda::flash_attention_backward(gq, gk, gv, dy, q, k, v, out, lse, B, S, nh, nkv, hd, s.data(),
-                                   s.bytes(), ctx.stream());
+                                   s.bytes(), ctx.stream(), mask.doc_start);
     cuda::cast<float, T>(dq, gq, nq, ctx.stream());
     cuda::cast<float, T>(dk, gk, nk, ctx.stream());
     cuda::cast<float, T>(dv, gv, nk, ctx.stream());

@@ -15,7 +15,47 @@
 #include "tessera/core/config.hpp"
 #include "tessera/kernels/detail/exp.hpp"
 
+namespace tessera::kernels {
+
+/// Which keys each query of causal attention sees besides the causal bound:
+/// the document mask of packed sequences (block-diagonal causal attention).
+///
+/// - `doc_start` (B, S) int32, row-major, or null: query t of batch row b
+///   sees the keys s with doc_start[b * S + t] <= s <= t, in the key
+///   positions of the same row (0 .. S-1). For a packed window it is the
+///   position of the first token of t's document (data/documents.hpp);
+///   t - doc_start[b * S + t] is then t's position in its document, which
+///   RoPE rotates by. Null: 0 for every query, plain causal attention, the
+///   same bits as a kernel without a mask.
+/// - Precondition: nondecreasing in t within each row (documents are
+///   contiguous; the kernels find the first and last key a tile needs from
+///   its first and last query). A value above t leaves the query nothing to
+///   attend to: its output is 0 and its log-sum-exp -inf (never NaN), its
+///   gradients 0.
+/// - A plain pointer the kernels read where they run: host memory for the
+///   host context, device memory for the CUDA one.
+struct attention_mask {
+  const std::int32_t* doc_start = nullptr;  ///< (B, S) int32 or null
+};
+
+}  // namespace tessera::kernels
+
 namespace tessera::kernels::detail {
+
+/// First key query t of batch row b sees under the document mask
+/// `doc_start` ((B, S) int32, attention_mask), or 0 without one.
+TESSERA_HOST_DEVICE inline std::int64_t attention_first_key(const std::int32_t* doc_start,
+                                                            std::int64_t b, std::int64_t S,
+                                                            std::int64_t t) {
+  return doc_start == nullptr ? 0 : static_cast<std::int64_t>(doc_start[b * S + t]);
+}
+
+/// 1 / l for a row's softmax sum l, or 0 for a row that saw no key (l = 0):
+/// its output is then 0, not 0 * inf = NaN.
+template <class A>
+TESSERA_HOST_DEVICE inline A attention_inv_sum(A l) {
+  return l > A(0) ? A(1) / l : A(0);
+}
 
 /// -infinity in `A`: the running max of a row before it has seen a score.
 template <class A>

@@ -24,6 +24,16 @@ inline double rope_inv_freq(std::int64_t i, std::int64_t hd, double theta) {
   return std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(hd));
 }
 
+/// Position RoPE rotates token bt (= b T + t) of a (B, T) batch by: t, or
+/// with packed documents its position in its document, t - doc_start[bt]
+/// (doc_start (B, T) int32: the first position of each token's document,
+/// kernels::attention_mask).
+TESSERA_HOST_DEVICE inline std::int64_t rope_position(const std::int32_t* doc_start,
+                                                      std::int64_t bt, std::int64_t T) {
+  const std::int64_t t = bt % T;
+  return doc_start == nullptr ? t : t - static_cast<std::int64_t>(doc_start[bt]);
+}
+
 template <class A>
 TESSERA_HOST_DEVICE inline void rope_rotate(A x1, A x2, A c, A s, A& y1, A& y2) {
   y1 = x1 * c - x2 * s;

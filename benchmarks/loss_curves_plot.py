@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""Draws benchmarks/precision_curves.json (benchmarks/precision_curves.sh):
-the training loss of each precision policy (a running mean of 10 steps)
-with its validation losses, and below it each policy's gap to the reference
-policy's curve (means over windows of 20 steps).
+"""Draws benchmarks/SET_curves.json (benchmarks/loss_curves.sh): the
+training loss of each variant (a running mean of 10 steps) with its
+validation losses, and below it each variant's gap to the reference
+variant's curve (means over windows of 20 steps).
 
-  /usr/bin/python3 benchmarks/precision_curves_plot.py benchmarks/precision_curves.json out.png
+  /usr/bin/python3 benchmarks/loss_curves_plot.py benchmarks/precision_curves.json out.png
 """
 import json
 import os
@@ -37,7 +37,7 @@ def main(src, dst):
         diffs = [sum(a[i:i + w]) / w - sum(b[i:i + w]) / w for i in range(0, len(a) - w + 1, w)]
         gap.plot(centres, diffs, "o-", color=line.get_color(), label=p)
     top.set_ylabel("loss (nats per byte)")
-    top.set_title(f"train_llama, small preset: loss by precision ({j['date']})")
+    top.set_title(f"train_llama, small preset: loss by {j.get('set', 'precision')} ({j['date']})")
     top.legend(fontsize=8)
     gap.axhline(0, color="grey", lw=0.5)
     gap.set_xlabel("step")
@@ -51,5 +51,5 @@ def main(src, dst):
 
 if __name__ == "__main__":
     if len(sys.argv) != 3:
-        sys.exit("usage: precision_curves_plot.py CURVES.json OUT.png")
+        sys.exit("usage: loss_curves_plot.py CURVES.json OUT.png")
     main(sys.argv[1], sys.argv[2])

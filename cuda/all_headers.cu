@@ -30,6 +30,7 @@
 #include <tessera/kernels/cuda/fp8.cuh>
 #include <tessera/kernels/cuda/gemm.cuh>
 #include <tessera/kernels/cuda/lion.cuh>
+#include <tessera/kernels/cuda/muon.cuh>
 #include <tessera/kernels/cuda/grad_norm.cuh>
 #include <tessera/kernels/cuda/rmsnorm.cuh>
 #include <tessera/kernels/cuda/rope.cuh>

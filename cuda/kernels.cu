@@ -12,6 +12,7 @@
 #include "tessera/kernels/cuda/embedding.cuh"
 #include "tessera/kernels/cuda/grad_norm.cuh"
 #include "tessera/kernels/cuda/lion.cuh"
+#include "tessera/kernels/cuda/muon.cuh"
 #include "tessera/kernels/cuda/rmsnorm.cuh"
 #include "tessera/kernels/cuda/rope.cuh"
 #include "tessera/kernels/cuda/swiglu.cuh"

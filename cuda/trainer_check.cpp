@@ -24,12 +24,19 @@ template class optim::lion_optimizer<fp16, float, float, kernels::cuda_context>;
 template class optim::adafactor_optimizer<bf16, float, float, kernels::cuda_context>;
 template class optim::adafactor_optimizer<bf16, bf16, float, kernels::cuda_context>;
 template class optim::adafactor_optimizer<fp16, float, float, kernels::cuda_context>;
+template class optim::muon_optimizer<bf16, float, float, kernels::cuda_context>;
+template class optim::muon_optimizer<bf16, bf16, float, kernels::cuda_context>;
+template class optim::muon_optimizer<fp16, float, float, kernels::cuda_context>;
 
 template class train::trainer<precision::bf16_mixed, cuda>;
 template class train::trainer<precision::bf16_mixed_bf16_grads, cuda>;
 template class train::trainer<precision::bf16_mixed_bf16_grads, cuda, optim::sgd>;
 template class train::trainer<precision::bf16_mixed_bf16_grads, cuda, optim::lion>;
 template class train::trainer<precision::bf16_mixed_bf16_grads, cuda, optim::adafactor>;
+template class train::trainer<precision::bf16_mixed, cuda, optim::muon>;
+// Muon under ZeRO over NCCL: the buckets' pieces of each matrix gathered over dp.
+template class train::trainer<precision::bf16_mixed, cuda, optim::muon, parallel::zero<1>,
+                              comm::nccl_communicator>;
 template class train::trainer<precision::bf16_mixed, cuda, optim::adafactor, parallel::zero<0>,
                               comm::nccl_communicator>;
 template class train::trainer<precision::fp16_mixed, cuda>;
@@ -55,6 +62,9 @@ template class nn::llama<precision::fp8_mixed, cuda, nccl_tp>;
 template class train::trainer<precision::fp8_mixed, cuda, optim::adamw, parallel::zero<0>,
                               comm::nccl_communicator, nccl_tp>;
 template class train::trainer<precision::bf16_mixed, cuda, optim::adamw, parallel::zero<0>,
+                              comm::nccl_communicator, nccl_tp>;
+// Muon over tp on NCCL: the split matrices' momentum gathered over the tp group.
+template class train::trainer<precision::bf16_mixed, cuda, optim::muon, parallel::zero<0>,
                               comm::nccl_communicator, nccl_tp>;
 template class train::trainer<precision::bf16_mixed_bf16_grads, cuda, optim::adamw,
                               parallel::zero<1>, comm::nccl_communicator, nccl_tp>;

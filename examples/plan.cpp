@@ -84,7 +84,7 @@ struct options {
   bool gpu_step = false;               // the one-GPU step instead
   std::string checkpointing;           // none or full; default: none, full with --gpu-step
   std::int64_t checkpoint_layers = 1;  // with full: every k-th block recomputes
-  std::string optimizer = "adamw";     // adamw, sgd, lion or adafactor
+  std::string optimizer = "adamw";     // adamw, sgd, lion, adafactor or muon
   bool ce_chunk_given = false;
   int pp = 1;                              // pipeline ranks (--pp > 1: the pipeline plan)
   std::string schedule = "1f1b";           // gpipe, 1f1b, interleaved, zb1
@@ -579,7 +579,8 @@ int main(int argc, char** argv) {
                  "with --checkpointing full: every k-th block recomputes")
       ->capture_default_str();
   app.add_option("--optimizer", o.optimizer,
-                 "adamw, sgd, lion or adafactor (its statistics counted per tensor)")
+                 "adamw, sgd, lion, adafactor (its statistics counted per tensor) or muon (its "
+                 "AdamW moments and Newton-Schulz scratch per tensor)")
       ->capture_default_str()
       ->capture_default_str();
   app.add_option("--pp", o.pp, "pipeline ranks (> 1: print the pipeline plan)")

@@ -291,7 +291,9 @@ int main(int argc, char** argv) {
                  "fp8: the scales are divided by 2^margin (headroom)")
       ->capture_default_str()
       ->check(R(0, 64));
-  app.add_option("--optimizer", o.optimizer, "adamw, sgd (with momentum), lion or adafactor")
+  app.add_option("--optimizer", o.optimizer,
+                 "adamw, sgd (with momentum), lion, adafactor or muon (AdamW for the embedding, "
+                 "head and norms)")
       ->capture_default_str();
   app.add_option("--momentum", o.cfg.sgd.momentum, "sgd: momentum")
       ->capture_default_str()
@@ -328,6 +330,21 @@ int main(int argc, char** argv) {
                "adafactor: lr = min(1e-2, 1/sqrt(t)), not the schedule's");
   app.add_flag("--adafactor-warmup-init", o.cfg.adafactor.warmup_init,
                "adafactor: the relative step from 1e-6 t");
+  app.add_option("--muon-momentum", o.cfg.muon.momentum, "muon: the momentum mu")
+      ->capture_default_str()
+      ->check(finite_number);
+  app.add_option("--muon-nesterov", o.cfg.muon.nesterov, "muon: Nesterov momentum (true or false)")
+      ->capture_default_str();
+  app.add_option("--muon-ns-steps", o.cfg.muon.ns_steps, "muon: Newton-Schulz iterations")
+      ->capture_default_str()
+      ->check(R(0, 99));
+  app.add_option("--muon-adjust-lr", o.muon_adjust,
+                 "muon: the update's shape scale, original (sqrt(max(1, out/in))) or "
+                 "match_rms_adamw (0.2 sqrt(max(out, in)))")
+      ->capture_default_str();
+  app.add_option("--muon-adamw-lr", o.muon_adamw_lr,
+                 "muon: peak lr of the embedding, head and norms (AdamW; default --lr)")
+      ->check(finite_number);
   app.add_option("--global-batch", o.cfg.global_batch, "G: sequences per optimizer step")
       ->capture_default_str()
       ->check(R(std::int64_t{1}, std::int64_t{1000000000}));
@@ -358,8 +375,8 @@ int main(int argc, char** argv) {
                  "wsd: the decay's shape, linear or sqrt (1-sqrt)")
       ->capture_default_str();
   app.add_option("--weight-decay", o.cfg.adamw.weight_decay,
-                 "weight decay (AdamW, lion, adafactor: decoupled; sgd: L2 added to the "
-                 "gradient; all but AdamW: 0 unless given)")
+                 "weight decay (AdamW, lion, adafactor, muon: decoupled; sgd: L2 added to the "
+                 "gradient; all but AdamW and muon: 0 unless given)")
       ->capture_default_str()
       ->check(finite_number);
   app.add_option("--grad-clip", o.cfg.grad_clip, "max global gradient norm (0: off)")

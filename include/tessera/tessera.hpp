@@ -59,6 +59,7 @@
 #include "tessera/optim/adamw.hpp"
 #include "tessera/optim/clip.hpp"
 #include "tessera/optim/lion.hpp"
+#include "tessera/optim/muon.hpp"
 #include "tessera/optim/optimizer.hpp"
 #include "tessera/optim/schedule.hpp"
 #include "tessera/optim/sgd.hpp"

@@ -336,6 +336,15 @@ TEST_CASE("optimizer policies: one step on the GPU equals the host's within floa
   af.weight_decay = 0.1;
   check(std::make_unique<HF>(af, n, layout.ranges(), hctx),
         std::make_unique<DF>(af, n, layout.ranges(), dctx), "adafactor");
+  // Muon: the element-wise kernels and the Newton-Schulz products through
+  // cuBLASLt in float32 (no TF32) against the host BLAS in float32; the
+  // products' sums run in other orders, far below a bf16 rounding.
+  using HM = optim::muon_optimizer<bf16, float, float, kernels::host_context>;
+  using DM = optim::muon_optimizer<bf16, float, float, kernels::cuda_context>;
+  optim::muon_config mu;
+  mu.adamw_lr_ratio = 0.5;
+  check(std::make_unique<HM>(mu, n, layout.ranges(), hctx),
+        std::make_unique<DM>(mu, n, layout.ranges(), dctx), "muon");
 }
 
 TEST_CASE("llama<P, cuda> refuses what the GPU kernels cannot run", "[cuda][llama]") {

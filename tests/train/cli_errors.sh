@@ -180,7 +180,7 @@ printf 'steps = 3\nseq = 16\nsteps = 5\n' > "$work/dup.toml"
 expect "a key given twice in a --config file" "'steps' is given twice (lines 1 and 3)" "$train" --config "$work/dup.toml" "${common[@]}"
 expect "--nesterov with adamw" "--nesterov sets SGD's momentum: it needs --optimizer sgd" "$train" "${common[@]}" --nesterov
 # The optimizers: their names, and each one's hyper-parameters only with it.
-expect "unknown optimizer" "unknown optimizer 'adagrad' (valid: adamw, sgd, lion, adafactor)" "$train" "${common[@]}" --optimizer adagrad
+expect "unknown optimizer" "unknown optimizer 'adagrad' (valid: adamw, sgd, lion, adafactor, muon)" "$train" "${common[@]}" --optimizer adagrad
 expect "--lion-beta1 with adamw" "--lion-beta1 sets Lion's betas: it needs --optimizer lion" "$train" "${common[@]}" --lion-beta1 0.95
 expect "--lion-beta2 with sgd" "--lion-beta2 sets Lion's betas: it needs --optimizer lion" "$train" "${common[@]}" --optimizer sgd --lion-beta2 0.98
 expect "--momentum with lion" "--momentum sets SGD's momentum: it needs --optimizer sgd" "$train" "${common[@]}" --optimizer lion --momentum 0.5
@@ -191,6 +191,13 @@ expect "--lion-beta1 with adafactor" "--lion-beta1 sets Lion's betas: it needs -
 expect "adafactor under a splitting ZeRO stage" "--optimizer adafactor keeps statistics of whole tensors, which --zero 1 over --dp 2 would split between ranks: use --zero 0" "$train" "${common[@]}" --optimizer adafactor --dp 2 --zero 1
 expect "adafactor decay rate of 0" "decay_rate=0 must be in \[-1, 0)" "$train" "${common[@]}" --optimizer adafactor --adafactor-decay-rate 0
 expect "adafactor warmup init without the relative step" "warmup_init shapes the relative step: it needs relative_step" "$train" "${common[@]}" --optimizer adafactor --adafactor-warmup-init
+expect "--muon-momentum with adamw" "--muon-momentum sets Muon's update: it needs --optimizer muon" "$train" "${common[@]}" --muon-momentum 0.9
+expect "--muon-adjust-lr with lion" "--muon-adjust-lr sets Muon's update: it needs --optimizer muon" "$train" "${common[@]}" --optimizer lion --muon-adjust-lr match_rms_adamw
+expect "--muon-adamw-lr with adafactor" "--muon-adamw-lr sets Muon's update: it needs --optimizer muon" "$train" "${common[@]}" --optimizer adafactor --muon-adamw-lr 1e-3
+expect "--muon-nesterov with sgd" "--muon-nesterov sets Muon's update: it needs --optimizer muon" "$train" "${common[@]}" --optimizer sgd --muon-nesterov false
+expect "--muon-ns-steps with adamw" "--muon-ns-steps sets Muon's update: it needs --optimizer muon" "$train" "${common[@]}" --muon-ns-steps 3
+expect "an unknown muon update scale" "unknown Muon update scale 'spectral' (valid: original, match_rms_adamw)" "$train" "${common[@]}" --optimizer muon --muon-adjust-lr spectral
+expect "muon momentum of 1" "muon momentum=1 must be in \[0, 1)" "$train" "${common[@]}" --optimizer muon --muon-momentum 1
 expect "--schedule without --pp" "--schedule gpipe orders a pipeline's stages: it needs --pp > 1" "$train" "${common[@]}" --schedule gpipe
 expect "a negative --baseline" "--baseline -1 must be > 0" "$train" "${common[@]}" --baseline -1
 # The learning-rate schedule: its names, wsd's flags only with wsd, the

@@ -347,7 +347,7 @@ TEST_CASE("a job run in code takes the steps of the trainer its names select, bi
   // An unknown name is refused by the dispatch itself.
   j.optimizer = "adagrad";
   CHECK_THROWS_WITH((train::dispatch_job<host, precision::fp32>(j, s.tokens, created)),
-                    "unknown optimizer 'adagrad' (valid: adamw, sgd, lion, adafactor)");
+                    "unknown optimizer 'adagrad' (valid: adamw, sgd, lion, adafactor, muon)");
 }
 
 }  // namespace test_train_job

@@ -387,6 +387,18 @@ class llama {
   /// Sums one double in the context's memory over the tp group (nothing
   /// on one rank). Collective over the group.
   void tp_all_reduce_sum(double* d) const { layers_.all_reduce(partial_sum<double>{d, 1, 1}); }
+  /// Gathers n values (the context's memory) of every tp rank into out[r n,
+  /// (r + 1) n) in rank order (a whole-matrix optimizer's split momentum:
+  /// optim::muon). `out` must not overlap `in`. Collective over the tp
+  /// group; a copy on one rank.
+  template <class T>
+  void tp_all_gather(const T* in, T* out, std::int64_t n) const {
+    if constexpr (Layers::tensor_parallel) {
+      layers_.all_gather_values(in, out, static_cast<std::size_t>(n));
+    } else {
+      kernels::copy_elements(*ctx_, out, in, n);
+    }
+  }
 
   /// Segments of this instance: -1 embedding, 0..L-1 blocks, L head.
   int first_segment() const {

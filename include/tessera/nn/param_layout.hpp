@@ -29,6 +29,19 @@ struct param_range {
   bool decay = true;
   int dims = 0;
   std::int64_t rows = 0, cols = 0;
+  /// A weight matrix of a transformer block (not the embedding, the LM head
+  /// or a norm gain): what optim::muon orthogonalises.
+  bool hidden = false;
+  /// Under tensor parallelism, the whole tensor this rank's shard is of:
+  /// `full_rows` x `full_cols`, split along `split` (-1 whole, 0 rows, 1
+  /// columns), this rank holding distinct shard `shard` with `replicas`
+  /// ranks holding the same one (param_entry's). The whole shape equals
+  /// rows x cols when split is -1.
+  int split = -1, shard = 0, replicas = 1;
+  std::int64_t full_rows = 0, full_cols = 0;
+  /// The range's first element within its tensor (its tp shard), row-major:
+  /// 0 for a whole tensor, where a ZeRO chunk cuts it for a piece (clip_ranges).
+  std::int64_t first = 0;
   std::int64_t size() const { return end - begin; }
   /// Whether the range holds its whole tensor (false when the shape is not known).
   bool whole() const { return dims > 0 && size() == rows * cols; }
@@ -36,7 +49,7 @@ struct param_range {
 
 /// Intersects `ranges` with the shard [lo, hi) of the flat buffer (ZeRO
 /// partitions by offset ranges, DESIGN.md principle 4). Empty pieces are
-/// dropped; a piece keeps its tensor's shape.
+/// dropped; a piece keeps its tensor's shape and says where in it it starts (`first`).
 inline std::vector<param_range> clip_ranges(const std::vector<param_range>& ranges, std::int64_t lo,
                                             std::int64_t hi) {
   std::vector<param_range> out;
@@ -46,6 +59,7 @@ inline std::vector<param_range> clip_ranges(const std::vector<param_range>& rang
     param_range piece = r;
     piece.begin = b;
     piece.end = e;
+    piece.first = r.first + (b - r.begin);
     out.push_back(piece);
   }
   return out;
@@ -86,6 +100,12 @@ struct param_entry {
     r.dims = shp.rank >= 2 ? 2 : 1;
     r.rows = shp.rank >= 2 ? numel / shp[shp.rank - 1] : 1;
     r.cols = shp.rank >= 2 ? shp[shp.rank - 1] : numel;
+    r.hidden = shp.rank == 2 && block >= 0;
+    r.split = shard_dim;
+    r.replicas = replicas;
+    r.shard = shard_dim >= 0 ? static_cast<int>(shard_begin / shp[shard_dim]) : 0;
+    r.full_rows = full.rank >= 2 ? full.numel() / full[full.rank - 1] : 1;
+    r.full_cols = full.rank >= 2 ? full[full.rank - 1] : full.numel();
     return r;
   }
   /// The element of the whole tensor (row-major over `full`) that local

@@ -207,6 +207,16 @@ struct tensor_parallel_layers {
       return 0;
     });
   }
+  /// Gathers n values (context memory) of every rank into out[r n, (r +
+  /// 1) n) in rank order: a tensor no placement type describes (optim::muon's
+  /// momentum shards). `out` must not overlap `in`.
+  template <class T>
+  void all_gather_values(const T* in, T* out, std::size_t n) const {
+    timed([&] {
+      checked().all_gather(in, out, n);
+      return 0;
+    });
+  }
   static constexpr bool tensor_parallel = true;
 
   /// The group's size and this rank's index in it. Throws config_error

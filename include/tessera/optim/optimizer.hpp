@@ -22,6 +22,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <type_traits>
 #include <vector>
 
@@ -94,6 +95,13 @@ struct owned_range {
   std::int64_t param_shift = 0, grad_shift = 0;
   int dims = 0;
   std::int64_t rows = 0, cols = 0;
+  /// nn::param_range's: a transformer block's weight matrix, and the whole
+  /// tensor a tensor-parallel shard is of (optim::muon reads them).
+  bool hidden = false;
+  int split = -1, shard = 0, replicas = 1;
+  std::int64_t full_rows = 0, full_cols = 0;
+  /// The range's first element within its tensor (nn::param_range::first).
+  std::int64_t first = 0;
   /// Whether the range holds its whole tensor (false when the shape is not known).
   bool whole() const { return dims > 0 && end - begin == rows * cols; }
 };
@@ -106,7 +114,15 @@ inline const std::vector<owned_range>& owned(const std::vector<owned_range>& ran
 /// optimizer's state, its parameters and gradients at the shifts given.
 inline owned_range owned(const param_range& r, std::int64_t begin, std::int64_t end,
                          std::int64_t param_shift, std::int64_t grad_shift) {
-  return {begin, end, r.decay, param_shift, grad_shift, r.dims, r.rows, r.cols};
+  owned_range o{begin, end, r.decay, param_shift, grad_shift, r.dims, r.rows, r.cols};
+  o.hidden = r.hidden;
+  o.split = r.split;
+  o.shard = r.shard;
+  o.replicas = r.replicas;
+  o.full_rows = r.full_rows;
+  o.full_cols = r.full_cols;
+  o.first = r.first;
+  return o;
 }
 /// The owned_range of every param_range, shifts 0.
 inline std::vector<owned_range> owned(const std::vector<param_range>& ranges) {
@@ -114,6 +130,30 @@ inline std::vector<owned_range> owned(const std::vector<param_range>& ranges) {
   for (const param_range& r : ranges) out.push_back(owned(r, r.begin, r.end, 0, 0));
   return out;
 }
+
+/// How an optimizer with state of whole matrices (optim::muon) reaches the
+/// other ranks of a group (its tensor-parallel group; its data-parallel
+/// group under ZeRO): `size` ranks, and all_gather(in, out, n), which writes
+/// every rank's n Masters at `in` into out[r n, (r + 1) n) in rank order
+/// (the context's memory; collective over the group).
+/// parallel::data_parallel fills it from the model's tp group and its own
+/// dp communicator.
+template <class Master>
+struct group_gather {
+  int size = 1;
+  std::function<void(const Master*, Master*, std::int64_t)> all_gather;
+};
+
+/// One gradient bucket of a ZeRO stage as an optimizer over this rank's
+/// shard sees it (parallel::bucket_plan): the bucket's flat elements start
+/// at `flat_begin`; this rank owns flat elements [lo, hi), its state
+/// elements [state_begin, state_begin + hi - lo); each rank's chunk is
+/// `chunk` elements (rank r's at flat_begin + r chunk); `matrices`: the
+/// bucket holds a matrix a whole-matrix optimizer updates (the same on every rank).
+struct state_bucket {
+  std::int64_t flat_begin = 0, lo = 0, hi = 0, state_begin = 0, chunk = 0;
+  bool matrices = false;
+};
 
 namespace detail {
 

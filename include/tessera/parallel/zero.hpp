@@ -204,6 +204,7 @@ class data_parallel final : public nn::segment_hooks {
         optimizer_(opt_cfg, S::shards_optimizer_state ? plan_.shard_size() : model.flat_size(),
                    owned_ranges(), *ctx_) {
     optimizer_.init_master(param_base());
+    give_tp_group();
     model.set_hooks(this);
   }
   /// Uninstalls the hooks (the parts wait for what they have in flight).
@@ -505,8 +506,53 @@ class data_parallel final : public nn::segment_hooks {
               [](const auto& a, const auto& b) { return a.begin < b.begin; });
     return out;
   }
+  // Why a policy with `whole_tensors` needs each tensor whole: its own
+  // words (`whole_tensors_why`), or Adafactor's.
+  static const char* whole_tensors_why() {
+    if constexpr (requires { O::whole_tensors_why; })
+      return O::whole_tensors_why;
+    else
+      return "keeps statistics of whole tensors (a matrix's factored second moment, each "
+             "tensor's update clipping; O(rows + cols) a matrix, kept whole on every rank)";
+  }
+  // An optimizer that orthogonalises whole matrices (optim::muon: it has
+  // gather_over) reaches the other ranks of a tensor-parallel model through
+  // the model's tp group, which gathers a split matrix's shards; under a
+  // ZeRO stage over dp > 1 also the dp ranks, which gather the pieces of a
+  // matrix the stage's chunks split (gather_pieces_over), bucket by bucket.
+  void give_tp_group() {
+    if constexpr (requires(optim::group_gather<Master> g) { optimizer_.gather_over(g); }) {
+      if (model_->tp_size() > 1) {
+        optim::group_gather<Master> g;
+        g.size = model_->tp_size();
+        g.all_gather = [m = model_](const Master* in, Master* out, std::int64_t n) {
+          m->tp_all_gather(in, out, n);
+        };
+        optimizer_.gather_over(std::move(g));
+      }
+      if constexpr (S::shards_optimizer_state) {
+        if (plan_.dp() < 2) return;
+        const std::vector<nn::param_range> flat = model_->param_ranges();
+        std::vector<optim::state_bucket> buckets;
+        for (std::size_t k = 0; k < plan_.size(); ++k) {
+          const bucket& b = plan_.buckets()[k];
+          const auto [lo, hi] = plan_.owned(k);
+          optim::state_bucket u{b.begin, lo, hi, b.shard_offset, b.chunk, false};
+          for (const nn::param_range& r : flat)
+            u.matrices = u.matrices || (r.begin >= b.begin && r.end <= b.end && r.hidden);
+          buckets.push_back(u);
+        }
+        optim::group_gather<Master> g;
+        g.size = plan_.dp();
+        g.all_gather = [c = comm_](const Master* in, Master* out, std::int64_t n) {
+          detail::gather_chunks(*c, in, out, n).wait();
+        };
+        optimizer_.gather_pieces_over(std::move(g), plan_.rank(), std::move(buckets));
+      }
+    }
+  }
   // An optimizer whose state is per tensor (a policy with `whole_tensors`
-  // true: optim::adafactor) needs each tensor whole on one rank. Every
+  // true: optim::adafactor, optim::muon) needs each tensor whole on one rank. Every
   // rank's chunks are checked, so every rank refuses alike, naming the
   // first tensor a chunk boundary splits.
   void check_whole_tensors() const {
@@ -521,12 +567,9 @@ class data_parallel final : public nn::segment_hooks {
               const auto [clo, chi] = plan_.owned(k, r);
               TESSERA_THROW_IF(
                   clo < chi && std::max(a, clo) < std::min(b, chi) && (a < clo || b > chi),
-                  config_error, "optimizer ", O::name,
-                  " keeps statistics of whole tensors (a matrix's factored second "
-                  "moment, each tensor's update clipping), but ",
-                  S::name, " over dp=", plan_.dp(), " splits '", e.name,
-                  "' between ranks: use ZeRO stage 0 (its state is O(rows + cols) a "
-                  "matrix, kept whole on every rank)");
+                  config_error, "optimizer ", O::name, " ", whole_tensors_why(), ", but ", S::name,
+                  " over dp=", plan_.dp(), " splits '", e.name,
+                  "' between ranks: use ZeRO stage 0");
             }
         }
       }

@@ -418,9 +418,9 @@ inline pipeline_plan plan_pipeline(const nn::llama_config& c, const dtype_sizes&
                    " exceeds the model's max_seq=", c.max_seq);
   TESSERA_THROW_IF(sh.zero >= 3 && sh.prefetch > 1, config_error, "prefetch=", sh.prefetch,
                    ": parallel::data_parallel prefetches one segment or none (0 or 1)");
-  TESSERA_THROW_IF(o.factored && sh.zero >= 1 && sh.dp > 1, config_error, "optimizer ", o.name,
-                   " keeps statistics of whole tensors, which ZeRO stage ", sh.zero, " over dp=",
-                   sh.dp, " would split between ranks: plan it at ZeRO stage 0");
+  TESSERA_THROW_IF(o.whole_tensors() && sh.zero >= 1 && sh.dp > 1, config_error, "optimizer ",
+                   o.name, " keeps state of whole tensors, which ZeRO stage ", sh.zero,
+                   " over dp=", sh.dp, " would split between ranks: plan it at ZeRO stage 0");
   TESSERA_THROW_IF(a.tp != sh.tp, config_error, "pipeline plan: activation tp=", a.tp,
                    " differs from the sharding's tp=", sh.tp);
   nn::check_tensor_parallel(c, a.tp);
@@ -504,6 +504,24 @@ inline pipeline_plan plan_pipeline(const nn::llama_config& c, const dtype_sizes&
         st.optimizer +=
             adafactor_state_bytes(detail::stage_ranges(layout, segs, cp.range, L), d.master)
                 .statistics;
+      if (o.orthogonalised) {  // Muon's AdamW second moment and scratch of the chunk's tensors
+        const muon_bytes mb =
+            muon_state_bytes(detail::stage_ranges(layout, segs, cp.range, L), d.master, sh.tp);
+        // Under ZeRO over dp > 1: this rank's share of the AdamW elements,
+        // and a bucket gathered whole, at least the chunk's largest block
+        // (buckets hold whole segments; this plan has no bucket padding).
+        const bool pieces = sh.zero >= 1 && sh.dp > 1;
+        std::int64_t block = 0;
+        if (pieces)
+          for (const auto& sgm : segs)
+            if (sgm.id >= static_cast<int>(cp.range.first_block) &&
+                sgm.id < static_cast<int>(cp.range.last_block))
+              block = std::max(block, sgm.end - sgm.begin);
+        st.optimizer +=
+            ((pieces ? ceil_dp(static_cast<std::int64_t>(mb.adamw_elems)) : mb.adamw_elems) +
+             mb.scratch_elems + u(block)) *
+            d.master;
+      }
       st.chunks.push_back(cp);
     }
     st.peak_in_flight = parallel::peak_in_flight(list);

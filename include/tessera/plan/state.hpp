@@ -41,6 +41,7 @@
 #include "tessera/kernels/detail/adafactor.hpp"
 #include "tessera/nn/llama_config.hpp"
 #include "tessera/nn/llama_layout.hpp"
+#include "tessera/optim/muon.hpp"
 #include "tessera/parallel/buckets.hpp"
 #include "tessera/parallel/sharding.hpp"
 #include "tessera/precision/policy.hpp"
@@ -126,6 +127,11 @@ struct optimizer_spec {
   std::string name = "adamw";  ///< for tables
   int moments = 2;             ///< state tensors per parameter besides the master copy
   bool factored = false;       ///< Adafactor's per-tensor statistics (above)
+  /// Muon's per-tensor state (muon_state_bytes): AdamW's second moment of
+  /// the tensors that are not a block's matrix, its segment table and the
+  /// Newton-Schulz scratch of the largest matrix (under ZeRO over dp > 1
+  /// with the largest bucket, which gathers the matrices' pieces whole).
+  bool orthogonalised = false;
   /// AdamW: two moments.
   static optimizer_spec adamw() { return {"adamw", 2}; }
   /// SGD with momentum: one buffer.
@@ -136,14 +142,20 @@ struct optimizer_spec {
   static optimizer_spec adafactor(bool first_moment = false) {
     return {"adafactor", first_moment ? 1 : 0, true};
   }
-  /// Looks up "adamw", "sgd", "lion" or "adafactor" (without a first
-  /// moment, the default); throws config_error listing them.
+  /// Muon: one buffer (a matrix's momentum, AdamW's first moment of the
+  /// rest) and its per-tensor state.
+  static optimizer_spec muon() { return {"muon", 1, false, true}; }
+  /// Whether the state is of whole tensors (a ZeRO stage over dp > 1 would split them).
+  bool whole_tensors() const { return factored; }
+  /// Looks up "adamw", "sgd", "lion", "adafactor" (without a first
+  /// moment, the default) or "muon"; throws config_error listing them.
   static optimizer_spec from_name(const std::string& n) {
     if (n == "adamw") return adamw();
     if (n == "sgd") return sgd();
     if (n == "lion") return lion();
     if (n == "adafactor") return adafactor();
-    throw config_error("unknown optimizer '" + n + "' (valid: adamw, sgd, lion, adafactor)");
+    if (n == "muon") return muon();
+    throw config_error("unknown optimizer '" + n + "' (valid: adamw, sgd, lion, adafactor, muon)");
   }
 };
 
@@ -171,6 +183,37 @@ inline adafactor_bytes adafactor_state_bytes(const std::vector<nn::param_range>&
   const auto tensors = static_cast<std::uint64_t>(ranges.size());
   return {(stats + 3 * tensors) * master + rows * sizeof(double),
           tensors * sizeof(kernels::adafactor_tensor)};
+}
+
+/// Muon's per-tensor bytes over `ranges` (whole tensors or tp shards with
+/// their shapes, or a ZeRO shard's pieces of them; a tp group of `tp`
+/// ranks), as optim::muon_optimizer allocates them: `state`, AdamW's second
+/// moment of every range that is not of a block's matrix plus the scratch
+/// of the matrix needing the most (kernels::muon_scratch_elements: its
+/// shard, the gathered shards under tp, W, the iteration's) and
+/// `bucket_elems` (under ZeRO over dp > 1, the largest bucket holding a
+/// matrix, padded), of `master` bytes; `table`, its segment table (48 bytes
+/// a range).
+struct muon_bytes {
+  std::uint64_t state = 0, table = 0;
+  /// The parts of `state` in elements: AdamW's second moment, the scratch
+  /// of the largest matrix (without the bucket).
+  std::uint64_t adamw_elems = 0, scratch_elems = 0;
+};
+inline muon_bytes muon_state_bytes(const std::vector<nn::param_range>& ranges, std::size_t master,
+                                   int tp, std::int64_t bucket_elems = 0) {
+  std::uint64_t v = 0;
+  std::int64_t scratch = 0;
+  for (const nn::param_range& r : ranges) {
+    if (optim::muon_updates(r))
+      scratch =
+          std::max(scratch, kernels::muon_scratch_elements(optim::muon_matrix_of(r, tp), master));
+    else
+      v += static_cast<std::uint64_t>(r.size());
+  }
+  return {(v + static_cast<std::uint64_t>(scratch + bucket_elems)) * master,
+          static_cast<std::uint64_t>(ranges.size()) * sizeof(kernels::muon_segment), v,
+          static_cast<std::uint64_t>(scratch)};
 }
 
 /// Bytes of the optimizer kernels' segment table (kernels::optimizer_segment).
@@ -375,12 +418,13 @@ inline state_plan plan_state(const nn::llama_config& c, const dtype_sizes& d,
   s.num_params = layout.num_params();
   s.flat_elems = layout.total();
   s.rope_tables = 2 * static_cast<std::uint64_t>(c.max_seq * (c.head_dim() / 2)) * d.rope;
-  TESSERA_THROW_IF(o.factored && sh.zero >= 1 && sh.dp > 1, config_error, "optimizer ", o.name,
-                   " keeps statistics of whole tensors, which ZeRO stage ", sh.zero,
+  TESSERA_THROW_IF(o.whole_tensors() && sh.zero >= 1 && sh.dp > 1, config_error, "optimizer ",
+                   o.name, " keeps state of whole tensors, which ZeRO stage ", sh.zero,
                    " over dp=", sh.dp, " would split between ranks: plan it at ZeRO stage 0");
   if (mode == accounting::ideal) {
     detail::fill_state_bytes(s, d, o, sh);
     if (o.factored) s.optimizer += adafactor_state_bytes(layout.ranges(), d.master).statistics;
+    if (o.orthogonalised) s.optimizer += muon_state_bytes(layout.ranges(), d.master, sh.tp).state;
     for (const auto& g : segs) s.gather_unit_elems = std::max(s.gather_unit_elems, g.end - g.begin);
     if (sh.zero >= 3) {
       const auto unit = static_cast<std::uint64_t>(s.gather_unit_elems);
@@ -418,6 +462,21 @@ inline state_plan plan_state(const nn::llama_config& c, const dtype_sizes& d,
     const adafactor_bytes a = adafactor_state_bytes(ranges, d.master);
     s.optimizer += a.statistics;
     s.segment_table += a.table;
+  }
+  if (o.orthogonalised) {
+    // Under ZeRO over dp > 1: this rank's pieces, and the largest bucket
+    // holding a matrix, gathered whole (optim::muon_optimizer::gather_pieces_over).
+    const bool pieces = sh.zero >= 1 && sh.dp > 1;
+    std::int64_t bucket_elems = 0;
+    if (pieces)
+      for (const auto& bk : bp.buckets())
+        for (const nn::param_range& r : ranges)
+          if (r.hidden && r.begin >= bk.begin && r.end <= bk.end)
+            bucket_elems = std::max(bucket_elems, bk.padded);
+    const muon_bytes m =
+        muon_state_bytes(pieces ? bp.shard_ranges(ranges) : ranges, d.master, sh.tp, bucket_elems);
+    s.optimizer += m.state;
+    s.segment_table += m.table;
   }
   const auto& b = bp.buckets();
   if (sh.zero >= 2 && !sh.per_micro_batch) {
@@ -477,7 +536,7 @@ inline state_plan plan_state_ideal(const nn::llama_config& c, const dtype_sizes&
 inline state_plan plan_state(std::int64_t num_params, const dtype_sizes& d, const optimizer_spec& o,
                              const sharding& sh) {
   TESSERA_THROW_IF(num_params < 1, config_error, "num_params=", num_params, " must be >= 1");
-  TESSERA_THROW_IF(o.factored, config_error, "optimizer ", o.name,
+  TESSERA_THROW_IF(o.whole_tensors(), config_error, "optimizer ", o.name,
                    " keeps statistics per tensor: plan it from a llama_config, not a count");
   state_plan s;
   s.num_params = s.flat_elems = num_params;

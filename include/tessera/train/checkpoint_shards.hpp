@@ -23,10 +23,13 @@
 /// the first stage writes): it is never written, and a load fills it from
 /// that tensor (its parameters and optimizer state are the embedding's).
 ///
-/// An optimizer with statistics of whole tensors (optim::adafactor's
-/// statistics_of) adds them: a vector's one-an-element statistic as a role
-/// of the tensor ("exp_avg_sq"), a matrix's row and column statistics as
-/// tensors of their own, "<name>.exp_avg_sq_row" of shape (S, rows) and
+/// An optimizer with per-tensor state (statistics_of) adds it: one
+/// element an element of the tensor, split as the tensor is (`along` -2:
+/// optim::muon's momentum_buffer and AdamW moments), as a role of the
+/// tensor held and written where its elements are, like the state buffers;
+/// and statistics of whole tensors (optim::adafactor's): a vector's one-an-element statistic as a
+/// role of the tensor ("exp_avg_sq"), a matrix's row and column statistics as tensors of their own,
+/// "<name>.exp_avg_sq_row" of shape (S, rows) and
 /// "<name>.exp_avg_sq_col" of shape (S, cols), row q the statistics of tp
 /// shard q of S (S = 1 for a whole matrix: a split matrix's shards are
 /// matrices of their own, so their statistics are per shard and a resume at
@@ -92,12 +95,22 @@ template <class Optimizer, class Owned>
 void add_statistics(std::vector<state_region>& out, Optimizer& opt, const nn::param_entry& e,
                     const std::string& name, const index_box& box, std::int64_t first,
                     const std::vector<Owned>& owned, const char* dtype) {
+  // One an element, split as the tensor is (optim::muon's, `along` -2):
+  // every owned piece of the box, as the optimizer's state buffers.
+  const std::int64_t n = box.numel();
+  for (const Owned& r : owned) {
+    const std::int64_t a = std::max(r.lo, first), b = std::min(r.hi, first + n);
+    if (a >= b) continue;
+    for (const auto& st : opt.statistics_of(r.state + (a - r.lo)))
+      if (st.along == -2) out.push_back({name, st.role, dtype, box, a - first, b - first, st.data});
+  }
   for (const Owned& r : owned) {
     if (first < r.lo || first >= r.hi) continue;
     const int d = e.shard_dim;
     const std::int64_t S = d < 0 ? 1 : (e.full[d] + e.shp[d] - 1) / e.shp[d];
     const std::int64_t q = d < 0 ? 0 : e.shard_begin / e.shp[d];
     for (const auto& st : opt.statistics_of(r.state + (first - r.lo))) {
+      if (st.along == -2) continue;  // above
       if (st.along < 0) {
         out.push_back({name, st.role, dtype, box, 0, box.numel(), st.data});
         continue;

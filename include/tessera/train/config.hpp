@@ -18,6 +18,7 @@
 #include "tessera/optim/adafactor.hpp"
 #include "tessera/optim/adamw.hpp"
 #include "tessera/optim/lion.hpp"
+#include "tessera/optim/muon.hpp"
 #include "tessera/optim/schedule.hpp"
 #include "tessera/optim/sgd.hpp"
 #include "tessera/parallel/pipeline_schedule.hpp"
@@ -60,6 +61,10 @@ struct train_config {
   /// Adafactor's clipping, decay rate, first moment, eps, weight decay
   /// (optim::adafactor; the lr is the schedule's unless relative_step).
   optim::adafactor_config adafactor{};
+  /// Muon's momentum, Nesterov, iteration, update scale, weight decay and
+  /// the AdamW part's lr ratio and betas (optim::muon; the schedule's lr
+  /// is the matrices').
+  optim::muon_config muon{};
   /// The loss scale of a loss-scaled precision (precision::fp16_mixed):
   /// dynamic from 2^16 by default (precision/loss_scaler.hpp). Other
   /// policies train unscaled and refuse settings other than the defaults.
@@ -126,6 +131,7 @@ struct train_config {
     sgd.validate();
     lion.validate();
     adafactor.validate();
+    muon.validate();
     checkpointing.validate();
     loss_scale.validate();
     fp8.validate();
@@ -139,8 +145,8 @@ struct train_config {
 
   /// The hyper-parameters of optimizer policy O: a policy's own
   /// `static typename O::config config_from(const train_config&)` when it
-  /// has one (an optimizer of the user's), else `adamw`, `sgd`, `lion` or
-  /// `adafactor` for those policies' configs. Another policy without config_from fails
+  /// has one (an optimizer of the user's), else `adamw`, `sgd`, `lion`,
+  /// `adafactor` or `muon` for those policies' configs. Another policy without config_from fails
   /// to compile with a message saying so.
   template <class O>
   typename O::config optimizer_config() const {
@@ -154,10 +160,12 @@ struct train_config {
       return lion;
     else if constexpr (std::is_same_v<typename O::config, optim::adafactor_config>)
       return adafactor;
+    else if constexpr (std::is_same_v<typename O::config, optim::muon_config>)
+      return muon;
     else {
       static_assert(std::is_same_v<typename O::config, optim::sgd_config>,
-                    "train_config holds the configs of optim::adamw, optim::sgd, optim::lion and "
-                    "optim::adafactor; "
+                    "train_config holds the configs of optim::adamw, optim::sgd, optim::lion, "
+                    "optim::adafactor and optim::muon; "
                     "another optimizer policy gives its own: static typename O::config "
                     "config_from(const tessera::train::train_config&)");
       return sgd;

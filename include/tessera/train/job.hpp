@@ -55,7 +55,13 @@ struct job {
   /// --fp8-format hybrid|e4m3), parsed into cfg.fp8 by check_job;
   /// --fp8-amax-history and --fp8-margin set cfg.fp8 directly.
   std::string fp8_scaling = "delayed", fp8_format = "hybrid";
-  std::string optimizer = "adamw";  ///< adamw, sgd, lion or adafactor
+  std::string optimizer = "adamw";  ///< adamw, sgd, lion, adafactor or muon
+  /// Muon's update scale (--muon-adjust-lr original|match_rms_adamw) and
+  /// its AdamW tensors' peak lr (--muon-adamw-lr; 0: --lr), which check_job
+  /// turns into cfg.muon.adjust and adamw_lr_ratio; --muon-momentum,
+  /// --muon-nesterov and --muon-ns-steps set cfg.muon directly.
+  std::string muon_adjust = "original";
+  double muon_adamw_lr = 0;
   /// The lr schedule (--lr-schedule cosine|wsd|linear|constant|inverse_sqrt)
   /// and wsd's cooldown (--wsd-cooldown linear|sqrt); --wsd-decay-fraction
   /// sets cfg.wsd.decay_fraction directly. run_config parses them.
@@ -264,9 +270,9 @@ inline void check_job(job& j) {
   TESSERA_THROW_IF(!(c.wsd.decay_fraction > 0 && c.wsd.decay_fraction <= 1), config_error,
                    "--wsd-decay-fraction ", c.wsd.decay_fraction, " must be in (0, 1]");
   TESSERA_THROW_IF(j.optimizer != "adamw" && j.optimizer != "sgd" && j.optimizer != "lion" &&
-                       j.optimizer != "adafactor",
+                       j.optimizer != "adafactor" && j.optimizer != "muon",
                    config_error, "unknown optimizer '", j.optimizer,
-                   "' (valid: adamw, sgd, lion, adafactor)");
+                   "' (valid: adamw, sgd, lion, adafactor, muon)");
   for (const char* f : {"--nesterov", "--momentum"})
     TESSERA_THROW_IF(given(f) && j.optimizer != "sgd", config_error, f,
                      " sets SGD's momentum: it needs --optimizer sgd");
@@ -278,6 +284,21 @@ inline void check_job(job& j) {
                         "--adafactor-relative-step", "--adafactor-warmup-init"})
     TESSERA_THROW_IF(given(f) && j.optimizer != "adafactor", config_error, f,
                      " sets Adafactor's update: it needs --optimizer adafactor");
+  for (const char* f : {"--muon-momentum", "--muon-nesterov", "--muon-ns-steps", "--muon-adjust-lr",
+                        "--muon-adamw-lr"})
+    TESSERA_THROW_IF(given(f) && j.optimizer != "muon", config_error, f,
+                     " sets Muon's update: it needs --optimizer muon");
+  if (j.optimizer == "muon") {
+    // Muon decays as AdamW does (torch.optim.Muon's default 0.1 is AdamW's here).
+    c.muon.weight_decay = c.adamw.weight_decay;
+    c.muon.adjust = optim::parse_muon_adjust(j.muon_adjust);
+    TESSERA_THROW_IF(given("--muon-adamw-lr") && !(j.muon_adamw_lr > 0), config_error,
+                     "--muon-adamw-lr ", j.muon_adamw_lr, " must be > 0");
+    TESSERA_THROW_IF(given("--muon-adamw-lr") && !(c.lr > 0), config_error,
+                     "--muon-adamw-lr needs --lr > 0 (it is scaled by the schedule as --lr is)");
+    c.muon.adamw_lr_ratio = given("--muon-adamw-lr") ? j.muon_adamw_lr / c.lr : 1.0;
+    c.muon.validate();
+  }
   // --weight-decay is AdamW's field; SGD and Lion take it when given, else
   // their own default (0, as PyTorch's SGD and lion-pytorch).
   if (j.optimizer == "sgd") c.sgd.weight_decay = given("--weight-decay") ? c.adamw.weight_decay : 0;

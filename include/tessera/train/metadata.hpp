@@ -99,6 +99,19 @@ inline nlohmann::json optimizer_metadata(const optim::adafactor_config& a) {
           {"relative_step", a.relative_step},
           {"warmup_init", a.warmup_init}};
 }
+inline nlohmann::json optimizer_metadata(const optim::muon_config& m) {
+  return {{"momentum", m.momentum},
+          {"nesterov", m.nesterov},
+          {"ns_steps", m.ns_steps},
+          {"ns_coefficients", {m.ns_a, m.ns_b, m.ns_c}},
+          {"eps", m.eps},
+          {"adjust_lr", optim::name_of(m.adjust)},
+          {"weight_decay", m.weight_decay},
+          {"adamw_lr_ratio", m.adamw_lr_ratio},
+          {"adamw_beta1", m.adamw_beta1},
+          {"adamw_beta2", m.adamw_beta2},
+          {"adamw_eps", m.adamw_eps}};
+}
 
 /// The hyper-parameters of another optimizer's config: its
 /// optimizer_metadata overload (found by argument-dependent lookup) or its

@@ -35,6 +35,7 @@
 #include "tessera/nn/tensor_parallel.hpp"
 #include "tessera/optim/adafactor.hpp"
 #include "tessera/optim/lion.hpp"
+#include "tessera/optim/muon.hpp"
 #include "tessera/optim/sgd.hpp"
 #include "tessera/train/agree.hpp"
 #include "tessera/train/console.hpp"
@@ -223,8 +224,8 @@ int run_job(job& j, const std::filesystem::path& tok, created_paths& created) {
 /// Backend, then run_job. Throws config_error for an unknown name.
 template <class Backend, class P>
 int dispatch_job(job& j, const std::filesystem::path& tok, created_paths& created) {
-  return pick<optim::adamw, optim::sgd, optim::lion, optim::adafactor>(
-      "optimizer", j.optimizer, {"adamw", "sgd", "lion", "adafactor"}, [&](auto opt) {
+  return pick<optim::adamw, optim::sgd, optim::lion, optim::adafactor, optim::muon>(
+      "optimizer", j.optimizer, {"adamw", "sgd", "lion", "adafactor", "muon"}, [&](auto opt) {
         using O = typename decltype(opt)::type;
         return pick<parallel::zero<0>, parallel::zero<1>, parallel::zero<2>, parallel::zero<3>>(
             "ZeRO stage", std::to_string(j.zero), {"0", "1", "2", "3"}, [&](auto zero) {

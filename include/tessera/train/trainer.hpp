@@ -87,7 +87,7 @@ namespace tessera::train {
 // example-begin signature
 template <precision::policy P,          // fp32, bf16_mixed(_bf16_grads), fp16_mixed, fp8_mixed, fp64
           class Backend = host,         // host or cuda
-          class O = optim::adamw,       // optim::sgd, lion, adafactor, or a policy of yours
+          class O = optim::adamw,       // optim::sgd, lion, adafactor, muon, or a policy of yours
           class S = parallel::zero<0>,  // zero<0..3>
           class C = comm::self_communicator<kernels::context_t<Backend>>,  // local, mpi, nccl
           class L = nn::dense_layers,               // or nn::tensor_parallel_layers<C>

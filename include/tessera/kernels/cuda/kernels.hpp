@@ -34,6 +34,7 @@
 #include "tessera/kernels/detail/adafactor.hpp"
 #include "tessera/kernels/detail/adamw.hpp"
 #include "tessera/kernels/detail/lion.hpp"
+#include "tessera/kernels/detail/muon.hpp"
 #include "tessera/kernels/detail/sgd.hpp"
 #include "tessera/kernels/detail/weight_init.hpp"
 
@@ -245,6 +246,45 @@ void lion_step(Param* d_params, float* d_master, float* d_m, const Grad* d_grads
                const kernels::detail::lion_step_params<float>& step, const float* d_grad_scale,
                cudaStream_t stream);
 
+// ---- Muon (kernels/cuda/muon.cuh) ---------------------------------------------------------
+
+/// Muon's tables (kernels/detail/muon.hpp).
+using muon_segment = kernels::muon_segment;
+using muon_matrix = kernels::muon_matrix;
+
+/// The fused pass of a Muon step in one launch, as the host
+/// kernels::muon_momentum_step (kernels/muon.hpp): per element of every
+/// segment, a matrix's momentum (d_m), or another tensor's AdamW step (d_m
+/// and d_v at v_shift) on the float32 master weight (or the float parameter
+/// itself), the parameter written back rounded. Segments, the clip
+/// coefficient's skip rule and throws as adamw_step. Source:
+/// torch/optim/_muon.py; torch.optim.AdamW.
+template <class Param, class Grad>
+void muon_momentum_step(Param* d_params, float* d_master, float* d_m, float* d_v,
+                        const Grad* d_grads, std::int64_t n, const muon_segment* d_segments,
+                        int num_segments, const kernels::detail::muon_step_params<float>& step,
+                        const float* d_grad_scale, cudaStream_t stream);
+/// What matrix `t` orthogonalises, its shard into d_out (t.local()
+/// floats), as the host kernels::muon_nesterov.
+template <class Grad>
+void muon_nesterov(float* d_out, const float* d_m, const Grad* d_grads, const muon_matrix& t,
+                   const kernels::detail::muon_step_params<float>& step, const float* d_grad_scale,
+                   cudaStream_t stream);
+/// W (t.whole() elements) from the shards gathered in tp rank order, as the
+/// host kernels::muon_assemble.
+template <class T>
+void muon_assemble(T* d_wide, const T* d_gathered, const muon_matrix& t, cudaStream_t stream);
+/// d_wide[0, n) /= max(sqrt(*d_ss), eps), the divisor rounded to T: the
+/// normalisation before the Newton-Schulz iteration.
+template <class T>
+void muon_normalise(T* d_wide, std::int64_t n, const double* d_ss, double eps, cudaStream_t stream);
+/// The update of matrix `t`'s shard by the orthogonalised W, as the host
+/// kernels::muon_apply.
+template <class Param>
+void muon_apply(Param* d_params, float* d_master, const float* d_wide, const muon_matrix& t,
+                float decay_factor, float adjusted_lr, const float* d_grad_scale,
+                cudaStream_t stream);
+
 // ---- Adafactor (kernels/cuda/adafactor.cuh) -------------------------------------------------
 
 /// The tensor table, sizes and buffers of an Adafactor step (kernels/detail/adafactor.hpp).
@@ -440,6 +480,30 @@ void fp8_quantize_transposed(F8* d_qt, float* d_inv_scale, const T* d_x, std::in
                                const optimizer_segment*, int,                                       \
                                const kernels::detail::lion_step_params<float>&, const float*,      \
                                cudaStream_t);                                                       \
+  X void muon_momentum_step<float, float>(float*, float*, float*, float*, const float*, std::int64_t,     \
+                                      const muon_segment*, int,                                    \
+                                      const kernels::detail::muon_step_params<float>&,             \
+                                      const float*, cudaStream_t);                                 \
+  X void muon_momentum_step<bf16, float>(bf16*, float*, float*, float*, const float*, std::int64_t,     \
+                                      const muon_segment*, int,                                    \
+                                      const kernels::detail::muon_step_params<float>&,             \
+                                      const float*, cudaStream_t);                                 \
+  X void muon_momentum_step<bf16, bf16>(bf16*, float*, float*, float*, const bf16*, std::int64_t,     \
+                                      const muon_segment*, int,                                    \
+                                      const kernels::detail::muon_step_params<float>&,             \
+                                      const float*, cudaStream_t);                                 \
+  X void muon_nesterov<float>(float*, const float*, const float*, const muon_matrix&,              \
+                           const kernels::detail::muon_step_params<float>&, const float*,          \
+                           cudaStream_t);                                                           \
+  X void muon_nesterov<bf16>(float*, const float*, const bf16*, const muon_matrix&,              \
+                           const kernels::detail::muon_step_params<float>&, const float*,          \
+                           cudaStream_t);                                                           \
+  X void muon_apply<float>(float*, float*, const float*, const muon_matrix&, float, float,            \
+                        const float*, cudaStream_t);                                                \
+  X void muon_apply<bf16>(bf16*, float*, const float*, const muon_matrix&, float, float,            \
+                        const float*, cudaStream_t);                                                \
+  X void muon_assemble<float>(float*, const float*, const muon_matrix&, cudaStream_t);            \
+  X void muon_normalise<float>(float*, std::int64_t, const double*, double, cudaStream_t);         \
   X void adafactor_step<float, float>(float*, float*, const float*, const adafactor_tensor*,     \
                                      const adafactor_sizes&, const adafactor_buffers<float>&,       \
                                      const kernels::detail::adafactor_step_params<float>&,          \
@@ -512,6 +576,19 @@ void fp8_quantize_transposed(F8* d_qt, float* d_inv_scale, const T* d_x, std::in
                                const optimizer_segment*, int,                                       \
                                const kernels::detail::lion_step_params<float>&, const float*,      \
                                cudaStream_t);                                                       \
+  X void muon_momentum_step<fp16, float>(fp16*, float*, float*, float*, const float*, std::int64_t,     \
+                                      const muon_segment*, int,                                    \
+                                      const kernels::detail::muon_step_params<float>&,             \
+                                      const float*, cudaStream_t);                                 \
+  X void muon_momentum_step<fp16, fp16>(fp16*, float*, float*, float*, const fp16*, std::int64_t,     \
+                                      const muon_segment*, int,                                    \
+                                      const kernels::detail::muon_step_params<float>&,             \
+                                      const float*, cudaStream_t);                                 \
+  X void muon_nesterov<fp16>(float*, const float*, const fp16*, const muon_matrix&,              \
+                           const kernels::detail::muon_step_params<float>&, const float*,          \
+                           cudaStream_t);                                                           \
+  X void muon_apply<fp16>(fp16*, float*, const float*, const muon_matrix&, float, float,            \
+                        const float*, cudaStream_t);                                                \
   X void adafactor_step<fp16, float>(fp16*, float*, const float*, const adafactor_tensor*,       \
                                     const adafactor_sizes&, const adafactor_buffers<float>&,        \
                                     const kernels::detail::adafactor_step_params<float>&,           \
@@ -589,6 +666,7 @@ TESSERA_CUDA_FP8_INSTANTIATIONS(extern template)
 #include "tessera/kernels/cuda/fp8.cuh"
 #include "tessera/kernels/cuda/grad_norm.cuh"
 #include "tessera/kernels/cuda/lion.cuh"
+#include "tessera/kernels/cuda/muon.cuh"
 #include "tessera/kernels/cuda/rmsnorm.cuh"
 #include "tessera/kernels/cuda/rope.cuh"
 #include "tessera/kernels/cuda/swiglu.cuh"

@@ -33,6 +33,7 @@
 #include <cstdint>
 #include <span>
 #include <type_traits>
+#include <utility>
 
 #include "tessera/core/error.hpp"
 #include "tessera/core/numeric.hpp"
@@ -46,6 +47,7 @@
 #include "tessera/kernels/detail/adamw.hpp"
 #include "tessera/kernels/detail/attention.hpp"
 #include "tessera/kernels/detail/lion.hpp"
+#include "tessera/kernels/detail/muon.hpp"
 #include "tessera/kernels/detail/sgd.hpp"
 #include "tessera/kernels/fp8_operand.hpp"
 
@@ -580,6 +582,78 @@ void lion_step(const cuda_context& ctx, Param* params, M* master, M* m, const Gr
   static_assert(std::is_same_v<M, float>, "lion_step (cuda): the master type is float32");
   cuda::lion_step<Param, Grad>(params, master, m, grads, n, segments, num_segments, step,
                                grad_scale, ctx.stream());
+}
+
+/// The fused pass of a Muon step (the matrices' momentum, the other
+/// tensors' AdamW step), as the host kernels::muon_momentum_step. float32 state.
+template <class Param, class Grad, class M>
+void muon_momentum_step(const cuda_context& ctx, Param* params, M* master, M* m, M* v,
+                        const Grad* grads, std::int64_t n, const muon_segment* segments,
+                        int num_segments, detail::muon_step_params<M> step, const M* grad_scale) {
+  static_assert(std::is_same_v<M, float>, "muon_momentum_step (cuda): the master type is float32");
+  cuda::muon_momentum_step<Param, Grad>(params, master, m, v, grads, n, segments, num_segments,
+                                        step, grad_scale, ctx.stream());
+}
+
+/// What one matrix orthogonalises, its shard, as the host kernels::muon_nesterov.
+template <class Grad, class M>
+void muon_nesterov(const cuda_context& ctx, M* out, const M* m, const Grad* grads,
+                   const muon_matrix& t, detail::muon_step_params<M> step, const M* grad_scale) {
+  static_assert(std::is_same_v<M, float>, "muon_nesterov (cuda): the master type is float32");
+  cuda::muon_nesterov<Grad>(out, m, grads, t, step, grad_scale, ctx.stream());
+}
+
+/// W from the gathered shards, as the host kernels::muon_assemble.
+template <class M>
+void muon_assemble(const cuda_context& ctx, M* wide, const M* gathered, const muon_matrix& t) {
+  static_assert(std::is_same_v<M, float>, "muon_assemble (cuda): the master type is float32");
+  cuda::muon_assemble<float>(wide, gathered, t, ctx.stream());
+}
+
+/// The quintic Newton-Schulz iteration on W (m x n, m <= n, device memory,
+/// in place), as the host kernels::muon_newton_schulz: the squared norm by
+/// grad_sum_squares into the scratch's double, W divided by max(norm, eps)
+/// on the device (no host synchronisation), then per step three cuBLASLt
+/// matmuls through the context in float32 (torch.optim.Muon runs them in
+/// bfloat16) and two device copies. `scratch` holds
+/// muon_ns_scratch_elements(m, n, 4) floats. Throws config_error as the host's.
+template <class M>
+void muon_newton_schulz(const cuda_context& ctx, M* wide, std::int64_t m, std::int64_t n,
+                        M* scratch, double a, double b, double c, int steps, double eps) {
+  static_assert(std::is_same_v<M, float>, "muon_newton_schulz (cuda): the master type is float32");
+  TESSERA_THROW_IF(m < 0 || m > n, config_error, "muon_newton_schulz (cuda): ", m, " x ", n,
+                   " must be a wide matrix (0 <= rows <= cols)");
+  if (m == 0) return;
+  float* other = scratch;
+  float* gram = other + m * n;
+  float* poly = gram + m * m;
+  double* ss = muon_norm_slot(poly + m * m);
+  grad_sum_squares(ctx, ss, static_cast<const float*>(wide), m * n);
+  cuda::muon_normalise<float>(wide, m * n, ss, eps, ctx.stream());
+  float* x = wide;
+  float* y = other;
+  const auto bytes = [](std::int64_t e) { return static_cast<std::size_t>(e) * sizeof(float); };
+  for (int s = 0; s < steps; ++s) {
+    ctx.blas().gemm<float, float>(transpose::no, transpose::yes, m, m, n, 1.0f, x, n, x, n, 0.0f,
+                                  gram, m, ctx.stream());
+    ctx.copy(poly, gram, bytes(m * m));
+    ctx.blas().gemm<float, float>(transpose::no, transpose::no, m, m, m, static_cast<float>(c),
+                                  gram, m, gram, m, static_cast<float>(b), poly, m, ctx.stream());
+    ctx.copy(y, x, bytes(m * n));
+    ctx.blas().gemm<float, float>(transpose::no, transpose::no, m, n, m, 1.0f, poly, m, x, n,
+                                  static_cast<float>(a), y, n, ctx.stream());
+    std::swap(x, y);
+  }
+  if (x != wide) ctx.copy(wide, x, bytes(m * n));
+}
+
+/// The update of one matrix's shard, as the host kernels::muon_apply.
+template <class Param, class M>
+void muon_apply(const cuda_context& ctx, Param* params, M* master, const M* wide,
+                const muon_matrix& t, M decay_factor, M adjusted_lr, const M* grad_scale) {
+  static_assert(std::is_same_v<M, float>, "muon_apply (cuda): the master type is float32");
+  cuda::muon_apply<Param>(params, master, wide, t, decay_factor, adjusted_lr, grad_scale,
+                          ctx.stream());
 }
 
 }  // namespace tessera::kernels

@@ -136,6 +136,12 @@ TEST_CASE("trainer with a document mask: bad separators and resumes are refused"
                         Catch::Contains("outside the vocabulary [0, 256)"));
   cfg.document_separator = -1;
   CHECK_THROWS_WITH(cfg.validate(), Catch::Contains("document separator id -1"));
+  // End-of-text (3) is a byte, but this corpus holds none: every window
+  // would be one document, so the run is refused.
+  cfg.document_separator = 3;
+  CHECK_THROWS_WITH((train::trainer<precision::fp32>(pp_suite::model(), cfg, f)),
+                    Catch::Contains("document separator id 3 does not occur in the first") &&
+                        Catch::Contains("training tokens of"));
 
   // A checkpoint written with the mask resumes with it, and only with it.
   cfg.document_separator = space;
@@ -157,7 +163,7 @@ TEST_CASE("trainer with a document mask: bad separators and resumes are refused"
     c2.document_separator = other;
     train::trainer<precision::fp32> tr(pp_suite::model(), c2, f);
     CHECK_THROWS_WITH(tr.load_checkpoint(ck),
-                      Catch::Contains("document_mask=32 in the checkpoint"));
+                      Catch::Contains("document_separator=32 in the checkpoint"));
   }
 }
 

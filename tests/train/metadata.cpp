@@ -96,24 +96,24 @@ TEST_CASE("a resume refuses another document mask; a checkpoint without the reco
   train::train_config plain, docs, other;
   docs.document_separator = 3;
   other.document_separator = 10;
-  CHECK(train::document_mask_metadata(plain) == json());
-  CHECK(train::document_mask_metadata(docs) == json(3));
+  CHECK(train::document_separator_metadata(plain) == json());
+  CHECK(train::document_separator_metadata(docs) == json(3));
   auto with_mask = [](const train::train_config& c, std::int64_t step) {
     json j = settings(c, step);
-    j["document_mask"] = train::document_mask_metadata(c);
+    j["document_separator"] = train::document_separator_metadata(c);
     return j;
   };
   CHECK(resume(with_mask(docs, 2), with_mask(docs, 0)) == "2");
   CHECK(resume(with_mask(docs, 2), with_mask(plain, 0)) ==
-        "checkpoint 'ck' was written with other settings: document_mask=3 in the checkpoint, "
+        "checkpoint 'ck' was written with other settings: document_separator=3 in the checkpoint, "
         "null in this run");
   CHECK(resume(with_mask(docs, 2), with_mask(other, 0)) ==
-        "checkpoint 'ck' was written with other settings: document_mask=3 in the checkpoint, "
+        "checkpoint 'ck' was written with other settings: document_separator=3 in the checkpoint, "
         "10 in this run");
   // A checkpoint of a tessera before the document mask trained without one.
   CHECK(resume(settings(plain, 2), with_mask(plain, 0)) == "2");
   CHECK(resume(settings(plain, 2), with_mask(docs, 0)) ==
-        "checkpoint 'ck' was written with other settings: document_mask=null in the checkpoint, "
+        "checkpoint 'ck' was written with other settings: document_separator=null in the checkpoint, "
         "3 in this run");
 }
 

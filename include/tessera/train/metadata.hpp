@@ -141,7 +141,7 @@ inline nlohmann::json schedule_metadata(const train_config& cfg) {
 /// The document mask as checkpoint metadata: the separator id of packed
 /// documents (train_config::document_separator), or null without a
 /// document mask. A resume compares it: another setting is refused.
-inline nlohmann::json document_mask_metadata(const train_config& cfg) {
+inline nlohmann::json document_separator_metadata(const train_config& cfg) {
   return cfg.document_separator ? nlohmann::json(*cfg.document_separator) : nlohmann::json();
 }
 
@@ -167,7 +167,7 @@ nlohmann::json run_metadata(const nn::llama_config& c, const train_config& cfg,
           {"schedule", schedule_metadata(cfg)},
           {"grad_clip", cfg.grad_clip},
           {"ce_chunk", cfg.ce_chunk},
-          {"document_mask", document_mask_metadata(cfg)},
+          {"document_separator", document_separator_metadata(cfg)},
           {"global_batch", cfg.global_batch},
           {"micro_batch", cfg.micro_batch},
           {"seq", cfg.seq},
@@ -231,7 +231,7 @@ inline std::int64_t check_resume_metadata(const std::filesystem::path& path, nlo
       meta["schedule"].value("name", nlohmann::json()) == "warmup_cosine")
     meta["schedule"]["name"] = "cosine";
   // Checkpoints of tessera before the document mask trained without one.
-  if (!meta.contains("document_mask")) meta["document_mask"] = nullptr;
+  if (!meta.contains("document_separator")) meta["document_separator"] = nullptr;
   std::string diff;
   for (const auto& [k, v] : mine.items()) {
     if (k == "step" || k == "data_position" || k == "schedule_position" || k == "steps" ||

@@ -114,10 +114,7 @@ class step_runner {
         clip_(kernels::make_tensor<Master>(ctx, 1)),
         windows_(static_cast<std::size_t>(cfg.micro_batch * (cfg.seq + 1))) {
     if constexpr (precision::loss_scaled<P>) scaler_.emplace(cfg.loss_scale);
-    if (cfg.document_separator) {
-      const std::int64_t V = chunks.model().config().vocab;
-      TESSERA_THROW_IF(*cfg.document_separator >= V, config_error, "document separator id ",
-                       *cfg.document_separator, " is outside the vocabulary [0, ", V, ")");
+    if (cfg.document_separator) {  // its id checked by train::validate
       const std::int64_t n = cfg.accum_steps() * cfg.micro_batch * cfg.seq;
       doc_host_.resize(static_cast<std::size_t>(n));
       doc_ = kernels::make_tensor<std::int32_t>(ctx, n);
@@ -272,11 +269,11 @@ class step_runner {
   data::loader_for<Backend> loader_;
   std::vector<parallel::action> actions_;
   std::unique_ptr<executor_type> executor_;
-  tensor<double, Backend> scalars_;    // (1 + A): sum of squares, then each micro-batch's loss
-  tensor<Master, Backend> clip_;       // (1): the clip coefficient
-  std::vector<std::int32_t> windows_;  // (B, T+1): the host's scored-token count
-  std::vector<std::int32_t> doc_host_;            // (A, B, T) document starts (packed documents)
-  tensor<std::int32_t, Backend> doc_;             // the same, in the context's memory
+  tensor<double, Backend> scalars_;     // (1 + A): sum of squares, then each micro-batch's loss
+  tensor<Master, Backend> clip_;        // (1): the clip coefficient
+  std::vector<std::int32_t> windows_;   // (B, T+1): the host's scored-token count
+  std::vector<std::int32_t> doc_host_;  // (A, B, T) document starts (packed documents)
+  tensor<std::int32_t, Backend> doc_;   // the same, in the context's memory
   std::optional<precision::loss_scaler> scaler_;  // loss_scaled<P> only
   std::int64_t step_ = 0;
 };

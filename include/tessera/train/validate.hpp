@@ -39,6 +39,33 @@ concept mesh_degrees = requires(const M& m) {
   { m.pp() } -> std::convertible_to<int>;
 };
 
+/// Tokens of the training data searched for the document separator
+/// (check_document_separator): 2^24, so a run of any size starts at once.
+inline constexpr std::uint64_t separator_search_tokens = std::uint64_t{1} << 24;
+
+/// Checks packed documents' separator id against the model and the data:
+/// it must be a token of both vocabularies and occur in the training data
+/// (within its first separator_search_tokens tokens); a separator the data
+/// never holds would leave every window one document, silently. Throws
+/// config_error naming the id and the limit.
+inline void check_document_separator(std::int32_t sep, const nn::llama_config& c,
+                                     const data::token_file& d) {
+  const auto id = static_cast<std::uint64_t>(sep);
+  TESSERA_THROW_IF(sep < 0 || sep >= c.vocab, config_error, "document separator id ", sep,
+                   " is outside the vocabulary [0, ", c.vocab, ")");
+  TESSERA_THROW_IF(id >= d.vocab(), config_error, "document separator id ", sep,
+                   " is outside the token file's vocabulary [0, ", d.vocab(), ") of '",
+                   d.path().string(), "'");
+  const std::uint64_t n = std::min(d.split().train.size(), separator_search_tokens);
+  const std::uint64_t first = d.split().train.begin;
+  bool found = false;
+  for (std::uint64_t i = 0; i < n && !found; ++i) found = d[first + i] == id;
+  TESSERA_THROW_IF(!found, config_error, "document separator id ", sep,
+                   " does not occur in the first ", n, " training tokens of '", d.path().string(),
+                   "': name the token that ends each document (examples/tokenize --append-eot "
+                   "writes end-of-text, id 3, after each document of byte-level data)");
+}
+
 /// Checks model `c`, run `cfg`, the corpus `d` and the degrees of `mesh`
 /// under sharding strategy `Sharding` together, before anything is
 /// allocated. Throws config_error naming the value and the limit for: an
@@ -58,8 +85,7 @@ concept mesh_degrees = requires(const M& m) {
 /// `P` that is not loss-scaled (precision::loss_scaled: they would be
 /// ignored); FP8 settings other than the defaults under a policy without
 /// FP8 linear layers (precision::fp8_linear).
-template <parallel::sharding_strategy Sharding, precision::policy P,
-          mesh_degrees Mesh>
+template <parallel::sharding_strategy Sharding, precision::policy P, mesh_degrees Mesh>
 void validate(const nn::llama_config& c, const train_config& cfg, const data::token_file& d,
               const Mesh& mesh, const parallel::data_parallel_options& dpo = {}) {
   c.validate();
@@ -84,9 +110,7 @@ void validate(const nn::llama_config& c, const train_config& cfg, const data::to
                    " exceeds the model's max_seq=", c.max_seq, " (preset '", c.name, "')");
   TESSERA_THROW_IF(d.vocab() > static_cast<std::uint64_t>(c.vocab), config_error,
                    "token file vocabulary ", d.vocab(), " exceeds the model's vocab=", c.vocab);
-  TESSERA_THROW_IF(cfg.document_separator && *cfg.document_separator >= c.vocab, config_error,
-                   "document separator id ", *cfg.document_separator,
-                   " is outside the vocabulary [0, ", c.vocab, ")");
+  if (cfg.document_separator) check_document_separator(*cfg.document_separator, c, d);
   // One micro-batch's activations (34 s b h per layer and the attention
   // scores, Korthikanti et al. 2022) in bytes fit 64 bits, so the planner
   // and the model's buffers cannot wrap.

@@ -85,6 +85,36 @@ TEST_CASE("trainer with a document mask: pp 2, tp 2 and (1, 2, 2) equal one rank
   check_mesh<P, parallel::zero<0>>(sp, 1e-10);
   check_mesh<P, parallel::zero<1>>(mesh(2, 1, 1), 1e-10);
   check_mesh<P, parallel::zero<0>>(mesh(1, 2, 2), 1e-10);
+  // ZB-H1 splits the backward: the weight gradients (W) read the mask from
+  // the record after the input gradients (B).
+  check_mesh<P, parallel::zero<0>>(mesh(1, 1, 2, schedule_kind::zero_bubble_h1), 1e-10);
+}
+
+// Activation checkpointing recomputes a block's forward in its backward:
+// the recompute reads the same document starts, so every block
+// checkpointed (and every second one) gives the run that keeps the
+// activations (float64: the same operations in the same order).
+TEST_CASE("trainer with a document mask: activation checkpointing recomputes under the mask",
+          "[train][document_mask]") {
+  using P = precision::fp64;
+  trainer_suite::temp_file corpus{trainer_suite::make_corpus("docmask_ckpt", 0)};
+  data::token_file f(corpus.path);
+  pp_suite::layout one = mesh(1, 1, 1);
+  one.document_separator = space;
+  auto cfg = pp_suite::config(one, 3);
+  for (const std::int64_t every : {1, 2}) {
+    INFO("checkpointing every " << every);
+    auto c = cfg;
+    c.checkpointing.mode = nn::activation_checkpointing::full;
+    c.checkpointing.every = every;
+    train::trainer<P> recompute(pp_suite::model(), c, f);
+    train::trainer<P> plain(pp_suite::model(), cfg, f);
+    for (int s = 0; s < 3; ++s) {
+      const auto a = plain.train_step(), b = recompute.train_step();
+      CHECK(b.loss == a.loss);
+      CHECK(b.grad_norm == a.grad_norm);
+    }
+  }
 }
 
 TEST_CASE("trainer with a document mask: evaluation at pp 2 equals one rank's and sees the mask",

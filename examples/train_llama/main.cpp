@@ -272,8 +272,8 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(R(std::int64_t{1}, big));
   app.add_option("--hysteresis", o.cfg.loss_scale.hysteresis,
-                 "fp16: overflows tolerated before the loss scale halves (then each halves it, "
-                 "until it grows)")
+                 "fp16: the loss scale halves on the H-th overflow since it last grew (H - 1 "
+                 "overflows only skip their steps; after that each halves it, until it grows)")
       ->capture_default_str()
       ->check(R(std::int64_t{1}, std::int64_t{1000000}));
   app.add_option("--fp8-scaling", o.fp8_scaling,

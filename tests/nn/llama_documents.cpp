@@ -105,6 +105,18 @@ TEST_CASE("llama on packed documents: loss and gradients are the per-document su
   // Without the mask the same windows give another loss: the test sees the mask.
   const nn::loss_sum plain = packed.forward_loss(w.data(), B, T);
   CHECK(std::abs(plain.sum - lp.sum) > 1e-6 * std::abs(lp.sum));
+
+  // Starts past their position (RoPE would rotate by a negative position)
+  // or decreasing along a row (the kernels' tile bounds assume documents
+  // are contiguous) are refused, naming the place.
+  std::vector<std::int32_t> bad = ds;
+  bad[static_cast<std::size_t>(T + 3)] = 4;  // row 1, position 3
+  CHECK_THROWS_WITH(packed.forward_loss(w.data(), B, T, bad.data()),
+                    Catch::Contains("document start 4 at row 1 position 3 must lie in ["));
+  bad = ds;
+  bad[static_cast<std::size_t>(2 * T + 7)] = -1;
+  CHECK_THROWS_WITH(packed.forward_loss(w.data(), B, T, bad.data()),
+                    Catch::Contains("document start -1 at row 2 position 7"));
 }
 
 }  // namespace test_nn_llama_documents

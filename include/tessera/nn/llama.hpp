@@ -757,7 +757,8 @@ class llama {
   /// inputs and targets into the context's memory, runs forward and
   /// backward, reads the loss back. Returns its sum and the scored count.
   /// `h_doc_start` (B, T) int32 in host memory, or null: packed documents
-  /// (micro_batch::doc_start, e.g. from data::document_starts).
+  /// (micro_batch::doc_start, e.g. from data::document_starts); throws
+  /// config_error unless each row's starts lie in [0, t] and never decrease.
   loss_sum forward_backward(const std::int32_t* h_windows, std::int64_t B, std::int64_t T,
                             Acc grad_scale, const std::int32_t* h_doc_start = nullptr) {
     staged_batch b(*this, h_windows, B, T, h_doc_start);
@@ -912,6 +913,17 @@ class llama {
       tok = kernels::make_tensor<std::int32_t>(*ctx, 2 * N);
       ctx->from_host(tok.data(), h.data(), h.size() * sizeof(std::int32_t));
       if (h_doc_start != nullptr) {
+        // RoPE rotates t by t - doc_start[t], and the kernels find a tile's
+        // keys from its first and last query: each row's starts must lie in
+        // [0, t] and never decrease (data::document_starts gives such).
+        for (std::int64_t b = 0; b < B; ++b)
+          for (std::int64_t t = 0; t < T; ++t) {
+            const std::int32_t v = h_doc_start[b * T + t];
+            const std::int32_t lo = t == 0 ? 0 : h_doc_start[b * T + t - 1];
+            TESSERA_THROW_IF(v < lo || v > t, config_error, "document start ", v, " at row ", b,
+                             " position ", t, " must lie in [", lo, ", ", t,
+                             "] (a row's starts never decrease and never pass their position)");
+          }
         doc = kernels::make_tensor<std::int32_t>(*ctx, N);
         ctx->from_host(doc.data(), h_doc_start, static_cast<std::size_t>(N) * sizeof(std::int32_t));
       }

@@ -16,10 +16,11 @@
 /// The dynamic update (Megatron-LM's DynamicGradScaler, DeepSpeed's
 /// DynamicLossScaler with its `hysteresis`, PyTorch's GradScaler without
 /// it): after `growth_interval` steps in a row without an overflow the
-/// scale grows by `growth_factor`; an overflow resets that count and uses
-/// up one of `hysteresis` tolerated overflows; once none is left, each
-/// overflow multiplies the scale by `backoff_factor` (not below
-/// `min_scale`), until a growth restores the `hysteresis` count.
+/// scale grows by `growth_factor`; an overflow resets that count and
+/// counts down `hysteresis`: the first hysteresis - 1 overflows only skip
+/// their steps, the hysteresis-th and each after it multiplies the scale
+/// by `backoff_factor` (not below `min_scale`), until a growth restores the
+/// count (hysteresis 1: every overflow backs off).
 /// Source: Micikevicius et al. 2018, "Mixed Precision Training", sections
 /// 3.2-3.3; DeepSpeed's fp16 config (initial_scale_power 16,
 /// loss_scale_window 1000, hysteresis 2, min_loss_scale 1).
@@ -40,19 +41,19 @@ struct loss_scale_options {
   /// true: the dynamic scaler (file comment); false: a static scale
   /// `initial` for the whole run (a non-finite step is still skipped).
   bool dynamic = true;
-  double initial = 65536;                ///< S of the first step (2^16)
-  double growth_factor = 2;              ///< S *= this after growth_interval clean steps (> 1)
-  double backoff_factor = 0.5;           ///< S *= this on an overflow past the hysteresis, in (0, 1)
-  std::int64_t growth_interval = 1000;   ///< clean steps in a row before a growth (>= 1)
-  std::int64_t hysteresis = 2;           ///< overflows tolerated before a backoff (>= 1)
-  double min_scale = 1;                  ///< S never backs off below this (> 0, <= initial)
+  double initial = 65536;               ///< S of the first step (2^16)
+  double growth_factor = 2;             ///< S *= this after growth_interval clean steps (> 1)
+  double backoff_factor = 0.5;          ///< S *= this on an overflow past the hysteresis, in (0, 1)
+  std::int64_t growth_interval = 1000;  ///< clean steps in a row before a growth (>= 1)
+  std::int64_t hysteresis = 2;          ///< the overflow that backs off first (>= 1; 1: every one)
+  double min_scale = 1;                 ///< S never backs off below this (> 0, <= initial)
 
   bool operator==(const loss_scale_options&) const = default;
 
   /// Throws config_error naming the value and its limit.
   void validate() const {
-    TESSERA_THROW_IF(!(initial > 0) || !std::isfinite(initial), config_error,
-                     "loss scale ", initial, " must be a finite value > 0");
+    TESSERA_THROW_IF(!(initial > 0) || !std::isfinite(initial), config_error, "loss scale ",
+                     initial, " must be a finite value > 0");
     TESSERA_THROW_IF(!(growth_factor > 1) || !std::isfinite(growth_factor), config_error,
                      "loss scale growth factor ", growth_factor, " must be > 1");
     TESSERA_THROW_IF(!(backoff_factor > 0 && backoff_factor < 1), config_error,
@@ -146,8 +147,8 @@ class loss_scaler {
       hysteresis_left_ = left;
       skipped_ = skipped;
     } catch (const nlohmann::json::exception& e) {
-      throw io_error(::tessera::detail::str("loss scaler state ", s.dump(),
-                                            " is malformed: ", e.what()));
+      throw io_error(
+          ::tessera::detail::str("loss scaler state ", s.dump(), " is malformed: ", e.what()));
     }
   }
 

@@ -171,8 +171,16 @@ TEST_CASE("plan_cuda_step rejects bad sizes and host-only policies", "[plan]") {
   o.precision = "fp32";
   CHECK_THROWS_WITH(plan::plan_cuda_step(c, o), Catch::Contains("16-bit weights"));
   o.precision = "bf16_mixed";
-  o.optimizer = "lion";
-  CHECK_THROWS_WITH(plan::plan_cuda_step(c, o), Catch::Contains("adamw, sgd"));
+  // Every optimizer policy runs on the GPU; an unknown name is refused
+  // with the list.
+  for (const char* name : {"sgd", "lion", "adafactor", "muon"}) {
+    o.optimizer = name;
+    CHECK_NOTHROW(plan::plan_cuda_step(c, o));
+  }
+  o.optimizer = "rmsprop";
+  CHECK_THROWS_WITH(plan::plan_cuda_step(c, o),
+                    Catch::Contains("unknown optimizer 'rmsprop'") &&
+                        Catch::Contains("adamw, sgd, lion, adafactor, muon"));
 }
 
 }  // namespace test_plan_cuda_step

@@ -46,7 +46,8 @@ struct cuda_step_options {
   /// (bf16 activation gradients, the GPU's default), bf16_mixed, fp16_mixed
   /// or fp8_mixed.
   std::string precision = "bf16_mixed_bf16_grads";
-  std::string optimizer = "adamw";  ///< adamw or sgd
+  std::string optimizer =
+      "adamw";  ///< optimizer_spec::from_name: adamw, sgd, lion, adafactor, muon
   /// cuBLASLt workspace (kernels::cuda_context_options, 32 MiB).
   std::uint64_t cublaslt_workspace = std::uint64_t(32) << 20;
 };

@@ -26,7 +26,7 @@ root=$(pwd)
 set_name=${1:-}
 case "$set_name" in
   precision) variants="fp32 bf16 fp16"; reference=bf16 ;;
-  optimizer) variants="adamw lion adafactor"; reference=adamw ;;
+  optimizer) variants="adamw lion adafactor muon"; reference=adamw ;;
   *) echo "loss_curves: the first argument $set_name must be precision or optimizer" >&2; exit 2 ;;
 esac
 shift
@@ -58,7 +58,9 @@ flags_for() {
     # Adafactor with a first moment (beta1 0.9, as the T5 recipes that use
     # one) at the schedule's lr, relative step off.
     optimizer:adafactor) echo "--optimizer adafactor --adafactor-beta1 0.9 --lr 5e-3 --weight-decay 0.1" ;;
-    optimizer:muon) echo "--optimizer muon" ;;
+    # Muon: the matrices at torch.optim.Muon's documented lr (0.02, with the
+    # `original` shape scale), the embedding, head and norms at AdamW's lr.
+    optimizer:muon) echo "--optimizer muon --lr 0.02 --muon-adamw-lr 2e-3" ;;
     *) echo "loss_curves: unknown $1 variant $2" >&2; return 2 ;;
   esac
 }

@@ -216,7 +216,7 @@ expect "--document-separator without the mask" "--document-separator names the s
 expect "a separator the data never holds" "document separator id 3 does not occur in the first" "$train" "${common[@]}" --document-mask
 expect "document separator outside the vocabulary" "document separator id 300 is outside the vocabulary \[0, 256)" "$train" "${common[@]}" --document-mask --document-separator 300
 "$train" --out "$work/docs" --no-baseline --sample-bytes 0 --steps 2 --preset tiny --seq 16 --micro-batch 2 --global-batch 2 --eval-windows 1 --document-mask --document-separator 37 > /dev/null 2>&1
-expect "a resume under another document mask" 'document_separator=37 in the checkpoint, null in this run' "$train" --resume "$work/docs" --document-mask=false --steps 3
+expect "a resume under another document separator" 'document_separator=37 in the checkpoint, 10 in this run' "$train" --resume "$work/docs" --document-separator 10 --steps 3
 expect "a negative --trace-step" "--trace-step: Value -1 not in range" "$train" "${common[@]}" --trace-step -1
 # Subword token files (Hugging Face tokenizers): each decodes through its
 # own <name>.tokenizer.json, also beside another tokenizer's files in one

@@ -59,17 +59,7 @@ void check_mesh(pp_suite::layout l, double tol, std::int64_t steps = 5) {
       o));
 }
 
-pp_suite::layout mesh(int dp, int tp, int pp, schedule_kind s = schedule_kind::one_f_one_b,
-                      int V = 1) {
-  pp_suite::layout l;
-  l.dp = dp;
-  l.tp = tp;
-  l.pp = pp;
-  l.schedule = s;
-  l.virtual_stages = V;
-  l.micro_batches = 4;
-  return l;
-}
+using pp_suite::mesh;
 
 }  // namespace
 

@@ -38,21 +38,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-comm::comm_options test_options(int seconds = 120) {
-  comm::comm_options o;
-  o.timeout = std::chrono::seconds(seconds);
-  return o;
-}
-
-pp_suite::layout mesh(int dp, int tp, int pp, schedule_kind s = schedule_kind::one_f_one_b) {
-  pp_suite::layout l;
-  l.dp = dp;
-  l.tp = tp;
-  l.pp = pp;
-  l.schedule = s;
-  l.micro_batches = 4;
-  return l;
-}
+using pp_suite::mesh;
+using pp_suite::test_options;
 
 // The mesh `l` under sharding S against one rank's Muon run (pp_suite:
 // five steps, float64).

@@ -14,6 +14,7 @@
 // after the last at `tol` times the steps.
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <optional>
@@ -59,6 +60,30 @@ struct layout {
                                 tied ? " tied" : "", document_separator ? " documents" : "");
   }
 };
+
+/// A (dp, tp, pp) mesh of `schedule` with V chunks a rank and four
+/// micro-batches per dp rank: the layout the optimizer, Muon and
+/// packed-document suites hold to one rank.
+inline layout mesh(int dp, int tp, int pp,
+                   parallel::schedule_kind schedule = parallel::schedule_kind::one_f_one_b,
+                   int V = 1) {
+  layout l;
+  l.dp = dp;
+  l.tp = tp;
+  l.pp = pp;
+  l.schedule = schedule;
+  l.virtual_stages = V;
+  l.micro_batches = 4;
+  return l;
+}
+
+/// Communicator options of a threaded test: a timeout of `seconds`, so a
+/// rank left waiting fails the test instead of hanging it.
+inline comm::comm_options test_options(int seconds = 120) {
+  comm::comm_options o;
+  o.timeout = std::chrono::seconds(seconds);
+  return o;
+}
 
 /// The run's settings (see the file comment).
 inline train::train_config config(const layout& l, std::int64_t steps) {
@@ -209,8 +234,8 @@ void check_mesh(Comm& world, const reference& ref, const data::token_file& f, co
         model(l.layers, l.tied), cfg, f, parallel::layout{g.dp, tp_layers{&g.tp}, g.pp});
     body(tr);
   } else {
-    train::trainer<P, host, O, S, Comm> tr(
-        model(l.layers, l.tied), cfg, f, parallel::layout{g.dp, nn::dense_layers{}, g.pp});
+    train::trainer<P, host, O, S, Comm> tr(model(l.layers, l.tied), cfg, f,
+                                           parallel::layout{g.dp, nn::dense_layers{}, g.pp});
     body(tr);
   }
 }

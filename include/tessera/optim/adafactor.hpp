@@ -262,6 +262,8 @@ class adafactor_optimizer : public flat_optimizer<Param, Master, Ctx> {
   const Master* exp_avg() const { return cfg_.beta1 > 0 ? this->moment(0) : nullptr; }
   /// The tensor table, as the kernels read it (host copy).
   const std::vector<kernels::adafactor_tensor>& tensors() const { return table_; }
+  /// The table's sizes, as the kernels take them.
+  const kernels::adafactor_sizes& sizes() const { return sizes_; }
   /// The second-moment statistics (adafactor_tensor::stat; the context's memory).
   const Master* statistics() const { return stats_.data(); }
   /// Whether table entry k is a ZeRO piece of its tensor (not all its elements).

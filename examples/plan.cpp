@@ -628,9 +628,6 @@ int main(int argc, char** argv) {
     // A pipeline: without --zero its plan shards over dp as ZeRO-1 does
     // (--zero 3 counts the weight shards and the gathered segments too).
     if (o.pp > 1 && app.count("--zero") == 0) o.zero = 1;
-    // Adafactor's statistics are of whole tensors: without --zero it plans
-    // ZeRO stage 0 (a stage that splits tensors over dp > 1 is refused).
-    if (o.optimizer == "adafactor" && app.count("--zero") == 0) o.zero = 0;
     if (o.pp != 1) return print_pipeline(o);
     TESSERA_THROW_IF(
         o.schedule_given, config_error,

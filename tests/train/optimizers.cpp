@@ -608,28 +608,61 @@ TEST_CASE("adafactor: the planner counts the state the optimizer allocates, per 
     const auto adamw = plan::plan_state(mc, d, plan::optimizer_spec::adamw(), {});
     CHECK(st.optimizer < adamw.optimizer / (beta1 > 0 ? 1 : 2));
   }
-  // Under tp 2, each rank's shards.
-  REQUIRE_NOTHROW(local_world::run(
-      2,
-      [&](local_communicator& world) {
-        omp_set_num_threads(1);
-        using layers = nn::tensor_parallel_layers<local_communicator>;
-        const comm::device_mesh dm(1, 2, 1);
-        auto g = comm::make_groups(world, dm);
-        train::train_config c = small_config(1);
-        c.tp = 2;
-        train::trainer<P, host, optim::adafactor, parallel::zero<0>, local_communicator, layers> t(
-            mc, c, f, parallel::layout{g.dp, layers{&g.tp}, g.pp});
-        plan::sharding sh;
-        sh.tp = 2;
-        sh.tp_rank = world.rank();
-        const auto st = plan::plan_state(mc, d, plan::optimizer_spec::adafactor(), sh);
-        zero_suite::check(
-            st.master + st.optimizer + st.segment_table == t.optimizer().state_bytes(), "tp rank ",
-            world.rank(), ": planned ", st.master + st.optimizer + st.segment_table, ", allocated ",
-            t.optimizer().state_bytes());
-      },
-      test_options()));
+  // Each rank of tp 2 (the whole matrices' statistics, the tp exchange),
+  // dp 2 under zero<1> with 2 kB buckets (its pieces, the dp exchange of
+  // the split tensors) and both at once, with and without the first moment.
+  struct mesh_case {
+    int dp, tp, zero;
+    bool beta1;
+  };
+  for (const mesh_case mcase : {mesh_case{1, 2, 0, false}, mesh_case{2, 1, 1, false},
+                                mesh_case{2, 1, 3, true}, mesh_case{2, 2, 1, true}}) {
+    INFO("dp " << mcase.dp << " tp " << mcase.tp << " zero " << mcase.zero);
+    std::vector<std::string> bad(static_cast<std::size_t>(mcase.dp * mcase.tp));
+    std::vector<int> pieces(bad.size(), 0);
+    auto body = [&](auto sharding, local_communicator& world) {
+      using S = decltype(sharding);
+      omp_set_num_threads(1);
+      using layers = nn::tensor_parallel_layers<local_communicator>;
+      auto g = comm::make_groups(world, comm::device_mesh(mcase.dp, mcase.tp, 1));
+      train::train_config c = small_config(1);
+      c.dp = mcase.dp;
+      c.tp = mcase.tp;
+      c.micro_batch = mcase.dp == 1 ? 2 : 1;
+      c.adafactor.beta1 = mcase.beta1 ? 0.9 : 0.0;
+      parallel::data_parallel_options dpo;
+      dpo.bucket_bytes = 2000;
+      train::trainer<P, host, optim::adafactor, S, local_communicator, layers> t(
+          mc, c, f, parallel::layout{g.dp, layers{&g.tp}, g.pp}, dpo);
+      plan::sharding sh;
+      sh.zero = mcase.zero;
+      sh.dp = mcase.dp;
+      sh.rank = g.dp.rank();
+      sh.tp = mcase.tp;
+      sh.tp_rank = g.tp.rank();
+      sh.bucket_bytes = 2000;
+      const auto st = plan::plan_state(mc, d, plan::optimizer_spec::adafactor(mcase.beta1), sh);
+      const auto r = static_cast<std::size_t>(world.rank());
+      for (std::size_t k = 0; k < t.optimizer().tensors().size(); ++k)
+        pieces[r] += t.optimizer().piece(k) ? 1 : 0;
+      if (st.master + st.optimizer + st.segment_table != t.optimizer().state_bytes())
+        bad[r] = tessera::detail::str("rank ", r, ": planned ",
+                                      st.master + st.optimizer + st.segment_table, ", allocated ",
+                                      t.optimizer().state_bytes());
+    };
+    REQUIRE_NOTHROW(local_world::run(
+        mcase.dp * mcase.tp,
+        [&](local_communicator& w) {
+          if (mcase.zero == 0) body(parallel::zero<0>{}, w);
+          if (mcase.zero == 1) body(parallel::zero<1>{}, w);
+          if (mcase.zero == 3) body(parallel::zero<3>{}, w);
+        },
+        test_options()));
+    for (std::size_t r = 0; r < bad.size(); ++r) {
+      CHECK(bad[r].empty());
+      if (mcase.dp > 1) CHECK(pieces[r] > 0);  // the exchange over dp is counted, not empty
+    }
+  }
 }
 
 }  // namespace test_train_optimizers

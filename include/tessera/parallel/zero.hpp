@@ -532,16 +532,9 @@ class data_parallel final : public nn::segment_hooks {
           const bucket& b = plan_.buckets()[k];
           const auto [lo, hi] = plan_.owned(k);
           optim::state_bucket u{b.begin, lo, hi, b.shard_offset, b.chunk, false};
-          for (const nn::param_range& r : flat) {
-            if (r.end <= b.begin || r.begin >= b.end) continue;
+          for (const nn::param_range& r : flat)
             u.matrices = u.matrices || (r.begin >= b.begin && r.end <= b.end && r.hidden);
-            int holders = 0;
-            for (int q = 0; q < plan_.dp(); ++q) {
-              const auto [clo, chi] = plan_.owned(k, q);
-              holders += std::max(r.begin, clo) < std::min(r.end, chi) ? 1 : 0;
-            }
-            if (holders > 1) u.split.push_back(r);
-          }
+          u.split = plan_.split_ranges(k, flat);
           buckets.push_back(std::move(u));
         }
         optim::group_gather<G> g;

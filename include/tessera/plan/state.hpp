@@ -212,24 +212,13 @@ inline adafactor_bytes adafactor_state_bytes(const std::vector<nn::param_range>&
           tensors * sizeof(kernels::adafactor_tensor)};
 }
 
-/// The tensors of `flat` (the model's ranges, flat offsets) whose elements
-/// lie in more than one dp rank's chunk of `bp`'s buckets, in bucket and
-/// flat order: what parallel::data_parallel lists in optim::state_bucket::split.
-inline std::vector<nn::param_range> split_between_ranks(const parallel::bucket_plan& bp,
-                                                        const std::vector<nn::param_range>& flat) {
+/// The tensors of `flat` every bucket of `bp` splits between the dp ranks,
+/// in bucket order (what parallel::data_parallel lists in optim::state_bucket::split).
+inline std::vector<nn::param_range> split_ranges(const parallel::bucket_plan& bp,
+                                                 const std::vector<nn::param_range>& flat) {
   std::vector<nn::param_range> out;
-  for (std::size_t k = 0; k < bp.size(); ++k) {
-    const auto& b = bp.buckets()[k];
-    for (const nn::param_range& r : flat) {
-      if (r.end <= b.begin || r.begin >= b.end) continue;
-      int holders = 0;
-      for (int q = 0; q < bp.dp(); ++q) {
-        const auto [lo, hi] = bp.owned(k, q);
-        holders += std::max(r.begin, lo) < std::min(r.end, hi) ? 1 : 0;
-      }
-      if (holders > 1) out.push_back(r);
-    }
-  }
+  for (std::size_t k = 0; k < bp.size(); ++k)
+    for (const nn::param_range& r : bp.split_ranges(k, flat)) out.push_back(r);
   return out;
 }
 
@@ -508,10 +497,9 @@ inline state_plan plan_state(const nn::llama_config& c, const dtype_sizes& d,
     // Under ZeRO over dp > 1: this rank's pieces, and the exchange of the
     // tensors the chunks split (optim::adafactor_optimizer::gather_pieces_over).
     const bool pieces = sh.zero >= 1 && sh.dp > 1;
-    const adafactor_bytes a = pieces
-                                  ? adafactor_state_bytes(bp.shard_ranges(ranges), d.master, sh.tp,
-                                                          split_between_ranks(bp, ranges), sh.dp)
-                                  : adafactor_state_bytes(ranges, d.master, sh.tp);
+    const adafactor_bytes a = pieces ? adafactor_state_bytes(bp.shard_ranges(ranges), d.master,
+                                                             sh.tp, split_ranges(bp, ranges), sh.dp)
+                                     : adafactor_state_bytes(ranges, d.master, sh.tp);
     s.optimizer += a.statistics;
     s.segment_table += a.table;
   }

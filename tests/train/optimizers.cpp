@@ -17,6 +17,7 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <mutex>
 #include <sstream>
 #include <string>
@@ -569,6 +570,73 @@ TEST_CASE("adafactor: a checkpoint resumes at another tp, dp and ZeRO stage",
   }
   UNSCOPED_INFO("adafactor resumed across layouts: worst relative loss difference " << worst);
   CHECK(worst <= 1e-10);
+}
+
+// A checkpoint of an older tessera stored a matrix's statistics per tp
+// shard, shape (S, rows) and (S, cols): written at tp 1 (S = 1) it loads
+// as the whole matrix's and continues one rank's run bit for bit; S = 2 is
+// refused naming the tensor and the way on. (The older layout is made by
+// rewriting a new checkpoint's metadata: the same bytes, boxes of (1, n).)
+TEST_CASE("adafactor: an older per-shard checkpoint loads at tp 1, and is refused at S > 1",
+          "[train][optim][adafactor]") {
+  using P = precision::fp64;
+  trainer_suite::temp_file corpus{trainer_suite::make_corpus("adafactor_old", 0)};
+  data::token_file f(corpus.path);
+  train::train_config c = small_config(4);
+  c.lr = 1e-2;
+  const fs::path dir =
+      fs::temp_directory_path() / ("tessera_adafactor_old_" + std::to_string(::getpid()));
+  struct cleanup {
+    fs::path a;
+    ~cleanup() {
+      std::error_code ec;
+      fs::remove_all(a, ec);
+    }
+  } clean{dir};
+  std::vector<double> full;
+  {
+    train::trainer<P, host, optim::adafactor> t(trainer_suite::model(), c, f);
+    for (int s = 0; s < 4; ++s) {
+      full.push_back(t.train_step().loss);
+      if (s == 1) t.save_checkpoint(dir);
+    }
+  }
+  // The statistics' tensors and pieces as the older layout stored them, S shards.
+  auto rewrite = [&](std::int64_t S) {
+    const fs::path meta = dir / "metadata.json";
+    std::ifstream in(meta);
+    nlohmann::json j = nlohmann::json::parse(in);
+    in.close();
+    auto stat = [](const std::string& name) {
+      return name.ends_with(".exp_avg_sq_row") || name.ends_with(".exp_avg_sq_col");
+    };
+    int rewritten = 0;
+    for (auto& [name, t] : j.at("tensors").items())
+      if (stat(name)) {
+        const auto n = t.at("shape").back().get<std::int64_t>();
+        t["shape"] = std::vector<std::int64_t>{S, n};
+        ++rewritten;
+      }
+    for (auto& p : j.at("pieces"))
+      if (stat(p.at("tensor").get<std::string>())) {
+        const auto n = p.at("shape").back().get<std::int64_t>();
+        p["start"] = std::vector<std::int64_t>{0, 0};
+        p["shape"] = std::vector<std::int64_t>{1, n};
+      }
+    CHECK(rewritten > 0);
+    std::ofstream(meta) << j.dump();
+  };
+  rewrite(1);
+  {
+    train::trainer<P, host, optim::adafactor> r(trainer_suite::model(), c, f);
+    r.load_checkpoint(dir);
+    for (int s = 2; s < 4; ++s) CHECK(r.train_step().loss == full[static_cast<std::size_t>(s)]);
+  }
+  rewrite(2);
+  train::trainer<P, host, optim::adafactor> r(trainer_suite::model(), c, f);
+  CHECK_THROWS_WITH(r.load_checkpoint(dir),
+                    Catch::Contains("per tensor-parallel shard (2 shards") &&
+                        Catch::Contains("resume it with the tessera that wrote it"));
 }
 
 TEST_CASE("adafactor: a small run trains", "[train][optim][adafactor]") {

@@ -424,8 +424,10 @@ int run(const options& o) {
   dr.reduce = static_cast<std::size_t>(reduce_bytes);
   const auto mem =
       plan::plan_memory(cfg, dr, plan::optimizer_spec::from_name(o.optimizer), sh, ao, mode);
-  const auto comm = plan::plan_comm(
-      cfg, sh, {static_cast<std::size_t>(reduce_bytes), d.param, o.micro_batches, 0}, mode);
+  const auto comm = plan::plan_comm(cfg, sh,
+                                    {static_cast<std::size_t>(reduce_bytes), d.param,
+                                     o.micro_batches, 0, o.optimizer == "adafactor"},
+                                    mode);
   const auto flops = plan::plan_flops(cfg, o.micro_batch, o.seq, o.micro_batches, o.dp, o.tp);
   // Tensor parallelism runs on the host communicators, which move float
   // and double: 16-bit tensors travel as float.

@@ -718,10 +718,28 @@ TEST_CASE("adafactor: the planner counts the state the optimizer allocates, per 
       const auto r = static_cast<std::size_t>(world.rank());
       for (std::size_t k = 0; k < t.optimizer().tensors().size(); ++k)
         pieces[r] += t.optimizer().piece(k) ? 1 : 0;
+      // The dp exchange in the communication plan: as many doubles as the optimizer sends.
+      if (mcase.zero >= 1 && mcase.dp > 1) {
+        plan::comm_options co;
+        co.reduce_bytes = d.reduce;  // the buckets' capacity counts reduction elements
+        co.param_bytes = d.param;
+        co.rank = g.dp.rank();
+        co.factored_sums = true;
+        const auto cp = plan::plan_comm(mc, sh, co);
+        std::int64_t planned[2] = {0, 0};
+        for (const auto& x : cp.collectives)
+          if (x.what.starts_with("optimizer sums"))
+            planned[x.what.ends_with("(u^2)") ? 1 : 0] = x.elems;
+        for (int round = 0; round < 2; ++round)
+          if (planned[round] != t.optimizer().exchange_lengths(round).first)
+            bad[static_cast<std::size_t>(world.rank())] +=
+                tessera::detail::str(" exchange round ", round, ": planned ", planned[round],
+                                     ", sent ", t.optimizer().exchange_lengths(round).first);
+      }
       if (st.master + st.optimizer + st.segment_table != t.optimizer().state_bytes())
-        bad[r] = tessera::detail::str("rank ", r, ": planned ",
-                                      st.master + st.optimizer + st.segment_table, ", allocated ",
-                                      t.optimizer().state_bytes());
+        bad[r] += tessera::detail::str("rank ", r, ": planned ",
+                                       st.master + st.optimizer + st.segment_table, ", allocated ",
+                                       t.optimizer().state_bytes());
     };
     REQUIRE_NOTHROW(local_world::run(
         mcase.dp * mcase.tp,

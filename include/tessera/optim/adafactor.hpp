@@ -43,6 +43,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "tessera/core/error.hpp"
@@ -276,6 +277,17 @@ class adafactor_optimizer : public flat_optimizer<Param, Master, Ctx> {
   std::size_t state_bytes() const {
     return base::state_bytes() + stats_.bytes() + tensors_.bytes() + scalars_.bytes() +
            partial_.bytes() + sums_.bytes() + exchange_.bytes();
+  }
+  /// Doubles this rank sends in round `round` (0: the sums of rows,
+  /// columns and p^2; 1: of u^2) of the exchange over dp (ZeRO pieces,
+  /// every rank alike) and over tp (its split tensors): plan::plan_comm's.
+  std::pair<std::int64_t, std::int64_t> exchange_lengths(int round) const {
+    std::int64_t dp = 0, tp = 0;
+    if (zero_ && dp_.size > 1)
+      for (const dp_place& p : dp_places_) dp += round == 0 ? p.slots - 1 : 1;
+    for (int k : tp_list_)
+      tp += round == 0 ? kernels::adafactor_sum_slots(table_[std::size_t(k)]) - 1 : 1;
+    return {dp, tp};
   }
   /// Bytes of the exchange scratch (0 when no tensor is split between ranks).
   std::size_t exchange_bytes() const { return exchange_.bytes(); }

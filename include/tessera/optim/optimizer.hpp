@@ -133,11 +133,13 @@ inline std::vector<owned_range> owned(const std::vector<param_range>& ranges) {
   return out;
 }
 
-/// How an optimizer with state of whole matrices (optim::muon, optim::adafactor) reaches the
-/// other ranks of a group (its tensor-parallel group; its data-parallel
-/// group under ZeRO): `size` ranks, and all_gather(in, out, n), which writes
-/// every rank's n Masters at `in` into out[r n, (r + 1) n) in rank order
-/// (the context's memory; collective over the group).
+/// How an optimizer with state of whole matrices (optim::muon,
+/// optim::adafactor) reaches the other ranks of a group (its
+/// tensor-parallel group; its data-parallel group under ZeRO): `size`
+/// ranks, and all_gather(in, out, n), which writes every rank's n values of
+/// type T (`Master`: Muon's momentum; double: Adafactor's sums,
+/// gather_value) at `in` into out[r n, (r + 1) n) in rank order (the
+/// context's memory; collective over the group).
 /// parallel::data_parallel fills it from the model's tp group and its own
 /// dp communicator.
 template <class Master>

@@ -424,8 +424,10 @@ int run(const options& o) {
   dr.reduce = static_cast<std::size_t>(reduce_bytes);
   const auto mem =
       plan::plan_memory(cfg, dr, plan::optimizer_spec::from_name(o.optimizer), sh, ao, mode);
-  const auto comm = plan::plan_comm(
-      cfg, sh, {static_cast<std::size_t>(reduce_bytes), d.param, o.micro_batches, 0}, mode);
+  const auto comm = plan::plan_comm(cfg, sh,
+                                    {static_cast<std::size_t>(reduce_bytes), d.param,
+                                     o.micro_batches, 0, o.optimizer == "adafactor"},
+                                    mode);
   const auto flops = plan::plan_flops(cfg, o.micro_batch, o.seq, o.micro_batches, o.dp, o.tp);
   // Tensor parallelism runs on the host communicators, which move float
   // and double: 16-bit tensors travel as float.
@@ -628,9 +630,6 @@ int main(int argc, char** argv) {
     // A pipeline: without --zero its plan shards over dp as ZeRO-1 does
     // (--zero 3 counts the weight shards and the gathered segments too).
     if (o.pp > 1 && app.count("--zero") == 0) o.zero = 1;
-    // Adafactor's statistics are of whole tensors: without --zero it plans
-    // ZeRO stage 0 (a stage that splits tensors over dp > 1 is refused).
-    if (o.optimizer == "adafactor" && app.count("--zero") == 0) o.zero = 0;
     if (o.pp != 1) return print_pipeline(o);
     TESSERA_THROW_IF(
         o.schedule_given, config_error,

@@ -693,7 +693,7 @@ TEST_CASE("emulated cuda optimizer launches: no work, bad arguments, a segment p
 
 // ---- Adafactor (kernels/cuda/adafactor.cuh) -----------------------------------------------------
 //
-// The six kernels against the host kernels::adafactor_step, through the
+// The ten kernels against the host kernels::adafactor_step, through the
 // host optimizer (optim::adafactor_optimizer builds the tensor table and
 // the step parameters) over several steps: to float rounding, not bit for
 // bit. The per-element arithmetic is the same functions on both sides, but
@@ -705,7 +705,9 @@ TEST_CASE("emulated cuda optimizer launches: no work, bad arguments, a segment p
 // float squares are exact or round to the same float.) Parameters of 16 bits round from master
 // weights that may differ so: one unit of their last place (tol_of). Exact: a skipped step writes
 // nothing on either side, elements in no tensor keep their bits, every element of a tensor is
-// written.
+// written. A table of a ZeRO piece, row- and column-split tp shards (with
+// vocabulary padding rows) and a vector's piece runs the same kernels
+// against the host's, its sums areas compared too.
 
 namespace {
 
@@ -788,12 +790,12 @@ struct adafactor_buffers_of {
   static constexpr bool has_master = !std::is_same_v<Param, float>;
   std::vector<Param> params;
   std::vector<float> master, stats, exp_avg, scalars;
-  std::vector<double> partial;
+  std::vector<double> partial, sums;
   std::vector<Grad> grads;
   float* master_ptr() { return has_master ? master.data() : nullptr; }
   hk::adafactor_buffers<float> buffers() {
     return {stats.data(), exp_avg.empty() ? nullptr : exp_avg.data(), scalars.data(),
-            partial.data()};
+            partial.data(), sums.data()};
   }
 };
 
@@ -818,12 +820,8 @@ void adafactor_case(const adafactor_problem& p, const optim::adafactor_config& c
   host_adafactor<Param, Grad> host(cfg, p.n, p.ranges, ctx);
   host.init_master(params.data());
   const auto& table = host.tensors();
-  const std::int64_t nstats =
-      table.back().stat + (table.back().factored != 0 ? table.back().rows + table.back().cols
-                                                      : table.back().end - table.back().begin);
-  const hk::adafactor_sizes sizes{
-      static_cast<int>(table.size()), table.back().row + table.back().rows,
-      table.back().col + (table.back().factored ? table.back().cols : 0), p.n};
+  const hk::adafactor_sizes sizes = host.sizes();
+  const std::int64_t nstats = sizes.stats;
   adafactor_buffers_of<Param, Grad> emu;
   emu.params = params;
   if (has_master) {
@@ -840,6 +838,7 @@ void adafactor_case(const adafactor_problem& p, const optim::adafactor_config& c
   if (cfg.beta1 > 0) emu.exp_avg.assign(static_cast<std::size_t>(p.n), 0.f);
   emu.scalars.assign(3 * table.size(), 0.f);
   emu.partial.assign(static_cast<std::size_t>(sizes.rows), 0.0);
+  emu.sums.assign(static_cast<std::size_t>(sizes.sums), 0.0);
   const std::vector<hk::adafactor_tensor> d_table = table;
 
   cuda_emulator em(seed);
@@ -855,14 +854,16 @@ void adafactor_case(const adafactor_problem& p, const optim::adafactor_config& c
     em.output(emu.exp_avg);
     em.output(emu.scalars);
     em.output(emu.partial);
+    em.output(emu.sums);
     std::vector<std::string> launched;
     kc::adafactor_step_launch(emulator_launcher{&em, std::int64_t(1) << 24, &launched},
                               emu.params.data(), emu.master_ptr(),
                               static_cast<const Grad*>(emu.grads.data()), d_table.data(), sizes,
                               emu.buffers(), adafactor_params(cfg, lr, scale, t), d_clip);
-    const std::vector<std::string> want = {"adafactor_rows",        "adafactor_cols",
-                                           "adafactor_tensor_lr",   "adafactor_rows_u2",
-                                           "adafactor_tensor_clip", "adafactor_apply"};
+    const std::vector<std::string> want = {
+        "adafactor_zero",        "adafactor_rows",      "adafactor_cols",    "adafactor_tensor_p2",
+        "adafactor_stats",       "adafactor_tensor_lr", "adafactor_rows_u2", "adafactor_tensor_u2",
+        "adafactor_tensor_clip", "adafactor_apply"};
     CHECK(launched == want);
   };
   auto compare = [&](int t) {
@@ -913,6 +914,92 @@ void adafactor_case(const adafactor_problem& p, const optim::adafactor_config& c
   CHECK(host.steps_taken() == 4);
 }
 
+/// Parts of tensors as the layouts cut them: a ZeRO piece of a 6 x 5
+/// matrix (elements 7 to 23: part rows at both ends), tp shard 1 of a
+/// row-split 10 x 5 matrix held as 6 x 5 (its last two rows vocabulary
+/// padding), shard 1 of a column-split 4 x 6 matrix (4 x 3), a piece of a
+/// shard of a 300 x 2 matrix, and a vector's piece.
+adafactor_problem adafactor_parts() {
+  std::vector<optim::owned_range> r;
+  std::int64_t at = 0;
+  auto add = [&](std::int64_t rows, std::int64_t cols, int dims, std::int64_t first,
+                 std::int64_t len, int split, int shard, std::int64_t full_rows,
+                 std::int64_t full_cols) {
+    optim::owned_range o{at, at + len, true, 3, 2, dims, rows, cols};
+    o.first = first;
+    o.split = split;
+    o.shard = shard;
+    o.full_rows = full_rows;
+    o.full_cols = full_cols;
+    r.push_back(o);
+    at += len + 1;
+  };
+  add(6, 5, 2, 7, 16, -1, 0, 6, 5);
+  add(6, 5, 2, 0, 30, 0, 1, 10, 5);
+  add(4, 3, 2, 0, 12, 1, 1, 4, 6);
+  add(300, 2, 2, 101, 350, 0, 1, 600, 2);
+  add(1, 5000, 1, 1200, 3000, -1, 0, 1, 5000);
+  return adafactor_table("parts", r, at + 3);
+}
+
+/// The parts table: the host kernel and the emulated kernels, phase `all`
+/// from the same state (every rank's local computation), over three steps:
+/// the sums areas, statistics, first moment and parameters to float rounding.
+void adafactor_parts_case(const optim::adafactor_config& cfg, std::uint64_t seed) {
+  const adafactor_problem p = adafactor_parts();
+  INFO("parts: beta1 " << cfg.beta1 << (cfg.scale_parameter ? " scale_parameter" : ""));
+  std::mt19937_64 rng(seed);
+  host_adafactor<float, float> opt(cfg, p.n, p.ranges, ctx);  // its table and sizes
+  const auto& table = opt.tensors();
+  const hk::adafactor_sizes sizes = opt.sizes();
+  adafactor_buffers_of<float, float> host, emu;
+  host.params = random_vector<float>(static_cast<std::size_t>(p.params_size), rng, -1, 1);
+  host.stats.assign(static_cast<std::size_t>(sizes.stats), 0.f);
+  if (cfg.beta1 > 0) host.exp_avg.assign(static_cast<std::size_t>(p.n), 0.f);
+  host.scalars.assign(3 * table.size(), 0.f);
+  host.partial.assign(static_cast<std::size_t>(sizes.rows), 0.0);
+  host.sums.assign(static_cast<std::size_t>(sizes.sums), 0.0);
+  emu = host;
+  const std::vector<float> params0 = host.params;
+  cuda_emulator em(seed);
+  const std::vector<hk::adafactor_tensor> d_table = table;
+  for (int t = 1; t <= 3; ++t) {
+    INFO("step " << t);
+    host.grads = random_vector<float>(static_cast<std::size_t>(p.grads_size), rng, -1, 1);
+    emu.grads = host.grads;
+    const auto step = adafactor_params(cfg, 1e-2, 0.7, t);
+    hk::adafactor_step(ctx, host.params.data(), static_cast<float*>(nullptr), host.grads.data(),
+                       table.data(), sizes, host.buffers(), step,
+                       static_cast<const float*>(nullptr));
+    em.clear_regions();
+    em.input(emu.grads);
+    em.input(d_table);
+    em.output(emu.params);
+    em.output(emu.stats);
+    em.output(emu.exp_avg);
+    em.output(emu.scalars);
+    em.output(emu.partial);
+    em.output(emu.sums);
+    std::vector<std::string> launched;
+    kc::adafactor_step_launch(emulator_launcher{&em, std::int64_t(1) << 24, &launched},
+                              emu.params.data(), static_cast<float*>(nullptr),
+                              static_cast<const float*>(emu.grads.data()), d_table.data(), sizes,
+                              emu.buffers(), step, static_cast<const float*>(nullptr));
+    CHECK(launched.size() == 10);
+    CHECK(max_rel_error(emu.sums, host.sums) < 1e-12);
+    CHECK(max_rel_error(emu.stats, host.stats) < 1e-6);
+    CHECK(max_rel_error(emu.exp_avg, host.exp_avg) < 1e-6);
+    CHECK(max_rel_error(emu.params, host.params) < 1e-6);
+  }
+  // The padding rows of the row-split shard are never written, on either side.
+  const auto& shard = p.ranges[1];
+  for (std::int64_t i = shard.begin + 20; i < shard.end; ++i) {
+    const auto at = static_cast<std::size_t>(i + shard.param_shift);
+    CHECK(emu.params[at] == params0[at]);
+    CHECK(host.params[at] == params0[at]);
+  }
+}
+
 std::vector<optim::adafactor_config> adafactor_configs() {
   optim::adafactor_config plain, momentum, scaled;
   momentum.beta1 = 0.9;
@@ -940,6 +1027,7 @@ TEST_CASE("emulated cuda adafactor follows the host adafactor_step to float roun
     adafactor_case<bf16, float>(tiny, cfg, seed++);
   }
   adafactor_case<float, float>(tiny, adafactor_configs()[1], seed++);
+  for (const optim::adafactor_config& cfg : adafactor_configs()) adafactor_parts_case(cfg, seed++);
 }
 
 TEST_CASE("emulated cuda adafactor: no tensors, bad arguments", "[kernels][emulated][optimizer]") {
@@ -947,9 +1035,10 @@ TEST_CASE("emulated cuda adafactor: no tensors, bad arguments", "[kernels][emula
   std::vector<std::string> launched;
   const emulator_launcher l{&em, std::int64_t(1) << 24, &launched};
   std::vector<float> params(8), master(8), stats(8), scalars(3);
-  std::vector<double> partial(2);
+  std::vector<double> partial(2), sums(2);
   const std::vector<float> grads(8);
-  const hk::adafactor_buffers<float> b{stats.data(), nullptr, scalars.data(), partial.data()};
+  const hk::adafactor_buffers<float> b{stats.data(), nullptr, scalars.data(), partial.data(),
+                                       sums.data()};
   const auto step = adafactor_params(optim::adafactor_config{}, 1e-3, 1.0, 1);
   kc::adafactor_step_launch(l, params.data(), static_cast<float*>(nullptr), grads.data(),
                             static_cast<const hk::adafactor_tensor*>(nullptr),

@@ -298,11 +298,15 @@ void ten_steps(const ref_config& k, double tol, std::uint64_t seed) {
 
 TEST_CASE("optim::adafactor is an optimizer policy with whole-tensor state", "[optim][adafactor]") {
   STATIC_REQUIRE(optim::optimizer_policy<optim::adafactor>);
-  STATIC_REQUIRE(optim::adafactor::whole_tensors);
+  // Its group gathers move its float64 sums (parallel::data_parallel).
+  STATIC_REQUIRE(
+      std::is_same_v<
+          optim::gather_value<optim::adafactor_optimizer<float, float, float, ctx_t>, float>::type,
+          double>);
   STATIC_REQUIRE(std::is_same_v<optim::adafactor::state<bf16, float, float, ctx_t>,
                                 optim::adafactor_optimizer<bf16, float, float, ctx_t>>);
   STATIC_REQUIRE(std::is_same_v<optim::adafactor::config, optim::adafactor_config>);
-  STATIC_REQUIRE(sizeof(kernels::adafactor_tensor) == 80);
+  STATIC_REQUIRE(sizeof(kernels::adafactor_tensor) == 144);
   CHECK(std::string(optim::adafactor::name) == "adafactor");
   const optim::adafactor_config d{};  // transformers' recommended defaults
   CHECK(d.beta1 == 0.0);
@@ -442,7 +446,9 @@ TEST_CASE("Adafactor keeps O(rows + cols) state a matrix and counts every byte",
   const std::int64_t stats = 11 + 7 + 12 + 5000 + 5;
   // Rows of the kernels' row numbering: 6, 1, 3, 2 (5000 in rows of 4096), 1.
   const std::int64_t rows = 6 + 1 + 3 + 2 + 1;
-  const std::size_t segments = 5 * 40, table = 5 * 80, scratch = 3 * 5 * 4 + rows * 8;
+  // Sums areas: a matrix's rows + cols + 2 doubles, a vector's 2.
+  const std::int64_t sums = (6 + 5 + 2) + 2 + (3 + 9 + 2) + 2 + (1 + 4 + 2);
+  const std::size_t segments = 5 * 40, table = 5 * 144, scratch = 3 * 5 * 4 + rows * 8 + sums * 8;
   {
     adafactor_opt<float> opt({}, L.n, L.ranges, ctx);
     CHECK(opt.state_bytes() == stats * 4 + segments + table + scratch);
@@ -467,8 +473,12 @@ TEST_CASE("Adafactor keeps O(rows + cols) state a matrix and counts every byte",
     CHECK((std::string(s[1].role) == "exp_avg_sq_col" && s[1].count == 5 && s[1].along == 1));
     const auto v = opt.statistics_of(33);
     REQUIRE(v.size() == 1);
-    CHECK((std::string(v[0].role) == "exp_avg_sq" && v[0].count == 7 && v[0].along == -1));
-    CHECK_THROWS_WITH(opt.statistics_of(31), Catch::Contains("no tensor begins at element 31"));
+    CHECK((std::string(v[0].role) == "exp_avg_sq" && v[0].count == 7 && v[0].along == -2));
+    // From any element of a vector to its end; a matrix's whole from any of its elements.
+    const auto v2 = opt.statistics_of(35);
+    CHECK((v2[0].count == 5 && v2[0].data == v[0].data + 2));
+    CHECK(opt.statistics_of(7)[0].data == s[0].data);
+    CHECK_THROWS_WITH(opt.statistics_of(31), Catch::Contains("no tensor holds element 31"));
   }
 }
 
@@ -577,14 +587,30 @@ TEST_CASE("Adafactor refuses bad hyper-parameters and pieces of tensors, naming 
     CHECK_THROWS_WITH(c.cfg.validate(), Catch::Contains(c.names));
     CHECK_THROWS_WITH((adafactor_opt<float>(c.cfg, L.n, L.ranges, ctx)), Catch::Contains(c.names));
   }
-  // A range without its shape, and a piece of a tensor (as a ZeRO shard cuts one).
+  // A range without its shape, and one beyond its tensor.
   std::vector<optim::param_range> shapeless{{0, 30, true}};
   CHECK_THROWS_WITH((adafactor_opt<float>({}, 30, shapeless, ctx)),
-                    Catch::Contains("[0, 30)") && Catch::Contains("not a whole tensor"));
+                    Catch::Contains("[0, 30)") && Catch::Contains("not a tensor of a known shape"));
+  std::vector<optim::param_range> beyond = {L.ranges[0]};
+  beyond[0].first = 20;
+  CHECK_THROWS_WITH((adafactor_opt<float>({}, 30, beyond, ctx)),
+                    Catch::Contains("6 x 5") && Catch::Contains("from its element 20"));
+  // A piece of a tensor (as a ZeRO chunk cuts one) is built, and its step
+  // refused until the optimizer has its dp group; a tp shard likewise.
   std::vector<optim::param_range> piece = {L.ranges[0]};
   piece[0].end = 20;
-  CHECK_THROWS_WITH((adafactor_opt<float>({}, 30, piece, ctx)),
-                    Catch::Contains("6 x 5") && Catch::Contains("use stage 0"));
+  adafactor_opt<float> p(optim::adafactor_config{}, 30, piece, ctx);
+  std::vector<float> x(30, 1.0f), g(30, 0.5f);
+  CHECK_THROWS_WITH(p.step(x.data(), g.data(), 1e-2),
+                    Catch::Contains("piece of a tensor") && Catch::Contains("gather_pieces_over"));
+  std::vector<optim::param_range> shard = {L.ranges[0]};
+  shard[0].split = 0;
+  shard[0].full_rows = 12;
+  shard[0].full_cols = 5;
+  adafactor_opt<float> q(optim::adafactor_config{}, 30, shard, ctx);
+  CHECK_THROWS_WITH(
+      q.step(x.data(), g.data(), 1e-2),
+      Catch::Contains("split over tensor parallelism") && Catch::Contains("gather_over"));
 }
 
 }  // namespace test_optim_adafactor

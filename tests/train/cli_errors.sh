@@ -188,7 +188,6 @@ expect "lion beta2 of 1" "beta2=1 must be in \[0, 1)" "$train" "${common[@]}" --
 expect "--adafactor-beta1 with adamw" "--adafactor-beta1 sets Adafactor's update: it needs --optimizer adafactor" "$train" "${common[@]}" --adafactor-beta1 0.9
 expect "--adafactor-relative-step with lion" "--adafactor-relative-step sets Adafactor's update: it needs --optimizer adafactor" "$train" "${common[@]}" --optimizer lion --adafactor-relative-step
 expect "--lion-beta1 with adafactor" "--lion-beta1 sets Lion's betas: it needs --optimizer lion" "$train" "${common[@]}" --optimizer adafactor --lion-beta1 0.9
-expect "adafactor under a splitting ZeRO stage" "--optimizer adafactor keeps statistics of whole tensors, which --zero 1 over --dp 2 would split between ranks: use --zero 0" "$train" "${common[@]}" --optimizer adafactor --dp 2 --zero 1
 expect "adafactor decay rate of 0" "decay_rate=0 must be in \[-1, 0)" "$train" "${common[@]}" --optimizer adafactor --adafactor-decay-rate 0
 expect "adafactor warmup init without the relative step" "warmup_init shapes the relative step: it needs relative_step" "$train" "${common[@]}" --optimizer adafactor --adafactor-warmup-init
 expect "--muon-momentum with adamw" "--muon-momentum sets Muon's update: it needs --optimizer muon" "$train" "${common[@]}" --muon-momentum 0.9

@@ -35,9 +35,9 @@ struct param_range {
   /// Under tensor parallelism, the whole tensor this rank's shard is of:
   /// `full_rows` x `full_cols`, split along `split` (-1 whole, 0 rows, 1
   /// columns), this rank holding distinct shard `shard` with `replicas`
-  /// ranks holding the same one (param_entry's). The whole shape equals
-  /// rows x cols when split is -1.
-  int split = -1, shard = 0, replicas = 1;
+  /// ranks holding the same one, this rank being `replica` of them
+  /// (param_entry's). The whole shape equals rows x cols when split is -1.
+  int split = -1, shard = 0, replicas = 1, replica = 0;
   std::int64_t full_rows = 0, full_cols = 0;
   /// The range's first element within its tensor (its tp shard), row-major:
   /// 0 for a whole tensor, where a ZeRO chunk cuts it for a piece (clip_ranges).
@@ -103,6 +103,7 @@ struct param_entry {
     r.hidden = shp.rank == 2 && block >= 0;
     r.split = shard_dim;
     r.replicas = replicas;
+    r.replica = replica;
     r.shard = shard_dim >= 0 ? static_cast<int>(shard_begin / shp[shard_dim]) : 0;
     r.full_rows = full.rank >= 2 ? full.numel() / full[full.rank - 1] : 1;
     r.full_cols = full.rank >= 2 ? full[full.rank - 1] : full.numel();

@@ -96,9 +96,10 @@ struct owned_range {
   int dims = 0;
   std::int64_t rows = 0, cols = 0;
   /// nn::param_range's: a transformer block's weight matrix, and the whole
-  /// tensor a tensor-parallel shard is of (optim::muon reads them).
+  /// tensor a tensor-parallel shard is of (optim::muon and
+  /// optim::adafactor read them).
   bool hidden = false;
-  int split = -1, shard = 0, replicas = 1;
+  int split = -1, shard = 0, replicas = 1, replica = 0;
   std::int64_t full_rows = 0, full_cols = 0;
   /// The range's first element within its tensor (nn::param_range::first).
   std::int64_t first = 0;
@@ -119,6 +120,7 @@ inline owned_range owned(const param_range& r, std::int64_t begin, std::int64_t 
   o.split = r.split;
   o.shard = r.shard;
   o.replicas = r.replicas;
+  o.replica = r.replica;
   o.full_rows = r.full_rows;
   o.full_cols = r.full_cols;
   o.first = r.first;
@@ -131,11 +133,13 @@ inline std::vector<owned_range> owned(const std::vector<param_range>& ranges) {
   return out;
 }
 
-/// How an optimizer with state of whole matrices (optim::muon) reaches the
-/// other ranks of a group (its tensor-parallel group; its data-parallel
-/// group under ZeRO): `size` ranks, and all_gather(in, out, n), which writes
-/// every rank's n Masters at `in` into out[r n, (r + 1) n) in rank order
-/// (the context's memory; collective over the group).
+/// How an optimizer with state of whole matrices (optim::muon,
+/// optim::adafactor) reaches the other ranks of a group (its
+/// tensor-parallel group; its data-parallel group under ZeRO): `size`
+/// ranks, and all_gather(in, out, n), which writes every rank's n values of
+/// type T (`Master`: Muon's momentum; double: Adafactor's sums,
+/// gather_value) at `in` into out[r n, (r + 1) n) in rank order (the
+/// context's memory; collective over the group).
 /// parallel::data_parallel fills it from the model's tp group and its own
 /// dp communicator.
 template <class Master>
@@ -149,10 +153,29 @@ struct group_gather {
 /// at `flat_begin`; this rank owns flat elements [lo, hi), its state
 /// elements [state_begin, state_begin + hi - lo); each rank's chunk is
 /// `chunk` elements (rank r's at flat_begin + r chunk); `matrices`: the
-/// bucket holds a matrix a whole-matrix optimizer updates (the same on every rank).
+/// bucket holds a matrix a whole-matrix optimizer updates (the same on every rank);
+/// `split`: the bucket's tensors whose elements lie in more than one rank's
+/// chunk, in flat order (flat ranges with their shapes, the same on every
+/// rank; optim::adafactor sums their statistics over the ranks).
 struct state_bucket {
   std::int64_t flat_begin = 0, lo = 0, hi = 0, state_begin = 0, chunk = 0;
   bool matrices = false;
+  std::vector<nn::param_range> split{};
+};
+
+/// The element type optimizer `Opt`'s group gathers move: its
+/// `gather_value` (optim::adafactor's float64 sums), else `Master`
+/// (optim::muon's momentum).
+template <class Opt, class Master>
+struct gather_value {
+  using type = Master;
+};
+template <class Opt, class Master>
+requires requires {
+  typename Opt::gather_value;
+}
+struct gather_value<Opt, Master> {
+  using type = typename Opt::gather_value;
 };
 
 namespace detail {

@@ -160,6 +160,25 @@ class bucket_plan {
   /// owned(k, rank()).
   std::pair<std::int64_t, std::int64_t> owned(std::size_t k) const { return owned(k, rank_); }
 
+  /// The ranges of `flat` in bucket k whose elements lie in more than one
+  /// rank's chunk (the tensors a ZeRO stage splits between the ranks), in
+  /// flat order; the same on every rank.
+  std::vector<nn::param_range> split_ranges(std::size_t k,
+                                            const std::vector<nn::param_range>& flat) const {
+    const bucket& b = buckets_[k];
+    std::vector<nn::param_range> out;
+    for (const nn::param_range& r : flat) {
+      if (r.end <= b.begin || r.begin >= b.end) continue;
+      int holders = 0;
+      for (int q = 0; q < dp_; ++q) {
+        const auto [lo, hi] = owned(k, q);
+        holders += std::max(r.begin, lo) < std::min(r.end, hi) ? 1 : 0;
+      }
+      if (holders > 1) out.push_back(r);
+    }
+    return out;
+  }
+
   /// The parameter ranges (flat offsets, with their decay flag) that fall in
   /// this rank's shard, in shard-local offsets: what the optimizer of the
   /// shard updates. Padding is in no range.

@@ -479,7 +479,6 @@ class data_parallel final : public nn::segment_hooks {
   // the padded buffer at the bucket's place or this rank's chunk of it,
   // the reduced-gradient shard).
   std::vector<optim::owned_range> owned_ranges() const {
-    check_whole_tensors();
     const std::vector<nn::param_range> flat = model_->param_ranges();
     std::vector<optim::owned_range> out;
     if constexpr (!S::shards_optimizer_state) {
@@ -506,26 +505,21 @@ class data_parallel final : public nn::segment_hooks {
               [](const auto& a, const auto& b) { return a.begin < b.begin; });
     return out;
   }
-  // Why a policy with `whole_tensors` needs each tensor whole: its own
-  // words (`whole_tensors_why`), or Adafactor's.
-  static const char* whole_tensors_why() {
-    if constexpr (requires { O::whole_tensors_why; })
-      return O::whole_tensors_why;
-    else
-      return "keeps statistics of whole tensors (a matrix's factored second moment, each "
-             "tensor's update clipping; O(rows + cols) a matrix, kept whole on every rank)";
-  }
-  // An optimizer that orthogonalises whole matrices (optim::muon: it has
-  // gather_over) reaches the other ranks of a tensor-parallel model through
-  // the model's tp group, which gathers a split matrix's shards; under a
-  // ZeRO stage over dp > 1 also the dp ranks, which gather the pieces of a
-  // matrix the stage's chunks split (gather_pieces_over), bucket by bucket.
+  // An optimizer whose state is of whole matrices (optim::muon, which
+  // orthogonalises them; optim::adafactor, whose statistics sum over them:
+  // it has gather_over) reaches the other ranks of a tensor-parallel model
+  // through the model's tp group, which holds the other shards of a split
+  // matrix; under a ZeRO stage over dp > 1 also the dp ranks, which hold the
+  // other pieces of a tensor the stage's chunks split (gather_pieces_over),
+  // with the buckets (each naming its hidden matrices and its split tensors).
+  // The gathers move the optimizer's gather_value (optim::gather_value).
   void give_tp_group() {
-    if constexpr (requires(optim::group_gather<Master> g) { optimizer_.gather_over(g); }) {
+    using G = typename optim::gather_value<optimizer_type, Master>::type;
+    if constexpr (requires(optim::group_gather<G> g) { optimizer_.gather_over(g); }) {
       if (model_->tp_size() > 1) {
-        optim::group_gather<Master> g;
+        optim::group_gather<G> g;
         g.size = model_->tp_size();
-        g.all_gather = [m = model_](const Master* in, Master* out, std::int64_t n) {
+        g.all_gather = [m = model_](const G* in, G* out, std::int64_t n) {
           m->tp_all_gather(in, out, n);
         };
         optimizer_.gather_over(std::move(g));
@@ -540,38 +534,15 @@ class data_parallel final : public nn::segment_hooks {
           optim::state_bucket u{b.begin, lo, hi, b.shard_offset, b.chunk, false};
           for (const nn::param_range& r : flat)
             u.matrices = u.matrices || (r.begin >= b.begin && r.end <= b.end && r.hidden);
-          buckets.push_back(u);
+          u.split = plan_.split_ranges(k, flat);
+          buckets.push_back(std::move(u));
         }
-        optim::group_gather<Master> g;
+        optim::group_gather<G> g;
         g.size = plan_.dp();
-        g.all_gather = [c = comm_](const Master* in, Master* out, std::int64_t n) {
+        g.all_gather = [c = comm_](const G* in, G* out, std::int64_t n) {
           detail::gather_chunks(*c, in, out, n).wait();
         };
         optimizer_.gather_pieces_over(std::move(g), plan_.rank(), std::move(buckets));
-      }
-    }
-  }
-  // An optimizer whose state is per tensor (a policy with `whole_tensors`
-  // true: optim::adafactor, optim::muon) needs each tensor whole on one rank. Every
-  // rank's chunks are checked, so every rank refuses alike, naming the
-  // first tensor a chunk boundary splits.
-  void check_whole_tensors() const {
-    if constexpr (requires { O::whole_tensors; }) {
-      if constexpr (O::whole_tensors && S::shards_optimizer_state) {
-        const std::int64_t lo = model_->flat_begin(), hi = lo + model_->flat_size();
-        for (const nn::param_entry& e : model_->layout().entries()) {
-          if (e.offset < lo || e.offset >= hi) continue;
-          const std::int64_t a = e.offset - lo, b = a + e.numel;
-          for (std::size_t k = 0; k < plan_.size(); ++k)
-            for (int r = 0; r < plan_.dp(); ++r) {
-              const auto [clo, chi] = plan_.owned(k, r);
-              TESSERA_THROW_IF(
-                  clo < chi && std::max(a, clo) < std::min(b, chi) && (a < clo || b > chi),
-                  config_error, "optimizer ", O::name, " ", whole_tensors_why(), ", but ", S::name,
-                  " over dp=", plan_.dp(), " splits '", e.name,
-                  "' between ranks: use ZeRO stage 0");
-            }
-        }
       }
     }
   }

@@ -418,9 +418,6 @@ inline pipeline_plan plan_pipeline(const nn::llama_config& c, const dtype_sizes&
                    " exceeds the model's max_seq=", c.max_seq);
   TESSERA_THROW_IF(sh.zero >= 3 && sh.prefetch > 1, config_error, "prefetch=", sh.prefetch,
                    ": parallel::data_parallel prefetches one segment or none (0 or 1)");
-  TESSERA_THROW_IF(o.whole_tensors() && sh.zero >= 1 && sh.dp > 1, config_error, "optimizer ",
-                   o.name, " keeps state of whole tensors, which ZeRO stage ", sh.zero,
-                   " over dp=", sh.dp, " would split between ranks: plan it at ZeRO stage 0");
   TESSERA_THROW_IF(a.tp != sh.tp, config_error, "pipeline plan: activation tp=", a.tp,
                    " differs from the sharding's tp=", sh.tp);
   nn::check_tensor_parallel(c, a.tp);
@@ -500,9 +497,13 @@ inline pipeline_plan plan_pipeline(const nn::llama_config& c, const dtype_sizes&
       const std::uint64_t opt_elems = sh.zero >= 1 ? ceil_dp(cp.params) : u(cp.params);
       st.master += d.master_copy ? opt_elems * d.master : 0;
       st.optimizer += opt_elems * d.master * static_cast<std::uint64_t>(o.moments);
-      if (o.factored)  // Adafactor's statistics of the chunk's tensors, whole on every dp rank
+      // Adafactor's statistics of the chunk's tensors (whole on every dp
+      // rank; under ZeRO a bound: a rank keeps those it holds a piece of)
+      // and its exchange over tp (this plan has no buckets: not the dp
+      // exchange of the tensors a ZeRO chunk splits, plan_state counts it).
+      if (o.factored)
         st.optimizer +=
-            adafactor_state_bytes(detail::stage_ranges(layout, segs, cp.range, L), d.master)
+            adafactor_state_bytes(detail::stage_ranges(layout, segs, cp.range, L), d.master, sh.tp)
                 .statistics;
       if (o.orthogonalised) {  // Muon's AdamW second moment and scratch of the chunk's tensors
         const muon_bytes mb =

@@ -118,9 +118,10 @@ struct dtype_sizes {
 /// dtype_sizes::master_copy, plus the segment table of the optimizer
 /// kernels (40 bytes per tensor, or piece of a tensor, of the flat buffer
 /// the optimizer updates). `factored` (Adafactor, Shazeer & Stern 2018):
-/// per tensor, not per parameter, a matrix's rows + cols statistics and a
-/// vector's one an element, its 80-byte entry of the tensor table, 3
-/// master_type scalars and one double a row (adafactor_state_bytes).
+/// per tensor, not per parameter, a matrix's rows + cols statistics (the
+/// whole matrix's) and a vector's one an element, its 144-byte entry of the
+/// tensor table, 3 master_type scalars, one double a row, its sums area and
+/// the exchange over tp and dp (adafactor_state_bytes).
 /// Matches the state_bytes() of optim::adamw_optimizer, sgd_optimizer,
 /// lion_optimizer and adafactor_optimizer.
 struct optimizer_spec {
@@ -145,7 +146,7 @@ struct optimizer_spec {
   /// Muon: one buffer (a matrix's momentum, AdamW's first moment of the
   /// rest) and its per-tensor state.
   static optimizer_spec muon() { return {"muon", 1, false, true}; }
-  /// Whether the state is of whole tensors (a ZeRO stage over dp > 1 would split them).
+  /// Whether the state is per tensor (planning it needs the tensors' shapes).
   bool whole_tensors() const { return factored; }
   /// Looks up "adamw", "sgd", "lion", "adafactor" (without a first
   /// moment, the default) or "muon"; throws config_error listing them.
@@ -159,30 +160,66 @@ struct optimizer_spec {
   }
 };
 
-/// Adafactor's per-tensor bytes over `ranges` (whole tensors with their
-/// shapes), as optim::adafactor_optimizer allocates them: `statistics`
-/// (rows + cols a matrix, one an element of a vector, of `master` bytes)
-/// with the scratch (3 master scalars a tensor, one double a row of the
-/// kernels' row numbering), and the tensor table (80 bytes a tensor).
+/// Adafactor's per-tensor bytes over `ranges` (whole tensors or tp shards
+/// with their shapes, or a ZeRO shard's pieces of them; a tp group of `tp`
+/// ranks), as optim::adafactor_optimizer allocates them: `statistics`, the
+/// whole matrix's full_rows + full_cols a matrix and one an element of a
+/// vector (or its piece), of `master` bytes, with the scratch: 3 master
+/// scalars a range, one double a row of the kernels' row numbering (a
+/// matrix piece's touched rows, a vector's rows of adafactor_vector_row),
+/// the sums areas (full_rows + full_cols + 2 doubles a matrix, 2 a vector)
+/// and the exchange (the larger of the tp group's, over the ranges split
+/// over tp, and under ZeRO over `dp` > 1 the dp group's, over `dp_split`,
+/// the tensors the buckets' chunks split: each len (1 + group) doubles, len
+/// the areas' slots but one); `table`, the tensor table (144 bytes a range).
 struct adafactor_bytes {
   std::uint64_t statistics = 0, table = 0;
 };
 inline adafactor_bytes adafactor_state_bytes(const std::vector<nn::param_range>& ranges,
-                                             std::size_t master) {
-  std::uint64_t stats = 0, rows = 0;
+                                             std::size_t master, int tp = 1,
+                                             const std::vector<nn::param_range>& dp_split = {},
+                                             int dp = 1) {
+  std::uint64_t stats = 0, rows = 0, sums = 0;
+  std::int64_t tp_len = 0, dp_len = 0;
+  auto full = [](const nn::param_range& r) {
+    return std::pair{r.split >= 0 ? r.full_rows : r.rows, r.split >= 0 ? r.full_cols : r.cols};
+  };
   for (const nn::param_range& r : ranges) {
+    const std::int64_t n = r.size();
+    std::int64_t slots = 2;
     if (r.dims >= 2) {
-      stats += static_cast<std::uint64_t>(r.rows + r.cols);
-      rows += static_cast<std::uint64_t>(r.rows);
+      const auto [R, C] = full(r);
+      stats += static_cast<std::uint64_t>(R + C);
+      rows += static_cast<std::uint64_t>((r.first + n - 1) / r.cols - r.first / r.cols + 1);
+      slots = R + C + 2;
     } else {
-      const std::int64_t n = r.size(), w = std::min(n, kernels::adafactor_vector_row);
+      const std::int64_t w = std::min(n, kernels::adafactor_vector_row);
       stats += static_cast<std::uint64_t>(n);
       rows += static_cast<std::uint64_t>((n + w - 1) / w);
     }
+    sums += static_cast<std::uint64_t>(slots);
+    if (r.split >= 0 && tp > 1) tp_len += slots - 1;
   }
+  for (const nn::param_range& r : dp_split) {
+    const auto [R, C] = full(r);
+    dp_len += r.dims >= 2 ? R + C + 1 : 1;
+  }
+  const std::int64_t exchange =
+      std::max(dp > 1 ? dp_len * (1 + dp) : 0, tp > 1 ? tp_len * (1 + tp) : 0);
   const auto tensors = static_cast<std::uint64_t>(ranges.size());
-  return {(stats + 3 * tensors) * master + rows * sizeof(double),
+  return {(stats + 3 * tensors) * master +
+              (rows + sums + static_cast<std::uint64_t>(exchange)) * sizeof(double),
           tensors * sizeof(kernels::adafactor_tensor)};
+}
+
+/// The tensors of `flat` every bucket of `bp` splits between the dp ranks,
+/// in bucket order (what parallel::data_parallel lists in optim::state_bucket::split).
+inline std::vector<nn::param_range> split_ranges(const parallel::bucket_plan& bp,
+                                                 const std::vector<nn::param_range>& flat) {
+  std::vector<nn::param_range> out;
+  for (std::size_t k = 0; k < bp.size(); ++k)
+    for (const nn::param_range& r : bp.split_ranges(k, flat)) out.push_back(r);
+  return out;
 }
 
 /// Muon's per-tensor bytes over `ranges` (whole tensors or tp shards with
@@ -418,12 +455,10 @@ inline state_plan plan_state(const nn::llama_config& c, const dtype_sizes& d,
   s.num_params = layout.num_params();
   s.flat_elems = layout.total();
   s.rope_tables = 2 * static_cast<std::uint64_t>(c.max_seq * (c.head_dim() / 2)) * d.rope;
-  TESSERA_THROW_IF(o.whole_tensors() && sh.zero >= 1 && sh.dp > 1, config_error, "optimizer ",
-                   o.name, " keeps state of whole tensors, which ZeRO stage ", sh.zero,
-                   " over dp=", sh.dp, " would split between ranks: plan it at ZeRO stage 0");
   if (mode == accounting::ideal) {
     detail::fill_state_bytes(s, d, o, sh);
-    if (o.factored) s.optimizer += adafactor_state_bytes(layout.ranges(), d.master).statistics;
+    if (o.factored)
+      s.optimizer += adafactor_state_bytes(layout.ranges(), d.master, sh.tp).statistics;
     if (o.orthogonalised) s.optimizer += muon_state_bytes(layout.ranges(), d.master, sh.tp).state;
     for (const auto& g : segs) s.gather_unit_elems = std::max(s.gather_unit_elems, g.end - g.begin);
     if (sh.zero >= 3) {
@@ -459,7 +494,12 @@ inline state_plan plan_state(const nn::llama_config& c, const dtype_sizes& d,
   s.segment_table =
       optimizer_segment_bytes * (sh.zero >= 1 ? bp.shard_ranges(ranges).size() : ranges.size());
   if (o.factored) {
-    const adafactor_bytes a = adafactor_state_bytes(ranges, d.master);
+    // Under ZeRO over dp > 1: this rank's pieces, and the exchange of the
+    // tensors the chunks split (optim::adafactor_optimizer::gather_pieces_over).
+    const bool pieces = sh.zero >= 1 && sh.dp > 1;
+    const adafactor_bytes a = pieces ? adafactor_state_bytes(bp.shard_ranges(ranges), d.master,
+                                                             sh.tp, split_ranges(bp, ranges), sh.dp)
+                                     : adafactor_state_bytes(ranges, d.master, sh.tp);
     s.optimizer += a.statistics;
     s.segment_table += a.table;
   }

@@ -25,6 +25,9 @@
 ///             backward are one fused pass): k (N-1)/N (Psi_pad - P_head)
 ///   every     three 1-element 8-byte all_reduces (scored tokens, gradient
 ///             norm, loss) of the trainer
+///   zero 1..3 with comm_options::factored_sums (optim::adafactor): two
+///             float64 all_gathers of the sums of the tensors the chunks
+///             split, rows + cols + 1 a matrix (1 a vector), then 1 each
 ///
 /// With parameter dtype == reduction dtype and k = 1, zero 1 and 2 send what
 /// zero 0 sends and zero 3 1.5 times it less the head's second gather
@@ -83,6 +86,12 @@ struct comm_options {
   std::int64_t micro_batches = 1;  ///< k, micro-batches per rank per optimizer step
   int rank =
       0;  ///< the rank whose bytes are counted (all_reduce is uneven when N does not divide n)
+  /// The optimizer sums its per-tensor statistics over dp where a ZeRO
+  /// chunk splits a tensor (optim::adafactor, optimizer_spec::factored):
+  /// under ZeRO 1..3 over dp > 1, two float64 all-gathers a step of the
+  /// split tensors' sums (rows + cols + 1 a matrix, 1 a vector; then 1
+  /// each: plan::split_ranges). Engine accounting only.
+  bool factored_sums = false;
 };
 
 /// Bytes one rank sends per optimizer step.
@@ -205,6 +214,22 @@ inline comm_plan plan_comm(const nn::llama_config& c, const sharding& sh,
                                  static_cast<std::uint64_t>(passes) * sg(chunks, o.reduce_bytes)});
       }
       break;
+  }
+  if (o.factored_sums && sh.zero >= 1 && N > 1) {
+    std::int64_t sums = 0, tensors = 0;
+    for (const nn::param_range& r :
+         split_ranges(bp, nn::make_llama_layout(c, {sh.tp, sh.tp_rank}).ranges())) {
+      const std::int64_t R = r.split >= 0 ? r.full_rows : r.rows,
+                         C = r.split >= 0 ? r.full_cols : r.cols;
+      sums += r.dims >= 2 ? R + C + 1 : 1;
+      ++tensors;
+    }
+    if (tensors > 0) {
+      p.collectives.push_back(
+          {op_kind::all_gather, "optimizer sums (rows, columns, p^2)", sums, 8, 1, sg(sums, 8)});
+      p.collectives.push_back(
+          {op_kind::all_gather, "optimizer sums (u^2)", tensors, 8, 1, sg(tensors, 8)});
+    }
   }
   return p;
 }

@@ -25,16 +25,17 @@
 ///
 /// An optimizer with per-tensor state (statistics_of) adds it: one
 /// element an element of the tensor, split as the tensor is (`along` -2:
-/// optim::muon's momentum_buffer and AdamW moments), as a role of the
-/// tensor held and written where its elements are, like the state buffers;
-/// and statistics of whole tensors (optim::adafactor's): a vector's one-an-element statistic as a
-/// role of the tensor ("exp_avg_sq"), a matrix's row and column statistics as tensors of their own,
-/// "<name>.exp_avg_sq_row" of shape (S, rows) and
-/// "<name>.exp_avg_sq_col" of shape (S, cols), row q the statistics of tp
-/// shard q of S (S = 1 for a whole matrix: a split matrix's shards are
-/// matrices of their own, so their statistics are per shard and a resume at
-/// another tp is refused for them). Written by the dp rank that writes the
-/// tensor's first element, held by every rank that holds the tensor.
+/// optim::muon's momentum_buffer and AdamW moments, optim::adafactor's
+/// vector statistic "exp_avg_sq"), as a role of the tensor held and written
+/// where its elements are, like the state buffers; and statistics of whole
+/// matrices (optim::adafactor's row and column statistics, `along` 0 and
+/// 1) as tensors of their own, "<name>.exp_avg_sq_row" of shape (rows) and
+/// "<name>.exp_avg_sq_col" of shape (cols), the whole matrix's on every
+/// layout: held whole by every rank holding a part of the matrix, written
+/// once (by the dp rank that writes the tensor's first element, on tp shard
+/// 0 and its replica 0), so any layout resumes from any other. A checkpoint
+/// of an older tessera stored them per tp shard, shape (S, rows or cols):
+/// one written at tp 1 (S = 1) loads as the whole matrix's; S > 1 is refused.
 
 #include <algorithm>
 #include <cstdint>
@@ -88,13 +89,13 @@ namespace detail {
 
 /// The regions of optimizer `opt`'s statistics of layout entry `e`, stored
 /// as tensor `name` (e.name, or the tensor a tied copy is of; box `box`,
-/// its first element `first` of the model chunk's flat buffer) when
-/// one of `owned` ([lo, hi) of the flat buffer from state element `state`)
-/// holds that first element (file comment).
+/// its first element `first` of the model chunk's flat buffer), where
+/// `owned` ([lo, hi) of the flat buffer from state element `state`) meets
+/// it: what this rank holds, or (`writing`) writes (file comment).
 template <class Optimizer, class Owned>
 void add_statistics(std::vector<state_region>& out, Optimizer& opt, const nn::param_entry& e,
                     const std::string& name, const index_box& box, std::int64_t first,
-                    const std::vector<Owned>& owned, const char* dtype) {
+                    const std::vector<Owned>& owned, const char* dtype, bool writing) {
   // One an element, split as the tensor is (optim::muon's, `along` -2):
   // every owned piece of the box, as the optimizer's state buffers.
   const std::int64_t n = box.numel();
@@ -104,22 +105,20 @@ void add_statistics(std::vector<state_region>& out, Optimizer& opt, const nn::pa
     for (const auto& st : opt.statistics_of(r.state + (a - r.lo)))
       if (st.along == -2) out.push_back({name, st.role, dtype, box, a - first, b - first, st.data});
   }
+  // Of the whole matrix: held by every rank holding a part of it, written
+  // by the one holding its first element on tp shard 0.
+  const std::int64_t numel = e.numel;
   for (const Owned& r : owned) {
-    if (first < r.lo || first >= r.hi) continue;
-    const int d = e.shard_dim;
-    const std::int64_t S = d < 0 ? 1 : (e.full[d] + e.shp[d] - 1) / e.shp[d];
-    const std::int64_t q = d < 0 ? 0 : e.shard_begin / e.shp[d];
-    for (const auto& st : opt.statistics_of(r.state + (first - r.lo))) {
+    const std::int64_t a = std::max(r.lo, first), b = std::min(r.hi, first + numel);
+    if (writing ? first < r.lo || first >= r.hi : a >= b) continue;
+    if (writing && e.shard_dim >= 0 && e.shard_begin != 0) return;
+    for (const auto& st : opt.statistics_of(r.state + (a - r.lo))) {
       if (st.along == -2) continue;  // above
-      if (st.along < 0) {
-        out.push_back({name, st.role, dtype, box, 0, box.numel(), st.data});
-        continue;
-      }
-      index_box b;
-      b.start = {q, 0};
-      b.shape = {1, st.count};
-      out.push_back({name + "." + st.role, st.role, dtype, b, 0, st.count, st.data,
-                     std::vector<std::int64_t>{S, st.count}});
+      index_box b1;
+      b1.start = {0};
+      b1.shape = {st.count};
+      out.push_back({name + "." + st.role, st.role, dtype, b1, 0, st.count, st.data,
+                     std::vector<std::int64_t>{st.count}});
     }
     return;
   }
@@ -188,7 +187,7 @@ std::vector<state_region> state_regions(Engine& engine, bool writing, int tp_ran
     for (const auto& sb : buffers) add(state_owned, sb.role, dtype_name<Master>(), sb.data, true);
     if constexpr (requires { engine.optimizer().statistics_of(std::int64_t{}); })
       detail::add_statistics(out, engine.optimizer(), e, name, box, first, state_owned,
-                             dtype_name<Master>());
+                             dtype_name<Master>(), writing);
   }
   return out;
 }
@@ -238,14 +237,21 @@ void load_state(checkpoint_reader& rd, Engine& engine, int tp_rank, std::int64_t
     TESSERA_THROW_IF(role->second != r.dtype, io_error, "checkpoint '", rd.folder().string(),
                      "' stores ", r.role, " of '", r.tensor, "' as ", role->second,
                      "; this run keeps it as ", r.dtype);
-    TESSERA_THROW_IF(!r.shape.empty() && t->second.shape != r.shape, io_error, "checkpoint '",
-                     rd.folder().string(), "' stores '", r.tensor, "' for ",
-                     t->second.shape.empty() ? 0 : t->second.shape[0],
-                     " tp shard(s) of its matrix; this run splits it into ", r.shape[0],
-                     ": an optimizer's statistics of a split matrix are per shard, so resume at "
-                     "the tensor-parallel degree that wrote it");
+    // A whole matrix's statistic; an older tessera's per tp shard (S, count)
+    // reads as the whole at S = 1.
+    index_box box = r.box;
+    if (!r.shape.empty() && t->second.shape != r.shape) {
+      const std::vector<std::int64_t>& had = t->second.shape;
+      TESSERA_THROW_IF(had.size() != 2 || had[1] != r.shape[0] || had[0] != 1, io_error,
+                       "checkpoint '", rd.folder().string(), "' stores '", r.tensor,
+                       "' per tensor-parallel shard (", had.empty() ? 0 : had[0],
+                       " shards, an older tessera's layout), not the whole matrix's ", r.shape[0],
+                       ": resume it with the tessera that wrote it");
+      box.start = {0, 0};
+      box.shape = {1, r.shape[0]};
+    }
     host.resize(r.bytes());
-    rd.read(r.tensor, r.role, r.box, r.flat_begin, r.flat_end, host.data());
+    rd.read(r.tensor, r.role, box, r.flat_begin, r.flat_end, host.data());
     ctx.from_host(r.data, host.data(), host.size());
   }
   engine.optimizer().restore_steps(steps);

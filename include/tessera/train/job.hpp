@@ -308,12 +308,6 @@ inline void check_job(job& j) {
     c.adafactor.weight_decay = given("--weight-decay") ? c.adamw.weight_decay : 0;
   c.lion.validate();
   c.adafactor.validate();
-  // Adafactor's statistics are of whole tensors: a ZeRO shard would split them.
-  TESSERA_THROW_IF(j.optimizer == "adafactor" && j.zero >= 1 && j.dp > 1, config_error,
-                   "--optimizer adafactor keeps statistics of whole tensors, which --zero ", j.zero,
-                   " over --dp ", j.dp,
-                   " would split between ranks: use --zero 0 (its state is O(rows + cols) a "
-                   "matrix)");
   (void)nn::parse_checkpointing(j.checkpointing);
   TESSERA_THROW_IF(j.checkpoint_layers < 1 || j.checkpoint_layers > 1000000, config_error,
                    "--checkpoint-layers ", j.checkpoint_layers, " must be in [1, 1000000]");

@@ -293,15 +293,19 @@ using adafactor_sizes = kernels::adafactor_sizes;
 template <class M>
 using adafactor_buffers = kernels::adafactor_buffers<M>;
 
-/// One Adafactor step over a flat buffer, as the host kernels::adafactor_step
-/// (kernels/adafactor.hpp): six launches, each over every tensor of the
-/// table: the row statistics, the column statistics, each tensor's row mean
-/// and lr, each row's sum of u^2, each tensor's clip divisor, the update.
+/// One Adafactor step over a flat buffer, or one phase of it, as the host
+/// kernels::adafactor_step (kernels/adafactor.hpp): ten launches in three
+/// phases, each over every tensor of the table: the sums areas (rows,
+/// columns, p^2), the statistics, each tensor's row mean and lr, its sum of
+/// u^2, its clip divisor, the update.
 /// - `d_params`, `d_master`, `d_grads`: as adamw_step's, at each tensor's
 ///   shifts. Param in {float, bf16, fp16}, Grad in {float, bf16, fp16}.
-/// - `d_tensors` (device, sizes.tensors entries): whole tensors, sorted;
-///   `buf`: device statistics, first moment (null unless
-///   step.first_moment), 3 floats a tensor and one double a row.
+/// - `d_tensors` (device, sizes.tensors entries): tensors, shards or pieces
+///   of them, sorted; `buf`: device statistics, first moment (null unless
+///   step.first_moment), 3 floats a tensor, one double a step row and the
+///   sums areas (doubles).
+/// - `phase`: all, or sums, statistics, update in order (the areas summed
+///   over ranks between them: adafactor_sum_ranks).
 /// - A non-finite *d_grad_scale makes every launch return before writing.
 /// - Sums are float64 in fixed orders (not the host's: equal to float
 ///   rounding); deterministic. Throws config_error as
@@ -312,7 +316,15 @@ void adafactor_step(Param* d_params, float* d_master, const Grad* d_grads,
                     const adafactor_tensor* d_tensors, const adafactor_sizes& sizes,
                     const adafactor_buffers<float>& buf,
                     const kernels::detail::adafactor_step_params<float>& step,
-                    const float* d_grad_scale, cudaStream_t stream);
+                    const float* d_grad_scale, kernels::adafactor_phase phase, cudaStream_t stream);
+
+/// out[j] = sum over r < ranks of gathered[r stride + j], in rank order
+/// (the ranks' all-gathered Adafactor sums areas), j < n; device memory,
+/// `out` not overlapping `gathered`. T = double. Throws config_error for
+/// ranks < 1, n < 0 or stride < n.
+template <class T>
+void adafactor_sum_ranks(T* d_out, const T* d_gathered, int ranks, std::int64_t n,
+                         std::int64_t stride, cudaStream_t stream);
 
 // ---- RoPE (kernels/cuda/rope.cuh) ------------------------------------------------------------
 
@@ -507,15 +519,17 @@ void fp8_quantize_transposed(F8* d_qt, float* d_inv_scale, const T* d_x, std::in
   X void adafactor_step<float, float>(float*, float*, const float*, const adafactor_tensor*,     \
                                      const adafactor_sizes&, const adafactor_buffers<float>&,       \
                                      const kernels::detail::adafactor_step_params<float>&,          \
-                                     const float*, cudaStream_t);                                   \
+                                     const float*, kernels::adafactor_phase, cudaStream_t);                                   \
+  X void adafactor_sum_ranks<double>(double*, const double*, int, std::int64_t, std::int64_t,   \
+                                     cudaStream_t);                                                \
   X void adafactor_step<bf16, float>(bf16*, float*, const float*, const adafactor_tensor*,       \
                                     const adafactor_sizes&, const adafactor_buffers<float>&,        \
                                     const kernels::detail::adafactor_step_params<float>&,           \
-                                    const float*, cudaStream_t);                                    \
+                                    const float*, kernels::adafactor_phase, cudaStream_t);                                    \
   X void adafactor_step<bf16, bf16>(bf16*, float*, const bf16*, const adafactor_tensor*,         \
                                    const adafactor_sizes&, const adafactor_buffers<float>&,         \
                                    const kernels::detail::adafactor_step_params<float>&,            \
-                                   const float*, cudaStream_t);                                     \
+                                   const float*, kernels::adafactor_phase, cudaStream_t);                                     \
   X void rope_forward<float>(float*, const float*, const float*, std::int64_t, std::int64_t,      \
                              std::int64_t, std::int64_t, cudaStream_t, const std::int32_t*);       \
   X void rope_forward<bf16>(bf16*, const float*, const float*, std::int64_t, std::int64_t,        \
@@ -592,11 +606,11 @@ void fp8_quantize_transposed(F8* d_qt, float* d_inv_scale, const T* d_x, std::in
   X void adafactor_step<fp16, float>(fp16*, float*, const float*, const adafactor_tensor*,       \
                                     const adafactor_sizes&, const adafactor_buffers<float>&,        \
                                     const kernels::detail::adafactor_step_params<float>&,           \
-                                    const float*, cudaStream_t);                                    \
+                                    const float*, kernels::adafactor_phase, cudaStream_t);                                    \
   X void adafactor_step<fp16, fp16>(fp16*, float*, const fp16*, const adafactor_tensor*,         \
                                    const adafactor_sizes&, const adafactor_buffers<float>&,         \
                                    const kernels::detail::adafactor_step_params<float>&,            \
-                                   const float*, cudaStream_t);                                     \
+                                   const float*, kernels::adafactor_phase, cudaStream_t);                                     \
   X void rope_forward<fp16>(fp16*, const float*, const float*, std::int64_t, std::int64_t,        \
                             std::int64_t, std::int64_t, cudaStream_t, const std::int32_t*);        \
   X void rope_backward<fp16>(fp16*, const float*, const float*, std::int64_t, std::int64_t,       \

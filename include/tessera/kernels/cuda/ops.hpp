@@ -562,16 +562,23 @@ void sgd_step(const cuda_context& ctx, Param* params, M* master, M* buf, const G
                               grad_scale, ctx.stream());
 }
 
-/// One Adafactor step over the tensors of `tensors` (device memory), as
-/// the host kernels::adafactor_step (kernels/adafactor.hpp). float32 state.
+/// One Adafactor step, or one phase of it, over the tensors of `tensors`
+/// (device memory), as the host kernels::adafactor_step
+/// (kernels/adafactor.hpp). float32 state.
 template <class Param, class Grad, class M>
 void adafactor_step(const cuda_context& ctx, Param* params, M* master, const Grad* grads,
                     const adafactor_tensor* tensors, const adafactor_sizes& sizes,
                     adafactor_buffers<M> buf, detail::adafactor_step_params<M> step,
-                    const M* grad_scale) {
+                    const M* grad_scale, adafactor_phase phase = adafactor_phase::all) {
   static_assert(std::is_same_v<M, float>, "adafactor_step (cuda): the master type is float32");
   cuda::adafactor_step<Param, Grad>(params, master, grads, tensors, sizes, buf, step, grad_scale,
-                                    ctx.stream());
+                                    phase, ctx.stream());
+}
+/// The ranks' gathered sums areas added in rank order, as the host
+/// kernels::adafactor_sum_ranks.
+inline void adafactor_sum_ranks(const cuda_context& ctx, double* out, const double* gathered,
+                                int ranks, std::int64_t n, std::int64_t stride) {
+  cuda::adafactor_sum_ranks<double>(out, gathered, ranks, n, stride, ctx.stream());
 }
 
 /// One Lion step (the momentum `m`) as adamw_step.

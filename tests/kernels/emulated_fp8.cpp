@@ -32,6 +32,7 @@
 //   than the tiles, so the body's tile loops take the rest.
 // - current scaling end to end: amax, scale from it, cast with its inverse,
 //   all on the device, as the host does it.
+#include <algorithm>
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -161,7 +162,7 @@ std::vector<F8> emulated_quantize(const std::vector<T>& x, int xo, int qo, std::
                                   float* inv, unsigned char poison, std::uint64_t seed) {
   cuda_emulator em(seed);
   std::vector<F8> q(static_cast<std::size_t>(n + qo));
-  std::memset(q.data(), poison, q.size());
+  std::fill(q.begin(), q.end(), F8::from_bits(poison));  // memset(nullptr, .., 0) is undefined
   const std::vector<float> scale(1, s);
   std::vector<float> inv_out(1, NAN);
   em.buffer(x.data() + xo, n, false);
@@ -211,7 +212,7 @@ std::vector<F8> emulated_transposed(const std::vector<T>& x, std::int64_t rows, 
                                     std::int64_t grid_x = 0, std::int64_t grid_y = 0) {
   cuda_emulator em(seed);
   std::vector<F8> qt(x.size());
-  std::memset(qt.data(), poison, qt.size());
+  std::fill(qt.begin(), qt.end(), F8::from_bits(poison));
   const std::vector<float> scale(1, s);
   std::vector<float> inv(1, NAN);
   em.input(x);

@@ -8,6 +8,7 @@
 // transposed cast against a transpose of that; the amax accumulation against
 // fp8_amax and the NaN-keeping maximum; the scale update against
 // fp8_scale_of, keeping the previous scale where the amax is 0 or not finite.
+#include <algorithm>
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -128,13 +129,13 @@ TEMPLATE_TEST_CASE("fp8_quantize with the scale in memory casts as the by-value 
     const auto bytes_equal = [&]<class F8>(F8) {
       std::vector<F8> want(static_cast<std::size_t>(n)), got(want.size());
       kernels::fp8_quantize(ctx, want.data(), x.data(), n, scale);
-      std::memset(got.data(), 0x55, got.size());
+      std::fill(got.begin(), got.end(), F8::from_bits(0x55));
       float inv = NAN;
       kernels::fp8_quantize(ctx, got.data(), &inv, x.data(), n, &scale);
       CHECK(std::memcmp(got.data(), want.data(), got.size()) == 0);
       CHECK(inv == 1.0f / scale);
       // No inverse asked for: the cast alone.
-      std::memset(got.data(), 0x55, got.size());
+      std::fill(got.begin(), got.end(), F8::from_bits(0x55));
       kernels::fp8_quantize(ctx, got.data(), nullptr, x.data(), n, &scale);
       CHECK(std::memcmp(got.data(), want.data(), got.size()) == 0);
     };
@@ -174,7 +175,7 @@ TEMPLATE_TEST_CASE("fp8_quantize_transposed is the transpose of fp8_quantize", "
     const auto x = random_values<bf16>(rows * cols, 31 + static_cast<std::uint64_t>(rows), 20);
     std::vector<F8> q(x.size()), qt(x.size());
     kernels::fp8_quantize(ctx, q.data(), x.data(), rows * cols, scale);
-    std::memset(qt.data(), 0x7f, qt.size());  // NaN in both formats: unwritten shows
+    std::fill(qt.begin(), qt.end(), F8::from_bits(0x7f));  // NaN in both formats: unwritten shows
     float inv = NAN;
     kernels::fp8_quantize_transposed(ctx, qt.data(), &inv, x.data(), rows, cols, &scale);
     CHECK(inv == 1.0f / scale);

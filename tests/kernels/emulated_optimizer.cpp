@@ -38,6 +38,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <tessera/kernels/adafactor.hpp>
@@ -1061,6 +1062,46 @@ TEST_CASE("emulated cuda adafactor: no tensors, bad arguments", "[kernels][emula
                                 hk::adafactor_sizes{0, 0, 0, 8}, b, with_m, nullptr),
       Catch::Contains("exp_avg is null"));
   CHECK(launched.empty());
+}
+
+TEST_CASE("emulated cuda adafactor_sum_ranks adds the ranks' sums areas as the host does",
+          "[kernels][emulated][optimizer]") {
+  // The ranks' gathered sums areas (n doubles, stride apart, the gap poisoned):
+  // the device adds them in rank order, the host's bits; n 0 launches nothing.
+  std::mt19937_64 rng(20261207);
+  for (auto [ranks, n, stride] : {std::tuple<int, std::int64_t, std::int64_t>{1, 5, 5},
+                                  {2, 37, 40},
+                                  {4, 300, 301},
+                                  {8, 1025, 1025}}) {
+    INFO("ranks " << ranks << " n " << n << " stride " << stride);
+    std::vector<double> gathered =
+        random_vector<double>(static_cast<std::size_t>(ranks * stride), rng, -1e3, 1e3);
+    for (int r = 0; r < ranks; ++r)
+      for (std::int64_t j = n; j < stride; ++j)
+        gathered[static_cast<std::size_t>(r * stride + j)] = NAN;
+    std::vector<double> want(static_cast<std::size_t>(n)), got(want.size(), NAN);
+    hk::adafactor_sum_ranks(hk::host_context{}, want.data(), gathered.data(), ranks, n, stride);
+    cuda_emulator em(7);
+    em.input(gathered);
+    em.output(got);
+    std::vector<std::string> launched;
+    kc::adafactor_sum_ranks_launch(emulator_launcher{&em, std::int64_t(1) << 24, &launched},
+                                   got.data(), static_cast<const double*>(gathered.data()), ranks,
+                                   n, stride);
+    CHECK(launched == std::vector<std::string>{"adafactor_sum_ranks"});
+    CHECK(std::memcmp(got.data(), want.data(), got.size() * sizeof(double)) == 0);
+  }
+  cuda_emulator em(7);
+  std::vector<std::string> launched;
+  const emulator_launcher l{&em, std::int64_t(1) << 24, &launched};
+  kc::adafactor_sum_ranks_launch(l, static_cast<double*>(nullptr), nullptr, 2, 0, 0);
+  CHECK(launched.empty());
+  CHECK_THROWS_WITH(
+      kc::adafactor_sum_ranks_launch(l, static_cast<double*>(nullptr), nullptr, 2, 8, 7),
+      Catch::Contains("stride=7"));
+  CHECK_THROWS_WITH(
+      kc::adafactor_sum_ranks_launch(l, static_cast<double*>(nullptr), nullptr, 0, 8, 8),
+      Catch::Contains("ranks=0"));
 }
 
 }  // namespace test_kernels_emulated_optimizer

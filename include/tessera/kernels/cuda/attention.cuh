@@ -147,6 +147,7 @@ struct attention_backward_block_params : attention_backward_params {
   int dq_accumulate;  // 1: kernels::attention_dq::accumulate
 };
 
+/// The parameters of a form's kernels: the causal struct, or the block's.
 template <attention_form Form>
 using attention_forward_params_t =
     std::conditional_t<Form == attention_form::block, attention_forward_block_params,

@@ -25,6 +25,7 @@
 #include <tessera/plan/cuda_step.hpp>
 #include <tessera/kernels/cuda/adafactor.cuh>
 #include <tessera/kernels/cuda/adamw.cuh>
+#include <tessera/kernels/cuda/attention_merge.cuh>
 #include <tessera/kernels/cuda/elementwise.cuh>
 #include <tessera/kernels/cuda/embedding.cuh>
 #include <tessera/kernels/cuda/fp8.cuh>

@@ -523,6 +523,11 @@ struct emulator_ops {
     e().check_global(p, 4, false, "ld.global.f32");
     return *p;
   }
+  /// A float the kernel also writes (attention_device_ops::ld_global_acc).
+  static float ld_global_acc(const float* p) {
+    e().check_global(p, 4, false, "ld.global.f32 (accumulator)");
+    return *p;
+  }
   static void st_global_f32(float* p, float v) {
     e().check_global(p, 4, true, "st.global.f32");
     *p = v;

@@ -128,10 +128,11 @@ inline kernel_scratch scratch_of(const nn::llama_config& c, const dtype_sizes& d
   const auto C = static_cast<std::uint64_t>(std::min<std::int64_t>(o.model.ce_chunk, B * T));
   if (o.backend == backend_kind::host) {
     const auto thr = static_cast<std::uint64_t>(o.threads);
+    // One rank holds the whole sequence: its T queries see T keys (Sk = T).
     const auto tiles_fwd = static_cast<std::uint64_t>(
-        kernels::detail::attention_forward_tile_elements(o.tiles, T, c.head_dim()));
+        kernels::detail::attention_forward_tile_elements(o.tiles, T, T, c.head_dim()));
     const auto tiles_bwd = static_cast<std::uint64_t>(
-        kernels::detail::attention_backward_tile_elements(o.tiles, T, c.head_dim()));
+        kernels::detail::attention_backward_tile_elements(o.tiles, T, T, c.head_dim()));
     k.attention_forward = thr * tiles_fwd * A;
     // D, the tiles, and with 16-bit activation gradients a float dQ accumulator
     k.attention_backward = N * nh * A + thr * tiles_bwd * A + (G != A ? N * nh * hd * A : 0);

@@ -35,17 +35,31 @@
 /// compiled once into tessera::cuda_kernels by cuda/kernels_attention.cu:
 /// kernels/cuda/linkage.hpp).
 ///
-/// Gradient contract (llm.c): no parameters; dq, dk, dv are written (`=`).
+/// Blocks of context-parallel (ring) attention (kernels::attention_span):
+/// the forward, dK/dV and dQ bodies are templates over attention_form too.
+/// `causal` is single-rank attention (queries and keys the same S rows, 16-bit
+/// outputs), the code and registers it always had; `block` takes the queries
+/// at global q0.., the Sk keys at k0.., masks keys past Sk (a tile wholly in
+/// the past has no causal mask left to hide them), skips key tiles after a
+/// query tile's last query, and writes float32 outputs (the forward's
+/// partial out, dK, dV, and dQ written or accumulated) so that a ring merges
+/// and sums them unrounded. attention_merge_out/_lse (attention_merge.cuh,
+/// block.hpp bodies) combine the partial outputs by log-sum-exp.
+///
+/// Gradient contract (llm.c): no parameters; dq, dk, dv are written (`=`);
+/// a ring block may accumulate dq (`+=`, kernels::attention_dq).
 
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
+#include <type_traits>
 #include <utility>
 
 #include "tessera/core/error.hpp"
 #include "tessera/core/numeric.hpp"
 #include "tessera/kernels/cuda/attention_launch.hpp"
+#include "tessera/kernels/cuda/attention_merge.cuh"
 #include "tessera/kernels/detail/attention.hpp"
 
 #if defined(__CUDACC__)
@@ -64,13 +78,20 @@
 
 namespace tessera::kernels::cuda::detail {
 
+/// Which code a flash attention body compiles to: `causal`, single-rank
+/// attention (q0 = k0 = 0, Sk = S, 16-bit outputs: what the kernels always
+/// were, with the same registers), or `block`, one block of ring attention
+/// (the offsets and Sk of the params, float32 outputs). A template
+/// parameter, so the plain kernel carries none of the block's arithmetic.
+enum class attention_form { causal, block };
+
 /// Arguments of the forward kernel (the 16-bit storage type as raw bits).
 struct attention_forward_params {
   std::uint16_t* out;             // (B, S, nh, hd)
   float* lse;                     // (B, nh, S)
   const std::uint16_t* q;         // (B, S, nh, hd)
-  const std::uint16_t* k;         // (B, S, nkv, hd)
-  const std::uint16_t* v;         // (B, S, nkv, hd)
+  const std::uint16_t* k;         // (B, S, nkv, hd); (B, Sk, nkv, hd) for a block
+  const std::uint16_t* v;         // (B, S, nkv, hd); (B, Sk, nkv, hd) for a block
   const std::int32_t* doc_start;  // (B, S) or null: kernels::attention_mask
   std::int64_t S;
   int nh;
@@ -85,10 +106,10 @@ struct attention_backward_params {
   std::uint16_t* dv;          // (B, S, nkv, hd)
   const std::uint16_t* dout;  // (B, S, nh, hd)
   const std::uint16_t* q;
-  const std::uint16_t* k;
-  const std::uint16_t* v;
-  const std::uint16_t* out;       // (B, S, nh, hd)
-  const float* lse;               // (B, nh, S)
+  const std::uint16_t* k;         // (B, S, nkv, hd); (B, Sk, nkv, hd) for a block
+  const std::uint16_t* v;         // (B, S, nkv, hd); (B, Sk, nkv, hd) for a block
+  const std::uint16_t* out;       // (B, S, nh, hd); the final (merged) one for a block
+  const float* lse;               // (B, nh, S); likewise
   float* d;                       // (B, nh, S): rowsum(dout * out), the scratch
   const std::int32_t* doc_start;  // (B, S) or null: kernels::attention_mask
   std::int64_t rows;              // B S nh
@@ -97,6 +118,69 @@ struct attention_backward_params {
   int nkv;
   float scale;
 };
+
+/// Where a ring block's queries and keys sit (kernels::attention_span, Sk
+/// resolved).
+struct attention_block_span {
+  std::int64_t Sk;  // key/value rows
+  std::int64_t q0;  // global position of query row 0
+  std::int64_t k0;  // global position of key row 0
+};
+
+/// Arguments of the forward kernel's block form: the causal form's (`out`
+/// null) and the span, with a float32 output. Its own type, so the causal
+/// kernels' parameters stay what they were (ptxas allocates registers
+/// differently for a larger parameter block: 245 -> 255 at hd 128 on sm_80
+/// in the dK/dV kernel, for fields it never reads).
+struct attention_forward_block_params : attention_forward_params {
+  float* out_f32;  // (B, S, nh, hd) float32: the block's partial output
+  attention_block_span span;
+};
+
+/// Arguments of the backward kernels' block form: the causal form's (dq,
+/// dk, dv null), the span, and float32 outputs.
+struct attention_backward_block_params : attention_backward_params {
+  float* dq_f32;  // (B, S, nh, hd) float32, written or (dq_accumulate) added to
+  float* dk_f32;  // (B, Sk, nkv, hd) float32, written
+  float* dv_f32;  // (B, Sk, nkv, hd) float32, written
+  attention_block_span span;
+  int dq_accumulate;  // 1: kernels::attention_dq::accumulate
+};
+
+/// The parameters of a form's kernels: the causal struct, or the block's.
+template <attention_form Form>
+using attention_forward_params_t =
+    std::conditional_t<Form == attention_form::block, attention_forward_block_params,
+                       attention_forward_params>;
+template <attention_form Form>
+using attention_backward_params_t =
+    std::conditional_t<Form == attention_form::block, attention_backward_block_params,
+                       attention_backward_params>;
+
+/// The key rows of a call, the offset delta (query row t sees key rows
+/// s <= t + delta) and the global position of key row 0 (kpos): S, 0, 0 for
+/// the causal form's parameters, constants after inlining.
+struct attention_geometry {
+  std::int64_t Sk;
+  std::int64_t delta;
+  std::int64_t kpos;
+};
+TESSERA_HOST_DEVICE inline attention_geometry attention_geometry_of(
+    const attention_forward_params& p) {
+  return {p.S, 0, 0};
+}
+TESSERA_HOST_DEVICE inline attention_geometry attention_geometry_of(
+    const attention_backward_params& p) {
+  return {p.S, 0, 0};
+}
+TESSERA_HOST_DEVICE inline attention_geometry attention_geometry_of(
+    const attention_forward_block_params& p) {
+  return {p.span.Sk, p.span.q0 - p.span.k0, p.span.k0};
+}
+TESSERA_HOST_DEVICE inline attention_geometry attention_geometry_of(
+    const attention_backward_block_params& p) {
+  return {p.span.Sk, p.span.q0 - p.span.k0, p.span.k0};
+}
 
 /// flash_attention_forward's checks (attention_check_args; 16-byte aligned
 /// 16-bit tensors, 4-byte aligned lse) and its kernel arguments, over the
@@ -125,6 +209,41 @@ inline attention_forward_params attention_forward_args(
   p.v = v;
   p.doc_start = doc_start;
   p.S = S;
+  p.nh = static_cast<int>(nh);
+  p.nkv = static_cast<int>(nkv);
+  p.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  return p;
+}
+
+/// The arguments of one block of ring attention's forward (the block form):
+/// as attention_forward_args, with `span` (kernels::attention_span:
+/// attention_check_span) and a float32 `out` (B, S, nh, hd), 4-byte
+/// aligned, for attention_merge; k, v are (B, Sk, nkv, hd). Throws
+/// config_error naming the argument and the limit.
+inline attention_forward_block_params attention_forward_block_args(
+    float* out, float* lse, const std::uint16_t* q, const std::uint16_t* k, const std::uint16_t* v,
+    std::int64_t B, std::int64_t S, std::int64_t nh, std::int64_t nkv, std::int64_t hd,
+    const std::int32_t* doc_start, kernels::attention_span span) {
+  constexpr const char* fn = "flash_attention_forward (block)";
+  const std::int64_t Sk = attention_check_span(fn, S, span);
+  attention_check_args(fn, B, S, nh, nkv, hd);
+  for (const auto& [name, ptr] :
+       {std::pair<const char*, const void*>{"d_q", q}, {"d_k", k}, {"d_v", v}})
+    attention_check_aligned(fn, name, ptr, 16);
+  attention_check_aligned(fn, "d_out", out, sizeof(float));
+  attention_check_aligned(fn, "d_lse", lse, sizeof(float));
+  if (doc_start != nullptr)
+    attention_check_aligned(fn, "d_doc_start", doc_start, sizeof(std::int32_t));
+  attention_forward_block_params p{};
+  p.out = nullptr;
+  p.out_f32 = out;
+  p.lse = lse;
+  p.q = q;
+  p.k = k;
+  p.v = v;
+  p.doc_start = doc_start;
+  p.S = S;
+  p.span = {Sk, span.q0, span.k0};
   p.nh = static_cast<int>(nh);
   p.nkv = static_cast<int>(nkv);
   p.scale = 1.0f / std::sqrt(static_cast<float>(hd));
@@ -182,6 +301,62 @@ inline attention_backward_params attention_backward_args(
   return p;
 }
 
+/// The arguments of one block of ring attention's backward (the block
+/// form): as attention_backward_args, with `span` (attention_check_span),
+/// the final (merged) out and lse, float32 dq (B, S, nh, hd) written or,
+/// with kernels::attention_dq::accumulate, added to, and float32 dk, dv
+/// (B, Sk, nkv, hd) written; the float pointers 4-byte aligned. Throws
+/// config_error naming the argument and the limit.
+inline attention_backward_block_params attention_backward_block_args(
+    float* dq, float* dk, float* dv, const std::uint16_t* dout, const std::uint16_t* q,
+    const std::uint16_t* k, const std::uint16_t* v, const std::uint16_t* out, const float* lse,
+    std::int64_t B, std::int64_t S, std::int64_t nh, std::int64_t nkv, std::int64_t hd,
+    void* scratch, std::size_t scratch_bytes, const std::int32_t* doc_start,
+    kernels::attention_span span, kernels::attention_dq dq_mode) {
+  constexpr const char* fn = "flash_attention_backward (block)";
+  const std::int64_t Sk = attention_check_span(fn, S, span);
+  attention_check_args(fn, B, S, nh, nkv, hd);
+  for (const auto& [name, ptr] : {std::pair<const char*, const void*>{"d_dout", dout},
+                                  {"d_q", q},
+                                  {"d_k", k},
+                                  {"d_v", v},
+                                  {"d_out", out}})
+    attention_check_aligned(fn, name, ptr, 16);
+  for (const auto& [name, ptr] : {std::pair<const char*, const void*>{"d_dq", dq},
+                                  {"d_dk", dk},
+                                  {"d_dv", dv},
+                                  {"d_lse", lse},
+                                  {"d_scratch", scratch}})
+    attention_check_aligned(fn, name, ptr, sizeof(float));
+  if (doc_start != nullptr)
+    attention_check_aligned(fn, "d_doc_start", doc_start, sizeof(std::int32_t));
+  const launch_config cd = attention_backward_d_config(B, S, nh, nkv, hd);
+  TESSERA_THROW_IF(scratch_bytes < cd.scratch_bytes, config_error, fn,
+                   ": scratch_bytes=", scratch_bytes, " is below the ", cd.scratch_bytes,
+                   " bytes needed (flash_attention_backward_scratch_bytes: B*nh*S floats for D)");
+  attention_backward_block_params p{};
+  p.dq = p.dk = p.dv = nullptr;
+  p.dq_f32 = dq;
+  p.dk_f32 = dk;
+  p.dv_f32 = dv;
+  p.dout = dout;
+  p.q = q;
+  p.k = k;
+  p.v = v;
+  p.out = out;
+  p.lse = lse;
+  p.d = static_cast<float*>(scratch);
+  p.doc_start = doc_start;
+  p.rows = B * S * nh;
+  p.S = S;
+  p.span = {Sk, span.q0, span.k0};
+  p.nh = static_cast<int>(nh);
+  p.nkv = static_cast<int>(nkv);
+  p.dq_accumulate = dq_mode == kernels::attention_dq::accumulate ? 1 : 0;
+  p.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  return p;
+}
+
 /// 16 bytes of global memory as one access.
 struct alignas(16) attention_vec16 {
   std::uint32_t w[4];
@@ -211,13 +386,14 @@ TESSERA_ATTENTION_FN int attention_valid_rows(std::int64_t row0, std::int64_t S,
   return v <= 0 ? 0 : v >= rows ? rows : static_cast<int>(v);
 }
 
-/// Key tile (of k_rows keys) that holds the first key query row t < S of
-/// batch row b sees under the document mask doc_start (attention_mask), at
-/// least 0; 0 without a mask. Query tiles starting at t need no earlier tile
-/// (doc_start is nondecreasing).
+/// Key tile (of k_rows keys, the first at global position kpos) that holds
+/// the first key query row t < S of batch row b sees under the document mask
+/// doc_start (attention_mask), at least 0; 0 without a mask. Query tiles
+/// starting at t need no earlier tile (doc_start is nondecreasing).
 TESSERA_ATTENTION_FN int attention_first_tile(const std::int32_t* doc_start, std::int64_t b,
-                                              std::int64_t S, std::int64_t t, int k_rows) {
-  const std::int64_t f = kernels::detail::attention_first_key(doc_start, b, S, t);
+                                              std::int64_t S, std::int64_t t, int k_rows,
+                                              std::int64_t kpos) {
+  const std::int64_t f = kernels::detail::attention_first_key(doc_start, b, S, t) - kpos;
   return f <= 0 ? 0 : static_cast<int>(f / k_rows);
 }
 
@@ -331,39 +507,69 @@ TESSERA_ATTENTION_FN void attention_store_rows(std::uint16_t* dst, int valid_row
   }
 }
 
+/// Writes a warp's 16 x HD float accumulator, times `scale`, as float32
+/// rows [0, valid_rows) at dst (row r at dst + r * stride), each lane its
+/// own fragment elements (no shared memory); with `accumulate`, added to
+/// what dst holds (each element is this lane's alone in the grid: no other
+/// thread reads or writes it).
+template <class Ops, int HD>
+TESSERA_ATTENTION_FN void attention_store_rows_f32(float* dst, int valid_rows, int stride,
+                                                   const float (&acc)[HD / 8][4], float scale,
+                                                   bool accumulate, int lane) {
+  TESSERA_ATTENTION_UNROLL
+  for (int n = 0; n < HD / 8; ++n) {
+    TESSERA_ATTENTION_UNROLL
+    for (int i = 0; i < 4; ++i) {
+      const auto c = c_coord(lane, i);
+      if (c.row >= valid_rows) continue;
+      float* e = dst + c.row * stride + 8 * n + c.col;
+      const float x = acc[n][i] * scale;
+      Ops::st_global_f32(e, accumulate ? Ops::ld_global_acc(e) + x : x);
+    }
+  }
+}
+
 // ---- forward ---------------------------------------------------------------------------------
 
 /// One block of the forward: query tile `q_tile` (rows [128 q_tile, +128))
-/// of (b, h) = (bh / nh, bh % nh). `tid` in [0, 256).
-template <class Ops, int HD>
+/// of (b, h) = (bh / nh, bh % nh). `tid` in [0, 256). Form: attention_form.
+template <class Ops, int HD, attention_form Form = attention_form::causal>
 TESSERA_ATTENTION_FN void attention_forward_block(
-    const attention_forward_params& p, std::int64_t bh, int q_tile,
+    const attention_forward_params_t<Form>& p, std::int64_t bh, int q_tile,
     typename attention_forward_traits<HD>::shared_storage& sm, int tid) {
   using tr = attention_forward_traits<HD>;
+  constexpr bool ring = Form == attention_form::block;
   constexpr int NS = tr::k_rows / 8;  // n-tiles of a score slice (16 x 64)
   constexpr int NO = HD / 8;          // n-tiles of the output slice (16 x HD)
   const int warp = tid / 32, lane = tid % 32;
   const std::int64_t S = p.S;
+  // Key rows; query row t sees key rows s <= t + delta; key row 0 is at
+  // global position kpos (compile-time S, 0, 0 in the causal form).
+  const attention_geometry geo = attention_geometry_of(p);
+  const std::int64_t Sk = geo.Sk, delta = geo.delta, kpos = geo.kpos;
   const std::int64_t b = bh / p.nh;
   const int h = static_cast<int>(bh % p.nh);
   const int g = static_cast<int>(kernels::detail::attention_kv_head(h, p.nh, p.nkv));
   const int qstride = p.nh * HD, kstride = p.nkv * HD;      // elements from row t to t + 1
   const std::uint16_t* qg = p.q + (b * S * p.nh + h) * HD;  // row t at qg + t * qstride
-  const std::uint16_t* kg = p.k + (b * S * p.nkv + g) * HD;
-  const std::uint16_t* vg = p.v + (b * S * p.nkv + g) * HD;
+  const std::uint16_t* kg = p.k + (b * Sk * p.nkv + g) * HD;
+  const std::uint16_t* vg = p.v + (b * Sk * p.nkv + g) * HD;
 
   const std::int64_t q0 = std::int64_t(q_tile) * tr::q_rows;
   const std::int64_t q_end = q0 + tr::q_rows < S ? q0 + tr::q_rows : S;
-  const int n_kt = static_cast<int>((q_end + tr::k_rows - 1) / tr::k_rows);  // keys < q_end
+  // Keys the tile's last row sees (causal): s < q_end + delta, and s < Sk.
+  const std::int64_t s_end = ring ? (q_end + delta < Sk ? q_end + delta : Sk) : q_end;
+  const int n_kt =  // (causal: s_end = q_end >= 1)
+      !ring || s_end > 0 ? static_cast<int>((s_end + tr::k_rows - 1) / tr::k_rows) : 0;
   // Key tiles kt_first .. n_kt - 1: from the one holding the block's first
   // key (its first row's; 0 without a document mask).
-  const int n_it = n_kt - attention_first_tile(p.doc_start, b, S, q0, tr::k_rows);
+  const int n_it = n_kt - attention_first_tile(p.doc_start, b, S, q0, tr::k_rows, kpos);
   const std::uint32_t smem = Ops::smem_addr(&sm);
 
   // Loads key tile kt (K and V) into buffer buf.
   auto load_kv = [&](int kt, int buf) {
     const std::int64_t k0 = std::int64_t(kt) * tr::k_rows;
-    const int valid = attention_valid_rows(k0, S, tr::k_rows);
+    const int valid = attention_valid_rows(k0, Sk, tr::k_rows);
     attention_load_tile<Ops, HD, tr::k_rows>(attention_smem_addr(smem, sm, sm.k[buf]),
                                              kg + k0 * kstride, valid, kstride, tid);
     attention_load_tile<Ops, HD, tr::k_rows>(attention_smem_addr(smem, sm, sm.v[buf]),
@@ -371,22 +577,23 @@ TESSERA_ATTENTION_FN void attention_forward_block(
   };
   attention_load_tile<Ops, HD, tr::q_rows>(attention_smem_addr(smem, sm, sm.q), qg + q0 * qstride,
                                            attention_valid_rows(q0, S, tr::q_rows), qstride, tid);
-  load_kv(n_kt - 1, 0);
+  if (!ring || n_it > 0) load_kv(n_kt - 1, 0);  // (causal: n_kt >= 1, so tile n_kt - 1 exists)
   Ops::cp_commit();
 
   const std::int64_t w0 = q0 + 16 * warp;  // the warp's first query row
   const bool live = w0 < S;
   const float neg_inf = kernels::detail::attention_neg_inf<float>();
-  // First keys of the warp's first and last rows and of this lane's rows g, g + 8.
+  // First keys of the warp's first and last rows and of this lane's rows g, g + 8,
+  // as key rows of this call (global position - kpos).
   const std::int64_t w_last = w0 + 15 < S ? w0 + 15 : S - 1;
   const std::int64_t wf0 =
-      kernels::detail::attention_first_key(p.doc_start, b, S, w0 < S ? w0 : S - 1);
-  const std::int64_t wf1 = kernels::detail::attention_first_key(p.doc_start, b, S, w_last);
+      kernels::detail::attention_first_key(p.doc_start, b, S, w0 < S ? w0 : S - 1) - kpos;
+  const std::int64_t wf1 = kernels::detail::attention_first_key(p.doc_start, b, S, w_last) - kpos;
   std::int64_t lf[2];
   TESSERA_ATTENTION_UNROLL
   for (int r = 0; r < 2; ++r) {
     const std::int64_t t = w0 + (lane >> 2) + 8 * r;
-    lf[r] = kernels::detail::attention_first_key(p.doc_start, b, S, t < S ? t : S - 1);
+    lf[r] = kernels::detail::attention_first_key(p.doc_start, b, S, t < S ? t : S - 1) - kpos;
   }
   float o[NO][4];
   attention_zero(o);
@@ -414,7 +621,7 @@ TESSERA_ATTENTION_FN void attention_forward_block(
     const std::int64_t k0 = std::int64_t(kt) * tr::k_rows;
     // Warp-uniform: every key of the tile is masked (after the rows, or
     // before their documents).
-    if (!live || w0 + 15 < k0 || wf0 > k0 + tr::k_rows - 1) continue;
+    if (!live || w0 + 15 + delta < k0 || wf0 > k0 + tr::k_rows - 1) continue;
 
     // S = Q K^T for the warp's 16 rows and the tile's 64 keys.
     const std::uint32_t sk = attention_smem_addr(s0, sm, sm.k[buf]);
@@ -433,10 +640,13 @@ TESSERA_ATTENTION_FN void attention_forward_block(
 
     // Scale, causal mask (only on a tile that crosses the diagonal),
     // document mask (only on a tile that holds a key before a row's first),
-    // row max.
-    const bool diagonal = k0 + tr::k_rows - 1 > w0;
+    // keys past Sk (block form: only on the last tile, zero-filled keys that
+    // a tile in the queries' past would not mask otherwise), row max.
+    const bool diagonal = k0 + tr::k_rows - 1 > w0 + delta;
     const bool document = k0 < wf1;
-    const int dk0 = static_cast<int>(k0 - w0);  // key - row = dk0 + 8 n + col - row
+    const bool tail = ring && k0 + tr::k_rows > Sk;
+    const int dk0 = static_cast<int>(k0 - w0 - delta);  // key - row = dk0 + 8 n + col - row
+    const int k_valid = static_cast<int>(Sk - k0);      // (tail) keys of the tile before Sk
     float mx[2] = {neg_inf, neg_inf};
     TESSERA_ATTENTION_UNROLL
     for (int n = 0; n < NS; ++n) {
@@ -446,6 +656,7 @@ TESSERA_ATTENTION_FN void attention_forward_block(
         float x = s[n][i] * p.scale;
         if (diagonal && dk0 + 8 * n + c.col > c.row) x = neg_inf;
         if (document && k0 + 8 * n + c.col < lf[i >> 1]) x = neg_inf;
+        if (tail && 8 * n + c.col >= k_valid) x = neg_inf;
         s[n][i] = x;
         mx[i >> 1] = fmaxf(mx[i >> 1], x);
       }
@@ -508,9 +719,14 @@ TESSERA_ATTENTION_FN void attention_forward_block(
       if (t < valid) Ops::st_global_f32(lse + t, kernels::detail::attention_lse(m[r], l[r]));
     }
   }
-  // The warp's rows of sm.q were read only by this warp (Q fragments, it == 0).
-  attention_store_rows<Ops, HD>(p.out + (b * S * p.nh + h) * HD + w0 * qstride, valid, qstride, o,
-                                1.f, sm.q, 16 * warp, lane);
+  if constexpr (ring) {
+    attention_store_rows_f32<Ops, HD>(p.out_f32 + (b * S * p.nh + h) * HD + w0 * qstride, valid,
+                                      qstride, o, 1.f, false, lane);
+  } else {
+    // The warp's rows of sm.q were read only by this warp (Q fragments, it == 0).
+    attention_store_rows<Ops, HD>(p.out + (b * S * p.nh + h) * HD + w0 * qstride, valid, qstride, o,
+                                  1.f, sm.q, 16 * warp, lane);
+  }
 }
 
 // ---- backward: D = rowsum(dout * out) --------------------------------------------------------
@@ -550,22 +766,32 @@ TESSERA_ATTENTION_FN void attention_backward_d_block(const attention_backward_pa
 /// One block of the dK/dV pass: key tile `k_tile` (keys [128 k_tile, +128))
 /// of (b, g) = (bg / nkv, bg % nkv); query heads g (nh/nkv) .. (g+1) (nh/nkv) - 1
 /// in order, each from the query tile holding key 128 k_tile to the last.
-template <class Ops, int HD>
+/// Form: attention_form (block: keys of the Sk at k0, queries at q0).
+template <class Ops, int HD, attention_form Form = attention_form::causal>
 TESSERA_ATTENTION_FN void attention_backward_kv_block(
-    const attention_backward_params& p, std::int64_t bg, int k_tile,
+    const attention_backward_params_t<Form>& p, std::int64_t bg, int k_tile,
     typename attention_backward_kv_traits<HD>::shared_storage& sm, int tid) {
   using tr = attention_backward_kv_traits<HD>;
+  constexpr bool ring = Form == attention_form::block;
   constexpr int NQ = tr::q_sub / 8;  // n-tiles of an S^T slice (16 keys x q_sub queries)
   constexpr int NO = HD / 8;
   const int warp = tid / 32, lane = tid % 32;
   const std::int64_t S = p.S;
+  // As the forward's: key rows, query row t sees key rows s <= t + delta,
+  // key row 0 at global position kpos.
+  const attention_geometry geo = attention_geometry_of(p);
+  const std::int64_t Sk = geo.Sk, delta = geo.delta, kpos = geo.kpos;
   const std::int64_t b = bg / p.nkv;
   const int g = static_cast<int>(bg % p.nkv);
   const int group = p.nh / p.nkv;
   const int qstride = p.nh * HD, kstride = p.nkv * HD;
   const std::int64_t k0 = std::int64_t(k_tile) * tr::k_rows;
-  const int iq0 = static_cast<int>(k0 / tr::q_rows);  // first query tile with a query >= k0
   const int n_qt = static_cast<int>((S + tr::q_rows - 1) / tr::q_rows);  // query tiles of a head
+  // The first query tile with a query that sees key k0 (t >= k0 - delta);
+  // in the block form n_qt when none does (keys wholly in the queries' future).
+  const std::int64_t t_first = k0 - delta > 0 ? k0 - delta : 0;
+  const int iq0 = ring ? (t_first < S ? static_cast<int>(t_first / tr::q_rows) : n_qt)
+                       : static_cast<int>(k0 / tr::q_rows);
   const std::uint32_t smem = Ops::smem_addr(&sm);
 
   // Query tile iq of head h into buffer buf: Q, dO by cp.async, lse and D by plain loads.
@@ -584,14 +810,28 @@ TESSERA_ATTENTION_FN void attention_backward_kv_block(
       // The query's first key relative to the block's, in [0, k_rows] (k_rows:
       // none of the block's keys; also past S).
       const std::int64_t f =
-          tid < valid ? kernels::detail::attention_first_key(p.doc_start, b, S, q0 + tid) - k0
-                      : tr::k_rows;
+          tid < valid
+              ? kernels::detail::attention_first_key(p.doc_start, b, S, q0 + tid) - kpos - k0
+              : tr::k_rows;
       sm.first[buf][tid] = static_cast<std::int32_t>(f < 0 ? 0 : f > tr::k_rows ? tr::k_rows : f);
     }
   };
 
-  const int k_valid = attention_valid_rows(k0, S, tr::k_rows);
-  const std::int64_t koff = (b * S * p.nkv + g) * HD + k0 * kstride;
+  const int k_valid = attention_valid_rows(k0, Sk, tr::k_rows);
+  const std::int64_t koff = (b * Sk * p.nkv + g) * HD + k0 * kstride;
+  if constexpr (ring) {
+    if (iq0 >= n_qt) {  // no query sees these keys: dK = dV = 0, nothing loaded
+      if (16 * warp < k_valid) {
+        float zero[NO][4];
+        attention_zero(zero);
+        const int valid = k_valid - 16 * warp < 16 ? k_valid - 16 * warp : 16;
+        const std::int64_t off = koff + std::int64_t(16 * warp) * kstride;
+        attention_store_rows_f32<Ops, HD>(p.dk_f32 + off, valid, kstride, zero, 1.f, false, lane);
+        attention_store_rows_f32<Ops, HD>(p.dv_f32 + off, valid, kstride, zero, 1.f, false, lane);
+      }
+      return;
+    }
+  }
   attention_load_tile<Ops, HD, tr::k_rows>(attention_smem_addr(smem, sm, sm.k), p.k + koff, k_valid,
                                            kstride, tid);
   attention_load_tile<Ops, HD, tr::k_rows>(attention_smem_addr(smem, sm, sm.v), p.v + koff, k_valid,
@@ -603,10 +843,12 @@ TESSERA_ATTENTION_FN void attention_backward_kv_block(
   if (p.doc_start == nullptr)
     iq_end = n_qt;
   else
-    while (iq_end < n_qt &&
-           kernels::detail::attention_first_key(p.doc_start, b, S,
-                                                std::int64_t(iq_end) * tr::q_rows) < k0 + k_valid)
+    while (iq_end < n_qt) {
+      const std::int64_t f = kernels::detail::attention_first_key(
+          p.doc_start, b, S, std::int64_t(iq_end) * tr::q_rows);  // the tile's first query's
+      if (f - kpos >= k0 + k_valid) break;
       ++iq_end;
+    }
   int h = g * group, iq = iq0;  // the tile being computed
   int h1 = h, iq1 = iq;         // the tile after it
   auto advance = [&](int& hh, int& ii) {
@@ -633,8 +875,9 @@ TESSERA_ATTENTION_FN void attention_backward_kv_block(
       load_q(h1, iq1, buf ^ 1);
       Ops::cp_commit();
     }
-    // Queries q0 + [0, 64) against keys k0 + w0 + [0, 16): dq0 = q0 - k0 - w0.
-    const int dq0 = static_cast<int>(std::int64_t(iq) * tr::q_rows - k0) - w0;
+    // Queries q0 + [0, 64) against keys k0 + w0 + [0, 16): dq0 = q0 + delta - k0 - w0
+    // (query minus key, in global positions).
+    const int dq0 = static_cast<int>(std::int64_t(iq) * tr::q_rows + delta - k0) - w0;
     h = h1;
     iq = iq1;
     advance(h1, iq1);
@@ -679,43 +922,59 @@ TESSERA_ATTENTION_FN void attention_backward_kv_block(
   }
 
   if (!live) return;
-  // The warp's rows of sm.k and sm.v were read only by this warp.
   const int valid = k_valid - w0 < 16 ? k_valid - w0 : 16;
-  attention_store_rows<Ops, HD>(p.dk + koff + w0 * kstride, valid, kstride, dk, p.scale, sm.k, w0,
-                                lane);
-  attention_store_rows<Ops, HD>(p.dv + koff + w0 * kstride, valid, kstride, dv, 1.f, sm.v, w0,
-                                lane);
+  if constexpr (ring) {
+    attention_store_rows_f32<Ops, HD>(p.dk_f32 + koff + w0 * kstride, valid, kstride, dk, p.scale,
+                                      false, lane);
+    attention_store_rows_f32<Ops, HD>(p.dv_f32 + koff + w0 * kstride, valid, kstride, dv, 1.f,
+                                      false, lane);
+  } else {
+    // The warp's rows of sm.k and sm.v were read only by this warp.
+    attention_store_rows<Ops, HD>(p.dk + koff + w0 * kstride, valid, kstride, dk, p.scale, sm.k, w0,
+                                  lane);
+    attention_store_rows<Ops, HD>(p.dv + koff + w0 * kstride, valid, kstride, dv, 1.f, sm.v, w0,
+                                  lane);
+  }
 }
 
 // ---- backward: dQ ----------------------------------------------------------------------------
 
 /// One block of the dQ pass: query tile `q_tile` of (b, h) = (bh / nh, bh % nh),
-/// key tiles from the diagonal down to 0.
-template <class Ops, int HD>
+/// key tiles from the diagonal down to 0. Form: attention_form (block: the
+/// queries at q0 against the Sk keys at k0; dq float32, written or added).
+template <class Ops, int HD, attention_form Form = attention_form::causal>
 TESSERA_ATTENTION_FN void attention_backward_q_block(
-    const attention_backward_params& p, std::int64_t bh, int q_tile,
+    const attention_backward_params_t<Form>& p, std::int64_t bh, int q_tile,
     typename attention_backward_q_traits<HD>::shared_storage& sm, int tid) {
   using tr = attention_backward_q_traits<HD>;
+  constexpr bool ring = Form == attention_form::block;
   constexpr int NS = tr::k_rows / 8;
   constexpr int NO = HD / 8;
   const int warp = tid / 32, lane = tid % 32;
   const std::int64_t S = p.S;
+  // As the forward's: key rows, query row t sees key rows s <= t + delta,
+  // key row 0 at global position kpos.
+  const attention_geometry geo = attention_geometry_of(p);
+  const std::int64_t Sk = geo.Sk, delta = geo.delta, kpos = geo.kpos;
   const std::int64_t b = bh / p.nh;
   const int h = static_cast<int>(bh % p.nh);
   const int g = static_cast<int>(kernels::detail::attention_kv_head(h, p.nh, p.nkv));
   const int qstride = p.nh * HD, kstride = p.nkv * HD;
   const std::int64_t q0 = std::int64_t(q_tile) * tr::q_rows;
   const std::int64_t qoff = (b * S * p.nh + h) * HD + q0 * qstride;  // row q0
-  const std::uint16_t* kg = p.k + (b * S * p.nkv + g) * HD;          // row 0
-  const std::uint16_t* vg = p.v + (b * S * p.nkv + g) * HD;
+  const std::uint16_t* kg = p.k + (b * Sk * p.nkv + g) * HD;         // row 0
+  const std::uint16_t* vg = p.v + (b * Sk * p.nkv + g) * HD;
   const std::int64_t q_end = q0 + tr::q_rows < S ? q0 + tr::q_rows : S;
-  const int n_kt = static_cast<int>((q_end + tr::k_rows - 1) / tr::k_rows);
-  const int n_it = n_kt - attention_first_tile(p.doc_start, b, S, q0, tr::k_rows);
+  // Keys the tile's last row sees: s < q_end + delta, and s < Sk.
+  const std::int64_t s_end = ring ? (q_end + delta < Sk ? q_end + delta : Sk) : q_end;
+  const int n_kt =  // (causal: s_end = q_end >= 1)
+      !ring || s_end > 0 ? static_cast<int>((s_end + tr::k_rows - 1) / tr::k_rows) : 0;
+  const int n_it = n_kt - attention_first_tile(p.doc_start, b, S, q0, tr::k_rows, kpos);
   const std::uint32_t smem = Ops::smem_addr(&sm);
 
   auto load_kv = [&](int kt, int buf) {
     const std::int64_t k0 = std::int64_t(kt) * tr::k_rows;
-    const int valid = attention_valid_rows(k0, S, tr::k_rows);
+    const int valid = attention_valid_rows(k0, Sk, tr::k_rows);
     attention_load_tile<Ops, HD, tr::k_rows>(attention_smem_addr(smem, sm, sm.k[buf]),
                                              kg + k0 * kstride, valid, kstride, tid);
     attention_load_tile<Ops, HD, tr::k_rows>(attention_smem_addr(smem, sm, sm.v[buf]),
@@ -726,27 +985,28 @@ TESSERA_ATTENTION_FN void attention_backward_q_block(
                                            qstride, tid);
   attention_load_tile<Ops, HD, tr::q_rows>(attention_smem_addr(smem, sm, sm.dout), p.dout + qoff,
                                            q_valid, qstride, tid);
-  load_kv(n_kt - 1, 0);
+  if (!ring || n_it > 0) load_kv(n_kt - 1, 0);  // (causal: n_kt >= 1)
   Ops::cp_commit();
 
   const int w0 = 16 * warp;  // the warp's first row, from q0
   const bool live = w0 < q_valid;
   float lse[2], dd[2];  // of rows g and g + 8; +inf and 0 past S (P = 0, dS = 0)
-  std::int64_t lf[2];   // their first keys (document mask)
+  std::int64_t lf[2];   // their first keys (document mask), as key rows of this call
   TESSERA_ATTENTION_UNROLL
   for (int r = 0; r < 2; ++r) {
     const int t = w0 + (lane >> 2) + 8 * r;
     const std::int64_t row = (b * p.nh + h) * S + q0 + t;
     lse[r] = t < q_valid ? Ops::ld_global_f32(p.lse + row) : INFINITY;
     dd[r] = t < q_valid ? Ops::ld_global_f32(p.d + row) : 0.f;
-    lf[r] = kernels::detail::attention_first_key(p.doc_start, b, S, t < q_valid ? q0 + t : q0);
+    lf[r] =
+        kernels::detail::attention_first_key(p.doc_start, b, S, t < q_valid ? q0 + t : q0) - kpos;
   }
   // First keys of the warp's first and last rows.
   const int w_last = w0 + 15 < q_valid ? w0 + 15 : q_valid - 1;
   const std::int64_t wf0 =
-      kernels::detail::attention_first_key(p.doc_start, b, S, q0 + (live ? w0 : 0));
+      kernels::detail::attention_first_key(p.doc_start, b, S, q0 + (live ? w0 : 0)) - kpos;
   const std::int64_t wf1 =
-      kernels::detail::attention_first_key(p.doc_start, b, S, q0 + (live ? w_last : 0));
+      kernels::detail::attention_first_key(p.doc_start, b, S, q0 + (live ? w_last : 0)) - kpos;
   float dq[NO][4];
   attention_zero(dq);
 
@@ -759,9 +1019,10 @@ TESSERA_ATTENTION_FN void attention_backward_q_block(
       load_kv(kt - 1, buf ^ 1);
       Ops::cp_commit();
     }
-    // Keys k0 + [0, 64) against rows q0 + w0 + [0, 16): dk0 = k0 - q0 - w0.
+    // Keys k0 + [0, 64) against rows q0 + w0 + [0, 16): dk0 = k0 - q0 - delta - w0
+    // (key minus row, in global positions).
     const std::int64_t k0 = std::int64_t(kt) * tr::k_rows;
-    const int dk0 = static_cast<int>(k0 - q0) - w0;
+    const int dk0 = static_cast<int>(k0 - q0 - delta) - w0;
     if (!live || dk0 > 15 || wf0 > k0 + tr::k_rows - 1) continue;
 
     // S = Q K^T, dP = dO V^T for the warp's 16 rows and the tile's 64 keys.
@@ -774,7 +1035,9 @@ TESSERA_ATTENTION_FN void attention_backward_q_block(
     attention_mma_abt<Ops, HD, NS>(s, attention_smem_addr(s0, sm, sm.q), w0, sk, lane);
 
     const bool diagonal = dk0 + tr::k_rows - 1 > 0;
-    const bool document = k0 < wf1;  // some key precedes some row's document
+    const bool document = k0 < wf1;                  // some key precedes some row's document
+    const bool tail = ring && k0 + tr::k_rows > Sk;  // keys past Sk (zero-filled)
+    const int k_valid = static_cast<int>(Sk - k0);
     TESSERA_ATTENTION_UNROLL
     for (int n = 0; n < NS; ++n) {
       TESSERA_ATTENTION_UNROLL
@@ -783,6 +1046,7 @@ TESSERA_ATTENTION_FN void attention_backward_q_block(
         float pr = kernels::detail::attention_prob(s[n][i] * p.scale, lse[i >> 1]);
         if (diagonal && dk0 + 8 * n + c.col > c.row) pr = 0.f;      // key > row
         if (document && k0 + 8 * n + c.col < lf[i >> 1]) pr = 0.f;  // before its document
+        if (tail && 8 * n + c.col >= k_valid) pr = 0.f;             // past Sk
         s[n][i] = kernels::detail::attention_dscore(pr, dp[n][i], dd[i >> 1]);
       }
     }
@@ -794,10 +1058,15 @@ TESSERA_ATTENTION_FN void attention_backward_q_block(
     Ops::sync();
   }
   if (!live) return;
-  // The warp's rows of sm.q were read only by this warp.
   const int valid = q_valid - w0 < 16 ? q_valid - w0 : 16;
-  attention_store_rows<Ops, HD>(p.dq + qoff + w0 * qstride, valid, qstride, dq, p.scale, sm.q, w0,
-                                lane);
+  if constexpr (ring) {
+    attention_store_rows_f32<Ops, HD>(p.dq_f32 + qoff + w0 * qstride, valid, qstride, dq, p.scale,
+                                      p.dq_accumulate != 0, lane);
+  } else {
+    // The warp's rows of sm.q were read only by this warp.
+    attention_store_rows<Ops, HD>(p.dq + qoff + w0 * qstride, valid, qstride, dq, p.scale, sm.q, w0,
+                                  lane);
+  }
 }
 
 }  // namespace tessera::kernels::cuda::detail
@@ -890,17 +1159,19 @@ struct attention_device_ops {
     *reinterpret_cast<attention_vec16*>(p) = v;
   }
   static __device__ __forceinline__ float ld_global_f32(const float* p) { return __ldg(p); }
+  /// A float the kernel itself writes (a `+=` output): a coherent load, not __ldg.
+  static __device__ __forceinline__ float ld_global_acc(const float* p) { return *p; }
   static __device__ __forceinline__ void st_global_f32(float* p, float v) { *p = v; }
 };
 
-template <class T, int HD>
+template <class T, int HD, attention_form Form>
 __global__ void __launch_bounds__(attention_threads, 1)
-    attention_forward_kernel(const attention_forward_params p) {
+    attention_forward_kernel(const attention_forward_params_t<Form> p) {
   using storage = typename attention_forward_traits<HD>::shared_storage;
   static_assert(sizeof(storage) <= attention_smem_bound,
                 "attention_forward_kernel: shared_storage exceeds attention_smem_bound");
   extern __shared__ __align__(128) unsigned char attention_smem[];
-  attention_forward_block<attention_device_ops<T>, HD>(
+  attention_forward_block<attention_device_ops<T>, HD, Form>(
       p, blockIdx.x, static_cast<int>(gridDim.y - 1 - blockIdx.y),
       *reinterpret_cast<storage*>(attention_smem), static_cast<int>(threadIdx.x));
 }
@@ -912,26 +1183,26 @@ __global__ void __launch_bounds__(attention_threads)
                                                           static_cast<int>(threadIdx.x));
 }
 
-template <class T, int HD>
+template <class T, int HD, attention_form Form>
 __global__ void __launch_bounds__(attention_threads, 1)
-    attention_backward_kv_kernel(const attention_backward_params p) {
+    attention_backward_kv_kernel(const attention_backward_params_t<Form> p) {
   using storage = typename attention_backward_kv_traits<HD>::shared_storage;
   static_assert(sizeof(storage) <= attention_smem_bound,
                 "attention_backward_kv_kernel: shared_storage exceeds attention_smem_bound");
   extern __shared__ __align__(128) unsigned char attention_smem[];
-  attention_backward_kv_block<attention_device_ops<T>, HD>(
+  attention_backward_kv_block<attention_device_ops<T>, HD, Form>(
       p, blockIdx.x, static_cast<int>(blockIdx.y), *reinterpret_cast<storage*>(attention_smem),
       static_cast<int>(threadIdx.x));
 }
 
-template <class T, int HD>
+template <class T, int HD, attention_form Form>
 __global__ void __launch_bounds__(attention_threads, 1)
-    attention_backward_q_kernel(const attention_backward_params p) {
+    attention_backward_q_kernel(const attention_backward_params_t<Form> p) {
   using storage = typename attention_backward_q_traits<HD>::shared_storage;
   static_assert(sizeof(storage) <= attention_smem_bound,
                 "attention_backward_q_kernel: shared_storage exceeds attention_smem_bound");
   extern __shared__ __align__(128) unsigned char attention_smem[];
-  attention_backward_q_block<attention_device_ops<T>, HD>(
+  attention_backward_q_block<attention_device_ops<T>, HD, Form>(
       p, blockIdx.x, static_cast<int>(gridDim.y - 1 - blockIdx.y),
       *reinterpret_cast<storage*>(attention_smem), static_cast<int>(threadIdx.x));
 }
@@ -948,22 +1219,24 @@ void attention_launch(Kernel kernel, const launch_config& c, const Params& param
            static_cast<unsigned>(c.block), c.dynamic_smem, stream>>>(params);
 }
 
-template <class T, int HD>
-void attention_forward_launch(const attention_forward_params& p, const launch_config& c,
+template <class T, int HD, attention_form Form>
+void attention_forward_launch(const attention_forward_params_t<Form>& p, const launch_config& c,
                               cudaStream_t stream) {
-  attention_launch(attention_forward_kernel<T, HD>, c, p, stream);
+  attention_launch(attention_forward_kernel<T, HD, Form>, c, p, stream);
   TESSERA_CUDA_CHECK_LAUNCH("attention_forward_kernel");
 }
 
-template <class T, int HD>
-void attention_backward_launch(const attention_backward_params& p, const launch_config& cd,
+template <class T, int HD, attention_form Form>
+void attention_backward_launch(const attention_backward_params_t<Form>& p, const launch_config& cd,
                                const launch_config& ckv, const launch_config& cq,
                                cudaStream_t stream) {
-  attention_launch(attention_backward_d_kernel<T, HD>, cd, p, stream);
+  // D needs the causal form's fields only (the S queries).
+  attention_launch(attention_backward_d_kernel<T, HD>, cd,
+                   static_cast<const attention_backward_params&>(p), stream);
   TESSERA_CUDA_CHECK_LAUNCH("attention_backward_d_kernel");
-  attention_launch(attention_backward_kv_kernel<T, HD>, ckv, p, stream);
+  attention_launch(attention_backward_kv_kernel<T, HD, Form>, ckv, p, stream);
   TESSERA_CUDA_CHECK_LAUNCH("attention_backward_kv_kernel");
-  attention_launch(attention_backward_q_kernel<T, HD>, cq, p, stream);
+  attention_launch(attention_backward_q_kernel<T, HD, Form>, cq, p, stream);
   TESSERA_CUDA_CHECK_LAUNCH("attention_backward_q_kernel");
 }
 
@@ -989,6 +1262,40 @@ std::uint16_t* attention_bits(T* p) {
   return reinterpret_cast<std::uint16_t*>(p);
 }
 
+/// The kernels of `Form` for the head dimension hd (32, 64 or 128).
+template <class T, attention_form Form>
+void attention_forward_dispatch(const attention_forward_params_t<Form>& p, const launch_config& c,
+                                std::int64_t hd, cudaStream_t stream) {
+  switch (hd) {
+    case 32:
+      attention_forward_launch<T, 32, Form>(p, c, stream);
+      break;
+    case 64:
+      attention_forward_launch<T, 64, Form>(p, c, stream);
+      break;
+    default:
+      attention_forward_launch<T, 128, Form>(p, c, stream);
+      break;
+  }
+}
+
+template <class T, attention_form Form>
+void attention_backward_dispatch(const attention_backward_params_t<Form>& p,
+                                 const launch_config& cd, const launch_config& ckv,
+                                 const launch_config& cq, std::int64_t hd, cudaStream_t stream) {
+  switch (hd) {
+    case 32:
+      attention_backward_launch<T, 32, Form>(p, cd, ckv, cq, stream);
+      break;
+    case 64:
+      attention_backward_launch<T, 64, Form>(p, cd, ckv, cq, stream);
+      break;
+    default:
+      attention_backward_launch<T, 128, Form>(p, cd, ckv, cq, stream);
+      break;
+  }
+}
+
 /// flash_attention_forward for the storage type T (bf16 or fp16).
 template <class T>
 void flash_attention_forward_of(T* d_out, float* d_lse, const T* d_q, const T* d_k, const T* d_v,
@@ -999,17 +1306,22 @@ void flash_attention_forward_of(T* d_out, float* d_lse, const T* d_q, const T* d
       attention_forward_args(attention_bits(d_out), d_lse, attention_bits(d_q), attention_bits(d_k),
                              attention_bits(d_v), B, S, nh, nkv, hd, d_doc_start);
   const launch_config c = attention_forward_config(B, S, nh, nkv, hd);
-  switch (hd) {
-    case 32:
-      attention_forward_launch<T, 32>(p, c, stream);
-      break;
-    case 64:
-      attention_forward_launch<T, 64>(p, c, stream);
-      break;
-    default:
-      attention_forward_launch<T, 128>(p, c, stream);
-      break;
-  }
+  attention_forward_dispatch<T, attention_form::causal>(p, c, hd, stream);
+}
+
+/// The block form of flash_attention_forward for T (bf16 or fp16): grid over
+/// the S queries, as the causal form's.
+template <class T>
+void flash_attention_forward_block_of(float* d_out, float* d_lse, const T* d_q, const T* d_k,
+                                      const T* d_v, std::int64_t B, std::int64_t S, std::int64_t nh,
+                                      std::int64_t nkv, std::int64_t hd, cudaStream_t stream,
+                                      const std::int32_t* d_doc_start,
+                                      kernels::attention_span span) {
+  const attention_forward_block_params p =
+      attention_forward_block_args(d_out, d_lse, attention_bits(d_q), attention_bits(d_k),
+                                   attention_bits(d_v), B, S, nh, nkv, hd, d_doc_start, span);
+  const launch_config c = attention_forward_config(B, S, nh, nkv, hd);
+  attention_forward_dispatch<T, attention_form::block>(p, c, hd, stream);
 }
 
 /// flash_attention_backward for the storage type T (bf16 or fp16).
@@ -1026,17 +1338,28 @@ void flash_attention_backward_of(T* d_dq, T* d_dk, T* d_dv, const T* d_dout, con
   const launch_config cd = attention_backward_d_config(B, S, nh, nkv, hd);
   const launch_config ckv = attention_backward_kv_config(B, S, nh, nkv, hd);
   const launch_config cq = attention_backward_q_config(B, S, nh, nkv, hd);
-  switch (hd) {
-    case 32:
-      attention_backward_launch<T, 32>(p, cd, ckv, cq, stream);
-      break;
-    case 64:
-      attention_backward_launch<T, 64>(p, cd, ckv, cq, stream);
-      break;
-    default:
-      attention_backward_launch<T, 128>(p, cd, ckv, cq, stream);
-      break;
-  }
+  attention_backward_dispatch<T, attention_form::causal>(p, cd, ckv, cq, hd, stream);
+}
+
+/// The block form of flash_attention_backward for T (bf16 or fp16): D over
+/// the S queries, dK/dV over the Sk keys, dQ over the S queries.
+template <class T>
+void flash_attention_backward_block_of(float* d_dq, float* d_dk, float* d_dv, const T* d_dout,
+                                       const T* d_q, const T* d_k, const T* d_v, const T* d_out,
+                                       const float* d_lse, std::int64_t B, std::int64_t S,
+                                       std::int64_t nh, std::int64_t nkv, std::int64_t hd,
+                                       void* d_scratch, std::size_t scratch_bytes,
+                                       cudaStream_t stream, const std::int32_t* d_doc_start,
+                                       kernels::attention_span span,
+                                       kernels::attention_dq dq_mode) {
+  const attention_backward_block_params p = attention_backward_block_args(
+      d_dq, d_dk, d_dv, attention_bits(d_dout), attention_bits(d_q), attention_bits(d_k),
+      attention_bits(d_v), attention_bits(d_out), d_lse, B, S, nh, nkv, hd, d_scratch,
+      scratch_bytes, d_doc_start, span, dq_mode);
+  const launch_config cd = attention_backward_d_config(B, S, nh, nkv, hd);
+  const launch_config ckv = attention_backward_kv_config(B, p.span.Sk, nh, nkv, hd);
+  const launch_config cq = attention_backward_q_config(B, S, nh, nkv, hd);
+  attention_backward_dispatch<T, attention_form::block>(p, cd, ckv, cq, hd, stream);
 }
 
 }  // namespace detail
@@ -1075,6 +1398,56 @@ TESSERA_CUDA_ENTRY void flash_attention_backward(
     cudaStream_t stream, const std::int32_t* d_doc_start) {
   detail::flash_attention_backward_of(d_dq, d_dk, d_dv, d_dout, d_q, d_k, d_v, d_out, d_lse, B, S,
                                       nh, nkv, hd, d_scratch, scratch_bytes, stream, d_doc_start);
+}
+
+TESSERA_CUDA_ENTRY void flash_attention_forward(float* d_out, float* d_lse, const bf16* d_q,
+                                                const bf16* d_k, const bf16* d_v, std::int64_t B,
+                                                std::int64_t S, std::int64_t nh, std::int64_t nkv,
+                                                std::int64_t hd, cudaStream_t stream,
+                                                const std::int32_t* d_doc_start,
+                                                kernels::attention_span span) {
+  detail::flash_attention_forward_block_of(d_out, d_lse, d_q, d_k, d_v, B, S, nh, nkv, hd, stream,
+                                           d_doc_start, span);
+}
+
+TESSERA_CUDA_ENTRY void flash_attention_forward(float* d_out, float* d_lse, const fp16* d_q,
+                                                const fp16* d_k, const fp16* d_v, std::int64_t B,
+                                                std::int64_t S, std::int64_t nh, std::int64_t nkv,
+                                                std::int64_t hd, cudaStream_t stream,
+                                                const std::int32_t* d_doc_start,
+                                                kernels::attention_span span) {
+  detail::flash_attention_forward_block_of(d_out, d_lse, d_q, d_k, d_v, B, S, nh, nkv, hd, stream,
+                                           d_doc_start, span);
+}
+
+TESSERA_CUDA_ENTRY void flash_attention_backward(
+    float* d_dq, float* d_dk, float* d_dv, const bf16* d_dout, const bf16* d_q, const bf16* d_k,
+    const bf16* d_v, const bf16* d_out, const float* d_lse, std::int64_t B, std::int64_t S,
+    std::int64_t nh, std::int64_t nkv, std::int64_t hd, void* d_scratch, std::size_t scratch_bytes,
+    cudaStream_t stream, const std::int32_t* d_doc_start, kernels::attention_span span,
+    kernels::attention_dq dq_mode) {
+  detail::flash_attention_backward_block_of(d_dq, d_dk, d_dv, d_dout, d_q, d_k, d_v, d_out, d_lse,
+                                            B, S, nh, nkv, hd, d_scratch, scratch_bytes, stream,
+                                            d_doc_start, span, dq_mode);
+}
+
+TESSERA_CUDA_ENTRY void flash_attention_backward(
+    float* d_dq, float* d_dk, float* d_dv, const fp16* d_dout, const fp16* d_q, const fp16* d_k,
+    const fp16* d_v, const fp16* d_out, const float* d_lse, std::int64_t B, std::int64_t S,
+    std::int64_t nh, std::int64_t nkv, std::int64_t hd, void* d_scratch, std::size_t scratch_bytes,
+    cudaStream_t stream, const std::int32_t* d_doc_start, kernels::attention_span span,
+    kernels::attention_dq dq_mode) {
+  detail::flash_attention_backward_block_of(d_dq, d_dk, d_dv, d_dout, d_q, d_k, d_v, d_out, d_lse,
+                                            B, S, nh, nkv, hd, d_scratch, scratch_bytes, stream,
+                                            d_doc_start, span, dq_mode);
+}
+
+TESSERA_CUDA_ENTRY void flash_attention_merge(float* d_out_acc, float* d_lse_acc,
+                                              const float* d_out_part, const float* d_lse_part,
+                                              std::int64_t B, std::int64_t S, std::int64_t nh,
+                                              std::int64_t hd, cudaStream_t stream) {
+  attention_merge_launch(device_launcher{stream}, d_out_acc, d_lse_acc, d_out_part, d_lse_part, B,
+                         S, nh, hd);
 }
 
 }  // namespace tessera::kernels::cuda

@@ -15,7 +15,9 @@
 /// - lse:              (B, nh, S) float32, natural-log log-sum-exp of each
 ///                     query row's scaled scores (scale 1/sqrt(hd))
 /// Query head h reads key/value head h / (nh / nkv); position t attends to
-/// keys s <= t (causal).
+/// keys s <= t (causal). A block of ring attention (the overloads with an
+/// attention_span, below) takes k, v, dk, dv as (B, Sk, nkv, hd) at global
+/// offsets and writes float32 outputs, for flash_attention_merge.
 ///
 /// Arithmetic: Q K^T, P V and the backward products on T's tensor cores
 /// (mma.sync m16n8k16, .bf16 or .f16 operands) with float32 accumulation;
@@ -120,6 +122,90 @@ TESSERA_CUDA_ENTRY void flash_attention_backward(
     const fp16* d_v, const fp16* d_out, const float* d_lse, std::int64_t B, std::int64_t S,
     std::int64_t nh, std::int64_t nkv, std::int64_t hd, void* d_scratch, std::size_t scratch_bytes,
     cudaStream_t stream, const std::int32_t* d_doc_start = nullptr);
+
+// ---- blocks of context-parallel (ring) attention --------------------------------------------
+
+/// One block of ring attention's forward: the S queries at global positions
+/// span.q0 .. against the Sk keys at span.k0 .. (kernels::attention_span;
+/// key k0 + s visible to query q0 + t iff k0 + s <= q0 + t, and with
+/// `d_doc_start` (global positions) at or after the query's document
+/// start), written as a float32 partial output for flash_attention_merge.
+/// - `d_q` (B, S, nh, hd), `d_k`, `d_v` (B, Sk, nkv, hd) T; `d_out`
+///   (B, S, nh, hd) float32, written, unrounded (the attention of this
+///   block's keys only); `d_lse` (B, nh, S) float32, written. A query that
+///   sees no key of the block gets out 0 and lse -inf, never NaN (a block
+///   wholly in the future writes only those).
+/// - The block form of the kernels (attention.cuh: attention_form::block):
+///   the causal kernels' code and registers are not touched by it. Keys
+///   past Sk are masked; key tiles after a query tile's last query and
+///   before its documents are skipped; a block wholly in the past has no
+///   causal mask.
+/// - Sizes as flash_attention_forward, plus attention_check_span (offsets
+///   >= 0, Sk >= 1 or -1 for S, positions below 2^30); `d_out` 4-byte aligned.
+/// - Throws config_error (before any launch) naming the value; cuda_error if
+///   the launch fails.
+/// - Source: Liu et al. 2023, "Ring Attention with Blockwise Transformers";
+///   FlashAttention-2 (Dao 2023), Algorithm 1.
+TESSERA_CUDA_ENTRY void flash_attention_forward(float* d_out, float* d_lse, const bf16* d_q,
+                                                const bf16* d_k, const bf16* d_v, std::int64_t B,
+                                                std::int64_t S, std::int64_t nh, std::int64_t nkv,
+                                                std::int64_t hd, cudaStream_t stream,
+                                                const std::int32_t* d_doc_start,
+                                                kernels::attention_span span);
+TESSERA_CUDA_ENTRY void flash_attention_forward(float* d_out, float* d_lse, const fp16* d_q,
+                                                const fp16* d_k, const fp16* d_v, std::int64_t B,
+                                                std::int64_t S, std::int64_t nh, std::int64_t nkv,
+                                                std::int64_t hd, cudaStream_t stream,
+                                                const std::int32_t* d_doc_start,
+                                                kernels::attention_span span);
+
+/// One block of ring attention's backward, from the FINAL out and lse (after
+/// flash_attention_merge of every block; out rounded to T as the forward
+/// saves it): this block's contribution to dq and the block's dk, dv.
+/// - `d_dq` (B, S, nh, hd) float32: written (`=`), or with
+///   kernels::attention_dq::accumulate the block's contribution added
+///   (`+=`): a ring sums its blocks unrounded.
+/// - `d_dk`, `d_dv` (B, Sk, nkv, hd) float32: written, this block's (a ring
+///   sums a key block's over the ranks that saw it).
+/// - `d_dout`, `d_q`, `d_out` (B, S, nh, hd), `d_k`, `d_v` (B, Sk, nkv, hd)
+///   T; `d_lse` (B, nh, S) float32; `d_doc_start`, `span`: the forward's.
+/// - `d_scratch`: flash_attention_backward_scratch_bytes(B, S, nh, nkv, hd)
+///   bytes at least (D over the S queries).
+/// - Three launches as flash_attention_backward's, in the block form; the
+///   dK/dV grid is over the Sk keys. Deterministic; no atomics.
+/// - Throws config_error (before any launch) as flash_attention_backward and
+///   the block forward; cuda_error if a launch fails.
+/// - Source: FlashAttention-2 (Dao 2023), Algorithm 2; Liu et al. 2023.
+TESSERA_CUDA_ENTRY void flash_attention_backward(
+    float* d_dq, float* d_dk, float* d_dv, const bf16* d_dout, const bf16* d_q, const bf16* d_k,
+    const bf16* d_v, const bf16* d_out, const float* d_lse, std::int64_t B, std::int64_t S,
+    std::int64_t nh, std::int64_t nkv, std::int64_t hd, void* d_scratch, std::size_t scratch_bytes,
+    cudaStream_t stream, const std::int32_t* d_doc_start, kernels::attention_span span,
+    kernels::attention_dq dq_mode);
+TESSERA_CUDA_ENTRY void flash_attention_backward(
+    float* d_dq, float* d_dk, float* d_dv, const fp16* d_dout, const fp16* d_q, const fp16* d_k,
+    const fp16* d_v, const fp16* d_out, const float* d_lse, std::int64_t B, std::int64_t S,
+    std::int64_t nh, std::int64_t nkv, std::int64_t hd, void* d_scratch, std::size_t scratch_bytes,
+    cudaStream_t stream, const std::int32_t* d_doc_start, kernels::attention_span span,
+    kernels::attention_dq dq_mode);
+
+/// Merges one block's partial attention into a running accumulator, as the
+/// host kernels::attention_merge (the same per-element functions): per row
+/// lse = log(exp(lse_acc) + exp(lse_part)) (max + log1p, stable) and
+/// out = out_acc exp(lse_acc - lse) + out_part exp(lse_part - lse); -inf
+/// exact (an empty block keeps the accumulator's bits; two empty rows give
+/// 0 and -inf), never NaN.
+/// - `d_out_acc` (B, S, nh, hd), `d_lse_acc` (B, nh, S) float32: in place;
+///   `d_out_part`, `d_lse_part` likewise, one block's (flash_attention_forward
+///   with a span); not overlapping the accumulator. 4-byte aligned.
+/// - Two launches on `stream` (attention_merge.cuh): the outputs, then lse.
+///   Deterministic, element-wise.
+/// - Throws config_error for a size < 1; cuda_error if a launch fails.
+/// - Source: Liu et al. 2023; FlashAttention-2, Algorithm 1, lines 8-13.
+TESSERA_CUDA_ENTRY void flash_attention_merge(float* d_out_acc, float* d_lse_acc,
+                                              const float* d_out_part, const float* d_lse_part,
+                                              std::int64_t B, std::int64_t S, std::int64_t nh,
+                                              std::int64_t hd, cudaStream_t stream);
 
 /// FLOPs of the causal forward, counting a multiply-add as 2 and the causal
 /// square once (half of S^2, the convention of the FlashAttention papers):

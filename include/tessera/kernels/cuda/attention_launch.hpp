@@ -30,6 +30,7 @@
 #include "tessera/core/config.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/kernels/cuda/launch.hpp"
+#include "tessera/kernels/detail/attention.hpp"
 
 namespace tessera::kernels::cuda {
 
@@ -257,6 +258,29 @@ inline void attention_check_args(const char* fn, std::int64_t B, std::int64_t S,
                    attention_max_heads, " (tile offsets are 32-bit: 128 nh hd < 2^31)");
   TESSERA_THROW_IF(B > launch_limits::max_grid_x / nh, config_error, fn, ": B*nh=", B, "*", nh,
                    " exceeds the grid limit ", launch_limits::max_grid_x);
+}
+
+/// The key rows of a ring block's `span` (kernels::attention_span) for S
+/// query rows: span.Sk, or S for -1. Throws config_error, naming the value,
+/// for an offset < 0, Sk < 1 (other than -1), Sk > attention_max_S (the dK/dV
+/// grid), or a global position at or past 2^30 (positions are doc_start's
+/// int32 values, and the kernels add tile offsets to their differences in
+/// int).
+inline std::int64_t attention_check_span(const char* fn, std::int64_t S,
+                                         kernels::attention_span span) {
+  TESSERA_THROW_IF(span.q0 < 0 || span.k0 < 0, config_error, fn,
+                   ": attention_span offsets must be >= 0, got q0=", span.q0, " k0=", span.k0);
+  TESSERA_THROW_IF(span.Sk == 0 || span.Sk < -1, config_error, fn, ": attention_span Sk=", span.Sk,
+                   " must be >= 1 (key/value rows), or -1 for Sk = S");
+  const std::int64_t Sk = span.Sk == -1 ? S : span.Sk;
+  TESSERA_THROW_IF(Sk > attention_max_S, config_error, fn, ": attention_span Sk=", Sk,
+                   " exceeds the limit ", attention_max_S, " (65535 tiles of 128 keys on grid y)");
+  constexpr std::int64_t max_pos = std::int64_t(1) << 30;
+  TESSERA_THROW_IF(span.q0 > max_pos - S || span.k0 > max_pos - Sk, config_error, fn,
+                   ": attention_span q0=", span.q0, " k0=", span.k0, " with S=", S, " Sk=", Sk,
+                   " reaches global position ", max_pos,
+                   " (the kernels take positions below 2^30: int differences of int32 positions)");
+  return Sk;
 }
 
 /// Throws config_error when `p` is not aligned to `align` bytes.

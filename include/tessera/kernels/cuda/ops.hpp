@@ -353,30 +353,90 @@ inline void attention_check_shape(const cuda_context&, std::int64_t S, std::int6
   cuda::attention_check_args("attention", 1, S, nh, nkv, hd);
 }
 
+namespace detail {
+/// True when `span` is the whole sequence of S rows (the causal kernels).
+inline bool attention_whole(attention_span span, std::int64_t S) {
+  return span.q0 == 0 && span.k0 == 0 && (span.Sk == -1 || span.Sk == S);
+}
+}  // namespace detail
+
 /// Causal flash attention: out (B, S, nh, hd) and lse (B, nh, S) float32 from
-/// q (B, S, nh, hd), k, v (B, S, nkv, hd), bf16 or fp16, under `mask`
-/// (attention_mask; doc_start in device memory). Throws config_error as
-/// attention_check_shape.
-template <class T>
-void attention_forward(const cuda_context& ctx, T* out, float* lse, const T* q, const T* k,
+/// q (B, S, nh, hd), k, v (B, Sk, nkv, hd), bf16 or fp16, under `mask`
+/// (attention_mask; doc_start in device memory). With a `span` other than
+/// the whole sequence, or a float32 `out` (O = float, a ring's partial
+/// output for attention_merge), one block of ring attention: the block
+/// kernels (cuda::flash_attention_forward with a span); a 16-bit out of a
+/// block is its float32 output rounded once (scratch of B S nh hd floats).
+/// Throws config_error as attention_check_shape and cuda::attention_check_span.
+template <class T, class O = T>
+void attention_forward(const cuda_context& ctx, O* out, float* lse, const T* q, const T* k,
                        const T* v, std::int64_t B, std::int64_t S, std::int64_t nh,
-                       std::int64_t nkv, std::int64_t hd, attention_mask mask = {}) {
+                       std::int64_t nkv, std::int64_t hd, attention_mask mask = {},
+                       attention_span span = {}) {
   detail::cuda_storage_check<T>();
-  cuda::flash_attention_forward(out, lse, q, k, v, B, S, nh, nkv, hd, ctx.stream(), mask.doc_start);
+  static_assert(std::is_same_v<O, T> || std::is_same_v<O, float>,
+                "attention_forward (cuda): out is the storage type or float32 (a ring block's "
+                "partial output)");
+  if constexpr (std::is_same_v<O, T>) {
+    if (detail::attention_whole(span, S)) {
+      cuda::flash_attention_forward(out, lse, q, k, v, B, S, nh, nkv, hd, ctx.stream(),
+                                    mask.doc_start);
+    } else {
+      const std::int64_t n = B * S * nh * hd;
+      auto f = ctx.scratch(static_cast<std::size_t>(n) * sizeof(float));
+      float* of = reinterpret_cast<float*>(f.data());
+      cuda::flash_attention_forward(of, lse, q, k, v, B, S, nh, nkv, hd, ctx.stream(),
+                                    mask.doc_start, span);
+      cuda::cast<T, float>(out, of, n, ctx.stream());
+    }
+  } else {
+    cuda::flash_attention_forward(out, lse, q, k, v, B, S, nh, nkv, hd, ctx.stream(),
+                                  mask.doc_start, span);
+  }
 }
 
 /// dq, dk, dv (=, not +=) from dout and the forward's out and lse; float32
 /// gradients go through scratch of the storage type T. Scratch:
 /// cuda::flash_attention_backward_scratch_bytes. `mask`: attention_forward's.
-/// Throws as attention_forward.
+/// With a `span` other than the whole sequence, or `dq_mode` accumulate, one
+/// block of ring attention from the final out and lse (the block kernels:
+/// float32 dq, dk, dv, so float32 G is exact and 16-bit G rounds once; dq
+/// accumulated (`+=`) only into float32, else config_error). Throws as
+/// attention_forward.
 template <class T, class G>
 void attention_backward(const cuda_context& ctx, G* dq, G* dk, G* dv, const G* dout, const T* q,
                         const T* k, const T* v, const T* out, const float* lse, std::int64_t B,
                         std::int64_t S, std::int64_t nh, std::int64_t nkv, std::int64_t hd,
-                        attention_mask mask = {}) {
+                        attention_mask mask = {}, attention_span span = {},
+                        attention_dq dq_mode = attention_dq::write) {
   detail::cuda_storage_check<T>();
   detail::cuda_grad_check<G>();
   auto s = ctx.scratch(cuda::flash_attention_backward_scratch_bytes(B, S, nh, nkv, hd));
+  if (!detail::attention_whole(span, S) || dq_mode == attention_dq::accumulate) {
+    constexpr bool float_dq = std::is_same_v<G, float>;
+    TESSERA_THROW_IF(dq_mode == attention_dq::accumulate && !float_dq, config_error,
+                     "attention_backward (cuda): attention_dq::accumulate needs float32 dq, got a "
+                     "16-bit G: a ring's dq would be rounded per block");
+    const std::int64_t Sk = cuda::attention_check_span("attention_backward (cuda)", S, span);
+    const std::int64_t nq = B * S * nh * hd, nk = B * Sk * nkv * hd;
+    tensor<std::uint8_t, tessera::cuda> tdout;
+    const T* dy = detail::as_storage<T>(ctx, dout, nq, tdout);
+    if constexpr (std::is_same_v<G, float>) {
+      cuda::flash_attention_backward(dq, dk, dv, dy, q, k, v, out, lse, B, S, nh, nkv, hd, s.data(),
+                                     s.bytes(), ctx.stream(), mask.doc_start, span, dq_mode);
+    } else {
+      // 16-bit gradients of a block: its float32 ones rounded once.
+      auto g = ctx.scratch(static_cast<std::size_t>(nq + 2 * nk) * sizeof(float));
+      float* gq = reinterpret_cast<float*>(g.data());
+      float *gk = gq + nq, *gv = gk + nk;
+      cuda::flash_attention_backward(gq, gk, gv, dy, q, k, v, out, lse, B, S, nh, nkv, hd, s.data(),
+                                     s.bytes(), ctx.stream(), mask.doc_start, span, dq_mode);
+      cuda::cast<G, float>(dq, gq, nq, ctx.stream());
+      cuda::cast<G, float>(dk, gk, nk, ctx.stream());
+      cuda::cast<G, float>(dv, gv, nk, ctx.stream());
+    }
+    return;
+  }
   if constexpr (std::is_same_v<G, T>) {
     cuda::flash_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, B, S, nh, nkv, hd, s.data(),
                                    s.bytes(), ctx.stream(), mask.doc_start);
@@ -394,6 +454,15 @@ void attention_backward(const cuda_context& ctx, G* dq, G* dk, G* dv, const G* d
     cuda::cast<float, T>(dk, gk, nk, ctx.stream());
     cuda::cast<float, T>(dv, gv, nk, ctx.stream());
   }
+}
+
+/// Merges one ring block's partial attention (out_part, lse_part) into the
+/// accumulator (out_acc, lse_acc), float32, as the host attention_merge
+/// (cuda::flash_attention_merge). Throws config_error for a size < 1.
+inline void attention_merge(const cuda_context& ctx, float* out_acc, float* lse_acc,
+                            const float* out_part, const float* lse_part, std::int64_t B,
+                            std::int64_t S, std::int64_t nh, std::int64_t hd) {
+  cuda::flash_attention_merge(out_acc, lse_acc, out_part, lse_part, B, S, nh, hd, ctx.stream());
 }
 
 // ---- the LM head with cross-entropy -----------------------------------------------------------

@@ -12,6 +12,7 @@
 #include "tessera/comm/self.hpp"
 #include "tessera/core/backend.hpp"
 #include "tessera/core/config.hpp"
+#include "tessera/core/cp_shard.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/file.hpp"
 #include "tessera/core/memory.hpp"

@@ -41,6 +41,7 @@
 #include "tessera/kernels/rope.hpp"
 #include "tessera/kernels/swiglu.hpp"
 #include "tessera/kernels/weight_init.hpp"
+#include "tessera/nn/context_parallel.hpp"
 #include "tessera/nn/embedding.hpp"
 #include "tessera/nn/flops.hpp"
 #include "tessera/nn/fp8_linear.hpp"

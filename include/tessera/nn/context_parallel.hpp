@@ -254,6 +254,10 @@ struct context_parallel_attention {
   template <class Ctx>
   void check(const Ctx& ctx, std::int64_t B, std::int64_t S, std::int64_t nh, std::int64_t nkv,
              std::int64_t hd) const {
+    static_assert((comm::buffer_space_of<Comm> == comm::buffer_space::host) == Ctx::host_accessible,
+                  "context-parallel attention: the communicator's buffer space and the context's "
+                  "memory differ (a host context takes a host communicator, a cuda_context an "
+                  "nccl_communicator)");
     TESSERA_THROW_IF(B < 1 || nh < 1 || nkv < 1 || hd < 1, config_error,
                      "context-parallel attention: every size must be >= 1, got B=", B, " nh=", nh,
                      " nkv=", nkv, " hd=", hd);

@@ -73,6 +73,16 @@ struct host_context {
   void copy(void* dst, const void* src, std::size_t bytes) const {
     if (bytes) std::memcpy(dst, src, bytes);
   }
+  /// Copies `rows` rows of `width` bytes, row i from `src` + i `src_pitch`
+  /// to `dst` + i `dst_pitch` (pitches in bytes, >= width; source and
+  /// destination rows must not overlap).
+  void copy_2d(void* dst, std::size_t dst_pitch, const void* src, std::size_t src_pitch,
+               std::size_t width, std::size_t rows) const {
+    if (!width) return;
+    for (std::size_t i = 0; i < rows; ++i)
+      std::memcpy(static_cast<char*>(dst) + i * dst_pitch,
+                  static_cast<const char*>(src) + i * src_pitch, width);
+  }
   /// Copies `bytes` bytes of this context's memory to host memory; returns
   /// when they are there.
   void to_host(void* h_dst, const void* src, std::size_t bytes) const { copy(h_dst, src, bytes); }
@@ -156,6 +166,28 @@ void zero_elements(const Ctx& ctx, T* p, std::int64_t n) {
 template <class T, execution_context Ctx>
 void copy_elements(const Ctx& ctx, T* dst, const T* src, std::int64_t n) {
   ctx.copy(dst, src, static_cast<std::size_t>(n) * sizeof(T));
+}
+/// Copies `rows` rows of `width` elements in `ctx`'s memory: dst[i
+/// dst_stride + j] = src[i src_stride + j] for i < rows, j < width (strides
+/// in elements, >= width; the rows must not overlap). One strided copy
+/// where the context has one (copy_2d: a loop of memcpy on the host,
+/// cudaMemcpy2DAsync on a GPU), else a copy per row; one flat copy when
+/// both are dense. What context parallelism cuts and pastes token chunks
+/// and heads with (nn/context_parallel.hpp).
+template <class T, execution_context Ctx>
+void copy_rows(const Ctx& ctx, T* dst, std::int64_t dst_stride, const T* src,
+               std::int64_t src_stride, std::int64_t width, std::int64_t rows) {
+  if (width <= 0 || rows <= 0) return;
+  const auto w = static_cast<std::size_t>(width) * sizeof(T);
+  if (dst_stride == width && src_stride == width) {
+    ctx.copy(dst, src, w * static_cast<std::size_t>(rows));
+  } else if constexpr (requires { ctx.copy_2d(dst, w, src, w, w, w); }) {
+    ctx.copy_2d(dst, static_cast<std::size_t>(dst_stride) * sizeof(T), src,
+                static_cast<std::size_t>(src_stride) * sizeof(T), w,
+                static_cast<std::size_t>(rows));
+  } else {
+    for (std::int64_t i = 0; i < rows; ++i) ctx.copy(dst + i * dst_stride, src + i * src_stride, w);
+  }
 }
 
 }  // namespace tessera::kernels

@@ -82,6 +82,24 @@ class cuda_context {
     if (bytes)
       TESSERA_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
   }
+  /// Device-to-device copy of `rows` rows of `width` bytes, row i from
+  /// `src` + i `src_pitch` to `dst` + i `dst_pitch` (enqueued; pitches >=
+  /// width; no overlap): one cudaMemcpy2DAsync, or a copy per row when a
+  /// pitch exceeds what it takes (2^31 - 1 bytes).
+  void copy_2d(void* dst, std::size_t dst_pitch, const void* src, std::size_t src_pitch,
+               std::size_t width, std::size_t rows) const {
+    if (!width || !rows) return;
+    constexpr std::size_t max_pitch = (std::size_t{1} << 31) - 1;
+    if (dst_pitch <= max_pitch && src_pitch <= max_pitch) {
+      TESSERA_CUDA_CHECK(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, rows,
+                                           cudaMemcpyDeviceToDevice, stream_));
+      return;
+    }
+    for (std::size_t i = 0; i < rows; ++i)
+      TESSERA_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(dst) + i * dst_pitch,
+                                         static_cast<const char*>(src) + i * src_pitch, width,
+                                         cudaMemcpyDeviceToDevice, stream_));
+  }
   /// Device to host, after the work queued so far; returns when the bytes are there.
   void to_host(void* h_dst, const void* src, std::size_t bytes) const {
     tessera::cuda::copy_to_host(h_dst, src, bytes, stream_);

@@ -48,7 +48,10 @@ void ring_attention_forward(const Ctx& ctx, Comm& g, T* out, accum_t<T>* lse, co
   constexpr bool narrow = !std::is_same_v<W, T>;  // 16-bit blocks travel as float
   const int cp = g.size(), r = g.rank(), next = (r + 1) % cp, prev = (r + cp - 1) % cp;
   const cp_shard sh = cp_shard::of(S, cp, r);
-  const auto [c, nq, nk, nl] = ring_sizes::of(sh, B, nh, nkv, hd);
+  // Named copies, not a structured binding: the lambdas below capture them
+  // (clang before 16 refuses to capture structured bindings).
+  const ring_sizes sz = ring_sizes::of(sh, B, nh, nkv, hd);
+  const std::int64_t c = sz.c, nq = sz.nq, nk = sz.nk, nl = sz.nl;
 
   // Workspace (context_parallel_attention::bytes counts it).
   auto qc = kernels::make_tensor<T>(ctx, 2 * nq);  // q chunk-major; at the end, out rounded
@@ -118,7 +121,10 @@ void ring_attention_backward(const Ctx& ctx, Comm& g, G* dq, G* dk, G* dv, const
   constexpr bool wide_grad = !std::is_same_v<G, A>;  // 16-bit gradients: staged
   const int cp = g.size(), r = g.rank(), next = (r + 1) % cp, prev = (r + cp - 1) % cp;
   const cp_shard sh = cp_shard::of(S, cp, r);
-  const auto [c, nq, nk, nl] = ring_sizes::of(sh, B, nh, nkv, hd);
+  // Named copies, not a structured binding: the lambdas below capture them
+  // (clang before 16 refuses to capture structured bindings).
+  const ring_sizes sz = ring_sizes::of(sh, B, nh, nkv, hd);
+  const std::int64_t c = sz.c, nq = sz.nq, nk = sz.nk, nl = sz.nl;
 
   // Workspace (context_parallel_attention::bytes counts it).
   auto qc = kernels::make_tensor<T>(ctx, 2 * nq), oc = kernels::make_tensor<T>(ctx, 2 * nq);

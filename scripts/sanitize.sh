@@ -11,11 +11,12 @@
 #         comm::local_world or std::thread; tests/CMakeLists.txt finds them),
 #         one OpenMP thread per rank (the OpenMP runtime is not built with TSan;
 #         scripts/tsan.supp).
-# Not run under ASan: the flash-attention kernels on the block emulator
-# (test_kernels_cuda_attention_launch, test_kernels_emulated_attention_blocks:
-# 11 and 17 s at the host preset's -O3, 470 and 771 s under ASan at -O0,
-# a third of CI's budget); the emulator checks each of their global
-# accesses against the launch's buffers and poisons shared memory itself.
+# Not run under ASan: the four longest block-emulator tests
+# (test_kernels_cuda_attention_launch, _emulated_attention_blocks,
+# _emulated_optimizer, _emulated_embedding: 11, 17, 44 and 4 s at the host
+# preset's -O3; 470, 771, 600 and 107 s under ASan at -O0, together more
+# than CI's margin); the emulator checks each of their global accesses
+# against the launch's buffers and poisons shared memory itself.
 # Not run under either: the golden trajectories (bit-exact at the host
 # preset's -O3), the steady-state allocation test, the compile-fail,
 # consumer, Python and MPI tests (those are about the build or other

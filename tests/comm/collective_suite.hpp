@@ -369,11 +369,13 @@ void debug_hash_names_divergence(Comm& c) {
           "': ", msg);
 }
 
-// device_mesh groups as sub-communicators: each group all-reduces its world
-// ranks and checks the sum against the mesh's group lists.
+// device_mesh groups as sub-communicators: each of the five groups
+// all-reduces its world ranks and checks the sum against the mesh's group
+// lists (cp 1 unless given).
 template <class Comm>
-void mesh_groups_reduce(Comm& world, int dp, int tp, int pp) {
-  device_mesh mesh(dp, tp, pp, world.size());
+void mesh_groups_reduce(Comm& world, int dp, int tp, int pp, int cp = 1) {
+  const device_mesh mesh(tessera::comm::mesh_degrees{.dp = dp, .cp = cp, .tp = tp, .pp = pp},
+                         world.size());
   auto g = make_groups(world, mesh);
   const int r = world.rank();
   const auto coord = mesh.coord(r);
@@ -389,6 +391,8 @@ void mesh_groups_reduce(Comm& world, int dp, int tp, int pp) {
   expect(g.tp, mesh.tp_group(r), coord.tp, "tp");
   expect(g.dp, mesh.dp_group(r), coord.dp, "dp");
   expect(g.pp, mesh.pp_group(r), coord.pp, "pp");
+  expect(g.cp, mesh.cp_group(r), coord.cp, "cp");
+  expect(g.dp_cp, mesh.dp_cp_group(r), mesh.dp_cp_index(r), "dp x cp");
   world.barrier();
 }
 

@@ -68,6 +68,16 @@ TEST_CASE("local device_mesh groups as sub-communicators", "[comm]") {
   REQUIRE_NOTHROW(local_world::run(
       6, [](local_communicator& c) { comm_suite::mesh_groups_reduce(c, 1, 3, 2); },
       test_options()));
+  // with context parallelism: (dp, cp, tp, pp) = (2, 2, 2, 1), (1, 2, 1, 2), (2, 3, 1, 1)
+  REQUIRE_NOTHROW(local_world::run(
+      8, [](local_communicator& c) { comm_suite::mesh_groups_reduce(c, 2, 2, 1, 2); },
+      test_options()));
+  REQUIRE_NOTHROW(local_world::run(
+      4, [](local_communicator& c) { comm_suite::mesh_groups_reduce(c, 1, 1, 2, 2); },
+      test_options()));
+  REQUIRE_NOTHROW(local_world::run(
+      6, [](local_communicator& c) { comm_suite::mesh_groups_reduce(c, 2, 1, 1, 3); },
+      test_options()));
 }
 
 TEST_CASE("local: a rank that throws makes the others fail fast naming it", "[comm]") {

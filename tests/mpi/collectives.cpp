@@ -60,9 +60,12 @@ TEST_CASE("mpi device_mesh groups as sub-communicators", "[mpi]") {
   if (c.size() == 4) {
     REQUIRE_NOTHROW(comm_suite::mesh_groups_reduce(c, 2, 2, 1));
     REQUIRE_NOTHROW(comm_suite::mesh_groups_reduce(c, 1, 2, 2));
+    REQUIRE_NOTHROW(comm_suite::mesh_groups_reduce(c, 2, 1, 1, 2));  // (dp, cp) = (2, 2)
+    REQUIRE_NOTHROW(comm_suite::mesh_groups_reduce(c, 1, 2, 1, 2));  // (cp, tp) = (2, 2)
   } else {
     REQUIRE_NOTHROW(comm_suite::mesh_groups_reduce(c, c.size(), 1, 1));
     REQUIRE_NOTHROW(comm_suite::mesh_groups_reduce(c, 1, 1, c.size()));
+    REQUIRE_NOTHROW(comm_suite::mesh_groups_reduce(c, 1, 1, 1, c.size()));
   }
 }
 

@@ -1,10 +1,12 @@
 #pragma once
 /// \file parallel/layout.hpp
-/// `layout<C, L>`: where one rank sits in a dp x tp x pp mesh, built once
-/// (comm::device_mesh order: tp fastest, then dp, then pp; Megatron-LM's
-/// initialize_model_parallel): its data-parallel group, its layer family
-/// (nn::dense_layers, or nn::tensor_parallel_layers holding the tp group)
-/// and its pipeline group, none owned. A figure summed over the mesh (the
+/// `layout<C, L>`: where one rank sits in a dp x cp x tp x pp mesh, built
+/// once (comm::device_mesh order: tp fastest, then cp, then dp, then pp;
+/// Megatron-LM's initialize_model_parallel): its data-parallel group, its
+/// context-parallel group with the dp x cp group over which the weights
+/// are replicated, its layer family (nn::dense_layers, or
+/// nn::tensor_parallel_layers holding the tp group) and its pipeline group,
+/// none owned. A figure summed over the mesh (the
 /// scored tokens, the loss, the gradient norm, an agreement) is summed by
 /// one call that names its axes, `reduce(values, n, {axis::dp, axis::pp})`,
 /// instead of one collective per group at each site.
@@ -13,11 +15,12 @@
 ///   layout<C>{dp}                    data parallel over `dp`
 ///   layout<C, L>{dp, layers}         dp x tp (layers.group is the tp group)
 ///   layout<C, L>{dp, layers, pp}     dp x tp x pp (pp ranked by stage)
+///   layout<C, L>{groups, layers}     dp x cp x tp x pp from comm::make_groups
 ///
-/// Reduction order: dp, then tp, then pp (the order of the gradient
-/// norm's sums: the engine's chunks over dp, the tensor-parallel shards,
-/// the stages), so a reduction over several axes gives the same bits
-/// whichever call site makes it. A group of one rank is skipped.
+/// Reduction order: dp, then cp, then tp, then pp (the order of the
+/// gradient norm's sums: the engine's chunks over dp, the tensor-parallel
+/// shards, the stages), so a reduction over several axes gives the same
+/// bits whichever call site makes it. A group of one rank is skipped.
 ///
 /// Thread-safety: one layout per rank, used from that rank's thread.
 
@@ -28,6 +31,7 @@
 #include <vector>
 
 #include "tessera/comm/communicator.hpp"
+#include "tessera/comm/device_mesh.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/tensor.hpp"
 #include "tessera/kernels/context.hpp"
@@ -40,6 +44,7 @@ enum class axis : std::uint8_t {
   dp = 1,  ///< data parallel (ZeRO shards over it)
   tp = 2,  ///< tensor parallel (the layer family's group)
   pp = 4,  ///< pipeline parallel (ranked by stage)
+  cp = 8,  ///< context parallel (the sequence split over ranks)
 };
 
 /// A set of mesh axes: `{axis::dp, axis::pp}`, or axes::all().
@@ -50,13 +55,13 @@ struct axes {
   constexpr axes(std::initializer_list<axis> l) {
     for (axis a : l) bits |= static_cast<std::uint8_t>(a);
   }
-  /// dp, tp and pp: every rank of the world.
-  static constexpr axes all() { return {axis::dp, axis::tp, axis::pp}; }
+  /// dp, cp, tp and pp: every rank of the world.
+  static constexpr axes all() { return {axis::dp, axis::cp, axis::tp, axis::pp}; }
   constexpr bool has(axis a) const { return (bits & static_cast<std::uint8_t>(a)) != 0; }
 };
 
 /// This rank's groups of the mesh (file comment). `C` the communicator of
-/// the dp and pp groups, `L` the layer family (its tp group, a C too).
+/// the dp, cp and pp groups, `L` the layer family (its tp group, a C too).
 /// Holds pointers: the groups must outlive the layout and every copy of it.
 template <comm::communicator C, class L = nn::dense_layers>
 class layout {
@@ -73,33 +78,50 @@ class layout {
   layout(C& dp, L layers) : dp_(&dp), layers_(layers) {}
   /// dp x tp x pp: `pp` is this rank's pipeline group, ranked by stage.
   layout(C& dp, L layers, C& pp) : dp_(&dp), layers_(layers), pp_(&pp) {}
+  /// dp x cp x tp x pp: the groups comm::make_groups split (not owned; a
+  /// group of one rank is kept), `layers` holding g.tp under tensor
+  /// parallelism.
+  layout(comm::mesh_groups<C>& g, L layers)
+      : dp_(&g.dp), layers_(layers), pp_(&g.pp), cp_(&g.cp), dp_cp_(&g.dp_cp) {}
 
   /// The dp group (nullptr for one rank).
   C* dp_group() const { return dp_; }
   /// The pp group (nullptr without one; a group of one rank is kept).
   C* pp_group() const { return pp_; }
+  /// The cp group (nullptr without one).
+  C* cp_group() const { return cp_; }
+  /// The ranks holding the same weights, dp x cp ranked by dp index * cp +
+  /// cp index: the gradients' and ZeRO's group (the dp group when there is
+  /// no cp group; nullptr for one rank).
+  C* dp_cp_group() const { return dp_cp_ ? dp_cp_ : dp_; }
   /// The layer family (its tp group under tensor parallelism).
   const L& layers() const { return layers_; }
   L& layers() { return layers_; }
 
   int dp() const { return dp_ ? dp_->size() : 1; }       ///< data-parallel degree
   int dp_rank() const { return dp_ ? dp_->rank() : 0; }  ///< index in the dp group
+  int cp() const { return cp_ ? cp_->size() : 1; }       ///< context-parallel degree
+  int cp_rank() const { return cp_ ? cp_->rank() : 0; }  ///< index in the cp group
   int tp() const { return layers_.size(); }              ///< tensor-parallel degree
   int tp_rank() const { return layers_.rank(); }         ///< index in the tp group
   int pp() const { return pp_ ? pp_->size() : 1; }       ///< pipeline degree K
   int stage() const { return pp_ ? pp_->rank() : 0; }    ///< this rank's stage k
-  int world_size() const { return dp() * tp() * pp(); }  ///< dp x tp x pp
-  /// The rank in comm::device_mesh order: (stage dp + dp_rank) tp + tp_rank.
-  int world_rank() const { return (stage() * dp() + dp_rank()) * tp() + tp_rank(); }
+  int world_size() const { return dp() * cp() * tp() * pp(); }  ///< dp x cp x tp x pp
+  /// The rank in comm::device_mesh order:
+  /// ((stage dp + dp_rank) cp + cp_rank) tp + tp_rank.
+  int world_rank() const {
+    return ((stage() * dp() + dp_rank()) * cp() + cp_rank()) * tp() + tp_rank();
+  }
 
   /// Reduces `n` values at `d` (the groups' buffer space: the context's
-  /// memory) in place over the groups of `over`, dp, then tp, then pp
+  /// memory) in place over the groups of `over`, dp, cp, tp, then pp
   /// (file comment), each with `op` (sum or max; the tp family's groups
   /// take those two). Collective over those groups. Throws config_error
   /// for another op over tp, and what the communicators throw.
   template <class T>
   void reduce(T* d, std::size_t n, axes over, comm::reduce_op op = comm::reduce_op::sum) const {
     if (over.has(axis::dp) && dp_ && dp_->size() > 1) dp_->all_reduce(d, n, op);
+    if (over.has(axis::cp) && cp_ && cp_->size() > 1) cp_->all_reduce(d, n, op);
     if constexpr (L::tensor_parallel) {
       if (over.has(axis::tp) && layers_.size() > 1) {
         TESSERA_THROW_IF(op != comm::reduce_op::sum && op != comm::reduce_op::max, config_error,
@@ -123,7 +145,7 @@ class layout {
     ctx.to_host(h.data(), d.data(), h.size_bytes());
   }
   /// Every rank's `rows` (host values, `width` per row) over the groups of
-  /// `over`, concatenated by group rank (dp, then tp, then pp), through
+  /// `over`, concatenated by group rank (dp, cp, tp, then pp), through
   /// buffers in `ctx`'s memory: the same list on every rank of those
   /// groups. Ranks may hold different numbers of rows. Collective.
   template <class Ctx>
@@ -146,6 +168,7 @@ class layout {
                                       (r * most + static_cast<std::size_t>(counts[r])) * width));
     };
     if (over.has(axis::dp) && dp_) over_group(*dp_);
+    if (over.has(axis::cp) && cp_) over_group(*cp_);
     if constexpr (L::tensor_parallel)
       if (over.has(axis::tp)) over_group(*layers_.group);
     if (over.has(axis::pp) && pp_) over_group(*pp_);
@@ -153,8 +176,8 @@ class layout {
   }
   /// The ranks a reduction over `over` spans (the product of those degrees).
   int ranks(axes over) const {
-    return (over.has(axis::dp) ? dp() : 1) * (over.has(axis::tp) ? tp() : 1) *
-           (over.has(axis::pp) ? pp() : 1);
+    return (over.has(axis::dp) ? dp() : 1) * (over.has(axis::cp) ? cp() : 1) *
+           (over.has(axis::tp) ? tp() : 1) * (over.has(axis::pp) ? pp() : 1);
   }
 
  private:
@@ -174,6 +197,8 @@ class layout {
   C* dp_ = nullptr;
   L layers_{};
   C* pp_ = nullptr;
+  C* cp_ = nullptr;
+  C* dp_cp_ = nullptr;
 };
 
 }  // namespace tessera::parallel

@@ -33,7 +33,7 @@ inline constexpr std::int64_t max_micro_batches = std::int64_t{1} << 20;
 /// A layout's degrees: anything with dp(), tp() and pp() (parallel::layout
 /// over its groups, or comm::device_mesh before any group exists).
 template <class M>
-concept mesh_degrees = requires(const M& m) {
+concept has_mesh_degrees = requires(const M& m) {
   { m.dp() } -> std::convertible_to<int>;
   { m.tp() } -> std::convertible_to<int>;
   { m.pp() } -> std::convertible_to<int>;
@@ -85,13 +85,17 @@ inline void check_document_separator(std::int32_t sep, const nn::llama_config& c
 /// `P` that is not loss-scaled (precision::loss_scaled: they would be
 /// ignored); FP8 settings other than the defaults under a policy without
 /// FP8 linear layers (precision::fp8_linear).
-template <parallel::sharding_strategy Sharding, precision::policy P, mesh_degrees Mesh>
+template <parallel::sharding_strategy Sharding, precision::policy P, has_mesh_degrees Mesh>
 void validate(const nn::llama_config& c, const train_config& cfg, const data::token_file& d,
               const Mesh& mesh, const parallel::data_parallel_options& dpo = {}) {
   c.validate();
   dpo.validate();
   TESSERA_THROW_IF(cfg.dp != mesh.dp(), config_error, "dp=", cfg.dp,
                    " does not match the communicator's ", mesh.dp(), " ranks (world size)");
+  if constexpr (requires { mesh.cp(); })
+    TESSERA_THROW_IF(mesh.cp() > 1, config_error, "cp=", mesh.cp(),
+                     ": the trainer runs its attention on whole sequences (cp=1); context "
+                     "parallelism is nn::context_parallel_attention over the cp group");
   cfg.validate();
   TESSERA_THROW_IF(!precision::loss_scaled<P> && cfg.loss_scale != precision::loss_scale_options{},
                    config_error, "loss-scale settings ", cfg.loss_scale.to_json().dump(),

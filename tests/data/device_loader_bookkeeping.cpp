@@ -16,6 +16,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <deque>
@@ -576,6 +577,49 @@ TEST_CASE("device loader: over a batch_sampler, the device holds the sampler's w
                       Contains("is not a valid id for the vocabulary size V=100"));
   }
   fs::remove(path);
+}
+
+// Context parallelism: each of cp ranks holds its head-tail tokens of the
+// same windows, computed here from the chunk arithmetic alone (rank r:
+// chunks r and 2 cp - 1 - r of T/(2 cp) tokens); together the ranks hold
+// every position once.
+TEST_CASE("device loader: under context parallelism each rank holds its head-tail tokens",
+          "[data][loader]") {
+  const hashed_source src{2, 24, 1000, true};
+  for (int cp : {2, 3}) {
+    std::vector<int> seen(static_cast<std::size_t>(src.B * src.T), 0);
+    for (int r = 0; r < cp; ++r) {
+      sim_system sys;
+      auto st = sys.st;
+      device_loader_options o = options(src);
+      o.cp = cp;
+      o.cp_rank = r;
+      loader ld(sys, src, o);
+      const std::int64_t L = src.T / cp, c = src.T / (2 * cp);
+      CHECK(ld.N() == src.B * L);
+      CHECK(ld.buffer_bytes() == static_cast<std::size_t>(2 * src.B * L * 4));
+      ld.prefetch(5, 0);
+      const device_batch d = ld.next(false);
+      st->drain();
+      std::int64_t scored = 0;
+      for (std::int64_t b = 0; b < src.B; ++b)
+        for (std::int64_t l = 0; l < L; ++l) {
+          const std::int64_t p = l < c ? r * c + l : (2 * cp - 1 - r) * c + (l - c);
+          REQUIRE(d.d_inputs[b * L + l] == src.token(5, 0, b, p));
+          REQUIRE(d.d_targets[b * L + l] == src.token(5, 0, b, p + 1));
+          scored += src.token(5, 0, b, p + 1) != -100;
+          ++seen[static_cast<std::size_t>(b * src.T + p)];
+        }
+      CHECK(d.scored == scored);
+    }
+    CHECK(std::all_of(seen.begin(), seen.end(), [](int n) { return n == 1; }));
+  }
+  device_loader_options o = options(src);
+  o.cp = 5;  // 2 cp = 10 does not divide T = 24
+  CHECK_THROWS_WITH(loader(sim_system{}, src, o), Contains("T=24 is not divisible by 2*cp=10"));
+  o.cp = 2;
+  o.cp_rank = 2;
+  CHECK_THROWS_WITH(loader(sim_system{}, src, o), Contains("rank 2 is not in [0, cp=2)"));
 }
 
 }  // namespace test_data_device_loader_bookkeeping

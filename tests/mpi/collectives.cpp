@@ -6,6 +6,8 @@
 // 20 s timeout, so a failing rank makes the others fail instead of hanging.
 #include <catch2/catch.hpp>
 
+#include <tessera/comm/any_communicator.hpp>
+#include <tessera/comm/local.hpp>
 #include <tessera/comm/mpi.hpp>
 
 #include "collective_suite.hpp"
@@ -67,6 +69,21 @@ TEST_CASE("mpi device_mesh groups as sub-communicators", "[mpi]") {
     REQUIRE_NOTHROW(comm_suite::mesh_groups_reduce(c, 1, 1, c.size()));
     REQUIRE_NOTHROW(comm_suite::mesh_groups_reduce(c, 1, 1, 1, c.size()));
   }
+}
+
+// train_llama's host world: an any_communicator holding this process's
+// mpi_communicator gives its results (the suites) and its groups.
+TEST_CASE("mpi any_communicator holding mpi_communicator", "[mpi]") {
+  using any = tessera::comm::any_communicator<tessera::comm::local_communicator, mpi_communicator>;
+  auto c = world();
+  any a(c.split(0, c.rank()));
+  REQUIRE(a.holds<mpi_communicator>());
+  REQUIRE_NOTHROW(comm_suite::all_reduce_matches_reference(a, false));
+  REQUIRE_NOTHROW(comm_suite::reduce_scatter_matches_reference(a, false));
+  REQUIRE_NOTHROW(comm_suite::all_gather_matches_reference(a));
+  REQUIRE_NOTHROW(comm_suite::send_recv_ring(a));
+  REQUIRE_NOTHROW(comm_suite::async_forms(a, false));
+  if (a.size() == 4) REQUIRE_NOTHROW(comm_suite::mesh_groups_reduce(a, 2, 1, 1, 2));
 }
 
 }  // namespace test_mpi_collectives

@@ -13,6 +13,7 @@
 /// (which rows of a packed sample a rank takes), RoPE (each local token's
 /// global position), attention (nn/context_parallel.hpp).
 
+#include <algorithm>
 #include <cstdint>
 
 #include "tessera/core/error.hpp"
@@ -70,6 +71,18 @@ struct cp_shard {
   }
   /// The shard of rank `r` of the same group (0 <= r < cp).
   [[nodiscard]] constexpr cp_shard of_rank(int r) const { return {T, cp, r}; }
+  /// Copies this rank's tokens of one row: out[l] = row[position(l)] for l
+  /// in [0, tokens()). `row` holds at least T values from global position
+  /// 0 (a window of T + 1 tokens read at row + 1 gives the targets); `out`
+  /// tokens() values, not overlapping it. Host memory.
+  template <class U>
+  void take(const U* row, U* out) const {
+    const std::int64_t c = cp == 1 ? T : chunk();
+    for (int j = 0; j < (cp == 1 ? 1 : 2); ++j) {
+      const U* from = row + (cp == 1 ? 0 : start(j));
+      std::copy(from, from + c, out + j * c);
+    }
+  }
 };
 
 }  // namespace tessera

@@ -10,6 +10,12 @@
 /// arrays of N = B*T elements, stored back to back in one buffer (one copy):
 ///   inputs[b*T + t]  = window[b][t]       (B, T), the tokens the model reads
 ///   targets[b*T + t] = window[b][t + 1]   (B, T), what position (b, t) predicts
+/// Under context parallelism (options cp > 1) a rank keeps its L = T/cp
+/// positions of each row (core/cp_shard.hpp, head-tail: chunks cp_rank and
+/// 2 cp - 1 - cp_rank), so N = B*L and
+///   inputs[b*L + l]  = window[b][p(l)],  targets[b*L + l] = window[b][p(l) + 1]
+/// with p(l) = cp_shard::position(l): the same windows on every rank of the
+/// cp group, each taking its tokens.
 /// Every id is checked on the host before it is copied: it must lie in
 /// [0, V) or equal the ignore index (padding: an ignored target is not
 /// scored, an ignored input embeds to zeros). The device kernels do not
@@ -71,6 +77,7 @@
 #include <vector>
 
 #include "tessera/core/backend.hpp"
+#include "tessera/core/cp_shard.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/memory.hpp"
 #include "tessera/core/nvtx.hpp"
@@ -132,6 +139,8 @@ struct device_loader_options {
   std::int32_t ignore_index = -100;     ///< also accepted (llama_options::ignore_index)
   std::int64_t micro_batches = 1;       ///< A: this rank's micro-batches per step
   std::uint64_t first_micro_batch = 0;  ///< global index of local micro-batch 0 (rank * A)
+  int cp = 1;                           ///< context-parallel ranks sharing each window
+  int cp_rank = 0;                      ///< this rank's index among them (its tokens)
 
   /// Throws config_error naming the value if a size is < 1 or B*T overflows int32 counts.
   void validate() const {
@@ -142,6 +151,12 @@ struct device_loader_options {
                      "device loader: micro_batches=", micro_batches, " must be >= 1");
     TESSERA_THROW_IF(B > (std::int64_t{1} << 40) / T, config_error, "device loader: B*T = ", B, "*",
                      T, " tokens per micro-batch is too large");
+    (void)shard();  // throws naming T and cp
+  }
+  /// The tokens of each row this rank keeps (all T when cp is 1). Throws
+  /// config_error as cp_shard::of (2 cp must divide T).
+  [[nodiscard]] cp_shard shard() const {
+    return cp == 1 ? cp_shard{T, 1, 0} : cp_shard::of(T, cp, cp_rank);
   }
 };
 
@@ -158,7 +173,7 @@ class basic_device_loader {
   basic_device_loader(System sys, window_source source, device_loader_options opt)
       : sys_(std::move(sys)), source_(std::move(source)), opt_(checked(opt)) {
     TESSERA_THROW_IF(!source_, config_error, "device loader: the window source is empty");
-    N_ = opt_.B * opt_.T;
+    N_ = opt_.B * opt_.shard().tokens();
     window_.resize(static_cast<std::size_t>(opt_.B * (opt_.T + 1)));
     try {
       for (slot& s : slots_) {
@@ -257,7 +272,8 @@ class basic_device_loader {
 
   /// The options (B, T, V, ignore index, order).
   const device_loader_options& options() const { return opt_; }
-  /// Elements of each array of a micro-batch: B * T.
+  /// Elements of each array of a micro-batch: B * T (B * T/cp under
+  /// context parallelism).
   std::int64_t N() const { return N_; }
   /// Bytes of one buffer (inputs and targets): 2 * B * T * 4.
   std::size_t buffer_bytes() const {
@@ -317,17 +333,20 @@ class basic_device_loader {
     slot& s = slots_[static_cast<std::size_t>(i)];
     // 2. the copy that last read pinned i is done
     if (s.copy_recorded) sys_.host_wait(s.copied);
-    // 3. inputs and targets into pinned i
+    // 3. inputs and targets into pinned i: this rank's chunks of each row
+    // (one chunk of all T tokens without context parallelism)
     const std::int64_t T = opt_.T;
+    const cp_shard sh = opt_.shard();
+    const std::int64_t L = sh.tokens();
     std::int32_t* in = s.h_tokens;
     std::int32_t* tg = s.h_tokens + N_;
-    std::int64_t scored = 0;
     for (std::int64_t b = 0; b < opt_.B; ++b) {
       const std::int32_t* w = window_.data() + b * (T + 1);
-      std::memcpy(in + b * T, w, sizeof(std::int32_t) * static_cast<std::size_t>(T));
-      std::memcpy(tg + b * T, w + 1, sizeof(std::int32_t) * static_cast<std::size_t>(T));
-      for (std::int64_t t = 1; t <= T; ++t) scored += w[t] != opt_.ignore_index;
+      sh.take(w, in + b * L);
+      sh.take(w + 1, tg + b * L);
     }
+    const std::int64_t scored =
+        std::count_if(tg, tg + N_, [&](std::int32_t id) { return id != opt_.ignore_index; });
     // 4. device i is free once the compute that read it is done
     if (s.release_recorded) sys_.copy_stream_wait(s.released);
     // 5, 6. the copy, and its event

@@ -24,6 +24,7 @@
 #include <utility>
 #include <vector>
 
+#include "tessera/comm/any_communicator.hpp"
 #include "tessera/comm/device_mesh.hpp"
 #include "tessera/comm/local.hpp"
 #include "tessera/core/dispatch.hpp"
@@ -135,10 +136,17 @@ struct job_world;
 
 /// The host's world: dp x tp x pp threads of this process (--comm local,
 /// each with its share of the OpenMP threads), or this MPI process
-/// (--comm mpi; the job's settings agreed first on every rank).
+/// (--comm mpi; the job's settings agreed first on every rank). Either
+/// is handed to the ranks as a `comm_type`, so each trainer is compiled
+/// once for both.
 template <>
 struct job_world<host> {
   static constexpr bool one_device = false;  // one rank is a world of one thread
+#if defined(TESSERA_HAS_MPI) && TESSERA_HAS_MPI
+  using comm_type = comm::any_communicator<comm::local_communicator, comm::mpi_communicator>;
+#else
+  using comm_type = comm::any_communicator<comm::local_communicator>;
+#endif
   /// One rank's peak for MFU: `threads` threads, `blas` measured FLOP/s.
   static kernels::peak_flops peak(const job& j, int threads, double blas) {
     auto p = kernels::host_peak(threads, blas, j.peak_tflops * 1e12);
@@ -156,7 +164,8 @@ struct job_world<host> {
           n,
           [&](comm::local_communicator& w) {
             omp_set_num_threads(per_rank);
-            const int r = ranks(w, pk);
+            comm_type world(w.split(0, w.rank()));
+            const int r = ranks(world, pk);
             if (w.rank() == 0) rc = r;
           },
           comm_options_of(j));
@@ -177,7 +186,8 @@ struct job_world<host> {
                            " x tp=", j.tp, " x pp=", j.cfg.pp, " needs ", n,
                            " MPI processes but the job has ", w.size(), " (start it as mpirun -np ",
                            n, " ...)");
-          return ranks(w, peak(j, omp_get_max_threads(), blas));
+          comm_type world(w.split(0, w.rank()));
+          return ranks(world, peak(j, omp_get_max_threads(), blas));
         },
         [&] { return report_failure(j); });
 #else

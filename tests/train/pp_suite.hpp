@@ -45,6 +45,8 @@ inline nn::llama_config model(std::int64_t layers = 4, bool tied = false) {
 /// One layout and schedule of a run.
 struct layout {
   int dp = 1, tp = 1, pp = 1;
+  int cp = 1;                             ///< context parallelism (each sequence over cp ranks)
+  nn::cp_kind cp_kind = nn::cp_kind::ring;  ///< how attention runs over the cp group
   parallel::schedule_kind schedule = parallel::schedule_kind::one_f_one_b;
   int virtual_stages = 1;
   std::int64_t micro_batches = 8;  ///< M per step and dp rank
@@ -53,8 +55,12 @@ struct layout {
   bool tied = false;        ///< tied embeddings (llama_config::tie_word_embeddings)
   /// Packed documents: the separator id (train_config::document_separator), or none.
   std::optional<std::int32_t> document_separator{};
+  /// Ranks of the mesh: dp cp tp pp.
+  int ranks() const { return dp * cp * tp * pp; }
   std::string name() const {
-    return tessera::detail::str("(dp, tp, pp) = (", dp, ", ", tp, ", ", pp, ") ",
+    const std::string c =
+        cp == 1 ? "" : tessera::detail::str("cp ", cp, " ", nn::to_string(cp_kind), " ");
+    return tessera::detail::str("(dp, tp, pp) = (", dp, ", ", tp, ", ", pp, ") ", c,
                                 parallel::to_string(schedule), " V ", virtual_stages, " M ",
                                 micro_batches, sequence_parallel ? " sp" : "", " L ", layers,
                                 tied ? " tied" : "", document_separator ? " documents" : "");
@@ -93,6 +99,8 @@ inline train::train_config config(const layout& l, std::int64_t steps) {
   t.global_batch = l.micro_batches * l.dp;
   t.tp = l.tp;
   t.pp = l.pp;
+  t.cp = l.cp;
+  t.cp_kind = l.cp_kind;
   t.pipeline = l.schedule;
   t.virtual_stages = l.virtual_stages;
   t.sequence_parallel = l.sequence_parallel;
@@ -155,7 +163,8 @@ void check_mesh(Comm& world, const reference& ref, const data::token_file& f, co
   const double tol = l.tp > 1 && sizeof(typename P::param_type) == 4 ? 2 * tol_ : tol_;
   using tp_layers = nn::tensor_parallel_layers<Comm>;
   const auto steps = static_cast<std::int64_t>(ref.loss.size());
-  const comm::device_mesh mesh(l.dp, l.tp, l.pp);
+  const comm::device_mesh mesh(
+      comm::mesh_degrees{.dp = l.dp, .cp = l.cp, .tp = l.tp, .pp = l.pp});
   auto g = comm::make_groups(world, mesh);
   const train::train_config cfg = config(l, steps);
   const auto where = [&] {
@@ -231,11 +240,11 @@ void check_mesh(Comm& world, const reference& ref, const data::token_file& f, co
   };
   if (l.tp > 1) {
     train::trainer<P, host, O, S, Comm, tp_layers> tr(
-        model(l.layers, l.tied), cfg, f, parallel::layout{g.dp, tp_layers{&g.tp}, g.pp});
+        model(l.layers, l.tied), cfg, f, parallel::layout{g, tp_layers{&g.tp}});
     body(tr);
   } else {
     train::trainer<P, host, O, S, Comm> tr(model(l.layers, l.tied), cfg, f,
-                                           parallel::layout{g.dp, nn::dense_layers{}, g.pp});
+                                           parallel::layout{g, nn::dense_layers{}});
     body(tr);
   }
 }

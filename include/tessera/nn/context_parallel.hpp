@@ -365,4 +365,84 @@ struct context_parallel_attention {
   }
 };
 
+/// Throws config_error, naming the values, unless sequences of S tokens
+/// with nh query and nkv key/value heads (a tp rank's) can run under
+/// context parallelism of `cp` ranks of `kind`: 2 cp dividing S
+/// (cp_shard::of), and for Ulysses cp dividing nh and one of cp and nkv
+/// dividing the other. What the trainer checks before any group exists;
+/// context_parallel_attention::check adds the kernels' limits.
+inline void check_context_parallel(cp_kind kind, int cp, std::int64_t S, std::int64_t nh,
+                                   std::int64_t nkv) {
+  (void)cp_shard::of(S, cp, 0);
+  if (kind == cp_kind::ulysses) (void)detail::ulysses_heads::of(cp, nh, nkv);
+}
+
+// ---- as a model calls it ------------------------------------------------------------------
+
+/// The context-parallel attention a model's blocks call, for its context
+/// `Ctx`, storage `T` and gradient type `G`, with the group's communicator
+/// hidden behind one virtual call per block and micro-batch, so that a
+/// model's type does not depend on the cp group's (nn::llama's
+/// set_context_parallel). Shapes, collectives, results and throws: those
+/// of context_parallel_attention's check, forward and backward.
+template <class Ctx, class T, class G>
+class cp_attention_for {
+ public:
+  virtual ~cp_attention_for() = default;
+  /// Ranks of the cp group and this rank's index.
+  [[nodiscard]] virtual int size() const = 0;
+  [[nodiscard]] virtual int rank() const = 0;
+  /// How attention runs over the group.
+  [[nodiscard]] virtual cp_kind kind() const = 0;
+  /// This rank's tokens of sequences of S tokens (throws as cp_shard::of).
+  [[nodiscard]] cp_shard shard(std::int64_t S) const { return cp_shard::of(S, size(), rank()); }
+  virtual void check(const Ctx& ctx, std::int64_t B, std::int64_t S, std::int64_t nh,
+                     std::int64_t nkv, std::int64_t hd) const = 0;
+  virtual void forward(const Ctx& ctx, T* out, accum_t<T>* lse, const T* q, const T* k, const T* v,
+                       std::int64_t B, std::int64_t S, std::int64_t nh, std::int64_t nkv,
+                       std::int64_t hd, kernels::attention_mask mask) const = 0;
+  virtual void backward(const Ctx& ctx, G* dq, G* dk, G* dv, const G* dout, const T* q, const T* k,
+                        const T* v, const T* out, const accum_t<T>* lse, std::int64_t B,
+                        std::int64_t S, std::int64_t nh, std::int64_t nkv, std::int64_t hd,
+                        kernels::attention_mask mask) const = 0;
+  /// Workspace and traffic of one forward and backward (cp_attention_bytes).
+  [[nodiscard]] virtual cp_attention_bytes bytes(std::int64_t B, std::int64_t S, std::int64_t nh,
+                                                 std::int64_t nkv, std::int64_t hd,
+                                                 bool documents) const = 0;
+};
+
+/// cp_attention_for over `attention`'s group (not owned: it must outlive
+/// this object and every call).
+template <class Comm, class Ctx, class T, class G>
+class cp_attention_over final : public cp_attention_for<Ctx, T, G> {
+ public:
+  explicit cp_attention_over(context_parallel_attention<Comm> attention) : a_(attention) {}
+  [[nodiscard]] int size() const override { return a_.size(); }
+  [[nodiscard]] int rank() const override { return a_.rank(); }
+  [[nodiscard]] cp_kind kind() const override { return a_.kind; }
+  void check(const Ctx& ctx, std::int64_t B, std::int64_t S, std::int64_t nh, std::int64_t nkv,
+             std::int64_t hd) const override {
+    a_.check(ctx, B, S, nh, nkv, hd);
+  }
+  void forward(const Ctx& ctx, T* out, accum_t<T>* lse, const T* q, const T* k, const T* v,
+               std::int64_t B, std::int64_t S, std::int64_t nh, std::int64_t nkv, std::int64_t hd,
+               kernels::attention_mask mask) const override {
+    a_.forward(ctx, out, lse, q, k, v, B, S, nh, nkv, hd, mask);
+  }
+  void backward(const Ctx& ctx, G* dq, G* dk, G* dv, const G* dout, const T* q, const T* k,
+                const T* v, const T* out, const accum_t<T>* lse, std::int64_t B, std::int64_t S,
+                std::int64_t nh, std::int64_t nkv, std::int64_t hd,
+                kernels::attention_mask mask) const override {
+    a_.backward(ctx, dq, dk, dv, dout, q, k, v, out, lse, B, S, nh, nkv, hd, mask);
+  }
+  [[nodiscard]] cp_attention_bytes bytes(std::int64_t B, std::int64_t S, std::int64_t nh,
+                                         std::int64_t nkv, std::int64_t hd,
+                                         bool documents) const override {
+    return a_.template bytes<T, G>(B, S, nh, nkv, hd, documents);
+  }
+
+ private:
+  context_parallel_attention<Comm> a_;
+};
+
 }  // namespace tessera::nn

@@ -288,6 +288,22 @@ class llama {
   const param_layout& layout() const { return layout_; }
   const llama_options& options() const { return opt_; }
   const Ctx& context() const { return *ctx_; }
+
+  /// Context parallelism: `a` runs every block's attention over its cp
+  /// group (not owned; it must outlive the model's calls), or null for
+  /// none. With it, a micro-batch's T tokens are this rank's of sequences
+  /// of T * cp tokens (head-tail, core/cp_shard.hpp: the loader's cut), its
+  /// doc_start global positions, and RoPE rotates by the global positions;
+  /// forward, backward and the evaluation forwards are then collective over
+  /// the group. Generation (next_token_logits) runs on whole sequences.
+  /// The host-window conveniences (forward_backward, forward_loss) take
+  /// whole windows and stage this rank's tokens.
+  void set_context_parallel(const cp_attention_for<Ctx, Param, ActGrad>* a) {
+    cp_ = a;
+    for (auto& b : blocks_) b.set_context_parallel(a);
+  }
+  /// The attention over the cp group, or null.
+  const cp_attention_for<Ctx, Param, ActGrad>* context_parallel() const { return cp_; }
   /// Elements of this instance's flat buffers: its segments, with the
   /// layout's alignment padding (the whole layout().total() for the whole model).
   std::int64_t flat_size() const { return hi_ - lo_; }
@@ -618,7 +634,7 @@ class llama {
   // scatter left in the record for weight_grads).
   void backward_from(record& r, const ActGrad* grad_output, bool split) {
     const Ctx& ctx = *ctx_;
-    const block_shape s{r.B, r.T, sequence_parallel_, r.doc_start};
+    const block_shape s{r.B, r.T, sequence_parallel_, r.doc_start, cp_ != nullptr};
     const std::int64_t N = s.N(), H = cfg_.dim, R = stream_rows(N);
     tensor<ActGrad, Backend> dres;
     if (opt_.stage.head) {
@@ -679,7 +695,7 @@ class llama {
   // embedding's scatter; each segment's after_backward once it is complete.
   void weight_grads(record& r) {
     const Ctx& ctx = *ctx_;
-    const block_shape s{r.B, r.T, sequence_parallel_, r.doc_start};
+    const block_shape s{r.B, r.T, sequence_parallel_, r.doc_start, cp_ != nullptr};
     if (opt_.stage.last_block > opt_.stage.first_block) {
       typename block_type::workspace w =
           blocks_[static_cast<std::size_t>(opt_.stage.first_block)].make_weight_workspace(ctx, s);
@@ -740,7 +756,7 @@ class llama {
   void next_token_logits_from(const micro_batch<Param>& mb, float* d_logits) {
     TESSERA_THROW_IF(!opt_.stage.head, config_error,
                      "next_token_logits_from: this pipeline stage has no head");
-    const block_shape s = shape(mb, false);
+    const block_shape s = shape(mb, false, false);
     tensor<Param, Backend> x = forward_no_record(mb, s);
     const int L = static_cast<int>(cfg_.n_layers);
     hook(&segment_hooks::before_forward, L);
@@ -785,7 +801,8 @@ class llama {
     tensor<std::int32_t, Backend> ids = kernels::make_tensor<std::int32_t>(ctx, T);
     ctx.from_host(ids.data(), h_ids, static_cast<std::size_t>(T) * sizeof(std::int32_t));
     micro_batch<Param> mb{ids.data(), nullptr, nullptr, 1, T};
-    const block_shape s = shape(mb, false);  // one sequence of any length: never token-sharded
+    // one sequence of any length: never token-sharded, never split over cp
+    const block_shape s = shape(mb, false, false);
     tensor<Param, Backend> x = forward_no_record(mb, s);
     const int L = static_cast<int>(cfg_.n_layers);
     hook(&segment_hooks::before_forward, L);
@@ -897,19 +914,24 @@ class llama {
     tensor<double, Backend> d_loss;     // (1)
     const Ctx* ctx;
     std::int64_t B, T, scored = 0;
+    // Under context parallelism (the model's cp attention set) the windows
+    // are whole and each rank stages its tokens (cp_shard::take): T is
+    // then this rank's T/cp, the document starts stay global positions,
+    // and the loss is over this rank's targets.
     staged_batch(llama& m, const std::int32_t* h_windows, std::int64_t B_, std::int64_t T_,
                  const std::int32_t* h_doc_start = nullptr)
         : ctx(m.ctx_), B(B_), T(T_) {
+      const cp_shard sh = m.cp_ ? m.cp_->shard(T_) : cp_shard{T_, 1, 0};
+      T = sh.tokens();
       m.check_shapes(micro_batch<Param>{nullptr, nullptr, nullptr, B, T});
       const std::int64_t N = B * T;
       std::vector<std::int32_t> h(static_cast<std::size_t>(2 * N));
-      for (std::int64_t b = 0; b < B; ++b)
-        for (std::int64_t t = 0; t < T; ++t) {
-          const std::size_t i = static_cast<std::size_t>(b * T + t);
-          h[i] = h_windows[b * (T + 1) + t];
-          h[i + static_cast<std::size_t>(N)] = h_windows[b * (T + 1) + t + 1];
-          scored += h[i + static_cast<std::size_t>(N)] != m.opt_.ignore_index;
-        }
+      for (std::int64_t b = 0; b < B; ++b) {
+        sh.take(h_windows + b * (T_ + 1), h.data() + b * T);
+        sh.take(h_windows + b * (T_ + 1) + 1, h.data() + N + b * T);
+      }
+      scored = std::count_if(h.begin() + N, h.end(),
+                             [&](std::int32_t id) { return id != m.opt_.ignore_index; });
       tok = kernels::make_tensor<std::int32_t>(*ctx, 2 * N);
       ctx->from_host(tok.data(), h.data(), h.size() * sizeof(std::int32_t));
       if (h_doc_start != nullptr) {
@@ -917,15 +939,17 @@ class llama {
         // keys from its first and last query: each row's starts must lie in
         // [0, t] and never decrease (data::document_starts gives such).
         for (std::int64_t b = 0; b < B; ++b)
-          for (std::int64_t t = 0; t < T; ++t) {
-            const std::int32_t v = h_doc_start[b * T + t];
-            const std::int32_t lo = t == 0 ? 0 : h_doc_start[b * T + t - 1];
+          for (std::int64_t t = 0; t < T_; ++t) {
+            const std::int32_t v = h_doc_start[b * T_ + t];
+            const std::int32_t lo = t == 0 ? 0 : h_doc_start[b * T_ + t - 1];
             TESSERA_THROW_IF(v < lo || v > t, config_error, "document start ", v, " at row ", b,
                              " position ", t, " must lie in [", lo, ", ", t,
                              "] (a row's starts never decrease and never pass their position)");
           }
+        std::vector<std::int32_t> mine(static_cast<std::size_t>(N));
+        for (std::int64_t b = 0; b < B; ++b) sh.take(h_doc_start + b * T_, mine.data() + b * T);
         doc = kernels::make_tensor<std::int32_t>(*ctx, N);
-        ctx->from_host(doc.data(), h_doc_start, static_cast<std::size_t>(N) * sizeof(std::int32_t));
+        ctx->from_host(doc.data(), mine.data(), mine.size() * sizeof(std::int32_t));
       }
       d_loss = kernels::make_tensor<double>(*ctx, 1);
     }
@@ -988,20 +1012,31 @@ class llama {
   void check_shapes(const micro_batch<Param>& mb) const {
     (void)shape(mb, sequence_parallel_);
   }
-  // The blocks' shape of a micro-batch, sequence-parallel if `sp`. Throws
-  // config_error for B or T < 1, T > max_seq, (sp) T not divisible by tp,
-  // or, for FP8 GEMMs on the GPU, B T not a multiple of 16.
+  // The blocks' shape of a micro-batch, sequence-parallel if `sp`, its
+  // tokens this rank's of sequences split over the cp group if `split`
+  // (training and evaluation under set_context_parallel). Throws
+  // config_error for B or T < 1, T (times cp when split) > max_seq, (sp) T
+  // not divisible by tp, or, for FP8 GEMMs on the GPU, B T not a multiple
+  // of 16.
   block_shape shape(const micro_batch<Param>& mb, bool sp) const {
+    return shape(mb, sp, cp_ != nullptr);
+  }
+  block_shape shape(const micro_batch<Param>& mb, bool sp, bool split) const {
     TESSERA_THROW_IF(mb.B < 1, config_error, "micro-batch B=", mb.B, " must be >= 1");
     TESSERA_THROW_IF(mb.T < 1, config_error, "sequence length T=", mb.T, " must be >= 1");
-    TESSERA_THROW_IF(mb.T > cfg_.max_seq, config_error, "sequence length T=", mb.T,
-                     " exceeds the model's max_seq=", cfg_.max_seq);
+    if (split)
+      TESSERA_THROW_IF(mb.T * cp_->size() > cfg_.max_seq, config_error, "sequence length T=",
+                       mb.T * cp_->size(), " (", mb.T, " tokens on each of cp=", cp_->size(),
+                       " ranks) exceeds the model's max_seq=", cfg_.max_seq);
+    else
+      TESSERA_THROW_IF(mb.T > cfg_.max_seq, config_error, "sequence length T=", mb.T,
+                       " exceeds the model's max_seq=", cfg_.max_seq);
     if (sp) check_sequence_parallel(mb.T, layers_.size());
     if constexpr (precision::fp8_linear<P> && !Ctx::host_accessible)
       TESSERA_THROW_IF(mb.B * mb.T % 16 != 0, config_error, P::name, " on the GPU: ",
                        mb.B * mb.T, " tokens per micro-batch (B=", mb.B, " x T=", mb.T,
                        ") must be a multiple of 16 (cuBLASLt's FP8 matmuls need 16-byte rows)");
-    return {mb.B, mb.T, sp, mb.doc_start};
+    return {mb.B, mb.T, sp, mb.doc_start, split};
   }
 
   // The stage input as (N, H) hidden states: the embedding of the ids (into
@@ -1075,6 +1110,7 @@ class llama {
   std::unique_ptr<typename tessera::detail::kv_group_of<Layers>::type> kv_group_;
   embed_type embed_;
   std::vector<block_type> blocks_;  // every block of the model (only the stage's run)
+  const cp_attention_for<Ctx, Param, ActGrad>* cp_ = nullptr;  // context parallelism
   head_type head_;
   // Where the LM head's weights are: segment L's "lm_head", or with tied
   // embeddings on a stage holding both, segment -1's "embedding".

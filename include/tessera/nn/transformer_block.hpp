@@ -35,6 +35,7 @@
 #include "tessera/kernels/rope.hpp"
 #include "tessera/kernels/swiglu.hpp"
 #include "tessera/nn/checkpointing.hpp"
+#include "tessera/nn/context_parallel.hpp"
 #include "tessera/nn/fp8_linear.hpp"
 #include "tessera/nn/linear.hpp"
 #include "tessera/nn/llama_config.hpp"
@@ -88,6 +89,12 @@ struct block_shape {
   /// rotates by the position in the document, attention stays inside it:
   /// kernels::attention_mask); null: one document per row.
   const std::int32_t* doc_start = nullptr;
+  /// The T tokens are this rank's of sequences split over the blocks' cp
+  /// group (transformer_block::set_context_parallel; head-tail,
+  /// core/cp_shard.hpp): attention runs over the group, RoPE rotates by the
+  /// global positions, and doc_start holds global positions. False: whole
+  /// sequences (and always for generation).
+  bool context_parallel = false;
   std::int64_t N() const { return B * T; }
 };
 
@@ -260,6 +267,11 @@ class transformer_block {
 
   /// The block's index in the model.
   int index() const { return l_; }
+
+  /// The attention over the cp group that calls with
+  /// block_shape::context_parallel run (not owned: it must outlive them),
+  /// or null for none.
+  void set_context_parallel(const cp_attention_for<Ctx, Param, ActGrad>* a) { cp_ = a; }
 
   /// Forward: consumes `x` (rows, H), the block input, into r.x_in and
   /// leaves the block output (rows, H) in `x`; rows = N, or N/tp under
@@ -545,11 +557,16 @@ class transformer_block {
       keep(r.d_o, dy2.data, N * H_);
     else
       lin(wo_, block_linear::wo).backward_weight(ctx, g, dy2, features(r.att, N, Hq_));
-    attention_backward(ctx, w.dq.data(), w.dk.data(), w.dv.data(), datt.data, r.q.data(),
-                       r.k.data(), r.v.data(), r.att.data(), r.lse.data(), s.B, s.T, nh_, nkv_, hd_,
-                       kernels::attention_mask{s.doc_start});
-    rope_backward(ctx, w.dq.data(), cos, sin, s.B, s.T, nh_, hd_, s.doc_start);
-    rope_backward(ctx, w.dk.data(), cos, sin, s.B, s.T, nkv_, hd_, s.doc_start);
+    if (s.context_parallel)
+      cp_checked().backward(ctx, w.dq.data(), w.dk.data(), w.dv.data(), datt.data, r.q.data(),
+                            r.k.data(), r.v.data(), r.att.data(), r.lse.data(), s.B, whole(s), nh_,
+                            nkv_, hd_, kernels::attention_mask{s.doc_start});
+    else
+      attention_backward(ctx, w.dq.data(), w.dk.data(), w.dv.data(), datt.data, r.q.data(),
+                         r.k.data(), r.v.data(), r.att.data(), r.lse.data(), s.B, s.T, nh_, nkv_,
+                         hd_, kernels::attention_mask{s.doc_start});
+    rope_backward(ctx, w.dq.data(), cos, sin, s.B, s.T, nh_, hd_, positions(s));
+    rope_backward(ctx, w.dk.data(), cos, sin, s.B, s.T, nkv_, hd_, positions(s));
     const feature_sharded<const ActGrad> dq = features(w.dq, N, Hq_), dk = features(w.dk, N, KV_),
                                          dv = features(w.dv, N, KV_);
     lin(wq_, block_linear::wq).backward_input(ctx, w.dxn.data(), dq, p);
@@ -622,12 +639,16 @@ class transformer_block {
     const feature_sharded<const Param> q = lin(wq_, block_linear::wq).forward(ctx, r.q.data(), xn1, p),
                                        k = lin(wk_, block_linear::wk).forward(ctx, r.k.data(), xn1, p),
                                        v = lin(wv_, block_linear::wv).forward(ctx, r.v.data(), xn1, p);
-    rope_forward(ctx, r.q.data(), cos, sin, s.B, s.T, nh_, hd_, s.doc_start);
-    rope_forward(ctx, r.k.data(), cos, sin, s.B, s.T, nkv_, hd_, s.doc_start);
+    rope_forward(ctx, r.q.data(), cos, sin, s.B, s.T, nh_, hd_, positions(s));
+    rope_forward(ctx, r.k.data(), cos, sin, s.B, s.T, nkv_, hd_, positions(s));
     r.att = kernels::make_tensor<Param>(ctx, N * Hq);
     r.lse = kernels::make_tensor<Acc>(ctx, s.B * nh_ * s.T);
-    attention_forward(ctx, r.att.data(), r.lse.data(), q.data, k.data, v.data, s.B, s.T, nh_, nkv_,
-                      hd_, kernels::attention_mask{s.doc_start});
+    if (s.context_parallel)
+      cp_checked().forward(ctx, r.att.data(), r.lse.data(), q.data, k.data, v.data, s.B, whole(s),
+                           nh_, nkv_, hd_, kernels::attention_mask{s.doc_start});
+    else
+      attention_forward(ctx, r.att.data(), r.lse.data(), q.data, k.data, v.data, s.B, s.T, nh_,
+                        nkv_, hd_, kernels::attention_mask{s.doc_start});
     const partial_sum<Param> o_part = lin(wo_, block_linear::wo).forward(ctx, proj, features(r.att, N, Hq), p);
     r.x_mid = kernels::make_tensor<Param>(ctx, R * H);
     const rows_t<SP, Param> o = reduce<SP>(o_part, r.x_mid.data());
@@ -644,6 +665,18 @@ class transformer_block {
     lin(w_up_, block_linear::w_up).forward(ctx, r.up.data(), xn2, p);
     swiglu_forward(ctx, r.h.data(), r.gate.data(), r.up.data(), N * F);
   }
+  // Under context parallelism: the attention over the cp group, the
+  // whole sequence's length, and the positions RoPE rotates by (global).
+  const cp_attention_for<Ctx, Param, ActGrad>& cp_checked() const {
+    TESSERA_THROW_IF(cp_ == nullptr, error, "block ", l_,
+                     ": a context-parallel shape but no cp attention (set_context_parallel)");
+    return *cp_;
+  }
+  std::int64_t whole(block_shape s) const { return s.T * cp_checked().size(); }
+  kernels::rope_positions positions(block_shape s) const {
+    if (!s.context_parallel) return s.doc_start;
+    return kernels::rope_positions::of(cp_checked().shard(whole(s)), s.doc_start);
+  }
   static void release_all_but_input(record& r) {
     tensor<Param, Backend> x = std::move(r.x_in);
     r = record{};
@@ -652,6 +685,7 @@ class transformer_block {
 
   Layers layers_{};
   fp8_linear_state* fp8_ = nullptr;  // FP8 policies: the seven linears' states (the model's)
+  const cp_attention_for<Ctx, Param, ActGrad>* cp_ = nullptr;  // context parallelism
   int l_ = 0;
   std::int64_t H_ = 0, Hq_ = 0, F_ = 0, KV_ = 0, nh_ = 0, nkv_ = 0, hd_ = 0;
   int kv_replicas_ = 1;  // tp ranks holding this rank's key/value heads

@@ -103,7 +103,7 @@ void save_checkpoint(Chunks& chunks, const Layout& mesh, const std::filesystem::
   const int tp = chunks.model().tp_size();
   const std::filesystem::path path = detail::shard_path(path_, mesh.stage(), tp, mesh.tp_rank());
   std::exception_ptr failed;
-  if (mesh.dp_rank() == 0) {
+  if (mesh.dp_rank() == 0 && mesh.cp_rank() == 0) {  // one writer of each (tp, pp) shard
     try {
       write_checkpoint(path, meta, detail::payload_bytes(chunks), [&](checkpoint_writer& w) {
         for (int c = 0; c < chunks.size(); ++c) {

@@ -41,7 +41,7 @@ namespace tessera::train {
 /// The keys of a run's metadata that a layout may change (a load onto
 /// another layout ignores them).
 inline bool layout_key(const std::string& k) {
-  static const char* const keys[] = {"dp",           "tp",
+  static const char* const keys[] = {"dp",           "tp",           "cp",  "cp_kind",
                                      "tp_rank",      "pp",
                                      "pp_stage",     "virtual_stages",
                                      "stage_blocks", "sharding",
@@ -58,7 +58,8 @@ template <class Chunks, class Layout>
 nlohmann::json checkpoint_run_state(Chunks& chunks, const Layout& mesh, nlohmann::json run) {
   run["optimizer_steps"] = chunks.engine().optimizer().steps_taken();
   run["layout"] = {
-      {"dp", mesh.dp()}, {"tp", mesh.tp()}, {"pp", mesh.pp()}, {"world", mesh.world_size()}};
+      {"dp", mesh.dp()}, {"cp", mesh.cp()}, {"tp", mesh.tp()}, {"pp", mesh.pp()},
+      {"world", mesh.world_size()}};
   return run;
 }
 

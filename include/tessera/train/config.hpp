@@ -14,6 +14,7 @@
 #include "tessera/core/checked.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/nn/checkpointing.hpp"
+#include "tessera/nn/context_parallel.hpp"
 #include "tessera/nn/llama_config.hpp"
 #include "tessera/optim/adafactor.hpp"
 #include "tessera/optim/adamw.hpp"
@@ -39,6 +40,14 @@ struct train_config {
   /// the trainer sets the layer family's `sequence_parallel` from it.
   bool sequence_parallel = false;
   std::int64_t pp = 1;  ///< pipeline-parallel degree K (the pp group's size)
+  /// Context-parallel degree (the cp group's size): each sequence's T
+  /// tokens are split over cp ranks, head-tail (core/cp_shard.hpp; 2 cp
+  /// must divide T), which read the same micro-batches; the weights are
+  /// replicated over dp x cp.
+  std::int64_t cp = 1;
+  /// How attention runs over the cp group (nn/context_parallel.hpp): ring
+  /// (any head counts) or ulysses (cp must divide the heads).
+  nn::cp_kind cp_kind = nn::cp_kind::ring;
   /// The pipeline schedule (pp > 1): gpipe, 1f1b, interleaved or zb1.
   parallel::schedule_kind pipeline = parallel::schedule_kind::one_f_one_b;
   std::int64_t virtual_stages = 1;  ///< V, model chunks per pp rank (interleaved only)

@@ -58,7 +58,7 @@ void export_hf(Chunks& chunks, const Layout& mesh, const std::filesystem::path& 
   const int T = mesh.tp();
   const auto files =
       nn::plan_hf_files(c, chunks.stages(), data::safetensors_dtype_bytes(dtype), max_shard_bytes);
-  const bool writer = mesh.dp_rank() == 0 && mesh.tp_rank() == 0;
+  const bool writer = mesh.dp_rank() == 0 && mesh.cp_rank() == 0 && mesh.tp_rank() == 0;
   auto world = mesh_reduction(mesh, ctx);
   std::exception_ptr failed;
   try {

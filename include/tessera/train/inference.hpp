@@ -78,27 +78,31 @@ void run_forward_only(Chunks& chunks, const Layout& mesh, Batch&& batch, Last&& 
 // this rank in virtual-stage order: the loss sum and scored count on the
 // rank of the last stage, zeros elsewhere (the caller sums over pp).
 // h_doc_start: (B, T) document starts in host memory (every stage's), or null.
+// Under context parallelism the windows are whole and this rank stages its
+// tokens (cp_shard::take): the loss and the count are over them.
 template <class Chunks, class Layout>
 nn::loss_sum pipeline_forward_loss(Chunks& chunks, const Layout& mesh,
-                                   const std::int32_t* h_windows, std::int64_t B, std::int64_t T,
+                                   const std::int32_t* h_windows, std::int64_t B, std::int64_t S,
                                    const std::int32_t* h_doc_start = nullptr) {
   using Param = typename Chunks::model_type::precision_type::param_type;
   const auto& ctx = chunks.model().context();
-  const std::int64_t N = B * T;
+  const cp_shard sh = mesh.cp() == 1 ? cp_shard{S, 1, 0} : cp_shard::of(S, mesh.cp(), mesh.cp_rank());
+  const std::int64_t T = sh.tokens(), N = B * T;
   std::vector<std::int32_t> h(static_cast<std::size_t>(2 * N));
-  std::int64_t scored = 0;
-  for (std::int64_t b = 0; b < B; ++b)
-    for (std::int64_t t = 0; t < T; ++t) {
-      const std::size_t i = static_cast<std::size_t>(b * T + t);
-      h[i] = h_windows[b * (T + 1) + t];
-      h[i + static_cast<std::size_t>(N)] = h_windows[b * (T + 1) + t + 1];
-      scored += h[i + static_cast<std::size_t>(N)] != Chunks::ignore_index;
-    }
+  std::vector<std::int32_t> d(static_cast<std::size_t>(h_doc_start ? N : 0));
+  for (std::int64_t b = 0; b < B; ++b) {
+    sh.take(h_windows + b * (S + 1), h.data() + b * T);
+    sh.take(h_windows + b * (S + 1) + 1, h.data() + N + b * T);
+    if (h_doc_start) sh.take(h_doc_start + b * S, d.data() + b * T);
+  }
+  const std::int64_t scored = std::count_if(h.begin() + N, h.end(), [](std::int32_t id) {
+    return id != Chunks::ignore_index;
+  });
   auto tok = kernels::make_tensor<std::int32_t>(ctx, 2 * N);
   ctx.from_host(tok.data(), h.data(), h.size() * sizeof(std::int32_t));
   auto doc = kernels::make_tensor<std::int32_t>(ctx, h_doc_start ? N : 0);
   if (h_doc_start)
-    ctx.from_host(doc.data(), h_doc_start, static_cast<std::size_t>(N) * sizeof(std::int32_t));
+    ctx.from_host(doc.data(), d.data(), d.size() * sizeof(std::int32_t));
   auto d_loss = kernels::make_tensor<double>(ctx, 1);
   nn::loss_sum r;
   run_forward_only(
@@ -149,8 +153,9 @@ void pipeline_logits(Chunks& chunks, const Layout& mesh, const std::int32_t* h_i
 /// batches of `B` windows of T tokens, split across the dp ranks by batch
 /// (batch j to dp rank j mod dp; a rank without a batch in the last round
 /// repeats batch 0 and discards it, so every rank runs the same forwards,
-/// which zero<3>'s gathers need), through the pipeline when mesh.pp() > 1.
-/// Sums the loss and the scored tokens over dp and pp. With
+/// which zero<3>'s gathers need), through the pipeline when mesh.pp() > 1,
+/// each cp rank over its tokens of the windows under context parallelism.
+/// Sums the loss and the scored tokens over dp, cp and pp. With
 /// `document_separator`, the windows' documents attend only within
 /// themselves, as in training (data::document_starts). Collective over the
 /// mesh; the same value on every rank. NaN when no token is scored.
@@ -180,7 +185,8 @@ double evaluate(Chunks& chunks, const Layout& mesh, const data::val_windows& val
       sum[1] += static_cast<double>(r.scored);
     }
   }
-  mesh.reduce(ctx, std::span<double>(sum, 2), {parallel::axis::dp, parallel::axis::pp});
+  mesh.reduce(ctx, std::span<double>(sum, 2),
+              {parallel::axis::dp, parallel::axis::cp, parallel::axis::pp});
   return sum[1] > 0 ? sum[0] / sum[1] : std::nan("");
 }
 

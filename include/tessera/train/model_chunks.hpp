@@ -11,8 +11,12 @@
 ///
 /// Weights: drawn from cfg.seed (nn::llama::init_weights; the engine draws
 /// its shard under zero<3>) or read from a Hugging Face folder's reader
-/// (`weights`). Each engine runs over the dp group (`dp`); the tp group is
-/// the layer family's (layout.layers(), with cfg.sequence_parallel).
+/// (`weights`). Each engine runs over the group the weights are replicated
+/// over (`dp`: the dp group, or dp x cp under context parallelism, as in
+/// Megatron-Core); the tp group is the layer family's (layout.layers(),
+/// with cfg.sequence_parallel); under context parallelism every chunk's
+/// attention runs over the layout's cp group (nn::llama's
+/// set_context_parallel, cfg.cp_kind).
 ///
 /// Tied embeddings under a pipeline (pp > 1): the first stage holds the
 /// embedding, the last stage a copy for its head (nn::tied_head::copy),
@@ -27,6 +31,7 @@
 
 #include "tessera/comm/communicator.hpp"
 #include "tessera/kernels/context.hpp"
+#include "tessera/nn/context_parallel.hpp"
 #include "tessera/nn/llama.hpp"
 #include "tessera/optim/optimizer.hpp"
 #include "tessera/parallel/layout.hpp"
@@ -65,18 +70,27 @@ class model_chunks {
         stage_(mesh.stage()),
         K_(mesh.pp()) {
     L layers = mesh.layers();
+    if (mesh.cp() > 1) {
+      // A device cp group enqueues on the context's stream, behind the
+      // kernels that write what it sends (as the model's tp group does).
+      if constexpr (requires(C & g) { g.set_stream(ctx.stream()); })
+        mesh.cp_group()->set_stream(ctx.stream());
+      cp_ = std::make_unique<cp_type>(
+          nn::context_parallel_attention<C>{mesh.cp_group(), cfg.cp_kind});
+    }
     if constexpr (L::tensor_parallel) layers.sequence_parallel = cfg.sequence_parallel;
     for (int c = 0; c < static_cast<int>(cfg.virtual_stages); ++c) {
       nn::llama_options o;
       o.ce_chunk = cfg.ce_chunk;
       o.ignore_index = ignore_index;
       o.external_params = engine_type::wants_external_params;
-      o.external_grads = engine_type::wants_external_grads(mesh.dp());
+      o.external_grads = engine_type::wants_external_grads(dp.size());
       o.checkpointing = cfg.checkpointing;
       o.stage = stages_[static_cast<std::size_t>(virtual_stage(c))];
       o.weights = weights;
       o.fp8 = cfg.fp8;
       auto& m = *models_.emplace_back(std::make_unique<model_type>(model_cfg, o, ctx, layers));
+      m.set_context_parallel(cp_.get());
       if constexpr (!S::shards_parameters) m.init_weights(cfg.seed);
       engines_.push_back(
           std::make_unique<engine_type>(m, dp, cfg.template optimizer_config<O>(), cfg.seed, dpo));
@@ -127,6 +141,8 @@ class model_chunks {
   std::vector<std::unique_ptr<model_type>> models_;
   std::vector<std::unique_ptr<engine_type>> engines_;
   std::unique_ptr<C> tied_group_;  // tied embeddings, pp > 1 (split from the pp group)
+  using cp_type = nn::cp_attention_over<C, Ctx, typename P::param_type, typename P::act_grad_type>;
+  std::unique_ptr<cp_type> cp_;  // context parallelism: every chunk's attention over the cp group
 };
 
 }  // namespace tessera::train

@@ -105,9 +105,14 @@ class step_runner {
         ctx_(&ctx),
         cfg_(cfg),
         sampler_(data, data.split().train, cfg.micro_batch, cfg.seq, cfg.seed),
-        loader_(data::loader_system_for<Backend>::make(ctx), sampler_,
-                chunks.model().config().vocab, cfg.accum_steps(), first_micro_batch(),
-                ignore_index),
+        loader_(data::loader_system_for<Backend>::make(ctx),
+                [s = &sampler_](std::uint64_t step, std::uint64_t mb, std::int32_t* out) {
+                  s->fill(step, mb, out);
+                },
+                data::device_loader_options{cfg.micro_batch, cfg.seq,
+                                            chunks.model().config().vocab, ignore_index,
+                                            cfg.accum_steps(), first_micro_batch(), mesh.cp(),
+                                            mesh.cp_rank()}),
         actions_(
             step_actions(schedule, mesh.stage(), {mesh.pp(), cfg.accum_steps(), chunks.size()})),
         scalars_(kernels::make_tensor<double>(ctx, 1 + cfg.accum_steps())),
@@ -115,7 +120,8 @@ class step_runner {
         windows_(static_cast<std::size_t>(cfg.micro_batch * (cfg.seq + 1))) {
     if constexpr (precision::loss_scaled<P>) scaler_.emplace(cfg.loss_scale);
     if (cfg.document_separator) {  // its id checked by train::validate
-      const std::int64_t n = cfg.accum_steps() * cfg.micro_batch * cfg.seq;
+      const std::int64_t n = cfg.accum_steps() * cfg.micro_batch * tokens();
+      doc_row_.resize(static_cast<std::size_t>(cfg.seq));
       doc_host_.resize(static_cast<std::size_t>(n));
       doc_ = kernels::make_tensor<std::int32_t>(ctx, n);
     }
@@ -127,7 +133,7 @@ class step_runner {
     }
     executor_ =
         std::make_unique<executor_type>(std::move(ch), mesh, chunks.size(), std::move(capacity));
-    executor_->set_micro_batch(cfg.micro_batch, cfg.seq);
+    executor_->set_micro_batch(cfg.micro_batch, tokens());
     executor_->set_tied_group(chunks.tied_group());
     loader_.prefetch(0, first_micro_batch());
   }
@@ -152,10 +158,17 @@ class step_runner {
       for (std::int64_t b = 0; b < B; ++b)
         for (std::int64_t t = 1; t <= T; ++t)
           scored += windows_[static_cast<std::size_t>(b * (T + 1) + t)] != ignore_index;
-      // Packed documents: the micro-batch's document starts, from the same windows.
-      if (cfg_.document_separator)
-        data::document_starts(windows_.data(), B, T, *cfg_.document_separator,
-                              doc_host_.data() + a * B * T);
+      // Packed documents: the micro-batch's document starts, from the same
+      // windows (global positions; this rank's tokens under context parallelism).
+      if (cfg_.document_separator) {
+        const cp_shard sh = shard();
+        const std::int64_t L = sh.tokens();
+        for (std::int64_t b = 0; b < B; ++b) {
+          data::document_starts(windows_.data() + b * (T + 1), 1, T, *cfg_.document_separator,
+                                doc_row_.data());
+          sh.take(doc_row_.data(), doc_host_.data() + (a * B + b) * L);
+        }
+      }
     }
     if (cfg_.document_separator)  // every stage's forward reads them (the previous step is done)
       ctx_->from_host(doc_.data(), doc_host_.data(), doc_host_.size() * sizeof(std::int32_t));
@@ -194,7 +207,8 @@ class step_runner {
       scaler_->update(m.skipped);  // every rank: the same norm, the same flag
       m.skipped_steps = scaler_->skipped();
     }
-    mesh_->reduce(*ctx_, std::span<double>(&loss_sum, 1), {parallel::axis::dp, parallel::axis::pp});
+    mesh_->reduce(*ctx_, std::span<double>(&loss_sum, 1),
+                  {parallel::axis::dp, parallel::axis::cp, parallel::axis::pp});
     m.loss = loss_sum / scored;
     m.scored = static_cast<std::int64_t>(scored);
     return m;
@@ -212,14 +226,21 @@ class step_runner {
   executor_type& executor() { return *executor_; }
 
  private:
+  // This rank's tokens of each sequence: all T, or its T/cp under context
+  // parallelism (the ranks of a cp group read the same micro-batches).
+  cp_shard shard() const {
+    return mesh_->cp() == 1 ? cp_shard{cfg_.seq, 1, 0}
+                            : cp_shard::of(cfg_.seq, mesh_->cp(), mesh_->cp_rank());
+  }
+  std::int64_t tokens() const { return shard().tokens(); }
   std::uint64_t first_micro_batch() const {
     return data::global_micro_batch(static_cast<std::uint64_t>(mesh_->dp_rank()),
                                     static_cast<std::uint64_t>(cfg_.accum_steps()), 0);
   }
   // Delayed FP8 scaling: the step amaxes (x, W, dy) of every linear of the
   // chunks, brought to the host (one copy per chunk), reduced with max over
-  // dp and tp in one collective (every rank of those groups holds the same
-  // chunks; float values as doubles: exact), recorded into the histories,
+  // dp, cp and tp (every rank of those groups holds the same chunks; float
+  // values as doubles: exact), recorded into the histories,
   // and the new scales written back; a skipped step's amaxes are cleared
   // (every rank skips alike: no collective then).
   void record_fp8_amaxes(bool skipped) {
@@ -238,7 +259,8 @@ class step_runner {
       }
     }
     if (a.empty()) return;  // a stage without blocks (the same on its dp and tp ranks)
-    mesh_->reduce(*ctx_, std::span<double>(a), {parallel::axis::dp, parallel::axis::tp},
+    mesh_->reduce(*ctx_, std::span<double>(a),
+                  {parallel::axis::dp, parallel::axis::cp, parallel::axis::tp},
                   comm::reduce_op::max);
     std::size_t i = 0;
     for (int c = 0; c < chunks_->size(); ++c) {
@@ -258,7 +280,7 @@ class step_runner {
     TESSERA_EXPECTS(b.step == static_cast<std::uint64_t>(step_) &&
                         b.micro_batch == first_micro_batch() + static_cast<std::uint64_t>(a),
                     "loader out of order");
-    return {b.d_inputs, b.d_targets, nullptr, cfg_.micro_batch, cfg_.seq};
+    return {b.d_inputs, b.d_targets, nullptr, cfg_.micro_batch, tokens()};
   }
 
   Chunks* chunks_;
@@ -272,7 +294,8 @@ class step_runner {
   tensor<double, Backend> scalars_;     // (1 + A): sum of squares, then each micro-batch's loss
   tensor<Master, Backend> clip_;        // (1): the clip coefficient
   std::vector<std::int32_t> windows_;   // (B, T+1): the host's scored-token count
-  std::vector<std::int32_t> doc_host_;  // (A, B, T) document starts (packed documents)
+  std::vector<std::int32_t> doc_host_;  // (A, B, T/cp) document starts (packed documents)
+  std::vector<std::int32_t> doc_row_;   // (T) one row's, before the cut
   tensor<std::int32_t, Backend> doc_;   // the same, in the context's memory
   std::optional<precision::loss_scaler> scaler_;  // loss_scaled<P> only
   std::int64_t step_ = 0;

@@ -140,8 +140,8 @@ class trainer {
       // example-end constructor
       : own_ctx_(ctx ? nullptr : make_context()),
         ctx_(ctx ? ctx : &own_ctx_->ctx),
-        self_(mesh.dp_group() ? std::nullopt : make_self(*ctx_)),
-        dp_(mesh.dp_group() ? mesh.dp_group() : &*self_),
+        self_(mesh.dp_cp_group() ? std::nullopt : make_self(*ctx_)),
+        dp_(mesh.dp_cp_group() ? mesh.dp_cp_group() : &*self_),
         mesh_(mesh),
         cfg_(with_schedule(cfg)),
         data_(&data),
@@ -188,9 +188,11 @@ class trainer {
   const Ctx& context() const { return *ctx_; }
   /// This rank's layout (its groups).
   const layout_type& layout() const { return mesh_; }
-  /// The dp group (a one-rank communicator for one rank).
+  /// The group the weights are replicated over and the data-parallel
+  /// engines reduce over: the dp group, or dp x cp under context
+  /// parallelism (a one-rank communicator for one rank).
   C& communicator() { return *dp_; }
-  /// This rank's index in its dp group.
+  /// This rank's index in that group.
   int rank() const { return dp_->rank(); }
   /// This rank's index in its tensor-parallel group (0 without one).
   int tp_rank() const { return mesh_.tp_rank(); }
@@ -331,6 +333,10 @@ class trainer {
     nlohmann::json m =
         run_metadata(model().config(), cfg_, P::name, O::name, cfg_.template optimizer_config<O>(),
                      S::name, mesh_.dp(), step_, chunks_->flat_elements(), *data_);
+    if (mesh_.cp() > 1) {  // a layout key: a load onto another cp reshards
+      m["cp"] = mesh_.cp();
+      m["cp_kind"] = nn::to_string(cfg_.cp_kind);
+    }
     if (mesh_.tp() > 1) {  // a tp rank's shards resume at the same layout only
       m["tp"] = mesh_.tp();
       m["tp_rank"] = mesh_.tp_rank();  // sequence parallelism keeps the layout: not recorded
@@ -400,6 +406,8 @@ class trainer {
       mine = run_metadata(model_cfg, cfg_, P::name, O::name, cfg_.template optimizer_config<O>(),
                           S::name, mesh_.dp(), 0, 0, *data_);
       mine["tp"] = mesh_.tp();
+      mine["cp"] = mesh_.cp();
+      mine["cp_kind"] = nn::to_string(cfg_.cp_kind);
       mine["pp"] = cfg_.pp;
       mine["virtual_stages"] = cfg_.virtual_stages;
       mine["stage_blocks"] = cfg_.stage_blocks;

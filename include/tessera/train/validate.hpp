@@ -30,8 +30,9 @@ namespace tessera::train {
 /// on the step's action list and loss scalars.
 inline constexpr std::int64_t max_micro_batches = std::int64_t{1} << 20;
 
-/// A layout's degrees: anything with dp(), tp() and pp() (parallel::layout
-/// over its groups, or comm::device_mesh before any group exists).
+/// A layout's degrees: anything with dp(), tp() and pp(), and cp() when it
+/// has context parallelism (parallel::layout over its groups, or
+/// comm::device_mesh before any group exists).
 template <class M>
 concept has_mesh_degrees = requires(const M& m) {
   { m.dp() } -> std::convertible_to<int>;
@@ -92,10 +93,6 @@ void validate(const nn::llama_config& c, const train_config& cfg, const data::to
   dpo.validate();
   TESSERA_THROW_IF(cfg.dp != mesh.dp(), config_error, "dp=", cfg.dp,
                    " does not match the communicator's ", mesh.dp(), " ranks (world size)");
-  if constexpr (requires { mesh.cp(); })
-    TESSERA_THROW_IF(mesh.cp() > 1, config_error, "cp=", mesh.cp(),
-                     ": the trainer runs its attention on whole sequences (cp=1); context "
-                     "parallelism is nn::context_parallel_attention over the cp group");
   cfg.validate();
   TESSERA_THROW_IF(!precision::loss_scaled<P> && cfg.loss_scale != precision::loss_scale_options{},
                    config_error, "loss-scale settings ", cfg.loss_scale.to_json().dump(),
@@ -141,7 +138,18 @@ void validate(const nn::llama_config& c, const train_config& cfg, const data::to
       cfg.pipeline, {K, cfg.accum_steps(), static_cast<int>(cfg.virtual_stages)}, c.n_layers);
   (void)parallel::partition_stages(c, cfg.seq, K * static_cast<int>(cfg.virtual_stages),
                                    cfg.stage_blocks);
-  if (cfg.sequence_parallel) nn::check_sequence_parallel(cfg.seq, mesh.tp());
+  // Context parallelism: each rank's T/cp tokens, head-tail; under
+  // sequence parallelism the tp ranks split those.
+  int cp = 1;
+  if constexpr (requires { mesh.cp(); }) cp = mesh.cp();
+  TESSERA_THROW_IF(cfg.cp != cp, config_error, "cp=", cfg.cp,
+                   " does not match the context-parallel group's ", cp, " ranks");
+  if (cp > 1) {
+    const std::int64_t tp = mesh.tp();
+    nn::check_context_parallel(cfg.cp_kind, cp, cfg.seq, c.n_heads / tp,
+                               std::max<std::int64_t>(1, c.n_kv_heads / tp));
+  }
+  if (cfg.sequence_parallel) nn::check_sequence_parallel(cfg.seq / cp, mesh.tp());
   // Reducing per micro-batch needs a sharded gradient, and a chunk's
   // backwards that do not interleave across micro-batches.
   // (The sharding is known at compile time: if constexpr, so that no code

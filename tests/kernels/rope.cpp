@@ -1,16 +1,21 @@
 // Tests of include/tessera/kernels/rope.hpp: table accuracy against long
 // double at long positions, forward against a float64 reference (float64,
 // float32, bf16 on the same rounded inputs), the rotate-half convention, and
-// the backward against float64 central finite differences.
+// the backward against float64 central finite differences; rope_positions:
+// context-parallel ranks' tokens rotated at their global positions give the
+// whole sequence's bits.
 
 #include "tessera/kernels/rope.hpp"
 
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <random>
 #include <vector>
+
+#include "tessera/core/cp_shard.hpp"
 
 #include "kernel_testing.hpp"
 
@@ -178,6 +183,134 @@ TEST_CASE("rope_backward matches float64 finite differences", "[kernels][rope]")
   auto dx = w_out;  // dL/dy, overwritten in place by dL/dx
   rope_backward(ctx, dx.data(), c.data(), s.data(), B, T, nh, hd);
   CHECK(fd_max_error(x, loss, dx) < 1e-6);
+}
+
+namespace {
+// doc_start (B, T) of rows cut into documents of lengths 5, 1, 7, 3, 2, 9, ...
+// in turn (row b starting at the b-th length; the last one cut by the row's
+// end): global positions, so documents cross the cp chunks' boundaries.
+std::vector<std::int32_t> doc_starts(std::int64_t B, std::int64_t T) {
+  const std::int64_t lengths[] = {5, 1, 7, 3, 2, 9};
+  std::vector<std::int32_t> ds(static_cast<std::size_t>(B * T));
+  for (std::int64_t b = 0; b < B; ++b) {
+    std::int64_t start = 0, d = b;
+    for (std::int64_t t = 0; t < T; ++t) {
+      if (t - start == lengths[d % 6]) {
+        start = t;
+        ++d;
+      }
+      ds[static_cast<std::size_t>(b * T + t)] = static_cast<std::int32_t>(start);
+    }
+  }
+  return ds;
+}
+
+// The rows of whole (B, T, width) a cp rank holds: local (B, s.tokens(),
+// width), local[b, l] = whole[b, s.position(l)].
+template <class U>
+std::vector<U> shard_rows(const std::vector<U>& whole, const cp_shard& s, std::int64_t B,
+                          std::int64_t width) {
+  const std::int64_t L = s.tokens();
+  std::vector<U> local(static_cast<std::size_t>(B * L * width));
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t l = 0; l < L; ++l)
+      for (std::int64_t k = 0; k < width; ++k)
+        local[static_cast<std::size_t>((b * L + l) * width + k)] =
+            whole[static_cast<std::size_t>((b * s.T + s.position(l)) * width + k)];
+  return local;
+}
+
+// Forward and backward of the whole batch, then of each rank's tokens of cp
+// ranks with rope_positions::of(shard, local doc_start): bit for bit the
+// whole batch's rows at the ranks' positions (each token reads the table row
+// of its position, and the arithmetic is the same). Every global row is
+// checked once over the ranks.
+template <class Storage>
+void check_cp_positions(bool documents, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const std::int64_t B = 2, T = 24, nh = 3, hd = 10, width = nh * hd;
+  std::vector<float> c(T * hd / 2), s(T * hd / 2);
+  rope_table(c.data(), s.data(), T, hd, 10000.0);
+  const auto x = random_vector<Storage>(static_cast<std::size_t>(B * T * width), rng, -2, 2);
+  const auto dy = random_vector<Storage>(x.size(), rng);
+  const std::vector<std::int32_t> ds = documents ? doc_starts(B, T) : std::vector<std::int32_t>{};
+  auto y = x, dx = dy;
+  rope_forward(ctx, y.data(), c.data(), s.data(), B, T, nh, hd, documents ? ds.data() : nullptr);
+  rope_backward(ctx, dx.data(), c.data(), s.data(), B, T, nh, hd, documents ? ds.data() : nullptr);
+  for (int cp : {1, 2, 3}) {
+    std::vector<int> seen(static_cast<std::size_t>(T), 0);
+    for (int r = 0; r < cp; ++r) {
+      INFO("cp=" << cp << " rank=" << r << " documents=" << documents);
+      const cp_shard sh = cp_shard::of(T, cp, r);
+      const std::int64_t L = sh.tokens();
+      const auto ds_local = documents ? shard_rows(ds, sh, B, 1) : std::vector<std::int32_t>{};
+      const rope_positions pos = rope_positions::of(sh, documents ? ds_local.data() : nullptr);
+      auto y_local = shard_rows(x, sh, B, width), dx_local = shard_rows(dy, sh, B, width);
+      rope_forward(ctx, y_local.data(), c.data(), s.data(), B, L, nh, hd, pos);
+      rope_backward(ctx, dx_local.data(), c.data(), s.data(), B, L, nh, hd, pos);
+      CHECK(same_bits(y_local, shard_rows(y, sh, B, width)));
+      CHECK(same_bits(dx_local, shard_rows(dx, sh, B, width)));
+      for (std::int64_t l = 0; l < L; ++l) ++seen[static_cast<std::size_t>(sh.position(l))];
+    }
+    CHECK(seen == std::vector<int>(static_cast<std::size_t>(T), 1));
+  }
+}
+}  // namespace
+
+TEST_CASE("rope_positions of a cp shard: each rank's tokens get the whole batch's bits",
+          "[kernels][rope]") {
+  std::uint64_t seed = 40;
+  for (bool documents : {false, true}) {
+    check_cp_positions<double>(documents, seed++);
+    check_cp_positions<float>(documents, seed++);
+    check_cp_positions<bf16>(documents, seed++);
+  }
+}
+
+TEST_CASE("rope_positions: the positions, the defaults and the refusals", "[kernels][rope]") {
+  // Head-tail: cp 2 over T = 8 is chunks of 2; rank 0 holds positions 0 1 6 7,
+  // rank 1 holds 2 3 4 5. Documents subtract their global start.
+  constexpr rope_positions r0 = rope_positions::of(cp_shard{8, 2, 0});
+  static_assert(r0.split == 2 && r0.head_offset == 0 && r0.tail_offset == 4);
+  const rope_positions r1 = rope_positions::of(cp_shard::of(8, 2, 1));
+  const std::int32_t starts[4] = {0, 1, 4, 4};  // (1, 4): global starts of rank 1's tokens
+  const rope_positions d1 = rope_positions::of(cp_shard::of(8, 2, 1), starts);
+  for (std::int64_t t = 0; t < 4; ++t) {
+    CHECK(kernels::detail::rope_position(r0, t, 4) == cp_shard::of(8, 2, 0).position(t));
+    CHECK(kernels::detail::rope_position(r1, 4 + t, 4) == 2 + t);  // row b = 1: bt = 4 + t
+    CHECK(kernels::detail::rope_position(d1, t, 4) == 2 + t - starts[t]);
+  }
+  // cp 1 and the defaults: every token at t (or t - doc_start), all equal.
+  constexpr rope_positions one = rope_positions::of(cp_shard{6, 1, 0});
+  static_assert(one.split == 3 && one.head_offset == 0 && one.tail_offset == 0);
+  constexpr rope_positions none{}, null_docs = nullptr;
+  static_assert(none.doc_start == nullptr && none.split == 0 && null_docs.tail_offset == 0);
+  for (std::int64_t bt = 0; bt < 12; ++bt) {
+    CHECK(kernels::detail::rope_position(one, bt, 6) == bt % 6);
+    CHECK(kernels::detail::rope_position(none, bt, 6) == bt % 6);
+  }
+  std::mt19937_64 rng(5);
+  const std::int64_t T = 6, hd = 8;
+  std::vector<float> c(T * hd / 2), s(T * hd / 2);
+  rope_table(c.data(), s.data(), T, hd, 10000.0);
+  const auto x = random_vector<float>(static_cast<std::size_t>(2 * T * hd), rng);
+  auto a = x, b = x, d = x;
+  rope_forward(ctx, a.data(), c.data(), s.data(), 2, T, 1, hd);
+  rope_forward(ctx, b.data(), c.data(), s.data(), 2, T, 1, hd, one);
+  rope_forward(ctx, d.data(), c.data(), s.data(), 2, T, 1, hd, nullptr);
+  CHECK(same_bits(a, b));
+  CHECK(same_bits(a, d));
+  CHECK(!same_bits(a, x));
+
+  // split outside [0, T], a negative offset: config_error naming them.
+  rope_positions bad = rope_positions::of(cp_shard::of(12, 2, 0));  // split 3: T = 6 expected
+  CHECK_NOTHROW(rope_forward(ctx, a.data(), c.data(), s.data(), 1, 6, 1, hd, bad));
+  CHECK_THROWS_WITH(rope_forward(ctx, a.data(), c.data(), s.data(), 1, 2, 1, hd, bad),
+                    Catch::Contains("split=3 is not in [0, T=2]"));
+  bad = rope_positions{};
+  bad.tail_offset = -1;
+  CHECK_THROWS_WITH(rope_backward(ctx, a.data(), c.data(), s.data(), 1, 2, 1, hd, bad),
+                    Catch::Contains("tail_offset=-1 must be >= 0"));
 }
 
 }  // namespace test_kernels_rope

@@ -9,8 +9,11 @@
 /// Layout: x is (B, T, nh, hd), row-major; in head vector x[b,t,h,:] the pair
 /// i is (x[i], x[i + hd/2]) rotated by angle t * f_i, f_i = theta^(-2i/hd)
 /// (or a scaled set of inverse frequencies, nn/rope_scaling.hpp). The
-/// position of token t is t. Tables are (T, hd/2) of the precision policy's rope_type
-/// (float32, or float64 for the float64 policy).
+/// position of token t is t, or what a rope_positions (detail/rope.hpp)
+/// says: its position in its packed document, its global position on a
+/// context-parallel rank. Tables are (rows, hd/2) of the precision policy's
+/// rope_type (float32, or float64 for the float64 policy), one row per
+/// position.
 
 #include <cmath>
 #include <cstdint>
@@ -83,30 +86,38 @@ void rope_table(R* cos, R* sin, std::int64_t T, std::int64_t hd, double theta) {
 }
 
 /// Applies RoPE in place: for each (b, t, h), pair i of x[b,t,h,:] becomes
-/// (x1 cos - x2 sin, x2 cos + x1 sin) with cos = cos[t, i], sin = sin[t, i].
+/// (x1 cos - x2 sin, x2 cos + x1 sin) with cos = cos[p, i], sin = sin[p, i]
+/// at token t's position p.
 /// - `x` (B, T, nh, hd) of Storage in {float, double, bf16}; arithmetic in
-///   accum_t<Storage>, a bf16 result rounded once. `cos`, `sin` (at least
-///   T rows of hd/2) of R from rope_table (a float table in a float64 model
-///   caps its accuracy at float32's: the policy's rope_type decides).
-/// - `doc_start` (B, T) int32 or null: with packed documents (the document
-///   mask, kernels::attention_mask), token t of row b is rotated by its
-///   position in its document, t - doc_start[b * T + t], in [0, T); null:
-///   by t.
-/// - Throws config_error for a negative size or hd odd or <= 0.
+///   accum_t<Storage>, a bf16 result rounded once. `cos`, `sin` (rows, hd/2)
+///   of R from rope_table, a row for every position the call rotates by (a
+///   float table in a float64 model caps its accuracy at float32's: the
+///   policy's rope_type decides).
+/// - `positions`: token t of row b is rotated by
+///   detail::rope_position(positions, b T + t, T): by default t; from a
+///   doc_start (B, T) int32 pointer (the document mask,
+///   kernels::attention_mask) its position in its document,
+///   t - doc_start[b T + t]; from rope_positions::of(shard, doc_start) on a
+///   context-parallel rank (T = shard.tokens()) its global position
+///   cp_shard::position(t), less its document's global start. Each token
+///   is rotated by the table row of its position, so a rank's tokens get
+///   the bits the whole sequence's tokens at those positions get.
+/// - Throws config_error for a negative size, hd odd or <= 0, or positions
+///   with split outside [0, T] or a negative offset.
 /// Source: Su et al. 2021, eq. 34, in the rotate-half pairing of Llama.
 template <class Storage, class R>
 void rope_forward(const host_context& ctx, Storage* x, const R* cos, const R* sin, std::int64_t B,
-                  std::int64_t T, std::int64_t nh, std::int64_t hd,
-                  const std::int32_t* doc_start = nullptr) {
+                  std::int64_t T, std::int64_t nh, std::int64_t hd, rope_positions positions = {}) {
   using A = accum_t<Storage>;
   (void)ctx;
   detail::check_rope_sizes("rope_forward", B, T, nh, hd);
+  detail::check_rope_positions("rope_forward", positions, T);
   const std::int64_t half = hd / 2;
 #pragma omp parallel for schedule(static)
   for (std::int64_t bt = 0; bt < B * T; ++bt) {
-    const std::int64_t t = detail::rope_position(doc_start, bt, T);
-    const R* c = cos + t * half;
-    const R* s = sin + t * half;
+    const std::int64_t p = detail::rope_position(positions, bt, T);  // its table row
+    const R* c = cos + p * half;
+    const R* s = sin + p * half;
     for (std::int64_t h = 0; h < nh; ++h) {
       Storage* v = x + (bt * nh + h) * hd;
       for (std::int64_t i = 0; i < half; ++i) {
@@ -124,23 +135,23 @@ void rope_forward(const host_context& ctx, Storage* x, const R* cos, const R* si
 /// dL/dx on return (the transpose rotation: dx1 = dy1 cos + dy2 sin,
 /// dx2 = dy2 cos - dy1 sin). G in {float, double, bf16}, the
 /// activation-gradient type; arithmetic in accum_t<G> (a bf16 result
-/// rounded once). Same tables, positions (`doc_start`) and throws as
-/// rope_forward.
+/// rounded once). Same tables, positions and throws as rope_forward.
 template <class G, class R>
 void rope_backward(const host_context& ctx, G* dx, const R* cos, const R* sin, std::int64_t B,
                    std::int64_t T, std::int64_t nh, std::int64_t hd,
-                   const std::int32_t* doc_start = nullptr) {
+                   rope_positions positions = {}) {
   using A = accum_t<G>;
   (void)ctx;
   static_assert(std::is_same_v<G, float> || std::is_same_v<G, double> || is_half_v<G>,
                 "tessera::kernels::rope_backward: G must be float, double, bf16 or fp16");
   detail::check_rope_sizes("rope_backward", B, T, nh, hd);
+  detail::check_rope_positions("rope_backward", positions, T);
   const std::int64_t half = hd / 2;
 #pragma omp parallel for schedule(static)
   for (std::int64_t bt = 0; bt < B * T; ++bt) {
-    const std::int64_t t = detail::rope_position(doc_start, bt, T);
-    const R* c = cos + t * half;
-    const R* s = sin + t * half;
+    const std::int64_t p = detail::rope_position(positions, bt, T);  // its table row
+    const R* c = cos + p * half;
+    const R* s = sin + p * half;
     for (std::int64_t h = 0; h < nh; ++h) {
       G* v = dx + (bt * nh + h) * hd;
       for (std::int64_t i = 0; i < half; ++i) {

@@ -7,8 +7,10 @@
 //   N = 8: (2, 2, 2), 1f1b and interleaved
 // under zero<0> and zero<1> (and zero<2> and zero<3> where dp > 1), and
 // optim::muon and optim::adafactor on (1, 1, 2), (2, 1, 2) and (2, 2, 2)
-// (Adafactor under zero<2> too where dp > 1). (A failing stage:
-// tests/mpi/pipeline_fault.cpp.)
+// (Adafactor under zero<2> too where dp > 1); and under context
+// parallelism, N = 2: cp 2 ring and Ulysses; N = 4: (dp, cp, tp, pp) =
+// (2, 2, 1, 1), (1, 2, 1, 2), cp 4; N = 8: (2, 2, 2, 1) and (1, 2, 2, 2).
+// (A failing stage: tests/mpi/pipeline_fault.cpp.)
 #include <catch2/catch.hpp>
 
 #include <type_traits>
@@ -103,6 +105,43 @@ void whole_matrix_meshes(const char* corpus_name) {
 }
 
 }  // namespace
+
+// Context parallelism over processes: each sequence split head-tail over
+// the cp ranks, gradients and ZeRO over dp x cp.
+TEST_CASE("mpi trainer under context parallelism equals one rank's (float64)", "[mpi][cp]") {
+  using P = precision::fp64;
+  using nn::cp_kind;
+  auto w = world();
+  trainer_suite::temp_file corpus{trainer_suite::make_corpus("mpi_cp", w.rank())};
+  data::token_file f(corpus.path);
+  auto cp_mesh = [](int dp, int cp, int tp, int pp, cp_kind kind) {
+    pp_suite::layout l = pipe(dp, tp, pp, schedule_kind::one_f_one_b, 1, 4);
+    l.cp = cp;
+    l.cp_kind = kind;
+    return l;
+  };
+  std::vector<pp_suite::layout> layouts;
+  if (w.size() == 2) {
+    layouts.push_back(cp_mesh(1, 2, 1, 1, cp_kind::ring));
+    layouts.push_back(cp_mesh(1, 2, 1, 1, cp_kind::ulysses));
+  }
+  if (w.size() == 4) {
+    layouts.push_back(cp_mesh(2, 2, 1, 1, cp_kind::ring));
+    layouts.push_back(cp_mesh(1, 2, 1, 2, cp_kind::ulysses));
+    layouts.push_back(cp_mesh(1, 4, 1, 1, cp_kind::ring));
+  }
+  if (w.size() == 8) {
+    layouts.push_back(cp_mesh(2, 2, 2, 1, cp_kind::ring));
+    layouts.push_back(cp_mesh(1, 2, 2, 2, cp_kind::ulysses));
+  }
+  for (const auto& l : layouts) {
+    INFO(l.name());
+    const pp_suite::reference ref = pp_suite::single_rank<P>(f, 5, l.micro_batches * l.dp);
+    REQUIRE_NOTHROW(pp_suite::check_mesh<P, parallel::zero<1>>(w, ref, f, l, 1e-10));
+    if (l.dp > 1 || l.cp > 1)
+      REQUIRE_NOTHROW(pp_suite::check_mesh<P, parallel::zero<2>>(w, ref, f, l, 1e-10));
+  }
+}
 
 TEST_CASE("mpi pp trainer with Muon equals one rank's (float64)", "[mpi][pp][muon]") {
   whole_matrix_meshes<optim::muon>("mpi_pp_muon");

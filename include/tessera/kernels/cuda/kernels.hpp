@@ -35,6 +35,7 @@
 #include "tessera/kernels/detail/adamw.hpp"
 #include "tessera/kernels/detail/lion.hpp"
 #include "tessera/kernels/detail/muon.hpp"
+#include "tessera/kernels/detail/rope.hpp"
 #include "tessera/kernels/detail/sgd.hpp"
 #include "tessera/kernels/detail/weight_init.hpp"
 
@@ -330,22 +331,27 @@ void adafactor_sum_ranks(T* d_out, const T* d_gathered, int ranks, std::int64_t 
 
 /// RoPE forward in place, as the host kernels::rope_forward (rotate-half
 /// pairing): for each (b, t, h), pair i of x[b,t,h,:], (x[i], x[i + hd/2]),
-/// becomes (x1 cos - x2 sin, x2 cos + x1 sin), cos = cos[t, i], sin = sin[t, i].
+/// becomes (x1 cos - x2 sin, x2 cos + x1 sin), cos = cos[p, i], sin = sin[p, i]
+/// at token t's position p.
 /// - `d_x` (B, T, nh, hd) of T in {float, bf16, fp16}, overwritten; arithmetic in
 ///   float32 (kernels::detail::rope_rotate), a 16-bit result rounded once.
-/// - `d_cos`, `d_sin`: (at least T rows of hd/2) float32 tables from the host
-///   kernels::rope_table, copied to the device.
-/// - `d_doc_start` (B, T) int32, device, or null: with packed documents token
-///   t is rotated by t - doc_start[b T + t], its position in its document
-///   (kernels::attention_mask); null: by t.
+/// - `d_cos`, `d_sin`: (rows, hd/2) float32 tables from the host
+///   kernels::rope_table, copied to the device, a row for every position.
+/// - `positions` (kernels::rope_positions, detail/rope.hpp), by value: t by
+///   default; from a `doc_start` (B, T) int32 device pointer, t's position in
+///   its packed document, t - doc_start[b T + t] (kernels::attention_mask);
+///   from rope_positions::of(shard, d_doc_start) on a context-parallel rank
+///   (T = shard.tokens()), t's global position cp_shard::position(t), less
+///   its document's global start. The tables then cover the whole sequence.
 /// - 16-byte accesses when hd/2 is a multiple of 16 / sizeof(T) and `d_x` is
 ///   aligned; launch configuration rope_config (launch.hpp).
-/// - Throws config_error for a negative size or hd odd or <= 0.
+/// - Throws config_error for a negative size, hd odd or <= 0, or positions
+///   with split outside [0, T] or a negative offset.
 /// Source: Su et al., "RoFormer", 2021, eq. 34, in the rotate-half pairing of Llama.
 template <class T>
 void rope_forward(T* d_x, const float* d_cos, const float* d_sin, std::int64_t B, std::int64_t T_,
                   std::int64_t nh, std::int64_t hd, cudaStream_t stream,
-                  const std::int32_t* d_doc_start = nullptr);
+                  rope_positions positions = {});
 
 /// RoPE backward in place, as the host kernels::rope_backward: `d_dx` holds
 /// dL/dy on entry and dL/dx on return (the transpose rotation
@@ -355,7 +361,7 @@ void rope_forward(T* d_x, const float* d_cos, const float* d_sin, std::int64_t B
 template <class G>
 void rope_backward(G* d_dx, const float* d_cos, const float* d_sin, std::int64_t B, std::int64_t T_,
                    std::int64_t nh, std::int64_t hd, cudaStream_t stream,
-                   const std::int32_t* d_doc_start = nullptr);
+                   rope_positions positions = {});
 
 // ---- FP8 scaled casts (kernels/cuda/fp8.cuh) -------------------------------------------------
 
@@ -531,13 +537,13 @@ void fp8_quantize_transposed(F8* d_qt, float* d_inv_scale, const T* d_x, std::in
                                    const kernels::detail::adafactor_step_params<float>&,            \
                                    const float*, kernels::adafactor_phase, cudaStream_t);                                     \
   X void rope_forward<float>(float*, const float*, const float*, std::int64_t, std::int64_t,      \
-                             std::int64_t, std::int64_t, cudaStream_t, const std::int32_t*);       \
+                             std::int64_t, std::int64_t, cudaStream_t, rope_positions);            \
   X void rope_forward<bf16>(bf16*, const float*, const float*, std::int64_t, std::int64_t,        \
-                            std::int64_t, std::int64_t, cudaStream_t, const std::int32_t*);        \
+                            std::int64_t, std::int64_t, cudaStream_t, rope_positions);             \
   X void rope_backward<float>(float*, const float*, const float*, std::int64_t, std::int64_t,     \
-                              std::int64_t, std::int64_t, cudaStream_t, const std::int32_t*);      \
+                              std::int64_t, std::int64_t, cudaStream_t, rope_positions);           \
   X void rope_backward<bf16>(bf16*, const float*, const float*, std::int64_t, std::int64_t,       \
-                             std::int64_t, std::int64_t, cudaStream_t, const std::int32_t*);       \
+                             std::int64_t, std::int64_t, cudaStream_t, rope_positions);            \
   TESSERA_CUDA_KERNEL_FP16_INSTANTIATIONS(X)
 // clang-format on
 
@@ -612,9 +618,9 @@ void fp8_quantize_transposed(F8* d_qt, float* d_inv_scale, const T* d_x, std::in
                                    const kernels::detail::adafactor_step_params<float>&,            \
                                    const float*, kernels::adafactor_phase, cudaStream_t);                                     \
   X void rope_forward<fp16>(fp16*, const float*, const float*, std::int64_t, std::int64_t,        \
-                            std::int64_t, std::int64_t, cudaStream_t, const std::int32_t*);        \
+                            std::int64_t, std::int64_t, cudaStream_t, rope_positions);             \
   X void rope_backward<fp16>(fp16*, const float*, const float*, std::int64_t, std::int64_t,       \
-                             std::int64_t, std::int64_t, cudaStream_t, const std::int32_t*);
+                             std::int64_t, std::int64_t, cudaStream_t, rope_positions);
 // clang-format on
 
 // The instantiations cuda/kernels_cross_entropy.cu provides (a TU of its own:

@@ -48,6 +48,7 @@
 #include "tessera/kernels/detail/attention.hpp"
 #include "tessera/kernels/detail/lion.hpp"
 #include "tessera/kernels/detail/muon.hpp"
+#include "tessera/kernels/detail/rope.hpp"
 #include "tessera/kernels/detail/sgd.hpp"
 #include "tessera/kernels/fp8_operand.hpp"
 
@@ -185,14 +186,15 @@ void linear_backward_weight(const cuda_context& ctx, G* dweight, const GA* dout,
 
 // ---- rope, swiglu, element-wise ---------------------------------------------------------------
 
-/// Rotates x (B, T, nh, hd) in place by the float32 tables (T, hd/2), at
-/// the positions in the documents of doc_start (B, T) (device; null: t).
+/// Rotates x (B, T, nh, hd) in place by the float32 tables (rows, hd/2), each
+/// token at its position of `positions` (kernels::rope_positions: t, its
+/// position in its document, its global position on a cp rank; doc_start
+/// in device memory).
 template <class Storage, class R>
 void rope_forward(const cuda_context& ctx, Storage* x, const R* cos, const R* sin, std::int64_t B,
-                  std::int64_t T, std::int64_t nh, std::int64_t hd,
-                  const std::int32_t* doc_start = nullptr) {
+                  std::int64_t T, std::int64_t nh, std::int64_t hd, rope_positions positions = {}) {
   static_assert(std::is_same_v<R, float>, "rope_forward (cuda): the tables are float32");
-  cuda::rope_forward<Storage>(x, cos, sin, B, T, nh, hd, ctx.stream(), doc_start);
+  cuda::rope_forward<Storage>(x, cos, sin, B, T, nh, hd, ctx.stream(), positions);
 }
 
 /// The inverse rotation of the gradient dx (B, T, nh, hd), in place, at
@@ -200,10 +202,10 @@ void rope_forward(const cuda_context& ctx, Storage* x, const R* cos, const R* si
 template <class G, class R>
 void rope_backward(const cuda_context& ctx, G* dx, const R* cos, const R* sin, std::int64_t B,
                    std::int64_t T, std::int64_t nh, std::int64_t hd,
-                   const std::int32_t* doc_start = nullptr) {
+                   rope_positions positions = {}) {
   static_assert(std::is_same_v<R, float>, "rope_backward (cuda): the tables are float32");
   detail::cuda_grad_check<G>();
-  cuda::rope_backward<G>(dx, cos, sin, B, T, nh, hd, ctx.stream(), doc_start);
+  cuda::rope_backward<G>(dx, cos, sin, B, T, nh, hd, ctx.stream(), positions);
 }
 
 /// out (n) = silu(gate) * up.

@@ -32,23 +32,24 @@ namespace detail {
 /// Applies `rotate(a1, a2, c, s, y1, y2)` in float32 to every pair of x
 /// (B*T*nh rows of 2 * half), W pairs per item, `items` items over the
 /// grid; each element is read and written once, by one thread. The tables
-/// cos, sin (T_, half) are read per element, so they need no alignment;
-/// row t of them for token t, or t - doc_start[b T_ + t] with packed
-/// documents (doc_start (B, T_) int32 or null: kernels::detail::rope_position).
+/// cos, sin (rows, half) are read per element, so they need no alignment;
+/// token t of row b reads the row of its position,
+/// kernels::detail::rope_position(positions, b T_ + t, T_) (t by default;
+/// kernels::rope_positions: documents, context-parallel global positions).
 template <class Ops, int W, class T, class Rotate>
 TESSERA_BLOCK_FN void rope_apply(const block_index& b, T* x, const float* cos, const float* sin,
                                  std::int64_t T_, std::int64_t nh, std::int64_t half,
-                                 std::int64_t items, const std::int32_t* doc_start, Rotate rotate) {
+                                 std::int64_t items, rope_positions positions, Rotate rotate) {
   const std::int64_t stride = b.grid_x * b.threads;
   for (std::int64_t g = b.x * b.threads + b.tid; g < items; g += stride) {
     const std::int64_t p = g * W;  // first pair of the item
     const std::int64_t row = p / half;
     const std::int64_t i = p - row * half;
-    const std::int64_t t = kernels::detail::rope_position(doc_start, row / nh, T_);
+    const std::int64_t pos = kernels::detail::rope_position(positions, row / nh, T_);
     T* v1 = x + row * 2 * half + i;
     T* v2 = v1 + half;
-    const float* c = cos + t * half + i;
-    const float* s = sin + t * half + i;
+    const float* c = cos + pos * half + i;
+    const float* s = sin + pos * half + i;
     pack<T, W> h1 = Ops::template ld_pack<W>(v1);  // first elements of the W pairs
     pack<T, W> h2 = Ops::template ld_pack<W>(v2);  // their partners, hd/2 further
     TESSERA_UNROLL
@@ -76,8 +77,8 @@ struct rope_forward_body {
   static TESSERA_BLOCK_FN void run(const block_index& b, no_shared&, T* x, const float* cos,
                                    const float* sin, std::int64_t T_, std::int64_t nh,
                                    std::int64_t half, std::int64_t items,
-                                   const std::int32_t* doc_start) {
-    rope_apply<Ops, W>(b, x, cos, sin, T_, nh, half, items, doc_start,
+                                   rope_positions positions) {
+    rope_apply<Ops, W>(b, x, cos, sin, T_, nh, half, items, positions,
                        [](float x1, float x2, float c, float s, float& y1, float& y2) {
                          kernels::detail::rope_rotate(x1, x2, c, s, y1, y2);
                        });
@@ -98,8 +99,8 @@ struct rope_backward_body {
   static TESSERA_BLOCK_FN void run(const block_index& b, no_shared&, G* dx, const float* cos,
                                    const float* sin, std::int64_t T_, std::int64_t nh,
                                    std::int64_t half, std::int64_t items,
-                                   const std::int32_t* doc_start) {
-    rope_apply<Ops, W>(b, dx, cos, sin, T_, nh, half, items, doc_start,
+                                   rope_positions positions) {
+    rope_apply<Ops, W>(b, dx, cos, sin, T_, nh, half, items, positions,
                        [](float dy1, float dy2, float c, float s, float& y1, float& y2) {
                          kernels::detail::rope_rotate_transpose(dy1, dy2, c, s, y1, y2);
                        });
@@ -109,61 +110,63 @@ struct rope_backward_body {
 /// Launches `BodyV` (V pairs an item) when hd/2 is a multiple of V and x is
 /// aligned for V elements, `Body1` (one pair) otherwise; nothing when there
 /// are no pairs. Throws config_error (rope_config) for a negative size or hd
-/// odd or <= 0.
+/// odd or <= 0, and (kernels::detail::check_rope_positions) for positions
+/// with split outside [0, T_] or a negative offset.
 template <class BodyV, class Body1, int V, class Launcher, class T>
 void rope_launch(const Launcher& launch, T* x, const float* cos, const float* sin, std::int64_t B,
-                 std::int64_t T_, std::int64_t nh, std::int64_t hd, const std::int32_t* doc_start) {
+                 std::int64_t T_, std::int64_t nh, std::int64_t hd, rope_positions positions) {
   const std::int64_t half = hd / 2;
   const bool vec = half % V == 0 && all_aligned(V * sizeof(T), x);
   const launch_config c = rope_config(B, T_, nh, hd, vec ? V : 1);
+  kernels::detail::check_rope_positions("rope (cuda)", positions, T_);
   const std::int64_t pairs = B * T_ * nh * half;
   if (pairs == 0) return;
   if (vec)
-    launch.template run<BodyV>(c, x, cos, sin, T_, nh, half, pairs / V, doc_start);
+    launch.template run<BodyV>(c, x, cos, sin, T_, nh, half, pairs / V, positions);
   else
-    launch.template run<Body1>(c, x, cos, sin, T_, nh, half, pairs, doc_start);
+    launch.template run<Body1>(c, x, cos, sin, T_, nh, half, pairs, positions);
 }
 
 }  // namespace detail
 
-/// rope_forward (kernels.hpp) on `launch`.
+/// rope_forward (kernels.hpp) on `launch` (`positions.doc_start`, if any,
+/// in the memory the launcher's kernels read: device memory on a GPU).
 template <class Launcher, class T>
 void rope_forward_launch(const Launcher& launch, T* d_x, const float* d_cos, const float* d_sin,
                          std::int64_t B, std::int64_t T_, std::int64_t nh, std::int64_t hd,
-                         const std::int32_t* d_doc_start = nullptr) {
+                         rope_positions positions = {}) {
   static_assert(std::is_same_v<T, float> || is_half_v<T>,
                 "tessera::kernels::cuda::rope_forward: T must be float, bf16 or fp16");
   constexpr int V = detail::vec_width<T>;
   detail::rope_launch<detail::rope_forward_body<T, V>, detail::rope_forward_body<T, 1>, V>(
-      launch, d_x, d_cos, d_sin, B, T_, nh, hd, d_doc_start);
+      launch, d_x, d_cos, d_sin, B, T_, nh, hd, positions);
 }
 
 /// rope_backward (kernels.hpp) on `launch`.
 template <class Launcher, class G>
 void rope_backward_launch(const Launcher& launch, G* d_dx, const float* d_cos, const float* d_sin,
                           std::int64_t B, std::int64_t T_, std::int64_t nh, std::int64_t hd,
-                          const std::int32_t* d_doc_start = nullptr) {
+                          rope_positions positions = {}) {
   static_assert(std::is_same_v<G, float> || is_half_v<G>,
                 "tessera::kernels::cuda::rope_backward: G must be float, bf16 or fp16");
   constexpr int V = detail::vec_width<G>;
   detail::rope_launch<detail::rope_backward_body<G, V>, detail::rope_backward_body<G, 1>, V>(
-      launch, d_dx, d_cos, d_sin, B, T_, nh, hd, d_doc_start);
+      launch, d_dx, d_cos, d_sin, B, T_, nh, hd, positions);
 }
 
 #if defined(__CUDACC__)
 
 template <class T>
 void rope_forward(T* d_x, const float* d_cos, const float* d_sin, std::int64_t B, std::int64_t T_,
-                  std::int64_t nh, std::int64_t hd, cudaStream_t stream,
-                  const std::int32_t* d_doc_start) {
-  rope_forward_launch(device_launcher{stream}, d_x, d_cos, d_sin, B, T_, nh, hd, d_doc_start);
+                  std::int64_t nh, std::int64_t hd, cudaStream_t stream, rope_positions positions) {
+  rope_forward_launch(device_launcher{stream}, d_x, d_cos, d_sin, B, T_, nh, hd, positions);
 }
 
 template <class G>
 void rope_backward(G* d_dx, const float* d_cos, const float* d_sin, std::int64_t B, std::int64_t T_,
                    std::int64_t nh, std::int64_t hd, cudaStream_t stream,
-                   const std::int32_t* d_doc_start) {
-  rope_backward_launch(device_launcher{stream}, d_dx, d_cos, d_sin, B, T_, nh, hd, d_doc_start);
+                   rope_positions positions) {
+  rope_backward_launch(device_launcher{stream}, d_dx, d_cos, d_sin, B, T_, nh, hd, positions);
 }
 
 #endif  // __CUDACC__

@@ -70,6 +70,8 @@ struct options {
   std::string precision = "bf16_mixed";
   int dp = 8, zero = 3, prefetch = 1, tp = 1;
   bool sequence_parallel = false;  // --sequence-parallel (with --tp > 1)
+  int cp = 1;                      // --cp: context-parallel ranks
+  std::string cp_kind = "ring";    // --cp-kind
   std::int64_t micro_batch = 1, seq = 4096, micro_batches = 1, ce_chunk = 256;
   int threads = 1;
   std::int64_t reduce_bytes = 0;     // 0: the precision's reduce type
@@ -220,7 +222,9 @@ int print_pipeline(const options& o) {
   TESSERA_THROW_IF(o.virtual_stages < 1 || o.virtual_stages > 1024, config_error,
                    "virtual-stages=", o.virtual_stages, " must be in [1, 1024]");
   TESSERA_THROW_IF(o.ce_chunk < 1, config_error, "ce-chunk=", o.ce_chunk, " must be >= 1");
-  const plan::sharding sh{o.zero, o.dp, o.prefetch, parallel::default_bucket_bytes, 0, o.tp, 0};
+  // ZeRO shards over the ranks holding the same weights: dp x cp.
+  const plan::sharding sh{o.zero, o.dp * o.cp, o.prefetch, parallel::default_bucket_bytes, 0, o.tp,
+                          0};
   sh.validate();
   plan::pipeline_options p;
   p.pp = o.pp;
@@ -232,6 +236,8 @@ int print_pipeline(const options& o) {
   p.act.seq = o.seq;
   p.act.tp = o.tp;
   p.act.sequence_parallel = o.sequence_parallel;
+  p.act.cp = o.cp;
+  p.act.cp_kind = nn::parse_cp_kind(o.cp_kind);
   p.act.model.ce_chunk = o.ce_chunk;
   p.act.model.checkpointing = {nn::parse_checkpointing(o.checkpointing), o.checkpoint_layers};
   p.act.model.fp8 = fp8_recipe_of(o);
@@ -386,7 +392,7 @@ int run(const options& o) {
                    "bucket-mb=", o.bucket_mb, " must be in (0, 1e6]");
   const plan::sharding sh{
       o.zero,
-      o.dp,
+      o.dp * o.cp,  // ZeRO shards over the ranks holding the same weights: dp x cp
       o.prefetch,
       std::max<std::int64_t>(1, std::llround(o.bucket_mb * 1e6)),
       0,
@@ -415,6 +421,8 @@ int run(const options& o) {
   ao.micro_batches = o.micro_batches;
   ao.tp = o.tp;
   ao.sequence_parallel = o.sequence_parallel;
+  ao.cp = o.cp;
+  ao.cp_kind = nn::parse_cp_kind(o.cp_kind);
   ao.model.ce_chunk = o.ce_chunk;
   ao.model.checkpointing = {nn::parse_checkpointing(o.checkpointing), o.checkpoint_layers};
   ao.model.fp8 = fp8_recipe_of(o);
@@ -442,6 +450,16 @@ int run(const options& o) {
   const std::uint64_t tp_bytes =
       plan::plan_tp_bytes(cfg, o.micro_batch, o.seq, o.micro_batches, o.tp, 0, traffic);
   const std::uint64_t kv_bytes = plan::plan_kv_replica_bytes(cfg, o.micro_batches, o.tp, 0, d.grad);
+  // Context parallelism on the host communicators, 16-bit as float too.
+  plan::cp_traffic cpt;
+  cpt.param = static_cast<std::int64_t>(d.param);
+  cpt.act_grad = static_cast<std::int64_t>(d.act_grad);
+  cpt.accum = static_cast<std::int64_t>(d.accum);
+  cpt.param_wire = std::max<std::int64_t>(4, cpt.param);
+  cpt.grad_wire = std::max<std::int64_t>(4, cpt.act_grad);
+  cpt.checkpointing = ao.model.checkpointing;
+  const std::uint64_t cp_bytes = plan::plan_cp_bytes(cfg, o.micro_batch, o.seq, o.micro_batches,
+                                                     o.cp, o.tp, ao.cp_kind, cpt);
 
   // Check before reporting: the persistent rows add up to their subtotal,
   // and the total is it plus the larger of backward's and the update's transients.
@@ -469,6 +487,9 @@ int run(const options& o) {
     j["sequence_parallel"] = o.sequence_parallel;
     j["tp_bytes_per_step"] = tp_bytes;
     j["kv_replica_bytes_per_step"] = kv_bytes;
+    j["cp"] = o.cp;
+    j["cp_kind"] = o.cp_kind;
+    j["cp_bytes_per_step"] = cp_bytes;
     j["memory_gib"] = o.memory_gib;
     j["fits"] = fits;
     j["margin_bytes"] = margin;
@@ -479,6 +500,12 @@ int run(const options& o) {
   if (o.tp > 1)
     std::printf("tp=%d (world dp %d x tp %d): the bytes below are one tp rank's, its shards%s\n",
                 o.tp, o.dp, o.tp, o.sequence_parallel ? ", sequence parallel" : "");
+  if (o.cp > 1)
+    std::printf(
+        "cp=%d (%s): each rank holds %lld of every sequence's %lld tokens (head-tail); the "
+        "activations below are one cp rank's\n",
+        o.cp, o.cp_kind.c_str(), static_cast<long long>(o.seq / o.cp),
+        static_cast<long long>(o.seq));
   std::printf("%s", mem.to_table().c_str());
   std::printf(
       "\nFLOPs per step (per rank, %lld tokens): %.4g model FLOPs (%.4g per token); "
@@ -507,6 +534,13 @@ int run(const options& o) {
             ? "all-gathers and reduce-scatters (sequence parallel: norms and residuals "
               "hold T/tp tokens; the norm outputs are gathered again in backward)"
             : "all-reduces");
+  if (o.cp > 1)
+    std::printf(
+        "\nContext parallelism cp=%d (%s): each rank sends %llu B (%.3f GiB) per step on its "
+        "cp group (per block and micro-batch the attention's forward and backward, "
+        "nn::cp_attention_bytes; a recomputed block's forward again)\n",
+        o.cp, o.cp_kind.c_str(), static_cast<unsigned long long>(cp_bytes),
+        static_cast<double>(cp_bytes) / plan::gib);
   if (kv_bytes > 0)
     std::printf(
         "Key/value heads: tp=%d > nkv=%lld, each head on %d ranks, whose wk and wv "
@@ -543,6 +577,10 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_flag("--sequence-parallel", o.sequence_parallel,
                "with --tp > 1: norms and residuals hold T/tp tokens");
+  app.add_option("--cp", o.cp,
+                 "context-parallel ranks (per-rank activations are one cp rank's T/cp tokens)")
+      ->capture_default_str();
+  app.add_option("--cp-kind", o.cp_kind, "ring or ulysses (with --cp > 1)")->capture_default_str();
   app.add_option("--zero", o.zero, "ZeRO stage 0..3")->capture_default_str();
   app.add_option("--prefetch", o.prefetch, "ZeRO-3 units gathered ahead")->capture_default_str();
   app.add_option("--micro-batch", o.micro_batch, "sequences per micro-batch (B)")
@@ -621,7 +659,13 @@ int main(int argc, char** argv) {
                      "checkpoint-layers=", o.checkpoint_layers, " must be >= 1");
     TESSERA_THROW_IF(o.tp < 1 || o.tp > 64, config_error, "tp=", o.tp,
                      " must be in [1, 64] (one node's ranks)");
-    if (o.sequence_parallel) nn::check_sequence_parallel(o.seq, o.tp);
+    TESSERA_THROW_IF(o.cp < 1 || o.cp > 64, config_error, "cp=", o.cp, " must be in [1, 64]");
+    (void)nn::parse_cp_kind(o.cp_kind);
+    TESSERA_THROW_IF(app.count("--cp-kind") > 0 && o.cp == 1, config_error, "--cp-kind ",
+                     o.cp_kind, " needs --cp > 1");
+    TESSERA_THROW_IF(o.gpu_step && o.cp > 1, config_error, "--gpu-step plans one GPU: --cp ", o.cp,
+                     " must be 1 (plan a cp rank's bytes without --gpu-step)");
+    if (o.sequence_parallel) nn::check_sequence_parallel(o.seq / o.cp, o.tp);
     TESSERA_THROW_IF(o.gpu_step && o.tp > 1, config_error, "--gpu-step plans one GPU: --tp ", o.tp,
                      " must be 1 (plan a tp rank's bytes without --gpu-step)");
     TESSERA_THROW_IF(o.gpu_step && (o.pp != 1 || o.schedule_given), config_error,

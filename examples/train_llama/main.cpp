@@ -424,6 +424,14 @@ int main(int argc, char** argv) {
   app.add_option("--tp", o.tp,
                  "tensor-parallel ranks per dp rank (Megatron layout; world = dp x tp)")
       ->capture_default_str();
+  app.add_option("--cp", o.cfg.cp,
+                 "context-parallel ranks: each sequence split over them, head-tail (2 cp "
+                 "divides --seq; world = dp x cp x tp x pp, Megatron-Core order)")
+      ->capture_default_str();
+  app.add_option("--cp-kind", o.cp_kind,
+                 "how attention runs over the cp group (--cp > 1): ring (any head counts) or "
+                 "ulysses (all-to-all to a head split; cp divides the heads)")
+      ->capture_default_str();
   app.add_flag(
       "--sequence-parallel", o.cfg.sequence_parallel,
       "with --tp > 1: shard the norm and residual regions along the tokens (T divisible by tp)");
@@ -546,6 +554,8 @@ int main(int argc, char** argv) {
     }
     if (on_command_line("--tp") && o.tp == 1)
       drop("--sequence-parallel", [&] { o.cfg.sequence_parallel = false; });
+    if (on_command_line("--cp") && o.cfg.cp == 1)
+      drop("--cp-kind", [&] { o.cp_kind = app.get_option("--cp-kind")->get_default_str(); });
   }
   // The default warmup (50) suits the main job; a short run that did not ask
   // for a warmup gets a tenth of its steps instead of an error.
@@ -554,11 +564,11 @@ int main(int argc, char** argv) {
     set_effective(app, "--warmup", std::to_string(o.cfg.warmup));
   }
   // Under an MPI launcher the data-parallel degree is what the world
-  // leaves after tp and pp, unless --dp says otherwise.
+  // leaves after cp, tp and pp, unless --dp says otherwise.
   const comm::launch_world world = comm::launched_world();
   if (comm::launched_by_mpi() && app.count("--dp") == 0 && o.tp > 0 && o.cfg.pp > 0 &&
-      world.size % (o.tp * o.cfg.pp) == 0)
-    o.dp = static_cast<int>(world.size / (o.tp * o.cfg.pp));
+      o.cfg.cp > 0 && world.size % (o.cfg.cp * o.tp * o.cfg.pp) == 0)
+    o.dp = static_cast<int>(world.size / (o.cfg.cp * o.tp * o.cfg.pp));
   // (--out from a --config file is known only now: its settings are that
   // file's, as with --resume DIR --config FILE.)
   if (o.auto_resume && o.resume.empty() && resume_dir.empty() && train::holds_checkpoint(o.out))

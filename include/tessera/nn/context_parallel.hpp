@@ -41,6 +41,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <string>
 #include <type_traits>
 
 #include "tessera/comm/communicator.hpp"
@@ -95,6 +96,14 @@ enum class cp_kind : std::uint8_t {
 /// Name of a kind ("ring", "ulysses").
 constexpr const char* to_string(cp_kind k) {
   return k == cp_kind::ring ? "ring" : "ulysses";
+}
+
+/// The kind named `name` ("ring" or "ulysses"). Throws config_error naming
+/// it and the valid names otherwise.
+inline cp_kind parse_cp_kind(const std::string& name) {
+  if (name == "ring") return cp_kind::ring;
+  if (name == "ulysses") return cp_kind::ulysses;
+  throw config_error("--cp-kind '" + name + "': valid kinds are ring and ulysses");
 }
 
 /// What one rank's context-parallel attention allocates and sends, for

@@ -16,6 +16,7 @@
 #include "tessera/kernels/attention.hpp"
 #include "tessera/kernels/cross_entropy.hpp"
 #include "tessera/kernels/cuda/launch.hpp"
+#include "tessera/nn/context_parallel.hpp"
 #include "tessera/nn/llama_config.hpp"
 #include "tessera/nn/llama_record.hpp"
 #include "tessera/plan/state.hpp"
@@ -52,6 +53,13 @@ struct activation_options {
   /// backward workspace the gathered and reduce-scattered buffers
   /// (nn::block_bytes with rows_div = tp).
   bool sequence_parallel = false;
+  /// Context parallelism: each rank holds T/cp tokens of every sequence
+  /// (seq stays the whole T), so every activation shrinks by cp, and the
+  /// attention runs over the cp group: its workspace (nn::cp_attention_bytes)
+  /// and its kernels' scratch on the blocks it computes (ring: chunks of
+  /// T/(2 cp) queries and keys; Ulysses: whole sequences, nh/cp heads).
+  int cp = 1;
+  nn::cp_kind cp_kind = nn::cp_kind::ring;
   /// cuda: the context's cuBLASLt workspace (kernels::cuda_context_options).
   std::uint64_t cublaslt_workspace = std::uint64_t(32) << 20;
 };
@@ -128,11 +136,15 @@ inline kernel_scratch scratch_of(const nn::llama_config& c, const dtype_sizes& d
   const auto C = static_cast<std::uint64_t>(std::min<std::int64_t>(o.model.ce_chunk, B * T));
   if (o.backend == backend_kind::host) {
     const auto thr = static_cast<std::uint64_t>(o.threads);
-    // One rank holds the whole sequence: its T queries see T keys (Sk = T).
+    // One rank holds the whole sequence: its T queries see T keys (Sk = T);
+    // under ring context parallelism each call is one chunk's queries
+    // against one chunk's keys, under Ulysses whole sequences.
+    // (T is this rank's tokens: T/cp of the sequence's.)
+    const std::int64_t Tk = o.cp > 1 && o.cp_kind == nn::cp_kind::ring ? T / 2 : T * o.cp;
     const auto tiles_fwd = static_cast<std::uint64_t>(
-        kernels::detail::attention_forward_tile_elements(o.tiles, T, T, c.head_dim()));
+        kernels::detail::attention_forward_tile_elements(o.tiles, Tk, Tk, c.head_dim()));
     const auto tiles_bwd = static_cast<std::uint64_t>(
-        kernels::detail::attention_backward_tile_elements(o.tiles, T, T, c.head_dim()));
+        kernels::detail::attention_backward_tile_elements(o.tiles, Tk, Tk, c.head_dim()));
     k.attention_forward = thr * tiles_fwd * A;
     // D, the tiles, and with 16-bit activation gradients a float dQ accumulator
     k.attention_backward = N * nh * A + thr * tiles_bwd * A + (G != A ? N * nh * hd * A : 0);
@@ -169,11 +181,15 @@ inline activation_plan plan_activations(const nn::llama_config& c, const dtype_s
                                         const activation_options& o) {
   c.validate();
   o.model.checkpointing.validate();
-  const std::int64_t B = o.micro_batch, T = o.seq > 0 ? o.seq : c.max_seq;
+  const std::int64_t B = o.micro_batch, S = o.seq > 0 ? o.seq : c.max_seq;
   TESSERA_THROW_IF(B < 1, config_error, "micro-batch B=", B, " must be >= 1");
-  TESSERA_THROW_IF(T > c.max_seq, config_error, "sequence length T=", T,
+  TESSERA_THROW_IF(S > c.max_seq, config_error, "sequence length T=", S,
                    " exceeds the model's max_seq=", c.max_seq);
   TESSERA_THROW_IF(o.threads < 1, config_error, "threads=", o.threads, " must be >= 1");
+  if (o.cp > 1)
+    nn::check_context_parallel(o.cp_kind, o.cp, S, c.n_heads / o.tp,
+                               std::max<std::int64_t>(1, c.n_kv_heads / o.tp));
+  const std::int64_t T = S / o.cp;  // this rank's tokens of each sequence
   const std::int64_t Ni = B * T;
   const std::uint64_t N = static_cast<std::uint64_t>(Ni), H = static_cast<std::uint64_t>(c.dim);
   const std::uint64_t P = d.param, G = d.act_grad, A = d.accum;
@@ -191,7 +207,27 @@ inline activation_plan plan_activations(const nn::llama_config& c, const dtype_s
   const bool sp = o.sequence_parallel;
   if (sp) bb.rows_div = o.tp;
   const std::uint64_t R = sp ? N / static_cast<std::uint64_t>(o.tp) : N;  // residual rows
-  const detail::kernel_scratch ks = detail::scratch_of(c, d, o, B, T);
+  detail::kernel_scratch ks = detail::scratch_of(c, d, o, B, T);
+  if (o.cp > 1) {  // the cp layer's own buffers, beside its kernels' scratch
+    nn::cp_attention_bytes cb;
+    cb.kind = o.cp_kind;
+    cb.cp = o.cp;
+    cb.B = B;
+    cb.S = S;
+    cb.nh = bb.nh;
+    cb.nkv = bb.KV / c.head_dim();
+    cb.hd = c.head_dim();
+    cb.documents = o.document_mask;
+    cb.param = static_cast<std::int64_t>(P);
+    cb.act_grad = static_cast<std::int64_t>(G);
+    cb.accum = static_cast<std::int64_t>(A);
+    // host communicators carry 16-bit values as float; NCCL natively
+    const bool host_wire = o.backend == backend_kind::host;
+    cb.param_wire = host_wire ? std::max<std::int64_t>(4, cb.param) : cb.param;
+    cb.grad_wire = host_wire ? std::max<std::int64_t>(4, cb.act_grad) : cb.act_grad;
+    ks.attention_forward += static_cast<std::uint64_t>(cb.forward_workspace());
+    ks.attention_backward += static_cast<std::uint64_t>(cb.backward_workspace());
+  }
   const auto u = [](std::int64_t x) { return static_cast<std::uint64_t>(x); };
   const std::uint64_t att = u(bb.attention_part(Ni)), mlp = u(bb.mlp_part(Ni)), x = u(bb.input(Ni)),
                       ws = u(bb.workspace(Ni));

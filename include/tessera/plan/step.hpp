@@ -58,6 +58,7 @@
 
 #include "tessera/comm/communicator.hpp"
 #include "tessera/nn/checkpointing.hpp"
+#include "tessera/nn/context_parallel.hpp"
 #include "tessera/nn/flops.hpp"
 #include "tessera/nn/llama_config.hpp"
 #include "tessera/plan/memory.hpp"
@@ -308,6 +309,56 @@ inline std::uint64_t plan_tp_bytes(const nn::llama_config& c, std::int64_t micro
     per_mb += ring(rows, t.accum) + ring(2 * rows, t.accum);
   }
   return per_mb * static_cast<std::uint64_t>(micro_batches) + ring(1, sizeof(double));
+}
+
+/// Element sizes and settings of plan_cp_bytes.
+struct cp_traffic {
+  std::int64_t param = 4;       ///< bytes of the storage type (q, k, v, the output)
+  std::int64_t act_grad = 4;    ///< bytes of the activation-gradient type
+  std::int64_t accum = 4;       ///< bytes of accum_t (lse, the ring's dk/dv accumulators)
+  std::int64_t param_wire = 4;  ///< bytes a stored element travels in (4 for 16-bit on the host)
+  std::int64_t grad_wire = 4;   ///< bytes a gradient element travels in
+  bool documents = false;       ///< packed documents (Ulysses gathers the starts)
+  nn::checkpoint_policy checkpointing = {};  ///< recomputed blocks run their attention again
+};
+
+/// Bytes one rank sends on its cp group in one optimizer step: per
+/// micro-batch of B sequences of S tokens and per block, the
+/// context-parallel attention's forward and backward
+/// (nn::cp_attention_bytes over this rank's heads: nh/tp query heads and
+/// nkv/tp key/value heads, or the one replicated when tp > nkv), and one
+/// more forward per block activation checkpointing recomputes. 0 when
+/// cp = 1. Throws config_error for a size < 1 and as
+/// nn::check_context_parallel.
+inline std::uint64_t plan_cp_bytes(const nn::llama_config& c, std::int64_t micro_batch,
+                                   std::int64_t seq, std::int64_t micro_batches, int cp, int tp,
+                                   nn::cp_kind kind, const cp_traffic& t = {}) {
+  TESSERA_THROW_IF(micro_batch < 1 || seq < 1 || micro_batches < 1 || cp < 1 || tp < 1,
+                   config_error, "plan_cp_bytes: B=", micro_batch, " T=", seq,
+                   " micro_batches=", micro_batches, " cp=", cp, " tp=", tp, " must all be >= 1");
+  if (cp == 1) return 0;
+  nn::check_tensor_parallel(c, tp);
+  const std::int64_t nh = c.n_heads / tp, nkv = std::max<std::int64_t>(1, c.n_kv_heads / tp);
+  nn::check_context_parallel(kind, cp, seq, nh, nkv);
+  nn::cp_attention_bytes b;
+  b.kind = kind;
+  b.cp = cp;
+  b.B = micro_batch;
+  b.S = seq;
+  b.nh = nh;
+  b.nkv = nkv;
+  b.hd = c.head_dim();
+  b.documents = t.documents;
+  b.param = t.param;
+  b.act_grad = t.act_grad;
+  b.accum = t.accum;
+  b.param_wire = t.param_wire;
+  b.grad_wire = t.grad_wire;
+  const auto L = static_cast<std::uint64_t>(c.n_layers);
+  const auto recomputed = static_cast<std::uint64_t>(t.checkpointing.recomputed_blocks(c.n_layers));
+  const auto fwd = static_cast<std::uint64_t>(b.forward_sent()),
+             bwd = static_cast<std::uint64_t>(b.backward_sent());
+  return static_cast<std::uint64_t>(micro_batches) * ((L + recomputed) * fwd + L * bwd);
 }
 
 /// Bytes one tp rank sends on its key/value replica group (tp > nkv: the

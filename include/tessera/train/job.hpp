@@ -69,6 +69,7 @@ struct job {
   std::string checkpointing;        ///< none or full; empty: the backend's
   std::string preset = "small";     ///< nn::llama_config::from_name
   std::string data, data_format = "auto", out = "runs/main", resume, tokenizer, prompt = "The ";
+  std::string cp_kind = "ring";  ///< --cp-kind: how attention runs over the cp group
   std::string schedule = "1f1b", trace, comm = "auto", init_from_hf, export_hf, hf_dtype;
   std::string grad_reduce = "step";  ///< when gradient buckets reduce: step or micro-batch
   train_config cfg;                  ///< steps, batch, lr, pp, ... (train/config.hpp)
@@ -111,8 +112,10 @@ struct job {
 
   /// True when option `flag` ("--zero") was set explicitly.
   [[nodiscard]] bool was_given(std::string_view flag) const { return given.count(flag) > 0; }
-  /// The world size dp x tp x pp.
-  [[nodiscard]] int world_size() const { return dp * tp * static_cast<int>(cfg.pp); }
+  /// The world size dp x cp x tp x pp.
+  [[nodiscard]] int world_size() const {
+    return dp * static_cast<int>(cfg.cp) * tp * static_cast<int>(cfg.pp);
+  }
 };
 
 /// The model's sizes: the config.json of --init-from-hf, or the preset with
@@ -163,6 +166,7 @@ inline train_config run_config(const job& j) {
   train_config c = j.cfg;
   c.dp = j.dp;
   c.tp = j.tp;
+  c.cp_kind = nn::parse_cp_kind(j.cp_kind);
   c.pipeline = parallel::parse_schedule_kind(j.schedule);
   c.lr_schedule = optim::parse_lr_schedule_kind(j.lr_schedule);
   c.wsd.cooldown = optim::parse_wsd_cooldown(j.wsd_cooldown);
@@ -322,9 +326,15 @@ inline void check_job(job& j) {
   (void)parallel::parse_schedule_kind(j.schedule);
   TESSERA_THROW_IF(given("--schedule") && c.pp == 1, config_error, "--schedule ", j.schedule,
                    " orders a pipeline's stages: it needs --pp > 1");
-  TESSERA_THROW_IF(j.dp * j.tp * c.pp > 1024, config_error, "dp=", j.dp, " x tp=", j.tp,
-                   " x pp=", c.pp, " = ", j.dp * j.tp * c.pp, " ranks exceeds the limit of 1024");
-  if (c.sequence_parallel) nn::check_sequence_parallel(c.seq, j.tp);
+  TESSERA_THROW_IF(c.cp < 1 || c.cp > 64, config_error, "cp=", c.cp, " must be in [1, 64]");
+  (void)nn::parse_cp_kind(j.cp_kind);
+  TESSERA_THROW_IF(given("--cp-kind") && c.cp == 1, config_error, "--cp-kind ", j.cp_kind,
+                   " chooses how attention runs over the cp group: it needs --cp > 1");
+  if (c.cp > 1) (void)cp_shard::of(c.seq, static_cast<int>(c.cp), 0);  // 2 cp must divide T
+  TESSERA_THROW_IF(j.dp * c.cp * j.tp * c.pp > 1024, config_error, "dp=", j.dp, " x cp=", c.cp,
+                   " x tp=", j.tp, " x pp=", c.pp, " = ", j.dp * c.cp * j.tp * c.pp,
+                   " ranks exceeds the limit of 1024");
+  if (c.sequence_parallel) nn::check_sequence_parallel(c.seq / c.cp, j.tp);
   if (!j.init_from_hf.empty())
     for (const char* f : {"--preset", "--dim", "--layers", "--heads", "--kv-heads", "--ffn",
                           "--vocab", "--tie-embeddings"})
@@ -345,11 +355,12 @@ inline void check_job(job& j) {
                    "mpi (the default under mpirun), or start one process");
   TESSERA_THROW_IF(j.comm == "nccl" && !gpu, config_error,
                    "--comm nccl reduces GPU memory: it needs --backend cuda");
-  TESSERA_THROW_IF(gpu && j.comm != "nccl" && (j.dp > 1 || j.tp > 1 || c.pp > 1 || given("--comm")),
+  TESSERA_THROW_IF(gpu && j.comm != "nccl" &&
+                       (j.dp > 1 || c.cp > 1 || j.tp > 1 || c.pp > 1 || given("--comm")),
                    config_error, "--backend cuda --comm ", j.comm,
                    ": GPUs reduce over --comm nccl (one MPI process per GPU)");
-  j.parallel =
-      j.dp > 1 || j.tp > 1 || c.pp > 1 || given("--zero") || given("--comm") || j.comm != "local";
+  j.parallel = j.dp > 1 || c.cp > 1 || j.tp > 1 || c.pp > 1 || given("--zero") ||
+               given("--comm") || j.comm != "local";
   TESSERA_THROW_IF(j.trace_step > 0 && j.trace.empty(), config_error, "--trace-step ", j.trace_step,
                    " needs --trace FILE");
   TESSERA_THROW_IF(j.trace_step > c.steps, config_error, "--trace-step ", j.trace_step,

@@ -245,7 +245,7 @@ inline void check_host_memory(const job& j, const plan::dtype_sizes& d) {
   const train_config rc = run_config(j);
   plan::sharding sh;  // as the engine will run: prefetch on, the job's buckets and reduction
   sh.zero = j.zero;
-  sh.dp = j.dp;
+  sh.dp = j.dp * static_cast<int>(rc.cp);  // ZeRO shards over dp x cp
   sh.bucket_bytes = std::max<std::int64_t>(1, std::llround(j.bucket_mb * 1e6));
   sh.tp = j.tp;
   sh.per_micro_batch =
@@ -261,6 +261,8 @@ inline void check_host_memory(const job& j, const plan::dtype_sizes& d) {
   a.document_mask = rc.document_separator.has_value();
   a.tp = j.tp;
   a.sequence_parallel = rc.sequence_parallel;
+  a.cp = static_cast<int>(rc.cp);
+  a.cp_kind = rc.cp_kind;
   plan::optimizer_spec o = plan::optimizer_spec::from_name(j.optimizer);
   if (o.factored && j.cfg.adafactor.beta1 > 0) o = plan::optimizer_spec::adafactor(true);
   const auto m = plan::plan_memory(mc, d, o, sh, a);
@@ -268,7 +270,7 @@ inline void check_host_memory(const job& j, const plan::dtype_sizes& d) {
   // stages split the layers, so a pipeline's ranks hold one copy between them.
   const double here = j.comm == "mpi" || comm::launched_by_mpi()
                           ? comm::launched_world().local_size
-                          : static_cast<double>(j.dp) * j.tp * static_cast<double>(j.cfg.pp);
+                          : static_cast<double>(j.world_size());
   const double stages = static_cast<double>(std::max<std::int64_t>(1, rc.pp));
   plan::check_host_fit(
       static_cast<double>(m.state.persistent()) * here / stages, avail,

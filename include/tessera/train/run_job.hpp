@@ -134,7 +134,7 @@ int fit_job(job& j, Trainer& tr, const data::token_file& data, const std::filesy
 template <class Backend>
 struct job_world;
 
-/// The host's world: dp x tp x pp threads of this process (--comm local,
+/// The host's world: dp x cp x tp x pp threads of this process (--comm local,
 /// each with its share of the OpenMP threads), or this MPI process
 /// (--comm mpi; the job's settings agreed first on every rank). Either
 /// is handed to the ranks as a `comm_type`, so each trainer is compiled
@@ -183,7 +183,7 @@ struct job_world<host> {
           double blas = w.rank() == 0 ? kernels::measure_sgemm_flops() : 0.0;
           w.broadcast(&blas, 1, 0);
           TESSERA_THROW_IF(w.size() != n, config_error, "--comm mpi: the mesh dp=", j.dp,
-                           " x tp=", j.tp, " x pp=", j.cfg.pp, " needs ", n,
+                           " x cp=", j.cfg.cp, " x tp=", j.tp, " x pp=", j.cfg.pp, " needs ", n,
                            " MPI processes but the job has ", w.size(), " (start it as mpirun -np ",
                            n, " ...)");
           comm_type world(w.split(0, w.rank()));
@@ -200,10 +200,13 @@ struct job_world<host> {
 /// tensor-parallel layers: every check on this thread first
 /// (train::validate, and on the host the planner against the machine's
 /// memory), then the trainer of each rank on its groups of the
-/// dp x tp x pp mesh, and fit_job. Returns the exit status.
+/// dp x cp x tp x pp mesh, and fit_job. Returns the exit status.
 template <class Backend, class P, class O, class S, bool TP>
 int run_job(job& j, const std::filesystem::path& tok, created_paths& created) {
-  const comm::device_mesh mesh(j.dp, j.tp, static_cast<int>(j.cfg.pp));
+  const comm::device_mesh mesh(comm::mesh_degrees{.dp = j.dp,
+                                                 .cp = static_cast<int>(j.cfg.cp),
+                                                 .tp = j.tp,
+                                                 .pp = static_cast<int>(j.cfg.pp)});
   const parallel::data_parallel_options dpo = data_parallel_options_of(j);
   {
     const data::token_file data(tok);
@@ -217,7 +220,7 @@ int run_job(job& j, const std::filesystem::path& tok, created_paths& created) {
     if constexpr (TP) layers.group = &g.tp;
     const data::token_file data(tok);
     trainer<P, Backend, O, S, Comm, L> tr(model_config(j), run_config(j), data,
-                                          parallel::layout{g.dp, layers, g.pp}, dpo);
+                                          parallel::layout{g, layers}, dpo);
     return fit_job(j, tr, data, tok, created, peak);
   };
   if constexpr (std::is_same_v<Backend, host>) check_host_memory(j, plan::dtype_sizes::of<P>());

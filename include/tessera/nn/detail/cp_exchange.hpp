@@ -22,7 +22,7 @@
 #include "tessera/kernels/context.hpp"
 #include "tessera/kernels/elementwise.hpp"
 
-namespace tessera::detail {
+namespace tessera::nn::detail {
 
 /// Tags of context parallelism's messages (they name them in errors; NCCL
 /// matches in order).
@@ -212,4 +212,4 @@ void cp_from_chunks(const Ctx& ctx, U* dst, const U* src, std::int64_t outer, st
                        outer);
 }
 
-}  // namespace tessera::detail
+}  // namespace tessera::nn::detail

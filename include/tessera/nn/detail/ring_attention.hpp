@@ -22,7 +22,7 @@
 #include "tessera/kernels/context.hpp"
 #include "tessera/nn/detail/cp_exchange.hpp"
 
-namespace tessera::detail {
+namespace tessera::nn::detail {
 
 /// Element counts of a ring's pieces: one query chunk (nq = B c nh hd),
 /// one key chunk (nk = B c nkv hd), one chunk's lse (nl = B nh c).
@@ -235,4 +235,4 @@ void ring_attention_backward(const Ctx& ctx, Comm& g, G* dq, G* dk, G* dv, const
   }
 }
 
-}  // namespace tessera::detail
+}  // namespace tessera::nn::detail

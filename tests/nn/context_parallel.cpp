@@ -193,18 +193,30 @@ TEST_CASE("context parallelism refuses sizes that do not fit, before any traffic
   const nn::context_parallel_attention<comm::local_communicator> none{};
   CHECK_THROWS_WITH(none.size(), Contains("no cp group"));
 
-  // Every rank throws the same config_error and none sends a byte.
+  // Every rank throws the same config_error, forward and backward alike,
+  // and none sends a byte: each check runs before the first exchange.
   struct refusal {
     cp_kind kind;
-    std::int64_t S, nh, nkv;
+    std::int64_t B, S, nh, nkv, hd;
+    kernels::attention_tiles tiles;
     std::vector<std::string> words;
   };
+  const kernels::attention_tiles ok{3, 5};
   const std::vector<refusal> cases = {
-      {cp_kind::ring, 30, 4, 2, {"T=30", "cp=4"}},
-      {cp_kind::ulysses, 30, 4, 2, {"T=30", "cp=4"}},
-      {cp_kind::ulysses, 32, 6, 2, {"cp=4 does not divide nh=6"}},
-      {cp_kind::ulysses, 32, 12, 6, {"cp=4", "nkv=6"}},
-      {cp_kind::ring, 32, 6, 4, {"nkv=4", "nh=6"}},
+      // Head-tail: 2 cp must divide T.
+      {cp_kind::ring, 1, 30, 4, 2, 4, ok, {"T=30", "2*cp=8", "cp=4"}},
+      {cp_kind::ulysses, 1, 30, 4, 2, 4, ok, {"T=30", "cp=4"}},
+      {cp_kind::ring, 1, 0, 4, 2, 4, ok, {"T=0"}},
+      // Ulysses' head split.
+      {cp_kind::ulysses, 1, 32, 6, 2, 4, ok, {"cp=4 does not divide nh=6"}},
+      {cp_kind::ulysses, 1, 32, 12, 6, 4, ok, {"cp=4", "nkv=6", "divides the other"}},
+      // The kernels' own preconditions, as each kind would call them.
+      {cp_kind::ring, 1, 32, 6, 4, 4, ok, {"nkv=4", "does not divide nh=6"}},
+      {cp_kind::ulysses, 1, 32, 6, 4, 4, ok, {"nkv=4", "does not divide nh=6"}},
+      {cp_kind::ring, 1, 32, 4, 2, 4, {0, 5}, {"tile sizes must be >= 1", "q=0"}},
+      {cp_kind::ulysses, 1, 32, 4, 2, 4, {3, 0}, {"tile sizes must be >= 1", "k=0"}},
+      {cp_kind::ring, 0, 32, 4, 2, 4, ok, {"every size must be >= 1", "B=0"}},
+      {cp_kind::ulysses, 1, 32, 4, 2, 0, ok, {"every size must be >= 1", "hd=0"}},
   };
   for (const refusal& rc : cases) {
     std::vector<std::string> what(4);
@@ -213,37 +225,78 @@ TEST_CASE("context parallelism refuses sizes that do not fit, before any traffic
         4,
         [&](comm::local_communicator& c) {
           const nn::context_parallel_attention<comm::local_communicator> cpa{&c, rc.kind};
-          const std::int64_t B = 1, hd = 4, L = rc.S / 4;
+          const std::int64_t L = std::max<std::int64_t>(rc.S / 4, 1);
+          const std::int64_t B = std::max<std::int64_t>(rc.B, 1),
+                             hd = std::max<std::int64_t>(rc.hd, 1);
           std::vector<double> q(B * L * rc.nh * hd, 0.5), kv(B * L * rc.nkv * hd, 0.5),
               out(q.size()), lse(B * rc.nh * L);
-          const kernels::host_context ctx{};
+          const kernels::host_context ctx{&host::default_resource(), 0, rc.tiles};
+          std::string& mine = what[static_cast<std::size_t>(c.rank())];
           try {
-            cpa.forward(ctx, out.data(), lse.data(), q.data(), kv.data(), kv.data(), B, rc.S, rc.nh,
-                        rc.nkv, hd);
+            cpa.forward(ctx, out.data(), lse.data(), q.data(), kv.data(), kv.data(), rc.B, rc.S,
+                        rc.nh, rc.nkv, rc.hd);
+            mine = "forward did not throw";
           } catch (const config_error& e) {
-            what[static_cast<std::size_t>(c.rank())] = e.what();
+            mine = e.what();
           }
           std::vector<double> dq(q.size()), dkv(kv.size());
           try {
             cpa.backward(ctx, dq.data(), dkv.data(), dkv.data(), q.data(), q.data(), kv.data(),
-                         kv.data(), out.data(), lse.data(), B, rc.S, rc.nh, rc.nkv, hd);
-            what[static_cast<std::size_t>(c.rank())] += " | backward did not throw";
+                         kv.data(), out.data(), lse.data(), rc.B, rc.S, rc.nh, rc.nkv, rc.hd);
+            mine += " | backward did not throw";
           } catch (const config_error& e) {
-            if (what[static_cast<std::size_t>(c.rank())] != e.what())
-              what[static_cast<std::size_t>(c.rank())] += " | backward: " + std::string(e.what());
+            if (mine != e.what()) mine += " | backward: " + std::string(e.what());
           }
           sent[static_cast<std::size_t>(c.rank())] = c.bytes_sent();
         },
         quick());
     for (int r = 0; r < 4; ++r) {
-      INFO(nn::to_string(rc.kind) << " S=" << rc.S << " nh=" << rc.nh << " nkv=" << rc.nkv
-                                  << " rank " << r << ": " << what[r]);
+      INFO(nn::to_string(rc.kind) << " B=" << rc.B << " S=" << rc.S << " nh=" << rc.nh << " nkv="
+                                  << rc.nkv << " hd=" << rc.hd << " rank " << r << ": " << what[r]);
       for (const auto& w : rc.words) CHECK(what[r].find(w) != std::string::npos);
       CHECK(what[r].find('\n') == std::string::npos);   // one line
       CHECK(what[r].find(" | ") == std::string::npos);  // backward refuses alike
+      CHECK(what[r] == what[0]);                        // every rank alike
       CHECK(sent[r] == 0);
     }
   }
+}
+
+TEST_CASE("cp_attention_bytes refuses sizes the layer would refuse, with the numbers",
+          "[nn][context_parallel]") {
+  using Catch::Matchers::Contains;
+  auto bytes = [](cp_kind kind, std::int64_t cp, std::int64_t S, std::int64_t nh,
+                  std::int64_t nkv) {
+    nn::cp_attention_bytes b;
+    b.kind = kind;
+    b.cp = cp;
+    b.B = 2;
+    b.S = S;
+    b.nh = nh;
+    b.nkv = nkv;
+    b.hd = 8;
+    return b;
+  };
+  // Each figure refuses, not only the first.
+  const nn::cp_attention_bytes odd = bytes(cp_kind::ring, 4, 30, 4, 2);
+  for (auto figure :
+       {&nn::cp_attention_bytes::forward_workspace, &nn::cp_attention_bytes::backward_workspace,
+        &nn::cp_attention_bytes::forward_sent, &nn::cp_attention_bytes::backward_sent}) {
+    CHECK_THROWS_AS((odd.*figure)(), config_error);
+    CHECK_THROWS_WITH((odd.*figure)(), Contains("S=30") && Contains("2*cp=8") && Contains("cp=4"));
+  }
+  CHECK_THROWS_WITH(bytes(cp_kind::ring, 0, 32, 4, 2).forward_sent(), Contains("cp=0"));
+  CHECK_THROWS_WITH(bytes(cp_kind::ring, -2, 32, 4, 2).forward_sent(), Contains("cp=-2"));
+  CHECK_THROWS_WITH(bytes(cp_kind::ulysses, 4, 32, 6, 2).forward_sent(),
+                    Contains("cp=4 does not divide nh=6"));
+  CHECK_THROWS_WITH(bytes(cp_kind::ulysses, 4, 32, 12, 6).backward_sent(),
+                    Contains("cp=4") && Contains("nkv=6"));
+  CHECK_THROWS_WITH(bytes(cp_kind::ring, 2, 32, 6, 4).forward_workspace(),
+                    Contains("nkv=4 does not divide nh=6"));
+  CHECK_THROWS_WITH(bytes(cp_kind::ring, 2, 0, 4, 2).forward_sent(), Contains("S=0"));
+  // The same sizes under the ring are fine: only Ulysses splits heads.
+  CHECK_NOTHROW(bytes(cp_kind::ring, 4, 32, 6, 2).forward_sent());
+  CHECK_NOTHROW(bytes(cp_kind::ulysses, 4, 32, 4, 1).backward_workspace());
 }
 
 }  // namespace test_nn_context_parallel

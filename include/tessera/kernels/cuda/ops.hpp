@@ -353,6 +353,15 @@ inline void attention_check_shape(const cuda_context&, std::int64_t S, std::int6
   cuda::attention_check_args("attention", 1, S, nh, nkv, hd);
 }
 
+/// The key/value rows of a ring block's `span` for S query rows after
+/// checking that the flash attention block kernels take it: an offset < 0,
+/// Sk < 1 other than -1, Sk over attention_max_S, or a global position at
+/// or past 2^30 throws config_error naming the value
+/// (cuda::attention_check_span).
+inline std::int64_t attention_check_span(const cuda_context&, std::int64_t S, attention_span span) {
+  return cuda::attention_check_span("attention", S, span);
+}
+
 namespace detail {
 /// True when `span` is the whole sequence of S rows (the causal kernels).
 inline bool attention_whole(attention_span span, std::int64_t S) {

@@ -22,6 +22,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <mutex>
 #include <set>
 #include <string>
@@ -213,6 +214,55 @@ TEST_CASE("context-parallel attention gives the same bits on every run", "[nn][c
         CHECK(!a[r].got.dq.empty());
       }
     }
+}
+
+TEST_CASE("the documented use: cut a rank's tokens, attend over the group, put them back",
+          "[nn][context_parallel]") {
+  // docs/context_parallel.md shows the region below: whole sequences cut
+  // to each rank's tokens, forward and backward over a cp group of 4, the
+  // outputs put back together equal to the naive reference.
+  const cp_suite::problem p = cp_suite::make_problem(12, 4, true);
+  const cp_suite::reference want = cp_suite::naive(p);
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  std::vector<double> whole_out(p.q.size(), nan), whole_dk(p.k.size(), nan);
+  std::mutex mu;
+  comm::local_world::run(
+      4,
+      [&](comm::local_communicator& group) {
+        const kernels::host_context ctx{};
+        const std::int64_t B = p.B, S = p.S, nh = p.nh, nkv = p.nkv, hd = p.hd;
+        // example-begin cp_attention
+        // Whole sequences (B, S, heads, hd) in; this rank's L = S / cp tokens
+        // of each (head-tail: chunks r and 2 cp - 1 - r of 2 cp) cut out.
+        const nn::context_parallel_attention<comm::local_communicator> attention{&group,
+                                                                                 cp_kind::ring};
+        const cp_shard s = attention.shard(S);
+        const std::int64_t L = s.tokens();
+        std::vector<double> q(B * L * nh * hd), k(B * L * nkv * hd), v(B * L * nkv * hd),
+            dout(B * L * nh * hd);
+        std::vector<std::int32_t> doc_start(B * L);  // global positions
+        nn::shard_tokens(ctx, s, q.data(), p.q.data(), B, nh * hd);
+        nn::shard_tokens(ctx, s, k.data(), p.k.data(), B, nkv * hd);
+        nn::shard_tokens(ctx, s, v.data(), p.v.data(), B, nkv * hd);
+        nn::shard_tokens(ctx, s, dout.data(), p.dout.data(), B, nh * hd);
+        nn::shard_tokens(ctx, s, doc_start.data(), p.ds.data(), B, std::int64_t{1});
+        const kernels::attention_mask mask{doc_start.data()};
+
+        // Every rank of the group calls forward, then backward, with the same sizes.
+        std::vector<double> out(B * L * nh * hd), lse(B * nh * L);
+        attention.forward(ctx, out.data(), lse.data(), q.data(), k.data(), v.data(), B, S, nh, nkv,
+                          hd, mask);
+        std::vector<double> dq(q.size()), dk(k.size()), dv(v.size());
+        attention.backward(ctx, dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(),
+                           v.data(), out.data(), lse.data(), B, S, nh, nkv, hd, mask);
+        // example-end cp_attention
+        std::lock_guard lk(mu);
+        nn::unshard_tokens(ctx, s, whole_out.data(), out.data(), B, nh * hd);
+        nn::unshard_tokens(ctx, s, whole_dk.data(), dk.data(), B, nkv * hd);
+      },
+      quick());
+  CHECK(cp_suite::worst(whole_out, want.out) <= 1e-12);  // every row written, by its rank
+  CHECK(cp_suite::worst(whole_dk, want.dk) <= 1e-12);
 }
 
 TEST_CASE("shard_tokens and unshard_tokens cut a rank's tokens out and back",

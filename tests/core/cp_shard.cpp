@@ -1,8 +1,9 @@
 // Tests of include/tessera/core/cp_shard.hpp: the head-tail token positions
 // of a context-parallel rank (chunks r and 2 cp - 1 - r of 2 cp), every
 // position held by exactly one rank and found again by owner() and
-// local_index(), and sequence lengths 2 cp does not divide refused with
-// the numbers.
+// local_index(), sequence lengths 2 cp does not divide refused with the
+// numbers, and the accessors' index preconditions (TESSERA_EXPECTS, on in
+// the tests) refused with the index and the bound.
 #include <catch2/catch.hpp>
 
 #include <cstdint>
@@ -56,6 +57,34 @@ TEST_CASE("cp_shard refuses what it cannot split, with the numbers", "[core][cp_
   CHECK_THROWS_WITH(cp_shard::of(32, 4, -1), Contains("rank -1"));
   CHECK_THROWS_WITH(cp_shard::of(32, 0, 0), Contains("cp=0"));
   CHECK_NOTHROW(cp_shard::of(32, 4, 3));
+}
+
+TEST_CASE("cp_shard's accessors check their indices (contracts)", "[core][cp_shard]") {
+  using Catch::Matchers::Contains;
+  const cp_shard s = cp_shard::of(24, 3, 1);  // chunks of 4, local tokens 8
+  // In range: the edges of each precondition.
+  CHECK(s.index(1) == 4);
+  CHECK(s.start(0) == 4);
+  CHECK(s.length(1) == 4);
+  CHECK(s.position(0) == 4);
+  CHECK(s.position(7) == 19);
+  CHECK(s.owner(0) == 0);
+  CHECK(s.owner(23) == 0);
+  CHECK(s.local_index(23) == 7);
+  CHECK(s.of_rank(2).rank == 2);
+  // Out of range: tessera::error naming the value and the bound.
+  CHECK_THROWS_AS(s.index(2), error);
+  CHECK_THROWS_WITH(s.index(2), Contains("j=2"));
+  CHECK_THROWS_WITH(s.index(-1), Contains("j=-1"));
+  CHECK_THROWS_WITH(s.start(2), Contains("j=2"));
+  CHECK_THROWS_WITH(s.length(3), Contains("j=3"));
+  CHECK_THROWS_WITH(s.position(8), Contains("t=8") && Contains("tokens()=8"));
+  CHECK_THROWS_WITH(s.position(-1), Contains("t=-1"));
+  CHECK_THROWS_WITH(s.owner(24), Contains("p=24") && Contains("T=24"));
+  CHECK_THROWS_WITH(s.owner(-1), Contains("p=-1"));
+  CHECK_THROWS_WITH(s.local_index(24), Contains("p=24") && Contains("T=24"));
+  CHECK_THROWS_WITH(s.of_rank(3), Contains("rank 3") && Contains("cp=3"));
+  CHECK_THROWS_WITH(s.of_rank(-1), Contains("rank -1"));
 }
 
 }  // namespace test_core_cp_shard

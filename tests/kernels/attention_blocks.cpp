@@ -576,8 +576,12 @@ TEST_CASE("attention blocks refuse bad spans, and a 16-bit dq to accumulate into
     CHECK_THROWS_AS(forward(span), tessera::config_error);
     CHECK_THROWS_WITH(forward(span), Contains(what) && Contains("attention_forward"));
     CHECK_THROWS_WITH(backward(span), Contains(what) && Contains("attention_backward"));
+    // The check alone, as context parallelism runs it before any traffic.
+    CHECK_THROWS_WITH(attention_check_span(ctx, S, span), Contains(what));
   }
   CHECK_NOTHROW(forward(attention_span{0, 0, -1}));
+  CHECK(attention_check_span(ctx, S, attention_span{0, 0, -1}) == S);
+  CHECK(attention_check_span(ctx, S, attention_span{40, 12, 7}) == 7);
   // Accumulating dq in bf16 would round a ring's sum per block.
   const auto qb = cast<bf16>(q), kb = cast<bf16>(kv), ob = cast<bf16>(out);
   std::vector<float> lse32(lse.size(), 0.0f);

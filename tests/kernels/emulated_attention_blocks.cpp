@@ -185,15 +185,16 @@ void block_forward(cuda_emulator& em, std::vector<float>& out, std::vector<float
 }
 
 // One block backward (block form) under the emulator from the final out
-// (16-bit) and lse: dq (B, S, nh, HD) float32 accumulated into, dk, dv
-// (B, Sk, nkv, HD) float32 written.
+// (16-bit) and lse: dq (B, S, nh, HD) float32 accumulated into (or, with
+// attention_dq::write, written), dk, dv (B, Sk, nkv, HD) float32 written.
 template <class T, int HD>
 void block_backward(cuda_emulator& em, std::vector<float>& dq, std::vector<float>& dk,
                     std::vector<float>& dv, const std::vector<std::uint16_t>& dout,
                     const std::vector<std::uint16_t>& q, const std::vector<std::uint16_t>& k,
                     const std::vector<std::uint16_t>& v, const std::vector<std::uint16_t>& out,
                     const std::vector<float>& lse, const dims& d, std::int64_t S,
-                    const std::int32_t* doc_start, hk::attention_span span) {
+                    const std::int32_t* doc_start, hk::attention_span span,
+                    hk::attention_dq dq_mode = hk::attention_dq::accumulate) {
   const std::int64_t Sk = span.Sk;
   dk.assign(static_cast<std::size_t>(d.B * Sk * d.nkv * HD),
             std::numeric_limits<float>::quiet_NaN());
@@ -203,7 +204,7 @@ void block_backward(cuda_emulator& em, std::vector<float>& dq, std::vector<float
   const auto p = kc::detail::attention_backward_block_args(
       dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(), out.data(),
       lse.data(), d.B, S, d.nh, d.nkv, HD, scratch.data(), scratch.size() * sizeof(float),
-      doc_start, span, hk::attention_dq::accumulate);
+      doc_start, span, dq_mode);
   em.clear_regions();
   for (const auto* in : {&dout, &q, &k, &v, &out}) em.input(*in);
   em.input(lse);
@@ -413,6 +414,94 @@ TEST_CASE("emulated ring attention blocks with a document mask match float64 att
   const auto ds = doc_starts({{30, 45, 25, 1, 24, 75}, {1, 160, 39}});
   ring_case<bf16, 64>({2, 4, 2}, 200, even_starts(200, 4), {{0, 3}, {1, 2}}, ds, 9501);
   ring_case<bf16, 64>({2, 2, 1}, 200, {0, 37, 120, 200}, {{0}, {1}, {2}}, ds, 9502);
+}
+
+TEST_CASE("cp rank 0's diagonal block with float outputs runs the block kernels (dq written)",
+          "[kernels][emulated][attention_blocks]") {
+  // A ring's first step on cp rank 0: its first query chunk against its own
+  // key chunk, q0 = k0 = 0 and Sk = S, a span that looks like the default.
+  // The dispatch of kernels/cuda/ops.hpp (cuda::attention_runs_blocks) must
+  // send it to the block kernels: the causal ones would hand back 16-bit
+  // out, dq, dk, dv widened, rounded before the merge and the ring's sums.
+  // Run here as ops.hpp runs it: forward with a float32 out, backward with
+  // float32 gradients and dq written (the block's first), against the host
+  // kernels on the same bf16 inputs and span.
+  using T = bf16;
+  constexpr int HD = 64;
+  const dims d{2, 4, 2};
+  const std::int64_t S = 100;  // a 128-query tile and two 64-key tiles, each cut
+  const hk::attention_span span{0, 0, S};
+  CHECK(kc::attention_runs_blocks(true, span));                            // forward, float out
+  CHECK(kc::attention_runs_blocks(false, span, hk::attention_dq::write));  // backward, span given
+  CHECK(kc::attention_runs_blocks(false, {}, hk::attention_dq::accumulate));
+  CHECK(kc::attention_runs_blocks(false, {0, 0, -1}, hk::attention_dq::write) == false);
+  CHECK(kc::attention_runs_blocks(false, {}) == false);  // single-rank: the causal kernels
+
+  for (const bool documents : {false, true}) {
+    INFO("documents " << documents);
+    std::mt19937_64 rng(9601 + documents);
+    const auto nq = static_cast<std::size_t>(d.B * S * d.nh * HD);
+    const auto nk = static_cast<std::size_t>(d.B * S * d.nkv * HD);
+    const auto qb = random_vector<T>(nq, rng, -2, 2), kb = random_vector<T>(nk, rng, -2, 2),
+               vb = random_vector<T>(nk, rng), dob = random_vector<T>(nq, rng);
+    const auto ds = documents ? doc_starts({{30, 1, 69}, {64, 36}}) : std::vector<std::int32_t>{};
+    const hk::attention_mask mask{ds.empty() ? nullptr : ds.data()};
+    const std::int32_t* dsp = mask.doc_start;
+
+    // The host kernels: float32 partial out and lse, then float32
+    // gradients from that out rounded to bf16 (what a ring saves), dq written.
+    std::vector<float> h_out(nq), h_lse(static_cast<std::size_t>(d.B * d.nh * S));
+    hk::attention_forward<T, float>(ctx, h_out.data(), h_lse.data(), qb.data(), kb.data(),
+                                    vb.data(), d.B, S, d.nh, d.nkv, HD, mask, span);
+    std::vector<T> out16(nq);
+    for (std::size_t i = 0; i < nq; ++i) out16[i] = T(h_out[i]);
+    std::vector<float> dof(nq);
+    for (std::size_t i = 0; i < nq; ++i) dof[i] = static_cast<float>(dob[i]);
+    std::vector<float> h_dq = poisoned<float>(nq), h_dk = poisoned<float>(nk),
+                       h_dv = poisoned<float>(nk);
+    hk::attention_backward<T, float>(ctx, h_dq.data(), h_dk.data(), h_dv.data(), dof.data(),
+                                     qb.data(), kb.data(), vb.data(), out16.data(), h_lse.data(),
+                                     d.B, S, d.nh, d.nkv, HD, mask, span, hk::attention_dq::write);
+
+    // The block kernels under the emulator, on the same bits.
+    cuda_emulator em(9611 + documents);
+    std::vector<float> out, lse;
+    block_forward<T, HD>(em, out, lse, bits_of(qb), bits_of(kb), bits_of(vb), d, S, dsp, span);
+    CHECK(first_nan(out) == -1);  // every element written
+    CHECK(first_nan(lse) == -1);
+    std::vector<float> dq = poisoned<float>(nq), dk, dv;  // write mode overwrites the poison
+    block_backward<T, HD>(em, dq, dk, dv, bits_of(dob), bits_of(qb), bits_of(kb), bits_of(vb),
+                          bits_of(out16), h_lse, d, S, dsp, span, hk::attention_dq::write);
+    CHECK(first_nan(dq) == -1);
+    CHECK(first_nan(dk) == -1);
+    CHECK(first_nan(dv) == -1);
+    CHECK(em.bank_conflicts == 0);
+    CHECK(em.leftover_copies == 0);
+
+    // Against the host: the tolerances of the ring cases above (the GPU
+    // rounds P and dS to bf16 before they multiply; the host keeps them float).
+    const auto rms_do = rms_of(to_double(dob)), rms_v = rms_of(to_double(vb)),
+               rms_k = rms_of(to_double(kb));
+    const double floor = rms_do * rms_v * rms_k / 256;
+    CHECK(max_error(to_double(out), to_double(h_out)) < out_tol<T>);
+    CHECK(max_error(to_double(lse), to_double(h_lse)) < lse_tol);
+    CHECK(max_error(to_double(dq), to_double(h_dq), floor) < grad_tol<T>);
+    CHECK(max_error(to_double(dk), to_double(h_dk), floor) < grad_tol<T>);
+    CHECK(max_error(to_double(dv), to_double(h_dv)) < grad_tol<T>);
+    // Unrounded: float32 values, not bf16 ones widened (what the causal
+    // kernels' outputs would be: every element on the bf16 grid). A
+    // computed float lands on it with probability about 2^-16; the zeros
+    // (queries and keys of one-token documents, a row's first query) do.
+    auto on_bf16_grid = [](const std::vector<float>& x) {
+      std::size_t n = 0;
+      for (const float e : x) n += static_cast<float>(T(e)) == e;
+      return n;
+    };
+    CHECK(on_bf16_grid(out) < nq / 10);
+    CHECK(on_bf16_grid(dq) < nq / 10);  // zeros: rows that see only themselves
+    CHECK(on_bf16_grid(dk) < nk / 10);
+    CHECK(on_bf16_grid(dv) < nk / 10);
+  }
 }
 
 TEST_CASE("the CUDA attention blocks refuse bad spans before any launch, naming the value",

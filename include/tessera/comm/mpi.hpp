@@ -64,6 +64,7 @@
 #include "tessera/comm/detail/collective_log.hpp"
 #include "tessera/comm/detail/launcher_note.hpp"
 #include "tessera/comm/detail/polled_request.hpp"
+#include "tessera/comm/tags.hpp"
 
 namespace tessera::comm {
 
@@ -121,7 +122,8 @@ struct mpi_comm_state : rank_core {
 /// so a rank that fails between or inside collectives ends its peers'
 /// waits at once, with its message, instead of after their timeouts.
 struct mpi_error_channel {
-  static constexpr int tag = 7411;
+  static constexpr int tag = mpi_notice_tag;                 ///< comm/tags.hpp
+  static constexpr int rendezvous_tag = mpi_rendezvous_tag;  ///< comm/tags.hpp
   MPI_Comm comm = MPI_COMM_NULL;
   int world_rank = 0, world_size = 1;
   std::string notice;  // "world rank R failed: why", once failed or told
@@ -173,7 +175,8 @@ struct mpi_error_channel {
     mine = unfinished ? 2 : 1;
     for (int r = 0; r < world_size; ++r) {
       MPI_Request req = MPI_REQUEST_NULL;
-      if (r != world_rank && MPI_Isend(&mine, 1, MPI_CHAR, r, tag + 1, comm, &req) == MPI_SUCCESS)
+      if (r != world_rank &&
+          MPI_Isend(&mine, 1, MPI_CHAR, r, rendezvous_tag, comm, &req) == MPI_SUCCESS)
         MPI_Request_free(&req);
     }
     const auto deadline = std::chrono::steady_clock::now() + limit;
@@ -183,7 +186,8 @@ struct mpi_error_channel {
       int flag = 0;
       MPI_Message m = MPI_MESSAGE_NULL;
       MPI_Status st{};
-      if (MPI_Improbe(MPI_ANY_SOURCE, tag + 1, comm, &flag, &m, &st) != MPI_SUCCESS) return false;
+      if (MPI_Improbe(MPI_ANY_SOURCE, rendezvous_tag, comm, &flag, &m, &st) != MPI_SUCCESS)
+        return false;
       if (!flag) {
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
         continue;

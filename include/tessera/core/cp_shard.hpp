@@ -21,7 +21,10 @@
 namespace tessera {
 
 /// The token positions of rank `rank` of a context-parallel group of `cp`
-/// ranks over sequences of `T` tokens (head-tail order).
+/// ranks over sequences of `T` tokens (head-tail order). Build it with of(),
+/// which checks T, cp and rank; the accessors' index preconditions are
+/// contracts (TESSERA_EXPECTS: tessera::error in debug builds and tests,
+/// unchecked under NDEBUG).
 struct cp_shard {
   std::int64_t T = 0;  ///< tokens of the whole sequence
   int cp = 1;          ///< ranks of the group
@@ -46,31 +49,51 @@ struct cp_shard {
   /// Tokens this rank holds, T/cp: local token t < chunk() is in chunk
   /// index(0), the rest in chunk index(1).
   [[nodiscard]] constexpr std::int64_t tokens() const { return T / cp; }
-  /// The global index of this rank's local chunk j (0 or 1): rank, or
-  /// 2 cp - 1 - rank.
+  /// The global index of this rank's local chunk j: rank, or
+  /// 2 cp - 1 - rank. Precondition: j is 0 or 1 (TESSERA_EXPECTS).
   [[nodiscard]] constexpr std::int64_t index(int j) const {
+    TESSERA_EXPECTS(j == 0 || j == 1,
+                    ::tessera::detail::str("cp_shard: local chunk j=", j, " is not 0 or 1"));
     return j == 0 ? rank : 2 * std::int64_t{cp} - 1 - rank;
   }
-  /// Global position of the first token of local chunk j (0 or 1).
+  /// Global position of the first token of local chunk j. Precondition:
+  /// j is 0 or 1.
   [[nodiscard]] constexpr std::int64_t start(int j) const { return index(j) * chunk(); }
-  /// Tokens of local chunk j: chunk(), for both.
-  [[nodiscard]] constexpr std::int64_t length(int) const { return chunk(); }
-  /// Global position of local token t, 0 <= t < tokens().
+  /// Tokens of local chunk j: chunk(), for both. Precondition: j is 0 or 1.
+  [[nodiscard]] constexpr std::int64_t length([[maybe_unused]] int j) const {
+    TESSERA_EXPECTS(j == 0 || j == 1,
+                    ::tessera::detail::str("cp_shard: local chunk j=", j, " is not 0 or 1"));
+    return chunk();
+  }
+  /// Global position of local token t. Precondition: 0 <= t < tokens().
   [[nodiscard]] constexpr std::int64_t position(std::int64_t t) const {
+    TESSERA_EXPECTS(t >= 0 && t < tokens(),
+                    ::tessera::detail::str("cp_shard::position: local token t=", t,
+                                           " is outside [0, tokens()=", tokens(), ")"));
     return t < chunk() ? start(0) + t : start(1) + (t - chunk());
   }
-  /// The rank of the same group that holds global position p, 0 <= p < T.
+  /// The rank of the same group that holds global position p.
+  /// Precondition: 0 <= p < T.
   [[nodiscard]] constexpr int owner(std::int64_t p) const {
+    TESSERA_EXPECTS(p >= 0 && p < T, ::tessera::detail::str("cp_shard::owner: position p=", p,
+                                                            " is outside [0, T=", T, ")"));
     const std::int64_t i = p / chunk();
     return static_cast<int>(i < cp ? i : 2 * std::int64_t{cp} - 1 - i);
   }
   /// The local index of global position p on its owner (owner(p)).
+  /// Precondition: 0 <= p < T.
   [[nodiscard]] constexpr std::int64_t local_index(std::int64_t p) const {
+    TESSERA_EXPECTS(p >= 0 && p < T, ::tessera::detail::str("cp_shard::local_index: position p=", p,
+                                                            " is outside [0, T=", T, ")"));
     const std::int64_t i = p / chunk();
     return (i < cp ? 0 : chunk()) + p % chunk();
   }
-  /// The shard of rank `r` of the same group (0 <= r < cp).
-  [[nodiscard]] constexpr cp_shard of_rank(int r) const { return {T, cp, r}; }
+  /// The shard of rank `r` of the same group. Precondition: 0 <= r < cp.
+  [[nodiscard]] constexpr cp_shard of_rank(int r) const {
+    TESSERA_EXPECTS(r >= 0 && r < cp, ::tessera::detail::str("cp_shard::of_rank: rank ", r,
+                                                             " is not in [0, cp=", cp, ")"));
+    return {T, cp, r};
+  }
   /// Copies this rank's tokens of one row: out[l] = row[position(l)] for l
   /// in [0, tokens()). `row` holds at least T values from global position
   /// 0 (a window of T + 1 tokens read at row + 1 gives the targets); `out`

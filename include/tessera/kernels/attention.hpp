@@ -85,6 +85,17 @@ inline void attention_check_shape(const host_context& ctx, std::int64_t S, std::
   detail::attention_check_sizes("attention", 1, S, nh, nkv, hd, ctx.tiles);
 }
 
+/// The key/value rows of a ring block's `span` (attention_span) for S query
+/// rows, span.Sk or S for -1, after checking that the kernels of `ctx` take
+/// it: throws config_error, naming the value, for an offset < 0 or Sk < 1
+/// other than -1 (host). The CUDA overload (kernels/cuda/ops.hpp) adds the
+/// GPU kernels' limits (global positions below 2^30, Sk within the grid).
+/// Context parallelism checks every span its ring will run with it before
+/// any traffic.
+inline std::int64_t attention_check_span(const host_context&, std::int64_t S, attention_span span) {
+  return detail::attention_key_rows("attention", S, span);
+}
+
 namespace detail {
 
 /// Problems with fewer score-times-hd terms than this (B nh S Sk hd) run on the

@@ -128,6 +128,9 @@ inline cp_kind parse_cp_kind(const std::string& name) {
 /// back (the record keeps the token-sharded tensors, so the head-sharded
 /// ones are exchanged again). Documents: an all_gather of doc_start
 /// (Ulysses only; a ring's mask needs only its own queries').
+///
+/// Every figure throws config_error, naming the values, for sizes the
+/// layer would refuse (check()).
 struct cp_attention_bytes {
   cp_kind kind = cp_kind::ring;
   std::int64_t cp = 1;
@@ -139,8 +142,38 @@ struct cp_attention_bytes {
   std::int64_t param_wire = 4;  ///< bytes a T travels in (4 for 16-bit on host communicators)
   std::int64_t grad_wire = 4;   ///< bytes a G travels in
 
+  /// Throws config_error, naming the values, unless the layer could run
+  /// these sizes (the shape part of context_parallel_attention::check, with
+  /// no kernels to ask): cp >= 1; B, S, nh, nkv, hd and the element sizes
+  /// >= 1; nkv dividing nh; 2 cp dividing S (head-tail chunks); for
+  /// Ulysses cp dividing nh, and cp dividing nkv or nkv dividing cp. Every
+  /// figure below calls it first.
+  void check() const {
+    TESSERA_THROW_IF(cp < 1, config_error, "cp_attention_bytes: cp=", cp, " must be >= 1");
+    TESSERA_THROW_IF(B < 1 || S < 1 || nh < 1 || nkv < 1 || hd < 1, config_error,
+                     "cp_attention_bytes: every size must be >= 1, got B=", B, " S=", S, " nh=", nh,
+                     " nkv=", nkv, " hd=", hd);
+    TESSERA_THROW_IF(
+        param < 1 || act_grad < 1 || accum < 1 || param_wire < 1 || grad_wire < 1, config_error,
+        "cp_attention_bytes: element sizes must be >= 1, got param=", param, " act_grad=", act_grad,
+        " accum=", accum, " param_wire=", param_wire, " grad_wire=", grad_wire);
+    TESSERA_THROW_IF(nh % nkv != 0, config_error, "cp_attention_bytes: nkv=", nkv,
+                     " does not divide nh=", nh);
+    TESSERA_THROW_IF(S % (2 * cp) != 0, config_error, "cp_attention_bytes: S=", S,
+                     " is not divisible by 2*cp=", 2 * cp, " (cp=", cp,
+                     "): head-tail load balancing cuts the sequence into 2*cp equal chunks");
+    if (kind == cp_kind::ulysses) {
+      TESSERA_THROW_IF(nh % cp != 0, config_error, "cp_attention_bytes: ulysses: cp=", cp,
+                       " does not divide nh=", nh, " (each rank runs nh/cp query heads)");
+      TESSERA_THROW_IF(nkv % cp != 0 && cp % nkv != 0, config_error,
+                       "cp_attention_bytes: ulysses: neither of cp=", cp, " and nkv=", nkv,
+                       " divides the other");
+    }
+  }
+
   /// Workspace of forward().
   [[nodiscard]] std::int64_t forward_workspace() const {
+    check();
     if (kind == cp_kind::ring) {
       const ring r = ring_sizes();
       return 2 * r.nq * param + (documents ? 2 * B * r.c * 4 : 0) +
@@ -153,6 +186,7 @@ struct cp_attention_bytes {
   }
   /// Workspace of backward().
   [[nodiscard]] std::int64_t backward_workspace() const {
+    check();
     if (kind == cp_kind::ring) {
       const ring r = ring_sizes();
       return 4 * r.nq * param + 2 * r.nl * accum + (documents ? 2 * B * r.c * 4 : 0) +
@@ -172,12 +206,14 @@ struct cp_attention_bytes {
   }
   /// Bytes this rank sends in forward().
   [[nodiscard]] std::int64_t forward_sent() const {
+    check();
     if (kind == cp_kind::ring) return (cp - 1) * 4 * ring_sizes().nk * param_wire;
     const heads h = ulysses();
     return (cp - 1) * (2 * h.q * param_wire + 2 * h.kv * param_wire + h.lse * accum) + gathered();
   }
   /// Bytes this rank sends in backward().
   [[nodiscard]] std::int64_t backward_sent() const {
+    check();
     if (kind == cp_kind::ring) return (cp - 1) * 4 * ring_sizes().nk * (param_wire + accum);
     const heads h = ulysses();
     const std::int64_t gkw = h.staged ? accum : grad_wire;
@@ -252,14 +288,21 @@ struct context_parallel_attention {
   [[nodiscard]] cp_shard shard(std::int64_t S) const { return cp_shard::of(S, size(), rank()); }
 
   /// Throws config_error, naming the values, unless these sizes can run:
-  /// every size >= 1, 2 cp dividing S (cp_shard::of), the context's
-  /// attention kernels on the chunks (kernels::attention_check_shape: nkv
-  /// dividing nh, and on a GPU hd and the kernels' limits); for Ulysses cp
-  /// dividing nh, and cp dividing nkv or nkv dividing cp (then each rank
-  /// gets the one key/value head its nh/cp query heads share, replicated on
-  /// cp/nkv ranks, and dk, dv are summed over the replicas). The model
-  /// calls it at construction; forward and backward call it first, before
-  /// any traffic (every rank throws alike, none waits on another).
+  /// every size >= 1; 2 cp dividing S (cp_shard::of: head-tail chunks of
+  /// S/(2 cp) tokens); the context's attention kernels on what each kind
+  /// runs (kernels::attention_check_shape: nkv dividing nh, tiles >= 1, and
+  /// on a GPU hd in {32, 64, 128} and the kernels' size limits). Ring: the
+  /// chunks' shape, and every block's span (kernels::attention_check_span
+  /// of each chunk's global offset: on a GPU the block kernels take
+  /// positions below 2^30). Ulysses: cp dividing nh, and cp dividing nkv
+  /// or nkv dividing cp (then each rank gets the one key/value head its
+  /// nh/cp query heads share, replicated on cp/nkv ranks, and dk, dv are
+  /// summed over the replicas), and the kernels' shape on the whole
+  /// sequence with nh/cp heads. The model calls it at construction;
+  /// forward and backward call it first, before any send, receive or
+  /// all-to-all, so sizes that cannot run are refused by every rank alike
+  /// and none is left waiting on a peer that threw. Precondition (not
+  /// checkable without traffic): every rank passes the same sizes.
   template <class Ctx>
   void check(const Ctx& ctx, std::int64_t B, std::int64_t S, std::int64_t nh, std::int64_t nkv,
              std::int64_t hd) const {
@@ -271,8 +314,16 @@ struct context_parallel_attention {
                      "context-parallel attention: every size must be >= 1, got B=", B, " nh=", nh,
                      " nkv=", nkv, " hd=", hd);
     const cp_shard s = shard(S);
-    attention_check_shape(ctx, kind == cp_kind::ring ? s.chunk() : S, nh, nkv, hd);
-    if (kind == cp_kind::ulysses) {
+    if (kind == cp_kind::ring) {
+      const std::int64_t c = s.chunk();
+      attention_check_shape(ctx, c, nh, nkv, hd);
+      // A block's span is {start of a query chunk, start of a key chunk, c};
+      // the kernels' limits bound each offset alone, so checking every
+      // chunk's offset as both covers every pair the ring runs.
+      for (std::int64_t i = 0; i < 2 * s.cp; ++i)
+        attention_check_span(ctx, c, kernels::attention_span{i * c, i * c, c});
+    } else {
+      attention_check_shape(ctx, S, nh, nkv, hd);
       const auto h = detail::ulysses_heads::of(s.cp, nh, nkv);
       attention_check_shape(ctx, S, h.nhl, h.hk, hd);
     }

@@ -72,7 +72,7 @@ struct llama_config {
       try {
         rope_scaling->validate();
       } catch (const config_error& e) {
-        throw config_error(detail::str(e.what(), " (model '", name, "')"));
+        throw config_error(tessera::detail::str(e.what(), " (model '", name, "')"));
       }
     }
     // Every size the model allocates fits 64 bits: a parameter count past
@@ -89,7 +89,7 @@ struct llama_config {
       (void)checked_mul(total, 16, "the model's training state (16 bytes per parameter)");
       (void)checked_mul(max_seq, dim, "the RoPE table and one sequence's activations");
     } catch (const config_error& e) {
-      throw config_error(detail::str(e.what(), " (model '", name, "': dim=", dim, ", n_layers=",
+      throw config_error(tessera::detail::str(e.what(), " (model '", name, "': dim=", dim, ", n_layers=",
                                      n_layers, ", ffn_dim=", ffn_dim, ", vocab=", vocab,
                                      ", max_seq=", max_seq, ")"));
     }

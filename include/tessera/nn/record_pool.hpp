@@ -45,7 +45,7 @@ class record_pool {
         if (in_flight_ > peak_) peak_ = in_flight_;
         return records_[i];
       }
-    throw error(detail::str("record_pool: all ", owner_.size(),
+    throw error(tessera::detail::str("record_pool: all ", owner_.size(),
                             " records are in flight; micro-batch ", m,
                             " needs one more (raise the capacity to the schedule's peak)"));
   }

@@ -36,7 +36,9 @@
 ///
 /// Messages (p2p on the pipeline group, whose rank is the stage): chunk c
 /// of rank k is virtual stage v = c K + k; a message from virtual stage v
-/// carries tag 2 v (activations) or 2 v + 1 (gradients), and the messages
+/// carries tag 2 v (activations) or 2 v + 1 (gradients; comm/tags.hpp's
+/// pipeline_tags, so K V is at most comm::pipeline_max_virtual_stages),
+/// and the messages
 /// of one tag go in micro-batch order on both sides (every schedule runs a
 /// chunk's forwards, and its backwards, in micro-batch order), so the
 /// non-overtaking rule matches them. Sends are asynchronous: the buffer is
@@ -77,6 +79,7 @@
 #include <vector>
 
 #include "tessera/comm/communicator.hpp"
+#include "tessera/comm/tags.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/nvtx.hpp"
 #include "tessera/kernels/context.hpp"
@@ -157,6 +160,26 @@ void p2p_recv(C& g, T* p, std::int64_t n, int peer, int tag) {
 }
 }  // namespace detail
 
+/// Throws config_error, naming the numbers, when a pipeline of `stages` (K)
+/// ranks with `virtual_stages` (V) chunks each needs message tags past its
+/// range: virtual stage v sends with tags 2 v and 2 v + 1
+/// (comm::pipeline_activation_tag, pipeline_gradient_tag), which must stay
+/// in comm::pipeline_tags, so K V <= comm::pipeline_max_virtual_stages
+/// (3650). K = 1 sends nothing and passes. The executor calls it at
+/// construction.
+inline void check_pipeline_tags(int stages, int virtual_stages) {
+  TESSERA_THROW_IF(stages < 1 || virtual_stages < 1, config_error, "executor: K=", stages,
+                   " stages and V=", virtual_stages, " virtual stages per rank must be >= 1");
+  if (stages == 1) return;
+  const std::int64_t kv = std::int64_t{stages} * virtual_stages;
+  TESSERA_THROW_IF(kv > comm::pipeline_max_virtual_stages, config_error, "executor: K=", stages,
+                   " stages x V=", virtual_stages, " virtual stages per rank = ", kv,
+                   " virtual stages, whose message tags (2v, 2v+1) would run to ", 2 * kv - 1,
+                   ", past the pipeline's tag range [", comm::pipeline_tags.first, ", ",
+                   comm::pipeline_tags.end, ") (comm/tags.hpp): at most ",
+                   comm::pipeline_max_virtual_stages, " virtual stages");
+}
+
 /// Where this rank sits in a pipeline: its stage k of K and its model
 /// chunks per rank V (virtual stages), with the pipeline group (rank =
 /// stage; not owned). One rank without a pipeline: K = V = 1, no group.
@@ -199,12 +222,14 @@ class executor {
   /// mesh.pp() stages, with `capacity[c]` records for chunk c (the most
   /// micro-batches in flight its lists hold: peak_in_flight). One rank
   /// without a pipeline: one chunk, a layout without a pp group. Throws
-  /// config_error if the counts differ or a capacity is < 1.
+  /// config_error if the counts differ, a capacity is < 1, or K V virtual
+  /// stages need tags past comm::pipeline_tags (check_pipeline_tags).
   executor(std::vector<chunk> chunks, const layout_type& mesh, int virtual_stages,
            std::vector<std::int64_t> capacity)
       : chunks_(std::move(chunks)),
         mesh_(mesh),
         place_{mesh.pp() > 1 ? mesh.pp_group() : nullptr, mesh.stage(), mesh.pp(), virtual_stages} {
+    check_pipeline_tags(place_.stages, place_.virtual_stages);
     TESSERA_THROW_IF(chunks_.empty() || static_cast<int>(chunks_.size()) != place_.virtual_stages,
                      config_error, "executor: ", chunks_.size(), " model chunks for ",
                      place_.virtual_stages, " virtual stages");
@@ -487,7 +512,7 @@ class executor {
                          a.chunk, ") without its forward output");
         m.act = std::move(it->second);
         out_act_.erase(it);
-        m.peer = rank_of(v + 1), m.tag = 2 * v;
+        m.peer = rank_of(v + 1), m.tag = comm::pipeline_activation_tag(v);
         break;
       }
       case action_kind::send_backward: {
@@ -497,19 +522,19 @@ class executor {
                          a.chunk, ") without its input gradient");
         m.grad = std::move(it->second);
         out_grad_.erase(it);
-        m.peer = rank_of(v - 1), m.tag = 2 * v + 1;
+        m.peer = rank_of(v - 1), m.tag = comm::pipeline_gradient_tag(v);
         break;
       }
       case action_kind::recv_forward:
         TESSERA_THROW_IF(v == 0, config_error, "schedule: recv_forward on the first virtual stage");
         m.act = kernels::make_tensor<Param>(context(), boundary_elements(model));
-        m.peer = rank_of(v - 1), m.tag = 2 * (v - 1);
+        m.peer = rank_of(v - 1), m.tag = comm::pipeline_activation_tag(v - 1);
         break;
       case action_kind::recv_backward:
         TESSERA_THROW_IF(v == last_virtual_stage(), config_error,
                          "schedule: recv_backward on the last virtual stage");
         m.grad = kernels::make_tensor<ActGrad>(context(), boundary_elements(model));
-        m.peer = rank_of(v + 1), m.tag = 2 * (v + 1) + 1;
+        m.peer = rank_of(v + 1), m.tag = comm::pipeline_gradient_tag(v + 1);
         break;
       default:
         throw config_error(

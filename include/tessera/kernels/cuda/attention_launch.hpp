@@ -283,6 +283,31 @@ inline std::int64_t attention_check_span(const char* fn, std::int64_t S,
   return Sk;
 }
 
+/// True when kernels::attention_forward / attention_backward on a
+/// cuda_context (kernels/cuda/ops.hpp) run the block form of the flash
+/// kernels (attention.cuh's attention_form::block: the span's offsets and
+/// Sk, float32 outputs), false for the causal kernels (single-rank
+/// attention, 16-bit outputs: the code they always had). The block form
+/// whenever the caller
+/// - asks for a block's float32 partial output (`float_out`: the forward's
+///   O = float, which attention_merge combines unrounded),
+/// - gives a span: any but the default {0, 0, -1}, the whole-sequence
+///   span {0, 0, S} included. That is context parallelism's rank 0
+///   diagonal block (queries and keys both at 0): its float32 dq, dk, dv
+///   must not be 16-bit values widened, since the ring sums them over
+///   blocks and ranks before it rounds once;
+/// - or accumulates dq (kernels::attention_dq::accumulate).
+/// Float32 gradients of single-rank attention (the default span, dq
+/// written) stay on the causal kernels, rounded to T and widened after, as
+/// the bf16_mixed trainer has always run them (plan/activations.hpp counts
+/// that scratch). A plain function, so that the host tests of the dispatch
+/// (tests/kernels/emulated_attention_blocks.cpp) read the same rule.
+constexpr bool attention_runs_blocks(bool float_out, kernels::attention_span span,
+                                     kernels::attention_dq dq_mode = kernels::attention_dq::write) {
+  const bool span_given = span.q0 != 0 || span.k0 != 0 || span.Sk != -1;
+  return float_out || span_given || dq_mode == kernels::attention_dq::accumulate;
+}
+
 /// Throws config_error when `p` is not aligned to `align` bytes.
 inline void attention_check_aligned(const char* fn, const char* name, const void* p,
                                     std::size_t align) {

@@ -355,21 +355,25 @@ inline void attention_check_shape(const cuda_context&, std::int64_t S, std::int6
   cuda::attention_check_args("attention", 1, S, nh, nkv, hd);
 }
 
-namespace detail {
-/// True when `span` is the whole sequence of S rows (the causal kernels).
-inline bool attention_whole(attention_span span, std::int64_t S) {
-  return span.q0 == 0 && span.k0 == 0 && (span.Sk == -1 || span.Sk == S);
+/// The key/value rows of a ring block's `span` for S query rows after
+/// checking that the flash attention block kernels take it: an offset < 0,
+/// Sk < 1 other than -1, Sk over attention_max_S, or a global position at
+/// or past 2^30 throws config_error naming the value
+/// (cuda::attention_check_span).
+inline std::int64_t attention_check_span(const cuda_context&, std::int64_t S, attention_span span) {
+  return cuda::attention_check_span("attention", S, span);
 }
-}  // namespace detail
 
 /// Causal flash attention: out (B, S, nh, hd) and lse (B, nh, S) float32 from
 /// q (B, S, nh, hd), k, v (B, Sk, nkv, hd), bf16 or fp16, under `mask`
-/// (attention_mask; doc_start in device memory). With a `span` other than
-/// the whole sequence, or a float32 `out` (O = float, a ring's partial
-/// output for attention_merge), one block of ring attention: the block
-/// kernels (cuda::flash_attention_forward with a span); a 16-bit out of a
-/// block is its float32 output rounded once (scratch of B S nh hd floats).
-/// Throws config_error as attention_check_shape and cuda::attention_check_span.
+/// (attention_mask; doc_start in device memory). With a `span` given (any
+/// but the default, the whole-sequence {0, 0, S} included), or a float32
+/// `out` (O = float, a ring's partial output for attention_merge), one
+/// block of ring attention: the block kernels (cuda::flash_attention_forward
+/// with a span; cuda::attention_runs_blocks); a 16-bit out of a block is its
+/// float32 output rounded once (scratch of B S nh hd floats). Otherwise the
+/// causal kernels. Throws config_error as attention_check_shape and
+/// cuda::attention_check_span.
 template <class T, class O = T>
 void attention_forward(const cuda_context& ctx, O* out, float* lse, const T* q, const T* k,
                        const T* v, std::int64_t B, std::int64_t S, std::int64_t nh,
@@ -379,8 +383,9 @@ void attention_forward(const cuda_context& ctx, O* out, float* lse, const T* q, 
   static_assert(std::is_same_v<O, T> || std::is_same_v<O, float>,
                 "attention_forward (cuda): out is the storage type or float32 (a ring block's "
                 "partial output)");
-  if constexpr (std::is_same_v<O, T>) {
-    if (detail::attention_whole(span, S)) {
+  constexpr bool float_out = !std::is_same_v<O, T>;
+  if constexpr (!float_out) {
+    if (!cuda::attention_runs_blocks(float_out, span)) {
       cuda::flash_attention_forward(out, lse, q, k, v, B, S, nh, nkv, hd, ctx.stream(),
                                     mask.doc_start);
     } else {
@@ -398,12 +403,14 @@ void attention_forward(const cuda_context& ctx, O* out, float* lse, const T* q, 
 }
 
 /// dq, dk, dv (=, not +=) from dout and the forward's out and lse; float32
-/// gradients go through scratch of the storage type T. Scratch:
-/// cuda::flash_attention_backward_scratch_bytes. `mask`: attention_forward's.
-/// With a `span` other than the whole sequence, or `dq_mode` accumulate, one
-/// block of ring attention from the final out and lse (the block kernels:
-/// float32 dq, dk, dv, so float32 G is exact and 16-bit G rounds once; dq
-/// accumulated (`+=`) only into float32, else config_error). Throws as
+/// gradients of single-rank attention go through scratch of the storage
+/// type T. Scratch: cuda::flash_attention_backward_scratch_bytes. `mask`:
+/// attention_forward's. With a `span` given (any but the default, the
+/// whole-sequence {0, 0, S} of a ring's diagonal block included), or
+/// `dq_mode` accumulate, one block of ring attention from the final out
+/// and lse (the block kernels, cuda::attention_runs_blocks: float32 dq,
+/// dk, dv, so float32 G is exact and 16-bit G rounds once; dq accumulated
+/// (`+=`) only into float32, else config_error). Throws as
 /// attention_forward.
 template <class T, class G>
 void attention_backward(const cuda_context& ctx, G* dq, G* dk, G* dv, const G* dout, const T* q,
@@ -414,7 +421,9 @@ void attention_backward(const cuda_context& ctx, G* dq, G* dk, G* dv, const G* d
   detail::cuda_storage_check<T>();
   detail::cuda_grad_check<G>();
   auto s = ctx.scratch(cuda::flash_attention_backward_scratch_bytes(B, S, nh, nkv, hd));
-  if (!detail::attention_whole(span, S) || dq_mode == attention_dq::accumulate) {
+  // float_out false: float32 G with the default span is single-rank
+  // attention's gradient, not a block's partial (attention_runs_blocks).
+  if (cuda::attention_runs_blocks(false, span, dq_mode)) {
     constexpr bool float_dq = std::is_same_v<G, float>;
     TESSERA_THROW_IF(dq_mode == attention_dq::accumulate && !float_dq, config_error,
                      "attention_backward (cuda): attention_dq::accumulate needs float32 dq, got a "

@@ -17,18 +17,13 @@
 
 #include "tessera/comm/communicator.hpp"
 #include "tessera/comm/communicator_base.hpp"
+#include "tessera/comm/tags.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/numeric.hpp"
 #include "tessera/kernels/context.hpp"
 #include "tessera/kernels/elementwise.hpp"
 
-namespace tessera::detail {
-
-/// Tags of context parallelism's messages (they name them in errors; NCCL
-/// matches in order).
-inline constexpr int cp_tag_kv = 7301;   ///< a ring's key/value block
-inline constexpr int cp_tag_dkv = 7302;  ///< a ring's travelling dk/dv accumulator
-inline constexpr int cp_tag_a2a = 7303;  ///< an all-to-all's pieces (Ulysses)
+namespace tessera::nn::detail {
 
 /// True when `Comm` sends and receives elements of type U as they are.
 template <class Comm, class U>
@@ -164,8 +159,8 @@ void cp_all_to_all(const Ctx& ctx, Comm& g, std::uint8_t* staging, std::int64_t 
     for (int j = 0; j < cp; ++j) pack(j, reinterpret_cast<U*>(j == r ? at(recv, r) : at(send, j)));
     for (int j = 0; j < cp; ++j) {
       if (j == r) continue;
-      x.send(reinterpret_cast<const W*>(at(send, j)), n, j, cp_tag_a2a);
-      x.recv(reinterpret_cast<W*>(at(recv, j)), n, j, cp_tag_a2a);
+      x.send(reinterpret_cast<const W*>(at(send, j)), n, j, comm::cp_tag_a2a);
+      x.recv(reinterpret_cast<W*>(at(recv, j)), n, j, comm::cp_tag_a2a);
     }
     x.start();
     x.wait();
@@ -181,8 +176,8 @@ void cp_all_to_all(const Ctx& ctx, Comm& g, std::uint8_t* staging, std::int64_t 
     }
     for (int j = 0; j < cp; ++j) {
       if (j == r) continue;
-      x.send(reinterpret_cast<const W*>(at(send, j)), n, j, cp_tag_a2a);
-      x.recv(reinterpret_cast<W*>(at(recv, j)), n, j, cp_tag_a2a);
+      x.send(reinterpret_cast<const W*>(at(send, j)), n, j, comm::cp_tag_a2a);
+      x.recv(reinterpret_cast<W*>(at(recv, j)), n, j, comm::cp_tag_a2a);
     }
     x.start();
     x.wait();
@@ -212,4 +207,4 @@ void cp_from_chunks(const Ctx& ctx, U* dst, const U* src, std::int64_t outer, st
                        outer);
 }
 
-}  // namespace tessera::detail
+}  // namespace tessera::nn::detail

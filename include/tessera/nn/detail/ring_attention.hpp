@@ -16,13 +16,14 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "tessera/comm/tags.hpp"
 #include "tessera/core/cp_shard.hpp"
 #include "tessera/core/numeric.hpp"
 #include "tessera/kernels/attention.hpp"
 #include "tessera/kernels/context.hpp"
 #include "tessera/nn/detail/cp_exchange.hpp"
 
-namespace tessera::detail {
+namespace tessera::nn::detail {
 
 /// Element counts of a ring's pieces: one query chunk (nq = B c nh hd),
 /// one key chunk (nk = B c nkv hd), one chunk's lse (nl = B nh c).
@@ -75,8 +76,8 @@ void ring_attention_forward(const Ctx& ctx, Comm& g, T* out, accum_t<T>* lse, co
     // Pass the block on and take the next one, before computing with it.
     cp_batch<Comm> x(g);
     if (i + 1 < cp) {
-      x.send(ring[i % 2].data(), 4 * nk, next, cp_tag_kv);
-      x.recv(ring[(i + 1) % 2].data(), 4 * nk, prev, cp_tag_kv);
+      x.send(ring[i % 2].data(), 4 * nk, next, comm::cp_tag_kv);
+      x.recv(ring[(i + 1) % 2].data(), 4 * nk, prev, comm::cp_tag_kv);
     }
     x.start();
     const T* blk = narrow ? kvt.data() : reinterpret_cast<const T*>(ring[i % 2].data());
@@ -195,12 +196,12 @@ void ring_attention_backward(const Ctx& ctx, Comm& g, G* dq, G* dk, G* dv, const
     // the block of step i - 1 out while this step's comes in.
     cp_batch<Comm> x(g);
     if (i + 1 < cp) {
-      x.send(ring[i % 2].data(), 4 * nk, next, cp_tag_kv);
-      x.recv(ring[(i + 1) % 2].data(), 4 * nk, prev, cp_tag_kv);
+      x.send(ring[i % 2].data(), 4 * nk, next, comm::cp_tag_kv);
+      x.recv(ring[(i + 1) % 2].data(), 4 * nk, prev, comm::cp_tag_kv);
     }
     if (i >= 2) {
-      x.send(acc[(i - 1) % 2].data(), 4 * nk, next, cp_tag_dkv);
-      x.recv(acc[i % 2].data(), 4 * nk, prev, cp_tag_dkv);
+      x.send(acc[(i - 1) % 2].data(), 4 * nk, next, comm::cp_tag_dkv);
+      x.recv(acc[i % 2].data(), 4 * nk, prev, comm::cp_tag_dkv);
     }
     x.start();
     const T* blk = narrow ? kvt.data() : reinterpret_cast<const T*>(ring[i % 2].data());
@@ -216,8 +217,8 @@ void ring_attention_backward(const Ctx& ctx, Comm& g, G* dq, G* dk, G* dv, const
   if (cp > 1) {
     // The last accumulator to its owner (rank r + 1), this rank's own in.
     cp_batch<Comm> y(g);
-    y.send(acc[(cp - 1) % 2].data(), 4 * nk, next, cp_tag_dkv);
-    y.recv(acc[cp % 2].data(), 4 * nk, prev, cp_tag_dkv);
+    y.send(acc[(cp - 1) % 2].data(), 4 * nk, next, comm::cp_tag_dkv);
+    y.recv(acc[cp % 2].data(), 4 * nk, prev, comm::cp_tag_dkv);
     y.start();
     y.wait();
     residual_add(ctx, own.data(), own.data(), acc[cp % 2].data(), 4 * nk);
@@ -235,4 +236,4 @@ void ring_attention_backward(const Ctx& ctx, Comm& g, G* dq, G* dk, G* dv, const
   }
 }
 
-}  // namespace tessera::detail
+}  // namespace tessera::nn::detail

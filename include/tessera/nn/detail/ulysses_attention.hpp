@@ -20,7 +20,7 @@
 #include "tessera/kernels/context.hpp"
 #include "tessera/nn/detail/cp_exchange.hpp"
 
-namespace tessera::detail {
+namespace tessera::nn::detail {
 
 /// Which heads each rank runs: nh/cp query heads, rank j's from j nh/cp;
 /// and their key/value heads: nkv/cp of them from j nkv/cp when cp divides
@@ -265,4 +265,4 @@ void ulysses_attention_backward(const Ctx& ctx, Comm& g, G* dq, G* dk, G* dv, co
                                      doc_start);
 }
 
-}  // namespace tessera::detail
+}  // namespace tessera::nn::detail

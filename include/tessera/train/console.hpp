@@ -88,6 +88,12 @@ class console_log : public observer {
     if (s.dp > 1 || s.zero > 0 || s.tp > 1 || s.pp > 1)
       line("data parallel dp=%d, zero%d, %s communicator, %zu gradient buckets", s.dp, s.zero,
            o_.communicator.c_str(), s.buckets);
+    if (cfg.cp > 1)
+      line(
+          "context parallel cp=%lld, %s attention: each sequence's %lld tokens over the cp "
+          "ranks, %lld each (head-tail); gradients%s over dp x cp = %lld ranks",
+          ll(cfg.cp), nn::to_string(cfg.cp_kind), ll(cfg.seq), ll(cfg.seq / cfg.cp),
+          s.zero > 0 ? " and ZeRO shards" : "", ll(s.dp * cfg.cp));
     if (s.tp > 1)
       line(
           "tensor parallel tp=%d (mesh dp %d x tp %d, tp fastest): each rank holds %.2fM of the "

@@ -287,7 +287,7 @@ if [[ $dry_run == 1 ]]; then
   for t in $gpu_tests; do
     case $t in
       test_cuda_llama) what="llama<P, cuda> and trainer<P, cuda> against the host, checkpointing, the plan, resume" ;;
-      test_cuda_nccl_np*) what="nccl_communicator (its own stream ordered by events: follow, order_before); trainer<P, cuda, adamw, zero<0..3>, nccl_communicator>, tp 2/4 and pp 2 (gpipe, 1f1b, zb1, interleaved) over NCCL against one GPU (tp and pp need >= 2 GPUs)" ;;
+      test_cuda_nccl_np*) what="nccl_communicator (its own stream ordered by events: follow, order_before); trainer<P, cuda, adamw, zero<0..3>, nccl_communicator>, tp 2/4, pp 2 (gpipe, 1f1b, zb1, interleaved) and cp 2/4 (ring, Ulysses) over NCCL against one GPU (tp, pp and cp need >= 2 GPUs)" ;;
       test_cuda_kernels) what="every CUDA kernel against the host kernels" ;;
       test_cuda_attention) what="flash attention against float64" ;;
       test_cuda_cross_entropy) what="the fused LM head and cross-entropy against float64, its vocabulary-parallel form over two thread ranks" ;;
@@ -323,6 +323,8 @@ cuBLASLt descriptors (interpreted)|tests/kernels/cuda_gemm_plan.cpp|test_cuda_ge
 initial weights (Thrust, OMP backend)|tests/kernels/weight_init.cpp|test_cuda_weight_init, test_cuda_llama
 the kernels compiled header-only|(nvcc, CI: tessera_cuda_consumer)|test_cuda_consumer
 dp collectives on their own stream|tests/parallel/stream_order.cpp|test_cuda_nccl_np2 (follow, order_before; zero<0..3>)
+attention blocks at offsets, merge (cp)|tests/kernels/emulated_attention_blocks.cpp|test_cuda_nccl_np2 (cp ring; needs 2 GPUs)
+rope at global positions (cp)|tests/kernels/emulated_rope.cpp|test_cuda_kernels (rope_positions)
 MAP
   printf '  cuda_bench (%4s s)  %s\n' "$t_bench" "${cmd_bench[*]}"
   printf '  llama7b    (%4s s)  %s\n' "$t_llama" "${cmd_llama[*]}"

@@ -9,7 +9,9 @@
 // where the tiny model's 2 key/value heads are replicated on 2 ranks each;
 // and pipeline parallelism over NCCL: the mesh (ranks/2, 1, pp 2) under
 // gpipe, 1f1b, zb1 and interleaved with 2 chunks per rank (each message
-// group one NCCL group, parallel/executor.hpp), against one GPU.
+// group one NCCL group, parallel/executor.hpp), against one GPU; and
+// context parallelism over NCCL: (ranks/2, cp 2) ring and Ulysses, and
+// (ranks/4, cp 4) ring.
 #include <catch2/catch.hpp>
 
 #include <mpi.h>
@@ -133,6 +135,29 @@ void tp_matches_one_gpu(int tp, bool sp) {
     check_step(sp ? "tp sequence-parallel" : "tp", world.rank(), s, tr.train_step(), one);
 }
 
+// The mesh (world / cp, cp) over NCCL under zero<1> with attention of
+// `kind` over the cp group, against one GPU.
+void cp_matches_one_gpu(int cp, nn::cp_kind kind) {
+  using P = precision::bf16_mixed_bf16_grads;
+  TESSERA_CUDA_CHECK(cudaSetDevice(tessera_nccl_test_device()));
+  comm::mpi_communicator boot(MPI_COMM_WORLD);
+  const int dp = boot.size() / cp;
+  corpus_file corpus;
+  data::token_file f(corpus.path);
+  const one_gpu_run one = one_gpu(f);
+  comm::comm_options o;
+  o.timeout = std::chrono::seconds(60);
+  comm::nccl_communicator world(boot, tessera_nccl_test_device(), nullptr, o);
+  auto g = comm::make_groups(world, comm::device_mesh(comm::mesh_degrees{.dp = dp, .cp = cp}));
+  train::train_config cfg = config(dp);
+  cfg.cp = cp;
+  cfg.cp_kind = kind;
+  train::trainer<P, tessera::cuda, optim::adamw, parallel::zero<1>, comm::nccl_communicator> tr(
+      model(), cfg, f, parallel::layout{g, nn::dense_layers{}});
+  for (int s = 0; s < 4; ++s)
+    check_step(nn::to_string(kind), world.rank(), s, tr.train_step(), one);
+}
+
 // The mesh (world / 2, 1, pp 2) over NCCL under zero<1> with `kind` and V
 // chunks per rank (a model of 2 V blocks), against one GPU.
 void pp_matches_one_gpu(parallel::schedule_kind kind, int V) {
@@ -217,6 +242,18 @@ TEST_CASE("tensor parallelism over NCCL matches one GPU", "[cuda][nccl][train][t
   tp_matches_one_gpu(2, false);
   tp_matches_one_gpu(2, true);
   if (n % 4 == 0) tp_matches_one_gpu(4, false);  // key/value heads replicated
+}
+
+TEST_CASE("context parallelism over NCCL matches one GPU", "[cuda][nccl][train][cp]") {
+  int n = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  if (n % 2 != 0) {
+    SUCCEED("an odd number of ranks: no cp group of 2 to split");
+    return;
+  }
+  cp_matches_one_gpu(2, nn::cp_kind::ring);
+  cp_matches_one_gpu(2, nn::cp_kind::ulysses);
+  if (n % 4 == 0) cp_matches_one_gpu(4, nn::cp_kind::ring);
 }
 
 TEST_CASE("pipeline parallelism over NCCL matches one GPU", "[cuda][nccl][train][pp]") {

@@ -9,11 +9,10 @@
 /// (one std::visit, nothing else), so its results, its byte counts, its
 /// sequence numbers and its errors are that communicator's.
 ///
-///   comm::local_world::run(4, [](comm::local_communicator& w) {
-///     comm::any_communicator<comm::local_communicator, comm::mpi_communicator> a(
-///         w.split(0, w.rank()));              // this rank's world, as a copy
-///     auto g = comm::make_groups(a, comm::device_mesh(2, 2, 1));  // any_communicator groups
-///   });
+///   // on each rank, `w` its world (a local_communicator or an mpi_communicator)
+///   comm::any_communicator<comm::local_communicator, comm::mpi_communicator> a(
+///       w.split(0, w.rank()));                                  // this rank's world, as a copy
+///   auto g = comm::make_groups(a, comm::device_mesh(2, 2, 1));  // any_communicator groups
 ///
 /// Every Cs must keep its buffers in the same space (host or device
 /// memory); a communicator's extras beyond the `communicator` concept

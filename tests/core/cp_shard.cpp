@@ -85,6 +85,17 @@ TEST_CASE("cp_shard's accessors check their indices (contracts)", "[core][cp_sha
   CHECK_THROWS_WITH(s.local_index(24), Contains("p=24") && Contains("T=24"));
   CHECK_THROWS_WITH(s.of_rank(3), Contains("rank 3") && Contains("cp=3"));
   CHECK_THROWS_WITH(s.of_rank(-1), Contains("rank -1"));
+  // take: this rank's tokens of a row, into a buffer apart from it.
+  std::vector<int> row(32), out(8, -1);
+  for (std::size_t i = 0; i < row.size(); ++i) row[i] = static_cast<int>(i);
+  s.take(row.data(), out.data());
+  CHECK(out == std::vector<int>{4, 5, 6, 7, 16, 17, 18, 19});
+  CHECK_THROWS_WITH(s.take(row.data(), static_cast<int*>(nullptr)), Contains("null"));
+  CHECK_THROWS_WITH(s.take(static_cast<const int*>(nullptr), out.data()), Contains("null"));
+  CHECK_THROWS_WITH(s.take(row.data(), row.data() + 20), Contains("overlaps"));
+  CHECK_THROWS_WITH(s.take(row.data() + 4, row.data()), Contains("overlaps"));
+  CHECK_NOTHROW(s.take(row.data(), row.data() + 24));  // right after the row's T values
+  CHECK(std::vector<int>(row.begin() + 24, row.end()) == out);
 }
 
 }  // namespace test_core_cp_shard

@@ -88,6 +88,11 @@ TEST_CASE("validate refuses, naming the values, before anything is allocated",
   c = run(1, 1, 4);
   c.global_batch = 8;
   refused(c, comm::device_mesh(1, 1, 4), "more virtual stages (K V = 4 x 1 = 4) than layers (2)");
+  // The executor's tags 2v, 2v+1 must stay in comm::pipeline_tags (K V <= 3650).
+  c = run(1, 1, 4);
+  c.pipeline = parallel::schedule_kind::interleaved;
+  c.virtual_stages = 1000;
+  refused(c, comm::device_mesh(1, 1, 4), "K=4 stages x V=1000 virtual stages per rank = 4000");
   c = run(1, 1, 2);
   c.stage_blocks = {1, 2};
   refused(c, comm::device_mesh(1, 1, 2), "the listed stage sizes sum to 3 blocks, the model has 2");

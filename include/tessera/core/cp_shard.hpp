@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 
 #include "tessera/core/error.hpp"
 
@@ -97,9 +98,15 @@ struct cp_shard {
   /// Copies this rank's tokens of one row: out[l] = row[position(l)] for l
   /// in [0, tokens()). `row` holds at least T values from global position
   /// 0 (a window of T + 1 tokens read at row + 1 gives the targets); `out`
-  /// tokens() values, not overlapping it. Host memory.
+  /// tokens() values. Host memory. Preconditions (TESSERA_EXPECTS): neither
+  /// pointer null, and out[0, tokens()) not overlapping row[0, T).
   template <class U>
   void take(const U* row, U* out) const {
+    TESSERA_EXPECTS(row != nullptr && out != nullptr, "cp_shard::take: null row or out");
+    TESSERA_EXPECTS(T < 1 || std::less<const U*>{}(out + tokens() - 1, row) ||
+                        std::less<const U*>{}(row + T - 1, out),
+                    ::tessera::detail::str("cp_shard::take: out (", tokens(),
+                                           " values) overlaps row (", T, " values)"));
     const std::int64_t c = cp == 1 ? T : chunk();
     for (int j = 0; j < (cp == 1 ? 1 : 2); ++j) {
       const U* from = row + (cp == 1 ? 0 : start(j));

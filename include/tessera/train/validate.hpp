@@ -16,6 +16,7 @@
 #include "tessera/data/token_file.hpp"
 #include "tessera/nn/llama_config.hpp"
 #include "tessera/nn/llama_layout.hpp"
+#include "tessera/parallel/executor.hpp"
 #include "tessera/parallel/pipeline_partition.hpp"
 #include "tessera/parallel/pipeline_schedule.hpp"
 #include "tessera/parallel/sharding.hpp"
@@ -77,13 +78,13 @@ inline void check_document_separator(std::int32_t sep, const nn::llama_config& c
 /// a document separator outside the model's vocabulary;
 /// one micro-batch's activation bytes beyond 64 bits; a pipeline the
 /// schedule cannot run (parallel::check_pipeline: micro-batch count,
-/// virtual stages, stages per layer) or whose message tags (3 K V) exceed
-/// MPI's bound 32767; a stage list that does not sum to the layers; tp that does not split the
-/// heads or F (nn::check_tensor_parallel); sequence parallelism with tp 1 or T not divisible by tp;
-/// a training or validation split shorter than one window of T + 1 tokens; engine options `dpo`
-/// that are invalid, or a per-micro-batch reduction without a sharded gradient (zero<2,3>) or with
-/// a pipeline; loss-scale settings other than the defaults under a policy
-/// `P` that is not loss-scaled (precision::loss_scaled: they would be
+/// virtual stages, stages per layer) or whose message tags run past the
+/// pipeline's range (parallel::check_pipeline_tags: K V at most 3650); a stage list that does not
+/// sum to the layers; tp that does not split the heads or F (nn::check_tensor_parallel); sequence
+/// parallelism with tp 1 or T not divisible by tp; a training or validation split shorter than one
+/// window of T + 1 tokens; engine options `dpo` that are invalid, or a per-micro-batch reduction
+/// without a sharded gradient (zero<2,3>) or with a pipeline; loss-scale settings other than the
+/// defaults under a policy `P` that is not loss-scaled (precision::loss_scaled: they would be
 /// ignored); FP8 settings other than the defaults under a policy without
 /// FP8 linear layers (precision::fp8_linear).
 template <parallel::sharding_strategy Sharding, precision::policy P, has_mesh_degrees Mesh>
@@ -131,9 +132,7 @@ void validate(const nn::llama_config& c, const train_config& cfg, const data::to
                    " does not match the pipeline group's ", K, " ranks");
   TESSERA_THROW_IF(cfg.virtual_stages < 1 || cfg.virtual_stages > 1024, config_error,
                    "virtual stages V=", cfg.virtual_stages, " must be in [1, 1024]");
-  TESSERA_THROW_IF(3 * static_cast<std::int64_t>(K) * cfg.virtual_stages > 32767, config_error,
-                   "pp=", K, " x virtual stages V=", cfg.virtual_stages,
-                   ": the pipeline's message tags (3 K V) exceed MPI's bound of 32767");
+  parallel::check_pipeline_tags(K, static_cast<int>(cfg.virtual_stages));
   parallel::check_pipeline(
       cfg.pipeline, {K, cfg.accum_steps(), static_cast<int>(cfg.virtual_stages)}, c.n_layers);
   (void)parallel::partition_stages(c, cfg.seq, K * static_cast<int>(cfg.virtual_stages),

@@ -50,10 +50,10 @@ namespace {
 struct result {
   std::int64_t T = 0;
   int cp = 1;
-  double peak_bytes = 0;          // rank 0's high-water mark in a step, above its state
-  double planned_peak = 0;        // plan_activations' peak (one micro-batch)
-  double saved_bytes = 0;         // what a forward keeps for its backward (the model's count)
-  double planned_saved = 0;       // plan_activations' saved
+  double peak_bytes = 0;     // rank 0's high-water mark in a step, above its state
+  double planned_peak = 0;   // plan_activations' peak (one micro-batch)
+  double saved_bytes = 0;    // what a forward keeps for its backward (the model's count)
+  double planned_saved = 0;  // plan_activations' saved
   double median_s = 0, tokens_per_s = 0;
   std::uint64_t sent = 0, planned_sent = 0;  // on the cp group, per step
 };
@@ -163,12 +163,17 @@ int main(int argc, char** argv) {
   }
   try {
     const nn::cp_kind kind = nn::parse_cp_kind(kind_name);
+    TESSERA_THROW_IF(cps.empty() || cps.front() != 1, config_error,
+                     "--cp: the first degree is the baseline of its row and must be 1");
+    for (const int cp : cps)
+      TESSERA_THROW_IF(cp < 1 || cp > 64, config_error, "--cp ", cp, " must be in [1, 64]");
     auto mc = nn::llama_config::small();
     mc.max_seq = *std::max_element(seqs.begin(), seqs.end());
     for (const std::int64_t T : seqs)
       for (const int cp : cps)
         if (cp > 1) nn::check_context_parallel(kind, cp, T, mc.n_heads, mc.n_kv_heads);
-    const corpus text(mc.vocab, static_cast<std::uint64_t>(4 * (mc.max_seq + 1) + 4096));
+    // the held-out tenth must hold a window of the longest T + 1 tokens
+    const corpus text(mc.vocab, static_cast<std::uint64_t>(12 * (mc.max_seq + 1)));
     std::vector<result> rows;
     for (const std::int64_t T : seqs)
       for (const int cp : cps) {

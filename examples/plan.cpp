@@ -436,7 +436,8 @@ int run(const options& o) {
                                     {static_cast<std::size_t>(reduce_bytes), d.param,
                                      o.micro_batches, 0, o.optimizer == "adafactor"},
                                     mode);
-  const auto flops = plan::plan_flops(cfg, o.micro_batch, o.seq, o.micro_batches, o.dp, o.tp);
+  const auto flops =
+      plan::plan_flops(cfg, o.micro_batch, o.seq, o.micro_batches, o.dp, o.tp, o.cp);
   // Tensor parallelism runs on the host communicators, which move float
   // and double: 16-bit tensors travel as float.
   plan::tp_traffic traffic;
@@ -448,7 +449,7 @@ int run(const options& o) {
   traffic.checkpointing = ao.model.checkpointing;
   traffic.sequence_parallel = o.sequence_parallel;
   const std::uint64_t tp_bytes =
-      plan::plan_tp_bytes(cfg, o.micro_batch, o.seq, o.micro_batches, o.tp, 0, traffic);
+      plan::plan_tp_bytes(cfg, o.micro_batch, o.seq / o.cp, o.micro_batches, o.tp, 0, traffic);
   const std::uint64_t kv_bytes = plan::plan_kv_replica_bytes(cfg, o.micro_batches, o.tp, 0, d.grad);
   // Context parallelism on the host communicators, 16-bit as float too.
   plan::cp_traffic cpt;
@@ -665,6 +666,7 @@ int main(int argc, char** argv) {
                      o.cp_kind, " needs --cp > 1");
     TESSERA_THROW_IF(o.gpu_step && o.cp > 1, config_error, "--gpu-step plans one GPU: --cp ", o.cp,
                      " must be 1 (plan a cp rank's bytes without --gpu-step)");
+    if (o.cp > 1) (void)cp_shard::of(o.seq, o.cp, 0);  // 2 cp must divide T, before T/cp is used
     if (o.sequence_parallel) nn::check_sequence_parallel(o.seq / o.cp, o.tp);
     TESSERA_THROW_IF(o.gpu_step && o.tp > 1, config_error, "--gpu-step plans one GPU: --tp ", o.tp,
                      " must be 1 (plan a tp rank's bytes without --gpu-step)");

@@ -422,7 +422,7 @@ int main(int argc, char** argv) {
   app.add_option("--zero", o.zero, "ZeRO stage of data parallelism: 0, 1, 2 or 3")
       ->capture_default_str();
   app.add_option("--tp", o.tp,
-                 "tensor-parallel ranks per dp rank (Megatron layout; world = dp x tp)")
+                 "tensor-parallel ranks (Megatron-Core layout; world = dp x cp x tp x pp)")
       ->capture_default_str();
   app.add_option("--cp", o.cfg.cp,
                  "context-parallel ranks: each sequence split over them, head-tail (2 cp "
@@ -436,7 +436,7 @@ int main(int argc, char** argv) {
       "--sequence-parallel", o.cfg.sequence_parallel,
       "with --tp > 1: shard the norm and residual regions along the tokens (T divisible by tp)");
   app.add_option("--pp", o.cfg.pp,
-                 "pipeline-parallel stages (world = dp x tp x pp, Megatron order)")
+                 "pipeline-parallel stages (world = dp x cp x tp x pp, Megatron-Core order)")
       ->capture_default_str();
   app.add_option(
          "--schedule", o.schedule,

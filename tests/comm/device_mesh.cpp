@@ -75,7 +75,8 @@ TEST_CASE("device_mesh that does not match the world names the numbers", "[comm]
 
 // Megatron-Core's order, (tp, cp, dp, pp) fastest first, computed
 // independently: the rank's digits in the mixed radix (tp, cp, dp, pp).
-TEST_CASE("device_mesh with cp: Megatron-Core order over every (dp, cp, tp, pp) up to 3", "[comm]") {
+TEST_CASE("device_mesh with cp: Megatron-Core order over every (dp, cp, tp, pp) up to 3",
+          "[comm]") {
   for (int dp = 1; dp <= 3; ++dp)
     for (int cp = 1; cp <= 3; ++cp)
       for (int tp = 1; tp <= 3; ++tp)

@@ -1,8 +1,9 @@
 // Tests include/tessera/parallel/layout.hpp on thread ranks, (dp, cp, tp,
-// pp) = (2, 1, 2, 2), (2, 2, 2, 2) and (1, 3, 2, 1): the world rank is comm::device_mesh's, a reduction over a set
-// of axes equals the sum (or maximum) over exactly the ranks that share the
-// other coordinates, and gather_rows gives every rank the same list in
-// group order, ranks holding different numbers of rows.
+// pp) = (2, 1, 2, 2), (2, 2, 2, 2) and (1, 3, 2, 1): the world rank is
+// comm::device_mesh's, a reduction over a set of axes equals the sum (or
+// maximum) over exactly the ranks that share the other coordinates, and
+// gather_rows gives every rank the same list in group order, ranks holding
+// different numbers of rows.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -35,7 +36,8 @@ void check_mesh(const comm::device_mesh& mesh, bool groups) {
   comm::local_world::run(n, [&](comm::local_communicator& world) {
     auto g = comm::make_groups(world, mesh);
     using layout_t = parallel::layout<comm::local_communicator, tp_layers>;
-    const layout_t l = groups ? layout_t{g, tp_layers{&g.tp}} : layout_t{g.dp, tp_layers{&g.tp}, g.pp};
+    const layout_t l =
+        groups ? layout_t{g, tp_layers{&g.tp}} : layout_t{g.dp, tp_layers{&g.tp}, g.pp};
     const kernels::host_context ctx;
     const int r = world.rank();
     if (l.world_rank() != r || l.world_size() != n) fail("world rank " + std::to_string(r));
@@ -99,7 +101,9 @@ void check_mesh(const comm::device_mesh& mesh, bool groups) {
 }
 
 TEST_CASE("layout: world ranks, reductions over named axes, gathered rows", "[parallel][layout]") {
-  SECTION("(dp, tp, pp) = (2, 2, 2) from three groups") { check_mesh(comm::device_mesh(2, 2, 2), false); }
+  SECTION("(dp, tp, pp) = (2, 2, 2) from three groups") {
+    check_mesh(comm::device_mesh(2, 2, 2), false);
+  }
   SECTION("(dp, cp, tp, pp) = (2, 2, 2, 2) from make_groups") {
     check_mesh(comm::device_mesh(comm::mesh_degrees{.dp = 2, .cp = 2, .tp = 2, .pp = 2}), true);
   }

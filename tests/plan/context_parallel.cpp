@@ -1,7 +1,8 @@
 // The planner under context parallelism: what a training forward leaves
 // for its backward on a cp rank (the allocator's bytes after the forward)
 // equals the planner's activation_plan::saved and the model's count, and
-// is the cp = 1 figure divided by cp; the bytes a rank sends on its cp
+// is the cp = 1 figure divided by cp; the high-water mark of the forward
+// and backward is the planner's peak; the bytes a rank sends on its cp
 // group in a training step (its communicator's counters) equal
 // plan_cp_bytes, ring and Ulysses, with activation checkpointing, with
 // tensor parallelism beside it.
@@ -59,7 +60,10 @@ TEST_CASE("planned saved activations under cp equal the allocator's bytes", "[pl
             m.set_context_parallel(&cpa);
             m.init_weights(3);
             const std::int64_t T = S / cp;  // this rank's tokens
-            std::vector<std::int32_t> ids(static_cast<std::size_t>(B * T), 5);
+            std::vector<std::int32_t> ids(static_cast<std::size_t>(B * T));
+            for (std::size_t i = 0; i < ids.size(); ++i)
+              ids[i] = static_cast<std::int32_t>(
+                  (i * 2654435761u + static_cast<std::size_t>(g.rank())) % 32);
             auto in = kernels::make_tensor<std::int32_t>(ctx, B * T);
             auto tg = kernels::make_tensor<std::int32_t>(ctx, B * T);
             auto loss = kernels::make_tensor<double>(ctx, 1);
@@ -67,9 +71,11 @@ TEST_CASE("planned saved activations under cp equal the allocator's bytes", "[pl
             ctx.from_host(tg.data(), ids.data(), ids.size() * sizeof(std::int32_t));
             nn::llama<P>::record r;
             const std::uint64_t before = mr.stats().allocated;
+            mr.reset_peak();
             m.forward({in.data(), tg.data(), nullptr, B, T}, r, 1.0f / (B * S), loss.data());
             const std::uint64_t held = mr.stats().allocated - before;
             m.backward(r);
+            const std::uint64_t peak = mr.stats().peak_allocated - before;
             plan::activation_options o;
             o.micro_batch = B;
             o.seq = S;
@@ -83,6 +89,7 @@ TEST_CASE("planned saved activations under cp equal the allocator's bytes", "[pl
             INFO("cp " << cp << " " << nn::to_string(kind) << " rank " << g.rank());
             CHECK(held == static_cast<std::uint64_t>(m.record_bytes(B, T)));
             CHECK(a.saved == held);
+            CHECK(a.peak == peak);  // the cp layer's workspace and its kernels' scratch included
             CHECK(a.tokens == B * T);
             CHECK(a.saved * static_cast<std::uint64_t>(cp) == one.saved);  // every term per token
           },

@@ -44,8 +44,8 @@ void check_mesh(const pp_suite::layout& l, double tol = 1e-10) {
   using P = precision::fp64;
   trainer_suite::temp_file corpus{trainer_suite::make_corpus("context_parallel", 0)};
   data::token_file f(corpus.path);
-  const pp_suite::reference ref = pp_suite::single_rank<P>(
-      f, 5, l.micro_batches * l.dp, l.layers, false, l.document_separator);
+  const pp_suite::reference ref =
+      pp_suite::single_rank<P>(f, 5, l.micro_batches * l.dp, l.layers, false, l.document_separator);
   INFO(l.name() << " " << S::name);
   REQUIRE_NOTHROW(local_world::run(
       l.ranks(),
@@ -58,8 +58,7 @@ void check_mesh(const pp_suite::layout& l, double tol = 1e-10) {
 
 }  // namespace
 
-TEST_CASE("trainer under cp 2 and 4, ring and Ulysses, equals one rank (float64)",
-          "[train][cp]") {
+TEST_CASE("trainer under cp 2 and 4, ring and Ulysses, equals one rank (float64)", "[train][cp]") {
   check_mesh<parallel::zero<0>>(mesh(1, 2, 1, 1));
   check_mesh<parallel::zero<1>>(mesh(1, 2, 1, 1, cp_kind::ulysses));
   check_mesh<parallel::zero<2>>(mesh(1, 4, 1, 1));
@@ -113,6 +112,76 @@ TEST_CASE("trainer under cp: evaluation equals one rank's", "[train][cp]") {
     INFO(nn::to_string(kind));
     CHECK(got[0] == got[1]);
     CHECK(std::fabs(got[0] - want) <= 1e-12 * want);
+  }
+}
+
+// Generation runs on whole sequences on every rank (the weights are
+// replicated over cp), through the pipeline's stages too: at (dp, cp, tp,
+// pp) = (1, 2, 1, 2) the tokens sampled after two steps are one rank's.
+TEST_CASE("trainer under cp: generation through a pipeline equals one rank's", "[train][cp]") {
+  using P = precision::fp64;
+  trainer_suite::temp_file corpus{trainer_suite::make_corpus("context_parallel_gen", 0)};
+  data::token_file f(corpus.path);
+  const nn::llama_config model_cfg = pp_suite::model();
+  train::trainer<P> ref(model_cfg, pp_suite::config(mesh(1, 1, 1, 1), 2), f);
+  (void)ref.train_step();
+  (void)ref.train_step();
+  const std::vector<std::int32_t> prompt = {'t', 'h', 'e', ' '};  // odd lengths follow
+  const std::vector<std::int32_t> want = ref.generate(prompt, 9, 0.8, 5);
+  std::vector<std::vector<std::int32_t>> got(4);
+  REQUIRE_NOTHROW(local_world::run(
+      4,
+      [&](local_communicator& world) {
+        omp_set_num_threads(1);
+        // example-begin cp_trainer
+        auto g = comm::make_groups(world, comm::device_mesh(comm::mesh_degrees{.cp = 2, .pp = 2}));
+        train::train_config cfg = pp_suite::config(mesh(1, 1, 1, 1), 2);  // the run's settings
+        cfg.cp = 2;
+        cfg.cp_kind = nn::cp_kind::ring;
+        cfg.pp = 2;
+        train::trainer<P, host, optim::adamw, parallel::zero<1>, local_communicator> tr(
+            model_cfg, cfg, f, parallel::layout{g, nn::dense_layers{}});
+        // example-end cp_trainer
+        (void)tr.train_step();
+        (void)tr.train_step();
+        got[static_cast<std::size_t>(world.rank())] = tr.generate(prompt, 9, 0.8, 5);
+      },
+      pp_suite::test_options()));
+  for (const auto& g : got) CHECK(g == want);
+}
+
+// The evaluation with two windows a micro-batch and packed documents: each
+// row's document starts are cut to its cp rank's tokens.
+TEST_CASE("trainer under cp: evaluation with B 2 and documents equals one rank's", "[train][cp]") {
+  using P = precision::fp64;
+  trainer_suite::temp_file corpus{trainer_suite::make_corpus("context_parallel_eval_docs", 0)};
+  data::token_file f(corpus.path);
+  pp_suite::layout one = mesh(1, 1, 1, 1);
+  one.document_separator = ' ';
+  auto cfg1 = pp_suite::config(one, 2);
+  cfg1.micro_batch = 2;
+  train::trainer<P> ref(pp_suite::model(), cfg1, f);
+  const double l1 = ref.train_step().loss;
+  const double want = ref.evaluate();
+  pp_suite::layout l = mesh(1, 2, 1, 1, cp_kind::ulysses);
+  l.document_separator = ' ';
+  std::vector<double> loss(2), got(2);
+  REQUIRE_NOTHROW(local_world::run(
+      2,
+      [&](local_communicator& world) {
+        omp_set_num_threads(1);
+        auto g = comm::make_groups(world, comm::device_mesh(comm::mesh_degrees{.cp = 2}));
+        auto cfg = pp_suite::config(l, 2);
+        cfg.micro_batch = 2;
+        train::trainer<P, host, optim::adamw, parallel::zero<0>, local_communicator> tr(
+            pp_suite::model(), cfg, f, parallel::layout{g, nn::dense_layers{}});
+        loss[static_cast<std::size_t>(world.rank())] = tr.train_step().loss;
+        got[static_cast<std::size_t>(world.rank())] = tr.evaluate();
+      },
+      pp_suite::test_options()));
+  for (int r = 0; r < 2; ++r) {
+    CHECK(std::fabs(loss[static_cast<std::size_t>(r)] - l1) <= 1e-12 * l1);
+    CHECK(std::fabs(got[static_cast<std::size_t>(r)] - want) <= 1e-12 * want);
   }
 }
 

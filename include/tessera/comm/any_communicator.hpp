@@ -31,14 +31,14 @@
 
 #include "tessera/comm/communicator.hpp"
 #include "tessera/comm/communicator_base.hpp"
+#include "tessera/core/error.hpp"
 
 namespace tessera::comm {
 
 /// A communicator that is one of `Cs` (file comment). Movable, not
 /// copyable, as the communicators are. Thread-safety: that of the held one.
 template <communicator... Cs>
-  requires(sizeof...(Cs) >= 1)
-class any_communicator {
+requires(sizeof...(Cs) >= 1) class any_communicator {
   using first = std::tuple_element_t<0, std::tuple<Cs...>>;
 
  public:
@@ -76,26 +76,41 @@ class any_communicator {
    private:
     std::variant<std::monostate, decltype(std::declval<Cs&>().ibarrier())...> r_;
   };
+  // One request type per communicator (every operation's is its ibarrier's),
+  // and a different one for each, so a request knows whose it is.
+  static_assert(
+      ((std::is_same_v<decltype(std::declval<Cs&>().iall_reduce(std::declval<float*>(), 0,
+                                                                reduce_op::sum)),
+                       decltype(std::declval<Cs&>().ibarrier())> &&
+        std::is_same_v<decltype(std::declval<Cs&>().isend(std::declval<const float*>(), 0, 0, 0)),
+                       decltype(std::declval<Cs&>().ibarrier())>)&&...),
+      "any_communicator: each communicator must return one request type from every operation");
 
   /// Holds `c` (moved in).
   template <class C>
-    requires(std::is_same_v<C, Cs> || ...)
-  explicit any_communicator(C c) : c_(std::in_place_type<C>, std::move(c)) {}
+  requires(std::is_same_v<C, Cs> || ...) explicit any_communicator(C c)
+      : c_(std::in_place_type<C>, std::move(c)) {}
   any_communicator(any_communicator&&) noexcept = default;
   any_communicator& operator=(any_communicator&&) noexcept = default;
 
-  /// Whether the held communicator is a `C`, and it (precondition: it is).
+  /// Whether the held communicator is a `C`; and it (get() throws
+  /// tessera::error when another is held).
   template <class C>
   [[nodiscard]] bool holds() const {
     return std::holds_alternative<C>(c_);
   }
   template <class C>
   C& get() {
+    TESSERA_THROW_IF(!holds<C>(), error, "any_communicator::get: it holds another communicator");
     return std::get<C>(c_);
   }
 
-  [[nodiscard]] int rank() const { return on([](const auto& c) { return c.rank(); }); }
-  [[nodiscard]] int size() const { return on([](const auto& c) { return c.size(); }); }
+  [[nodiscard]] int rank() const {
+    return on([](const auto& c) { return c.rank(); });
+  }
+  [[nodiscard]] int size() const {
+    return on([](const auto& c) { return c.size(); });
+  }
   [[nodiscard]] comm_stats stats() const {
     return on([](const auto& c) -> comm_stats { return c.stats(); });
   }

@@ -31,14 +31,15 @@ struct cp_shard {
   int cp = 1;          ///< ranks of the group
   int rank = 0;        ///< this rank, in [0, cp)
 
-  /// Rank `rank`'s shard. Throws config_error naming T and cp when 2 cp does
-  /// not divide T (T >= 1 included), naming cp when cp < 1, and rank and cp
-  /// when rank is outside [0, cp).
+  /// Rank `rank`'s shard. cp 1 is the whole sequence, any T >= 1 (every
+  /// position at itself). Throws config_error naming T and cp when cp > 1
+  /// and 2 cp does not divide T, or T < 1; naming cp when cp < 1, and rank
+  /// and cp when rank is outside [0, cp).
   static cp_shard of(std::int64_t T, int cp, int rank) {
     TESSERA_THROW_IF(cp < 1, config_error, "context parallelism: cp=", cp, " must be >= 1");
     TESSERA_THROW_IF(rank < 0 || rank >= cp, config_error, "context parallelism: rank ", rank,
                      " is not in [0, cp=", cp, ")");
-    TESSERA_THROW_IF(T < 1 || T % (2 * std::int64_t{cp}) != 0, config_error,
+    TESSERA_THROW_IF(T < 1 || (cp > 1 && T % (2 * std::int64_t{cp}) != 0), config_error,
                      "context parallelism: T=", T, " is not divisible by 2*cp=", 2 * cp,
                      " (cp=", cp,
                      "): head-tail load balancing cuts the sequence into 2*cp equal chunks");

@@ -116,12 +116,13 @@ concept loader_system = requires(S& s, typename S::event_type& e, void* p, const
 };
 
 /// A micro-batch on the device, as next() hands it out. Valid for kernels
-/// queued on the compute stream before the following next().
+/// queued on the compute stream before the following next(). L = T, or a
+/// rank's T/cp tokens under context parallelism (file comment).
 struct device_batch {
-  const std::int32_t* d_inputs = nullptr;   ///< (B, T) int32, device: window[b][t]
-  const std::int32_t* d_targets = nullptr;  ///< (B, T) int32, device: window[b][t+1]
-  std::int64_t N = 0;                       ///< B * T elements in each array
-  std::int64_t scored = 0;                  ///< targets != ignore_index
+  const std::int32_t* d_inputs = nullptr;   ///< (B, L) int32, device: window[b][p(l)]
+  const std::int32_t* d_targets = nullptr;  ///< (B, L) int32, device: window[b][p(l)+1]
+  std::int64_t N = 0;                       ///< B * L elements in each array
+  std::int64_t scored = 0;                  ///< of these targets, those != ignore_index
   std::uint64_t step = 0;                   ///< the optimizer step it belongs to
   std::uint64_t micro_batch = 0;            ///< its global micro-batch index
 };
@@ -156,7 +157,7 @@ struct device_loader_options {
   /// The tokens of each row this rank keeps (all T when cp is 1). Throws
   /// config_error as cp_shard::of (2 cp must divide T).
   [[nodiscard]] cp_shard shard() const {
-    return cp == 1 ? cp_shard{T, 1, 0} : cp_shard::of(T, cp, cp_rank);
+    return cp_shard::of(T, cp, cp_rank);
   }
 };
 
@@ -275,7 +276,7 @@ class basic_device_loader {
   /// Elements of each array of a micro-batch: B * T (B * T/cp under
   /// context parallelism).
   std::int64_t N() const { return N_; }
-  /// Bytes of one buffer (inputs and targets): 2 * B * T * 4.
+  /// Bytes of one buffer (inputs and targets): 2 * N() * 4.
   std::size_t buffer_bytes() const {
     return 2 * static_cast<std::size_t>(N_) * sizeof(std::int32_t);
   }

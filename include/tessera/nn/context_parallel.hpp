@@ -103,7 +103,7 @@ constexpr const char* to_string(cp_kind k) {
 inline cp_kind parse_cp_kind(const std::string& name) {
   if (name == "ring") return cp_kind::ring;
   if (name == "ulysses") return cp_kind::ulysses;
-  throw config_error("--cp-kind '" + name + "': valid kinds are ring and ulysses");
+  throw config_error("unknown context-parallel kind '" + name + "': choose ring or ulysses");
 }
 
 /// What one rank's context-parallel attention allocates and sends, for

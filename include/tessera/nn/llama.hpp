@@ -740,13 +740,16 @@ class llama {
 
   /// Evaluation forward of a stage without the head: the (rows, H) hidden
   /// states after its last block (rows = B T, or B T / tp under sequence
-  /// parallelism unless `whole_rows`), from the ids (the embedding's stage)
+  /// parallelism unless `whole_rows`; `whole_rows`, generation's, also runs
+  /// whole sequences under context parallelism), from the ids (the embedding's stage)
   /// or mb.hidden; no gradient touched, no record kept. Throws
   /// config_error on a stage with the head, and as forward().
   tensor<Param, Backend> forward_hidden(const micro_batch<Param>& mb, bool whole_rows = false) {
     TESSERA_THROW_IF(opt_.stage.head, config_error,
                      "forward_hidden: this stage ends with the head (use forward_loss)");
-    return forward_no_record(mb, shape(mb, sequence_parallel_ && !whole_rows));
+    // whole_rows: a pipeline's generation, on whole sequences (never split)
+    return forward_no_record(
+        mb, shape(mb, sequence_parallel_ && !whole_rows, cp_ != nullptr && !whole_rows));
   }
 
   /// Next-token logits (V float32, context memory) of the last pipeline
@@ -921,6 +924,7 @@ class llama {
     staged_batch(llama& m, const std::int32_t* h_windows, std::int64_t B_, std::int64_t T_,
                  const std::int32_t* h_doc_start = nullptr)
         : ctx(m.ctx_), B(B_), T(T_) {
+      // (T_ itself is checked by check_shapes below, naming the model)
       const cp_shard sh = m.cp_ ? m.cp_->shard(T_) : cp_shard{T_, 1, 0};
       T = sh.tokens();
       m.check_shapes(micro_batch<Param>{nullptr, nullptr, nullptr, B, T});

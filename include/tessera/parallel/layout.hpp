@@ -18,9 +18,10 @@
 ///   layout<C, L>{groups, layers}     dp x cp x tp x pp from comm::make_groups
 ///
 /// Reduction order: dp, then cp, then tp, then pp (the order of the
-/// gradient norm's sums: the engine's chunks over dp, the tensor-parallel
-/// shards, the stages), so a reduction over several axes gives the same
-/// bits whichever call site makes it. A group of one rank is skipped.
+/// gradient norm's sums: the engine's chunks over dp x cp, the
+/// tensor-parallel shards, the stages), so a reduction over several axes
+/// gives the same bits whichever call site makes it. A group of one rank is
+/// skipped.
 ///
 /// Thread-safety: one layout per rank, used from that rank's thread.
 
@@ -84,11 +85,13 @@ class layout {
   layout(comm::mesh_groups<C>& g, L layers)
       : dp_(&g.dp), layers_(layers), pp_(&g.pp), cp_(&g.cp), dp_cp_(&g.dp_cp) {}
 
-  /// The dp group (nullptr for one rank).
+  /// The dp group (nullptr for a layout built without one; a group of one
+  /// rank from comm::make_groups is kept).
   C* dp_group() const { return dp_; }
   /// The pp group (nullptr without one; a group of one rank is kept).
   C* pp_group() const { return pp_; }
-  /// The cp group (nullptr without one).
+  /// The cp group (nullptr for a layout built without comm::make_groups'
+  /// groups; a group of one rank is kept).
   C* cp_group() const { return cp_; }
   /// The ranks holding the same weights, dp x cp ranked by dp index * cp +
   /// cp index: the gradients' and ZeRO's group (the dp group when there is
@@ -98,14 +101,14 @@ class layout {
   const L& layers() const { return layers_; }
   L& layers() { return layers_; }
 
-  int dp() const { return dp_ ? dp_->size() : 1; }       ///< data-parallel degree
-  int dp_rank() const { return dp_ ? dp_->rank() : 0; }  ///< index in the dp group
-  int cp() const { return cp_ ? cp_->size() : 1; }       ///< context-parallel degree
-  int cp_rank() const { return cp_ ? cp_->rank() : 0; }  ///< index in the cp group
-  int tp() const { return layers_.size(); }              ///< tensor-parallel degree
-  int tp_rank() const { return layers_.rank(); }         ///< index in the tp group
-  int pp() const { return pp_ ? pp_->size() : 1; }       ///< pipeline degree K
-  int stage() const { return pp_ ? pp_->rank() : 0; }    ///< this rank's stage k
+  int dp() const { return dp_ ? dp_->size() : 1; }              ///< data-parallel degree
+  int dp_rank() const { return dp_ ? dp_->rank() : 0; }         ///< index in the dp group
+  int cp() const { return cp_ ? cp_->size() : 1; }              ///< context-parallel degree
+  int cp_rank() const { return cp_ ? cp_->rank() : 0; }         ///< index in the cp group
+  int tp() const { return layers_.size(); }                     ///< tensor-parallel degree
+  int tp_rank() const { return layers_.rank(); }                ///< index in the tp group
+  int pp() const { return pp_ ? pp_->size() : 1; }              ///< pipeline degree K
+  int stage() const { return pp_ ? pp_->rank() : 0; }           ///< this rank's stage k
   int world_size() const { return dp() * cp() * tp() * pp(); }  ///< dp x cp x tp x pp
   /// The rank in comm::device_mesh order:
   /// ((stage dp + dp_rank) cp + cp_rank) tp + tp_rank.

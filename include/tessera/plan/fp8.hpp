@@ -192,7 +192,8 @@ inline fp8_plan plan_fp8(const nn::llama_config& c, const dtype_sizes& d,
   if (!d.fp8_linear) return p;
   TESSERA_THROW_IF(blocks < 0 || blocks > c.n_layers, config_error, "FP8 plan: blocks=", blocks,
                    " must be in [0, ", c.n_layers, "]");
-  const std::int64_t T = a.seq > 0 ? a.seq : c.max_seq;
+  // a rank's tokens of each sequence (T/cp under context parallelism)
+  const std::int64_t T = (a.seq > 0 ? a.seq : c.max_seq) / std::max(1, a.cp);
   TESSERA_THROW_IF(a.micro_batch < 1 || T < 1, config_error, "FP8 plan: B=", a.micro_batch,
                    " T=", T, " must be >= 1");
   p.recipe.validate();

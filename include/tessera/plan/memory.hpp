@@ -219,7 +219,8 @@ inline memory_plan plan_memory(const nn::llama_config& c, const dtype_sizes& d,
                                const optimizer_spec& o, const sharding& sh,
                                const activation_options& a, accounting mode = accounting::engine) {
   memory_plan m{c.name, d, o, sh, a, plan_state(c, d, o, sh, mode), plan_activations(c, d, a)};
-  const std::int64_t T = a.seq > 0 ? a.seq : c.max_seq;
+  // the loader's slots hold a rank's tokens: T/cp under context parallelism
+  const std::int64_t T = (a.seq > 0 ? a.seq : c.max_seq) / std::max(1, a.cp);
   m.trainer = trainer_bytes(a, T, d);
   if (a.backend == backend_kind::cuda) {
     m.context = a.cublaslt_workspace;

@@ -412,10 +412,14 @@ inline pipeline_plan plan_pipeline(const nn::llama_config& c, const dtype_sizes&
   sh.validate();
   const activation_options& a = p.act;
   a.model.checkpointing.validate();
-  const std::int64_t B = a.micro_batch, T = a.seq > 0 ? a.seq : c.max_seq;
+  const std::int64_t B = a.micro_batch, S = a.seq > 0 ? a.seq : c.max_seq;
   TESSERA_THROW_IF(B < 1, config_error, "micro-batch B=", B, " must be >= 1");
-  TESSERA_THROW_IF(T > c.max_seq, config_error, "sequence length T=", T,
+  TESSERA_THROW_IF(S > c.max_seq, config_error, "sequence length T=", S,
                    " exceeds the model's max_seq=", c.max_seq);
+  if (a.cp > 1)
+    nn::check_context_parallel(a.cp_kind, a.cp, S, c.n_heads / a.tp,
+                               std::max<std::int64_t>(1, c.n_kv_heads / a.tp));
+  const std::int64_t T = S / a.cp;  // a rank's tokens of each sequence (context parallelism)
   TESSERA_THROW_IF(sh.zero >= 3 && sh.prefetch > 1, config_error, "prefetch=", sh.prefetch,
                    ": parallel::data_parallel prefetches one segment or none (0 or 1)");
   TESSERA_THROW_IF(a.tp != sh.tp, config_error, "pipeline plan: activation tp=", a.tp,

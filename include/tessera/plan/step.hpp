@@ -403,17 +403,20 @@ struct flops_plan {
 /// dp ranks, each a tp group sharing its tokens (a rank's share of the
 /// model FLOPs is 1/tp of its group's, as the trainer's MFU counts it;
 /// model FLOPs: key/value projections replicated when tp > nkv count once,
-/// as on one rank). N
+/// as on one rank); under context parallelism each of a sequence's cp ranks
+/// computes its T/cp tokens. N
 /// in 6ND is llama_config::num_params() (embedding included, as the seeds
 /// count it). Throws config_error for a size < 1.
 inline flops_plan plan_flops(const nn::llama_config& c, std::int64_t micro_batch, std::int64_t seq,
-                             std::int64_t micro_batches = 1, int dp = 1, int tp = 1) {
-  TESSERA_THROW_IF(micro_batch < 1 || seq < 1 || micro_batches < 1 || dp < 1 || tp < 1,
+                             std::int64_t micro_batches = 1, int dp = 1, int tp = 1, int cp = 1) {
+  TESSERA_THROW_IF(micro_batch < 1 || seq < 1 || micro_batches < 1 || dp < 1 || tp < 1 || cp < 1,
                    config_error, "plan_flops: B=", micro_batch, " T=", seq,
-                   " micro_batches=", micro_batches, " dp=", dp, " tp=", tp, " must all be >= 1");
+                   " micro_batches=", micro_batches, " dp=", dp, " tp=", tp, " cp=", cp,
+                   " must all be >= 1");
   flops_plan f;
-  f.tokens_per_rank = micro_batch * seq * micro_batches;
-  f.tokens_global = f.tokens_per_rank * dp;
+  // a cp rank computes its T/cp tokens (each against the whole sequence's keys)
+  f.tokens_per_rank = micro_batch * (seq / cp) * micro_batches;
+  f.tokens_global = micro_batch * seq * micro_batches * dp;
   f.flops_per_token = nn::flops_per_token(c, seq);
   f.flops_per_rank = f.flops_per_token * static_cast<double>(f.tokens_per_rank) / tp;
   f.six_nd = 6.0 * static_cast<double>(c.num_params()) * static_cast<double>(f.tokens_global);

@@ -41,11 +41,9 @@ namespace tessera::train {
 /// The keys of a run's metadata that a layout may change (a load onto
 /// another layout ignores them).
 inline bool layout_key(const std::string& k) {
-  static const char* const keys[] = {"dp",           "tp",           "cp",  "cp_kind",
-                                     "tp_rank",      "pp",
-                                     "pp_stage",     "virtual_stages",
-                                     "stage_blocks", "sharding",
-                                     "micro_batch",  "flat_elements",
+  static const char* const keys[] = {"dp",           "tp",       "cp",          "cp_kind",
+                                     "tp_rank",      "pp",       "pp_stage",    "virtual_stages",
+                                     "stage_blocks", "sharding", "micro_batch", "flat_elements",
                                      "pipeline",     "layout"};
   return std::find_if(std::begin(keys), std::end(keys), [&](const char* x) { return k == x; }) !=
          std::end(keys);
@@ -57,9 +55,11 @@ inline bool layout_key(const std::string& k) {
 template <class Chunks, class Layout>
 nlohmann::json checkpoint_run_state(Chunks& chunks, const Layout& mesh, nlohmann::json run) {
   run["optimizer_steps"] = chunks.engine().optimizer().steps_taken();
-  run["layout"] = {
-      {"dp", mesh.dp()}, {"cp", mesh.cp()}, {"tp", mesh.tp()}, {"pp", mesh.pp()},
-      {"world", mesh.world_size()}};
+  run["layout"] = {{"dp", mesh.dp()},
+                   {"cp", mesh.cp()},
+                   {"tp", mesh.tp()},
+                   {"pp", mesh.pp()},
+                   {"world", mesh.world_size()}};
   return run;
 }
 

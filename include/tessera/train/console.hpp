@@ -85,7 +85,7 @@ class console_log : public observer {
            static_cast<unsigned long long>(o_.data->split().train.size()),
            static_cast<unsigned long long>(o_.data->split().val.size()),
            o_.tokenizer.empty() ? "" : "; tokenizer ", o_.tokenizer.c_str());
-    if (s.dp > 1 || s.zero > 0 || s.tp > 1 || s.pp > 1)
+    if (s.dp > 1 || s.zero > 0 || s.tp > 1 || s.pp > 1 || cfg.cp > 1)
       line("data parallel dp=%d, zero%d, %s communicator, %zu gradient buckets", s.dp, s.zero,
            o_.communicator.c_str(), s.buckets);
     if (cfg.cp > 1)
@@ -96,9 +96,9 @@ class console_log : public observer {
           s.zero > 0 ? " and ZeRO shards" : "", ll(s.dp * cfg.cp));
     if (s.tp > 1)
       line(
-          "tensor parallel tp=%d (mesh dp %d x tp %d, tp fastest): each rank holds %.2fM of the "
-          "%.2fM parameters%s",
-          s.tp, s.dp, s.tp, static_cast<double>(s.params_per_rank) / 1e6, c.num_params() / 1e6,
+          "tensor parallel tp=%d (mesh dp %d x cp %lld x tp %d, tp fastest): each rank holds "
+          "%.2fM of the %.2fM parameters%s",
+          s.tp, s.dp, ll(cfg.cp), s.tp, static_cast<double>(s.params_per_rank) / 1e6, c.num_params() / 1e6,
           s.sequence_parallel ? "; sequence parallel: norms and residuals hold T/tp tokens" : "");
     if (s.pp > 1) {
       std::string stages;

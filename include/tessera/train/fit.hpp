@@ -321,6 +321,7 @@ run_end fit(Trainer& tr, const run_options& opt, const std::vector<observer*>& o
         const auto events = tr.gather_timeline();  // collective
         if (lead) {
           nlohmann::json meta = {{"dp", tr.layout().dp()},
+                                 {"cp", tr.layout().cp()},
                                  {"tp", tr.tp_size()},
                                  {"pp", tr.pp_size()},
                                  {"schedule", parallel::to_string(cfg.pipeline)},
@@ -346,6 +347,7 @@ run_end fit(Trainer& tr, const run_options& opt, const std::vector<observer*>& o
       if (lead && metrics) {
         nlohmann::json j = m.to_json();
         j["dp"] = tr.layout().dp();
+        j["cp"] = tr.layout().cp();
         j["zero"] = S::stage;
         j["tp"] = tr.tp_size();
         j["pp"] = tr.pp_size();

@@ -74,10 +74,10 @@ void run_forward_only(Chunks& chunks, const Layout& mesh, Batch&& batch, Last&& 
   for (auto& x : sends) x.req.wait();
 }
 
-// One (rows, T) batch of windows in host memory through every chunk of
-// this rank in virtual-stage order: the loss sum and scored count on the
+// One batch of B windows of S + 1 tokens in host memory through every chunk
+// of this rank in virtual-stage order: the loss sum and scored count on the
 // rank of the last stage, zeros elsewhere (the caller sums over pp).
-// h_doc_start: (B, T) document starts in host memory (every stage's), or null.
+// h_doc_start: (B, S) document starts in host memory (every stage's), or null.
 // Under context parallelism the windows are whole and this rank stages its
 // tokens (cp_shard::take): the loss and the count are over them.
 template <class Chunks, class Layout>
@@ -86,7 +86,7 @@ nn::loss_sum pipeline_forward_loss(Chunks& chunks, const Layout& mesh,
                                    const std::int32_t* h_doc_start = nullptr) {
   using Param = typename Chunks::model_type::precision_type::param_type;
   const auto& ctx = chunks.model().context();
-  const cp_shard sh = mesh.cp() == 1 ? cp_shard{S, 1, 0} : cp_shard::of(S, mesh.cp(), mesh.cp_rank());
+  const cp_shard sh = cp_shard::of(S, mesh.cp(), mesh.cp_rank());
   const std::int64_t T = sh.tokens(), N = B * T;
   std::vector<std::int32_t> h(static_cast<std::size_t>(2 * N));
   std::vector<std::int32_t> d(static_cast<std::size_t>(h_doc_start ? N : 0));
@@ -95,14 +95,12 @@ nn::loss_sum pipeline_forward_loss(Chunks& chunks, const Layout& mesh,
     sh.take(h_windows + b * (S + 1) + 1, h.data() + N + b * T);
     if (h_doc_start) sh.take(h_doc_start + b * S, d.data() + b * T);
   }
-  const std::int64_t scored = std::count_if(h.begin() + N, h.end(), [](std::int32_t id) {
-    return id != Chunks::ignore_index;
-  });
+  const std::int64_t scored = std::count_if(
+      h.begin() + N, h.end(), [](std::int32_t id) { return id != Chunks::ignore_index; });
   auto tok = kernels::make_tensor<std::int32_t>(ctx, 2 * N);
   ctx.from_host(tok.data(), h.data(), h.size() * sizeof(std::int32_t));
   auto doc = kernels::make_tensor<std::int32_t>(ctx, h_doc_start ? N : 0);
-  if (h_doc_start)
-    ctx.from_host(doc.data(), d.data(), d.size() * sizeof(std::int32_t));
+  if (h_doc_start) ctx.from_host(doc.data(), d.data(), d.size() * sizeof(std::int32_t));
   auto d_loss = kernels::make_tensor<double>(ctx, 1);
   nn::loss_sum r;
   run_forward_only(
@@ -111,7 +109,10 @@ nn::loss_sum pipeline_forward_loss(Chunks& chunks, const Layout& mesh,
         const int v = chunks.virtual_stage(c);
         return nn::micro_batch<Param>{v == 0 ? tok.data() : nullptr,
                                       v == chunks.last_virtual_stage() ? tok.data() + N : nullptr,
-                                      nullptr, B, T, h_doc_start ? doc.data() : nullptr};
+                                      nullptr,
+                                      B,
+                                      T,
+                                      h_doc_start ? doc.data() : nullptr};
       },
       [&](int c, const nn::micro_batch<Param>& mb) {
         chunks.model(c).forward_loss(mb, d_loss.data());

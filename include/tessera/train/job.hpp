@@ -326,14 +326,19 @@ inline void check_job(job& j) {
   (void)parallel::parse_schedule_kind(j.schedule);
   TESSERA_THROW_IF(given("--schedule") && c.pp == 1, config_error, "--schedule ", j.schedule,
                    " orders a pipeline's stages: it needs --pp > 1");
-  TESSERA_THROW_IF(c.cp < 1 || c.cp > 64, config_error, "cp=", c.cp, " must be in [1, 64]");
+  TESSERA_THROW_IF(c.cp < 1 || c.cp > 64, config_error, "--cp ", c.cp, " must be in [1, 64]");
   (void)nn::parse_cp_kind(j.cp_kind);
   TESSERA_THROW_IF(given("--cp-kind") && c.cp == 1, config_error, "--cp-kind ", j.cp_kind,
                    " chooses how attention runs over the cp group: it needs --cp > 1");
-  if (c.cp > 1) (void)cp_shard::of(c.seq, static_cast<int>(c.cp), 0);  // 2 cp must divide T
+  TESSERA_THROW_IF(c.cp > 1 && c.seq % (2 * c.cp) != 0, config_error, "--seq ", c.seq,
+                   " is not divisible by 2 x --cp = ", 2 * c.cp,
+                   " (each of the cp ranks holds two of 2 cp equal chunks of every sequence)");
   TESSERA_THROW_IF(j.dp * c.cp * j.tp * c.pp > 1024, config_error, "dp=", j.dp, " x cp=", c.cp,
                    " x tp=", j.tp, " x pp=", c.pp, " = ", j.dp * c.cp * j.tp * c.pp,
                    " ranks exceeds the limit of 1024");
+  TESSERA_THROW_IF(c.sequence_parallel && c.cp > 1 && (c.seq / c.cp) % j.tp != 0, config_error,
+                   "--sequence-parallel: a cp rank's --seq / --cp = ", c.seq / c.cp,
+                   " tokens are not divisible by --tp ", j.tp);
   if (c.sequence_parallel) nn::check_sequence_parallel(c.seq / c.cp, j.tp);
   if (!j.init_from_hf.empty())
     for (const char* f : {"--preset", "--dim", "--layers", "--heads", "--kv-heads", "--ffn",

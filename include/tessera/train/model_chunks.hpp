@@ -25,6 +25,7 @@
 /// of each (dp, tp) position (color 0), the stages between apart (color 1),
 /// as Megatron-LM's embedding group.
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -77,6 +78,10 @@ class model_chunks {
         mesh.cp_group()->set_stream(ctx.stream());
       cp_ = std::make_unique<cp_type>(
           nn::context_parallel_attention<C>{mesh.cp_group(), cfg.cp_kind});
+      // The kernels' limits on what each rank will run, now rather than at
+      // the first step (a tp rank's heads; one replicated when tp > nkv).
+      cp_->check(ctx, cfg.micro_batch, cfg.seq, model_cfg.n_heads / mesh.tp(),
+                 std::max<std::int64_t>(1, model_cfg.n_kv_heads / mesh.tp()), model_cfg.head_dim());
     }
     if constexpr (L::tensor_parallel) layers.sequence_parallel = cfg.sequence_parallel;
     for (int c = 0; c < static_cast<int>(cfg.virtual_stages); ++c) {

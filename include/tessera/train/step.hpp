@@ -105,14 +105,14 @@ class step_runner {
         ctx_(&ctx),
         cfg_(cfg),
         sampler_(data, data.split().train, cfg.micro_batch, cfg.seq, cfg.seed),
-        loader_(data::loader_system_for<Backend>::make(ctx),
-                [s = &sampler_](std::uint64_t step, std::uint64_t mb, std::int32_t* out) {
-                  s->fill(step, mb, out);
-                },
-                data::device_loader_options{cfg.micro_batch, cfg.seq,
-                                            chunks.model().config().vocab, ignore_index,
-                                            cfg.accum_steps(), first_micro_batch(), mesh.cp(),
-                                            mesh.cp_rank()}),
+        loader_(
+            data::loader_system_for<Backend>::make(ctx),
+            [s = &sampler_](std::uint64_t step, std::uint64_t mb, std::int32_t* out) {
+              s->fill(step, mb, out);
+            },
+            data::device_loader_options{cfg.micro_batch, cfg.seq, chunks.model().config().vocab,
+                                        ignore_index, cfg.accum_steps(), first_micro_batch(),
+                                        mesh.cp(), mesh.cp_rank()}),
         actions_(
             step_actions(schedule, mesh.stage(), {mesh.pp(), cfg.accum_steps(), chunks.size()})),
         scalars_(kernels::make_tensor<double>(ctx, 1 + cfg.accum_steps())),
@@ -228,10 +228,7 @@ class step_runner {
  private:
   // This rank's tokens of each sequence: all T, or its T/cp under context
   // parallelism (the ranks of a cp group read the same micro-batches).
-  cp_shard shard() const {
-    return mesh_->cp() == 1 ? cp_shard{cfg_.seq, 1, 0}
-                            : cp_shard::of(cfg_.seq, mesh_->cp(), mesh_->cp_rank());
-  }
+  cp_shard shard() const { return cp_shard::of(cfg_.seq, mesh_->cp(), mesh_->cp_rank()); }
   std::int64_t tokens() const { return shard().tokens(); }
   std::uint64_t first_micro_batch() const {
     return data::global_micro_batch(static_cast<std::uint64_t>(mesh_->dp_rank()),

@@ -151,8 +151,12 @@ class trainer {
     validate<S, P>(model_cfg, cfg_, data, mesh_, dpo);
     // A device pipeline group works on the context's stream, after the
     // kernels that wrote what it sends (as the model does with its tp group).
-    if constexpr (requires(C & c) { c.set_stream(ctx_->stream()); })
+    // So does the dp group, which sums the gradient norm's squares
+    // (layout::reduce) apart from the engines' dp x cp group.
+    if constexpr (requires(C & c) { c.set_stream(ctx_->stream()); }) {
       if (mesh_.pp() > 1) mesh_.pp_group()->set_stream(ctx_->stream());
+      if (mesh_.dp() > 1 && mesh_.dp_group() != dp_) mesh_.dp_group()->set_stream(ctx_->stream());
+    }
     agree_start(model_cfg, dpo);
     chunks_ = std::make_unique<chunks_type>(model_cfg, cfg_, mesh_, *dp_, *ctx_, dpo,
                                             hf_ ? &hf_reader_ : nullptr);

@@ -145,8 +145,19 @@ void validate(const nn::llama_config& c, const train_config& cfg, const data::to
                    " does not match the context-parallel group's ", cp, " ranks");
   if (cp > 1) {
     const std::int64_t tp = mesh.tp();
-    nn::check_context_parallel(cfg.cp_kind, cp, cfg.seq, c.n_heads / tp,
-                               std::max<std::int64_t>(1, c.n_kv_heads / tp));
+    const std::int64_t nh = c.n_heads / tp, nkv = std::max<std::int64_t>(1, c.n_kv_heads / tp);
+    TESSERA_THROW_IF(cfg.cp_kind == nn::cp_kind::ulysses && nh % cp != 0, config_error,
+                     "--cp-kind ulysses: cp=", cp,
+                     " does not divide the query heads of a tp rank, ", "nh/tp = ", c.n_heads, "/",
+                     tp, " = ", nh, " (use --cp-kind ring)");
+    nn::check_context_parallel(cfg.cp_kind, cp, cfg.seq, nh, nkv);
+    // Current scaling takes each tensor's amax over the tokens it casts: a
+    // cp rank sees T/cp of them, so its scales would not be one rank's.
+    if constexpr (precision::fp8_linear<P>)
+      TESSERA_THROW_IF(cfg.fp8.scaling == precision::fp8_scaling::current, config_error,
+                       "FP8 current scaling under cp=", cp,
+                       ": each rank would scale by the amax of its T/cp tokens; use delayed "
+                       "scaling (its amaxes are reduced over dp, cp and tp)");
   }
   if (cfg.sequence_parallel) nn::check_sequence_parallel(cfg.seq / cp, mesh.tp());
   // Reducing per micro-batch needs a sharded gradient, and a chunk's

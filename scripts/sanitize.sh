@@ -17,10 +17,6 @@
 # preset's -O3; 470, 771, 600 and 107 s under ASan at -O0, together more
 # than CI's margin); the emulator checks each of their global accesses
 # against the launch's buffers and poisons shared memory itself.
-# Nor, under either, the trainer's context-parallel layouts
-# (test_train_context_parallel: 23 trainers of up to 16 thread ranks, 65 s
-# at -O3): the layer they run (test_nn_context_parallel: ring and Ulysses
-# over thread ranks, every exchange) runs under both.
 # Not run under either: the golden trajectories (bit-exact at the host
 # preset's -O3), the steady-state allocation test, the compile-fail,
 # consumer, Python and MPI tests (those are about the build or other

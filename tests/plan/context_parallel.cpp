@@ -8,6 +8,7 @@
 // tensor parallelism beside it.
 #include <catch2/catch.hpp>
 
+#include <omp.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -50,6 +51,7 @@ TEST_CASE("planned saved activations under cp equal the allocator's bytes", "[pl
       comm::local_world::run(
           cp,
           [&](comm::local_communicator& g) {
+            omp_set_num_threads(1);  // the kernels' per-thread scratch, as planned
             host_memory_resource mr;
             kernels::host_context ctx{&mr};
             ctx.threads = 1;

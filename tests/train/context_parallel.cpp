@@ -256,7 +256,8 @@ TEST_CASE("trainer under cp: meshes that cannot split the sequence are refused",
   };
   refused(mesh(1, 3, 1, 1), 16, "T=16 is not divisible by 2*cp=6");
   // the tiny model's 4 query heads over cp 8 ranks of Ulysses
-  refused(mesh(1, 8, 1, 1, cp_kind::ulysses), 16, "cp=8 does not divide nh=4");
+  refused(mesh(1, 8, 1, 1, cp_kind::ulysses), 16,
+          "cp=8 does not divide the query heads of a tp rank, nh/tp = 4/1 = 4");
 }
 
 }  // namespace test_train_context_parallel

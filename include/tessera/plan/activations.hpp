@@ -146,8 +146,13 @@ inline kernel_scratch scratch_of(const nn::llama_config& c, const dtype_sizes& d
     const auto tiles_bwd = static_cast<std::uint64_t>(
         kernels::detail::attention_backward_tile_elements(o.tiles, Tk, Tk, c.head_dim()));
     k.attention_forward = thr * tiles_fwd * A;
-    // D, the tiles, and with 16-bit activation gradients a float dQ accumulator
-    k.attention_backward = N * nh * A + thr * tiles_bwd * A + (G != A ? N * nh * hd * A : 0);
+    // D, the tiles, and with 16-bit activation gradients a float dQ
+    // accumulator; the ring's calls are one query chunk's (half this rank's
+    // tokens) and accumulate dq in the layer's own float buffer.
+    const bool ring = o.cp > 1 && o.cp_kind == nn::cp_kind::ring;
+    const std::uint64_t Nq = ring ? N / 2 : N;
+    k.attention_backward =
+        Nq * nh * A + thr * tiles_bwd * A + (G != A && !ring ? N * nh * hd * A : 0);
     k.cross_entropy = C * V * A + C * sizeof(double);
     if (d.param != A) {  // 16-bit storage: x rows and a block of wlm converted to accum_type
       const std::uint64_t Vb = std::min<std::uint64_t>(

@@ -1,10 +1,12 @@
 // The trainer under context parallelism (train_config::cp): each sequence's
 // 16 tokens split head-tail over cp thread ranks, which read the same
 // micro-batches, with the gradients reduced (and ZeRO-sharded) over
-// dp x cp. On (dp, cp, tp, pp) meshes it computes the single-rank run
-// (tests/train/pp_suite.hpp: the loss, the gradient norm and every gradient
-// of five float64 AdamW steps at 1e-10, the parameters after them), ring
-// and Ulysses, with packed documents, with sequence parallelism; the
+// dp x cp. On (dp, cp, tp, pp) meshes (cp 2 and 4; (2, 2, 1, 1), (1, 2, 2,
+// 1), (1, 2, 1, 2), (2, 2, 2, 2)), ring and Ulysses, each under ZeRO 0, 1
+// and 2, it computes the single-rank run (tests/train/pp_suite.hpp: the
+// loss, the gradient norm and every gradient of five float64 AdamW steps
+// at 1e-10, the parameters after them); with packed documents, with
+// sequence parallelism, under ZeRO-3; generation through a pipeline; the
 // held-out loss equals one rank's; a checkpoint of a cp run resumes; and
 // meshes that cannot split the sequence are refused naming the numbers.
 #include <catch2/catch.hpp>
@@ -58,19 +60,27 @@ void check_mesh(const pp_suite::layout& l, double tol = 1e-10) {
 
 }  // namespace
 
+// Every layout under ZeRO 0, 1 and 2.
+static void check_zero_0_to_2(const pp_suite::layout& l) {
+  check_mesh<parallel::zero<0>>(l);
+  check_mesh<parallel::zero<1>>(l);
+  check_mesh<parallel::zero<2>>(l);
+}
+
 TEST_CASE("trainer under cp 2 and 4, ring and Ulysses, equals one rank (float64)", "[train][cp]") {
-  check_mesh<parallel::zero<0>>(mesh(1, 2, 1, 1));
-  check_mesh<parallel::zero<1>>(mesh(1, 2, 1, 1, cp_kind::ulysses));
-  check_mesh<parallel::zero<2>>(mesh(1, 4, 1, 1));
-  check_mesh<parallel::zero<0>>(mesh(1, 4, 1, 1, cp_kind::ulysses));
+  for (const cp_kind kind : {cp_kind::ring, cp_kind::ulysses}) {
+    check_zero_0_to_2(mesh(1, 2, 1, 1, kind));
+    check_zero_0_to_2(mesh(1, 4, 1, 1, kind));
+  }
 }
 
 TEST_CASE("trainer under cp with dp, tp and pp equals one rank (float64)", "[train][cp]") {
-  check_mesh<parallel::zero<1>>(mesh(2, 2, 1, 1));
-  check_mesh<parallel::zero<2>>(mesh(2, 2, 1, 1, cp_kind::ulysses));
-  check_mesh<parallel::zero<0>>(mesh(1, 2, 2, 1));
-  check_mesh<parallel::zero<1>>(mesh(1, 2, 1, 2));
-  check_mesh<parallel::zero<2>>(mesh(2, 2, 2, 2));
+  for (const cp_kind kind : {cp_kind::ring, cp_kind::ulysses}) {
+    check_zero_0_to_2(mesh(2, 2, 1, 1, kind));
+    check_zero_0_to_2(mesh(1, 2, 2, 1, kind));
+    check_zero_0_to_2(mesh(1, 2, 1, 2, kind));
+    check_zero_0_to_2(mesh(2, 2, 2, 2, kind));
+  }
 }
 
 TEST_CASE("trainer under cp: packed documents, sequence parallelism, ZeRO-3", "[train][cp]") {

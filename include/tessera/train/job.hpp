@@ -333,8 +333,9 @@ inline void check_job(job& j) {
   TESSERA_THROW_IF(c.cp > 1 && c.seq % (2 * c.cp) != 0, config_error, "--seq ", c.seq,
                    " is not divisible by 2 x --cp = ", 2 * c.cp,
                    " (each of the cp ranks holds two of 2 cp equal chunks of every sequence)");
-  TESSERA_THROW_IF(j.dp * c.cp * j.tp * c.pp > 1024, config_error, "dp=", j.dp, " x cp=", c.cp,
-                   " x tp=", j.tp, " x pp=", c.pp, " = ", j.dp * c.cp * j.tp * c.pp,
+  TESSERA_THROW_IF(j.dp * c.cp * j.tp * c.pp > 1024, config_error, "dp=", j.dp,
+                   c.cp > 1 ? tessera::detail::str(" x cp=", c.cp) : std::string(), " x tp=", j.tp,
+                   " x pp=", c.pp, " = ", j.dp * c.cp * j.tp * c.pp,
                    " ranks exceeds the limit of 1024");
   TESSERA_THROW_IF(c.sequence_parallel && c.cp > 1 && (c.seq / c.cp) % j.tp != 0, config_error,
                    "--sequence-parallel: a cp rank's --seq / --cp = ", c.seq / c.cp,

@@ -59,19 +59,7 @@ struct shape {
 /// doc_start (B, T) of rows cut into documents of lengths 1, 3, 2, 5, 1, 4,
 /// ... in turn (the last one cut by the row's end).
 std::vector<std::int32_t> doc_starts(std::int64_t B, std::int64_t T) {
-  const std::int64_t lengths[] = {1, 3, 2, 5, 1, 4};
-  std::vector<std::int32_t> ds(static_cast<std::size_t>(B * T));
-  for (std::int64_t b = 0; b < B; ++b) {
-    std::int64_t start = 0, d = b;
-    for (std::int64_t t = 0; t < T; ++t) {
-      if (t - start == lengths[d % 6]) {
-        start = t;
-        ++d;
-      }
-      ds[static_cast<std::size_t>(b * T + t)] = static_cast<std::int32_t>(start);
-    }
-  }
-  return ds;
+  return tessera::testing::packed_doc_starts(B, T, {1, 3, 2, 5, 1, 4});
 }
 
 /// Forward and backward of one shape and type: the emulated kernels in
@@ -132,20 +120,7 @@ void rope_case(const shape& s, std::uint64_t seed) {
   CHECK(same_bits(std::vector<T>(dy.begin() + s.offset, dy.end()), dx_want));
 }
 
-/// The rows of whole (B, T, width) cp rank `s` holds: local (B, s.tokens(),
-/// width), local[b, l] = whole[b, s.position(l)].
-template <class U>
-std::vector<U> shard_rows(const std::vector<U>& whole, const cp_shard& s, std::int64_t B,
-                          std::int64_t width) {
-  const std::int64_t L = s.tokens();
-  std::vector<U> local(static_cast<std::size_t>(B * L * width));
-  for (std::int64_t b = 0; b < B; ++b)
-    for (std::int64_t l = 0; l < L; ++l)
-      for (std::int64_t k = 0; k < width; ++k)
-        local[static_cast<std::size_t>((b * L + l) * width + k)] =
-            whole[static_cast<std::size_t>((b * s.T + s.position(l)) * width + k)];
-  return local;
-}
+using tessera::testing::shard_rows;
 
 /// The host kernels on the whole (B, T) batch (positions t, or t less the
 /// global doc_start), then each rank of cp: its tokens through the emulated

@@ -186,39 +186,12 @@ TEST_CASE("rope_backward matches float64 finite differences", "[kernels][rope]")
 }
 
 namespace {
-// doc_start (B, T) of rows cut into documents of lengths 5, 1, 7, 3, 2, 9, ...
-// in turn (row b starting at the b-th length; the last one cut by the row's
-// end): global positions, so documents cross the cp chunks' boundaries.
+// Documents of lengths 5, 1, 7, 3, 2, 9, ... in turn: global positions, so
+// documents cross the cp chunks' boundaries.
 std::vector<std::int32_t> doc_starts(std::int64_t B, std::int64_t T) {
-  const std::int64_t lengths[] = {5, 1, 7, 3, 2, 9};
-  std::vector<std::int32_t> ds(static_cast<std::size_t>(B * T));
-  for (std::int64_t b = 0; b < B; ++b) {
-    std::int64_t start = 0, d = b;
-    for (std::int64_t t = 0; t < T; ++t) {
-      if (t - start == lengths[d % 6]) {
-        start = t;
-        ++d;
-      }
-      ds[static_cast<std::size_t>(b * T + t)] = static_cast<std::int32_t>(start);
-    }
-  }
-  return ds;
+  return tessera::testing::packed_doc_starts(B, T, {5, 1, 7, 3, 2, 9});
 }
-
-// The rows of whole (B, T, width) a cp rank holds: local (B, s.tokens(),
-// width), local[b, l] = whole[b, s.position(l)].
-template <class U>
-std::vector<U> shard_rows(const std::vector<U>& whole, const cp_shard& s, std::int64_t B,
-                          std::int64_t width) {
-  const std::int64_t L = s.tokens();
-  std::vector<U> local(static_cast<std::size_t>(B * L * width));
-  for (std::int64_t b = 0; b < B; ++b)
-    for (std::int64_t l = 0; l < L; ++l)
-      for (std::int64_t k = 0; k < width; ++k)
-        local[static_cast<std::size_t>((b * L + l) * width + k)] =
-            whole[static_cast<std::size_t>((b * s.T + s.position(l)) * width + k)];
-  return local;
-}
+using tessera::testing::shard_rows;
 
 // Forward and backward of the whole batch, then of each rank's tokens of cp
 // ranks with rope_positions::of(shard, local doc_start): bit for bit the

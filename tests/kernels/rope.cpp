@@ -264,8 +264,9 @@ TEST_CASE("rope_positions: the positions, the defaults and the refusals", "[kern
   }
   std::mt19937_64 rng(5);
   const std::int64_t T = 6, hd = 8;
-  std::vector<float> c(T * hd / 2), s(T * hd / 2);
-  rope_table(c.data(), s.data(), T, hd, 10000.0);
+  // Twice T rows: the split-3 shard of a 12-token sequence below reads rows 9-11.
+  std::vector<float> c(2 * T * hd / 2), s(2 * T * hd / 2);
+  rope_table(c.data(), s.data(), 2 * T, hd, 10000.0);
   const auto x = random_vector<float>(static_cast<std::size_t>(2 * T * hd), rng);
   auto a = x, b = x, d = x;
   rope_forward(ctx, a.data(), c.data(), s.data(), 2, T, 1, hd);

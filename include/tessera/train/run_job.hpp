@@ -1,8 +1,8 @@
 #pragma once
 /// \file train/run_job.hpp
 /// Running a prepared job (train/job_data.hpp) on every rank of its world:
-/// the one dispatch from the job's names (optimizer, ZeRO stage, tensor
-/// parallelism) to the trainer's types, written once for both backends
+/// the one dispatch from the job's names (optimizer, ZeRO stage) to the
+/// trainer's types, written once for both backends
 /// (dispatch_job<Backend, P>); the ranks (job_world<Backend>: threads or
 /// MPI processes on the host; a build with the CUDA backend specializes
 /// job_world<cuda>, one GPU per MPI process over NCCL); and train::fit on
@@ -196,12 +196,18 @@ struct job_world<host> {
   }
 };
 
-/// Trains the job with policies (Backend, P, O, S) and dense (TP false) or
-/// tensor-parallel layers: every check on this thread first
-/// (train::validate, and on the host the planner against the machine's
-/// memory), then the trainer of each rank on its groups of the
+/// Trains the job with policies (Backend, P, O, S): every check on this
+/// thread first (train::validate, and on the host the planner against the
+/// machine's memory), then the trainer of each rank on its groups of the
 /// dp x cp x tp x pp mesh, and fit_job. Returns the exit status.
-template <class Backend, class P, class O, class S, bool TP>
+///
+/// The layers are the tensor-parallel family at every tp, as
+/// Megatron-Core's are: at tp 1 its collectives are over a group of one
+/// (nn::all_reduce returns at once), and each (precision, optimizer, ZeRO
+/// stage) compiles one trainer rather than two. One device without a
+/// communicator (job_world::one_device, no --comm) runs the plain
+/// single-device trainer.
+template <class Backend, class P, class O, class S>
 int run_job(job& j, const std::filesystem::path& tok, created_paths& created) {
   const comm::device_mesh mesh(comm::mesh_degrees{.dp = j.dp,
                                                  .cp = static_cast<int>(j.cfg.cp),
@@ -214,10 +220,10 @@ int run_job(job& j, const std::filesystem::path& tok, created_paths& created) {
   }
   auto ranks = [&](auto& w, const kernels::peak_flops& peak) {
     using Comm = std::remove_reference_t<decltype(w)>;
-    using L = std::conditional_t<TP, nn::tensor_parallel_layers<Comm>, nn::dense_layers>;
+    using L = nn::tensor_parallel_layers<Comm>;
     auto g = comm::make_groups(w, mesh);
     L layers{};
-    if constexpr (TP) layers.group = &g.tp;
+    layers.group = &g.tp;
     const data::token_file data(tok);
     trainer<P, Backend, O, S, Comm, L> tr(model_config(j), run_config(j), data,
                                           parallel::layout{g, layers}, dpo);
@@ -227,14 +233,14 @@ int run_job(job& j, const std::filesystem::path& tok, created_paths& created) {
   // SIGINT and SIGTERM stop the run after a step with a checkpoint; set
   // on every process before its ranks exist (train/stop_signals.hpp).
   const stop_signals stop;
-  if constexpr (job_world<Backend>::one_device && S::stage == 0 && !TP)
+  if constexpr (job_world<Backend>::one_device && S::stage == 0)
     if (!j.parallel) return job_world<Backend>::template run_one<P, O>(j, tok, created);
   return job_world<Backend>::run(j, ranks);
 }
 
 /// The dispatch from the job's names to types, once for both backends: the
-/// optimizer, the ZeRO stage and the layer family of precision P on
-/// Backend, then run_job. Throws config_error for an unknown name.
+/// optimizer and the ZeRO stage of precision P on Backend, then run_job.
+/// Throws config_error for an unknown name.
 template <class Backend, class P>
 int dispatch_job(job& j, const std::filesystem::path& tok, created_paths& created) {
   return pick<optim::adamw, optim::sgd, optim::lion, optim::adafactor, optim::muon>(
@@ -243,8 +249,7 @@ int dispatch_job(job& j, const std::filesystem::path& tok, created_paths& create
         return pick<parallel::zero<0>, parallel::zero<1>, parallel::zero<2>, parallel::zero<3>>(
             "ZeRO stage", std::to_string(j.zero), {"0", "1", "2", "3"}, [&](auto zero) {
               using S = typename decltype(zero)::type;
-              return j.tp > 1 ? run_job<Backend, P, O, S, true>(j, tok, created)
-                              : run_job<Backend, P, O, S, false>(j, tok, created);
+              return run_job<Backend, P, O, S>(j, tok, created);
             });
       });
 }

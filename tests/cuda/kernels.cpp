@@ -17,6 +17,7 @@
 #include <tessera/optim/adamw.hpp>
 #include <tessera/optim/clip.hpp>
 
+#include "../support/cp_rows.hpp"
 #include "cuda_testing.hpp"
 
 namespace kc = tessera::kernels::cuda;
@@ -477,38 +478,12 @@ TEST_CASE("cuda rope forward and backward bf16 match a float64 reference", "[cud
 
 namespace {
 
-// The rows of whole (B, T, width) cp rank `s` holds: local (B, s.tokens(),
-// width), local[b, l] = whole[b, s.position(l)].
-template <class U>
-std::vector<U> shard_rows(const std::vector<U>& whole, const tessera::cp_shard& s, std::int64_t B,
-                          std::int64_t width) {
-  const std::int64_t L = s.tokens();
-  std::vector<U> local(static_cast<std::size_t>(B * L * width));
-  for (std::int64_t b = 0; b < B; ++b)
-    for (std::int64_t l = 0; l < L; ++l)
-      for (std::int64_t k = 0; k < width; ++k)
-        local[static_cast<std::size_t>((b * L + l) * width + k)] =
-            whole[static_cast<std::size_t>((b * s.T + s.position(l)) * width + k)];
-  return local;
-}
-
 // doc_start (B, T) of rows cut into documents of 5, 1, 7, 3, 2, 9, ...
 // tokens in turn: global positions, documents across the cp chunks.
 std::vector<std::int32_t> rope_doc_starts(std::int64_t B, std::int64_t T) {
-  const std::int64_t lengths[] = {5, 1, 7, 3, 2, 9};
-  std::vector<std::int32_t> ds(static_cast<std::size_t>(B * T));
-  for (std::int64_t b = 0; b < B; ++b) {
-    std::int64_t start = 0, d = b;
-    for (std::int64_t t = 0; t < T; ++t) {
-      if (t - start == lengths[d % 6]) {
-        start = t;
-        ++d;
-      }
-      ds[static_cast<std::size_t>(b * T + t)] = static_cast<std::int32_t>(start);
-    }
-  }
-  return ds;
+  return tessera::testing::packed_doc_starts(B, T, {5, 1, 7, 3, 2, 9});
 }
+using tessera::testing::shard_rows;
 
 // The GPU kernels on a whole (B, T) batch (with a device doc_start of global
 // document starts, or none), then on each cp rank's tokens with

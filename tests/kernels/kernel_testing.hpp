@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "tessera/core/cp_shard.hpp"
+#include "../support/cp_rows.hpp"
 #include "tessera/core/numeric.hpp"
 #include "tessera/kernels/context.hpp"
 
@@ -169,41 +170,6 @@ bool same_bits(const T* a, const T* b, std::size_t n) {
 template <class T>
 bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
   return a.size() == b.size() && same_bits(a.data(), b.data(), a.size());
-}
-
-/// doc_start (B, T) of rows cut into documents of `lengths` in turn (row b
-/// starting at its b-th length, the last document cut by the row's end):
-/// each token's document's first position, as data::document_starts gives.
-inline std::vector<std::int32_t> packed_doc_starts(std::int64_t B, std::int64_t T,
-                                                   const std::vector<std::int64_t>& lengths) {
-  std::vector<std::int32_t> ds(static_cast<std::size_t>(B * T));
-  const auto n = static_cast<std::int64_t>(lengths.size());
-  for (std::int64_t b = 0; b < B; ++b) {
-    std::int64_t start = 0, d = b;
-    for (std::int64_t t = 0; t < T; ++t) {
-      if (t - start == lengths[static_cast<std::size_t>(d % n)]) {
-        start = t;
-        ++d;
-      }
-      ds[static_cast<std::size_t>(b * T + t)] = static_cast<std::int32_t>(start);
-    }
-  }
-  return ds;
-}
-
-/// The rows of whole (B, T, width) a context-parallel rank holds: local
-/// (B, s.tokens(), width), local[b, l] = whole[b, s.position(l)].
-template <class U>
-std::vector<U> shard_rows(const std::vector<U>& whole, const tessera::cp_shard& s,
-                          std::int64_t B, std::int64_t width) {
-  const std::int64_t L = s.tokens();
-  std::vector<U> local(static_cast<std::size_t>(B * L * width));
-  for (std::int64_t b = 0; b < B; ++b)
-    for (std::int64_t l = 0; l < L; ++l)
-      for (std::int64_t k = 0; k < width; ++k)
-        local[static_cast<std::size_t>((b * L + l) * width + k)] =
-            whole[static_cast<std::size_t>((b * s.T + s.position(l)) * width + k)];
-  return local;
 }
 
 }  // namespace tessera::testing
